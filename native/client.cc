@@ -1,0 +1,124 @@
+#include "client.h"
+
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace pjrt_pool {
+
+namespace {
+
+// PJRT_NamedValues pointing into `options`, which must outlive them.
+std::vector<PJRT_NamedValue> NamedValues(const std::vector<Attribute>& options) {
+  std::vector<PJRT_NamedValue> values;
+  for (const Attribute& option : options) {
+    auto value = PJRT_ARGS(PJRT_NamedValue);
+    value.name = option.name.data();
+    value.name_size = option.name.size();
+    value.value_size = 1;
+    if (auto* s = std::get_if<std::string>(&option.value)) {
+      value.type = PJRT_NamedValue_kString;
+      value.string_value = s->data();
+      value.value_size = s->size();
+    } else if (auto* i = std::get_if<int64_t>(&option.value)) {
+      value.type = PJRT_NamedValue_kInt64;
+      value.int64_value = *i;
+    } else if (auto* list = std::get_if<std::vector<int64_t>>(&option.value)) {
+      value.type = PJRT_NamedValue_kInt64List;
+      value.int64_array_value = list->data();
+      value.value_size = list->size();
+    } else if (auto* f = std::get_if<float>(&option.value)) {
+      value.type = PJRT_NamedValue_kFloat;
+      value.float_value = *f;
+    } else {
+      value.type = PJRT_NamedValue_kBool;
+      value.bool_value = std::get<bool>(option.value);
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+}  // namespace
+
+std::shared_ptr<Client> Client::Create(std::shared_ptr<Plugin> plugin,
+                                       const std::vector<Attribute>& options) {
+  const PJRT_Api* api = plugin->api();
+  std::shared_ptr<Client> client(new Client(std::move(plugin)));
+
+  std::vector<PJRT_NamedValue> named_values = NamedValues(options);
+  auto create = PJRT_ARGS(PJRT_Client_Create_Args);
+  create.create_options = named_values.data();
+  create.num_options = named_values.size();
+  Check(api, PJRT_FN(api, PJRT_Client_Create)(&create), "PJRT_Client_Create");
+  client->client_ = Owned<PJRT_Client>(api, create.client);
+
+  auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  name.client = create.client;
+  Check(api, PJRT_FN(api, PJRT_Client_PlatformName)(&name), "PJRT_Client_PlatformName");
+  client->platform_name_.assign(name.platform_name, name.platform_name_size);
+
+  auto version = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
+  version.client = create.client;
+  Check(api, PJRT_FN(api, PJRT_Client_PlatformVersion)(&version),
+        "PJRT_Client_PlatformVersion");
+  client->platform_version_.assign(version.platform_version, version.platform_version_size);
+
+  auto devices = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devices.client = create.client;
+  Check(api, PJRT_FN(api, PJRT_Client_AddressableDevices)(&devices),
+        "PJRT_Client_AddressableDevices");
+  if (devices.num_addressable_devices == 0) {
+    throw PjrtException(PJRT_Error_Code_UNAVAILABLE,
+                        "the PJRT plugin " + client->plugin_->path() +
+                            " found no addressable device");
+  }
+  client->num_devices_ = devices.num_addressable_devices;
+  client->device_ = devices.addressable_devices[0];
+
+  auto description = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  description.device = client->device_;
+  Check(api, PJRT_FN(api, PJRT_Device_GetDescription)(&description),
+        "PJRT_Device_GetDescription");
+  auto kind = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  kind.device_description = description.device_description;
+  Check(api, PJRT_FN(api, PJRT_DeviceDescription_Kind)(&kind),
+        "PJRT_DeviceDescription_Kind");
+  client->device_kind_.assign(kind.device_kind, kind.device_kind_size);
+  return client;
+}
+
+std::shared_ptr<Executable> Client::Compile(std::string_view code,
+                                            std::string_view compile_options) {
+  const PJRT_Api* api = this->api();
+  static const char kFormat[] = "mlir";
+  auto program = PJRT_ARGS(PJRT_Program);
+  // PJRT takes a non-const pointer but does not write through it.
+  program.code = const_cast<char*>(code.data());
+  program.code_size = code.size();
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+
+  auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
+  args.client = client_.get();
+  args.program = &program;
+  args.compile_options = compile_options.data();
+  args.compile_options_size = compile_options.size();
+  Check(api, PJRT_FN(api, PJRT_Client_Compile)(&args), "PJRT_Client_Compile");
+  return std::make_shared<Executable>(shared_from_this(),
+                                      Owned<PJRT_LoadedExecutable>(api, args.executable));
+}
+
+std::shared_ptr<Executable> Client::Deserialize(std::string_view serialized) {
+  const PJRT_Api* api = this->api();
+  auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  args.client = client_.get();
+  args.serialized_executable = serialized.data();
+  args.serialized_executable_size = serialized.size();
+  Check(api, PJRT_FN(api, PJRT_Executable_DeserializeAndLoad)(&args),
+        "PJRT_Executable_DeserializeAndLoad");
+  return std::make_shared<Executable>(
+      shared_from_this(), Owned<PJRT_LoadedExecutable>(api, args.loaded_executable));
+}
+
+}  // namespace pjrt_pool

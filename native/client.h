@@ -1,0 +1,98 @@
+// A PJRT client on one plugin, and the executables it compiles or loads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "owners.h"
+#include "plugin.h"
+
+namespace pjrt_pool {
+
+class Executable;
+
+class Client : public std::enable_shared_from_this<Client> {
+ public:
+  // Creates a client with the plugin-specific `options` (PJRT_NamedValues)
+  // and uses the plugin's first addressable device.
+  static std::shared_ptr<Client> Create(std::shared_ptr<Plugin> plugin,
+                                        const std::vector<Attribute>& options);
+
+  const std::shared_ptr<Plugin>& plugin() const { return plugin_; }
+  const PJRT_Api* api() const { return plugin_->api(); }
+  PJRT_Client* get() const { return client_.get(); }
+  PJRT_Device* device() const { return device_; }
+  const std::string& platform_name() const { return platform_name_; }
+  const std::string& platform_version() const { return platform_version_; }
+  const std::string& device_kind() const { return device_kind_; }
+  size_t num_devices() const { return num_devices_; }
+
+  // Compiles MLIR bytecode with a serialized CompileOptionsProto. Blocks; call
+  // without the GIL.
+  std::shared_ptr<Executable> Compile(std::string_view code,
+                                      std::string_view compile_options);
+
+  // Loads what Executable::Serialize wrote with the same plugin build.
+  std::shared_ptr<Executable> Deserialize(std::string_view serialized);
+
+ private:
+  explicit Client(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+
+  std::shared_ptr<Plugin> plugin_;
+  Owned<PJRT_Client> client_;
+  PJRT_Device* device_ = nullptr;  // owned by client_
+  size_t num_devices_ = 0;
+  std::string platform_name_;
+  std::string platform_version_;
+  std::string device_kind_;
+};
+
+// The element type and dimensions of one program output.
+struct OutputType {
+  int element_type;  // PJRT_Buffer_Type
+  std::vector<int64_t> dims;
+};
+
+// One argument in host memory: dense, row-major.
+struct HostInput {
+  const void* data;
+  size_t size;  // bytes
+  int element_type;  // PJRT_Buffer_Type
+  std::vector<int64_t> dims;
+};
+
+// Host memory that receives one output.
+struct HostOutput {
+  void* data;
+  size_t size;  // bytes
+};
+
+class Executable {
+ public:
+  Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable);
+
+  const std::vector<OutputType>& output_types() const { return output_types_; }
+  size_t num_outputs() const { return output_types_.size(); }
+  const std::shared_ptr<Client>& client() const { return client_; }
+
+  // The plugin's serialized form of this executable.
+  std::string Serialize() const;
+
+  // Runs once on the client's device. Inputs 64-byte aligned are handed to
+  // PJRT without copying when `zero_copy` is set; each output is copied into
+  // the matching HostOutput, whose size must be the output's exact size.
+  // Blocks until the outputs are written; call without the GIL.
+  void Execute(const std::vector<HostInput>& inputs,
+               const std::vector<HostOutput>& outputs, bool zero_copy) const;
+
+ private:
+  std::shared_ptr<Client> client_;
+  Owned<PJRT_LoadedExecutable> executable_;
+  std::vector<OutputType> output_types_;
+};
+
+}  // namespace pjrt_pool

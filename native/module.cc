@@ -1,0 +1,225 @@
+// The Python binding: the only place C++ exceptions become Python exceptions
+// and the only place the GIL is released (around compile, deserialize and
+// execute, which can run for seconds).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+#include <variant>
+
+#include "client.h"
+#include "plugin.h"
+#include "status.h"
+
+namespace py = pybind11;
+using namespace pjrt_pool;
+
+namespace {
+
+// Raised for every failed PJRT call, with `code` (int) and `code_name` set.
+PyObject* g_pjrt_error = nullptr;
+// Raised when a plugin library cannot be loaded or used.
+PyObject* g_plugin_load_error = nullptr;
+
+std::string_view View(const py::buffer_info& info) {
+  return {static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
+bool IsCContiguous(const py::buffer_info& info) {
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t axis = info.ndim - 1; axis >= 0; --axis) {
+    if (info.shape[axis] > 1 && info.strides[axis] != expected) return false;
+    expected *= info.shape[axis];
+  }
+  return true;
+}
+
+// An FFI handler given as a PyCapsule (jaxlib's registrations() style) or as
+// an integer address.
+void* HandlerPointer(const py::object& handler) {
+  if (PyCapsule_CheckExact(handler.ptr())) {
+    void* pointer = PyCapsule_GetPointer(handler.ptr(), PyCapsule_GetName(handler.ptr()));
+    if (pointer == nullptr) throw py::error_already_set();
+    return pointer;
+  }
+  if (py::isinstance<py::int_>(handler)) {
+    auto address = handler.cast<uintptr_t>();
+    if (address == 0) throw py::value_error("the FFI handler address is 0");
+    return reinterpret_cast<void*>(address);
+  }
+  throw py::type_error("an FFI handler must be a PyCapsule or an integer address, not " +
+                       std::string(py::str(handler.get_type().attr("__name__"))));
+}
+
+py::object AttributeValue(const Attribute& attribute) {
+  return std::visit([](const auto& value) -> py::object {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      return py::tuple(py::cast(value));
+    } else {
+      return py::cast(value);
+    }
+  }, attribute.value);
+}
+
+Attribute::Value OptionValue(const py::handle& value) {
+  // bool first: Python's bool is an int.
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
+  if (py::isinstance<py::int_>(value)) return value.cast<int64_t>();
+  if (py::isinstance<py::float_>(value)) return value.cast<float>();
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  if (py::isinstance<py::sequence>(value)) return value.cast<std::vector<int64_t>>();
+  throw py::type_error("a client option must be str, int, float, bool or a list of ints");
+}
+
+void Execute(const Executable& executable, const py::list& inputs,
+             const std::vector<int>& element_types, const py::list& outputs, bool zero_copy) {
+  if (element_types.size() != inputs.size()) {
+    throw py::value_error("one element type is needed per input");
+  }
+  // The buffer_info objects hold the Python buffers' views for the whole call,
+  // so the memory stays valid while the GIL is released.
+  std::vector<py::buffer_info> input_infos;
+  std::vector<HostInput> host_inputs;
+  input_infos.reserve(inputs.size());
+  host_inputs.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    input_infos.push_back(inputs[i].cast<py::buffer>().request());
+    const py::buffer_info& info = input_infos.back();
+    if (!IsCContiguous(info)) throw py::value_error("input buffers must be C-contiguous");
+    host_inputs.push_back(HostInput{info.ptr, static_cast<size_t>(info.size * info.itemsize),
+                                    element_types[i],
+                                    std::vector<int64_t>(info.shape.begin(), info.shape.end())});
+  }
+  std::vector<py::buffer_info> output_infos;
+  std::vector<HostOutput> host_outputs;
+  output_infos.reserve(outputs.size());
+  host_outputs.reserve(outputs.size());
+  for (const py::handle& item : outputs) {
+    output_infos.push_back(item.cast<py::buffer>().request(/*writable=*/true));
+    const py::buffer_info& info = output_infos.back();
+    if (!IsCContiguous(info)) throw py::value_error("output buffers must be C-contiguous");
+    host_outputs.push_back(HostOutput{info.ptr, static_cast<size_t>(info.size * info.itemsize)});
+  }
+  py::gil_scoped_release release;
+  executable.Execute(host_inputs, host_outputs, zero_copy);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_pjrt, m) {
+  m.doc() = "PJRT plugins, clients and executables for pjrt-pool's worker side.";
+
+  g_pjrt_error = PyErr_NewExceptionWithDoc(
+      "worker._pjrt.PjrtError",
+      "A PJRT call failed. `code` is the PJRT error code, `code_name` its name.",
+      PyExc_RuntimeError, nullptr);
+  g_plugin_load_error = PyErr_NewExceptionWithDoc(
+      "worker._pjrt.PluginLoadError",
+      "A PJRT plugin library could not be loaded or is not a usable PJRT plugin.",
+      PyExc_OSError, nullptr);
+  m.attr("PjrtError") = py::handle(g_pjrt_error);
+  m.attr("PluginLoadError") = py::handle(g_plugin_load_error);
+  m.attr("API_MAJOR") = PJRT_API_MAJOR;
+  m.attr("API_MINOR") = PJRT_API_MINOR;
+
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const PjrtException& e) {
+      py::object error = py::reinterpret_steal<py::object>(
+          PyObject_CallFunction(g_pjrt_error, "s", e.what()));
+      if (!error) return;  // the call set its own exception
+      error.attr("code") = e.code();
+      error.attr("code_name") = ErrorCodeName(e.code());
+      PyErr_SetObject(g_pjrt_error, error.ptr());
+    } catch (const PluginLoadException& e) {
+      PyErr_SetString(g_plugin_load_error, e.what());
+    }
+  });
+
+  py::class_<Plugin, std::shared_ptr<Plugin>>(m, "Plugin",
+                                              "A loaded PJRT plugin library.")
+      .def_static("load", &Plugin::Load, py::arg("path"),
+                  py::call_guard<py::gil_scoped_release>(),
+                  "Loads and initializes the plugin at path (once per process).")
+      .def_property_readonly("path", &Plugin::path)
+      .def_property_readonly("api_version", [](const Plugin& plugin) {
+        return py::make_tuple(plugin.api_major(), plugin.api_minor());
+      })
+      .def_property_readonly("has_ffi_registration", &Plugin::has_ffi_registration)
+      .def("attributes", [](const Plugin& plugin) {
+        py::dict result;
+        for (const Attribute& attribute : plugin.attributes()) {
+          result[py::str(attribute.name)] = AttributeValue(attribute);
+        }
+        return result;
+      }, "The plugin's PJRT_Plugin_Attributes as a dict.")
+      .def("register_ffi_handler",
+           [](const Plugin& plugin, const std::string& target, const py::object& handler,
+              const std::string& platform, uint32_t traits) {
+             plugin.RegisterFfiHandler(target, HandlerPointer(handler), platform, traits);
+           },
+           py::arg("target"), py::arg("handler"), py::arg("platform"), py::arg("traits") = 0,
+           "Registers a typed XLA FFI handler (PyCapsule or address) for a custom-call target.");
+
+  py::class_<Client, std::shared_ptr<Client>>(m, "Client", "A PJRT client on one plugin.")
+      .def(py::init([](std::shared_ptr<Plugin> plugin, const py::dict& options) {
+             std::vector<Attribute> values;
+             for (const auto& [name, value] : options) {
+               values.push_back(Attribute{name.cast<std::string>(), OptionValue(value)});
+             }
+             py::gil_scoped_release release;
+             return Client::Create(std::move(plugin), values);
+           }),
+           py::arg("plugin"), py::arg("options") = py::dict(),
+           "Creates a client; options are plugin-specific create options "
+           "(str, int, float, bool or a list of ints).")
+      .def_property_readonly("platform_name", &Client::platform_name)
+      .def_property_readonly("platform_version", &Client::platform_version)
+      .def_property_readonly("device_kind", &Client::device_kind)
+      .def_property_readonly("num_devices", &Client::num_devices)
+      .def("compile",
+           [](Client& client, const py::buffer& code, const py::buffer& options) {
+             py::buffer_info code_info = code.request();
+             py::buffer_info options_info = options.request();
+             py::gil_scoped_release release;
+             return client.Compile(View(code_info), View(options_info));
+           },
+           py::arg("code"), py::arg("compile_options"),
+           "Compiles MLIR bytecode with a serialized CompileOptionsProto.")
+      .def("deserialize",
+           [](Client& client, const py::buffer& serialized) {
+             py::buffer_info info = serialized.request();
+             py::gil_scoped_release release;
+             return client.Deserialize(View(info));
+           },
+           py::arg("serialized"), "Loads an executable serialized by the same plugin.");
+
+  py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable",
+                                                      "A loaded PJRT executable.")
+      .def_property_readonly("num_outputs", &Executable::num_outputs)
+      .def_property_readonly("output_types", [](const Executable& executable) {
+        py::list result;
+        for (const OutputType& output : executable.output_types()) {
+          result.append(py::make_tuple(output.element_type, py::tuple(py::cast(output.dims))));
+        }
+        return result;
+      }, "(PJRT_Buffer_Type, dims) of each output.")
+      .def("serialize", [](const Executable& executable) {
+        std::string bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = executable.Serialize();
+        }
+        return py::bytes(bytes);
+      })
+      .def("execute", &Execute, py::arg("inputs"), py::arg("element_types"),
+           py::arg("outputs"), py::arg("zero_copy"),
+           "Runs with C-contiguous input buffers of the given PJRT element types and "
+           "writes each output into the matching writable buffer.");
+}

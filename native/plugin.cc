@@ -1,0 +1,140 @@
+#include "plugin.h"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "status.h"
+
+namespace pjrt_pool {
+namespace {
+
+// Copies the plugin's attributes out of PJRT's NamedValue array; the array
+// lives for the process, but owning copies keep the boundary code simple.
+std::vector<Attribute> ReadAttributes(const PJRT_Api* api) {
+  std::vector<Attribute> result;
+  if (offsetof(PJRT_Api, PJRT_Plugin_Attributes) + sizeof(void*) > api->struct_size ||
+      api->PJRT_Plugin_Attributes == nullptr) {
+    return result;
+  }
+  auto args = PJRT_ARGS(PJRT_Plugin_Attributes_Args);
+  Check(api, api->PJRT_Plugin_Attributes(&args), "PJRT_Plugin_Attributes");
+  for (size_t i = 0; i < args.num_attributes; ++i) {
+    const PJRT_NamedValue& nv = args.attributes[i];
+    Attribute attribute;
+    attribute.name.assign(nv.name, nv.name_size);
+    switch (nv.type) {
+      case PJRT_NamedValue_kString:
+        attribute.value = std::string(nv.string_value, nv.value_size);
+        break;
+      case PJRT_NamedValue_kInt64:
+        attribute.value = nv.int64_value;
+        break;
+      case PJRT_NamedValue_kInt64List:
+        attribute.value = std::vector<int64_t>(nv.int64_array_value,
+                                               nv.int64_array_value + nv.value_size);
+        break;
+      case PJRT_NamedValue_kFloat:
+        attribute.value = nv.float_value;
+        break;
+      case PJRT_NamedValue_kBool:
+        attribute.value = nv.bool_value;
+        break;
+      default:
+        continue;  // A kind newer than our header: skip rather than misread.
+    }
+    result.push_back(std::move(attribute));
+  }
+  return result;
+}
+
+const FfiExtension* FindFfiExtension(const PJRT_Api* api) {
+  for (const PJRT_Extension_Base* ext = api->extension_start; ext != nullptr;
+       ext = ext->next) {
+    if (ext->type != PJRT_Extension_Type_FFI) continue;
+    // Older FFI extensions end before register_handler.
+    if (ext->struct_size < offsetof(FfiExtension, register_handler) + sizeof(void*)) {
+      return nullptr;
+    }
+    auto* ffi = reinterpret_cast<const FfiExtension*>(ext);
+    return ffi->register_handler != nullptr ? ffi : nullptr;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Plugin::Plugin(std::string path, const PJRT_Api* api)
+    : path_(std::move(path)), api_(api), attributes_(ReadAttributes(api)),
+      ffi_(FindFfiExtension(api)) {}
+
+std::shared_ptr<Plugin> Plugin::Load(const std::string& path) {
+  // One PJRT_Plugin_Initialize per library per process: dlopen of the same
+  // file returns the same handle, so loads are memoized by path.
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<Plugin>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = loaded.find(path);
+  if (it != loaded.end()) return it->second;
+
+  // RTLD_LOCAL keeps the plugin's copies of LLVM, protobuf and absl apart
+  // from any other XLA in the process (jaxlib in the parent).
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* reason = dlerror();
+    throw PluginLoadException("cannot load PJRT plugin " + path + ": " +
+                              (reason ? reason : "unknown dlopen error"));
+  }
+  using GetPjrtApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetPjrtApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    dlclose(handle);
+    throw PluginLoadException(path + " is not a PJRT plugin: it exports no GetPjrtApi");
+  }
+  const PJRT_Api* api = get_api();
+  if (api == nullptr) {
+    throw PluginLoadException("GetPjrtApi of " + path + " returned no API");
+  }
+  if (api->pjrt_api_version.major_version != PJRT_API_MAJOR) {
+    throw PluginLoadException(
+        path + " implements PJRT C API " +
+        std::to_string(api->pjrt_api_version.major_version) + "." +
+        std::to_string(api->pjrt_api_version.minor_version) +
+        " but pjrt-pool speaks major version " + std::to_string(PJRT_API_MAJOR));
+  }
+  // The calls every session needs must lie inside the plugin's struct.
+  if (api->struct_size < PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Executable_OutputDimensions)) {
+    throw PluginLoadException(
+        path + " has a PJRT_Api too old for pjrt-pool (minor version " +
+        std::to_string(api->pjrt_api_version.minor_version) + ")");
+  }
+  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  Check(api, PJRT_FN(api, PJRT_Plugin_Initialize)(&init), "PJRT_Plugin_Initialize");
+
+  std::shared_ptr<Plugin> plugin(new Plugin(path, api));
+  loaded.emplace(path, plugin);
+  return plugin;
+}
+
+void Plugin::RegisterFfiHandler(const std::string& target, void* handler,
+                                const std::string& platform, uint32_t traits) const {
+  if (ffi_ == nullptr) {
+    throw PjrtException(PJRT_Error_Code_UNIMPLEMENTED,
+                        "the PJRT plugin " + path_ +
+                            " has no FFI extension with handler registration");
+  }
+  FfiRegisterHandlerArgs args{};
+  args.struct_size = sizeof(FfiRegisterHandlerArgs);
+  args.target_name = target.data();
+  args.target_name_size = target.size();
+  args.handler = handler;
+  args.platform_name = platform.data();
+  args.platform_name_size = platform.size();
+  args.traits = traits;
+  Check(api_, ffi_->register_handler(&args), "PJRT_FFI_Register_Handler");
+}
+
+}  // namespace pjrt_pool

@@ -1,0 +1,84 @@
+"""Serializing StableHLO for the plugin that will read it.
+
+jax.export serializes at a StableHLO version about four weeks old, which an
+older plugin may not read and which forbids newer ops. pjrt-pool instead
+serializes at the newest version both this jaxlib and the target plugin
+know. That needs JAX's private ``serialize_portable_artifact`` (the function
+jax.export itself uses); this module is the only place that touches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StableHLOVersionError(RuntimeError):
+    """The plugin and this jaxlib share no StableHLO version, or JAX moved its serializer."""
+
+
+def _private_api() -> tuple[Any, Any, Any]:
+    try:
+        from jax._src import xla_bridge
+        from jax._src.interpreters import mlir as jax_mlir
+        from jax._src.lib import _jax
+    except ImportError as error:
+        raise StableHLOVersionError(
+            f"this JAX version moved the private StableHLO serializer pjrt-pool uses ({error}); "
+            "install a jax within pjrt-pool's supported range"
+        ) from None
+    if not hasattr(_jax.mlir, "serialize_portable_artifact"):
+        raise StableHLOVersionError(
+            "this JAX version has no _jax.mlir.serialize_portable_artifact; "
+            "install a jax within pjrt-pool's supported range"
+        )
+    return _jax, jax_mlir, xla_bridge
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def target_version(plugin_minimum: str | None, plugin_current: str | None) -> str | None:
+    """Returns the StableHLO version to serialize at: the newer of what both sides read.
+
+    None when the plugin does not say (then jax.export's default is used).
+    Raises StableHLOVersionError when the windows do not overlap.
+    """
+    if plugin_current is None:
+        return None
+    from jaxlib.mlir.dialects import stablehlo
+
+    producer = stablehlo.get_current_version()
+    target = min(plugin_current, producer, key=_parse)
+    if plugin_minimum is not None and _parse(target) < _parse(plugin_minimum):
+        raise StableHLOVersionError(
+            f"this jaxlib writes StableHLO up to {producer} but the plugin reads "
+            f"{plugin_minimum} to {plugin_current}: install a newer jaxlib or an older plugin"
+        )
+    return target
+
+
+def reserialize(artifact: bytes, target: str | None) -> tuple[bytes, str]:
+    """Returns (bytecode at `target`, module text without locations) for a jax.export artifact.
+
+    The bytecode keeps source locations, so the plugin's errors point at the
+    user's code; the text leaves them out, so that the cache key depends on
+    the program only, not on where it was written.
+    """
+    _jax, jax_mlir, xla_bridge = _private_api()
+    with jax_mlir.make_ir_context():
+        module = _jax.mlir.deserialize_portable_artifact(artifact)
+        text = module.operation.get_asm(enable_debug_info=False)
+        if target is None:
+            return artifact, text
+        try:
+            code = _jax.mlir.serialize_portable_artifact(
+                module, target, xla_bridge.get_backend().serialize_with_sdy
+            )
+        except Exception as error:  # the serializer raises plain errors for unsupported ops
+            raise StableHLOVersionError(
+                f"cannot serialize this program for StableHLO {target}, the newest version "
+                f"the plugin reads: {error}. The program uses an op newer than the plugin; "
+                "use a newer plugin"
+            ) from error
+    return code, text

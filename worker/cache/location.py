@@ -1,0 +1,73 @@
+"""Where the disk cache lives and how large it may grow.
+
+The directory comes from an argument, else ``PJRT_POOL_CACHE_DIR``, else the
+platform's user cache directory (``$XDG_CACHE_HOME/pjrt-pool`` or
+``~/.cache/pjrt-pool`` on Linux, ``~/Library/Caches/pjrt-pool`` on macOS).
+The size bound comes from an argument, else ``PJRT_POOL_CACHE_MAX_SIZE``
+(bytes, or with a K/M/G/T suffix), else DEFAULT_MAX_SIZE.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+CACHE_DIR_ENV = "PJRT_POOL_CACHE_DIR"
+MAX_SIZE_ENV = "PJRT_POOL_CACHE_MAX_SIZE"
+DEFAULT_MAX_SIZE = 4 << 30
+"""4 GiB: thousands of typical executables (tens of KB to a few MB each)."""
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def default_cache_dir() -> Path:
+    """Returns the cache directory named by the environment, or the user cache directory."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "pjrt-pool"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pjrt-pool"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Returns the cache directory for an argument (None: the default)."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def parse_size(text: str | int) -> int:
+    """Reads a size such as 500M, 2G, 1.5GiB or 1048576; raises ValueError otherwise."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative: {text}")
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (write bytes, or a number with K, M, G or T)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def resolve_max_size(max_size: str | int | None) -> int:
+    """Returns the size bound for an argument (None: the environment, else the default)."""
+    if max_size is not None:
+        return parse_size(max_size)
+    from_env = os.environ.get(MAX_SIZE_ENV)
+    if from_env:
+        try:
+            return parse_size(from_env)
+        except ValueError as error:
+            raise ValueError(f"{MAX_SIZE_ENV}: {error}") from None
+    return DEFAULT_MAX_SIZE
+
+
+def format_size(size: int) -> str:
+    """Returns a size for people: 1.5 MiB."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

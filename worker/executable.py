@@ -1,0 +1,199 @@
+"""Executable: a program loaded into the process's PJRT client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from worker import _pjrt
+from worker.dtypes import code_of_dtype, dtype_of_code
+from worker.errors import PjrtError
+from worker.kernels import ensure_kernels_for, explain_missing_handler
+from worker.records import ArrayType
+from worker.runtime import Runtime, get_runtime
+
+
+def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+    return value
+
+
+class Executable:
+    """A program loaded into the PJRT client.
+
+    Attributes:
+        num_outputs: The number of outputs of the program.
+        output_types: The ArrayType of each output, as the plugin reports it.
+        input_types: The ArrayType of each argument, or None when it is not
+            known. compile_program sets it from the lowered program, and run
+            then converts its arguments to these types.
+        key: The disk cache key of the executable when compile_program made
+            it, else None.
+    """
+
+    num_outputs: int
+    output_types: tuple[ArrayType, ...]
+    key: str | None
+
+    def __init__(
+        self,
+        native: _pjrt.Executable,
+        runtime: Runtime,
+        input_types: tuple[ArrayType, ...] | None = None,
+        key: str | None = None,
+    ) -> None:
+        self._native = native
+        self._runtime = runtime
+        self.output_types = tuple(
+            ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types
+        )
+        self.num_outputs = len(self.output_types)
+        self.key = key
+        self.input_types = input_types
+
+    @property
+    def input_types(self) -> tuple[ArrayType, ...] | None:
+        """The ArrayType of each argument, or None when it is not known."""
+        return self._input_types
+
+    @input_types.setter
+    def input_types(self, types: tuple[ArrayType, ...] | None) -> None:
+        self._input_types = None if types is None else tuple(types)
+        self._input_codes = None if types is None else [code_of_dtype(t.dtype) for t in types]
+
+    @property
+    def output_bytes(self) -> tuple[int, ...]:
+        """The size in bytes of each output, which fills ProgramSpec.output_bytes."""
+        return tuple(t.nbytes for t in self.output_types)
+
+    @property
+    def platform(self) -> str:
+        """The platform of the plugin that holds the executable."""
+        return self._runtime.platform
+
+    @staticmethod
+    def compile(code: bytes, compile_options: bytes) -> Executable:
+        """Compiles StableHLO bytecode with a serialized CompileOptionsProto.
+
+        The plugin of this process compiles it (the default platform's loads
+        first if none is loaded). The plugin checks the options: a malformed
+        proto can make it abort the process, which is why a Pool compiles in
+        worker processes.
+        """
+        code = _as_bytes_like(code, "code")
+        options = _as_bytes_like(compile_options, "compile_options")
+        if len(code) == 0:
+            raise ValueError("code is empty: pass StableHLO bytecode (LoweredProgram.code)")
+        runtime = get_runtime()
+        ensure_kernels_for(runtime, code)
+        try:
+            native = runtime.client.compile(code, options)
+        except PjrtError as error:
+            raise explain_missing_handler(error, runtime) from None
+        return Executable(native, runtime)
+
+    @staticmethod
+    def deserialize(serialized: bytes) -> Executable:
+        """Loads an executable that serialize wrote with the same plugin."""
+        serialized = _as_bytes_like(serialized, "serialized")
+        if len(serialized) == 0:
+            raise ValueError("serialized is empty: pass what Executable.serialize returned")
+        runtime = get_runtime()
+        ensure_kernels_for(runtime, serialized)
+        try:
+            native = runtime.client.deserialize(serialized)
+        except PjrtError as error:
+            raise explain_missing_handler(error, runtime) from None
+        return Executable(native, runtime)
+
+    def serialize(self) -> bytes:
+        """Returns the executable in the plugin's serialized form."""
+        return self._native.serialize()
+
+    def prepare_arguments(self, arguments: Sequence[ArrayLike]) -> list[np.ndarray]:
+        """Returns the arguments as C-contiguous arrays of the program's input types.
+
+        Raises TypeError for a wrong number of arguments or a value that does
+        not convert to its input type, and ValueError for a wrong shape.
+        """
+        if isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence):
+            raise TypeError(
+                "arguments must be a sequence with one array per program input, "
+                f"not {type(arguments).__name__}"
+            )
+        types = self.input_types
+        if types is not None and len(arguments) != len(types):
+            raise TypeError(
+                f"the program takes {len(types)} arguments "
+                f"({', '.join(map(str, types))}) but {len(arguments)} were given"
+            )
+        prepared = []
+        for index, argument in enumerate(arguments):
+            if (
+                types is not None
+                and type(argument) is np.ndarray
+                and argument.dtype == types[index].dtype
+                and argument.shape == types[index].shape
+                and argument.flags.c_contiguous
+            ):
+                prepared.append(argument)  # the common case, checked cheaply
+                continue
+            try:
+                array = np.asarray(argument)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"argument {index} is not an array: {error}") from None
+            if types is None:
+                code_of_dtype(array.dtype)  # raises TypeError for an unsupported dtype
+            else:
+                expected = types[index]
+                if array.shape != expected.shape:
+                    raise ValueError(
+                        f"argument {index} has shape {array.shape} but the program takes "
+                        f"{expected} (shape {expected.shape})"
+                    )
+                if array.dtype != expected.dtype:
+                    if not np.can_cast(array.dtype, expected.dtype, casting="same_kind"):
+                        raise TypeError(
+                            f"argument {index} has dtype {array.dtype}, which does not convert "
+                            f"to the program's {expected.dtype} without changing its kind; "
+                            "convert it explicitly first"
+                        )
+                    array = array.astype(expected.dtype)
+            prepared.append(np.ascontiguousarray(array))
+        return prepared
+
+    def run_into(
+        self, arguments: list[np.ndarray], outputs: list[Any], zero_copy: bool = True
+    ) -> None:
+        """Executes with prepared arguments and writes the outputs into caller memory.
+
+        arguments come from prepare_arguments; outputs are writable buffers of
+        exactly output_bytes each, in output order (a worker passes shared
+        memory here, so PJRT writes results where the parent reads them).
+        """
+        codes = self._input_codes
+        if codes is None:
+            codes = [code_of_dtype(a.dtype) for a in arguments]
+        self._native.execute(arguments, codes, outputs, zero_copy)
+
+    def run(self, arguments: Sequence[ArrayLike], zero_copy: bool = True) -> list[np.ndarray]:
+        """Executes the program and returns its outputs with their shapes and dtypes.
+
+        It goes through execute, as extension modules do, which makes it useful
+        for tests and interactive checks. When the types of the arguments are
+        known, as for an executable from compile_program, each argument converts
+        to the type that the program takes, and otherwise it keeps its own dtype.
+        """
+        prepared = self.prepare_arguments(arguments)
+        outputs = [np.empty(shape, dtype) for dtype, shape in self.output_types]
+        self.run_into(prepared, outputs, zero_copy)
+        return outputs
+
+    def __repr__(self) -> str:
+        inputs = "?" if self.input_types is None else ", ".join(map(str, self.input_types))
+        outputs = ", ".join(map(str, self.output_types))
+        return f"<Executable ({inputs}) -> ({outputs}) on {self.platform}>"

@@ -1,0 +1,106 @@
+"""Finding the PJRT plugin library for a platform.
+
+A plugin is found, in order:
+
+1. at the path in the environment variable ``PJRT_POOL_PLUGIN_<PLATFORM>``
+   (for example ``PJRT_POOL_PLUGIN_CPU=/opt/xla/pjrt_cpu.so``);
+2. in the first installed default package for the platform: for ``cpu``,
+   ``lammps-jax-pjrt-cpu`` and then ``xla-cpu-pjrt``; for ``cuda``,
+   ``jax-cuda13-pjrt`` and then ``jax-cuda12-pjrt``.
+
+Packages are located without being imported, so finding a plugin costs no
+imports (the CUDA packages import JAX).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.errors import PluginNotFoundError
+
+ENV_PREFIX = "PJRT_POOL_PLUGIN_"
+
+
+@dataclass(frozen=True)
+class _DefaultPlugin:
+    distribution: str  # what to pip install
+    package: str  # the import name of the directory holding the library
+    library: str  # file name of the library in that directory
+
+
+_DEFAULTS: dict[str, tuple[_DefaultPlugin, ...]] = {
+    "cpu": (
+        _DefaultPlugin("lammps-jax-pjrt-cpu", "lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so"),
+        _DefaultPlugin("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so"),
+    ),
+    "cuda": (
+        _DefaultPlugin("jax-cuda13-pjrt", "jax_plugins.xla_cuda13", "xla_cuda_plugin.so"),
+        _DefaultPlugin("jax-cuda12-pjrt", "jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PluginLocation:
+    """Where the plugin for a platform lives, and how it was chosen."""
+
+    platform: str
+    """The platform the plugin serves ("cpu", "cuda", ...)."""
+
+    path: str
+    """Absolute path of the plugin's shared library."""
+
+    source: str
+    """How it was found: the environment variable or the package that gave it."""
+
+
+def env_var(platform: str) -> str:
+    """Returns the environment variable that names the plugin for a platform."""
+    return ENV_PREFIX + platform.upper()
+
+
+def _package_dir(package: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_plugin(platform: str) -> PluginLocation:
+    """Returns the plugin library for a platform.
+
+    Raises PluginNotFoundError naming the environment variable to set and the
+    packages to install when there is none.
+    """
+    variable = env_var(platform)
+    explicit = os.environ.get(variable)
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise PluginNotFoundError(
+                f"{variable}={explicit} does not name a file; point it at the PJRT plugin "
+                f"library (.so) for {platform!r} or unset it to use an installed package"
+            )
+        return PluginLocation(platform, str(path.resolve()), f"environment variable {variable}")
+
+    defaults = _DEFAULTS.get(platform, ())
+    for default in defaults:
+        directory = _package_dir(default.package)
+        if directory is not None and (directory / default.library).is_file():
+            return PluginLocation(
+                platform,
+                str((directory / default.library).resolve()),
+                f"package {default.distribution}",
+            )
+    if defaults:
+        packages = " or ".join(f"'pip install {d.distribution}'" for d in defaults)
+        hint = f"install one ({packages}) or set {variable} to the plugin's .so"
+    else:
+        hint = f"set {variable} to the path of a PJRT plugin library for {platform!r}"
+    raise PluginNotFoundError(f"no PJRT plugin found for platform {platform!r}: {hint}")

@@ -1,0 +1,52 @@
+"""``python -m worker.probe PLATFORM``: print the platform's plugin identity as JSON.
+
+The parent runs this once per plugin build (the result is memoized on disk)
+to learn which StableHLO versions the plugin reads, without loading the
+plugin into its own process. Only the library is loaded; no client or device
+is created.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from worker import _pjrt
+from worker.errors import PluginNotFoundError
+from worker.plugins import find_plugin
+
+
+def _version(value: object) -> str | None:
+    return ".".join(map(str, value)) if isinstance(value, tuple) else None
+
+
+def main(argv: list[str]) -> int:
+    """Prints {"path", "api_version", "stablehlo_minimum_version", ...} or {"error"}."""
+    if len(argv) != 1:
+        print("usage: python -m worker.probe PLATFORM", file=sys.stderr)
+        return 2
+    try:
+        location = find_plugin(argv[0])
+        plugin = _pjrt.Plugin.load(location.path)
+    except (PluginNotFoundError, _pjrt.PluginLoadError, _pjrt.PjrtError) as error:
+        print(json.dumps({"error": str(error), "kind": type(error).__name__}))
+        return 1
+    attributes = plugin.attributes()
+    major, minor = plugin.api_version
+    print(
+        json.dumps(
+            {
+                "platform": argv[0],
+                "path": location.path,
+                "source": location.source,
+                "api_version": f"{major}.{minor}",
+                "stablehlo_minimum_version": _version(attributes.get("stablehlo_minimum_version")),
+                "stablehlo_current_version": _version(attributes.get("stablehlo_current_version")),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

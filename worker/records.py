@@ -1,0 +1,200 @@
+"""The records that travel between the parent, workers and the disk cache.
+
+They hold plain data only (bytes, strings, numpy dtypes, tuples), so that
+both sides can build them without JAX and send them over a pipe or store them
+as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+from worker.dtypes import code_of_dtype
+
+
+class ArrayType(NamedTuple):
+    """The element type and shape of an argument or result of a program."""
+
+    dtype: np.dtype
+    """Type of the elements, one of the dtypes that the runtime supports."""
+
+    shape: tuple[int, ...]
+    """Length of each axis, empty for a scalar."""
+
+    @property
+    def size(self) -> int:
+        """Returns the number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Returns the size of the array in bytes."""
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @classmethod
+    def of(cls, dtype: Any, shape: Sequence[int]) -> ArrayType:
+        """Returns an ArrayType with a canonical numpy dtype and an int tuple shape.
+
+        Raises TypeError for a dtype the runtime does not support and
+        ValueError for a negative or non-integer axis length.
+        """
+        canonical = np.dtype(dtype)
+        code_of_dtype(canonical)  # raises TypeError naming the supported dtypes
+        axes = tuple(shape)
+        if not all(isinstance(n, (int, np.integer)) and n >= 0 for n in axes):
+            raise ValueError(f"a shape needs non-negative integer axis lengths, not {axes!r}")
+        return cls(canonical, tuple(int(n) for n in axes))
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the type as a JSON-ready dict: {"dtype": name, "shape": [...]}."""
+        return {"dtype": np.dtype(self.dtype).name, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ArrayType:
+        """Reads what to_json wrote."""
+        return cls.of(_dtype_by_name(data["dtype"]), data["shape"])
+
+    def __str__(self) -> str:
+        return f"{np.dtype(self.dtype).name}[{','.join(map(str, self.shape))}]"
+
+
+def _dtype_by_name(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
+class LoweredProgram(NamedTuple):
+    """A program as StableHLO."""
+
+    code: bytes
+    """Portable StableHLO bytecode, which the PJRT plugin compiles."""
+
+    text: str
+    """The module as text, from which the executable cache key is computed."""
+
+    input_types: tuple[ArrayType, ...] | None = None
+    """The type of each argument, or None when it is not known."""
+
+    platform: str | None = None
+    """The platform that the program was lowered for, or None when it is not known."""
+
+    @property
+    def name(self) -> str:
+        """The module's symbol name (for example "jit_f"), for messages and reports."""
+        head = self.text[: self.text.find("{")] if "{" in self.text else self.text[:200]
+        for word in head.split():
+            if word.startswith("@"):
+                return word[1:]
+        return "module"
+
+
+class CompileStatistics(NamedTuple):
+    """Time and counts of compiling programs."""
+
+    compile_seconds: float = 0.0
+    """Seconds spent compiling StableHLO with the PJRT plugin."""
+
+    load_seconds: float = 0.0
+    """Seconds spent reading executables from the disk cache."""
+
+    compiled: int = 0
+    """Programs compiled."""
+
+    loaded: int = 0
+    """Programs whose executables came from the disk cache."""
+
+    def add(self, other: CompileStatistics) -> CompileStatistics:
+        """Returns the sum of two statistics."""
+        return CompileStatistics(*(a + b for a, b in zip(self, other, strict=True)))
+
+    def __str__(self) -> str:
+        return (
+            f"{self.compiled} compiled in {self.compile_seconds:.3f} s, "
+            f"{self.loaded} loaded from the disk cache in {self.load_seconds:.3f} s"
+        )
+
+
+class ProgramSpec(NamedTuple):
+    """The JSON-serializable record of a compiled program.
+
+    It is what other processes and extension modules need to find a program's
+    executable in the disk cache and call it: the cache key, the platform it
+    was compiled for, and the types and byte sizes of its inputs and outputs.
+    """
+
+    name: str
+    """A name for the program, chosen by whoever compiled it."""
+
+    platform: str
+    """The platform the executable was compiled for ("cpu", "cuda", ...)."""
+
+    key: str
+    """The disk cache key of the executable (hex digest)."""
+
+    input_types: tuple[ArrayType, ...] | None
+    """The type of each argument, or None when it is not known."""
+
+    output_types: tuple[ArrayType, ...]
+    """The type of each output."""
+
+    output_bytes: tuple[int, ...]
+    """The size in bytes of each output."""
+
+    @classmethod
+    def from_executable(cls, name: str, executable: Any) -> ProgramSpec:
+        """Describes an Executable that compile_program returned (it carries its key)."""
+        if getattr(executable, "key", None) is None:
+            raise ValueError(
+                "the executable has no cache key: make it with compile_program, "
+                "not Executable.compile"
+            )
+        return cls(
+            name=name,
+            platform=executable.platform,
+            key=executable.key,
+            input_types=executable.input_types,
+            output_types=executable.output_types,
+            output_bytes=executable.output_bytes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the spec as a JSON-ready dict."""
+        return {
+            "name": self.name,
+            "platform": self.platform,
+            "key": self.key,
+            "input_types": None
+            if self.input_types is None
+            else [t.to_json() for t in self.input_types],
+            "output_types": [t.to_json() for t in self.output_types],
+            "output_bytes": list(self.output_bytes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProgramSpec:
+        """Reads what to_json wrote; raises ValueError naming a missing or bad field."""
+        try:
+            inputs = data["input_types"]
+            return cls(
+                name=str(data["name"]),
+                platform=str(data["platform"]),
+                key=str(data["key"]),
+                input_types=None if inputs is None else tuple(map(ArrayType.from_json, inputs)),
+                output_types=tuple(map(ArrayType.from_json, data["output_types"])),
+                output_bytes=tuple(int(n) for n in data["output_bytes"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a ProgramSpec record: {error!r}") from error
+
+    def dumps(self) -> str:
+        """Returns the spec as a JSON string."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: str) -> ProgramSpec:
+        """Reads what dumps wrote."""
+        return cls.from_json(json.loads(text))

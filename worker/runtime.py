@@ -1,0 +1,201 @@
+"""The one PJRT plugin and client of this process.
+
+PJRT plugins are initialized once per process and never unloaded, and two
+XLA runtimes in one process compete for threads and memory, so a process
+holds at most one Runtime. The first compile or load creates it for the
+program's platform; a program for another platform is then refused with
+PlatformMismatchError rather than loading a second plugin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker import _pjrt
+from worker.errors import PlatformMismatchError
+from worker.plugins import PluginLocation, env_var, find_plugin
+
+logger = logging.getLogger("pjrt_pool.runtime")
+
+PLATFORM_ENV = "PJRT_POOL_PLATFORM"
+"""Names the platform to load when nothing else says which (default "cpu")."""
+
+# The platform names XLA's FFI registry uses for each PJRT platform.
+_FFI_PLATFORMS = {"cpu": "Host", "cuda": "CUDA", "rocm": "ROCM"}
+
+# Create options per platform. GPU plugins preallocate 75% of device memory
+# by default, which would starve every worker after the first.
+_CLIENT_OPTIONS: dict[str, dict[str, Any]] = {
+    "cuda": {"preallocate": False, "allocator": "default"},
+    "rocm": {"preallocate": False, "allocator": "default"},
+}
+
+# NVIDIA libraries the CUDA plugin links against, by the pip package that ships
+# them; preloaded so that the plugin finds them without LD_LIBRARY_PATH.
+_CUDA_LIBRARIES = (
+    ("cuda_runtime", "libcudart.so.*"),
+    ("cu13", "libcudart.so.*"),
+    ("cuda_nvrtc", "libnvrtc.so.*"),
+    ("cu13", "libnvrtc.so.*"),
+    ("cublas", "libcublasLt.so.*"),
+    ("cublas", "libcublas.so.*"),
+    ("cu13", "libcublasLt.so.*"),
+    ("cu13", "libcublas.so.*"),
+    ("nccl", "libnccl.so.*"),
+    ("cuda_cupti", "libcupti.so.*"),
+    ("cu13", "libcupti.so.*"),
+    ("cusparse", "libcusparse.so.*"),
+    ("cusolver", "libcusolver.so.*"),
+    ("cu13", "libcusparse.so.*"),
+    ("cu13", "libcusolver.so.*"),
+    ("cufft", "libcufft.so.*"),
+    ("cu13", "libcufft.so.*"),
+    ("nvshmem", "libnvshmem_host.so.*"),
+    ("cudnn", "libcudnn.so.*"),
+)
+
+
+def _preload_cuda_libraries() -> None:
+    if not _has_nvidia():
+        return  # CUDA from the system: the plugin finds it through the loader path
+    for package, pattern in _CUDA_LIBRARIES:
+        spec = importlib.util.find_spec(f"nvidia.{package}")
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for library in sorted(
+            (Path(next(iter(spec.submodule_search_locations))) / "lib").glob(pattern)
+        ):
+            try:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            except OSError as error:  # a broken optional library; the plugin will say if it matters
+                logger.debug("could not preload %s: %s", library, error)
+
+
+def _has_nvidia() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _version(value: Any) -> str | None:
+    if isinstance(value, tuple) and value:
+        return ".".join(str(part) for part in value)
+    return str(value) if value else None
+
+
+@dataclass
+class Runtime:
+    """A loaded plugin and its client, for one platform."""
+
+    location: PluginLocation
+    """Which plugin library was loaded, and why."""
+
+    plugin: _pjrt.Plugin
+    """The native plugin handle."""
+
+    client: _pjrt.Client
+    """The native client on the plugin's first device."""
+
+    registered_targets: set[str] = field(default_factory=set)
+    """Custom-call targets registered through this runtime."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Serializes one-time registrations (kernel libraries) across threads."""
+
+    @property
+    def platform(self) -> str:
+        """The platform this runtime serves ("cpu", "cuda", ...)."""
+        return self.location.platform
+
+    @property
+    def api_version(self) -> str:
+        """The plugin's PJRT C API version, "major.minor"."""
+        major, minor = self.plugin.api_version
+        return f"{major}.{minor}"
+
+    @property
+    def stablehlo_window(self) -> tuple[str | None, str | None]:
+        """The (minimum, current) StableHLO versions the plugin reads, when it says."""
+        attributes = self.plugin.attributes()
+        return (
+            _version(attributes.get("stablehlo_minimum_version")),
+            _version(attributes.get("stablehlo_current_version")),
+        )
+
+    @property
+    def ffi_platform(self) -> str:
+        """The platform name XLA's FFI registry uses for this runtime ("Host", "CUDA")."""
+        return _FFI_PLATFORMS.get(self.platform, self.platform.upper())
+
+    def describe(self) -> dict[str, Any]:
+        """Returns the plugin's identity and window as plain data (for handshakes and probes)."""
+        minimum, current = self.stablehlo_window
+        return {
+            "platform": self.platform,
+            "path": self.location.path,
+            "source": self.location.source,
+            "api_version": self.api_version,
+            "platform_version": self.client.platform_version,
+            "device_kind": self.client.device_kind,
+            "stablehlo_minimum_version": minimum,
+            "stablehlo_current_version": current,
+        }
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def default_platform() -> str:
+    """The platform to load when neither a program nor a caller names one."""
+    return os.environ.get(PLATFORM_ENV, "cpu")
+
+
+def loaded_runtime() -> Runtime | None:
+    """Returns this process's runtime if a plugin is loaded, else None."""
+    return _runtime
+
+
+def get_runtime(platform: str | None = None) -> Runtime:
+    """Returns this process's runtime, loading the plugin for `platform` first if none is.
+
+    With no platform, an already loaded runtime is returned as it is, and
+    otherwise the default platform's plugin loads. Raises PlatformMismatchError
+    when a plugin for another platform is loaded already, PluginNotFoundError
+    when no plugin is found, and PluginLoadError or PjrtError when it fails to
+    load.
+    """
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            if platform is not None and platform != _runtime.platform:
+                raise PlatformMismatchError(
+                    f"this program is for platform {platform!r} but this process has the "
+                    f"{_runtime.platform!r} plugin loaded ({_runtime.location.path}); a process "
+                    "holds one plugin, so run it in another process (for example a Pool with "
+                    f"platform={platform!r})"
+                )
+            return _runtime
+        platform = platform or default_platform()
+        location = find_plugin(platform)
+        if platform in ("cuda", "rocm"):
+            _preload_cuda_libraries()
+        logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
+        try:
+            plugin = _pjrt.Plugin.load(location.path)
+        except _pjrt.PluginLoadError as error:
+            raise _pjrt.PluginLoadError(
+                f"{error} (found through {location.source}; set {env_var(platform)} to "
+                "another plugin library to use that instead)"
+            ) from None
+        client = _pjrt.Client(plugin, _CLIENT_OPTIONS.get(platform, {}))
+        _runtime = Runtime(location, plugin, client)
+        return _runtime
