@@ -18,6 +18,7 @@ from worker.kernels import MissingCustomCallError, register_custom_call
 from worker.plugins import PluginLocation, find_plugin
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 from worker.runtime import get_runtime, loaded_runtime
+from worker.stamp import ForeignExecutableError
 
 __all__ = [
     "ArrayType",
@@ -25,6 +26,7 @@ __all__ = [
     "CompileStatistics",
     "DiskCache",
     "Executable",
+    "ForeignExecutableError",
     "LoweredProgram",
     "MissingCustomCallError",
     "PjrtError",

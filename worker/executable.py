@@ -14,6 +14,7 @@ from worker.errors import PjrtError
 from worker.kernels import ensure_kernels_for, explain_missing_handler
 from worker.records import ArrayType
 from worker.runtime import Runtime, get_runtime
+from worker.stamp import check_stamp, stamp
 
 
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
@@ -98,11 +99,16 @@ class Executable:
 
     @staticmethod
     def deserialize(serialized: bytes) -> Executable:
-        """Loads an executable that serialize wrote with the same plugin."""
+        """Loads an executable that serialize wrote with the same plugin.
+
+        Raises ForeignExecutableError for bytes stamped by another plugin
+        build or host, and PjrtError for bytes the plugin cannot read.
+        """
         serialized = _as_bytes_like(serialized, "serialized")
         if len(serialized) == 0:
             raise ValueError("serialized is empty: pass what Executable.serialize returned")
         runtime = get_runtime()
+        check_stamp(serialized, runtime.identity())
         ensure_kernels_for(runtime, serialized)
         try:
             native = runtime.client.deserialize(serialized)
@@ -111,8 +117,13 @@ class Executable:
         return Executable(native, runtime)
 
     def serialize(self) -> bytes:
-        """Returns the executable in the plugin's serialized form."""
-        return self._native.serialize()
+        """Returns the executable in the plugin's serialized form.
+
+        The bytes carry a stamp of the plugin build (and CPU features) that
+        made them, in a protobuf field the plugin ignores, so that deserialize
+        refuses them elsewhere instead of running them wrongly.
+        """
+        return stamp(self._native.serialize(), self._runtime.identity())
 
     def prepare_arguments(self, arguments: Sequence[ArrayLike]) -> list[np.ndarray]:
         """Returns the arguments as C-contiguous arrays of the program's input types.

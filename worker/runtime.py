@@ -135,6 +135,27 @@ class Runtime:
         """The platform name XLA's FFI registry uses for this runtime ("Host", "CUDA")."""
         return _FFI_PLATFORMS.get(self.platform, self.platform.upper())
 
+    def plugin_sha256(self) -> str:
+        """The SHA-256 of the plugin library (memoized in the default cache directory)."""
+        from worker.cache import open_cache  # the cache imports nothing of the runtime
+        from worker.cache.key import plugin_digest
+
+        cache = open_cache()
+        return plugin_digest(self.location.path, cache.plugins_dir if cache.usable else None)
+
+    def identity(self) -> dict[str, Any]:
+        """What an executable is tied to: plugin build, API version and, on CPU, host features."""
+        from worker.cache.key import host_cpu_features
+
+        identity: dict[str, Any] = {
+            "platform": self.platform,
+            "plugin_sha256": self.plugin_sha256(),
+            "api_version": self.api_version,
+        }
+        if self.platform == "cpu":
+            identity["cpu_features"] = host_cpu_features()
+        return identity
+
     def describe(self) -> dict[str, Any]:
         """Returns the plugin's identity and window as plain data (for handshakes and probes)."""
         minimum, current = self.stablehlo_window
