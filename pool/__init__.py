@@ -5,7 +5,17 @@ worker-side names (compile_program, Executable, ...) are re-exported so that
 every name of the Programs API imports from here.
 """
 
+from pool.errors import (
+    PoolClosedError,
+    PoolError,
+    ProgramQuarantinedError,
+    RemoteWorkerError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    WorkerStartupError,
+)
 from pool.lowering import lower, lowering_platform
+from pool.pool import Pool
 from worker import (
     ArrayType,
     CompileStatistics,
@@ -34,7 +44,15 @@ __all__ = [
     "PlatformMismatchError",
     "PluginLoadError",
     "PluginNotFoundError",
+    "Pool",
+    "PoolClosedError",
+    "PoolError",
+    "ProgramQuarantinedError",
     "ProgramSpec",
+    "RemoteWorkerError",
+    "TaskTimeoutError",
+    "WorkerCrashedError",
+    "WorkerStartupError",
     "compile_options",
     "compile_program",
     "lower",

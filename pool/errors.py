@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
+from typing import Any
+
+from worker.protocol import RemoteError
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -17,3 +21,66 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {number}"
         return f"was killed by {name} (signal {number})"
     return f"exited with status {returncode}"
+
+
+class PoolError(RuntimeError):
+    """Base class of the pool's own failures."""
+
+
+class WorkerCrashedError(PoolError):
+    """The worker process running a task died (signal, abort, OOM kill).
+
+    Only that task fails; the pool starts a replacement worker. Attributes:
+    `returncode` (negative for a signal), `program` (its name), `stderr_tail`.
+    """
+
+    def __init__(
+        self, message: str, returncode: int | None = None, program: str = "", stderr_tail: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.program = program
+        self.stderr_tail = stderr_tail
+
+
+class TaskTimeoutError(PoolError, TimeoutError):
+    """A task ran past its timeout; its worker was killed and replaced."""
+
+
+class ProgramQuarantinedError(PoolError):
+    """A program crashed workers repeatedly and is no longer run by this pool."""
+
+
+class PoolClosedError(PoolError):
+    """The pool is closed (or broken) and takes no more tasks."""
+
+
+class WorkerStartupError(PoolError):
+    """A worker could not start: its plugin failed to load or the initializer raised."""
+
+
+class RemoteWorkerError(PoolError):
+    """An exception from a worker whose class cannot be rebuilt in the parent."""
+
+
+def rebuild_error(remote: RemoteError) -> BaseException:
+    """Returns an exception of the worker's class, message and simple attributes.
+
+    The worker's traceback is attached as a note, so the parent's traceback
+    shows where in the worker the error was raised.
+    """
+    error: BaseException
+    try:
+        module = importlib.import_module(remote.module)
+        cls: Any = module
+        for part in remote.qualname.split("."):
+            cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(remote.qualname)
+        error = cls(remote.message)
+        for name, value in remote.attributes.items():
+            setattr(error, name, value)
+    except Exception:  # a class that needs other arguments, or does not import here
+        error = RemoteWorkerError(f"{remote.module}.{remote.qualname}: {remote.message}")
+    error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
+    return error

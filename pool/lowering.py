@@ -10,6 +10,7 @@ import numpy as np
 
 from pool.plugin_info import plugin_info
 from pool.stablehlo import reserialize, target_version
+from worker.dtypes import code_of_dtype
 from worker.records import ArrayType, LoweredProgram
 
 
@@ -60,7 +61,13 @@ def _as_shape(index: int, value: Any) -> jax.ShapeDtypeStruct:
         kind = type(value).__name__
         raise TypeError(f"shapes[{index}] must be a jax.ShapeDtypeStruct or an array, not {kind}")
     dtype = np.dtype(shape.dtype)
-    if dtype.itemsize == 8 and dtype.kind in "iufc" and not jax.config.jax_enable_x64:
+    try:
+        code_of_dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"shapes[{index}]: {error}") from None
+    # complex128 is the 64-bit complex type: two float64s in 16 bytes.
+    wide = dtype.itemsize == (16 if dtype.kind == "c" else 8)
+    if wide and dtype.kind in "iufc" and not jax.config.jax_enable_x64:
         raise TypeError(
             f"shapes[{index}] is {dtype}, which JAX traces as 32-bit while jax_enable_x64 "
             "is off; turn it on (jax.config.update('jax_enable_x64', True)) or use a 32-bit dtype"

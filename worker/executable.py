@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from worker import _pjrt
+from worker.arguments import prepare_arguments
 from worker.dtypes import code_of_dtype, dtype_of_code
 from worker.errors import PjrtError
 from worker.kernels import ensure_kernels_for, explain_missing_handler
@@ -20,6 +21,17 @@ from worker.stamp import check_stamp, stamp
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
+    return value
+
+
+def _buffer_view(value: Any) -> Any:
+    """Returns an ml_dtypes array (bfloat16, float8_*) as a same-size uint view.
+
+    Their dtypes have no buffer-protocol format, so the native module could
+    not read them; the element type travels separately as a PJRT code.
+    """
+    if isinstance(value, np.ndarray) and value.dtype.kind == "V":
+        return value.view(f"u{value.dtype.itemsize}")
     return value
 
 
@@ -131,51 +143,7 @@ class Executable:
         Raises TypeError for a wrong number of arguments or a value that does
         not convert to its input type, and ValueError for a wrong shape.
         """
-        if isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence):
-            raise TypeError(
-                "arguments must be a sequence with one array per program input, "
-                f"not {type(arguments).__name__}"
-            )
-        types = self.input_types
-        if types is not None and len(arguments) != len(types):
-            raise TypeError(
-                f"the program takes {len(types)} arguments "
-                f"({', '.join(map(str, types))}) but {len(arguments)} were given"
-            )
-        prepared = []
-        for index, argument in enumerate(arguments):
-            if (
-                types is not None
-                and type(argument) is np.ndarray
-                and argument.dtype == types[index].dtype
-                and argument.shape == types[index].shape
-                and argument.flags.c_contiguous
-            ):
-                prepared.append(argument)  # the common case, checked cheaply
-                continue
-            try:
-                array = np.asarray(argument)
-            except (TypeError, ValueError) as error:
-                raise TypeError(f"argument {index} is not an array: {error}") from None
-            if types is None:
-                code_of_dtype(array.dtype)  # raises TypeError for an unsupported dtype
-            else:
-                expected = types[index]
-                if array.shape != expected.shape:
-                    raise ValueError(
-                        f"argument {index} has shape {array.shape} but the program takes "
-                        f"{expected} (shape {expected.shape})"
-                    )
-                if array.dtype != expected.dtype:
-                    if not np.can_cast(array.dtype, expected.dtype, casting="same_kind"):
-                        raise TypeError(
-                            f"argument {index} has dtype {array.dtype}, which does not convert "
-                            f"to the program's {expected.dtype} without changing its kind; "
-                            "convert it explicitly first"
-                        )
-                    array = array.astype(expected.dtype)
-            prepared.append(np.ascontiguousarray(array))
-        return prepared
+        return prepare_arguments(arguments, self.input_types)
 
     def run_into(
         self, arguments: list[np.ndarray], outputs: list[Any], zero_copy: bool = True
@@ -189,7 +157,12 @@ class Executable:
         codes = self._input_codes
         if codes is None:
             codes = [code_of_dtype(a.dtype) for a in arguments]
-        self._native.execute(arguments, codes, outputs, zero_copy)
+        self._native.execute(
+            [_buffer_view(a) for a in arguments],
+            codes,
+            [_buffer_view(o) for o in outputs],
+            zero_copy,
+        )
 
     def run(self, arguments: Sequence[ArrayLike], zero_copy: bool = True) -> list[np.ndarray]:
         """Executes the program and returns its outputs with their shapes and dtypes.

@@ -8,6 +8,7 @@ as JSON.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ class ArrayType(NamedTuple):
     @property
     def size(self) -> int:
         """Returns the number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

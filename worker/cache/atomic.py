@@ -9,6 +9,7 @@ readers and removed later by the cache's trim (see TEMP_PREFIX).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -16,18 +17,63 @@ from pathlib import Path
 TEMP_PREFIX = ".tmp."
 """Temporary files start with this; anything older than a trim's grace is debris."""
 
+# posix_fallocate errors that mean "this file system cannot preallocate", not "full".
+_NO_PREALLOCATION = {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
+
+
+class PendingFile:
+    """A temporary file beside `path`, created now and renamed over `path` by commit().
+
+    With `size`, the file takes its full size at once (preallocated where the
+    file system can), so that whoever measures the directory from then on
+    counts the bytes about to be written, and a full disk fails here rather
+    than halfway through the write.
+    """
+
+    def __init__(self, path: Path, size: int = 0, mode: int = 0o600) -> None:
+        self.path = path
+        self.temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            if size:
+                try:
+                    os.posix_fallocate(self._fd, 0, size)
+                except OSError as error:
+                    if error.errno not in _NO_PREALLOCATION:
+                        raise
+                    os.ftruncate(self._fd, size)
+        except BaseException:
+            self.discard()
+            raise
+
+    def commit(self, data: bytes) -> None:
+        """Writes data, flushes it to disk and renames the file into place."""
+        if self._fd is None:
+            raise ValueError(f"{self.temp} was committed or discarded already")
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.pwrite(self._fd, view[written:], written)
+            os.ftruncate(self._fd, len(data))  # in case more was preallocated than written
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            os.replace(self.temp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Closes and removes the temporary file (never raises)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        with contextlib.suppress(OSError):
+            os.unlink(self.temp)
+
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Writes data to path so that readers see the old file or the whole new one."""
-    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    PendingFile(path, mode=mode).commit(data)

@@ -1,0 +1,122 @@
+"""Task bookkeeping: what was asked, its future, and what to send for it.
+
+Kept apart from process bookkeeping (pool.workers): a Task knows its program,
+its arguments in shared memory and its future, never a process's state. The
+Pool moves tasks between its pending queue and the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import mmap
+import os
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from worker import protocol, shm
+from worker.arguments import types_of
+from worker.records import ArrayType, LoweredProgram
+
+_recent_ids: collections.OrderedDict[int, tuple[str, str | None, str]] = collections.OrderedDict()
+_RECENT_IDS = 4096
+
+
+def program_id(program: LoweredProgram) -> str:
+    """Identifies a program within a pool: its platform and text (not its source locations).
+
+    Memoized by the identity of the text object, since the same program is
+    usually submitted many times and hashing a large module costs more than
+    a small program's whole round trip.
+    """
+    memo = _recent_ids.get(id(program.text))
+    if memo is not None and memo[0] is program.text and memo[1] == program.platform:
+        return memo[2]
+    digest = hashlib.sha256(f"{program.platform or ''}\0{program.text}".encode()).hexdigest()
+    _recent_ids[id(program.text)] = (program.text, program.platform, digest)
+    while len(_recent_ids) > _RECENT_IDS:
+        _recent_ids.popitem(last=False)
+    return digest
+
+
+@dataclass(eq=False)
+class Task:
+    """One compile or run request and the future that receives its result."""
+
+    id: int
+    kind: str  # "compile" or "run"
+    program: LoweredProgram
+    program_id: str
+    name: str
+    future: Future[Any]
+    timeout: float | None
+    input_types: tuple[ArrayType, ...] = ()
+    input_offsets: tuple[int, ...] = ()
+    input_size: int = 0
+    input_fd: int = -1
+    arrays: list[np.ndarray] | None = None  # small inputs, copied into the arena at dispatch
+    zero_copy: bool = True
+    resend_program: bool = field(default=False)
+    deadline: float | None = None
+
+    def request(self, worker_has_program: bool, arena: mmap.mmap) -> tuple[Any, tuple[int, ...]]:
+        """Returns the message for a worker and the descriptors to send with it.
+
+        Small inputs are copied into the worker's arena here, which the caller
+        has claimed along with the worker.
+        """
+        if self.kind == "compile":
+            return protocol.Compile(self.id, self.program_id, self.program, self.name), ()
+        if self.arrays is not None:
+            for view, array in zip(
+                shm.views(arena, self.input_types, self.input_offsets), self.arrays, strict=True
+            ):
+                view[...] = array
+        include = self.resend_program or not worker_has_program
+        message = protocol.Run(
+            self.id,
+            self.program_id,
+            self.program if include else None,
+            self.name,
+            self.input_types,
+            self.input_offsets,
+            self.input_size,
+            self.zero_copy,
+            in_arena=self.arrays is not None,
+        )
+        return message, () if self.arrays is not None else (self.input_fd,)
+
+    def release(self) -> None:
+        """Closes the input segment's descriptor (the worker holds its own copy once sent)."""
+        if self.input_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.input_fd)
+            self.input_fd = -1
+
+
+def stage_inputs(task: Task, arrays: list[np.ndarray], arena_limit: int) -> None:
+    """Prepares a task's inputs: kept for the worker's arena if small, else copied to a segment.
+
+    Inputs of at most arena_limit bytes go through the worker's arena (copied
+    at dispatch); larger ones get a segment of their own, made here in the
+    submitting thread so that the manager thread never copies much.
+    """
+    task.input_types = types_of(arrays)
+    task.input_offsets, task.input_size = shm.layout(task.input_types)
+    if task.input_size <= arena_limit:
+        task.arrays = arrays
+        return
+    fd, segment = shm.create(task.input_size, "pjrt-pool-inputs")
+    try:
+        for view, array in zip(
+            shm.views(segment, task.input_types, task.input_offsets), arrays, strict=True
+        ):
+            view[...] = array
+    except BaseException:
+        os.close(fd)
+        raise
+    task.input_fd = fd

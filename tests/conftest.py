@@ -1,0 +1,68 @@
+"""Shared fixtures: an isolated cache directory per test, and child Python processes.
+
+The test process loads one plugin (the default CPU plugin) the first time a
+test compiles; tests that need another plugin, or a fresh process, run code
+in a child with run_python.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _package_dir(package: str) -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+_second = _package_dir("xla_plugins.xla_cpu_pjrt")
+SECOND_PLUGIN = str(_second / "xla_cpu_pjrt.so") if _second else None
+"""The xla-cpu-pjrt plugin (PJRT API 0.81, StableHLO 1.13.3): the test extra installs it."""
+
+_default = _package_dir("lammps_jax_pjrt_cpu")
+DEFAULT_PLUGIN = str(_default / "pjrt_c_api_cpu_plugin.so") if _default else None
+"""The default CPU plugin, lammps-jax-pjrt-cpu (PJRT API 0.115)."""
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Points PJRT_POOL_CACHE_DIR at a fresh directory for each test."""
+    directory = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("PJRT_POOL_CACHE_DIR", str(directory))
+    return directory
+
+
+def run_python(
+    code: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Runs Python code in a fresh interpreter (with this environment plus `env`)."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
+    )
+    environment.update(env or {})
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=environment, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"child failed with {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n"
+            f"{done.stderr[-4000:]}"
+        )
+    return done

@@ -1,0 +1,22 @@
+"""``python -m worker --fd N``: a pool worker serving the parent on socket N."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from worker.server import main
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket descriptor")
+    parser.add_argument("--platform", default=None, help="platform whose plugin to load")
+    parser.add_argument("--cache-dir", default=None, help="disk cache directory")
+    parser.add_argument("--max-loaded", type=int, default=64, help="executables kept loaded")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    options = _parse(sys.argv[1:])
+    sys.exit(main(options.fd, options.platform, options.cache_dir, options.max_loaded))

@@ -1,0 +1,76 @@
+"""Checking and converting a program's arguments, in one place for every caller.
+
+Executable.run (in-process) and Pool.submit (in the parent, before arguments
+go to shared memory) both use prepare_arguments, so a wrong argument raises
+the same exception wherever a program runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from worker.dtypes import code_of_dtype
+from worker.records import ArrayType
+
+
+def prepare_arguments(
+    arguments: Sequence[ArrayLike], types: Sequence[ArrayType] | None
+) -> list[np.ndarray]:
+    """Returns the arguments as C-contiguous arrays of the program's input types.
+
+    With types None (unknown), each argument keeps its own dtype. Raises
+    TypeError for a wrong number of arguments or a value that does not
+    convert to its input type, and ValueError for a wrong shape.
+    """
+    if isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence):
+        raise TypeError(
+            "arguments must be a sequence with one array per program input, "
+            f"not {type(arguments).__name__}"
+        )
+    if types is not None and len(arguments) != len(types):
+        raise TypeError(
+            f"the program takes {len(types)} arguments "
+            f"({', '.join(map(str, types))}) but {len(arguments)} were given"
+        )
+    prepared = []
+    for index, argument in enumerate(arguments):
+        if (
+            types is not None
+            and type(argument) is np.ndarray
+            and argument.dtype == types[index].dtype
+            and argument.shape == types[index].shape
+            and argument.flags.c_contiguous
+        ):
+            prepared.append(argument)  # the common case, checked cheaply
+            continue
+        try:
+            array = np.asarray(argument)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"argument {index} is not an array: {error}") from None
+        if types is None:
+            code_of_dtype(array.dtype)  # raises TypeError for an unsupported dtype
+        else:
+            expected = types[index]
+            if array.shape != expected.shape:
+                raise ValueError(
+                    f"argument {index} has shape {array.shape} but the program takes "
+                    f"{expected} (shape {expected.shape})"
+                )
+            if array.dtype != expected.dtype:
+                if not np.can_cast(array.dtype, expected.dtype, casting="same_kind"):
+                    raise TypeError(
+                        f"argument {index} has dtype {array.dtype}, which does not convert "
+                        f"to the program's {expected.dtype} without changing its kind; "
+                        "convert it explicitly first"
+                    )
+                array = array.astype(expected.dtype)
+        prepared.append(np.ascontiguousarray(array))
+    return prepared
+
+
+def types_of(arrays: Sequence[np.ndarray]) -> tuple[ArrayType, ...]:
+    """Returns the ArrayType of each array."""
+    return tuple(ArrayType(a.dtype, a.shape) for a in arrays)

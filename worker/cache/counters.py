@@ -1,0 +1,46 @@
+"""What a process's use of a disk cache did: hits, misses and repairs."""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+
+class CacheCounters(NamedTuple):
+    """Counts of what one process's disk cache did (see DiskCache.counters)."""
+
+    hits: int = 0
+    """Executables loaded from an entry."""
+    misses: int = 0
+    """Lookups that ended in a compile: no entry, or a corrupt or rejected one."""
+    corrupt: int = 0
+    """Entries that failed verification or that the plugin rejected; removed and rebuilt."""
+    evicted: int = 0
+    """Entries removed to keep the cache under its size bound."""
+    lock_timeouts: int = 0
+    """Lock waits that timed out: for a compile lock this process compiled anyway; for
+    the space lock, its entry was not stored."""
+    write_errors: int = 0
+    """Entries that could not be written (read-only or full disk)."""
+
+    def add(self, other: CacheCounters) -> CacheCounters:
+        """Returns the sum of two counters."""
+        return CacheCounters(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+class Tally:
+    """Thread-safe running CacheCounters."""
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(CacheCounters._fields, 0)
+        self._lock = threading.Lock()
+
+    def count(self, name: str, amount: int = 1) -> None:
+        """Adds to one of the CacheCounters fields."""
+        with self._lock:
+            self._counts[name] += amount
+
+    def snapshot(self) -> CacheCounters:
+        """Returns the counts so far."""
+        with self._lock:
+            return CacheCounters(**self._counts)

@@ -1,0 +1,168 @@
+"""Keeping a cache directory under its size bound.
+
+Every byte in ``entries/`` (entries, and temporary files being written) is
+accounted in a ledger, ``usage.json``, which only the holder of
+``locks/space.lock`` reads or changes:
+
+- A writer reserves its entry's size under that lock before writing: it
+  creates the temporary file at full size there and adds the size to the
+  ledger, then releases the lock and writes. So the lock is held for
+  microseconds, not for a write and an fsync.
+- If the reservation would pass the bound, or the ledger is missing or older
+  than RESCAN_INTERVAL, the writer first scans the directory: it removes
+  temporary files older than TEMP_GRACE (their writers died), evicts
+  least-recently-used entries down to LOW_WATER of the bound, and sets the
+  ledger to what it counted. Most writes therefore scan nothing.
+
+The ledger never counts less than the directory holds (removals and
+replacements do not subtract, a reservation adds before the file grows), so
+the directory stays within its bound at every instant, whatever the number of
+writers. Files copied in by hand are the exception until the next scan.
+An entry larger than the bound is not stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.cache.atomic import TEMP_PREFIX
+
+logger = logging.getLogger("pjrt_pool.cache")
+
+ENTRY_SUFFIX = ".pjx"
+LOW_WATER = 0.75
+"""A scan forced by a full cache evicts down to this fraction of the bound, so that
+the next few writes find room without scanning."""
+RESCAN_INTERVAL = 600.0
+"""Seconds after which a writer rescans anyway, correcting the ledger and removing debris."""
+TEMP_GRACE = 3600.0
+"""A temporary file older than this (seconds) belongs to a dead writer and is removed."""
+
+
+@dataclass(frozen=True)
+class EntryFile:
+    """An entry file as the directory lists it (not yet verified)."""
+
+    key: str
+    path: Path
+    size: int
+    mtime: float
+    """Last access (entries are touched on hits), which orders eviction."""
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a scan of entries/ found."""
+
+    entries: list[EntryFile]
+    """Entry files, least recently used first."""
+    temp_bytes: int
+    """Bytes in temporary files (being written, or left by a writer that died)."""
+    temp_files: int
+    """Temporary files counted in temp_bytes."""
+    temps_removed: int
+    """Temporary files removed because they were older than the grace."""
+
+    @property
+    def total(self) -> int:
+        """Bytes the directory holds: entries and temporary files."""
+        return sum(e.size for e in self.entries) + self.temp_bytes
+
+
+def scan(entries_dir: Path, temp_grace: float | None = None) -> Scan:
+    """Lists entries/ and, with temp_grace, removes older temporary files.
+
+    Files that vanish during the scan (other processes evict and heal too)
+    are left out.
+    """
+    entries: list[EntryFile] = []
+    temp_bytes = temp_files = removed = 0
+    now = time.time()
+    try:
+        listing = os.scandir(entries_dir)
+    except OSError:
+        return Scan([], 0, 0, 0)
+    with listing:
+        for item in listing:
+            try:
+                stat = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if item.name.startswith(TEMP_PREFIX):
+                if temp_grace is not None and now - stat.st_mtime > temp_grace:
+                    try:
+                        os.unlink(item.path)
+                        removed += 1
+                        logger.debug("removed stale temporary file %s", item.name)
+                        continue
+                    except OSError:
+                        pass
+                temp_bytes += stat.st_size
+                temp_files += 1
+            elif item.name.endswith(ENTRY_SUFFIX):
+                key = item.name[: -len(ENTRY_SUFFIX)]
+                entries.append(EntryFile(key, Path(item.path), stat.st_size, stat.st_mtime))
+    entries.sort(key=lambda e: e.mtime)
+    return Scan(entries, temp_bytes, temp_files, removed)
+
+
+def evict(entries: list[EntryFile], total: int, target: float) -> tuple[int, list[EntryFile]]:
+    """Removes entries, least recently used first, until total <= target.
+
+    Returns the new total and the entries removed. An entry already gone
+    (another process evicted it) is no longer counted either way.
+    """
+    removed = []
+    for item in entries:
+        if total <= target:
+            break
+        try:
+            os.unlink(item.path)
+            removed.append(item)
+            logger.debug("evicted %s (%d bytes)", item.key, item.size)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            logger.warning("could not evict cache entry %s: %s", item.path, error)
+            continue
+        total -= item.size
+    return total, removed
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The ledger: bytes accounted in entries/, and when a scan last counted them."""
+
+    bytes: int
+    scanned: float
+
+
+class Ledger:
+    """The usage file. Read and written only under the space lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> Usage | None:
+        """Returns the recorded usage, or None when the file is missing or unreadable."""
+        try:
+            record = json.loads(self.path.read_bytes())
+            usage = Usage(int(record["bytes"]), float(record["scanned"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return usage if usage.bytes >= 0 else None
+
+    def write(self, usage: Usage) -> None:
+        """Records usage in place (no rename or fsync: a lost update only forces a scan)."""
+        text = json.dumps({"bytes": usage.bytes, "scanned": usage.scanned}).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, text, 0)
+            os.ftruncate(fd, len(text))
+        finally:
+            os.close(fd)

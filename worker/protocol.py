@@ -1,0 +1,206 @@
+"""The wire protocol between the parent and a worker: frames over a Unix socket.
+
+Each worker has its own socketpair. A frame is::
+
+    length   4 bytes, little-endian, of the payload
+    nfds     1 byte, the number of file descriptors sent with the frame
+    payload  a pickled message (below)
+
+File descriptors (memfd shared-memory segments) travel as SCM_RIGHTS
+ancillary data on the frame's first byte. Pickle is safe here: both ends are
+the same user's processes, started by the parent for itself; nothing from the
+disk cache or the network is ever unpickled.
+
+Messages are small dataclasses. Parent to worker: Init, Compile, Run, Stats,
+Exit. Worker to parent: Ready once after start-up, then one Reply per
+request, in order.
+"""
+
+from __future__ import annotations
+
+import array
+import pickle
+import socket
+import struct
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+
+_HEADER = struct.Struct("<IB")
+MAX_FDS = 8
+
+
+class ConnectionLostError(EOFError):
+    """The other end closed the socket (the process exited or died)."""
+
+
+def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
+    """Sends one message, with file descriptors attached."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = _HEADER.pack(len(payload), len(fds)) + payload
+    if fds:
+        # The descriptors ride on the first chunk; a stream socket may take
+        # only part of a large frame per sendmsg, so send the rest plainly.
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    else:
+        sock.sendall(data)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            raise ConnectionLostError("connection closed in the middle of a frame")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
+    """Receives one message and the file descriptors sent with it (caller closes them)."""
+    fds: list[int] = []
+    data, ancillary, _, _ = sock.recvmsg(
+        _HEADER.size, socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+    )
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    if not data:
+        raise ConnectionLostError("connection closed")
+    if len(data) < _HEADER.size:
+        data += _recv_exactly(sock, _HEADER.size - len(data))
+    length, _ = _HEADER.unpack(data)
+    return pickle.loads(_recv_exactly(sock, length)), fds
+
+
+# -- parent to worker --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Init:
+    """Map the worker's arena (the segment sent with the frame) and run the initializer.
+
+    The arena is a shared-memory segment owned by the parent for the worker's
+    life; small tasks pass inputs and outputs through it, saving the system
+    calls of a fresh segment per task. `initializer` holds the user's
+    cloudpickled callable and arguments, or is empty.
+    """
+
+    initializer: bytes
+    arena_size: int
+
+
+@dataclass(frozen=True)
+class Compile:
+    """Compile or load a program and describe it."""
+
+    task_id: int
+    program_id: str
+    program: LoweredProgram
+    name: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run a program on inputs in shared memory.
+
+    The inputs are in the worker's arena when `in_arena`, else in the segment
+    sent with the frame; `input_offsets` are their byte offsets there.
+    `program` is None when the parent knows the worker has it loaded.
+    """
+
+    task_id: int
+    program_id: str
+    program: LoweredProgram | None
+    name: str
+    input_types: tuple[ArrayType, ...]
+    input_offsets: tuple[int, ...]
+    input_size: int
+    zero_copy: bool
+    in_arena: bool
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Report the worker's statistics and cache counters."""
+
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Finish and exit."""
+
+
+# -- worker to parent --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Start-up finished: the plugin is loaded (and the initializer ran)."""
+
+    pid: int
+    plugin: dict[str, Any]
+    startup_seconds: float
+    error: RemoteError | None = None
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised in the worker, in a form that survives pickling.
+
+    The parent rebuilds an exception of the same class (see
+    pool.errors.rebuild_error) so that callers catch the same exceptions the
+    in-process API raises.
+    """
+
+    module: str
+    qualname: str
+    message: str
+    attributes: dict[str, Any]
+    traceback: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> RemoteError:
+        """Captures an exception, its simple attributes and its traceback."""
+        attributes = {
+            name: value
+            for name, value in vars(error).items()
+            if isinstance(value, (int, float, str, bool, type(None)))
+        }
+        return cls(
+            module=type(error).__module__,
+            qualname=type(error).__qualname__,
+            message=str(error),
+            attributes=attributes,
+            traceback="".join(traceback.format_exception(error)),
+        )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The result of one request.
+
+    For Compile: `spec`. For Run: `output_types` at `output_offsets` in the
+    arena (`in_arena`) or in the segment sent with the frame. `statistics` is
+    what the request added to the worker's CompileStatistics; `evicted` lists
+    programs the worker unloaded to make room.
+    """
+
+    task_id: int
+    error: RemoteError | None = None
+    spec: ProgramSpec | None = None
+    output_types: tuple[ArrayType, ...] = ()
+    output_offsets: tuple[int, ...] = ()
+    output_size: int = 0
+    in_arena: bool = False
+    statistics: CompileStatistics = field(default_factory=CompileStatistics)
+    counters: dict[str, int] = field(default_factory=dict)
+    evicted: tuple[str, ...] = ()

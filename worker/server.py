@@ -1,0 +1,202 @@
+"""The worker process: serve compile and run requests from the parent.
+
+    parent ──Init/Compile/Run/Stats/Exit──▶ socket ──▶ serve() ──▶ compile_program
+           ◀──────── Ready, Reply ────────          ◀──  Executable.run_into(shm)
+
+One request at a time, in order. Every failure of a request (a bad program,
+wrong arguments, a plugin error) becomes an error Reply and the worker lives
+on; only a crash of the plugin itself ends the process, which the parent sees
+and reports as that request's failure. Executables stay loaded in an LRU so
+that repeated runs skip even the disk cache.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from worker import protocol, shm
+from worker.cache import process_counters
+from worker.compiler import compile_program
+from worker.executable import Executable
+from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run, Stats
+from worker.records import CompileStatistics, ProgramSpec
+from worker.runtime import get_runtime
+
+PARENT_POLL_SECONDS = 0.5
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exits the process when the parent dies, even in the middle of a long compile.
+
+    The socket's EOF tells an idle worker; this thread tells a busy one.
+    """
+    while True:
+        time.sleep(PARENT_POLL_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+class Server:
+    """A worker's state: its socket, loaded executables and statistics."""
+
+    def __init__(
+        self, sock: socket.socket, arena: mmap.mmap, cache_dir: str | None, max_loaded: int
+    ) -> None:
+        self.sock = sock
+        self.arena = arena
+        self.cache_dir = cache_dir
+        self.max_loaded = max_loaded
+        self.loaded: OrderedDict[str, Executable] = OrderedDict()
+
+    def _load(
+        self, program_id: str, program: Any
+    ) -> tuple[Executable, CompileStatistics, tuple[str, ...]]:
+        """Returns the program's executable, compiling or loading it if needed."""
+        executable = self.loaded.get(program_id)
+        if executable is not None:
+            self.loaded.move_to_end(program_id)
+            return executable, CompileStatistics(), ()
+        if program is None:
+            raise LookupError(f"program {program_id} is not loaded in this worker")
+        executable, statistics = compile_program(program, cache_dir=self.cache_dir)
+        self.loaded[program_id] = executable
+        evicted = []
+        while len(self.loaded) > self.max_loaded:
+            evicted.append(self.loaded.popitem(last=False)[0])
+        return executable, statistics, tuple(evicted)
+
+    def compile(self, request: Compile) -> Reply:
+        executable, statistics, evicted = self._load(request.program_id, request.program)
+        return Reply(
+            request.task_id,
+            spec=ProgramSpec.from_executable(request.name, executable),
+            statistics=statistics,
+            evicted=evicted,
+        )
+
+    def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
+        # Mappings are released by reference counting, not close(): numpy views
+        # of a segment may outlive this call in an exception's traceback.
+        if request.in_arena:
+            inputs, start = self.arena, shm.aligned(request.input_size)
+        else:
+            if not fds:
+                raise ValueError("a Run request outside the arena needs its input segment")
+            inputs, start = shm.attach(fds.pop(0), request.input_size), 0
+        executable, statistics, evicted = self._load(request.program_id, request.program)
+        arguments = executable.prepare_arguments(
+            shm.views(inputs, request.input_types, request.input_offsets)
+        )
+        output_types = executable.output_types
+        offsets, end = shm.layout(output_types, start)
+        out_fds: tuple[int, ...] = ()
+        if end <= len(self.arena):
+            outputs, in_arena = self.arena, True
+        else:
+            offsets, end = shm.layout(output_types)
+            out_fd, outputs = shm.create(end, "pjrt-pool-outputs")
+            out_fds, in_arena = (out_fd,), False
+        try:
+            executable.run_into(
+                arguments, shm.views(outputs, output_types, offsets), request.zero_copy
+            )
+        except BaseException:
+            for fd in out_fds:
+                os.close(fd)
+            raise
+        reply = Reply(
+            request.task_id,
+            output_types=output_types,
+            output_offsets=offsets,
+            output_size=end,
+            in_arena=in_arena,
+            statistics=statistics,
+            evicted=evicted,
+        )
+        return reply, out_fds
+
+    def handle(self, request: Any, fds: list[int]) -> bool:
+        """Answers one request; returns False when the worker should exit."""
+        if isinstance(request, Exit):
+            return False
+        task_id = getattr(request, "task_id", -1)
+        out_fds: tuple[int, ...] = ()
+        try:
+            if isinstance(request, Compile):
+                reply = self.compile(request)
+            elif isinstance(request, Run):
+                reply, out_fds = self.run(request, fds)
+            elif isinstance(request, Stats):
+                reply = Reply(task_id)
+            else:
+                raise TypeError(f"unknown request {type(request).__name__}")
+        except Exception as error:  # every request failure is that request's reply
+            reply = Reply(task_id, error=RemoteError.of(error))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        reply = _with_counters(reply)
+        try:
+            protocol.send_frame(self.sock, reply, out_fds)
+        finally:
+            for fd in out_fds:
+                os.close(fd)
+        return True
+
+    def serve(self) -> None:
+        """Answers requests until Exit or until the parent closes the socket."""
+        while True:
+            try:
+                request, fds = protocol.recv_frame(self.sock)
+            except (protocol.ConnectionLostError, ConnectionResetError):
+                return
+            if not self.handle(request, fds):
+                return
+
+
+def _with_counters(reply: Reply) -> Reply:
+    counters = process_counters()._asdict()
+    return Reply(**{**reply.__dict__, "counters": counters})
+
+
+def _run_initializer(payload: bytes) -> None:
+    import cloudpickle  # only workers with an initializer pay for the import
+
+    function, arguments = cloudpickle.loads(payload)
+    function(*arguments)
+
+
+def main(fd: int, platform: str | None, cache_dir: str | None, max_loaded: int) -> int:
+    """Starts the worker on an inherited socket descriptor; returns the exit status."""
+    started = time.perf_counter()
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    sock = socket.socket(fileno=fd)
+    error = None
+    plugin: dict[str, Any] = {}
+    arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
+    try:
+        runtime = get_runtime(platform)
+        plugin = runtime.describe()
+        request, fds = protocol.recv_frame(sock)
+        if not isinstance(request, Init) or len(fds) != 1:
+            raise RuntimeError(f"expected Init with an arena first, got {request!r}")
+        arena = shm.attach(fds[0], request.arena_size)
+        if request.initializer:
+            _run_initializer(request.initializer)
+    except protocol.ConnectionLostError:
+        return 0
+    except Exception as failure:  # start-up failures are reported, then the worker exits
+        error = RemoteError.of(failure)
+    protocol.send_frame(sock, Ready(os.getpid(), plugin, time.perf_counter() - started, error))
+    if error is not None:
+        return 1
+    sys.stdout.flush()
+    Server(sock, arena, cache_dir, max_loaded).serve()
+    return 0

@@ -1,0 +1,67 @@
+"""Shared-memory segments: anonymous memfds laid out with 64-byte aligned arrays.
+
+Segments have no name, so nothing appears in /dev/shm and nothing can leak:
+the kernel frees a memfd when its last descriptor and mapping are gone, which
+happens even when a process dies. (Name-based shared memory and its resource
+tracker unlink segments still in use, CPython gh-82300.) Arrays start at
+64-byte offsets because XLA:CPU uses host memory without copying only when
+it is 64-byte aligned, and mmap returns page-aligned memory.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from worker.records import ArrayType
+
+ALIGNMENT = 64
+
+
+def aligned(size: int) -> int:
+    """Rounds a byte count up to the alignment."""
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+def layout(types: Sequence[ArrayType], start: int = 0) -> tuple[tuple[int, ...], int]:
+    """Returns the aligned byte offset of each array (from `start`) and the end offset."""
+    offsets = []
+    size = start
+    for array_type in types:
+        offsets.append(size)
+        size += aligned(array_type.nbytes)
+    return tuple(offsets), max(size, start + ALIGNMENT)
+
+
+def create(size: int, name: str = "pjrt-pool") -> tuple[int, mmap.mmap]:
+    """Creates a memfd segment of `size` bytes; returns its descriptor and a mapping."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def attach(fd: int, size: int) -> mmap.mmap:
+    """Maps a segment received from another process and closes the descriptor."""
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def views(
+    segment: mmap.mmap, types: Sequence[ArrayType], offsets: Sequence[int]
+) -> list[np.ndarray]:
+    """Returns numpy arrays viewing a segment; they keep the mapping alive."""
+    return [
+        np.frombuffer(segment, dtype=t.dtype, count=t.size, offset=offset).reshape(t.shape)
+        if t.size
+        else np.empty(t.shape, t.dtype)  # frombuffer cannot view zero bytes
+        for t, offset in zip(types, offsets, strict=True)
+    ]
