@@ -175,6 +175,8 @@ class WorkerProcess:
         """Closes the parent's ends of the socket and output pipe (after the process ended)."""
         self.state = State.DEAD
         self.sock.close()
+        with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
+            self.arena.close()
         if self.process.stdout is not None:
             with contextlib.suppress(OSError):
                 self.read_output()

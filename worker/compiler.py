@@ -7,13 +7,14 @@ The protocol that makes one compile per key across processes::
           v
     take the key's lock (or time out and go on without it)
     read entry again --hit--> deserialize --ok--> done   (another process compiled it)
-          | miss / corrupt (removed now, under the lock)
+          | miss / corrupt / rejected (removed now, under the lock)
           v
     compile, publish atomically, release the lock
 
 A corrupt or rejected entry is removed under the key's lock, compiled again
-and republished; the counters say so. Nothing here ever fails because of the
-cache: an unusable cache only means compiling.
+and republished; the counters say so, and a debug log line says why each miss
+happened. Nothing here ever fails because of the cache: an unusable cache only
+means compiling.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_cache
+from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_cache, parse_size
 from worker.cache.key import plugin_digest
 from worker.errors import PjrtError
 from worker.executable import Executable
@@ -52,13 +53,15 @@ def _check_program(program: Any) -> LoweredProgram:
     return program
 
 
-def program_key(
-    program: LoweredProgram, runtime: Runtime, cache: DiskCache | None
-) -> tuple[str, dict[str, Any]]:
-    """Returns the cache key of a program on this process's plugin, and its parts."""
+def runtime_key_parts(runtime: Runtime, cache: DiskCache | None, text: str = "") -> dict[str, Any]:
+    """Returns the key parts of a program text on this process's plugin and host.
+
+    With the default empty text, what is left describes the runtime alone
+    (plugin build, options, host), to compare with an entry's parts.
+    """
     client = runtime.client
-    parts = key_parts(
-        text=program.text,
+    return key_parts(
+        text=text,
         platform=runtime.platform,
         plugin_sha256=plugin_digest(runtime.location.path, cache.plugins_dir if cache else None),
         api_version=runtime.api_version,
@@ -66,44 +69,49 @@ def program_key(
         device_kind=client.device_kind,
         compile_options=compile_options(),
     )
+
+
+def program_key(
+    program: LoweredProgram, runtime: Runtime, cache: DiskCache | None
+) -> tuple[str, dict[str, Any]]:
+    """Returns the cache key of a program on this process's plugin, and its parts."""
+    parts = runtime_key_parts(runtime, cache, program.text)
     return key_of(parts), parts
 
 
-class _BadEntry(NamedTuple):
-    reason: str  # "corrupt" or "rejected by the plugin"
-    detail: str
+class _Miss(NamedTuple):
+    reason: str  # for the debug log: why there was no executable
+    bad: bool  # the entry exists but is corrupt or rejected: remove it
     stat: os.stat_result | None  # the file judged bad, to remove exactly that one
 
 
 def _load(
     cache: DiskCache, key: str, program: LoweredProgram
-) -> tuple[Executable | None, _BadEntry | None]:
-    """Reads and deserializes a key's entry: (executable, None) on a hit, else (None, why).
-
-    `why` is None for a plain miss, or the bad file (corrupt, or rejected by
-    the plugin), which the caller removes under the key's lock.
-    """
+) -> tuple[Executable, None] | tuple[None, _Miss]:
+    """Reads and deserializes a key's entry: (executable, None) on a hit, else (None, why)."""
     try:
         found = cache.read(key)
     except CorruptEntryError as error:
-        logger.debug("cache miss for %s: corrupt entry (%s)", key, error)
-        return None, _BadEntry("corrupt", str(error), error.stat)
+        return None, _Miss(f"corrupt entry ({error})", True, error.stat)
     if found is None:
-        logger.debug("cache miss for %s: no entry", key)
-        return None, None
+        return None, _Miss("no entry", False, None)
     entry, stat = found
     try:
         executable = Executable.deserialize(entry.payload)
-    except PjrtError as error:
-        logger.debug("cache miss for %s: the plugin rejected the entry (%s)", key, error)
-        return None, _BadEntry("rejected by the plugin", str(error), stat)
+    except (PjrtError, ValueError) as error:
+        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
+        return None, _Miss(f"the plugin rejected the entry ({error})", True, stat)
     executable.input_types = program.input_types
     executable.key = key
     return executable, None
 
 
 def _compile_and_publish(
-    cache: DiskCache | None, key: str, parts: dict[str, Any], program: LoweredProgram
+    cache: DiskCache | None,
+    key: str,
+    parts: dict[str, Any],
+    program: LoweredProgram,
+    max_size: int | None,
 ) -> tuple[Executable, float]:
     start = time.perf_counter()
     executable = Executable.compile(program.code, compile_options())
@@ -121,7 +129,7 @@ def _compile_and_publish(
             "compile_seconds": seconds,
             "created": time.time(),
         }
-        cache.publish(key, parts, metadata, executable.serialize())
+        cache.publish(key, parts, metadata, executable.serialize(), max_size)
     return executable, seconds
 
 
@@ -129,7 +137,9 @@ def compile_program(
     program: LoweredProgram,
     disk_cache: bool = True,
     *,
-    cache_dir: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_size: int | str | None = None,
+    lock_timeout: float | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -140,32 +150,41 @@ def compile_program(
 
     cache_dir names the cache directory (default: PJRT_POOL_CACHE_DIR, else
     the user cache directory). Concurrent calls for one program, in any
-    processes sharing the directory, compile it once; the others load it.
+    processes sharing the directory, compile it once; the others wait for it
+    and load it. max_size bounds the cache when this call stores an entry
+    (bytes or "2G"; default PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB).
+    lock_timeout is how many seconds to wait for another process's compile of
+    the same program before compiling anyway (default 600).
+    ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
     """
     program = _check_program(program)
+    bound = None if max_size is None else parse_size(max_size)
     runtime = get_runtime(program.platform)
     cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
     key, parts = program_key(program, runtime, cache)
     if cache is None:
-        executable, seconds = _compile_and_publish(None, key, parts, program)
+        logger.debug("compiling %s (%s) without the disk cache", program.name, key)
+        executable, seconds = _compile_and_publish(None, key, parts, program, bound)
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
     start = time.perf_counter()
     executable, _ = _load(cache, key, program)
     if executable is None:
-        with cache.lock(key):
+        with cache.lock(key, lock_timeout):
             # Judge the entry again under the lock: another process may have
             # published it while this one waited, or healed a bad one.
-            executable, bad = _load(cache, key, program)
-            if executable is None:
+            executable, miss = _load(cache, key, program)
+            if miss is not None:
                 cache.count("misses")
-                if bad is not None:
+                logger.debug("cache miss for %s (%s): %s", program.name, key, miss.reason)
+                if miss.bad:
                     cache.count("corrupt")
-                    if cache.remove_if_unchanged(key, bad.stat):
-                        logger.debug("removed entry %s, %s: %s", key, bad.reason, bad.detail)
-                executable, seconds = _compile_and_publish(cache, key, parts, program)
+                    if cache.remove_if_unchanged(key, miss.stat):
+                        logger.debug("removed the bad entry %s", key)
+                executable, seconds = _compile_and_publish(cache, key, parts, program, bound)
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
     cache.count("hits")
+    logger.debug("cache hit for %s (%s)", program.name, key)
     return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)

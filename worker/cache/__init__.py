@@ -1,5 +1,12 @@
-"""The shared disk cache of compiled executables (see store.py for the design)."""
+"""The shared disk cache of compiled executables (see store.py for the design).
 
+Modules, one job each: location (where, how large), key (what identifies an
+executable), entry (the file format), atomic (publishing files), locking (the
+file locks), space (the size bound and eviction), counters, store (DiskCache,
+tying them together), report and verify (inspection for ``pjrt-pool cache``).
+"""
+
+from worker.cache.counters import CacheCounters
 from worker.cache.entry import CorruptEntryError
 from worker.cache.key import explain_key, key_of, key_parts
 from worker.cache.location import (
@@ -10,11 +17,10 @@ from worker.cache.location import (
     format_size,
     parse_size,
 )
+from worker.cache.space import EntryFile
 from worker.cache.store import (
-    CacheCounters,
     CacheUnavailableWarning,
     DiskCache,
-    EntryFile,
     TrimResult,
     open_cache,
     process_counters,

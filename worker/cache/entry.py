@@ -88,9 +88,24 @@ def decode_header(data: bytes) -> tuple[dict[str, Any], int]:
         raise CorruptEntryError("header digest mismatch")
     try:
         header = json.loads(data[_PREFIX.size : end])
-    except ValueError as error:  # unreachable unless the digest collides
+    except ValueError as error:  # only a crafted file: the digest matched
         raise CorruptEntryError(f"header is not JSON: {error}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("parts", {}), dict):
+        raise CorruptEntryError("header is not a JSON object with key parts")
     return header, end + _DIGEST_SIZE
+
+
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads and verifies only the header of an entry file (for listings).
+
+    Raises CorruptEntryError, and OSError when the file cannot be read.
+    """
+    with open(path, "rb") as file:
+        prefix = file.read(_PREFIX.size)
+        if len(prefix) == _PREFIX.size:
+            length = min(_PREFIX.unpack(prefix)[2], MAX_HEADER_SIZE)
+            prefix += file.read(length + _DIGEST_SIZE)
+    return decode_header(prefix)[0]
 
 
 def decode(data: bytes, expected_key: str | None = None) -> Entry:

@@ -120,6 +120,19 @@ def key_parts(
     return parts
 
 
+IDENTITY_PARTS = ("format", "platform", "plugin", "host")
+"""The parts that tie an executable to a plugin build and host, not to a program."""
+
+
+def foreign_parts(parts: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """Returns the identity parts in which an entry's parts differ from `here`'s.
+
+    An entry that differs is not bad: it was made by another plugin build or
+    on another host, and is never loaded here (its key differs too).
+    """
+    return [name for name in IDENTITY_PARTS if parts.get(name) != here.get(name)]
+
+
 def key_of(parts: dict[str, Any]) -> str:
     """Returns the cache key (hex SHA-256) of key parts."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -5,22 +5,22 @@ Layout of a cache directory (created 0700)::
     entries/<key>.pjx        one verified, self-describing file per executable
     entries/.tmp.*           files being written (invisible to readers)
     locks/<key>.lock         per-key compile locks (never deleted)
-    locks/trim.lock          held by whichever process is trimming
+    locks/space.lock         held while reserving space or trimming (never deleted)
+    usage.json               bytes accounted in entries/ (see space.py)
     plugins/<id>.json        memoized plugin-library digests
 
 Reads take no lock: an entry is published by an atomic rename and verified
 when read, so a reader sees a whole entry or none. Writers of one key
 serialize on the key's lock so that one process compiles and the others load
 (see worker.compiler); correctness never depends on that lock. Access times
-are the files' mtimes, refreshed at most once per touch interval, and drive
-least-recently-used eviction in trim().
+are the files' mtimes, refreshed at most once per TOUCH_INTERVAL, and order
+least-recently-used eviction (see space.py for the size bound).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import inspect
 import logging
 import os
 import threading
@@ -29,66 +29,39 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import filelock
+from typing import Any
 
 from worker.cache import entry as entry_format
-from worker.cache.atomic import TEMP_PREFIX, write_atomically
-from worker.cache.location import resolve_cache_dir, resolve_max_size
+from worker.cache import space
+from worker.cache.atomic import PendingFile
+from worker.cache.counters import CacheCounters, Tally
+from worker.cache.key import key_of
+from worker.cache.location import (
+    DEFAULT_MAX_SIZE,
+    MAX_SIZE_ENV,
+    parse_size,
+    resolve_cache_dir,
+    resolve_max_size,
+)
+from worker.cache.locking import try_acquire
+from worker.cache.space import ENTRY_SUFFIX, EntryFile, Ledger, Usage
 
 logger = logging.getLogger("pjrt_pool.cache")
 
-ENTRY_SUFFIX = ".pjx"
 DEFAULT_LOCK_TIMEOUT = 600.0
 """Seconds a process waits for another's compile of the same key before compiling itself."""
+SPACE_LOCK_TIMEOUT = 60.0
+"""Seconds a writer waits for the space lock (held briefly, or for one scan) before
+giving up on storing its entry."""
 TOUCH_INTERVAL = 60.0
 """An entry's access time is refreshed on a hit at most this often (seconds)."""
-TEMP_GRACE = 3600.0
-"""A temporary file older than this (seconds) belongs to a dead writer and is removed."""
-LOW_WATER = 0.75
-"""A trim brings the cache down to this fraction of its bound."""
-TRIM_SHARE = 8
-"""A process trims after writing 1/TRIM_SHARE of the headroom (bound minus low water)."""
 
-_LOCK_OPTIONS: dict[str, Any] = {"mode": 0o600, "thread_local": False}
-if "preserve_lock_file" in inspect.signature(filelock.FileLock.__init__).parameters:
-    _LOCK_OPTIONS["preserve_lock_file"] = True  # lock files are never deleted
+# Errors that mean the directory cannot take writes at all (rather than one bad file).
+_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
 
 
 class CacheUnavailableWarning(UserWarning):
     """The cache directory cannot be used; compiling goes on without the cache."""
-
-
-class CacheCounters(NamedTuple):
-    """What a process's disk cache did: hits, misses and repairs."""
-
-    hits: int = 0
-    """Entries found and loaded."""
-    misses: int = 0
-    """Lookups that found no usable entry (including corrupt and rejected ones)."""
-    corrupt: int = 0
-    """Entries that failed verification or that the plugin rejected; removed and rebuilt."""
-    evicted: int = 0
-    """Entries removed by trims to keep the cache under its size bound."""
-    lock_timeouts: int = 0
-    """Waits for another process's compile that timed out (this process compiled anyway)."""
-    write_errors: int = 0
-    """Entries that could not be written (read-only or full disk)."""
-
-    def add(self, other: CacheCounters) -> CacheCounters:
-        """Returns the sum of two counters."""
-        return CacheCounters(*(a + b for a, b in zip(self, other, strict=True)))
-
-
-@dataclass(frozen=True)
-class EntryFile:
-    """An entry file as the directory lists it (not yet verified)."""
-
-    key: str
-    path: Path
-    size: int
-    mtime: float
 
 
 @dataclass(frozen=True)
@@ -96,20 +69,30 @@ class TrimResult:
     """What a trim found and did."""
 
     ran: bool
-    """False when another process was trimming already."""
+    """False when another process held the space lock for longer than the wait."""
     total_before: int
+    """Bytes in entries/ before the trim."""
     total_after: int
+    """Bytes in entries/ after the trim."""
     evicted: int
+    """Entries removed."""
     temp_removed: int
+    """Temporary files of dead writers removed."""
 
 
 class DiskCache:
     """A directory of compiled executables shared by processes, under file locks.
 
     directory defaults to PJRT_POOL_CACHE_DIR, else the user cache directory;
-    max_size (bytes or "2G") to PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB. A
-    directory that cannot be created or written makes the cache degrade to
-    "no cache" with one warning; compiling never fails because of the cache.
+    max_size (bytes or "2G") to PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB, read
+    when needed; lock_timeout is how long to wait for another process's
+    compile of the same program. A directory that cannot be created or
+    written makes the cache degrade to "no cache" with one warning; compiling
+    never fails because of the cache. With create=False a missing directory
+    is not created (the cache is then simply not usable).
+
+    compile_program uses one instance per directory (open_cache), whose
+    counters therefore describe this process's compiles.
     """
 
     def __init__(
@@ -117,53 +100,86 @@ class DiskCache:
         directory: str | os.PathLike[str] | None = None,
         max_size: int | str | None = None,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        *,
+        create: bool = True,
     ) -> None:
         self.directory = resolve_cache_dir(directory)
-        self.max_size = resolve_max_size(max_size)
+        self._max_size = None if max_size is None else parse_size(max_size)
         self.lock_timeout = lock_timeout
         self.entries_dir = self.directory / "entries"
         self.locks_dir = self.directory / "locks"
         self.plugins_dir = self.directory / "plugins"
-        self._counts = dict.fromkeys(CacheCounters._fields, 0)
-        self._counts_lock = threading.Lock()
-        self._written_since_trim = 0
-        self._trimmed_once = False
-        self._warned = False
-        self.usable = self._prepare()
+        self.ledger = Ledger(self.directory / "usage.json")
+        self._tally = Tally()
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+        self.usable = self._prepare(create)
         self.writable = self.usable
 
     # -- set-up and degradation --------------------------------------------
 
-    def _prepare(self) -> bool:
+    def _prepare(self, create: bool) -> bool:
+        folders = (self.directory, self.entries_dir, self.locks_dir, self.plugins_dir)
+        if not create:
+            return all(folder.is_dir() for folder in folders)
         try:
-            for folder in (self.directory, self.entries_dir, self.locks_dir, self.plugins_dir):
+            for folder in folders:
+                # 0700: whoever can write entries chooses the machine code that readers load.
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             return True
         except OSError as error:
             self._degrade(f"cannot create cache directory {self.directory}: {error}")
             return False
 
+    def _warn_once(self, topic: str, message: str) -> None:
+        with self._warn_lock:
+            if topic in self._warned:
+                return
+            self._warned.add(topic)
+        logger.warning(message)
+        warnings.warn(message, CacheUnavailableWarning, stacklevel=4)
+
     def _degrade(self, reason: str) -> None:
-        """Stops writing (and, if nothing is readable, using) the cache, warning once."""
+        """Stops writing the cache (entries already there are still read), warning once."""
         self.writable = False
-        if not self._warned:
-            self._warned = True
-            message = f"pjrt-pool disk cache disabled for this process: {reason}"
-            logger.warning(message)
-            warnings.warn(message, CacheUnavailableWarning, stacklevel=3)
+        self._warn_once("degraded", f"pjrt-pool disk cache disabled for this process: {reason}")
+
+    def _write_failed(self, what: str, error: OSError) -> None:
+        self.count("write_errors")
+        if error.errno in _UNWRITABLE:
+            self._degrade(f"cannot write {what}: {error}")
+        else:
+            logger.warning("could not write %s: %s", what, error)
+
+    @property
+    def max_size(self) -> int:
+        """The size bound in bytes: the argument, else PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB."""
+        if self._max_size is not None:
+            return self._max_size
+        try:
+            return resolve_max_size(None)
+        except ValueError as error:
+            # A typo in the environment must not fail compiles; say so once.
+            self._warn_once("max_size", f"{error}; using the default cache bound")
+            return DEFAULT_MAX_SIZE
+
+    @property
+    def max_size_source(self) -> str:
+        """Where max_size comes from: "argument", the environment variable, or "default"."""
+        if self._max_size is not None:
+            return "argument"
+        return MAX_SIZE_ENV if os.environ.get(MAX_SIZE_ENV) else "default"
 
     # -- counters ---------------------------------------------------------
 
     def count(self, name: str, amount: int = 1) -> None:
         """Adds to one of the CacheCounters fields."""
-        with self._counts_lock:
-            self._counts[name] += amount
+        self._tally.count(name, amount)
 
     @property
     def counters(self) -> CacheCounters:
-        """What this process's use of the cache did so far."""
-        with self._counts_lock:
-            return CacheCounters(**self._counts)
+        """What this instance did so far (open_cache's: this process's compiles)."""
+        return self._tally.snapshot()
 
     # -- entries ----------------------------------------------------------
 
@@ -171,10 +187,14 @@ class DiskCache:
         """Returns the file of a key's entry."""
         return self.entries_dir / f"{key}{ENTRY_SUFFIX}"
 
-    def read(self, key: str) -> tuple[entry_format.Entry, os.stat_result] | None:
+    def read(
+        self, key: str, touch: bool = True
+    ) -> tuple[entry_format.Entry, os.stat_result] | None:
         """Returns a key's verified entry and its file's stat, or None when there is none.
 
-        Takes no lock. Raises CorruptEntryError for a file that fails verification.
+        Takes no lock. Raises CorruptEntryError (with .stat set when a file
+        was read) for a file that fails verification or belongs to another
+        key. touch=False leaves the access time alone (for inspection).
         """
         if not self.usable:
             return None
@@ -189,41 +209,96 @@ class DiskCache:
             raise entry_format.CorruptEntryError(f"unreadable: {error}") from None
         try:
             entry = entry_format.decode(data, expected_key=key)
+            if key_of(entry.parts) != key:
+                raise entry_format.CorruptEntryError("the key parts do not hash to the key")
         except entry_format.CorruptEntryError as error:
             error.stat = stat  # lets the caller remove exactly this file
             raise
-        self._touch(path, stat)
+        if touch:
+            self._touch(path, stat)
         return entry, stat
 
     def _touch(self, path: Path, stat: os.stat_result) -> None:
+        # Refreshing mtime on every hit would turn every read into a metadata write.
         if self.writable and time.time() - stat.st_mtime > TOUCH_INTERVAL:
             with contextlib.suppress(OSError):
                 os.utime(path)
 
     def publish(
-        self, key: str, parts: dict[str, Any], metadata: dict[str, Any], payload: bytes
+        self,
+        key: str,
+        parts: dict[str, Any],
+        metadata: dict[str, Any],
+        payload: bytes,
+        max_size: int | None = None,
     ) -> bool:
-        """Writes a key's entry atomically; returns False when the cache cannot take it."""
+        """Writes a key's entry atomically; returns False when the cache cannot take it.
+
+        max_size overrides the cache's bound for this write. Space is reserved
+        first (see space.py), so the directory never grows past the bound.
+        """
         if not self.writable:
             return False
         data = entry_format.encode(key, parts, metadata, payload)
-        if len(data) > self.max_size:
+        bound = self.max_size if max_size is None else max_size
+        if len(data) > bound:
             logger.debug("entry %s (%d bytes) exceeds the cache bound; not stored", key, len(data))
             return False
         try:
-            write_atomically(self.path_of(key), data)
+            pending = self._reserve(key, len(data), bound)
         except OSError as error:
-            self.count("write_errors")
-            if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
-                self._degrade(f"cannot write {self.entries_dir}: {error}")
-            else:
-                logger.warning("could not write cache entry %s: %s", key, error)
+            self._write_failed(str(self.entries_dir), error)
             return False
-        self._written_since_trim += len(data)
-        headroom = self.max_size * (1 - LOW_WATER)
-        if not self._trimmed_once or self._written_since_trim > headroom / TRIM_SHARE:
-            self.trim()
+        if pending is None:
+            return False
+        try:
+            pending.commit(data)
+        except OSError as error:
+            self._write_failed(f"cache entry {key}", error)
+            return False
         return True
+
+    def _reserve(self, key: str, size: int, bound: int) -> PendingFile | None:
+        """Creates the entry's temporary file at full size if it fits; None if not."""
+        lock = try_acquire(self.locks_dir / "space.lock", SPACE_LOCK_TIMEOUT)
+        if lock is None:
+            self.count("lock_timeouts")
+            logger.debug("space lock busy for %.0f s; entry %s not stored", SPACE_LOCK_TIMEOUT, key)
+            return None
+        try:
+            usage = self.ledger.read()
+            now = time.time()
+            if (
+                usage is None
+                or now - usage.scanned > space.RESCAN_INTERVAL
+                or (usage.bytes + size > bound)
+            ):
+                # Evict to the low-water mark minus this entry, so that the next
+                # writes fit without scanning; or just enough, for an entry that
+                # is most of the bound.
+                target = bound * space.LOW_WATER - size
+                if target < 0:
+                    target = bound - size
+                usage = Usage(self._scan_and_evict(bound - size, target).total_after, now)
+            if usage.bytes + size > bound:
+                logger.debug("no room for entry %s (%d bytes) within the bound", key, size)
+                self.ledger.write(usage)
+                return None
+            pending = PendingFile(self.path_of(key), size)
+            self.ledger.write(Usage(usage.bytes + size, usage.scanned))
+            return pending
+        finally:
+            lock.release()
+
+    def _scan_and_evict(self, limit: float, target: float) -> TrimResult:
+        """With the space lock held: scans, and if over limit evicts down to target."""
+        found = space.scan(self.entries_dir, space.TEMP_GRACE)
+        total = found.total
+        evicted: list[EntryFile] = []
+        if total > limit:
+            total, evicted = space.evict(found.entries, total, target)
+            self.count("evicted", len(evicted))
+        return TrimResult(True, found.total, total, len(evicted), found.temps_removed)
 
     def remove_if_unchanged(self, key: str, stat: os.stat_result | None) -> bool:
         """Removes a key's entry if it is still the file that `stat` describes.
@@ -236,11 +311,7 @@ class DiskCache:
             current = os.stat(path)
             # Identity by inode, not mtime: a hit's access-time touch changes mtime,
             # while a republished entry is always a new inode (atomic rename).
-            if stat is not None and (current.st_dev, current.st_ino, current.st_size) != (
-                stat.st_dev,
-                stat.st_ino,
-                stat.st_size,
-            ):
+            if stat is not None and (current.st_dev, current.st_ino) != (stat.st_dev, stat.st_ino):
                 return False
             os.unlink(path)
             return True
@@ -261,20 +332,16 @@ class DiskCache:
         if not self.writable:
             yield False
             return
-        lock = filelock.FileLock(
-            self.locks_dir / f"{key}.lock",
-            timeout=self.lock_timeout if timeout is None else timeout,
-            **_LOCK_OPTIONS,
-        )
+        wait = self.lock_timeout if timeout is None else timeout
         try:
-            lock.acquire()
-        except filelock.Timeout:
-            self.count("lock_timeouts")
-            logger.debug("timed out waiting for the compile lock of %s; compiling anyway", key)
-            yield False
-            return
+            lock = try_acquire(self.locks_dir / f"{key}.lock", wait)
         except OSError as error:
             self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
+            yield False
+            return
+        if lock is None:
+            self.count("lock_timeouts")
+            logger.debug("waited %.1f s for the compile lock of %s; compiling anyway", wait, key)
             yield False
             return
         try:
@@ -285,86 +352,31 @@ class DiskCache:
     # -- listing and trimming ---------------------------------------------
 
     def list_entries(self) -> list[EntryFile]:
-        """Returns every entry file, oldest access first, tolerating files that vanish."""
-        found = []
-        try:
-            scan = os.scandir(self.entries_dir)
-        except OSError:
-            return []
-        with scan:
-            for item in scan:
-                if not item.name.endswith(ENTRY_SUFFIX) or item.name.startswith(TEMP_PREFIX):
-                    continue
-                try:
-                    stat = item.stat()
-                except FileNotFoundError:
-                    continue
-                found.append(
-                    EntryFile(
-                        item.name[: -len(ENTRY_SUFFIX)],
-                        Path(item.path),
-                        stat.st_size,
-                        stat.st_mtime,
-                    )
-                )
-        found.sort(key=lambda e: e.mtime)
-        return found
+        """Returns every entry file, least recently used first (none are verified)."""
+        return space.scan(self.entries_dir).entries
 
-    def _remove_stale_temps(self) -> int:
-        removed = 0
-        now = time.time()
-        with contextlib.suppress(OSError), os.scandir(self.entries_dir) as scan:
-            for item in scan:
-                if not item.name.startswith(TEMP_PREFIX):
-                    continue
-                try:
-                    if now - item.stat().st_mtime > TEMP_GRACE:
-                        os.unlink(item.path)
-                        removed += 1
-                except OSError:
-                    continue
-        return removed
+    def trim(self, max_size: int | str | None = None, wait: float = 0.0) -> TrimResult:
+        """Evicts least-recently-used entries until the cache fits max_size (default: its bound).
 
-    def trim(self, max_size: int | None = None) -> TrimResult:
-        """Evicts least-recently-used entries until the cache fits its bound.
-
-        Runs under a try-lock: if another process is trimming, returns at once
-        with ran=False. Over the bound, it removes entries down to LOW_WATER of
-        it, so that the next trim is some writes away. Also removes temporary
-        files left by writers that died.
+        Waits up to `wait` seconds for the space lock (0: returns at once with
+        ran=False if another process holds it). Also removes temporary files
+        left by writers that died, and corrects the usage ledger.
         """
-        bound = self.max_size if max_size is None else max_size
-        self._trimmed_once = True
-        self._written_since_trim = 0
+        bound = self.max_size if max_size is None else parse_size(max_size)
         if not self.writable:
             return TrimResult(False, 0, 0, 0, 0)
-        lock = filelock.FileLock(self.locks_dir / "trim.lock", timeout=0, **_LOCK_OPTIONS)
         try:
-            lock.acquire()
-        except (filelock.Timeout, OSError):
+            lock = try_acquire(self.locks_dir / "space.lock", wait)
+        except OSError as error:
+            self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
+            return TrimResult(False, 0, 0, 0, 0)
+        if lock is None:
             return TrimResult(False, 0, 0, 0, 0)
         try:
-            temps = self._remove_stale_temps()
-            entries = self.list_entries()
-            total = before = sum(e.size for e in entries)
-            evicted = 0
-            if total > bound:
-                target = bound * LOW_WATER if max_size is None else bound
-                for item in entries:
-                    if total <= target:
-                        break
-                    try:
-                        os.unlink(item.path)
-                    except FileNotFoundError:
-                        pass  # another process removed it: it no longer counts either way
-                    except OSError as error:
-                        logger.warning("could not evict %s: %s", item.path, error)
-                        continue
-                    total -= item.size
-                    evicted += 1
-                    logger.debug("evicted %s (%d bytes)", item.key, item.size)
-            self.count("evicted", evicted)
-            return TrimResult(True, before, total, evicted, temps)
+            result = self._scan_and_evict(bound, bound)
+            with contextlib.suppress(OSError):
+                self.ledger.write(Usage(result.total_after, time.time()))
+            return result
         finally:
             lock.release()
 
@@ -378,24 +390,26 @@ class DiskCache:
         return removed
 
 
-_caches: dict[tuple[Path, int | str | None], DiskCache] = {}
+_caches: dict[Path, DiskCache] = {}
 _caches_lock = threading.Lock()
 
 
-def open_cache(
-    directory: str | os.PathLike[str] | None = None, max_size: int | str | None = None
-) -> DiskCache:
-    """Returns this process's DiskCache for a directory (one instance, shared counters)."""
+def open_cache(directory: str | os.PathLike[str] | None = None) -> DiskCache:
+    """Returns this process's DiskCache for a directory: one instance, shared counters.
+
+    compile_program goes through this, so ``open_cache(d).counters`` tells what
+    this process's compiles did with directory d.
+    """
     resolved = resolve_cache_dir(directory).absolute()
     with _caches_lock:
-        cache = _caches.get((resolved, max_size))
+        cache = _caches.get(resolved)
         if cache is None:
-            cache = _caches[(resolved, max_size)] = DiskCache(resolved, max_size)
+            cache = _caches[resolved] = DiskCache(resolved)
         return cache
 
 
 def process_counters() -> CacheCounters:
-    """Returns the counters of every cache this process opened, summed."""
+    """Returns the counters of every cache this process opened with open_cache, summed."""
     with _caches_lock:
         caches = list(_caches.values())
     total = CacheCounters()

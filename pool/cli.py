@@ -1,0 +1,63 @@
+"""The ``pjrt-pool`` command line.
+
+Subcommands come from the modules in COMMAND_MODULES. Each has a function
+``register(subparsers)`` that adds its parser(s) and sets a default ``run``:
+a function of the parsed arguments that returns the exit code. To add a
+command, write such a module and list it here. Modules import JAX (or load a
+plugin) only inside ``run``, so that ``--help`` and commands that need
+neither start fast: ``pjrt-pool cache`` never imports JAX.
+
+Exit codes, for every command:
+
+    0  success
+    1  the command ran and found problems (``cache verify``: bad entries) or failed
+    2  usage error (bad arguments, or a confirmation that was needed and not given)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+COMMAND_MODULES = ("pool.cache_cli",)
+"""Modules with a register(subparsers) function, in the order of the help text."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="pjrt-pool",
+        description="Compile and run JAX programs on PJRT plugins in worker processes.",
+        epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage error",
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line and returns its exit code (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse exits 2 on usage errors, 0 after --help
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.print_usage(sys.stderr)
+        print("pjrt-pool: error: name a command", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(run(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

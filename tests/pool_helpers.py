@@ -1,0 +1,115 @@
+"""Helpers for the worker-pool tests: programs, crash sources and leak checks."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pool import LoweredProgram, lower
+
+F32 = jnp.float32
+
+
+def sds(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, F32)
+
+
+def scale_program(factor: float, size: int = 8) -> LoweredProgram:
+    """x * factor + 1: distinct programs for distinct factors."""
+    return lower(lambda x: x * factor + 1.0, [sds(size)])
+
+
+def spin_program() -> LoweredProgram:
+    """A program that runs for minutes: a loop XLA cannot shorten."""
+    return lower(
+        lambda x: jax.lax.fori_loop(0, 2_000_000_000, lambda i, v: jnp.sin(v) + 1e-3, x),
+        [sds(1)],
+    )
+
+
+def custom_call_program(target: str) -> LoweredProgram:
+    """y = target(x) for an FFI handler target taking and returning f32[8]."""
+
+    def call(x):
+        return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    return lower(call, [sds(8)], custom_calls=[target])
+
+
+def handler_initializer(library: str):
+    """An initializer (for Pool) that registers the test library's FFI handlers."""
+
+    def register() -> None:
+        import ctypes as worker_ctypes
+
+        from worker import register_custom_call
+
+        handlers = worker_ctypes.CDLL(library)
+        for name in ("add_one", "null_deref"):
+            register_custom_call(
+                name, worker_ctypes.cast(getattr(handlers, name), worker_ctypes.c_void_p).value
+            )
+
+    return register
+
+
+def memfds_of(pid: int | str = "self") -> list[str]:
+    """The memfd descriptors and mappings a process holds."""
+    found = []
+    with os.scandir(f"/proc/{pid}/fd") as entries:
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                continue
+            if target.startswith("/memfd:"):
+                found.append(f"fd {entry.name}: {target}")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    found += [line for line in maps.splitlines() if "/memfd:" in line]
+    return found
+
+
+def shm_entries() -> set[str]:
+    """Names in /dev/shm (pjrt-pool must never create any)."""
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of a process (zombies included: they are leaks too)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def handler_address(library: str, name: str) -> int:
+    return ctypes.cast(getattr(ctypes.CDLL(library), name), ctypes.c_void_p).value
+
+
+def expected_scale(factor: float, x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32) * np.float32(factor) + np.float32(1.0)).astype(np.float32)

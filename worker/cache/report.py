@@ -1,0 +1,101 @@
+"""What a cache directory holds, as plain data (for ``pjrt-pool cache``).
+
+Nothing here loads a plugin or changes the cache: listing reads each
+entry's header, checking reads and verifies whole entries (without touching
+their access times). Loading entries with the plugin is verify.py's job, in
+a child process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from worker.cache import space
+from worker.cache.entry import CorruptEntryError, read_header
+from worker.cache.store import DiskCache
+
+
+def _count_files(directory: os.PathLike[str], suffix: str) -> int:
+    try:
+        with os.scandir(directory) as listing:
+            return sum(1 for item in listing if item.name.endswith(suffix))
+    except OSError:
+        return 0
+
+
+def info(cache: DiskCache) -> dict[str, Any]:
+    """Returns a summary: where the cache is, how full, and what else lies there."""
+    found = space.scan(cache.entries_dir)
+    entry_bytes = sum(e.size for e in found.entries)
+    usage = cache.ledger.read()
+    return {
+        "directory": str(cache.directory),
+        "exists": cache.directory.is_dir(),
+        "writable": os.access(cache.directory, os.W_OK),
+        "entries": len(found.entries),
+        "entry_bytes": entry_bytes,
+        "temp_files": found.temp_files,
+        "temp_bytes": found.temp_bytes,
+        "max_size": cache.max_size,
+        "max_size_from": cache.max_size_source,
+        "ledger_bytes": None if usage is None else usage.bytes,
+        "lock_files": _count_files(cache.locks_dir, ".lock"),
+        "plugin_records": _count_files(cache.plugins_dir, ".json"),
+        "oldest_use": found.entries[0].mtime if found.entries else None,
+        "newest_use": found.entries[-1].mtime if found.entries else None,
+    }
+
+
+def list_entries(cache: DiskCache) -> list[dict[str, Any]]:
+    """Returns one record per entry, most recently used first, from its header.
+
+    A header that fails verification gives a record with an "error" and no
+    metadata (the payload is not read: use check_entries for that).
+    """
+    records = []
+    for item in reversed(cache.list_entries()):
+        record: dict[str, Any] = {"key": item.key, "size": item.size, "last_used": item.mtime}
+        try:
+            header = read_header(item.path)
+        except FileNotFoundError:
+            continue  # evicted or healed meanwhile
+        except (OSError, CorruptEntryError) as error:
+            record["error"] = str(error)
+            records.append(record)
+            continue
+        metadata = header.get("metadata") or {}
+        parts = header.get("parts") or {}
+        plugin = parts.get("plugin") or {}
+        record.update(
+            name=metadata.get("name"),
+            platform=parts.get("platform"),
+            api_version=plugin.get("api_version"),
+            plugin_sha256=plugin.get("sha256"),
+            compile_seconds=metadata.get("compile_seconds"),
+            created=metadata.get("created"),
+        )
+        records.append(record)
+    return records
+
+
+def check_entries(cache: DiskCache) -> list[dict[str, Any]]:
+    """Verifies every entry's header and payload digests and key.
+
+    Returns records {"key", "size", "status": "ok" or "bad", "detail",
+    "platform"}, least recently used first. Entries that vanish meanwhile
+    are left out.
+    """
+    results = []
+    for item in cache.list_entries():
+        record: dict[str, Any] = {"key": item.key, "size": item.size, "platform": None}
+        try:
+            found = cache.read(item.key, touch=False)
+        except CorruptEntryError as error:
+            results.append({**record, "status": "bad", "detail": str(error)})
+            continue
+        if found is None:
+            continue
+        record["platform"] = found[0].parts.get("platform")
+        results.append({**record, "status": "ok", "detail": ""})
+    return results
