@@ -14,8 +14,7 @@ from pool.errors import (
     WorkerCrashedError,
     WorkerStartupError,
 )
-from pool.lowering import lower, lowering_platform
-from pool.pool import Pool
+from pool.pool import CompileResult, Pool
 from worker import (
     ArrayType,
     CompileStatistics,
@@ -33,8 +32,24 @@ from worker import (
     register_custom_call,
 )
 
+_LAZY = {"lower": "pool.lowering", "lowering_platform": "pool.lowering"}
+
+
+def __getattr__(name: str) -> object:
+    # lower() needs JAX, whose import takes a second: load it on first use, so
+    # that the pool, the CLI's cache commands and manifest runs start fast.
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pool' has no attribute {name!r}")
+
+
 __all__ = [
     "ArrayType",
+    "CompileResult",
     "CompileStatistics",
     "Executable",
     "ForeignExecutableError",

@@ -39,7 +39,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -73,6 +73,16 @@ outputs get a segment of their own that the returned arrays view, with no copy.
 """
 
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+class CompileResult(NamedTuple):
+    """What compiling one program in a worker gave."""
+
+    spec: ProgramSpec
+    """The program's record: name, platform, cache key, types."""
+
+    statistics: CompileStatistics
+    """Whether it was compiled or loaded from the disk cache, and the seconds it took."""
 
 
 @atexit.register
@@ -203,6 +213,35 @@ class Pool:
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT)
         return self._enqueue(task)
 
+    def submit_spec(
+        self,
+        spec: ProgramSpec,
+        arguments: Sequence[ArrayLike],
+        *,
+        timeout: float | None = None,
+    ) -> Future[list[np.ndarray]]:
+        """Runs the executable a ProgramSpec names (by its cache key), as a manifest does.
+
+        The executable must be in the pool's disk cache (put there by warming
+        or compiling the program with the same plugin); no program is needed.
+        """
+        if not isinstance(spec, ProgramSpec):
+            raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
+        arrays = prepare_arguments(arguments, spec.input_types)
+        task = Task(
+            id=next(self._task_ids),
+            kind="run",
+            program=None,
+            program_id=spec.key,
+            name=spec.name,
+            future=Future(),
+            timeout=self._task_timeout if timeout is None else timeout,
+            zero_copy=self._zero_copy,
+            cache_key=spec.key,
+        )
+        stage_inputs(task, arrays, ARENA_INPUT_LIMIT)
+        return self._enqueue(task)
+
     def run(
         self,
         program: LoweredProgram,
@@ -215,16 +254,31 @@ class Pool:
         return self.submit(program, arguments, name=name, timeout=timeout).result()
 
     def submit_compile(
-        self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
-    ) -> Future[ProgramSpec]:
-        """Compiles (or loads) a program in a worker; the Future's result is its ProgramSpec."""
-        return self._enqueue(self._new_task("compile", self._check_program(program), name, timeout))
+        self,
+        program: LoweredProgram,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        compile_options: bytes | None = None,
+    ) -> Future[CompileResult]:
+        """Compiles (or loads) a program in a worker; the Future's result is a CompileResult.
+
+        compile_options replaces the default serialized CompileOptionsProto
+        (one replica, one partition). The plugin checks it: malformed options
+        can make the plugin abort, which fails only this task.
+        """
+        task = self._new_task("compile", self._check_program(program), name, timeout)
+        if compile_options is not None:
+            if not isinstance(compile_options, bytes):
+                raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
+            task.compile_options = compile_options
+        return self._enqueue(task)
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
     ) -> ProgramSpec:
         """Compiles (or loads) a program in a worker and returns its ProgramSpec."""
-        return self.submit_compile(program, name=name, timeout=timeout).result()
+        return self.submit_compile(program, name=name, timeout=timeout).result().spec
 
     def compile_many(
         self,
@@ -253,8 +307,8 @@ class Pool:
             total = len(futures)
             report_lock = threading.Lock()
 
-            def on_done(future: Future[ProgramSpec]) -> None:
-                outcome = future.exception() or future.result()
+            def on_done(future: Future[CompileResult]) -> None:
+                outcome = future.exception() or future.result().spec
                 with report_lock:
                     report(next(done_count), total, outcome)
 
@@ -263,7 +317,7 @@ class Pool:
         results = []
         for future in futures:
             error = future.exception()
-            results.append(error if error is not None else future.result())
+            results.append(error if error is not None else future.result().spec)
         if not return_exceptions:
             for result in results:
                 if isinstance(result, BaseException):
@@ -531,7 +585,8 @@ class Pool:
     ) -> Any:
         """Returns a reply's result (or _RESEND to send the task again); raises its error."""
         if reply.error is not None:
-            if reply.error.qualname == "LookupError" and not task.resend_program:
+            lost = reply.error.qualname == "LookupError" and task.program is not None
+            if lost and not task.resend_program:
                 # The worker unloaded the program although the parent's mirror
                 # said otherwise: send it again, with the program this time.
                 worker.loaded.pop(task.program_id, None)
@@ -540,7 +595,7 @@ class Pool:
             raise rebuild_error(reply.error)
         worker.note_loaded(task.program_id, reply.evicted)
         if task.kind == "compile":
-            return reply.spec
+            return CompileResult(reply.spec, reply.statistics)
         if reply.in_arena:
             # The arena is reused by the next task: copy the (small) outputs out.
             views = shm.views(worker.arena, reply.output_types, reply.output_offsets)

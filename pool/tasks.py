@@ -49,7 +49,7 @@ class Task:
 
     id: int
     kind: str  # "compile" or "run"
-    program: LoweredProgram
+    program: LoweredProgram | None
     program_id: str
     name: str
     future: Future[Any]
@@ -62,6 +62,8 @@ class Task:
     zero_copy: bool = True
     resend_program: bool = field(default=False)
     deadline: float | None = None
+    cache_key: str | None = None  # a run by ProgramSpec: load this key, no program
+    compile_options: bytes | None = None
 
     def request(self, worker_has_program: bool, arena: mmap.mmap) -> tuple[Any, tuple[int, ...]]:
         """Returns the message for a worker and the descriptors to send with it.
@@ -70,13 +72,16 @@ class Task:
         has claimed along with the worker.
         """
         if self.kind == "compile":
-            return protocol.Compile(self.id, self.program_id, self.program, self.name), ()
+            message = protocol.Compile(
+                self.id, self.program_id, self.program, self.name, self.compile_options
+            )
+            return message, ()
         if self.arrays is not None:
             for view, array in zip(
                 shm.views(arena, self.input_types, self.input_offsets), self.arrays, strict=True
             ):
                 view[...] = array
-        include = self.resend_program or not worker_has_program
+        include = self.cache_key is None and (self.resend_program or not worker_has_program)
         message = protocol.Run(
             self.id,
             self.program_id,
@@ -87,6 +92,7 @@ class Task:
             self.input_size,
             self.zero_copy,
             in_arena=self.arrays is not None,
+            cache_key=self.cache_key,
         )
         return message, () if self.arrays is not None else (self.input_fd,)
 

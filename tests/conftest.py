@@ -66,3 +66,15 @@ def run_python(
             f"{done.stderr[-4000:]}"
         )
     return done
+
+
+@pytest.fixture(scope="session")
+def ffi_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test FFI handler library (tests/ffi/handlers.cc), built once per session.
+
+    It exports the typed XLA FFI handlers ``add_one`` (f32 in, in + 1 out) and
+    ``null_deref`` (crashes with SIGSEGV when run).
+    """
+    from ffi.build import build_handlers
+
+    return build_handlers(tmp_path_factory.mktemp("ffi"))

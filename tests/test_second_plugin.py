@@ -25,10 +25,21 @@ def test_programs_api_passes_on_the_second_plugin(tmp_path):
     environment["PJRT_POOL_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [
-            sys.executable, "-m", "pytest", "tests/test_programs.py",
-            "-q", "-x", "-p", "no:cacheprovider",
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/test_programs.py",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
         ],
-        cwd=REPO, env=environment, capture_output=True, text=True, timeout=300, check=False,
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
     assert " passed" in done.stdout and " failed" not in done.stdout

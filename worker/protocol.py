@@ -99,12 +99,16 @@ class Init:
 
 @dataclass(frozen=True)
 class Compile:
-    """Compile or load a program and describe it."""
+    """Compile or load a program and describe it.
+
+    `compile_options` replaces the default CompileOptionsProto when given.
+    """
 
     task_id: int
     program_id: str
     program: LoweredProgram
     name: str
+    compile_options: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,9 @@ class Run:
 
     The inputs are in the worker's arena when `in_arena`, else in the segment
     sent with the frame; `input_offsets` are their byte offsets there.
-    `program` is None when the parent knows the worker has it loaded.
+    `program` is None when the parent knows the worker has it loaded, or when
+    the task names a cache key instead (`cache_key`: run what the disk cache
+    holds under that key, as a manifest does).
     """
 
     task_id: int
@@ -125,6 +131,7 @@ class Run:
     input_size: int
     zero_copy: bool
     in_arena: bool
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from worker import protocol, shm
 from worker.cache import process_counters
+from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.executable import Executable
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run, Stats
@@ -56,16 +57,26 @@ class Server:
         self.loaded: OrderedDict[str, Executable] = OrderedDict()
 
     def _load(
-        self, program_id: str, program: Any
+        self,
+        program_id: str,
+        program: Any,
+        cache_key: str | None = None,
+        compile_options: bytes | None = None,
     ) -> tuple[Executable, CompileStatistics, tuple[str, ...]]:
         """Returns the program's executable, compiling or loading it if needed."""
         executable = self.loaded.get(program_id)
         if executable is not None:
             self.loaded.move_to_end(program_id)
             return executable, CompileStatistics(), ()
-        if program is None:
+        if program is not None:
+            options = {} if compile_options is None else {"compile_options": compile_options}
+            executable, statistics = compile_program(program, cache_dir=self.cache_dir, **options)
+        elif cache_key is not None:
+            started = time.perf_counter()
+            executable = load_cached_executable(cache_key, self.cache_dir)
+            statistics = CompileStatistics(load_seconds=time.perf_counter() - started, loaded=1)
+        else:
             raise LookupError(f"program {program_id} is not loaded in this worker")
-        executable, statistics = compile_program(program, cache_dir=self.cache_dir)
         self.loaded[program_id] = executable
         evicted = []
         while len(self.loaded) > self.max_loaded:
@@ -73,7 +84,9 @@ class Server:
         return executable, statistics, tuple(evicted)
 
     def compile(self, request: Compile) -> Reply:
-        executable, statistics, evicted = self._load(request.program_id, request.program)
+        executable, statistics, evicted = self._load(
+            request.program_id, request.program, compile_options=request.compile_options
+        )
         return Reply(
             request.task_id,
             spec=ProgramSpec.from_executable(request.name, executable),
@@ -90,7 +103,9 @@ class Server:
             if not fds:
                 raise ValueError("a Run request outside the arena needs its input segment")
             inputs, start = shm.attach(fds.pop(0), request.input_size), 0
-        executable, statistics, evicted = self._load(request.program_id, request.program)
+        executable, statistics, evicted = self._load(
+            request.program_id, request.program, request.cache_key
+        )
         arguments = executable.prepare_arguments(
             shm.views(inputs, request.input_types, request.input_offsets)
         )

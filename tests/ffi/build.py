@@ -1,7 +1,7 @@
 """Builds tests/ffi/handlers.cc into a shared library of typed XLA FFI handlers.
 
-Other test modules reuse it: ``from tests.ffi.build import build_handlers``
-(or ``import ffi.build`` with tests/ on sys.path). The library exports
+Test modules reuse it through the ``ffi_library`` fixture of conftest.py, or
+``from ffi.build import build_handlers`` (pytest puts tests/ on sys.path). The library exports
 ``add_one`` (f32 in, out = in + 1) and ``null_deref`` (SIGSEGV when run).
 """
 
@@ -28,27 +28,49 @@ def ffi_include_dir() -> Path:
     return include
 
 
-def build_handlers(directory: str | Path) -> Path:
-    """Compiles the handlers into `directory` (once per source version) and returns the .so path.
+_built: dict[str, Path] = {}
 
-    Raises RuntimeError with the compiler's output when g++ fails or is missing.
+
+def build_handlers(directory: str | Path) -> Path:
+    """Compiles the handlers into `directory` and returns the .so path.
+
+    Building takes a few seconds, so a library this process built before from
+    the same source is returned instead while it still exists (possibly in
+    another directory). Raises RuntimeError with the compiler's output when
+    g++ fails or is missing.
     """
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    earlier = _built.get(digest)
+    if earlier is not None and earlier.is_file():
+        return earlier
+    output = Path(directory) / f"libtest_ffi_{digest}.so"
+    if output.is_file():
+        _built[digest] = output
+        return output
     compiler = shutil.which("g++")
     if compiler is None:
         raise RuntimeError("building the test FFI handlers needs g++ on PATH")
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    output = Path(directory) / f"libtest_ffi_{digest}.so"
-    if output.is_file():
-        return output
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_suffix(".so.partial")
     done = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-std=c++17", "-O1",
-         f"-I{ffi_include_dir()}", str(SOURCE), "-o", str(partial)],
-        capture_output=True, text=True, check=False,
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-std=c++17",
+            "-O1",
+            f"-I{ffi_include_dir()}",
+            str(SOURCE),
+            "-o",
+            str(partial),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"g++ failed to build {SOURCE}:\n{done.stderr[-4000:]}")
     partial.replace(output)
+    _built[digest] = output
     return output

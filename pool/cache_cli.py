@@ -1,0 +1,334 @@
+"""``pjrt-pool cache info | list | verify [--load] | prune --max-size SIZE | clear [--yes]``.
+
+Human-readable tables by default; ``--json`` prints one JSON document for
+scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
+else the user cache directory); no command but prune and clear changes it,
+and none creates it. Nothing here imports JAX; ``verify --load`` loads
+entries with the plugin in child processes (``python -m worker.cache.verify``),
+so that an entry that crashes the plugin is reported instead of crashing this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from pool.errors import describe_exit
+from pool.spawn import child_environment, python_command
+from worker.cache import DiskCache, format_size, parse_size
+from worker.cache import report as cache_report
+from worker.cache.verify import OTHER
+
+LOAD_TIMEOUT = 120.0
+"""Seconds a verifying child may take to start and load its plugin..."""
+LOAD_TIMEOUT_PER_ENTRY = 30.0
+"""...plus this much per entry, after which it counts as hung on its current entry."""
+PRUNE_WAIT = 60.0
+"""Seconds prune waits for another process's trim or write to finish."""
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``cache`` command and its subcommands."""
+    cache = subparsers.add_parser(
+        "cache",
+        help="inspect and maintain the disk cache of compiled executables",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    cache.set_defaults(run=lambda _args: _usage(cache, "name a cache command"))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache directory)",
+    )
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+    commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
+
+    info = commands.add_parser("info", parents=[common], help="where the cache is and how full")
+    info.set_defaults(run=_info)
+    listing = commands.add_parser("list", parents=[common], help="one line per entry")
+    listing.set_defaults(run=_list)
+    verify = commands.add_parser(
+        "verify",
+        parents=[common],
+        help="check every entry's digests (exit 1 if any is bad)",
+        description="Checks every entry's header and payload digests. With --load, also "
+        "loads each entry with the plugin, in a child process; entries made by another "
+        "plugin build or on another host are reported as such, not as bad.",
+    )
+    verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
+    verify.set_defaults(run=_verify)
+    prune = commands.add_parser(
+        "prune", parents=[common], help="evict least-recently-used entries down to a size"
+    )
+    prune.add_argument(
+        "--max-size", required=True, type=_size, metavar="SIZE", help="for example 500M or 2G"
+    )
+    prune.set_defaults(run=_prune)
+    clear = commands.add_parser("clear", parents=[common], help="remove every entry")
+    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    clear.set_defaults(run=_clear)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _usage(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _open(args: argparse.Namespace) -> DiskCache:
+    return DiskCache(args.cache_dir, create=False)
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2, sort_keys=True))
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in (headers, *rows)
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# -- info and list ---------------------------------------------------------
+
+
+def _info(args: argparse.Namespace) -> int:
+    summary = cache_report.info(_open(args))
+    if args.json:
+        _print_json(summary)
+        return EXIT_OK
+    state = (
+        "missing" if not summary["exists"] else ("writable" if summary["writable"] else "read-only")
+    )
+    used = summary["entry_bytes"] + summary["temp_bytes"]
+    share = f"{100 * used / summary['max_size']:.1f}%" if summary["max_size"] else "-"
+    rows = [
+        ("directory", f"{summary['directory']} ({state})"),
+        ("entries", f"{summary['entries']} ({format_size(summary['entry_bytes'])})"),
+        ("being written", f"{summary['temp_files']} ({format_size(summary['temp_bytes'])})"),
+        (
+            "bound",
+            f"{format_size(summary['max_size'])} (from {summary['max_size_from']}), {share} used",
+        ),
+        ("lock files", str(summary["lock_files"])),
+        ("last used", _when(summary["newest_use"])),
+        ("least recently used", _when(summary["oldest_use"])),
+    ]
+    print("\n".join(f"{name:<20} {value}" for name, value in rows))
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace) -> int:
+    cache = _open(args)
+    records = cache_report.list_entries(cache)
+    if args.json:
+        _print_json({"directory": str(cache.directory), "entries": records})
+        return EXIT_OK
+    if not records:
+        print(f"no entries in {cache.directory}")
+        return EXIT_OK
+    rows = []
+    for record in records:
+        seconds = record.get("compile_seconds")
+        rows.append(
+            (
+                record["key"][:16],
+                format_size(record["size"]),
+                _when(record["last_used"]),
+                record.get("platform") or "-",
+                record.get("api_version") or "-",
+                "-" if seconds is None else f"{seconds:.3f} s",
+                record.get("name") or f"(unreadable: {record.get('error')})",
+            )
+        )
+    headers = ("KEY", "SIZE", "LAST USED", "PLATFORM", "PJRT API", "COMPILE", "PROGRAM")
+    print(_table(headers, rows))
+    total = sum(record["size"] for record in records)
+    print(f"{len(records)} entries, {format_size(total)}")
+    return EXIT_OK
+
+
+# -- verify ----------------------------------------------------------------
+
+
+def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list[Any], str | None]:
+    """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
+    timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
+    command = python_command(
+        "worker.cache.verify", "--cache-dir", str(directory), "--platform", platform
+    )
+    try:
+        done = subprocess.run(
+            command,
+            input="\n".join(keys),
+            env=child_environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        stdout: str | bytes = done.stdout
+        ending = None if done.returncode == 0 else describe_exit(done.returncode)
+    except subprocess.TimeoutExpired as expired:
+        stdout = expired.stdout or ""
+        ending = f"hung for over {timeout:.0f} s"
+    if isinstance(stdout, bytes):
+        stdout = stdout.decode(errors="replace")
+    records = []
+    for line in stdout.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # the plugin's own output
+    return [r for r in records if isinstance(r, dict)], ending
+
+
+def _load_with_plugin(
+    directory: Path, platform: str, keys: list[str]
+) -> dict[str, tuple[str, str]]:
+    """Loads entries in child processes; returns {key: (status, detail)}.
+
+    A child that dies or hangs on an entry marks that entry bad, and a new
+    child goes on with the rest.
+    """
+    results: dict[str, tuple[str, str]] = {}
+    pending = list(keys)
+    while pending:
+        records, ending = _run_verifier(directory, platform, pending)
+        current = None
+        for record in records:
+            if "error" in record:  # no plugin for this platform here, or it failed to load
+                return {key: (OTHER, record["error"]) for key in pending} | results
+            if "checking" in record:
+                current = record["checking"]
+            elif "key" in record:
+                results[record["key"]] = (record.get("status", "bad"), record.get("detail", ""))
+                current = None
+        if ending is None:
+            break  # keys without a result vanished meanwhile
+        if current is None:
+            detail = f"the verifying process {ending} before checking entries"
+            return {key: (OTHER, detail) for key in pending if key not in results} | results
+        results[current] = ("bad", f"the plugin process {ending} loading it")
+        pending = [key for key in pending if key not in results]
+    return results
+
+
+def _verify(args: argparse.Namespace) -> int:
+    cache = _open(args)
+    records = cache_report.check_entries(cache)
+    if args.load:
+        platforms: dict[str, list[str]] = {}
+        for record in records:
+            if record["status"] == "ok":
+                platforms.setdefault(record["platform"] or "cpu", []).append(record["key"])
+        for platform, keys in platforms.items():
+            loaded = _load_with_plugin(cache.directory, platform, keys)
+            for record in records:
+                if record["key"] in loaded:
+                    record["status"], record["detail"] = loaded[record["key"]]
+    counts = {status: 0 for status in ("ok", "bad", OTHER)}
+    for record in records:
+        counts[record["status"]] = counts.get(record["status"], 0) + 1
+    if args.json:
+        _print_json(
+            {
+                "directory": str(cache.directory),
+                "loaded": args.load,
+                "entries": records,
+                "ok": counts["ok"],
+                "bad": counts["bad"],
+                "other": counts[OTHER],
+            }
+        )
+    elif records:
+        rows = [(r["key"][:16], format_size(r["size"]), r["status"], r["detail"]) for r in records]
+        print(_table(("KEY", "SIZE", "STATUS", "DETAIL"), rows))
+        print(
+            f"{len(records)} entries: {counts['ok']} ok, {counts['bad']} bad, "
+            f"{counts[OTHER]} for another plugin build or host"
+        )
+    else:
+        print(f"no entries in {cache.directory}")
+    return EXIT_PROBLEMS if counts["bad"] else EXIT_OK
+
+
+# -- prune and clear -------------------------------------------------------
+
+
+def _prune(args: argparse.Namespace) -> int:
+    cache = _open(args)
+    result = cache.trim(args.max_size, wait=PRUNE_WAIT) if cache.usable else None
+    if result is not None and not result.ran:
+        reason = (
+            f"another process held the space lock for {PRUNE_WAIT:.0f} s"
+            if cache.writable
+            else f"cannot write {cache.directory}"
+        )
+        print(f"pjrt-pool cache prune: {reason}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    document = {
+        "directory": str(cache.directory),
+        "max_size": args.max_size,
+        "evicted": 0 if result is None else result.evicted,
+        "total_before": 0 if result is None else result.total_before,
+        "total_after": 0 if result is None else result.total_after,
+        "temp_removed": 0 if result is None else result.temp_removed,
+    }
+    if args.json:
+        _print_json(document)
+    else:
+        print(
+            f"evicted {document['evicted']} entries and {document['temp_removed']} stale "
+            f"temporary files: {format_size(document['total_before'])} -> "
+            f"{format_size(document['total_after'])} (bound {format_size(args.max_size)})"
+        )
+    return EXIT_OK
+
+
+def _clear(args: argparse.Namespace) -> int:
+    cache = _open(args)
+    entries = cache.list_entries()
+    if entries and not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                "pjrt-pool cache clear: error: pass --yes to clear without a terminal to "
+                "confirm on",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        size = format_size(sum(e.size for e in entries))
+        answer = input(f"remove {len(entries)} entries ({size}) from {cache.directory}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return EXIT_OK
+    removed = cache.clear()
+    if args.json:
+        _print_json({"directory": str(cache.directory), "removed": removed})
+    else:
+        print(f"removed {removed} entries from {cache.directory} (lock files stay)")
+    return EXIT_OK

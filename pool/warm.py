@@ -1,0 +1,253 @@
+"""Warming the disk cache: lower, compile and record many programs, reporting each.
+
+    spec ──load──▶ WarmPrograms ──Lowerer (thread or N processes)──▶ LoweredPrograms
+                                                                     │ as each is lowered
+                                                                     ▼
+                     WarmReport ◀── outcome per program ◀── Pool.submit_compile (workers)
+
+Lowering overlaps compiling: each program goes to the pool as soon as it is
+lowered. Every failure is that program's outcome (a lowering error, a compile
+error, a worker crash, a timeout) and warming carries on, unless fail_fast.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
+from pool.parallel_lowering import Lowered, Lowerer
+from pool.pool import CompileResult, Pool
+from pool.progress import ProgressDisplay
+from pool.spec import Spec, WarmProgram
+from worker.cache import CacheCounters
+from worker.records import CompileStatistics, ProgramSpec
+
+
+class Outcome(enum.Enum):
+    """What happened to one program."""
+
+    COMPILED = "compiled"
+    LOADED = "loaded"
+    LOWERING_ERROR = "lowering error"
+    COMPILE_ERROR = "compile error"
+    WORKER_CRASH = "worker crash"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the program is in the cache now."""
+        return self in (Outcome.COMPILED, Outcome.LOADED)
+
+
+@dataclass
+class ProgramReport:
+    """One program's outcome."""
+
+    name: str
+    outcome: Outcome = Outcome.SKIPPED
+    key: str | None = None
+    seconds: float = 0.0
+    """Seconds spent lowering plus compiling or loading it."""
+    lower_seconds: float = 0.0
+    error: str | None = None
+    spec: ProgramSpec | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the report as a JSON-ready dict."""
+        return {
+            "name": self.name,
+            "outcome": self.outcome.value,
+            "key": self.key,
+            "seconds": round(self.seconds, 6),
+            "lower_seconds": round(self.lower_seconds, 6),
+            "error": self.error,
+        }
+
+
+@dataclass
+class WarmReport:
+    """The outcome of warming: per program, and summed."""
+
+    programs: list[ProgramReport]
+    statistics: CompileStatistics = field(default_factory=CompileStatistics)
+    cache_counters: CacheCounters = field(default_factory=CacheCounters)
+    wall_seconds: float = 0.0
+    platform: str | None = None
+    cache_dir: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every program is in the cache."""
+        return all(p.outcome.ok for p in self.programs)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every program is in the cache, 1 otherwise."""
+        return 0 if self.ok else 1
+
+    def counts(self) -> dict[str, int]:
+        """How many programs had each outcome."""
+        counts: dict[str, int] = {}
+        for program in self.programs:
+            counts[program.outcome.value] = counts.get(program.outcome.value, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the whole report as a JSON-ready dict."""
+        return {
+            "ok": self.ok,
+            "counts": self.counts(),
+            "wall_seconds": round(self.wall_seconds, 6),
+            "statistics": self.statistics._asdict(),
+            "cache_counters": self.cache_counters._asdict(),
+            "platform": self.platform,
+            "cache_dir": self.cache_dir,
+            "programs": [p.to_json() for p in self.programs],
+        }
+
+    def summary(self) -> str:
+        """A few lines for people: counts, statistics, and each failure."""
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items()))
+        lines = [
+            f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: {counts}",
+            f"statistics: {self.statistics}",
+        ]
+        if self.statistics.compiled == 0 and self.ok:
+            lines.append("nothing was compiled: every program came from the warm cache")
+        for program in self.programs:
+            if not program.outcome.ok:
+                first = (program.error or "").strip().splitlines()
+                lines.append(
+                    f"  {program.name}: {program.outcome.value}: {first[0] if first else ''}"
+                )
+        return "\n".join(lines)
+
+
+def _classify(error: BaseException) -> Outcome:
+    if isinstance(error, TaskTimeoutError):
+        return Outcome.TIMEOUT
+    if isinstance(error, (WorkerCrashedError, ProgramQuarantinedError)):
+        return Outcome.WORKER_CRASH
+    return Outcome.COMPILE_ERROR
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def warm(
+    spec: Spec | list[WarmProgram],
+    *,
+    workers: int | None = None,
+    platform: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+    fail_fast: bool = False,
+    lower_workers: int = 0,
+    progress: ProgressDisplay | None = None,
+) -> WarmReport:
+    """Lowers and compiles every program of a spec into the disk cache; returns the report.
+
+    workers compile processes (default: the CPU count), lower_workers extra
+    lowering processes (0: lower in a thread of this process, overlapped with
+    compiling). timeout bounds each program's compile. With fail_fast, the
+    first failure stops the rest, which are reported as skipped.
+    """
+    programs = spec.programs if isinstance(spec, Spec) else list(spec)
+    initializer = spec.initializer if isinstance(spec, Spec) else None
+    reports = [ProgramReport(p.name) for p in programs]
+    started = time.monotonic()
+    remaining = threading.Semaphore(0)
+    stop = threading.Event()
+
+    def finish(index: int, outcome: Outcome, error: BaseException | None = None) -> None:
+        report = reports[index]
+        report.outcome = outcome
+        report.error = None if error is None else _error_text(error)
+        if progress is not None:
+            progress.update(report.name, outcome.value, report.seconds, report.error or "")
+        if fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
+            stop.set()
+        remaining.release()
+
+    with (
+        Pool(
+            workers,
+            platform=platform,
+            cache_dir=cache_dir,
+            task_timeout=timeout,
+            initializer=initializer,
+        ) as pool,
+        Lowerer(lower_workers, platform) as lowerer,
+    ):
+
+        def compiled(index: int, future: Future[CompileResult]) -> None:
+            report = reports[index]
+            error = None if future.cancelled() else future.exception()
+            if future.cancelled():
+                finish(index, Outcome.SKIPPED)
+            elif error is not None:
+                finish(index, _classify(error), error)
+            else:
+                result = future.result()
+                report.spec = result.spec
+                report.key = result.spec.key
+                report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
+                finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
+
+        def lowered(index: int, future: Future[Lowered]) -> None:
+            report = reports[index]
+            if future.cancelled() or stop.is_set():
+                finish(index, Outcome.SKIPPED)
+                return
+            error = future.exception()
+            if error is not None:
+                finish(index, Outcome.LOWERING_ERROR, error)
+                return
+            program, report.lower_seconds = future.result()
+            report.seconds = report.lower_seconds
+            try:
+                submitted = pool.submit_compile(
+                    program,
+                    name=programs[index].name,
+                    compile_options=programs[index].compile_options,
+                )
+            except Exception as failure:  # quarantined, or the pool closed for fail-fast
+                finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
+                return
+            submitted.add_done_callback(lambda f: compiled(index, f))
+
+        thread = lowerer.lower_all(programs, lowered)
+        finished = 0
+        while finished < len(programs):
+            remaining.acquire()
+            finished += 1
+            if stop.is_set():
+                lowerer.close(cancel=True)
+                pool.close(cancel_pending=True)
+        if thread is not None:
+            thread.join()
+        statistics, counters = pool.statistics, pool.cache_counters
+    if progress is not None:
+        progress.close()
+    return WarmReport(
+        reports,
+        statistics,
+        counters,
+        time.monotonic() - started,
+        platform,
+        None if cache_dir is None else os.fspath(cache_dir),
+    )
+
+
+def report_json(report: WarmReport) -> str:
+    """The report as indented JSON."""
+    return json.dumps(report.to_json(), indent=2)

@@ -1,0 +1,216 @@
+"""``pjrt-pool warm SPEC`` and ``pjrt-pool run MANIFEST NAME``.
+
+warm lowers and compiles every program of a spec into the disk cache with a
+pool of workers, shows progress, prints a report (``--json`` for scripts) and
+writes a manifest (``--manifest FILE``). Exit status: 0 when every program
+is in the cache, 1 when any failed (lowering error, compile error, worker
+crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
+
+run loads one program of a manifest from the warm cache and runs it, on
+inputs from an .npz file or on seeded random inputs, printing its outputs'
+types and checksums and how long loading and running took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``warm`` and ``run`` commands."""
+    warm = subparsers.add_parser(
+        "warm",
+        help="compile a spec's programs into the disk cache, with a report and a manifest",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
+    warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
+    warm.add_argument(
+        "--lower-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
+    )
+    warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
+    warm.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    )
+    warm.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-program compile timeout (default: none)",
+    )
+    mode = warm.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--keep-going",
+        dest="fail_fast",
+        action="store_false",
+        default=False,
+        help="record failures and warm the rest (the default)",
+    )
+    mode.add_argument(
+        "--fail-fast", dest="fail_fast", action="store_true", help="stop at the first failure"
+    )
+    warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
+    warm.set_defaults(run=_warm)
+
+    run = subparsers.add_parser(
+        "run",
+        help="run one program of a manifest from the warm cache",
+        description=__doc__.split("\n\n")[2].replace("\n", " "),
+    )
+    run.add_argument("manifest", metavar="MANIFEST")
+    run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
+    run.add_argument("--inputs", metavar="NPZ", help=".npz file with arr_0, arr_1, ... as inputs")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument(
+        "--cache-dir", metavar="DIR", default=None, help="cache directory (default: the manifest's)"
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="run through a pool of N workers (default 0: in this process)",
+    )
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.set_defaults(run=_run)
+
+
+def _warm(args: argparse.Namespace) -> int:
+    from pool.manifest import Manifest
+    from pool.progress import ProgressDisplay
+    from pool.spec import SpecError, load_spec
+    from pool.warm import report_json, warm
+
+    if args.workers is not None and args.workers < 1:
+        print("pjrt-pool warm: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as error:
+        print(f"pjrt-pool warm: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = ProgressDisplay(len(spec.programs))
+    report = warm(
+        spec,
+        workers=args.workers,
+        platform=args.platform,
+        cache_dir=args.cache_dir,
+        timeout=args.timeout,
+        fail_fast=args.fail_fast,
+        lower_workers=args.lower_workers,
+        progress=progress,
+    )
+    if args.manifest:
+        from pathlib import Path
+
+        cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
+        specs = [p.spec for p in report.programs if p.spec is not None]
+        Manifest(specs, cache_dir, args.platform or (specs[0].platform if specs else None)).write(
+            args.manifest
+        )
+    if args.json:
+        print(report_json(report))
+    else:
+        print(report.summary())
+        if args.manifest:
+            print(f"manifest: {args.manifest}")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
+    if args.inputs:
+        with np.load(args.inputs) as data:
+            return [data[f"arr_{i}"] for i in range(len(data.files))]
+    if spec.input_types is None:
+        raise ValueError(f"{spec.name} has unknown input types: give --inputs")
+    generator = np.random.default_rng(args.seed)
+    arrays = []
+    for array_type in spec.input_types:
+        dtype = np.dtype(array_type.dtype)
+        if dtype.kind == "f" or dtype.kind == "V":
+            values = generator.standard_normal(array_type.shape).astype(np.float32)
+        elif dtype.kind == "c":
+            values = generator.standard_normal(array_type.shape) + 1j * generator.standard_normal(
+                array_type.shape
+            )
+        elif dtype.kind == "b":
+            values = generator.integers(0, 2, array_type.shape).astype(bool)
+        else:
+            values = generator.integers(0, 10, array_type.shape)
+        arrays.append(np.asarray(values).astype(dtype))
+    return arrays
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pool.manifest import ManifestError, load_manifest
+
+    try:
+        manifest = load_manifest(args.manifest, args.cache_dir)
+        if args.name is None:
+            for name in manifest.names:
+                spec = manifest.spec(name)
+                types = ", ".join(map(str, spec.input_types or ()))
+                print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
+            return EXIT_OK
+        spec = manifest.spec(args.name)
+        inputs = _inputs(args, spec)
+    except (ManifestError, ValueError, OSError, KeyError) as error:
+        print(f"pjrt-pool run: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    started = time.perf_counter()
+    if args.workers:
+        from pool.pool import Pool
+
+        with Pool(args.workers, cache_dir=manifest.cache_dir) as pool:
+            ready = time.perf_counter()
+            outputs = manifest.run(args.name, inputs, pool=pool)
+            done = time.perf_counter()
+    else:
+        manifest.executable(args.name)  # load from the cache, timed apart from running
+        ready = time.perf_counter()
+        outputs = manifest.run(args.name, inputs)
+        done = time.perf_counter()
+    result = {
+        "name": args.name,
+        "key": spec.key,
+        "load_seconds": ready - started,
+        "run_seconds": done - ready,
+        "outputs": [
+            {
+                "dtype": str(o.dtype),
+                "shape": list(o.shape),
+                "sum": float(np.asarray(o, dtype=np.float64).sum())
+                if o.dtype.kind in "biuf"
+                else None,
+            }
+            for o in outputs
+        ],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        where = f"a pool of {args.workers}" if args.workers else "this process"
+        print(
+            f"{args.name}: loaded from the cache in {result['load_seconds'] * 1000:.1f} ms "
+            f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
+        )
+        for index, output in enumerate(result["outputs"]):
+            total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
+            print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
+    return EXIT_OK if outputs is not None else EXIT_PROBLEMS

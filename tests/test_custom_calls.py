@@ -1,0 +1,194 @@
+"""Third-party custom calls: typed XLA FFI handlers from a library built for the tests.
+
+The library (tests/ffi/handlers.cc, built once per session by the
+ffi_library fixture) exports ``add_one`` and ``null_deref``. Handlers are
+registered with this process's plugin under target names unique to each
+test, since a plugin's registry lasts as long as the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN, run_python
+
+import pool
+from pool import MissingCustomCallError, PjrtError, compile_program, lower, register_custom_call
+
+
+def calls(target: str):
+    """A function whose result is target(x), same shape and dtype as x."""
+
+    def function(x):
+        return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    return function
+
+
+def address_of(library: Path, symbol: str) -> int:
+    return ctypes.cast(getattr(ctypes.CDLL(str(library)), symbol), ctypes.c_void_p).value
+
+
+def capsule_of(address: int) -> object:
+    """A PyCapsule holding the handler, as FFI libraries' registrations() return them."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(address, b"xla._CUSTOM_CALL_TARGET", None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_plugin(tmp_path_factory: pytest.TempPathFactory):
+    """These tests register with the default CPU plugin; load it before anything else."""
+    import pool as _pool  # noqa: F401  (jax first, as a user would)
+    from worker import get_runtime
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PJRT_POOL_CACHE_DIR", str(tmp_path_factory.mktemp("module-cache")))
+        if DEFAULT_PLUGIN:
+            patch.setenv("PJRT_POOL_PLUGIN_CPU", DEFAULT_PLUGIN)
+        return get_runtime("cpu")
+
+
+def test_handler_registered_by_address_runs(ffi_library: Path):
+    register_custom_call("pjrt_pool_test_add_one_address", address_of(ffi_library, "add_one"))
+    program = lower(
+        calls("pjrt_pool_test_add_one_address"),
+        [jax.ShapeDtypeStruct((5,), jnp.float32)],
+        custom_calls=["pjrt_pool_test_add_one_address"],
+    )
+    assert "custom_call @pjrt_pool_test_add_one_address" in program.text
+    executable, _ = compile_program(program)
+    (out,) = executable.run([np.arange(5)])
+    np.testing.assert_array_equal(out, np.arange(1, 6, dtype=np.float32))
+
+
+def test_handler_registered_as_a_capsule_runs(ffi_library: Path):
+    target = "pjrt_pool_test_add_one_capsule"
+    register_custom_call(target, capsule_of(address_of(ffi_library, "add_one")))
+    # The custom call inside a larger program, with other inputs and outputs around it.
+    program = lower(
+        lambda x, y: (calls(target)(x * 2) + y, y),
+        [jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((2, 3), jnp.float32)],
+        custom_calls=[target],
+    )
+    executable, _ = compile_program(program)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y = np.full((2, 3), 10, np.float32)
+    out, same = executable.run([x, y])
+    np.testing.assert_array_equal(out, x * 2 + 1 + y)
+    np.testing.assert_array_equal(same, y)
+    # A cached executable that calls the handler loads and runs too.
+    loaded, stats = compile_program(program)
+    assert stats.loaded == 1
+    np.testing.assert_array_equal(loaded.run([x, y])[0], x * 2 + 1 + y)
+
+
+def test_a_handler_given_the_wrong_dtype_fails_at_run_time(ffi_library: Path):
+    target = "pjrt_pool_test_add_one_typed"
+    register_custom_call(target, address_of(ffi_library, "add_one"))
+    program = lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.int32)], custom_calls=[target])
+    executable, _ = compile_program(program)
+    with pytest.raises(PjrtError, match="Wrong buffer dtype: expected F32 but got S32"):
+        executable.run([np.arange(3)])
+
+
+def test_an_unregistered_target_raises_missing_custom_call():
+    target = "pjrt_pool_test_never_registered"
+    program = lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.float32)], custom_calls=[target])
+    with pytest.raises(MissingCustomCallError) as caught:
+        compile_program(program)
+    message = str(caught.value)
+    assert f"no handler for custom call {target!r}" in message
+    assert "register_custom_call" in message  # what to do
+    assert isinstance(caught.value, PjrtError) and caught.value.code_name == "NOT_FOUND"
+
+
+def test_an_unlisted_third_party_target_fails_in_lower():
+    target = "pjrt_pool_test_unlisted"
+    with pytest.raises(ValueError, match="custom calls whose targets have no compatibility") as e:
+        lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.float32)])
+    assert f"@{target}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "handler", "error", "message"),
+    [
+        ("", 1234, TypeError, "non-empty str"),
+        (b"add_one", 1234, TypeError, "non-empty str"),
+        ("pjrt_pool_test_bad", "add_one", TypeError, "PyCapsule or an integer address, not str"),
+        ("pjrt_pool_test_bad", None, TypeError, "PyCapsule or an integer address, not NoneType"),
+        ("pjrt_pool_test_bad", 0, ValueError, "address is 0"),
+    ],
+    ids=["empty-name", "bytes-name", "str-handler", "None-handler", "null-address"],
+)
+def test_register_custom_call_refuses_bad_input(name, handler, error, message):
+    with pytest.raises(error, match=message):
+        register_custom_call(name, handler)
+
+
+def test_null_deref_handler_kills_its_process(ffi_library: Path):
+    # Only ever in a child: the crash is real (the Pool isolates it in a worker).
+    done = run_python(
+        f"""
+        import ctypes, sys
+        import jax, numpy as np
+        import pool
+        library = ctypes.CDLL({str(ffi_library)!r})
+        address = ctypes.cast(library.null_deref, ctypes.c_void_p).value
+        pool.register_custom_call("null_deref", address)
+        f = lambda x: jax.ffi.ffi_call("null_deref", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        shape = jax.ShapeDtypeStruct((4,), np.float32)
+        program = pool.lower(f, [shape], custom_calls=["null_deref"])
+        executable, _ = pool.compile_program(program)
+        print("compiled", flush=True)
+        executable.run([np.zeros(4)])
+        print("survived", flush=True)
+        """,
+        env={"PJRT_POOL_PLUGIN_CPU": DEFAULT_PLUGIN or ""},
+        check=False,
+    )
+    assert done.returncode == -signal.SIGSEGV, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["compiled"]
+
+
+@pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
+def test_the_older_plugin_dropping_a_registration_is_a_clear_error(ffi_library: Path):
+    # xla-cpu-pjrt (API 0.81) accepts the registration but its older XLA FFI
+    # drops it; compiling must say so and name the plugin.
+    done = run_python(
+        f"""
+        import ctypes, json
+        import jax, numpy as np
+        import pool
+        library = ctypes.CDLL({str(ffi_library)!r})
+        pool.register_custom_call(
+            "add_one", ctypes.cast(library.add_one, ctypes.c_void_p).value)
+        f = lambda x: jax.ffi.ffi_call("add_one", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        program = pool.lower(f, [jax.ShapeDtypeStruct((4,), np.float32)], custom_calls=["add_one"])
+        try:
+            pool.compile_program(program)
+            print(json.dumps({{"kind": None}}))
+        except Exception as error:
+            print(json.dumps({{"kind": type(error).__name__, "message": str(error)}}))
+        """,
+        env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN},
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kind"] == "MissingCustomCallError"
+    assert "'add_one' although one was registered" in result["message"]
+    assert "dropped the registration" in result["message"]
+    assert os.path.realpath(SECOND_PLUGIN) in result["message"]
+    assert "PJRT API 0.81" in result["message"]
+
+
+def test_pool_reexports_register_custom_call():
+    assert pool.register_custom_call is register_custom_call
