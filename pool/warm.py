@@ -12,11 +12,13 @@ error, a worker crash, a timeout) and warming carries on, unless fail_fast.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +145,42 @@ def _error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+@contextlib.contextmanager
+def _compiler(
+    scheduler: str | None,
+    workers: int | None,
+    platform: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    timeout: float | None,
+    initializer: Any,
+) -> Iterator[Any]:
+    """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
+    if scheduler is None:
+        with Pool(
+            workers,
+            platform=platform,
+            cache_dir=cache_dir,
+            task_timeout=timeout,
+            initializer=initializer,
+        ) as pool:
+            yield pool
+        return
+    from pool.cluster import ClusterPool, connect
+
+    with (
+        connect(scheduler) as client,
+        ClusterPool(
+            client,
+            workers_per_node=workers,
+            platform=platform,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            task_timeout=timeout,
+            initializer=initializer,
+        ) as cluster,
+    ):
+        yield cluster
+
+
 def warm(
     spec: Spec | list[WarmProgram],
     *,
@@ -153,20 +191,25 @@ def warm(
     fail_fast: bool = False,
     lower_workers: int = 0,
     progress: ProgressDisplay | None = None,
+    scheduler: str | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
-    workers compile processes (default: the CPU count), lower_workers extra
-    lowering processes (0: lower in a thread of this process, overlapped with
-    compiling). timeout bounds each program's compile. With fail_fast, the
-    first failure stops the rest, which are reported as skipped.
+    workers compile processes (default: the CPU count; per node on a
+    cluster), lower_workers extra lowering processes (0: lower in a thread of
+    this process, overlapped with compiling). timeout bounds each program's
+    compile. With fail_fast, the first failure stops the rest, which are
+    reported as skipped. scheduler is a Dask scheduler address to compile on
+    that cluster instead of locally ("local:N" starts a local cluster of N
+    workers); see pool.cluster.
     """
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     initializer = spec.initializer if isinstance(spec, Spec) else None
     reports = [ProgramReport(p.name) for p in programs]
     started = time.monotonic()
-    remaining = threading.Semaphore(0)
+    finished = threading.Semaphore(0)
     stop = threading.Event()
+    submitted: list[Any] = []
 
     def finish(index: int, outcome: Outcome, error: BaseException | None = None) -> None:
         report = reports[index]
@@ -176,66 +219,60 @@ def warm(
             progress.update(report.name, outcome.value, report.seconds, report.error or "")
         if fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
             stop.set()
-        remaining.release()
+        finished.release()
 
-    with (
-        Pool(
-            workers,
-            platform=platform,
-            cache_dir=cache_dir,
-            task_timeout=timeout,
-            initializer=initializer,
-        ) as pool,
-        Lowerer(lower_workers, platform) as lowerer,
-    ):
+    with _compiler(scheduler, workers, platform, cache_dir, timeout, initializer) as compiler:
+        with Lowerer(lower_workers, platform) as lowerer:
 
-        def compiled(index: int, future: Future[CompileResult]) -> None:
-            report = reports[index]
-            error = None if future.cancelled() else future.exception()
-            if future.cancelled():
-                finish(index, Outcome.SKIPPED)
-            elif error is not None:
-                finish(index, _classify(error), error)
-            else:
-                result = future.result()
+            def compiled(index: int, future: Any) -> None:
+                report = reports[index]
+                if future.cancelled():
+                    finish(index, Outcome.SKIPPED)
+                    return
+                error = future.exception()
+                if error is not None:
+                    finish(index, _classify(error), error)
+                    return
+                result: CompileResult = future.result()
                 report.spec = result.spec
                 report.key = result.spec.key
                 report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
                 finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
 
-        def lowered(index: int, future: Future[Lowered]) -> None:
-            report = reports[index]
-            if future.cancelled() or stop.is_set():
-                finish(index, Outcome.SKIPPED)
-                return
-            error = future.exception()
-            if error is not None:
-                finish(index, Outcome.LOWERING_ERROR, error)
-                return
-            program, report.lower_seconds = future.result()
-            report.seconds = report.lower_seconds
-            try:
-                submitted = pool.submit_compile(
-                    program,
-                    name=programs[index].name,
-                    compile_options=programs[index].compile_options,
-                )
-            except Exception as failure:  # quarantined, or the pool closed for fail-fast
-                finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
-                return
-            submitted.add_done_callback(lambda f: compiled(index, f))
+            def lowered(index: int, future: Future[Lowered]) -> None:
+                report = reports[index]
+                if future.cancelled() or stop.is_set():
+                    finish(index, Outcome.SKIPPED)
+                    return
+                error = future.exception()
+                if error is not None:
+                    finish(index, Outcome.LOWERING_ERROR, error)
+                    return
+                program, report.lower_seconds = future.result()
+                report.seconds = report.lower_seconds
+                try:
+                    task = compiler.submit_compile(
+                        program,
+                        name=programs[index].name,
+                        timeout=timeout,
+                        compile_options=programs[index].compile_options,
+                    )
+                except Exception as failure:  # quarantined, or the pool is shutting down
+                    finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
+                    return
+                submitted.append(task)
+                task.add_done_callback(lambda f: compiled(index, f))
 
-        thread = lowerer.lower_all(programs, lowered)
-        finished = 0
-        while finished < len(programs):
-            remaining.acquire()
-            finished += 1
-            if stop.is_set():
-                lowerer.close(cancel=True)
-                pool.close(cancel_pending=True)
-        if thread is not None:
-            thread.join()
-        statistics, counters = pool.statistics, pool.cache_counters
+            thread = lowerer.lower_all(programs, lowered)
+            for _ in programs:
+                finished.acquire()
+                if stop.is_set():
+                    lowerer.close(cancel=True)
+                    for task in list(submitted):
+                        task.cancel()
+            if thread is not None:
+                thread.join()
+        statistics, counters = compiler.statistics, compiler.cache_counters
     if progress is not None:
         progress.close()
     return WarmReport(

@@ -65,6 +65,14 @@ def register(subparsers: Any) -> None:
     mode.add_argument(
         "--fail-fast", dest="fail_fast", action="store_true", help="stop at the first failure"
     )
+    warm.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="compile on the Dask cluster at ADDRESS (tcp://host:8786), or on a "
+        "local cluster of N workers started for this run (local:N); needs the "
+        "cluster extra",
+    )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
     warm.set_defaults(run=_warm)
@@ -115,6 +123,7 @@ def _warm(args: argparse.Namespace) -> int:
         fail_fast=args.fail_fast,
         lower_workers=args.lower_workers,
         progress=progress,
+        scheduler=args.scheduler,
     )
     if args.manifest:
         from pathlib import Path
