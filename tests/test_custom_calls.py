@@ -192,3 +192,11 @@ def test_the_older_plugin_dropping_a_registration_is_a_clear_error(ffi_library: 
 
 def test_pool_reexports_register_custom_call():
     assert pool.register_custom_call is register_custom_call
+
+
+def test_a_target_takes_one_handler_per_process(ffi_library: str) -> None:
+    target = "pjrt_pool_test_registered_once"
+    register_custom_call(target, address_of(ffi_library, "add_one"))
+    register_custom_call(target, address_of(ffi_library, "add_one"))  # the same: accepted
+    with pytest.raises(ValueError, match="already has another handler"):
+        register_custom_call(target, address_of(ffi_library, "null_deref"))

@@ -53,22 +53,39 @@ def prepare_arguments(
         if types is None:
             code_of_dtype(array.dtype)  # raises TypeError for an unsupported dtype
         else:
-            expected = types[index]
-            if array.shape != expected.shape:
-                raise ValueError(
-                    f"argument {index} has shape {array.shape} but the program takes "
-                    f"{expected} (shape {expected.shape})"
-                )
-            if array.dtype != expected.dtype:
-                if not np.can_cast(array.dtype, expected.dtype, casting="same_kind"):
-                    raise TypeError(
-                        f"argument {index} has dtype {array.dtype}, which does not convert "
-                        f"to the program's {expected.dtype} without changing its kind; "
-                        "convert it explicitly first"
-                    )
-                array = array.astype(expected.dtype)
+            array = _convert(index, argument, array, types[index])
         prepared.append(np.ascontiguousarray(array))
     return prepared
+
+
+def _convert(index: int, value: ArrayLike, array: np.ndarray, expected: ArrayType) -> np.ndarray:
+    """Converts one argument to its input type, refusing conversions that lose its meaning."""
+    if array.shape != expected.shape:
+        raise ValueError(
+            f"argument {index} has shape {array.shape} but the program takes "
+            f"{expected} (shape {expected.shape})"
+        )
+    if array.dtype == expected.dtype:
+        return array
+    source, target = array.dtype, np.dtype(expected.dtype)
+    if source.kind == "c" and target.kind != "c":
+        raise TypeError(
+            f"argument {index} is complex ({source}) but the program takes {target}: "
+            "the imaginary part would be lost; pass the real part explicitly"
+        )
+    if not isinstance(value, np.ndarray) and source.kind in "iu" and target.kind in "iu":
+        # Python ints (scalars, lists) have no width of their own: convert them
+        # by value, so that 254 fits uint8 and 1000 does not fit int8.
+        try:
+            return np.asarray(value, dtype=target)
+        except OverflowError as error:
+            raise TypeError(f"argument {index} does not fit {target}: {error}") from None
+    if not np.can_cast(source, target, casting="same_kind"):
+        raise TypeError(
+            f"argument {index} has dtype {source}, which does not convert to the "
+            f"program's {target} without changing its kind; convert it explicitly first"
+        )
+    return array.astype(target)
 
 
 def types_of(arrays: Sequence[np.ndarray]) -> tuple[ArrayType, ...]:

@@ -11,6 +11,7 @@ which it loads).
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 from dataclasses import dataclass
@@ -68,8 +69,38 @@ def register_custom_call(
     if not isinstance(name, str) or not name:
         raise TypeError(f"a custom-call target name must be a non-empty str, not {name!r}")
     runtime = get_runtime(platform)
-    runtime.plugin.register_ffi_handler(name, handler, runtime.ffi_platform, traits)
-    runtime.registered_targets.add(name)
+    address = _handler_address(handler)
+    with runtime.lock:
+        previous = _user_handlers.get(name)
+        if previous is not None:
+            if previous == address:
+                return  # registering the same handler again (an initializer run twice)
+            raise ValueError(
+                f"custom-call target {name!r} already has another handler in this process; "
+                "XLA keeps the first registration, so register each target once"
+            )
+        runtime.plugin.register_ffi_handler(name, handler, runtime.ffi_platform, traits)
+        _user_handlers[name] = address
+        runtime.registered_targets.add(name)
+
+
+_user_handlers: dict[str, int] = {}
+
+
+def _handler_address(handler: Any) -> int:
+    """The XLA_FFI_Handler* of a PyCapsule or int, for telling handlers apart."""
+    if isinstance(handler, int) and not isinstance(handler, bool):
+        return handler
+    if type(handler).__name__ == "PyCapsule":
+        api = ctypes.pythonapi
+        api.PyCapsule_GetName.restype = ctypes.c_char_p
+        api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        return int(api.PyCapsule_GetPointer(handler, api.PyCapsule_GetName(handler)) or 0)
+    raise TypeError(
+        f"an FFI handler must be a PyCapsule or an integer address, not {type(handler).__name__}"
+    )
 
 
 def _registrations(module_name: str) -> dict[str, Any]:
