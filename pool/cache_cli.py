@@ -39,7 +39,10 @@ def register(subparsers: Any) -> None:
     cache = subparsers.add_parser(
         "cache",
         help="inspect and maintain the disk cache of compiled executables",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        description="Inspect and maintain the disk cache of compiled executables. Tables by "
+        "default, --json for one JSON document. No command creates the directory; only prune "
+        "and clear change it. Exit codes: 0 success, 1 problems found (verify: bad entries), "
+        "2 usage error.",
     )
     cache.set_defaults(run=lambda _args: _usage(cache, "name a cache command"))
     common = argparse.ArgumentParser(add_help=False)
@@ -220,6 +223,7 @@ def _load_with_plugin(
     while pending:
         records, ending = _run_verifier(directory, platform, pending)
         current = None
+        checked = 0
         for record in records:
             if "error" in record:  # no plugin for this platform here, or it failed to load
                 return {key: (OTHER, record["error"]) for key in pending} | results
@@ -228,12 +232,14 @@ def _load_with_plugin(
             elif "key" in record:
                 results[record["key"]] = (record.get("status", "bad"), record.get("detail", ""))
                 current = None
+                checked += 1
         if ending is None:
             break  # keys without a result vanished meanwhile
-        if current is None:
+        if current is not None:
+            results[current] = ("bad", f"the plugin process {ending} loading it")
+        elif not checked:  # died loading the plugin: nothing says the entries are at fault
             detail = f"the verifying process {ending} before checking entries"
             return {key: (OTHER, detail) for key in pending if key not in results} | results
-        results[current] = ("bad", f"the plugin process {ending} loading it")
         pending = [key for key in pending if key not in results]
     return results
 

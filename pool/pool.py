@@ -100,7 +100,7 @@ def _likely_cause(returncode: int | None) -> str:
     if returncode in (-11, -7, -4):
         return "the PJRT plugin, or a custom call the program ran, crashed"
     if returncode == -6:
-        return "the plugin aborted, usually a failed internal check; the output above says why"
+        return "the plugin aborted, usually a failed internal check; its output below says why"
     return "the worker exited unexpectedly"
 
 
@@ -341,7 +341,7 @@ class Pool:
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
-        """Each worker's pid, state, start-up seconds, plugin and loaded program count."""
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
         with self._lock:
             return [
                 {
@@ -350,6 +350,7 @@ class Pool:
                     "startup_seconds": w.startup_seconds,
                     "plugin": dict(w.plugin),
                     "loaded": len(w.loaded),
+                    "task": None if w.task is None else w.task.name,
                 }
                 for w in self._workers
             ]

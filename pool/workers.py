@@ -13,6 +13,7 @@ import contextlib
 import enum
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,8 @@ logger = logging.getLogger("pjrt_pool.worker")
 
 STDERR_TAIL_BYTES = 8192
 """How much of a worker's output is kept for crash reports."""
+
+_FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
 
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
@@ -120,9 +123,14 @@ class WorkerProcess:
         return True
 
     def output_tail(self, lines: int = 20) -> str:
-        """The last lines the worker wrote to stdout or stderr."""
+        """The last lines the worker wrote to stdout or stderr, without raw stack frames.
+
+        A plugin's fatal error prints its reason and then dozens of frame
+        addresses; dropping the addresses keeps the reason in the tail.
+        """
         text = self._output.decode(errors="replace").strip()
-        return "\n".join(text.splitlines()[-lines:])
+        kept = [line for line in text.splitlines() if not _FRAME_LINE.match(line)]
+        return "\n".join(kept[-lines:])
 
     # -- loaded programs (mirrors the worker's LRU) ------------------------
 

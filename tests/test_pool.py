@@ -275,3 +275,59 @@ def test_workers_exit_when_the_parent_dies(tmp_path) -> None:
     while any(alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "workers outlived their parent"
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_fifty_mixed_tasks_with_three_kinds_of_crash(
+    handlers: str, programs: list[LoweredProgram]
+) -> None:
+    """An abort at compile, a segfault at run and a SIGKILL fail exactly their own tasks."""
+    shm_before = shm_entries()
+    crasher = custom_call_program("null_deref")
+    aborter = scale_program(99.0)
+    spin = spin_program()
+    x = np.arange(8, dtype=np.float32)
+    pool = Pool(workers=2, initializer=handler_initializer(handlers))
+    try:
+        pool.compile(spin, name="spin")
+        futures: list[tuple[str, Future]] = []
+        for i in range(47):
+            factor = i % 6
+            futures.append((f"ok {factor}", pool.submit(programs[factor], [x + i])))
+            if i == 10:
+                futures.append(("abort", pool.submit_compile(aborter, compile_options=b"")))
+            if i == 20:
+                futures.append(("segfault", pool.submit(crasher, [x])))
+            if i == 30:
+                futures.append(("kill", pool.submit(spin, [np.ones(1)], name="spin")))
+        deadline = time.monotonic() + 60
+        while not any(w["task"] == "spin" for w in pool.worker_info):
+            assert time.monotonic() < deadline, "the spinning task never started"
+            time.sleep(0.01)
+        os.kill(next(w["pid"] for w in pool.worker_info if w["task"] == "spin"), signal.SIGKILL)
+
+        failed = {}
+        correct = 0
+        for index, (kind, future) in enumerate(futures):
+            error = future.exception(timeout=120)
+            if error is not None:
+                failed[kind] = error
+                continue
+            i = index - sum(1 for k, _ in futures[:index] if not k.startswith("ok"))
+            expected = expected_scale(float(i % 6), x + i)
+            np.testing.assert_array_equal(future.result()[0], expected)
+            correct += 1
+        assert correct == 47
+        assert set(failed) == {"abort", "segfault", "kill"}
+        assert all(isinstance(e, WorkerCrashedError) for e in failed.values())
+        assert failed["abort"].returncode == -signal.SIGABRT
+        assert "replica_count > 0" in failed["abort"].stderr_tail  # the plugin's reason
+        assert failed["segfault"].returncode == -signal.SIGSEGV
+        assert failed["kill"].returncode == -signal.SIGKILL
+    finally:
+        pool.close()
+    del futures, failed
+    gc.collect()
+    assert children_of(os.getpid()) == []
+    assert shm_entries() == shm_before
+    assert memfds_of() == []

@@ -42,6 +42,9 @@ def compile_options() -> bytes:
     return bytes.fromhex("1a0420012801")
 
 
+_default_options = compile_options  # compile_program's keyword shadows the name
+
+
 def _check_program(program: Any) -> LoweredProgram:
     if not isinstance(program, LoweredProgram):
         kind = type(program).__name__
@@ -53,11 +56,14 @@ def _check_program(program: Any) -> LoweredProgram:
     return program
 
 
-def runtime_key_parts(runtime: Runtime, cache: DiskCache | None, text: str = "") -> dict[str, Any]:
+def runtime_key_parts(
+    runtime: Runtime, cache: DiskCache | None, text: str = "", options: bytes | None = None
+) -> dict[str, Any]:
     """Returns the key parts of a program text on this process's plugin and host.
 
     With the default empty text, what is left describes the runtime alone
-    (plugin build, options, host), to compare with an entry's parts.
+    (plugin build, options, host), to compare with an entry's parts. options
+    are the serialized compile options (default: compile_options()).
     """
     client = runtime.client
     return key_parts(
@@ -67,15 +73,18 @@ def runtime_key_parts(runtime: Runtime, cache: DiskCache | None, text: str = "")
         api_version=runtime.api_version,
         platform_version=client.platform_version,
         device_kind=client.device_kind,
-        compile_options=compile_options(),
+        compile_options=compile_options() if options is None else options,
     )
 
 
 def program_key(
-    program: LoweredProgram, runtime: Runtime, cache: DiskCache | None
+    program: LoweredProgram,
+    runtime: Runtime,
+    cache: DiskCache | None,
+    options: bytes | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Returns the cache key of a program on this process's plugin, and its parts."""
-    parts = runtime_key_parts(runtime, cache, program.text)
+    parts = runtime_key_parts(runtime, cache, program.text, options)
     return key_of(parts), parts
 
 
@@ -112,9 +121,10 @@ def _compile_and_publish(
     parts: dict[str, Any],
     program: LoweredProgram,
     max_size: int | None,
+    options: bytes,
 ) -> tuple[Executable, float]:
     start = time.perf_counter()
-    executable = Executable.compile(program.code, compile_options())
+    executable = Executable.compile(program.code, options)
     seconds = time.perf_counter() - start
     executable.input_types = program.input_types
     executable.key = key
@@ -140,6 +150,7 @@ def compile_program(
     cache_dir: str | os.PathLike[str] | None = None,
     max_size: int | str | None = None,
     lock_timeout: float | None = None,
+    compile_options: bytes | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -154,19 +165,28 @@ def compile_program(
     and load it. max_size bounds the cache when this call stores an entry
     (bytes or "2G"; default PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB).
     lock_timeout is how many seconds to wait for another process's compile of
-    the same program before compiling anyway (default 600).
+    the same program before compiling anyway (default 600). compile_options
+    replaces the default serialized CompileOptionsProto (and is part of the
+    cache key); the plugin checks it, and malformed options can make it abort
+    the process, which is why a Pool compiles in worker processes.
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
     """
     program = _check_program(program)
+    if compile_options is None:
+        options = _default_options()
+    elif isinstance(compile_options, bytes):
+        options = compile_options
+    else:
+        raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
     bound = None if max_size is None else parse_size(max_size)
     runtime = get_runtime(program.platform)
     cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
-    key, parts = program_key(program, runtime, cache)
+    key, parts = program_key(program, runtime, cache, options)
     if cache is None:
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
-        executable, seconds = _compile_and_publish(None, key, parts, program, bound)
+        executable, seconds = _compile_and_publish(None, key, parts, program, bound, options)
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
     start = time.perf_counter()
@@ -183,7 +203,9 @@ def compile_program(
                     cache.count("corrupt")
                     if cache.remove_if_unchanged(key, miss.stat):
                         logger.debug("removed the bad entry %s", key)
-                executable, seconds = _compile_and_publish(cache, key, parts, program, bound)
+                executable, seconds = _compile_and_publish(
+                    cache, key, parts, program, bound, options
+                )
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
     cache.count("hits")
     logger.debug("cache hit for %s (%s)", program.name, key)
