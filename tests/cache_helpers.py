@@ -44,14 +44,16 @@ def lowered(variant: int = 0, size: int = 4) -> LoweredProgram:
 def save_program(program: LoweredProgram, path: Path) -> Path:
     """Writes a program as JSON (the test's own format; the cache never sees it)."""
     path.write_text(
-        json.dumps({
-            "code": base64.b64encode(program.code).decode(),
-            "text": program.text,
-            "input_types": None
-            if program.input_types is None
-            else [t.to_json() for t in program.input_types],
-            "platform": program.platform,
-        })
+        json.dumps(
+            {
+                "code": base64.b64encode(program.code).decode(),
+                "text": program.text,
+                "input_types": None
+                if program.input_types is None
+                else [t.to_json() for t in program.input_types],
+                "platform": program.platform,
+            }
+        )
     )
     return path
 
@@ -133,20 +135,12 @@ time.sleep(3600)
 """
 
 
-def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment, with the repository importable (as conftest.run_python does)."""
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
-    )
-    environment.update(extra or {})
-    return environment
-
-
 def start(
     spec: dict[str, Any], env: dict[str, str] | None = None, code: str = CHILD
 ) -> subprocess.Popen[str]:
     """Starts a child running `code` (default: CHILD) with a JSON spec."""
+    from pool.spawn import child_environment  # not at the top: CHILD imports this module
+
     spec = {"tests": str(REPO / "tests"), **spec}
     return subprocess.Popen(
         [sys.executable, "-c", code, json.dumps(spec)],

@@ -30,10 +30,11 @@ from worker.cache import (
     open_cache,
     parse_size,
     process_counters,
+    space,
+    store,
 )
 from worker.cache import entry as entry_format
 from worker.cache import key as cache_key
-from worker.cache import space, store
 from worker.cache.atomic import TEMP_PREFIX, PendingFile
 
 X = [0.5, 1.0, 1.5, 2.0]
@@ -229,6 +230,20 @@ def test_a_bad_entry_is_removed_recompiled_and_republished(cache_dir, caplog, ho
     again = compile_and_check(0)
     assert (again.compiled, again.loaded) == (0, 1)
     assert open_cache(cache_dir).counters.corrupt == 1
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "fifo"])
+def test_something_other_than_a_file_in_place_of_an_entry_is_not_read(cache_dir, kind):
+    compile_and_check(0)
+    path = only_entry(cache_dir)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")  # reading it would never end
+    healed = compile_and_check(0)
+    assert healed.compiled == 1 and open_cache(cache_dir).counters.corrupt == 1
+    assert stat.S_ISREG(path.lstat().st_mode)
 
 
 def test_lock_files_are_never_deleted(cache_dir):

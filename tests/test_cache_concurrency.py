@@ -38,7 +38,7 @@ from worker.cache.atomic import TEMP_PREFIX
 from worker.cache.locking import try_acquire
 
 PLUGIN = os.path.realpath(os.environ.get("PJRT_POOL_PLUGIN_CPU") or DEFAULT_PLUGIN or "")
-OTHER_PLUGIN = DEFAULT_PLUGIN if PLUGIN == os.path.realpath(SECOND_PLUGIN or "") else SECOND_PLUGIN
+OTHER_PLUGIN = DEFAULT_PLUGIN if os.path.realpath(SECOND_PLUGIN or "") == PLUGIN else SECOND_PLUGIN
 """A CPU plugin build other than the one this process (and its children) load."""
 
 
@@ -123,8 +123,9 @@ def test_a_process_killed_while_holding_the_lock_frees_it(tmp_path, cache_dir):
     program = program_file(tmp_path)
     key = key_of_program(0, cache_dir)
     ready = tmp_path / "holding"
-    holder = start({"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)},
-                   code=HOLD_LOCK)
+    holder = start(
+        {"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)}, code=HOLD_LOCK
+    )
     wait_for(ready, holder)
     waiter = start({"programs": [program], "lock_timeout": 120})
     time.sleep(2.0)  # the waiter starts and waits on the lock
@@ -139,8 +140,9 @@ def test_a_waiter_whose_lock_wait_times_out_compiles_anyway(tmp_path, cache_dir)
     program = program_file(tmp_path)
     key = key_of_program(0, cache_dir)
     ready = tmp_path / "holding"
-    holder = start({"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)},
-                   code=HOLD_LOCK)
+    holder = start(
+        {"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)}, code=HOLD_LOCK
+    )
     try:
         wait_for(ready, holder)
         report = compile_in_child({"programs": [program], "lock_timeout": 1.0})
@@ -241,11 +243,22 @@ def _in_mount_namespace(setup: str, directory: Path, spec: dict) -> dict:
     """Runs CHILD in a private mount namespace after a shell `setup` on "$0" (= directory)."""
     import json
 
-    from cache_helpers import REPO, child_environment
+    from cache_helpers import REPO
+
+    from pool.spawn import child_environment
 
     command = [
-        "unshare", "-m", "sh", "-c", f'{setup} && shift && exec "$@"', str(directory), "--",
-        sys.executable, "-c", CHILD, json.dumps({"tests": str(REPO / "tests"), **spec}),
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f'{setup} && shift && exec "$@"',
+        str(directory),
+        "--",
+        sys.executable,
+        "-c",
+        CHILD,
+        json.dumps({"tests": str(REPO / "tests"), **spec}),
     ]
     done = subprocess.run(
         command, env=child_environment(), capture_output=True, text=True, timeout=120, check=False

@@ -136,12 +136,17 @@ class Runtime:
         return _FFI_PLATFORMS.get(self.platform, self.platform.upper())
 
     def plugin_sha256(self) -> str:
-        """The SHA-256 of the plugin library (memoized in the default cache directory)."""
-        from worker.cache import open_cache  # the cache imports nothing of the runtime
+        """The SHA-256 of the plugin library, memoized in memory and on disk.
+
+        compile_program hashes through its own cache directory first, which
+        fills the in-memory memo; otherwise the default cache directory's memo
+        is used if that directory exists (it is never created just for this).
+        """
+        from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
         from worker.cache.key import plugin_digest
 
-        cache = open_cache()
-        return plugin_digest(self.location.path, cache.plugins_dir if cache.usable else None)
+        memo = default_cache_dir() / "plugins"
+        return plugin_digest(self.location.path, memo if memo.is_dir() else None)
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""

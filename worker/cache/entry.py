@@ -17,12 +17,14 @@ so that whoever can write the cache directory cannot run code in a reader.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 MAGIC = b"PJRTPOOL"
 FORMAT_VERSION = 1
@@ -95,12 +97,33 @@ def decode_header(data: bytes) -> tuple[dict[str, Any], int]:
     return header, end + _DIGEST_SIZE
 
 
+def open_entry(path: str | os.PathLike[str]) -> BinaryIO:
+    """Opens an entry file for reading; raises CorruptEntryError unless it is a regular file.
+
+    A symlink is not followed, and a FIFO or device (which would block, or
+    never end) is refused before reading. Raises OSError (FileNotFoundError
+    included) when the file cannot be opened.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CorruptEntryError("a symbolic link, not an entry file") from None
+        raise
+    file = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        file.close()
+        raise CorruptEntryError("not a regular file")
+    return file
+
+
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Reads and verifies only the header of an entry file (for listings).
 
     Raises CorruptEntryError, and OSError when the file cannot be read.
     """
-    with open(path, "rb") as file:
+    with open_entry(path) as file:
         prefix = file.read(_PREFIX.size)
         if len(prefix) == _PREFIX.size:
             length = min(_PREFIX.unpack(prefix)[2], MAX_HEADER_SIZE)

@@ -18,7 +18,9 @@ The ledger never counts less than the directory holds (removals and
 replacements do not subtract, a reservation adds before the file grows), so
 the directory stays within its bound at every instant, whatever the number of
 writers. Files copied in by hand are the exception until the next scan.
-An entry larger than the bound is not stored.
+An entry larger than the bound is not stored. The bound covers entries/; lock
+files (empty), plugin records and the ledger (a few hundred bytes each) are
+outside it.
 """
 
 from __future__ import annotations

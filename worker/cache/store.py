@@ -200,7 +200,7 @@ class DiskCache:
             return None
         path = self.path_of(key)
         try:
-            with open(path, "rb") as file:
+            with entry_format.open_entry(path) as file:
                 stat = os.fstat(file.fileno())
                 data = file.read()
         except FileNotFoundError:
@@ -308,7 +308,7 @@ class DiskCache:
         """
         path = self.path_of(key)
         try:
-            current = os.stat(path)
+            current = os.lstat(path)
             # Identity by inode, not mtime: a hit's access-time touch changes mtime,
             # while a republished entry is always a new inode (atomic rename).
             if stat is not None and (current.st_dev, current.st_ino) != (stat.st_dev, stat.st_ino):

@@ -1,0 +1,155 @@
+"""`pjrt-pool warm` and `pjrt-pool run`, as users run them: real commands, real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from pool import Pool
+from pool.manifest import ManifestError, load_manifest
+from pool.spec import SpecError, load_spec
+
+SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
+FAILURES = {
+    "crash": "worker crash",
+    "does_not_lower": "lowering error",
+    "hangs": "timeout",
+    "compile_error": "compile error",
+}
+
+
+def pjrt_pool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Runs the installed console script's code (pool.cli) in a child process."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from pool.cli import main; sys.exit(main())", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two warm runs of the test spec into one cache: the first compiles, the second loads."""
+    directory = tmp_path_factory.mktemp("warm")
+    cache, manifest = directory / "cache", directory / "manifest.json"
+    common = ["--cache-dir", str(cache), "--workers", "2", "--timeout", "4", "--json"]
+    first = pjrt_pool("warm", SPEC, *common, "--manifest", str(manifest))
+    second = pjrt_pool("warm", SPEC, *common, "--lower-workers", "2")
+    return {"first": first, "second": second, "cache": cache, "manifest": manifest}
+
+
+def outcomes(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    report = json.loads(done.stdout)
+    return {program["name"]: program["outcome"] for program in report["programs"]}
+
+
+@pytest.mark.slow
+def test_first_run_warms_the_good_programs_and_reports_the_four_failures(warmed: dict) -> None:
+    first = warmed["first"]
+    assert first.returncode == 1, first.stderr[-3000:]
+    found = outcomes(first)
+    assert {name: found[name] for name in FAILURES} == FAILURES
+    good = {name: outcome for name, outcome in found.items() if name not in FAILURES}
+    assert len(good) == 20 and set(good.values()) == {"compiled"}
+    report = json.loads(first.stdout)
+    assert report["statistics"]["compiled"] == 20
+    errors = {p["name"]: p["error"] for p in report["programs"]}
+    assert "SIGABRT" in errors["crash"] and "replica_count" in errors["crash"]
+    assert "does not lower" in errors["does_not_lower"]
+    assert "within 4 s" in errors["hangs"]
+    assert "pjrt_pool_test_unregistered" in errors["compile_error"]
+    assert all(p["key"] for p in report["programs"] if p["name"] not in FAILURES)
+    # Not a terminal: one progress line per program on stderr.
+    assert sum(line.startswith("[") for line in first.stderr.splitlines()) == 24
+
+
+@pytest.mark.slow
+def test_second_run_loads_everything_and_compiles_nothing(warmed: dict) -> None:
+    second = warmed["second"]
+    assert second.returncode == 1  # the four still fail
+    found = outcomes(second)
+    assert {name: found[name] for name in FAILURES} == FAILURES
+    assert {o for n, o in found.items() if n not in FAILURES} == {"loaded"}
+    report = json.loads(second.stdout)
+    assert report["statistics"]["compiled"] == 0 and report["statistics"]["loaded"] == 20
+    assert report["cache_counters"]["hits"] == 20
+
+
+@pytest.mark.slow
+def test_the_manifest_runs_what_was_warmed(warmed: dict) -> None:
+    manifest = load_manifest(warmed["manifest"])
+    assert len(manifest.names) == 20 and "crash" not in manifest.names
+    x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(16, 16)
+    expected = np.sin(x) * 3.0 + np.cos(x)
+    (in_process,) = manifest.run("good_03", [x])
+    np.testing.assert_allclose(in_process, expected, rtol=1e-5)
+    with Pool(workers=1, cache_dir=manifest.cache_dir) as pool:
+        (pooled,) = manifest.run("good_03", [x], pool=pool)
+        assert pool.statistics.compiled == 0 and pool.statistics.loaded == 1
+    np.testing.assert_allclose(pooled, expected, rtol=1e-5)
+    with pytest.raises(ManifestError, match="no program 'crash'"):
+        manifest.run("crash", [x])
+
+    done = pjrt_pool("run", str(warmed["manifest"]), "good_03", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["outputs"][0]["shape"] == [16, 16] and result["load_seconds"] < 5
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_at_the_first_failure(tmp_path: Path) -> None:
+    done = pjrt_pool(
+        "warm",
+        SPEC,
+        "--cache-dir",
+        str(tmp_path),
+        "--workers",
+        "1",
+        "--timeout",
+        "4",
+        "--fail-fast",
+        "--json",
+    )
+    assert done.returncode == 1
+    found = outcomes(done)
+    assert "skipped" in found.values()
+    assert sum(outcome in FAILURES.values() for outcome in found.values()) >= 1
+
+
+def test_bad_specs_are_usage_errors(tmp_path: Path) -> None:
+    missing = pjrt_pool("warm", str(tmp_path / "nope.py"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("def programs():\n    return [('a', 42, [])]\n")
+    done = pjrt_pool("warm", str(broken))
+    assert done.returncode == 2 and "not callable" in done.stderr
+    with pytest.raises(SpecError, match="neither a Python file nor module:function"):
+        load_spec("no_such_thing")
+    duplicate = tmp_path / "duplicate.py"
+    duplicate.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def programs():\n"
+        "    s = [jax.ShapeDtypeStruct((2,), jnp.float32)]\n"
+        "    return [('a', jnp.sin, s), ('a', jnp.cos, s)]\n"
+    )
+    with pytest.raises(SpecError, match="unique"):
+        load_spec(str(duplicate))
+
+
+def test_module_function_specs_load() -> None:
+    spec = load_spec("pool.examples:example_programs")
+    assert len(spec.programs) >= 20 and spec.initializer is None
