@@ -83,7 +83,11 @@ def shm_entries() -> set[str]:
 
 
 def children_of(pid: int) -> list[int]:
-    """Live child processes of a process (zombies included: they are leaks too)."""
+    """Pool worker processes (``python -m worker``) that are children of a process.
+
+    Zombies count: they are leaks too. Other children (a multiprocessing
+    resource tracker started by an earlier test) do not.
+    """
     children = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -93,7 +97,14 @@ def children_of(pid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid:
+        if int(fields[1]) != pid:
+            continue
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            command = []
+        # A zombie has an empty command line; it can only be a worker we lost.
+        if not any(command) or b"worker" in command:
             children.append(int(entry))
     return children
 

@@ -1,0 +1,165 @@
+"""Compiling on a real Dask LocalCluster with two worker processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from conftest import REPO  # noqa: E402
+from pool_helpers import scale_program  # noqa: E402
+
+from pool import Pool  # noqa: E402
+from pool.cluster import ClusterPool  # noqa: E402
+from pool.spec import load_spec  # noqa: E402
+from pool.warm import Outcome, warm  # noqa: E402
+from worker.cache import DiskCache  # noqa: E402
+
+SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as local,
+        distributed.Client(local) as client,
+    ):
+        yield client
+
+
+def _good_and_crash(spec_programs):
+    """The spec's 20 good programs and its crashing one (the others take minutes or fail
+    before compiling, which the local warm tests cover)."""
+    return [p for p in spec_programs if p.name.startswith("good_") or p.name == "crash"]
+
+
+@pytest.mark.slow
+def test_warm_across_two_nodes_into_a_shared_cache(cluster, tmp_path: Path) -> None:
+    programs = _good_and_crash(load_spec(SPEC).programs)
+    addresses_before = sorted(cluster.scheduler_info()["workers"])
+    first = warm(programs, scheduler=cluster.scheduler.address, workers=1, cache_dir=tmp_path)
+    outcomes = {p.name: p.outcome for p in first.programs}
+    assert outcomes.pop("crash") is Outcome.WORKER_CRASH
+    assert set(outcomes.values()) == {Outcome.COMPILED} and len(outcomes) == 20
+    # Each program compiled exactly once, across both nodes.
+    assert first.statistics.compiled == 20 and first.statistics.loaded == 0
+    assert len(DiskCache(tmp_path).list_entries()) == 20
+    crash = next(p for p in first.programs if p.name == "crash")
+    assert "SIGABRT" in (crash.error or "")
+    # The plugin crash killed a PJRT worker, not a Dask worker.
+    assert sorted(cluster.scheduler_info()["workers"]) == addresses_before
+
+    second = warm(programs, scheduler=cluster.scheduler.address, workers=1, cache_dir=tmp_path)
+    assert second.statistics.compiled == 0 and second.statistics.loaded == 20
+    assert {p.outcome for p in second.programs if p.name != "crash"} == {Outcome.LOADED}
+
+
+@pytest.mark.slow
+def test_both_nodes_take_part_and_routing_is_stable(cluster, tmp_path: Path) -> None:
+    programs = [scale_program(float(i)) for i in range(12)]
+    with ClusterPool(cluster, workers_per_node=1, cache_dir=str(tmp_path)) as remote:
+        routes = [remote._route(p)[0] for p in programs]
+        assert len(set(routes)) == 2  # 12 programs spread over both nodes
+        assert routes == [remote._route(p)[0] for p in programs]  # same node every time
+        specs = remote.compile_many(programs)
+        assert remote.statistics.compiled == 12
+        # Again: each program goes back to the node whose Pool still holds it.
+        assert [s.key for s in specs] == [s.key for s in remote.compile_many(programs)]
+        assert remote.statistics.compiled == 12 and remote.statistics.loaded == 0
+    # The same keys as a local pool computes: one cache serves both.
+    with Pool(workers=1, cache_dir=tmp_path) as local:
+        assert [s.key for s in local.compile_many(programs)] == [s.key for s in specs]
+        assert local.statistics.compiled == 0
+
+
+@pytest.mark.slow
+def test_warm_command_with_a_local_cluster(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.py"
+    spec.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def programs():\n"
+        "    s = [jax.ShapeDtypeStruct((8,), jnp.float32)]\n"
+        "    return [(f'p{i}', (lambda i: lambda x: x * i + 1)(i), s) for i in range(6)]\n"
+    )
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pool.cli import main; sys.exit(main())",
+            "warm",
+            str(spec),
+            "--scheduler",
+            "local:2",
+            "--workers",
+            "1",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"compiled": 6}
+
+
+def _medium_program(seed: int):
+    import jax
+    import jax.numpy as jnp
+
+    from pool import lower
+
+    # Twenty unrolled matmuls: a second or two to compile, long enough to kill a node mid-way.
+    def body(x):
+        return jax.lax.fori_loop(0, 20, lambda i, v: jnp.tanh(v @ v) + seed, x, unroll=True)
+
+    return lower(body, [jax.ShapeDtypeStruct((16, 16), jnp.float32)])
+
+
+@pytest.mark.slow
+def test_a_lost_dask_worker_s_programs_run_elsewhere_and_are_reported_once(tmp_path: Path) -> None:
+    import time
+
+    programs = [_medium_program(i) for i in range(8)]
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as local,
+        distributed.Client(local) as client,
+    ):
+        remote = ClusterPool(client, workers_per_node=1, cache_dir=str(tmp_path))
+        futures = [remote.submit_compile(p, name=f"m{i}") for i, p in enumerate(programs)]
+        deadline = time.monotonic() + 120
+        while not any(client.processing().values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        victim = next(address for address, keys in client.processing().items() if keys)
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, 9)
+        results = [future.result(timeout=300) for future in futures]
+        assert [r.spec.name for r in results] == [f"m{i}" for i in range(8)]
+        assert len({r.spec.key for r in results}) == 8
