@@ -58,7 +58,7 @@ from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
-from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -158,6 +158,7 @@ class Pool:
         self._crashes: collections.Counter[str] = collections.Counter()
         self._quarantined: dict[str, str] = {}
         self._statistics = CompileStatistics()
+        self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
         self._retired_counters = CacheCounters()
         self._startup_failures = 0
         self._started = threading.Event()
@@ -210,6 +211,7 @@ class Pool:
         arrays = prepare_arguments(arguments, checked.input_types)
         task = self._new_task("run", checked, name, timeout)
         task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
+        task.declared_types = checked.input_types is not None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT)
         return self._enqueue(task)
 
@@ -238,6 +240,7 @@ class Pool:
             timeout=self._task_timeout if timeout is None else timeout,
             zero_copy=self._zero_copy,
             cache_key=spec.key,
+            declared_types=spec.input_types is not None,
         )
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT)
         return self._enqueue(task)
@@ -559,8 +562,10 @@ class Pool:
             logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
             return
         with self._lock:
-            worker.counters = message.counters
-            self._statistics = self._statistics.add(message.statistics)
+            if message.counters is not None:
+                worker.counters = message.counters
+            if message.statistics is not None:
+                self._statistics = self._statistics.add(message.statistics)
         outcome: Any
         try:
             outcome = self._outcome(worker, task, message, fds)
@@ -596,13 +601,17 @@ class Pool:
             raise rebuild_error(reply.error)
         worker.note_loaded(task.program_id, reply.evicted)
         if task.kind == "compile":
-            return CompileResult(reply.spec, reply.statistics)
+            return CompileResult(reply.spec, reply.statistics or CompileStatistics())
+        types = reply.output_types
+        if types is None:
+            types = self._output_types[task.program_id]
+        else:
+            self._output_types[task.program_id] = types
         if reply.in_arena:
             # The arena is reused by the next task: copy the (small) outputs out.
-            views = shm.views(worker.arena, reply.output_types, reply.output_offsets)
-            return [view.copy() for view in views]
+            return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
         segment = shm.attach(fds.pop(0), reply.output_size)
-        return shm.views(segment, reply.output_types, reply.output_offsets)
+        return shm.views(segment, types, reply.output_offsets)
 
     def _on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
         if ready.error is not None:
@@ -649,7 +658,11 @@ class Pool:
             if task.future.cancelled():
                 task.release()
                 continue
-            message, fds = task.request(task.program_id in worker.loaded, worker.arena)
+            message, fds = task.request(
+                task.program_id in worker.loaded,
+                worker.arena,
+                want_output_types=task.program_id not in self._output_types,
+            )
             # A Future cancelled from here on still runs; its result is dropped.
             if not task.future.running():
                 task.future.set_running_or_notify_cancel()

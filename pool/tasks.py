@@ -64,8 +64,11 @@ class Task:
     deadline: float | None = None
     cache_key: str | None = None  # a run by ProgramSpec: load this key, no program
     compile_options: bytes | None = None
+    declared_types: bool = True  # the inputs have the program's declared types
 
-    def request(self, worker_has_program: bool, arena: mmap.mmap) -> tuple[Any, tuple[int, ...]]:
+    def request(
+        self, worker_has_program: bool, arena: mmap.mmap, want_output_types: bool
+    ) -> tuple[Any, tuple[int, ...]]:
         """Returns the message for a worker and the descriptors to send with it.
 
         Small inputs are copied into the worker's arena here, which the caller
@@ -77,22 +80,20 @@ class Task:
             )
             return message, ()
         if self.arrays is not None:
-            for view, array in zip(
-                shm.views(arena, self.input_types, self.input_offsets), self.arrays, strict=True
-            ):
-                view[...] = array
+            shm.write(arena, self.arrays, self.input_offsets)
         include = self.cache_key is None and (self.resend_program or not worker_has_program)
         message = protocol.Run(
             self.id,
             self.program_id,
             self.program if include else None,
             self.name,
-            self.input_types,
+            None if self.declared_types else self.input_types,
             self.input_offsets,
             self.input_size,
             self.zero_copy,
             in_arena=self.arrays is not None,
             cache_key=self.cache_key,
+            want_output_types=want_output_types,
         )
         return message, () if self.arrays is not None else (self.input_fd,)
 
@@ -118,10 +119,7 @@ def stage_inputs(task: Task, arrays: list[np.ndarray], arena_limit: int) -> None
         return
     fd, segment = shm.create(task.input_size, "pjrt-pool-inputs")
     try:
-        for view, array in zip(
-            shm.views(segment, task.input_types, task.input_offsets), arrays, strict=True
-        ):
-            view[...] = array
+        shm.write(segment, arrays, task.input_offsets)
     except BaseException:
         os.close(fd)
         raise

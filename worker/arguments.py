@@ -54,7 +54,8 @@ def prepare_arguments(
             code_of_dtype(array.dtype)  # raises TypeError for an unsupported dtype
         else:
             array = _convert(index, argument, array, types[index])
-        prepared.append(np.ascontiguousarray(array))
+        # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+        prepared.append(array if array.flags.c_contiguous else np.asarray(array, order="C"))
     return prepared
 
 

@@ -11,9 +11,9 @@ ancillary data on the frame's first byte. Pickle is safe here: both ends are
 the same user's processes, started by the parent for itself; nothing from the
 disk cache or the network is ever unpickled.
 
-Messages are small dataclasses. Parent to worker: Init, Compile, Run, Stats,
-Exit. Worker to parent: Ready once after start-up, then one Reply per
-request, in order.
+Messages are small dataclasses. Parent to worker: Init, Compile, Run, Exit.
+Worker to parent: Ready once after start-up, then one Reply per request, in
+order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pickle
 import socket
 import struct
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
@@ -116,7 +116,11 @@ class Run:
     """Run a program on inputs in shared memory.
 
     The inputs are in the worker's arena when `in_arena`, else in the segment
-    sent with the frame; `input_offsets` are their byte offsets there.
+    sent with the frame; `input_offsets` are their byte offsets there, and
+    `input_types` their types, or None when they are the program's own input
+    types (the usual case: only programs of unknown types send them).
+    `want_output_types` asks for the output types in the reply; the parent
+    remembers them per program, so that small replies stay small.
     `program` is None when the parent knows the worker has it loaded, or when
     the task names a cache key instead (`cache_key`: run what the disk cache
     holds under that key, as a manifest does).
@@ -126,19 +130,13 @@ class Run:
     program_id: str
     program: LoweredProgram | None
     name: str
-    input_types: tuple[ArrayType, ...]
+    input_types: tuple[ArrayType, ...] | None
     input_offsets: tuple[int, ...]
     input_size: int
     zero_copy: bool
     in_arena: bool
     cache_key: str | None = None
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Report the worker's statistics and cache counters."""
-
-    task_id: int
+    want_output_types: bool = True
 
 
 @dataclass(frozen=True)
@@ -195,19 +193,24 @@ class RemoteError:
 class Reply:
     """The result of one request.
 
-    For Compile: `spec`. For Run: `output_types` at `output_offsets` in the
-    arena (`in_arena`) or in the segment sent with the frame. `statistics` is
-    what the request added to the worker's CompileStatistics; `evicted` lists
-    programs the worker unloaded to make room.
+    For Compile: `spec`. For Run: the outputs at `output_offsets` in the arena
+    (`in_arena`) or in the segment sent with the frame, of `output_types`
+    when the request wanted them. `statistics` is what the request added to
+    the worker's CompileStatistics and `counters` the worker's disk cache
+    counters, both only when the request compiled or loaded something (None
+    otherwise: nothing changed); `evicted` lists programs the worker unloaded
+    to make room. Fields are kept few and plain because every reply is
+    pickled, and a small program's whole round trip is a few hundred
+    microseconds.
     """
 
     task_id: int
     error: RemoteError | None = None
     spec: ProgramSpec | None = None
-    output_types: tuple[ArrayType, ...] = ()
+    output_types: tuple[ArrayType, ...] | None = None
     output_offsets: tuple[int, ...] = ()
     output_size: int = 0
     in_arena: bool = False
-    statistics: CompileStatistics = field(default_factory=CompileStatistics)
-    counters: dict[str, int] = field(default_factory=dict)
+    statistics: CompileStatistics | None = None
+    counters: dict[str, int] | None = None
     evicted: tuple[str, ...] = ()

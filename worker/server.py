@@ -1,6 +1,6 @@
 """The worker process: serve compile and run requests from the parent.
 
-    parent ──Init/Compile/Run/Stats/Exit──▶ socket ──▶ serve() ──▶ compile_program
+    parent ──Init/Compile/Run/Exit──▶ socket ──▶ serve() ──▶ compile_program
            ◀──────── Ready, Reply ────────          ◀──  Executable.run_into(shm)
 
 One request at a time, in order. Every failure of a request (a bad program,
@@ -12,6 +12,7 @@ that repeated runs skip even the disk cache.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import socket
@@ -26,7 +27,7 @@ from worker.cache import process_counters
 from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.executable import Executable
-from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run, Stats
+from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
 from worker.records import CompileStatistics, ProgramSpec
 from worker.runtime import get_runtime
 
@@ -62,12 +63,15 @@ class Server:
         program: Any,
         cache_key: str | None = None,
         compile_options: bytes | None = None,
-    ) -> tuple[Executable, CompileStatistics, tuple[str, ...]]:
-        """Returns the program's executable, compiling or loading it if needed."""
+    ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
+        """Returns the program's executable, compiling or loading it if needed.
+
+        The statistics are None when the executable was loaded already.
+        """
         executable = self.loaded.get(program_id)
         if executable is not None:
             self.loaded.move_to_end(program_id)
-            return executable, CompileStatistics(), ()
+            return executable, None, ()
         if program is not None:
             options = {} if compile_options is None else {"compile_options": compile_options}
             executable, statistics = compile_program(program, cache_dir=self.cache_dir, **options)
@@ -106,8 +110,11 @@ class Server:
         executable, statistics, evicted = self._load(
             request.program_id, request.program, request.cache_key
         )
+        input_types = request.input_types or executable.input_types
+        if input_types is None:
+            raise ValueError("the input types are unknown: the parent must send them")
         arguments = executable.prepare_arguments(
-            shm.views(inputs, request.input_types, request.input_offsets)
+            shm.views(inputs, input_types, request.input_offsets)
         )
         output_types = executable.output_types
         offsets, end = shm.layout(output_types, start)
@@ -128,7 +135,7 @@ class Server:
             raise
         reply = Reply(
             request.task_id,
-            output_types=output_types,
+            output_types=output_types if request.want_output_types else None,
             output_offsets=offsets,
             output_size=end,
             in_arena=in_arena,
@@ -148,8 +155,6 @@ class Server:
                 reply = self.compile(request)
             elif isinstance(request, Run):
                 reply, out_fds = self.run(request, fds)
-            elif isinstance(request, Stats):
-                reply = Reply(task_id)
             else:
                 raise TypeError(f"unknown request {type(request).__name__}")
         except Exception as error:  # every request failure is that request's reply
@@ -157,7 +162,8 @@ class Server:
         finally:
             for fd in fds:
                 os.close(fd)
-        reply = _with_counters(reply)
+        if reply.statistics is not None:
+            reply = _with_counters(reply)
         try:
             protocol.send_frame(self.sock, reply, out_fds)
         finally:
@@ -177,8 +183,8 @@ class Server:
 
 
 def _with_counters(reply: Reply) -> Reply:
-    counters = process_counters()._asdict()
-    return Reply(**{**reply.__dict__, "counters": counters})
+    """Adds the cache counters to a reply whose request compiled or loaded something."""
+    return dataclasses.replace(reply, counters=process_counters()._asdict())
 
 
 def _run_initializer(payload: bytes) -> None:

@@ -55,6 +55,18 @@ def attach(fd: int, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def write(segment: mmap.mmap, arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> None:
+    """Copies C-contiguous arrays into a segment at the given byte offsets."""
+    memory = memoryview(segment)
+    try:
+        for array, offset in zip(arrays, offsets, strict=True):
+            if array.nbytes:
+                # As bytes: ml_dtypes arrays (bfloat16, ...) have no buffer format.
+                memory[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8).data
+    finally:
+        memory.release()
+
+
 def views(
     segment: mmap.mmap, types: Sequence[ArrayType], offsets: Sequence[int]
 ) -> list[np.ndarray]:
