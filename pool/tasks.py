@@ -105,15 +105,24 @@ class Task:
             self.input_fd = -1
 
 
-def stage_inputs(task: Task, arrays: list[np.ndarray], arena_limit: int) -> None:
+def stage_inputs(
+    task: Task,
+    arrays: list[np.ndarray],
+    arena_limit: int,
+    layout: tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None = None,
+) -> None:
     """Prepares a task's inputs: kept for the worker's arena if small, else copied to a segment.
 
     Inputs of at most arena_limit bytes go through the worker's arena (copied
     at dispatch); larger ones get a segment of their own, made here in the
-    submitting thread so that the manager thread never copies much.
+    submitting thread so that the manager thread never copies much. `layout`
+    gives the types, offsets and size when they are known (declared types).
     """
-    task.input_types = types_of(arrays)
-    task.input_offsets, task.input_size = shm.layout(task.input_types)
+    if layout is not None:  # the program's declared types: computed once per program
+        task.input_types, task.input_offsets, task.input_size = layout
+    else:
+        task.input_types = types_of(arrays)
+        task.input_offsets, task.input_size = shm.layout(task.input_types)
     if task.input_size <= arena_limit:
         task.arrays = arrays
         return
