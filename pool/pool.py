@@ -53,6 +53,7 @@ from pool.errors import (
     describe_exit,
     rebuild_error,
 )
+from pool.segments import DEFAULT_CACHE_BYTES, SegmentCache
 from pool.tasks import Task, program_id, stage_inputs
 from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
 from worker import protocol, shm
@@ -118,7 +119,9 @@ class Pool:
     replaced. initializer(*initargs) runs in each worker after its plugin
     loads, for example to register custom calls; if it raises, the pool does
     not start. A program that crashes max_crashes workers is quarantined.
-    Each worker keeps max_loaded executables loaded.
+    Each worker keeps max_loaded executables loaded. Up to segment_cache_bytes
+    of shared memory from finished large inputs and outputs is kept for
+    reuse, since fresh shared memory is slow to fault in.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
@@ -138,6 +141,7 @@ class Pool:
         max_crashes: int = 2,
         zero_copy: bool = True,
         stop_grace: float = 2.0,
+        segment_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         count = (os.cpu_count() or 1) if workers is None else workers
         if not isinstance(count, int) or count < 1:
@@ -163,6 +167,7 @@ class Pool:
         self._statistics = CompileStatistics()
         self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
         self._input_layouts: dict[str, tuple[tuple[ArrayType, ...], tuple[int, ...], int]] = {}
+        self._segments = SegmentCache(segment_cache_bytes)
         self._retired_counters = CacheCounters()
         self._startup_failures = 0
         self._started = threading.Event()
@@ -226,7 +231,8 @@ class Pool:
         task = self._new_task("run", checked, name, timeout)
         task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
         task.declared_types = checked.input_types is not None
-        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._input_layout(task.program_id, checked))
+        layout = self._input_layout(task.program_id, checked)
+        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout)
         return task
 
     def _input_layout(
@@ -268,7 +274,7 @@ class Pool:
             cache_key=spec.key,
             declared_types=spec.input_types is not None,
         )
-        stage_inputs(task, arrays, ARENA_INPUT_LIMIT)
+        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments)
         return self._enqueue(task)
 
     def run(
@@ -314,11 +320,7 @@ class Pool:
 
     def _run_directly(self, worker: WorkerProcess, task: Task) -> list[np.ndarray]:
         """Sends a claimed worker its task and reads the reply in the caller's thread."""
-        message, fds = task.request(
-            task.program_id in worker.loaded,
-            worker.arena,
-            want_output_types=task.program_id not in self._output_types,
-        )
+        message, fds = self._request_for(task, worker)
         task.future.set_running_or_notify_cancel()
         try:
             worker.send(message, fds)
@@ -694,10 +696,17 @@ class Pool:
             types = self._output_types[task.program_id]
         else:
             self._output_types[task.program_id] = types
-        if reply.in_arena:
+        if reply.output_place == "arena":
             # The arena is reused by the next task: copy the (small) outputs out.
             return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
-        segment = shm.attach(fds.pop(0), reply.output_size)
+        if reply.output_place == "given":
+            fd, capacity = task.output_fd, task.output_capacity
+            task.output_fd = -1  # the outputs' arrays own the segment now
+        else:
+            fd, capacity = fds.pop(0), reply.output_size
+        segment = shm.attach(fd, capacity, keep_fd=True)
+        # When the arrays are garbage, the segment goes back for reuse.
+        self._segments.adopt(segment, fd, capacity)
         return shm.views(segment, types, reply.output_offsets)
 
     def _on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
@@ -745,11 +754,7 @@ class Pool:
             if task.future.cancelled():
                 task.release()
                 continue
-            message, fds = task.request(
-                task.program_id in worker.loaded,
-                worker.arena,
-                want_output_types=task.program_id not in self._output_types,
-            )
+            message, fds = self._request_for(task, worker)
             # A Future cancelled from here on still runs; its result is dropped.
             if not task.future.running():
                 task.future.set_running_or_notify_cancel()
@@ -762,6 +767,29 @@ class Pool:
                     worker.task = None
                     self._pending.appendleft(task)
                 continue
+
+    def _request_for(self, task: Task, worker: WorkerProcess) -> tuple[Any, tuple[int, ...]]:
+        """The message (and descriptors) that give a task to the worker claimed for it."""
+        if task.kind == "run" and task.output_fd < 0:
+            self._offer_output_segment(task)
+        return task.request(
+            task.program_id in worker.loaded,
+            worker.arena,
+            want_output_types=task.program_id not in self._output_types,
+        )
+
+    def _offer_output_segment(self, task: Task) -> None:
+        """Gives a run whose outputs will not fit the arena a recycled segment, if one fits."""
+        types = self._output_types.get(task.program_id)
+        if types is None:
+            return  # the first run of a program: its output size is not known yet
+        start = shm.aligned(task.input_size) if task.arrays is not None else 0
+        if shm.layout(types, start)[1] <= ARENA_SIZE:
+            return
+        recycled = self._segments.take(shm.layout(types)[1])
+        if recycled is not None:
+            task.output_fd, task.output_capacity = recycled
+            task.segments = self._segments
 
     def _expire(self) -> float | None:
         """Kills workers whose task is past its deadline; returns seconds to the next deadline."""
@@ -835,6 +863,7 @@ class Pool:
         with self._lock:
             self._cancel_pending_locked()
         self._selector.close()
+        self._segments.close()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

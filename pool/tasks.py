@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from pool.segments import SegmentCache
 from worker import protocol, shm
 from worker.arguments import types_of
 from worker.records import ArrayType, LoweredProgram
@@ -58,7 +59,11 @@ class Task:
     input_offsets: tuple[int, ...] = ()
     input_size: int = 0
     input_fd: int = -1
+    input_capacity: int = 0
+    output_fd: int = -1  # a recycled segment offered for large outputs
+    output_capacity: int = 0
     arrays: list[np.ndarray] | None = None  # small inputs, copied into the arena at dispatch
+    segments: SegmentCache | None = None  # where released segments go
     zero_copy: bool = True
     resend_program: bool = field(default=False)
     deadline: float | None = None
@@ -94,21 +99,38 @@ class Task:
             in_arena=self.arrays is not None,
             cache_key=self.cache_key,
             want_output_types=want_output_types,
+            output_capacity=self.output_capacity if self.output_fd >= 0 else 0,
         )
-        return message, () if self.arrays is not None else (self.input_fd,)
+        fds = () if self.arrays is not None else (self.input_fd,)
+        if self.output_fd >= 0:
+            fds += (self.output_fd,)
+        return message, fds
 
-    def release(self) -> None:
-        """Closes the input segment's descriptor (the worker holds its own copy once sent)."""
-        if self.input_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.input_fd)
-            self.input_fd = -1
+    def release(self, output_used: bool = False) -> None:
+        """Returns the task's segments for reuse once the worker is done with them.
+
+        With output_used, the offered output segment holds the results and
+        belongs to their arrays now (see SegmentCache.adopt) instead.
+        """
+        for fd, capacity, kept in (
+            (self.input_fd, self.input_capacity, False),
+            (self.output_fd, self.output_capacity, output_used),
+        ):
+            if fd < 0 or kept:
+                continue
+            if self.segments is not None:
+                self.segments.give(fd, capacity)
+            else:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.input_fd = self.output_fd = -1
 
 
 def stage_inputs(
     task: Task,
     arrays: list[np.ndarray],
     arena_limit: int,
+    segments: SegmentCache,
     layout: tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None = None,
 ) -> None:
     """Prepares a task's inputs: kept for the worker's arena if small, else copied to a segment.
@@ -126,10 +148,17 @@ def stage_inputs(
     if task.input_size <= arena_limit:
         task.arrays = arrays
         return
-    fd, segment = shm.create(task.input_size, "pjrt-pool-inputs")
+    task.segments = segments
+    recycled = segments.take(task.input_size)
+    if recycled is None:
+        fd, segment = shm.create(task.input_size, "pjrt-pool-inputs", populate=True)
+        capacity = task.input_size
+    else:
+        fd, capacity = recycled
+        segment = shm.attach(fd, capacity, populate=True, keep_fd=True)
     try:
         shm.write(segment, arrays, task.input_offsets)
     except BaseException:
-        os.close(fd)
+        segments.give(fd, capacity)
         raise
-    task.input_fd = fd
+    task.input_fd, task.input_capacity = fd, capacity

@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+import jax
 import numpy as np
 import pytest
 from ffi.build import build_handlers
@@ -102,18 +103,35 @@ def test_errors_arrive_as_in_process_exceptions_and_the_worker_lives(
 
 def test_large_outputs_view_shared_memory_freed_with_the_arrays() -> None:
     size = 1 << 20  # 4 MiB of float32: past the arena, so a segment of its own
-    program = lower(lambda x: x * 2.0, [__import__("jax").ShapeDtypeStruct((size,), np.float32)])
+    program = lower(lambda x: x * 2.0, [jax.ShapeDtypeStruct((size,), np.float32)])
     x = np.arange(size, dtype=np.float32)
-    with Pool(workers=1) as pool:
-        before = len(memfds_of())
+
+    def mapped_outputs() -> list[str]:
+        return [line for line in memfds_of() if "pjrt-pool-outputs" in line and "fd " not in line]
+
+    pool = Pool(workers=1)
+    try:
         (out,) = pool.run(program, [x])
         np.testing.assert_array_equal(out, x * 2)
         assert out.flags.writeable
         # The array views a mapping of the worker's segment: no copy was made.
-        assert any("pjrt-pool-outputs" in line for line in memfds_of())
+        assert len(mapped_outputs()) == 1
         del out
         gc.collect()
-        assert len(memfds_of()) == before
+        assert mapped_outputs() == []  # unmapped with the array...
+        # ...and the segments are reused: repeated runs make no new memfds.
+        counts = []
+        for i in range(6):
+            (again,) = pool.run(program, [x + i])
+            np.testing.assert_array_equal(again, (x + i) * 2)
+            del again
+            gc.collect()
+            counts.append(len(memfds_of()))
+        assert len(set(counts[2:])) == 1, counts
+    finally:
+        pool.close()
+    gc.collect()
+    assert memfds_of() == []
 
 
 def test_small_outputs_are_independent_copies(programs: list[LoweredProgram]) -> None:

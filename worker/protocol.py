@@ -152,7 +152,10 @@ class Run:
     remembers them per program, so that small replies stay small.
     `program` is None when the parent knows the worker has it loaded, or when
     the task names a cache key instead (`cache_key`: run what the disk cache
-    holds under that key, as a manifest does).
+    holds under that key, as a manifest does). With `output_capacity`, the
+    frame also carries a segment of that many bytes (after the input
+    segment, if any) that the outputs should go to if they need more than
+    the arena: a segment the parent recycled, whose pages are allocated.
     """
 
     task_id: int
@@ -166,6 +169,7 @@ class Run:
     in_arena: bool
     cache_key: str | None = None
     want_output_types: bool = True
+    output_capacity: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,9 +226,10 @@ class RemoteError:
 class Reply:
     """The result of one request.
 
-    For Compile: `spec`. For Run: the outputs at `output_offsets` in the arena
-    (`in_arena`) or in the segment sent with the frame, of `output_types`
-    when the request wanted them. `statistics` is what the request added to
+    For Compile: `spec`. For Run: the outputs at `output_offsets` in the
+    `output_place`: "arena", "given" (the segment the request carried) or
+    "new" (a segment sent with this frame), of `output_types` when the
+    request wanted them. `statistics` is what the request added to
     the worker's CompileStatistics and `counters` the worker's disk cache
     counters, both only when the request compiled or loaded something (None
     otherwise: nothing changed); `evicted` lists programs the worker unloaded
@@ -239,7 +244,7 @@ class Reply:
     output_types: tuple[ArrayType, ...] | None = None
     output_offsets: tuple[int, ...] = ()
     output_size: int = 0
-    in_arena: bool = False
+    output_place: str = "new"
     statistics: CompileStatistics | None = None
     counters: dict[str, int] | None = None
     evicted: tuple[str, ...] = ()

@@ -12,7 +12,9 @@ that repeated runs skip even the disk cache.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import mmap
 import os
 import socket
@@ -136,33 +138,41 @@ class Server:
         return views
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
-        if request.in_arena and request.input_types is None:
-            executable, statistics, evicted = self._load(
-                request.program_id, request.program, request.cache_key
-            )
-            views = self._run_in_arena(request, executable)
-            if views is not None:
-                reply = Reply(
-                    request.task_id,
-                    output_types=executable.output_types if request.want_output_types else None,
-                    output_offsets=views.output_offsets,
-                    output_size=views.end,
-                    in_arena=True,
-                    statistics=statistics,
-                    evicted=evicted,
-                )
-                return reply, ()
-        # Mappings are released by reference counting, not close(): numpy views
-        # of a segment may outlive this call in an exception's traceback.
-        if request.in_arena:
-            inputs, start = self.arena, shm.aligned(request.input_size)
-        else:
-            if not fds:
-                raise ValueError("a Run request outside the arena needs its input segment")
-            inputs, start = shm.attach(fds.pop(0), request.input_size), 0
+        input_fd = None if request.in_arena else _pop(fds, "the input segment")
+        given_fd = _pop(fds, "the output segment") if request.output_capacity else None
+        try:
+            return self._run(request, input_fd, given_fd)
+        finally:
+            for fd in (input_fd, given_fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def _run(
+        self, request: Run, input_fd: int | None, given_fd: int | None
+    ) -> tuple[Reply, tuple[int, ...]]:
         executable, statistics, evicted = self._load(
             request.program_id, request.program, request.cache_key
         )
+        reply = functools.partial(
+            Reply,
+            request.task_id,
+            output_types=executable.output_types if request.want_output_types else None,
+            statistics=statistics,
+            evicted=evicted,
+        )
+        if request.in_arena and request.input_types is None:
+            views = self._run_in_arena(request, executable)
+            if views is not None:
+                return reply(
+                    output_offsets=views.output_offsets, output_size=views.end, output_place="arena"
+                ), ()
+        # Mappings are released by reference counting, not close(): numpy views
+        # of a segment may outlive this call in an exception's traceback.
+        if input_fd is None:
+            inputs, start = self.arena, shm.aligned(request.input_size)
+        else:
+            inputs, start = shm.attach(input_fd, request.input_size, keep_fd=True), 0
         input_types = request.input_types or executable.input_types
         if input_types is None:
             raise ValueError("the input types are unknown: the parent must send them")
@@ -173,11 +183,15 @@ class Server:
         offsets, end = shm.layout(output_types, start)
         out_fds: tuple[int, ...] = ()
         if end <= len(self.arena):
-            outputs, in_arena = self.arena, True
+            outputs, place = self.arena, "arena"
         else:
             offsets, end = shm.layout(output_types)
-            out_fd, outputs = shm.create(end, "pjrt-pool-outputs")
-            out_fds, in_arena = (out_fd,), False
+            if given_fd is not None and end <= request.output_capacity:
+                outputs = shm.attach(given_fd, request.output_capacity, True, keep_fd=True)
+                place = "given"
+            else:
+                out_fd, outputs = shm.create(end, "pjrt-pool-outputs", populate=True)
+                out_fds, place = (out_fd,), "new"
         try:
             executable.run_into(
                 arguments, shm.views(outputs, output_types, offsets), request.zero_copy
@@ -186,16 +200,7 @@ class Server:
             for fd in out_fds:
                 os.close(fd)
             raise
-        reply = Reply(
-            request.task_id,
-            output_types=output_types if request.want_output_types else None,
-            output_offsets=offsets,
-            output_size=end,
-            in_arena=in_arena,
-            statistics=statistics,
-            evicted=evicted,
-        )
-        return reply, out_fds
+        return reply(output_offsets=offsets, output_size=end, output_place=place), out_fds
 
     def handle(self, request: Any, fds: list[int]) -> bool:
         """Answers one request; returns False when the worker should exit."""
@@ -236,6 +241,12 @@ class Server:
                 return
             if not self.handle(request, fds):
                 return
+
+
+def _pop(fds: list[int], what: str) -> int:
+    if not fds:
+        raise ValueError(f"the request lacks {what}")
+    return fds.pop(0)
 
 
 def _with_counters(reply: Reply) -> Reply:
