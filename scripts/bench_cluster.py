@@ -74,10 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 assert report.ok and report.statistics.compiled == len(programs), report.summary()
             print(f"  round {rep + 1}/{args.repeat} done", flush=True)
     lo, re = statistics.median(local), statistics.median(remote)
-    print(f"\nlocal pool of {cores} workers           {lo:7.2f} s")
-    print(
-        f"2-worker LocalCluster (1 PJRT worker each) {re:7.2f} s   ratio cluster/local {re / lo:.2f}"
-    )
+    print(f"\nlocal pool of {cores} workers              {lo:7.2f} s")
+    print(f"LocalCluster, 2 Dask workers x 1 PJRT   {re:7.2f} s   cluster/local {re / lo:.2f}")
     print(f"cluster start-up (not in the above)     {cluster_startup:7.2f} s")
     return 0
 
