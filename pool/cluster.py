@@ -136,7 +136,7 @@ def connect(scheduler: str) -> Iterator[distributed.Client]:
                 threads_per_worker=os.cpu_count() or 1,
                 processes=True,
                 host="127.0.0.1",
-                dashboard_address=None,
+                dashboard_address=":0",
             ) as cluster,
             distributed.Client(cluster) as client,
         ):

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

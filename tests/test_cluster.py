@@ -32,7 +32,7 @@ def cluster():
             threads_per_worker=2,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",
         ) as local,
         distributed.Client(local) as client,
     ):
@@ -147,7 +147,7 @@ def test_a_lost_dask_worker_s_programs_run_elsewhere_and_are_reported_once(tmp_p
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address=":0",
         ) as local,
         distributed.Client(local) as client,
     ):

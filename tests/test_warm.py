@@ -153,3 +153,27 @@ def test_bad_specs_are_usage_errors(tmp_path: Path) -> None:
 def test_module_function_specs_load() -> None:
     spec = load_spec("pool.examples:example_programs")
     assert len(spec.programs) >= 20 and spec.initializer is None
+
+
+def test_progress_is_a_live_bar_on_a_terminal_and_lines_otherwise() -> None:
+    import io
+
+    from pool.progress import ProgressDisplay
+
+    live = io.StringIO()
+    bar = ProgressDisplay(4, stream=live, live=True)
+    for outcome in ("compiled", "loaded", "compiled", "worker crash"):
+        bar.update("p", outcome, 0.1)
+    bar.close()
+    text = live.getvalue()
+    assert text.count("\r") == 4 and text.endswith("\n")
+    assert "4/4" in text and "2 compiled" in text and "1 worker crash" in text and "ETA" in text
+
+    plain = io.StringIO()
+    lines = ProgressDisplay(2, stream=plain, live=False)
+    lines.update("first", "compiled", 0.25)
+    lines.update("second", "compile error", 0.5, "PjrtError: bad\nmore")
+    assert plain.getvalue().splitlines() == [
+        "[1/2] compiled       first (0.25 s)",
+        "[2/2] compile error  second (0.50 s): PjrtError: bad",
+    ]
