@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pool.pool import CompileResult, Pool
+from pool.pool import CompileResult, Pool, Progress, compile_all
 from pool.tasks import program_id
 from worker.cache import CacheCounters
 from worker.records import CompileStatistics, LoweredProgram
@@ -222,22 +222,17 @@ class ClusterPool:
         programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
         *,
         timeout: float | None = None,
+        progress: bool | Progress | None = None,
         return_exceptions: bool = False,
     ) -> list[Any]:
         """Compiles programs across the cluster; returns ProgramSpecs in order (as Pool does)."""
-        futures = []
-        for item in programs:
-            name, program = (None, item) if isinstance(item, LoweredProgram) else item
-            futures.append(self.submit_compile(program, name=name, timeout=timeout))
-        results = []
-        for future in futures:
-            error = future.exception()
-            results.append(error if error is not None else future.result().spec)
-        if not return_exceptions:
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-        return results
+        return compile_all(
+            self.submit_compile,
+            programs,
+            timeout=timeout,
+            progress=progress,
+            return_exceptions=return_exceptions,
+        )
 
     @property
     def statistics(self) -> CompileStatistics:

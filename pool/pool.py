@@ -386,33 +386,13 @@ class Pool:
         finished. progress=True prints a line per program to stderr; a
         callable gets (done, total, spec or exception) as each finishes.
         """
-        futures = []
-        for item in programs:
-            # A LoweredProgram is a tuple too: test for it first.
-            name, program = (None, item) if isinstance(item, LoweredProgram) else item
-            futures.append(self.submit_compile(program, name=name, timeout=timeout))
-        report = _stderr_progress if progress is True else progress or None
-        if report is not None:
-            done_count = itertools.count(1)
-            total = len(futures)
-            report_lock = threading.Lock()
-
-            def on_done(future: Future[CompileResult]) -> None:
-                outcome = future.exception() or future.result().spec
-                with report_lock:
-                    report(next(done_count), total, outcome)
-
-            for future in futures:
-                future.add_done_callback(on_done)
-        results = []
-        for future in futures:
-            error = future.exception()
-            results.append(error if error is not None else future.result().spec)
-        if not return_exceptions:
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-        return results
+        return compile_all(
+            self.submit_compile,
+            programs,
+            timeout=timeout,
+            progress=progress,
+            return_exceptions=return_exceptions,
+        )
 
     @property
     def statistics(self) -> CompileStatistics:
@@ -878,6 +858,48 @@ def _close_all(fds: list[int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
+
+
+def compile_all(
+    submit_compile: Callable[..., Any],
+    programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+    *,
+    timeout: float | None,
+    progress: bool | Progress | None,
+    return_exceptions: bool,
+) -> list[Any]:
+    """compile_many for any submit_compile that returns futures of CompileResult.
+
+    Shared by Pool and pool.cluster.ClusterPool, so that both read their
+    programs, report progress and return or raise failures alike.
+    """
+    futures = []
+    for item in programs:
+        # A LoweredProgram is a tuple too: test for it first.
+        name, program = (None, item) if isinstance(item, LoweredProgram) else item
+        futures.append(submit_compile(program, name=name, timeout=timeout))
+    report = _stderr_progress if progress is True else progress or None
+    if report is not None:
+        done_count = itertools.count(1)
+        total = len(futures)
+        report_lock = threading.Lock()
+
+        def on_done(future: Any) -> None:
+            outcome = future.exception() or future.result().spec
+            with report_lock:
+                report(next(done_count), total, outcome)
+
+        for future in futures:
+            future.add_done_callback(on_done)
+    results = []
+    for future in futures:
+        error = future.exception()
+        results.append(error if error is not None else future.result().spec)
+    if not return_exceptions:
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+    return results
 
 
 def _resolve(future: Future[Any], result: Any) -> None:

@@ -29,7 +29,7 @@ from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_c
 from worker.cache.key import plugin_digest
 from worker.errors import PjrtError
 from worker.executable import Executable
-from worker.records import CompileStatistics, LoweredProgram
+from worker.records import CompileStatistics, LoweredProgram, types_to_json
 from worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("pjrt_pool.cache")
@@ -132,10 +132,8 @@ def _compile_and_publish(
         metadata = {
             "name": program.name,
             "platform": program.platform,
-            "input_types": None
-            if program.input_types is None
-            else [t.to_json() for t in program.input_types],
-            "output_types": [t.to_json() for t in executable.output_types],
+            "input_types": types_to_json(program.input_types),
+            "output_types": types_to_json(executable.output_types),
             "compile_seconds": seconds,
             "created": time.time(),
         }

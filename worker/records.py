@@ -64,6 +64,11 @@ class ArrayType(NamedTuple):
         return f"{np.dtype(self.dtype).name}[{','.join(map(str, self.shape))}]"
 
 
+def types_to_json(types: Sequence[ArrayType] | None) -> list[dict[str, Any]] | None:
+    """ArrayTypes as JSON-ready dicts (None stays None: unknown types)."""
+    return None if types is None else [t.to_json() for t in types]
+
+
 def _dtype_by_name(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
 
@@ -168,10 +173,8 @@ class ProgramSpec(NamedTuple):
             "name": self.name,
             "platform": self.platform,
             "key": self.key,
-            "input_types": None
-            if self.input_types is None
-            else [t.to_json() for t in self.input_types],
-            "output_types": [t.to_json() for t in self.output_types],
+            "input_types": types_to_json(self.input_types),
+            "output_types": types_to_json(self.output_types),
             "output_bytes": list(self.output_bytes),
         }
 
