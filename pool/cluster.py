@@ -25,10 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pool.pool import CompileResult, Pool, Progress, compile_all
+from pool.pool import CompileResult, CompilesMany, Pool
 from pool.tasks import program_id
 from worker.cache import CacheCounters
 from worker.records import CompileStatistics, LoweredProgram
@@ -118,35 +118,44 @@ def _node_counters(dask_worker: distributed.Worker) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def connect(scheduler: str) -> Iterator[distributed.Client]:
-    """A Client for a scheduler address; "local:N" starts a LocalCluster of N worker processes.
+def local_client(
+    n_workers: int = 2, threads_per_worker: int | None = None
+) -> Iterator[distributed.Client]:
+    """A Client on a new LocalCluster of n_workers processes, listening on loopback only.
 
-    The local cluster listens on loopback only, and each of its Dask workers
-    gets one thread per CPU so that its Pool's workers all get tasks.
+    Each Dask worker gets threads_per_worker threads (default: one per CPU,
+    so that its Pool's workers all get tasks). For trying clusters out.
     """
+    with (
+        distributed.LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=threads_per_worker or os.cpu_count() or 1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",  # a free port: several clusters may run at once
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
+@contextlib.contextmanager
+def connect(scheduler: str) -> Iterator[distributed.Client]:
+    """A Client for a scheduler address; "local:N" starts a local cluster (see local_client)."""
     if scheduler.startswith("local"):
         _, _, count = scheduler.partition(":")
         try:
             n_workers = int(count or 2)
         except ValueError:
             raise ValueError(f"--scheduler local:N needs a number, not {count!r}") from None
-        with (
-            distributed.LocalCluster(
-                n_workers=n_workers,
-                threads_per_worker=os.cpu_count() or 1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=":0",
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
+        with local_client(n_workers) as client:
             yield client
         return
     with distributed.Client(scheduler) as client:
         yield client
 
 
-class ClusterPool:
+class ClusterPool(CompilesMany):
     """Compiles programs on a Dask cluster, a Pool per Dask worker, like Pool.compile_many.
 
     client is a connected distributed.Client. workers_per_node is each Dask
@@ -216,29 +225,6 @@ class ClusterPool:
     def _add(self, statistics: CompileStatistics) -> None:
         with self._lock:
             self._statistics = self._statistics.add(statistics)
-
-    def compile_many(
-        self,
-        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-        *,
-        timeout: float | None = None,
-        progress: bool | Progress | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Compiles programs across the cluster; returns ProgramSpecs in order (as Pool does)."""
-        return compile_all(
-            self.submit_compile,
-            programs,
-            timeout=timeout,
-            progress=progress,
-            return_exceptions=return_exceptions,
-        )
-
-    @property
-    def statistics(self) -> CompileStatistics:
-        """Compile and load time and counts, summed over the programs compiled so far."""
-        with self._lock:
-            return self._statistics
 
     @property
     def cache_counters(self) -> CacheCounters:

@@ -108,7 +108,69 @@ def _likely_cause(returncode: int | None) -> str:
     return "the worker exited unexpectedly"
 
 
-class Pool:
+class CompilesMany:
+    """compile_many and statistics, for a Pool and a ClusterPool alike.
+
+    A subclass provides submit_compile (futures of CompileResult) and keeps
+    its summed CompileStatistics in _statistics under _lock.
+    """
+
+    _lock: threading.Lock
+    _statistics: CompileStatistics
+    submit_compile: Callable[..., Any]
+
+    def compile_many(
+        self,
+        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+        *,
+        timeout: float | None = None,
+        progress: bool | Progress | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
+
+        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
+        return_exceptions, a program that failed has its exception in its
+        place; otherwise the first failure (in order) is raised after all have
+        finished. progress=True prints a line per program to stderr; a
+        callable gets (done, total, spec or exception) as each finishes.
+        """
+        futures = []
+        for item in programs:
+            # A LoweredProgram is a tuple too: test for it first.
+            name, program = (None, item) if isinstance(item, LoweredProgram) else item
+            futures.append(self.submit_compile(program, name=name, timeout=timeout))
+        report = _stderr_progress if progress is True else progress or None
+        if report is not None:
+            done_count = itertools.count(1)
+            total = len(futures)
+            report_lock = threading.Lock()
+
+            def on_done(future: Any) -> None:
+                outcome = future.exception() or future.result().spec
+                with report_lock:
+                    report(next(done_count), total, outcome)
+
+            for future in futures:
+                future.add_done_callback(on_done)
+        results = []
+        for future in futures:
+            error = future.exception()
+            results.append(error if error is not None else future.result().spec)
+        if not return_exceptions:
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        return results
+
+    @property
+    def statistics(self) -> CompileStatistics:
+        """Compile and load time and counts, summed over every task so far."""
+        with self._lock:
+            return self._statistics
+
+
+class Pool(CompilesMany):
     """Worker processes that compile and run LoweredPrograms, each with its own plugin.
 
     workers is the number of processes (default: the CPU count). platform
@@ -369,36 +431,6 @@ class Pool:
     ) -> ProgramSpec:
         """Compiles (or loads) a program in a worker and returns its ProgramSpec."""
         return self.submit_compile(program, name=name, timeout=timeout).result().spec
-
-    def compile_many(
-        self,
-        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-        *,
-        timeout: float | None = None,
-        progress: bool | Progress | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
-
-        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
-        return_exceptions, a program that failed has its exception in its
-        place; otherwise the first failure (in order) is raised after all have
-        finished. progress=True prints a line per program to stderr; a
-        callable gets (done, total, spec or exception) as each finishes.
-        """
-        return compile_all(
-            self.submit_compile,
-            programs,
-            timeout=timeout,
-            progress=progress,
-            return_exceptions=return_exceptions,
-        )
-
-    @property
-    def statistics(self) -> CompileStatistics:
-        """Compile and load time and counts, summed over every worker."""
-        with self._lock:
-            return self._statistics
 
     @property
     def cache_counters(self) -> CacheCounters:
@@ -858,48 +890,6 @@ def _close_all(fds: list[int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
-
-
-def compile_all(
-    submit_compile: Callable[..., Any],
-    programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-    *,
-    timeout: float | None,
-    progress: bool | Progress | None,
-    return_exceptions: bool,
-) -> list[Any]:
-    """compile_many for any submit_compile that returns futures of CompileResult.
-
-    Shared by Pool and pool.cluster.ClusterPool, so that both read their
-    programs, report progress and return or raise failures alike.
-    """
-    futures = []
-    for item in programs:
-        # A LoweredProgram is a tuple too: test for it first.
-        name, program = (None, item) if isinstance(item, LoweredProgram) else item
-        futures.append(submit_compile(program, name=name, timeout=timeout))
-    report = _stderr_progress if progress is True else progress or None
-    if report is not None:
-        done_count = itertools.count(1)
-        total = len(futures)
-        report_lock = threading.Lock()
-
-        def on_done(future: Any) -> None:
-            outcome = future.exception() or future.result().spec
-            with report_lock:
-                report(next(done_count), total, outcome)
-
-        for future in futures:
-            future.add_done_callback(on_done)
-    results = []
-    for future in futures:
-        error = future.exception()
-        results.append(error if error is not None else future.result().spec)
-    if not return_exceptions:
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-    return results
 
 
 def _resolve(future: Future[Any], result: Any) -> None:

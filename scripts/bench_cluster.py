@@ -27,9 +27,8 @@ from pathlib import Path
 _SCRATCH = tempfile.mkdtemp(prefix="bench-cluster-")
 os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 
-import distributed  # noqa: E402
-
 from pool import lower  # noqa: E402
+from pool.cluster import local_client  # noqa: E402
 from pool.examples import example_programs  # noqa: E402
 from pool.spec import WarmProgram  # noqa: E402
 from pool.warm import warm  # noqa: E402
@@ -47,16 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(programs)} programs, {cores} CPUs", flush=True)
 
     started = time.perf_counter()
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with local_client(2, threads_per_worker=1) as client:
         cluster_startup = time.perf_counter() - started
         local, remote = [], []
         for rep in range(args.repeat):

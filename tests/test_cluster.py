@@ -16,7 +16,7 @@ from conftest import REPO  # noqa: E402
 from pool_helpers import scale_program  # noqa: E402
 
 from pool import Pool  # noqa: E402
-from pool.cluster import ClusterPool  # noqa: E402
+from pool.cluster import ClusterPool, local_client  # noqa: E402
 from pool.spec import load_spec  # noqa: E402
 from pool.warm import Outcome, warm  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
@@ -26,16 +26,7 @@ SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
 
 @pytest.fixture(scope="module")
 def cluster():
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=2,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as local,
-        distributed.Client(local) as client,
-    ):
+    with local_client(2, threads_per_worker=2) as client:
         yield client
 
 
@@ -141,16 +132,7 @@ def test_a_lost_dask_worker_s_programs_run_elsewhere_and_are_reported_once(tmp_p
     import time
 
     programs = [_medium_program(i) for i in range(8)]
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as local,
-        distributed.Client(local) as client,
-    ):
+    with local_client(2, threads_per_worker=1) as client:
         remote = ClusterPool(client, workers_per_node=1, cache_dir=str(tmp_path))
         futures = [remote.submit_compile(p, name=f"m{i}") for i, p in enumerate(programs)]
         deadline = time.monotonic() + 120
