@@ -58,7 +58,11 @@ def run_python(
     environment.update(env or {})
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=environment, capture_output=True, text=True, timeout=timeout, check=False,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if check and done.returncode != 0:
         raise AssertionError(
