@@ -5,6 +5,7 @@ worker-side names (compile_program, Executable, ...) are re-exported so that
 every name of the Programs API imports from here.
 """
 
+from pool.compiling import CompileResult
 from pool.errors import (
     PoolClosedError,
     PoolError,
@@ -14,7 +15,7 @@ from pool.errors import (
     WorkerCrashedError,
     WorkerStartupError,
 )
-from pool.pool import CompileResult, Pool
+from pool.pool import Pool
 from worker import (
     ArrayType,
     CompileStatistics,

@@ -28,7 +28,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pool.pool import CompileResult, CompilesMany, Pool
+from pool.compiling import CompileResult, CompilesMany
+from pool.pool import Pool
 from pool.tasks import program_id
 from worker.cache import CacheCounters
 from worker.records import CompileStatistics, LoweredProgram

@@ -23,6 +23,20 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+def likely_cause(returncode: int | None) -> str:
+    """The likely reason a worker ended with this status, and what to do about it."""
+    if returncode == -9:
+        return (
+            "SIGKILL comes from the kernel's out-of-memory killer (see `dmesg`) or from "
+            "another process; if memory ran out, use fewer workers or smaller programs"
+        )
+    if returncode in (-11, -7, -4):
+        return "the PJRT plugin, or a custom call the program ran, crashed"
+    if returncode == -6:
+        return "the plugin aborted, usually a failed internal check; its output below says why"
+    return "the worker exited unexpectedly"
+
+
 class PoolError(RuntimeError):
     """Base class of the pool's own failures."""
 

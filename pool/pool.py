@@ -33,17 +33,17 @@ import itertools
 import logging
 import os
 import selectors
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from pool.compiling import CompileResult, CompilesMany
 from pool.errors import (
     PoolClosedError,
     ProgramQuarantinedError,
@@ -51,6 +51,7 @@ from pool.errors import (
     WorkerCrashedError,
     WorkerStartupError,
     describe_exit,
+    likely_cause,
     rebuild_error,
 )
 from pool.segments import DEFAULT_CACHE_BYTES, SegmentCache
@@ -63,7 +64,6 @@ from worker.records import ArrayType, CompileStatistics, LoweredProgram, Program
 
 logger = logging.getLogger("pjrt_pool.pool")
 
-Progress = Callable[[int, int, "ProgramSpec | BaseException"], None]
 
 DIRECT_SPIN_SECONDS = 500e-6
 """How long Pool.run polls for a worker's reply before sleeping (protocol.spin_until_readable)."""
@@ -79,95 +79,10 @@ outputs get a segment of their own that the returned arrays view, with no copy.
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-class CompileResult(NamedTuple):
-    """What compiling one program in a worker gave."""
-
-    spec: ProgramSpec
-    """The program's record: name, platform, cache key, types."""
-
-    statistics: CompileStatistics
-    """Whether it was compiled or loaded from the disk cache, and the seconds it took."""
-
-
 @atexit.register
 def _terminate_live_pools() -> None:
     for live in list(_live_pools):
         live.terminate()
-
-
-def _likely_cause(returncode: int | None) -> str:
-    if returncode == -9:
-        return (
-            "SIGKILL comes from the kernel's out-of-memory killer (see `dmesg`) or from "
-            "another process; if memory ran out, use fewer workers or smaller programs"
-        )
-    if returncode in (-11, -7, -4):
-        return "the PJRT plugin, or a custom call the program ran, crashed"
-    if returncode == -6:
-        return "the plugin aborted, usually a failed internal check; its output below says why"
-    return "the worker exited unexpectedly"
-
-
-class CompilesMany:
-    """compile_many and statistics, for a Pool and a ClusterPool alike.
-
-    A subclass provides submit_compile (futures of CompileResult) and keeps
-    its summed CompileStatistics in _statistics under _lock.
-    """
-
-    _lock: threading.Lock
-    _statistics: CompileStatistics
-    submit_compile: Callable[..., Any]
-
-    def compile_many(
-        self,
-        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-        *,
-        timeout: float | None = None,
-        progress: bool | Progress | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
-
-        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
-        return_exceptions, a program that failed has its exception in its
-        place; otherwise the first failure (in order) is raised after all have
-        finished. progress=True prints a line per program to stderr; a
-        callable gets (done, total, spec or exception) as each finishes.
-        """
-        futures = []
-        for item in programs:
-            # A LoweredProgram is a tuple too: test for it first.
-            name, program = (None, item) if isinstance(item, LoweredProgram) else item
-            futures.append(self.submit_compile(program, name=name, timeout=timeout))
-        report = _stderr_progress if progress is True else progress or None
-        if report is not None:
-            done_count = itertools.count(1)
-            total = len(futures)
-            report_lock = threading.Lock()
-
-            def on_done(future: Any) -> None:
-                outcome = future.exception() or future.result().spec
-                with report_lock:
-                    report(next(done_count), total, outcome)
-
-            for future in futures:
-                future.add_done_callback(on_done)
-        results = []
-        for future in futures:
-            error = future.exception()
-            results.append(error if error is not None else future.result().spec)
-        if not return_exceptions:
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-        return results
-
-    @property
-    def statistics(self) -> CompileStatistics:
-        """Compile and load time and counts, summed over every task so far."""
-        with self._lock:
-            return self._statistics
 
 
 class Pool(CompilesMany):
@@ -614,7 +529,7 @@ class Pool(CompilesMany):
             crashes = self._crashes[task.program_id]
             message = (
                 f"the worker (pid {worker.pid}) running program {task.name!r} ({task.kind}) "
-                f"{describe_exit(returncode)}: {_likely_cause(returncode)}. "
+                f"{describe_exit(returncode)}: {likely_cause(returncode)}. "
                 "Only this task failed; a replacement worker was started."
             )
             if crashes >= self._max_crashes:
@@ -900,11 +815,3 @@ def _resolve(future: Future[Any], result: Any) -> None:
 def _fail(future: Future[Any], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
-
-
-def _stderr_progress(done: int, total: int, outcome: ProgramSpec | BaseException) -> None:
-    if isinstance(outcome, BaseException):
-        line = f"failed: {type(outcome).__name__}: {str(outcome).splitlines()[0]}"
-    else:
-        line = f"compiled {outcome.name}"
-    print(f"[{done}/{total}] {line}", file=sys.stderr, flush=True)

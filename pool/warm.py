@@ -23,9 +23,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from pool.compiling import CompileResult
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from pool.parallel_lowering import Lowered, Lowerer
-from pool.pool import CompileResult, Pool
+from pool.pool import Pool
 from pool.progress import ProgressDisplay
 from pool.spec import Spec, WarmProgram
 from worker.cache import CacheCounters

@@ -1,0 +1,105 @@
+"""Compiling many programs at once: the part shared by Pool and ClusterPool."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from pool.progress import ProgressDisplay
+from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+
+Progress = Callable[[int, int, "ProgramSpec | BaseException"], None]
+"""A compile_many progress callback: (done, total, ProgramSpec or exception)."""
+
+
+class CompileResult(NamedTuple):
+    """What compiling one program in a worker gave."""
+
+    spec: ProgramSpec
+    """The program's record: name, platform, cache key, types."""
+
+    statistics: CompileStatistics
+    """Whether it was compiled or loaded from the disk cache, and the seconds it took."""
+
+
+class CompilesMany:
+    """compile_many and statistics, for a Pool and a ClusterPool alike.
+
+    A subclass provides submit_compile (futures of CompileResult) and keeps
+    its summed CompileStatistics in _statistics under _lock.
+    """
+
+    _lock: threading.Lock
+    _statistics: CompileStatistics
+    submit_compile: Callable[..., Any]
+
+    def compile_many(
+        self,
+        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+        *,
+        timeout: float | None = None,
+        progress: bool | Progress | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
+
+        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
+        return_exceptions, a program that failed has its exception in its
+        place; otherwise the first failure (in order) is raised after all have
+        finished. progress=True shows progress on stderr (a live bar on a
+        terminal, a line per program otherwise); a callable gets (done, total,
+        spec or exception) as each finishes.
+        """
+        names, futures = [], []
+        for item in programs:
+            # A LoweredProgram is a tuple too: test for it first.
+            name, program = (None, item) if isinstance(item, LoweredProgram) else item
+            names.append(name or program.name)
+            futures.append(self.submit_compile(program, name=name, timeout=timeout))
+        if progress:
+            self._report_progress(names, futures, progress)
+        results = []
+        for future in futures:
+            error = future.exception()
+            results.append(error if error is not None else future.result().spec)
+        if not return_exceptions:
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        return results
+
+    @staticmethod
+    def _report_progress(names: list[str], futures: list[Any], progress: bool | Progress) -> None:
+        """Reports each program as it finishes: a ProgressDisplay for True, else the callback."""
+        display = ProgressDisplay(len(futures)) if progress is True else None
+        done_count = itertools.count(1)
+        lock = threading.Lock()
+
+        def on_done(name: str, future: Any) -> None:
+            error = future.exception()
+            with lock:
+                done = next(done_count)
+                if display is None:
+                    assert callable(progress)
+                    progress(done, len(futures), error or future.result().spec)
+                    return
+                if error is not None:
+                    display.update(name, "failed", 0.0, f"{type(error).__name__}: {error}")
+                else:
+                    statistics = future.result().statistics
+                    outcome = "compiled" if statistics.compiled else "loaded"
+                    seconds = statistics.compile_seconds + statistics.load_seconds
+                    display.update(name, outcome, seconds)
+                if done == len(futures):
+                    display.close()
+
+        for name, future in zip(names, futures, strict=True):
+            future.add_done_callback(lambda f, name=name: on_done(name, f))
+
+    @property
+    def statistics(self) -> CompileStatistics:
+        """Compile and load time and counts, summed over every task so far."""
+        with self._lock:
+            return self._statistics
