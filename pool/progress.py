@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -22,9 +23,16 @@ class ProgressDisplay:
         self.counts: dict[str, int] = {}
         self.done = 0
         self.started = time.monotonic()
+        # Programs finish on several threads (pool callbacks, lowering): one
+        # line at a time, or lines interleave.
+        self._lock = threading.Lock()
 
     def update(self, name: str, outcome: str, seconds: float, detail: str = "") -> None:
-        """Records one finished program and redraws (or prints its line)."""
+        """Records one finished program and redraws (or prints its line); thread-safe."""
+        with self._lock:
+            self._update(name, outcome, seconds, detail)
+
+    def _update(self, name: str, outcome: str, seconds: float, detail: str) -> None:
         self.done += 1
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
         if self.live:
@@ -50,6 +58,7 @@ class ProgressDisplay:
 
     def close(self) -> None:
         """Ends the live line."""
-        if self.live and self.done:
-            self.stream.write("\n")
-            self.stream.flush()
+        with self._lock:
+            if self.live and self.done:
+                self.stream.write("\n")
+                self.stream.flush()
