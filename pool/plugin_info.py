@@ -10,25 +10,18 @@ inode, so a machine probes each plugin build once.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
 import subprocess
-import threading
 from typing import Any
 
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker import find_plugin, loaded_runtime
 from worker.cache import open_cache
-from worker.cache.atomic import write_atomically
+from worker.cache.key import memoized_by_file
 from worker.errors import PluginNotFoundError
 
 PROBE_TIMEOUT = 120.0
-
-_memo: dict[tuple[str, int, int, int], dict[str, Any]] = {}
-_memo_lock = threading.Lock()
 
 
 class PluginProbeError(RuntimeError):
@@ -74,27 +67,10 @@ def plugin_info(platform: str) -> dict[str, Any] | None:
         location = find_plugin(platform)
     except PluginNotFoundError:
         return None
-    stat = os.stat(location.path)
-    identity = (location.path, stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    with _memo_lock:
-        if identity in _memo:
-            return _memo[identity]
     cache = open_cache()
-    memo_file = cache.plugins_dir / (
-        "probe-" + hashlib.sha256(repr(identity).encode()).hexdigest()[:32] + ".json"
+    return memoized_by_file(
+        location.path,
+        cache.plugins_dir if cache.usable else None,
+        "probe",
+        lambda: _probe(platform, location.path),
     )
-    try:
-        record = json.loads(memo_file.read_text())
-        answer = record["answer"] if record.get("identity") == list(identity) else None
-    except (OSError, ValueError, KeyError):
-        answer = None
-    if answer is None:
-        answer = _probe(platform, location.path)
-        # No writable cache directory: the next process probes again.
-        with contextlib.suppress(OSError):
-            write_atomically(
-                memo_file, json.dumps({"identity": list(identity), "answer": answer}).encode()
-            )
-    with _memo_lock:
-        _memo[identity] = answer
-    return answer

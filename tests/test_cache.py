@@ -173,7 +173,7 @@ def test_plugin_digest_is_memoized_by_path_size_and_mtime(tmp_path, monkeypatch)
     memo.mkdir()
     first = cache_key.plugin_digest(str(library), memo)
     assert len(list(memo.iterdir())) == 1
-    cache_key._digest_memo.clear()  # as a new process would: only the file memo is left
+    cache_key._file_memo.clear()  # as a new process would: only the file memo is left
 
     def no_hashing(path):
         raise AssertionError("hashed again")

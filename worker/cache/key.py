@@ -19,6 +19,7 @@ import json
 import os
 import platform as host_platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from worker.cache.atomic import write_atomically
 KEY_FORMAT = 1
 """Bumped whenever the meaning of a key's parts changes."""
 
-_digest_memo: dict[tuple[str, int, int, int], str] = {}
+_file_memo: dict[tuple[str, tuple[str, int, int, int]], Any] = {}
 _memo_lock = threading.Lock()
 
 
@@ -39,35 +40,48 @@ def _file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def plugin_digest(path: str, memo_dir: Path | None) -> str:
-    """Returns the SHA-256 of a plugin library, memoized by path, size, mtime and inode."""
+def memoized_by_file(
+    path: str, memo_dir: Path | None, kind: str, compute: Callable[[], Any]
+) -> Any:
+    """Returns compute() for a file, memoized per (real path, size, mtime, inode).
+
+    The value is kept in memory and, when memo_dir is given, in a JSON file
+    there named after `kind` and the identity, so that later processes reuse
+    it; a rebuilt or replaced file has a new identity and is computed again.
+    The value must be JSON-ready.
+    """
     stat = os.stat(path)
     identity = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     with _memo_lock:
-        if identity in _digest_memo:
-            return _digest_memo[identity]
+        if (kind, identity) in _file_memo:
+            return _file_memo[kind, identity]
     memo_file = None
+    value = None
     if memo_dir is not None:
         name = hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
-        memo_file = memo_dir / f"{name}.json"
+        memo_file = memo_dir / f"{kind}-{name}.json"
         try:
             record = json.loads(memo_file.read_text())
             if record.get("identity") == list(identity):
-                with _memo_lock:
-                    _digest_memo[identity] = record["sha256"]
-                return record["sha256"]
+                value = record["value"]
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # absent or unreadable: hash again
-    digest = _file_digest(path)
+            pass  # absent or unreadable: compute again
+    if value is None:
+        value = compute()
+        if memo_file is not None:
+            # A read-only cache: the in-memory memo still serves this process.
+            with contextlib.suppress(OSError):
+                write_atomically(
+                    memo_file, json.dumps({"identity": list(identity), "value": value}).encode()
+                )
     with _memo_lock:
-        _digest_memo[identity] = digest
-    if memo_file is not None:
-        # A read-only cache: the in-memory memo still serves this process.
-        with contextlib.suppress(OSError):
-            write_atomically(
-                memo_file, json.dumps({"identity": list(identity), "sha256": digest}).encode()
-            )
-    return digest
+        _file_memo[kind, identity] = value
+    return value
+
+
+def plugin_digest(path: str, memo_dir: Path | None) -> str:
+    """Returns the SHA-256 of a plugin library, memoized by path, size, mtime and inode."""
+    return memoized_by_file(path, memo_dir, "sha256", lambda: _file_digest(path))
 
 
 _cpu_features: str | None = None

@@ -7,7 +7,7 @@ Layout of a cache directory (created 0700)::
     locks/<key>.lock         per-key compile locks (never deleted)
     locks/space.lock         held while reserving space or trimming (never deleted)
     usage.json               bytes accounted in entries/ (see space.py)
-    plugins/<id>.json        memoized plugin-library digests
+    plugins/<kind>-<id>.json memoized plugin digests and probe answers
 
 Reads take no lock: an entry is published by an atomic rename and verified
 when read, so a reader sees a whole entry or none. Writers of one key
