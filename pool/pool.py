@@ -204,24 +204,28 @@ class Pool(CompilesMany):
         zero_copy: bool | None,
     ) -> Task:
         checked = self._check_program(program)
-        arrays = prepare_arguments(arguments, checked.input_types)
-        task = self._new_task("run", checked, name, timeout)
+        return self._staged(self._new_task("run", checked, name, timeout), arguments, zero_copy)
+
+    def _staged(self, task: Task, arguments: Sequence[ArrayLike], zero_copy: bool | None) -> Task:
+        """Checks and converts a run task's arguments and puts them in shared memory."""
+        types = task.program.input_types if task.program is not None else task.spec_types
+        arrays = prepare_arguments(arguments, types)
         task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
-        task.declared_types = checked.input_types is not None
-        layout = self._input_layout(task.program_id, checked)
+        task.declared_types = types is not None
+        layout = self._input_layout(task.program_id, types)
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout)
         return task
 
     def _input_layout(
-        self, program_key: str, program: LoweredProgram
+        self, program_key: str, types: tuple[ArrayType, ...] | None
     ) -> tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None:
         """The shared-memory layout of a program's declared inputs, computed once."""
-        if program.input_types is None:
+        if types is None:
             return None
         layout = self._input_layouts.get(program_key)
         if layout is None:
-            offsets, size = shm.layout(program.input_types)
-            layout = self._input_layouts[program_key] = (program.input_types, offsets, size)
+            offsets, size = shm.layout(types)
+            layout = self._input_layouts[program_key] = (types, offsets, size)
         return layout
 
     def submit_spec(
@@ -238,21 +242,8 @@ class Pool(CompilesMany):
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
-        arrays = prepare_arguments(arguments, spec.input_types)
-        task = Task(
-            id=next(self._task_ids),
-            kind="run",
-            program=None,
-            program_id=spec.key,
-            name=spec.name,
-            future=Future(),
-            timeout=self._task_timeout if timeout is None else timeout,
-            zero_copy=self._zero_copy,
-            cache_key=spec.key,
-            declared_types=spec.input_types is not None,
-        )
-        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments)
-        return self._enqueue(task)
+        task = self._new_task("run", None, spec.name, timeout, spec=spec)
+        return self._enqueue(self._staged(task, arguments, None))
 
     def run(
         self,
@@ -421,16 +412,29 @@ class Pool(CompilesMany):
         return program
 
     def _new_task(
-        self, kind: str, program: LoweredProgram, name: str | None, timeout: float | None
+        self,
+        kind: str,
+        program: LoweredProgram | None,
+        name: str | None,
+        timeout: float | None,
+        spec: ProgramSpec | None = None,
     ) -> Task:
+        """A task for a program, or (program None) for the executable a ProgramSpec names."""
+        if program is None:
+            assert spec is not None
+            identity, name, key = spec.key, name or spec.name, spec.key
+        else:
+            identity, name, key = program_id(program), name or program.name, None
         return Task(
             id=next(self._task_ids),
             kind=kind,
             program=program,
-            program_id=program_id(program),
-            name=name or program.name,
+            program_id=identity,
+            name=name,
             future=Future(),
             timeout=self._task_timeout if timeout is None else timeout,
+            cache_key=key,
+            spec_types=None if spec is None else spec.input_types,
         )
 
     def _enqueue(self, task: Task) -> Future[Any]:

@@ -68,6 +68,7 @@ class Task:
     resend_program: bool = field(default=False)
     deadline: float | None = None
     cache_key: str | None = None  # a run by ProgramSpec: load this key, no program
+    spec_types: tuple[ArrayType, ...] | None = None  # that ProgramSpec's input types
     compile_options: bytes | None = None
     declared_types: bool = True  # the inputs have the program's declared types
 
