@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from worker.arguments import random_inputs
+
 ExampleProgram = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
 """One example: a unique name, a JAX-traceable function and the shapes of its arguments."""
 
@@ -387,16 +389,4 @@ def example_inputs(shapes: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> lis
     Floating-point arguments are standard normal; integer arguments are
     uniform in [0, 1000). The same seed gives the same inputs.
     """
-    rng = np.random.default_rng(seed)
-    inputs = []
-    for shape in shapes:
-        dtype = np.dtype(shape.dtype)
-        if dtype.kind == "f":
-            inputs.append(rng.standard_normal(shape.shape).astype(dtype))
-        elif dtype.kind in "iu":
-            inputs.append(rng.integers(0, 1000, size=shape.shape).astype(dtype))
-        elif dtype.kind == "b":
-            inputs.append(rng.integers(0, 2, size=shape.shape).astype(dtype))
-        else:
-            raise TypeError(f"example_inputs makes no inputs of dtype {dtype}")
-    return inputs
+    return random_inputs(shapes, seed)

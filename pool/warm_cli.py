@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from worker.arguments import random_inputs
 
 
 def register(subparsers: Any) -> None:
@@ -148,22 +149,7 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
             return [data[f"arr_{i}"] for i in range(len(data.files))]
     if spec.input_types is None:
         raise ValueError(f"{spec.name} has unknown input types: give --inputs")
-    generator = np.random.default_rng(args.seed)
-    arrays = []
-    for array_type in spec.input_types:
-        dtype = np.dtype(array_type.dtype)
-        if dtype.kind == "f" or dtype.kind == "V":
-            values = generator.standard_normal(array_type.shape).astype(np.float32)
-        elif dtype.kind == "c":
-            values = generator.standard_normal(array_type.shape) + 1j * generator.standard_normal(
-                array_type.shape
-            )
-        elif dtype.kind == "b":
-            values = generator.integers(0, 2, array_type.shape).astype(bool)
-        else:
-            values = generator.integers(0, 10, array_type.shape)
-        arrays.append(np.asarray(values).astype(dtype))
-    return arrays
+    return random_inputs(spec.input_types, args.seed)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ the same exception wherever a program runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -92,3 +93,28 @@ def _convert(index: int, value: ArrayLike, array: np.ndarray, expected: ArrayTyp
 def types_of(arrays: Sequence[np.ndarray]) -> tuple[ArrayType, ...]:
     """Returns the ArrayType of each array."""
     return tuple(ArrayType(a.dtype, a.shape) for a in arrays)
+
+
+def random_inputs(types: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
+    """Returns seeded random arrays, one per type (anything with .dtype and .shape).
+
+    Floating-point values are standard normal, complex ones normal in both
+    parts, integers uniform in [0, 1000) and booleans fair coin flips: inputs
+    for trying a program (`pjrt-pool run`, the examples, benchmarks).
+    """
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for array_type in types:
+        dtype, shape = np.dtype(array_type.dtype), tuple(array_type.shape)
+        if dtype.kind in "fV":  # V: bfloat16 and the float8 types of ml_dtypes
+            values = rng.standard_normal(shape)
+        elif dtype.kind == "c":
+            values = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+        elif dtype.kind in "iu":
+            values = rng.integers(0, 1000, size=shape)
+        elif dtype.kind == "b":
+            values = rng.integers(0, 2, size=shape)
+        else:
+            raise TypeError(f"no random inputs of dtype {dtype}")
+        arrays.append(np.asarray(values).astype(dtype))
+    return arrays
