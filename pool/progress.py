@@ -41,7 +41,9 @@ class ProgressDisplay:
         line = f"[{self.done}/{self.total}] {outcome:<14} {name} ({seconds:.2f} s)"
         if detail:
             line += f": {detail.splitlines()[0][:200]}"
-        print(line, file=self.stream, flush=True)
+        # One write per line: other writers (warnings) cannot split it.
+        self.stream.write(line + "\n")
+        self.stream.flush()
 
     def _draw(self) -> None:
         width = 24
