@@ -7,6 +7,7 @@ every name of the Programs API imports from here.
 
 from pool.compiling import CompileResult
 from pool.errors import (
+    DeviceFailureError,
     PoolClosedError,
     PoolError,
     ProgramQuarantinedError,
@@ -52,6 +53,7 @@ __all__ = [
     "ArrayType",
     "CompileResult",
     "CompileStatistics",
+    "DeviceFailureError",
     "Executable",
     "ForeignExecutableError",
     "LoweredProgram",

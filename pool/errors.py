@@ -57,6 +57,15 @@ class WorkerCrashedError(PoolError):
         self.stderr_tail = stderr_tail
 
 
+class DeviceFailureError(WorkerCrashedError):
+    """A task met a device error that leaves the device unusable in its process.
+
+    An illegal address, a failed launch, an uncorrectable ECC error or a lost
+    device poisons the worker's device context for good, so the pool
+    replaces the worker and counts a crash of the program, as for a crash.
+    """
+
+
 class TaskTimeoutError(PoolError, TimeoutError):
     """A task ran past its timeout; its worker was killed and replaced."""
 

@@ -5,23 +5,36 @@ Data flow::
     caller threads                  manager thread                 workers
     ──────────────                  ──────────────                 ───────
     submit(program, args)
-      check + convert args
-      copy into a memfd  ──▶ pending ──▶ dispatch to an idle worker ──▶ python -m worker
-      return Future                     (prefer one that has the       compile or load
-                                         program loaded)               (shared disk cache)
-                                                                       run: PJRT reads the
-                                                                       memfd, writes outputs
-                                    reply + output memfd  ◀────────── into a new memfd
-    Future.result() ◀── numpy views of the output memfd
-                                    worker died? ──▶ fail its task only, with the signal,
-                                                     program and stderr tail; respawn
-                                    task too slow? ──▶ kill that worker, fail, respawn
+      check + convert + copy args
+      ──▶ pending ──▶ claim an idle worker (any thread) ──send──▶ python -m worker
+      return Future                 (prefer one that has the       compile or load
+                                     program loaded)               (shared disk cache)
+                                                                   run: PJRT reads the
+                                    reply + output memfd  ◀─────── inputs, writes outputs
+    Future.result() ◀── numpy views of the output memfd             into shared memory
+                                    worker died? ──▶ its task failed (it had started:
+                                                     signal, program, output tail) or
+                                                     sent again (it had not); respawn
+                                    deadline passed? ──▶ kill that worker, fail, respawn
 
-The manager thread is the only one that talks to workers after start-up. It
-waits on one selector holding every worker's socket and output pipe plus a
-wake-up pipe for new tasks: a worker's death shows as end-of-file on its
-socket, so one wait point sees replies, deaths and new work alike, and the
-next task deadline bounds the wait.
+    run(program, args): claims an idle worker and does send + receive in the
+    caller's thread (one thread switch less per call), then hands it back.
+
+Ownership. Each worker has exactly one owner at a time (pool.workers.Owner):
+the manager thread, whose wait set (pool.watch) holds the socket, or one
+caller thread, with the socket out of that set. Every state change is a move under
+``self._lock`` (see pool.workers for the table); a caller hands its worker
+back in a ``finally`` (and wakes the manager when it must know). Deadlines
+live on tasks; the manager watches every busy worker's, whoever dispatched
+it, and kills the worker when one passes. A task is settled exactly once:
+``_settle_locked`` flips ``task.done`` under the lock, and only the thread
+that flipped it resolves the future and gives back its shared memory.
+
+The manager waits on one epoll set holding every manager-owned worker's
+socket and output pipe plus a wake-up pipe: a worker's death shows as end of
+file on its socket, so one wait point sees replies, deaths and wake-ups
+alike, and the next deadline bounds the wait. Only the manager spawns and
+reaps workers (their PR_SET_PDEATHSIG is tied to its thread).
 """
 
 from __future__ import annotations
@@ -31,13 +44,14 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
+import numbers
 import os
-import selectors
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
@@ -45,7 +59,9 @@ from numpy.typing import ArrayLike
 
 from pool.compiling import CompileResult, CompilesMany
 from pool.errors import (
+    DeviceFailureError,
     PoolClosedError,
+    PoolError,
     ProgramQuarantinedError,
     TaskTimeoutError,
     WorkerCrashedError,
@@ -54,9 +70,17 @@ from pool.errors import (
     likely_cause,
     rebuild_error,
 )
-from pool.segments import DEFAULT_CACHE_BYTES, SegmentCache
-from pool.tasks import Task, program_id, stage_inputs
-from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
+from pool.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, Mapping, SegmentCache
+from pool.tasks import MAX_REQUEUES, Task, program_id, stage_inputs
+from pool.watch import Watch
+from pool.workers import (
+    ARENA_SIZE,
+    Owner,
+    State,
+    WorkerProcess,
+    pickle_initializer,
+    stop_all,
+)
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
@@ -76,6 +100,9 @@ copied out of the arena (cheaper than mapping a segment for a few KB). Larger
 outputs get a segment of their own that the returned arrays view, with no copy.
 """
 
+HAND_BACK_SECONDS = 10.0
+"""How long a failed manager waits for callers to hand back the workers they hold."""
+
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
@@ -85,6 +112,26 @@ def _terminate_live_pools() -> None:
         live.terminate()
 
 
+def check_timeout(value: Any, what: str = "timeout") -> float | None:
+    """Returns a timeout in seconds: None for none, math.inf for no limit; refuses the rest.
+
+    A timeout is a positive number of seconds; inf means no limit. NaN, zero,
+    negative numbers, booleans and strings raise before any work starts.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{what} must be a number of seconds (or None), not {type(value).__name__} {value!r}"
+        )
+    seconds = float(value)
+    if math.isnan(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{what} must be a positive number of seconds (inf: no limit), not {value!r}"
+        )
+    return seconds
+
+
 class Pool(CompilesMany):
     """Worker processes that compile and run LoweredPrograms, each with its own plugin.
 
@@ -92,13 +139,17 @@ class Pool(CompilesMany):
     names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").
     cache_dir is the shared disk cache (default: PJRT_POOL_CACHE_DIR, else
     the user cache directory). task_timeout bounds each task's time in a
-    worker (None: no bound); a task past it has its worker killed and
-    replaced. initializer(*initargs) runs in each worker after its plugin
-    loads, for example to register custom calls; if it raises, the pool does
-    not start. A program that crashes max_crashes workers is quarantined.
-    Each worker keeps max_loaded executables loaded. Up to segment_cache_bytes
-    of shared memory from finished large inputs and outputs is kept for
-    reuse, since fresh shared memory is slow to fault in.
+    worker (None or inf: no bound); a task past it has its worker killed
+    and replaced. initializer(*initargs) runs in each worker after its
+    plugin loads, for example to register custom calls; if it raises, the
+    pool does not start. A program that crashes max_crashes workers is
+    quarantined. Each worker keeps max_loaded executables loaded. Up to
+    segment_cache_bytes of shared memory from finished large inputs and
+    outputs is kept for reuse, since fresh shared memory is slow to fault
+    in; segment_fds bounds the descriptors the pool keeps for shared memory
+    beyond those of running tasks (queued large inputs, live large results,
+    segments kept for reuse), so a deep queue or many kept results never
+    exhaust the process's descriptor limit.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
@@ -119,15 +170,18 @@ class Pool(CompilesMany):
         zero_copy: bool = True,
         stop_grace: float = 2.0,
         segment_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        segment_fds: int = DEFAULT_MAX_FDS,
     ) -> None:
         count = (os.cpu_count() or 1) if workers is None else workers
-        if not isinstance(count, int) or count < 1:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"workers must be a positive int, not {workers!r}")
-        if task_timeout is not None and task_timeout <= 0:
-            raise ValueError(f"task_timeout must be positive or None, not {task_timeout!r}")
+        if isinstance(segment_fds, bool) or not isinstance(segment_fds, int) or segment_fds < 0:
+            raise ValueError(f"segment_fds must be a non-negative int, not {segment_fds!r}")
+        self._task_timeout = check_timeout(task_timeout, "task_timeout")
+        check_timeout(start_timeout, "start_timeout")
         self._platform = platform
         self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self._task_timeout = task_timeout
+        self._worker_count = count
         self._max_loaded = max_loaded
         self._max_crashes = max_crashes
         self._zero_copy = zero_copy
@@ -144,24 +198,20 @@ class Pool(CompilesMany):
         self._statistics = CompileStatistics()
         self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
         self._input_layouts: dict[str, tuple[tuple[ArrayType, ...], tuple[int, ...], int]] = {}
-        self._segments = SegmentCache(segment_cache_bytes)
+        self._segments = SegmentCache(segment_cache_bytes, segment_fds)
         self._retired_counters = CacheCounters()
         self._startup_failures = 0
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
 
-        self._selector = selectors.DefaultSelector()
+        self._watch = Watch()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._watch.add(self._wake_r, None)
         self._workers: list[WorkerProcess] = []
-        try:
-            for index in range(count):
-                self._spawn(index)
-        except BaseException:
-            self._abandon_start()
-            raise
+        # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
+        # thread that spawned them, and the manager outlives every worker.
         self._manager = threading.Thread(target=self._manage, name="pjrt-pool-manager", daemon=True)
         self._manager.start()
         if not self._started.wait(start_timeout):
@@ -185,48 +235,47 @@ class Pool(CompilesMany):
         name: str | None = None,
         timeout: float | None = None,
         zero_copy: bool | None = None,
+        compile_options: bytes | None = None,
     ) -> Future[list[np.ndarray]]:
         """Runs a program in a worker (compiling or loading it there first); returns a Future.
 
-        The arguments are checked and converted to the program's input types
-        here, raising the same TypeError or ValueError as Executable.run. The
-        Future's result is the list of outputs as numpy arrays that view
-        shared memory, freed when the arrays are.
+        The arguments are checked, converted to the program's input types and
+        copied here, raising the same TypeError or ValueError as
+        Executable.run; changing them after submit returns does not change
+        the task. The Future's result is the list of outputs as numpy arrays
+        (large ones view shared memory, freed when the arrays are).
+        timeout (seconds; inf for none) overrides the pool's task_timeout.
+        compile_options compiles the program with other options than the
+        default, as submit_compile does.
         """
-        return self._enqueue(self._run_task(program, arguments, name, timeout, zero_copy))
+        task = self._run_task(
+            program, arguments, name, timeout, zero_copy, compile_options, caller_waits=False
+        )
+        return self._enqueue(task)
 
-    def _run_task(
+    def run(
         self,
         program: LoweredProgram,
         arguments: Sequence[ArrayLike],
-        name: str | None,
-        timeout: float | None,
-        zero_copy: bool | None,
-    ) -> Task:
-        checked = self._check_program(program)
-        return self._staged(self._new_task("run", checked, name, timeout), arguments, zero_copy)
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        compile_options: bytes | None = None,
+    ) -> list[np.ndarray]:
+        """Runs a program in a worker and returns its outputs (see submit).
 
-    def _staged(self, task: Task, arguments: Sequence[ArrayLike], zero_copy: bool | None) -> Task:
-        """Checks and converts a run task's arguments and puts them in shared memory."""
-        types = task.program.input_types if task.program is not None else task.spec_types
-        arrays = prepare_arguments(arguments, types)
-        task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
-        task.declared_types = types is not None
-        layout = self._input_layout(task.program_id, types)
-        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout)
-        return task
-
-    def _input_layout(
-        self, program_key: str, types: tuple[ArrayType, ...] | None
-    ) -> tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None:
-        """The shared-memory layout of a program's declared inputs, computed once."""
-        if types is None:
-            return None
-        layout = self._input_layouts.get(program_key)
-        if layout is None:
-            offsets, size = shm.layout(types)
-            layout = self._input_layouts[program_key] = (types, offsets, size)
-        return layout
+        When a worker is idle and no task waits, the calling thread talks to
+        the worker itself instead of going through the manager thread: one
+        thread switch less per call, which is most of a small program's
+        round trip. An exception while waiting (Ctrl-C) stops the task: its
+        worker is killed and replaced, and the pool goes on.
+        """
+        task = self._run_task(program, arguments, name, timeout, None, compile_options, True)
+        worker = self._claim_for_caller(task)
+        if worker is None:
+            self._enqueue(task)
+            return self._wait(task)
+        return self._run_directly(worker, task)
 
     def submit_spec(
         self,
@@ -242,74 +291,8 @@ class Pool(CompilesMany):
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
-        task = self._new_task("run", None, spec.name, timeout, spec=spec)
-        return self._enqueue(self._staged(task, arguments, None))
-
-    def run(
-        self,
-        program: LoweredProgram,
-        arguments: Sequence[ArrayLike],
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-    ) -> list[np.ndarray]:
-        """Runs a program in a worker and returns its outputs (see submit).
-
-        When a worker is idle and no task waits, the calling thread talks to
-        the worker itself instead of going through the manager thread: one
-        thread switch less per call, which is most of a small program's
-        round trip.
-        """
-        task = self._run_task(program, arguments, name, timeout, None)
-        worker = self._claim_directly(task)
-        if worker is None:
-            return self._enqueue(task).result()
-        return self._run_directly(worker, task)
-
-    def _claim_directly(self, task: Task) -> WorkerProcess | None:
-        """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
-        if task.timeout is not None:
-            return None  # deadlines are the manager's to watch
-        with self._lock:
-            if self._closing or self._broken is not None or self._pending:
-                return None
-            if task.program_id in self._quarantined:
-                return None  # the queue reports it
-            idle = [w for w in self._workers if w.state is State.IDLE]
-            if not idle:
-                return None
-            worker = next((w for w in idle if task.program_id in w.loaded), idle[0])
-            worker.state = State.BUSY
-            worker.task = task
-            # The manager must not read this worker's replies meanwhile.
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(worker.sock)
-        return worker
-
-    def _run_directly(self, worker: WorkerProcess, task: Task) -> list[np.ndarray]:
-        """Sends a claimed worker its task and reads the reply in the caller's thread."""
-        message, fds = self._request_for(task, worker)
-        task.future.set_running_or_notify_cancel()
-        try:
-            worker.send(message, fds)
-            protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
-            reply, reply_fds = worker.receive()
-        except (OSError, protocol.ConnectionLostError):
-            # The worker died: hand it back, and the manager fails the task.
-            self._hand_back(worker)
-            return task.future.result()
-        self._hand_back(worker)
-        self._on_message(worker, reply, reply_fds)
-        self._dispatch()  # a task requeued by the reply, or queued meanwhile
-        return task.future.result()
-
-    def _hand_back(self, worker: WorkerProcess) -> None:
-        """Lets the manager watch a directly used worker's socket again."""
-        with self._lock:
-            if worker.state is not State.DEAD:
-                # epoll takes the change even while the manager is waiting in it.
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.register(worker.sock, selectors.EVENT_READ, ("socket", worker))
+        task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
+        return self._enqueue(self._staged(task, arguments, None, caller_waits=False))
 
     def submit_compile(
         self,
@@ -322,14 +305,15 @@ class Pool(CompilesMany):
         """Compiles (or loads) a program in a worker; the Future's result is a CompileResult.
 
         compile_options replaces the default serialized CompileOptionsProto
-        (one replica, one partition). The plugin checks it: malformed options
-        can make the plugin abort, which fails only this task.
+        (one replica, one partition); it is part of the program's identity,
+        so the spec's key is the one compile_program gives for these options,
+        and runs with other options use their own executable. The plugin
+        checks it: malformed options can make the plugin abort, which fails
+        only this task.
         """
-        task = self._new_task("compile", self._check_program(program), name, timeout)
-        if compile_options is not None:
-            if not isinstance(compile_options, bytes):
-                raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
-            task.compile_options = compile_options
+        task = self._new_task(
+            "compile", self._check_program(program), name, timeout, compile_options
+        )
         return self._enqueue(task)
 
     def compile(
@@ -366,26 +350,36 @@ class Pool(CompilesMany):
     def close(self, cancel_pending: bool = False) -> None:
         """Waits for submitted tasks (or cancels queued ones), then stops every worker.
 
-        Workers get an Exit request, then SIGTERM, then SIGKILL, and are
-        reaped. Calling close again does nothing.
+        It returns when the last running task ends (bounded by the tasks'
+        timeouts, if any) plus the time to stop the workers: an Exit request,
+        then SIGTERM after stop_grace seconds, then SIGKILL after as many
+        again, all workers at once. Calling close again does nothing.
         """
         with self._lock:
             self._closing = True
-            if cancel_pending:
-                self._cancel_pending_locked()
+            cancelled = self._take_pending_locked() if cancel_pending else []
+        _cancel(cancelled)
         self._wake()
         if self._manager.is_alive() and threading.current_thread() is not self._manager:
             self._manager.join()
         _live_pools.discard(self)
 
     def terminate(self) -> None:
-        """Stops at once: cancels queued tasks, kills the workers, fails running tasks."""
+        """Stops at once: cancels queued tasks, kills the workers, fails running tasks.
+
+        Returns as soon as the killed workers are reaped (well under a
+        second unless the system is stalled).
+        """
         with self._lock:
             self._closing = True
             self._broken = self._broken or PoolClosedError("the pool was terminated")
-            self._cancel_pending_locked()
+            cancelled = self._take_pending_locked()
             for worker in self._workers:
-                worker.kill()
+                task = worker.task
+                if task is not None and not task.done and task.kill_error is None:
+                    task.kill_error = PoolClosedError("the pool was terminated during the task")
+                self._kill_locked(worker)
+        _cancel(cancelled)
         self._wake()
         manager = getattr(self, "_manager", None)
         if manager is not None and manager.is_alive() and threading.current_thread() is not manager:
@@ -401,7 +395,7 @@ class Pool(CompilesMany):
         else:
             self.close(cancel_pending=value is not None)
 
-    # -- submission ---------------------------------------------------------
+    # -- tasks (caller threads) ----------------------------------------------
 
     @staticmethod
     def _check_program(program: Any) -> LoweredProgram:
@@ -411,20 +405,40 @@ class Pool(CompilesMany):
             )
         return program
 
+    def _run_task(
+        self,
+        program: LoweredProgram,
+        arguments: Sequence[ArrayLike],
+        name: str | None,
+        timeout: float | None,
+        zero_copy: bool | None,
+        compile_options: bytes | None,
+        caller_waits: bool,
+    ) -> Task:
+        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
+        return self._staged(task, arguments, zero_copy, caller_waits)
+
     def _new_task(
         self,
         kind: str,
         program: LoweredProgram | None,
         name: str | None,
         timeout: float | None,
+        compile_options: bytes | None,
         spec: ProgramSpec | None = None,
     ) -> Task:
-        """A task for a program, or (program None) for the executable a ProgramSpec names."""
+        """A task for a program, or (program None) for the executable a ProgramSpec names.
+
+        Everything a caller gives is checked here, before any worker is claimed.
+        """
+        seconds = self._task_timeout if timeout is None else check_timeout(timeout)
+        if compile_options is not None and not isinstance(compile_options, bytes):
+            raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
         if program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key
         else:
-            identity, name, key = program_id(program), name or program.name, None
+            identity, name, key = program_id(program, compile_options), name or program.name, None
         return Task(
             id=next(self._task_ids),
             kind=kind,
@@ -432,146 +446,340 @@ class Pool(CompilesMany):
             program_id=identity,
             name=name,
             future=Future(),
-            timeout=self._task_timeout if timeout is None else timeout,
+            timeout=seconds,
             cache_key=key,
             spec_types=None if spec is None else spec.input_types,
+            compile_options=compile_options,
         )
+
+    def _staged(
+        self,
+        task: Task,
+        arguments: Sequence[ArrayLike],
+        zero_copy: bool | None,
+        caller_waits: bool,
+    ) -> Task:
+        """Checks and converts a run task's arguments and stages them (see stage_inputs)."""
+        types = task.program.input_types if task.program is not None else task.spec_types
+        arrays = prepare_arguments(arguments, types)
+        task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
+        task.declared_types = types is not None
+        layout = self._input_layout(task.program_id, types)
+        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
+        return task
+
+    def _input_layout(
+        self, program_key: str, types: tuple[ArrayType, ...] | None
+    ) -> tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None:
+        """The shared-memory layout of a program's declared inputs, computed once."""
+        if types is None:
+            return None
+        layout = self._input_layouts.get(program_key)
+        if layout is None:
+            offsets, size = shm.layout(types)
+            layout = self._input_layouts[program_key] = (types, offsets, size)
+        return layout
 
     def _enqueue(self, task: Task) -> Future[Any]:
         with self._lock:
-            if self._closing or self._broken is not None:
-                task.release()
-                raise self._broken or PoolClosedError("the pool is closed")
-            reason = self._quarantined.get(task.program_id)
-            if reason is not None:
-                task.release()
-                raise ProgramQuarantinedError(reason)
-            self._pending.append(task)
+            refusal = self._refusal_locked(task)
+            if refusal is None:
+                self._pending.append(task)
+        if refusal is not None:
+            task.release()
+            raise refusal
         # Dispatch from the caller's thread: waking the manager thread for it
         # would cost a thread switch (and a GIL hand-off) on every task.
-        self._dispatch()
-        if task.timeout is not None:
-            self._wake()  # the manager's next wait must end at this deadline
+        self._dispatch(Owner.CALLER)
         return task.future
 
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"\0")
+    def _refusal_locked(self, task: Task) -> BaseException | None:
+        if self._closing or self._broken is not None:
+            return self._broken or PoolClosedError("the pool is closed")
+        reason = self._quarantined.get(task.program_id)
+        return None if reason is None else ProgramQuarantinedError(reason)
 
-    def _cancel_pending_locked(self) -> None:
-        while self._pending:
-            task = self._pending.popleft()
-            task.release()
-            task.future.cancel()
+    def _wait(self, task: Task) -> list[np.ndarray]:
+        """Waits for the caller's own task; if the wait is interrupted, stops the task."""
+        try:
+            return task.future.result()
+        except BaseException as error:
+            if not task.future.done():
+                self._abandon(task, error)
+            raise
 
-    # -- processes (manager thread, except during start-up) -------------------
-
-    def _spawn(self, index: int) -> WorkerProcess:
-        worker = WorkerProcess(
-            index, self._platform, self._cache_dir, self._max_loaded, self._initializer
-        )
-        self._selector.register(worker.sock, selectors.EVENT_READ, ("socket", worker))
-        self._selector.register(worker.output_fd, selectors.EVENT_READ, ("output", worker))
+    def _abandon(self, task: Task, error: BaseException) -> None:
+        """Stops a task its caller gave up on: unqueued if waiting, its worker killed if running."""
+        reason = PoolError(f"the task's caller stopped waiting ({type(error).__name__})")
         with self._lock:
-            if index < len(self._workers):
-                self._workers[index] = worker
+            if task.done:
+                return
+            if task in self._pending:
+                self._pending.remove(task)
+                task.done = True
             else:
-                self._workers.append(worker)
+                task.kill_error = reason
+                for worker in self._workers:
+                    if worker.task is task:
+                        self._kill_locked(worker)
+                return
+        _cancel([task], reason)
+
+    # -- the direct path of Pool.run (the caller's thread) ----------------------
+
+    def _claim_for_caller(self, task: Task) -> WorkerProcess | None:
+        """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
+        with self._lock:
+            if self._pending or self._refusal_locked(task) is not None:
+                return None  # the queue keeps the order, or reports the refusal
+            worker = self._idle_worker_locked(task.program_id)
+            if worker is None:
+                return None
+            task.future.set_running_or_notify_cancel()
+            self._claim_locked(worker, task, Owner.CALLER)
+            # This thread reads the reply: the manager must not even wake for it.
+            self._unwatch_locked(worker)
         return worker
 
-    def _abandon_start(self) -> None:
+    def _run_directly(self, worker: WorkerProcess, task: Task) -> list[np.ndarray]:
+        """Sends a claimed worker its task and reads the reply in the caller's thread.
+
+        Whatever happens, the worker goes back to the manager: the reply's
+        handling returns it (idle), a dead worker is handed over for the
+        manager to reap (which fails or requeues the task), and an
+        interruption kills it first (a frame may be cut short, and the
+        caller no longer wants the task).
+        """
+        try:
+            message, fds = self._request_for(task, worker)
+        except BaseException as error:
+            self._unclaim(worker, task, error)
+            raise
+        handled = False
+        try:
+            worker.send(message, fds)
+            protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
+            try:
+                reply, reply_fds = worker.receive()
+                dropped = None
+            except protocol.DescriptorLimitError as error:
+                reply, reply_fds, dropped = error.message, [], error
+            handled = True
+            self._on_message(worker, reply, reply_fds, dropped)
+        except (OSError, protocol.ConnectionLostError):
+            if not handled:  # the worker died: the manager reaps it and settles the task
+                self._hand_over(worker)
+        except BaseException as error:
+            if not handled:
+                self._stop_task_of(worker, task, error)
+            raise
+        if self._pending:  # queued meanwhile, or the reply asked to send the task again
+            self._dispatch(Owner.CALLER)
+        return self._wait(task)
+
+    def _stop_task_of(self, worker: WorkerProcess, task: Task, error: BaseException) -> None:
+        """The caller was interrupted while it held the worker: kill it and hand it over."""
+        with self._lock:
+            if not task.done and task.kill_error is None:
+                task.kill_error = PoolError(
+                    f"the task's caller was interrupted ({type(error).__name__}); the task was "
+                    "stopped and its worker replaced"
+                )
+            self._kill_locked(worker)
+            self._return_locked(worker)
+
+    # -- claiming and handing back workers (any thread) --------------------------
+
+    def _idle_worker_locked(self, program_key: str) -> WorkerProcess | None:
+        """An idle worker, one that has the program loaded if there is one."""
+        first = None
         for worker in self._workers:
-            worker.kill()
-            worker.stop(0.1)
+            if worker.state is State.IDLE:
+                if program_key in worker.loaded:
+                    return worker
+                first = first or worker
+        return first
 
-    def _forget(self, worker: WorkerProcess) -> int | None:
-        """Unregisters a dead worker, reaps it and collects the rest of its output."""
-        for item in (worker.sock, worker.output_fd):
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(item)
-        returncode = worker.wait_exit(5.0)
-        if returncode is None:
-            worker.kill()
-            returncode = worker.wait_exit(10.0)
-        worker.close()
+    def _claim_locked(self, worker: WorkerProcess, task: Task, owner: Owner) -> None:
+        """IDLE -> BUSY with `task`, owned by the claiming thread."""
+        worker.move(State.BUSY)
+        worker.task = task
+        worker.owner = owner
+        task.deadline = None
+        if task.timeout is not None and math.isfinite(task.timeout):
+            task.deadline = time.monotonic() + task.timeout
+            if owner is Owner.CALLER:
+                self._wake()  # the manager's wait must end at this deadline
+
+    def _unwatch_locked(self, worker: WorkerProcess) -> None:
+        """Takes a worker's socket out of the manager's wait set (a caller holds it)."""
+        if worker.watched:
+            self._watch.remove(worker.sock.fileno())
+            worker.watched = False
+
+    def _return_locked(self, worker: WorkerProcess) -> None:
+        """Gives a caller-owned worker back to the manager (its socket into the wait set)."""
+        if worker.owner is Owner.CALLER:
+            worker.owner = Owner.MANAGER
+            if not worker.watched and worker.state is not State.DEAD:
+                # epoll takes the change even while the manager is waiting in it.
+                self._watch.add(worker.sock.fileno(), ("socket", worker))
+                worker.watched = True
+            if self._closing:
+                self._wake()  # close() waits for this worker to be free
+
+    def _hand_over(self, worker: WorkerProcess) -> None:
+        """A caller sent a request (or failed to): the manager reads what follows."""
         with self._lock:
-            self._retired_counters = self._retired_counters.add(CacheCounters(**worker.counters))
-            worker.counters = {}
-        return returncode
+            self._return_locked(worker)
 
-    def _on_worker_lost(self, worker: WorkerProcess) -> None:
-        with self._lock:  # settles a race with a thread claiming the worker directly
-            if worker.state is State.DEAD:
-                return
-            was_starting = worker.state is State.STARTING
-            worker.state = State.DEAD
-        returncode = self._forget(worker)
-        task, worker.task = worker.task, None
-        tail = worker.output_tail()
-        if task is not None:
-            self._fail_crashed(task, worker, returncode, tail)
-        elif was_starting:
-            self._on_startup_failure(
-                WorkerStartupError(
-                    f"a worker {describe_exit(returncode)} while starting; its output ends "
-                    f"with:\n{tail or '(nothing)'}"
-                )
-            )
-        if not self._closing and self._broken is None:
-            self._spawn(worker.index)
+    def _unclaim(self, worker: WorkerProcess, task: Task, error: BaseException) -> None:
+        """Nothing was sent: the worker goes back to IDLE; the task fails, or waits again."""
+        with self._lock:
+            worker.task = None
+            if worker.state is State.BUSY:
+                worker.move(State.IDLE)
+            self._return_locked(worker)
+            if isinstance(error, Exception):
+                settled = self._settle_locked(task)
+            else:  # interrupted: the task stays for another worker
+                self._pending.appendleft(task)
+                settled = False
+        if settled:
+            self._complete(task, error)
 
-    def _fail_crashed(
-        self, task: Task, worker: WorkerProcess, returncode: int | None, tail: str
-    ) -> None:
-        if worker.timed_out:
-            error: BaseException = TaskTimeoutError(
-                f"program {task.name!r} did not finish within {task.timeout:g} s "
-                f"({task.kind}); its worker (pid {worker.pid}) was killed and replaced"
-            )
-        else:
-            self._crashes[task.program_id] += 1
-            crashes = self._crashes[task.program_id]
-            message = (
-                f"the worker (pid {worker.pid}) running program {task.name!r} ({task.kind}) "
-                f"{describe_exit(returncode)}: {likely_cause(returncode)}. "
-                "Only this task failed; a replacement worker was started."
-            )
-            if crashes >= self._max_crashes:
-                reason = (
-                    f"program {task.name!r} crashed {crashes} workers and is quarantined: "
-                    "this pool will not run it again"
-                )
-                with self._lock:
-                    self._quarantined[task.program_id] = reason
-                message += f" It has now crashed {crashes} workers and is quarantined."
-            message += f"\nThe worker's output ends with:\n{tail or '(nothing)'}"
-            error = WorkerCrashedError(message, returncode, task.name, tail)
+    def _kill_locked(self, worker: WorkerProcess) -> None:
+        """Kills a worker (it becomes DYING; its end of file finishes it)."""
+        if worker.state in (State.STARTING, State.IDLE, State.BUSY):
+            worker.move(State.DYING)
+            worker.kill()
+
+    def _retire(self, worker: WorkerProcess) -> None:
+        """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)."""
+        with self._lock:
+            worker.killed_by_pool = True
+            self._kill_locked(worker)
+            self._return_locked(worker)
+
+    # -- settling tasks ------------------------------------------------------------
+
+    def _settle_locked(self, task: Task) -> bool:
+        """The one transition to DONE: True for the single caller that makes it."""
+        if task.done:
+            return False
+        task.done = True
+        return True
+
+    @staticmethod
+    def _complete(task: Task, outcome: Any) -> None:
+        """Resolves a settled task's future and gives back its shared memory (not locked)."""
         task.release()
-        _fail(task.future, error)
+        if isinstance(outcome, BaseException):
+            _fail(task.future, outcome)
+        else:
+            _resolve(task.future, outcome)
 
-    def _on_startup_failure(self, error: BaseException) -> None:
-        if not self._started.is_set():
-            self._startup_error = error
-            self._started.set()
-            return
-        self._startup_failures += 1
-        logger.warning("a replacement worker failed to start: %s", error)
-        if self._startup_failures >= 3:
-            self._break(error)
-
-    def _break(self, error: BaseException) -> None:
+    def _finish(self, worker: WorkerProcess, task: Task, outcome: Any) -> None:
+        """A reply was handled: settle its task (or queue it again) and free the worker."""
         with self._lock:
-            self._broken = PoolClosedError(f"the pool is broken: {error}")
-            self._broken.__cause__ = error
-            pending = list(self._pending)
-            self._pending.clear()
-        for task in pending:
-            task.release()
-            _fail(task.future, self._broken)
+            if worker.task is task:
+                worker.task = None
+            if worker.state is State.BUSY:
+                worker.move(State.IDLE)
+            self._return_locked(worker)
+            if outcome is _RESEND and not task.done:
+                self._pending.appendleft(task)
+                settled = False
+            else:
+                settled = self._settle_locked(task)
+        if settled:
+            self._complete(task, outcome)
 
-    # -- messages (manager thread) -------------------------------------------
+    # -- dispatch (any thread) ---------------------------------------------------------
 
-    def _on_message(self, worker: WorkerProcess, message: Any, fds: list[int]) -> None:
+    def _dispatch(self, owner: Owner) -> None:
+        """Sends pending tasks to idle workers; `owner` is who calls (the manager or a caller).
+
+        A worker is claimed under the lock, so only the claiming thread sends
+        to it; a caller then hands it to the manager, which reads the reply.
+        """
+        while True:
+            dropped: Any = None
+            with self._lock:
+                if self._broken is not None or not self._pending:
+                    return
+                worker = self._idle_worker_locked(self._pending[0].program_id)
+                if worker is None:
+                    return
+                task = self._pending.popleft()  # never settled while queued
+                reason = self._quarantined.get(task.program_id)
+                if reason is not None:
+                    task.done = True
+                    dropped = ProgramQuarantinedError(reason)
+                elif not (task.future.running() or task.future.set_running_or_notify_cancel()):
+                    task.done = True  # cancelled while queued
+                    dropped = _CANCELLED
+                else:
+                    self._claim_locked(worker, task, owner)
+            if dropped is _CANCELLED:
+                task.release()
+            elif dropped is not None:
+                self._complete(task, dropped)
+            else:
+                self._send(worker, task, owner)
+
+    def _send(self, worker: WorkerProcess, task: Task, owner: Owner) -> None:
+        """Sends a claimed worker its task; hands the worker to the manager if a caller sent."""
+        try:
+            message, fds = self._request_for(task, worker)
+        except BaseException as error:
+            self._unclaim(worker, task, error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        try:
+            worker.send(message, fds)
+        except OSError:
+            pass  # it died: the manager sees its end of file and sends the task elsewhere
+        except BaseException:
+            self._retire(worker)  # interrupted mid-frame: the stream is broken
+            raise
+        if owner is Owner.CALLER:
+            self._hand_over(worker)
+
+    def _request_for(self, task: Task, worker: WorkerProcess) -> tuple[Any, tuple[int, ...]]:
+        """The message (and descriptors) that give a task to the worker claimed for it."""
+        if task.kind == "run" and task.output_fd < 0:
+            self._offer_output_segment(task)
+        return task.request(
+            task.program_id in worker.loaded,
+            worker.arena,
+            want_output_types=task.program_id not in self._output_types,
+        )
+
+    def _offer_output_segment(self, task: Task) -> None:
+        """Gives a run whose outputs will not fit the arena a recycled segment, if one fits."""
+        types = self._output_types.get(task.program_id)
+        if types is None:
+            return  # the first run of a program: its output size is not known yet
+        start = shm.aligned(task.input_size) if task.in_arena else 0
+        if shm.layout(types, start)[1] <= ARENA_SIZE:
+            return
+        recycled = self._segments.take(shm.layout(types)[1])
+        if recycled is not None:
+            task.output_fd, task.output_capacity = recycled
+            task.segments = self._segments
+
+    # -- replies (the worker's owner: the manager, or Pool.run's caller) ---------
+
+    def _on_message(
+        self,
+        worker: WorkerProcess,
+        message: Any,
+        fds: list[int],
+        dropped: BaseException | None = None,
+    ) -> None:
+        """Handles one message from a worker; a BUSY worker always ends up handed back."""
         if isinstance(message, protocol.Ready):
             _close_all(fds)
             self._on_ready(worker, message)
@@ -580,37 +788,35 @@ class Pool(CompilesMany):
         if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
             _close_all(fds)
             logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
+            self._retire(worker)
             return
-        with self._lock:
-            if message.counters is not None:
-                worker.counters = message.counters
-            if message.statistics is not None:
-                self._statistics = self._statistics.add(message.statistics)
-        outcome: Any
+        outcome: Any = None
         try:
+            if message.statistics is not None or message.counters is not None:
+                with self._lock:
+                    if message.counters is not None:
+                        worker.counters = message.counters
+                    if message.statistics is not None:
+                        self._statistics = self._statistics.add(message.statistics)
+            if dropped is not None:
+                raise dropped
             outcome = self._outcome(worker, task, message, fds)
         except Exception as error:  # the task's own failure, or reading its outputs failed
             outcome = error
+        except BaseException as error:  # interrupted while reading the outputs
+            outcome = PoolError(f"reading the task's outputs was interrupted ({error!r})")
+            raise
         finally:
             _close_all(fds)
-        # Only now may the worker (and its arena) take another task.
-        with self._lock:
-            worker.task = None
-            worker.state = State.IDLE
-            if outcome is _RESEND:
-                self._pending.appendleft(task)
-                return
-        task.release()
-        if isinstance(outcome, BaseException):
-            _fail(task.future, outcome)
-        else:
-            _resolve(task.future, outcome)
+            self._finish(worker, task, outcome)
 
     def _outcome(
         self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]
     ) -> Any:
         """Returns a reply's result (or _RESEND to send the task again); raises its error."""
         if reply.error is not None:
+            if reply.fatal:
+                raise self._device_failure(worker, task, reply.error)
             lost = reply.error.qualname == "LookupError" and task.program is not None
             if lost and not task.resend_program:
                 # The worker unloaded the program although the parent's mirror
@@ -631,14 +837,53 @@ class Pool(CompilesMany):
             # The arena is reused by the next task: copy the (small) outputs out.
             return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
         if reply.output_place == "given":
-            fd, capacity = task.output_fd, task.output_capacity
+            fd, capacity, lent = task.output_fd, task.output_capacity, True
             task.output_fd = -1  # the outputs' arrays own the segment now
         else:
             fd, capacity = fds.pop(0), reply.output_size
-        segment = shm.attach(fd, capacity, keep_fd=True)
-        # When the arrays are garbage, the segment goes back for reuse.
-        self._segments.adopt(segment, fd, capacity)
-        return shm.views(segment, types, reply.output_offsets)
+            lent = self._segments.try_lend()
+        try:
+            mapping = Mapping(fd, capacity)
+        except BaseException:
+            if lent:
+                self._segments.give(fd, capacity)
+            else:
+                os.close(fd)
+            raise
+        if lent:
+            # When the arrays are garbage, the segment goes back for reuse.
+            self._segments.adopt(fd, capacity, mapping)
+        else:
+            os.close(fd)  # past the descriptor bound: the mapping alone keeps the memory
+        return shm.views(mapping.as_array(), types, reply.output_offsets)
+
+    def _device_failure(
+        self, worker: WorkerProcess, task: Task, remote: protocol.RemoteError
+    ) -> DeviceFailureError:
+        """A device error left the worker unusable: retire it and count a crash."""
+        self._retire(worker)
+        message = (
+            f"the device failed while the worker (pid {worker.pid}) ran program {task.name!r} "
+            f"({task.kind}): {remote.message}. Such an error leaves the process's device "
+            "context unusable, so the worker was replaced; only this task failed."
+            + self._count_crash(task)
+        )
+        error = DeviceFailureError(message, None, task.name, worker.output_tail())
+        error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
+        return error
+
+    def _count_crash(self, task: Task) -> str:
+        """Counts a crash of the task's program; returns what to add to its message."""
+        with self._lock:
+            self._crashes[task.program_id] += 1
+            crashes = self._crashes[task.program_id]
+            if crashes < self._max_crashes:
+                return ""
+            self._quarantined[task.program_id] = (
+                f"program {task.name!r} crashed {crashes} workers and is quarantined: "
+                "this pool will not run it again"
+            )
+        return f" It has now crashed {crashes} workers and is quarantined."
 
     def _on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
         if ready.error is not None:
@@ -646,162 +891,284 @@ class Pool(CompilesMany):
                 f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
             )
             error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
-            worker.kill()
-            self._forget(worker)
+            with self._lock:
+                self._kill_locked(worker)
             self._on_startup_failure(error)
             return
-        worker.state = State.IDLE
-        worker.plugin = ready.plugin
-        worker.startup_seconds = time.monotonic() - worker.started_at
-        self._startup_failures = 0
-        if not self._started.is_set() and all(w.state is not State.STARTING for w in self._workers):
+        with self._lock:
+            if worker.state is not State.STARTING:
+                return  # killed while starting (terminate)
+            worker.move(State.IDLE)
+            worker.plugin = ready.plugin
+            worker.startup_seconds = time.monotonic() - worker.started_at
+            self._startup_failures = 0
+            everyone = all(w.state is not State.STARTING for w in self._workers)
+        if everyone and not self._started.is_set():
             self._started.set()
 
-    # -- dispatch and deadlines (manager thread) ------------------------------
-
-    def _dispatch(self) -> None:
-        """Sends pending tasks to idle workers; called by the manager and by submitters.
-
-        A worker is claimed (made BUSY, given its task) under the lock, so only
-        the claiming thread sends to it; the manager reads its reply later.
-        """
-        while True:
-            with self._lock:
-                idle = [w for w in self._workers if w.state is State.IDLE]
-                if not idle or not self._pending or self._broken is not None:
-                    return
-                task = self._pending.popleft()
-                reason = self._quarantined.get(task.program_id)
-                if reason is None and not task.future.cancelled():
-                    worker = next((w for w in idle if task.program_id in w.loaded), idle[0])
-                    worker.state = State.BUSY
-                    worker.task = task
-                    if task.timeout is not None:
-                        task.deadline = time.monotonic() + task.timeout
-            if reason is not None:
-                task.release()
-                _fail(task.future, ProgramQuarantinedError(reason))
-                continue
-            if task.future.cancelled():
-                task.release()
-                continue
-            message, fds = self._request_for(task, worker)
-            # A Future cancelled from here on still runs; its result is dropped.
-            if not task.future.running():
-                task.future.set_running_or_notify_cancel()
-            try:
-                worker.send(message, fds)
-            except OSError:
-                # The worker died before taking the task: requeue the task, and
-                # let the end-of-file on the worker's socket replace the worker.
-                with self._lock:
-                    worker.task = None
-                    self._pending.appendleft(task)
-                continue
-
-    def _request_for(self, task: Task, worker: WorkerProcess) -> tuple[Any, tuple[int, ...]]:
-        """The message (and descriptors) that give a task to the worker claimed for it."""
-        if task.kind == "run" and task.output_fd < 0:
-            self._offer_output_segment(task)
-        return task.request(
-            task.program_id in worker.loaded,
-            worker.arena,
-            want_output_types=task.program_id not in self._output_types,
-        )
-
-    def _offer_output_segment(self, task: Task) -> None:
-        """Gives a run whose outputs will not fit the arena a recycled segment, if one fits."""
-        types = self._output_types.get(task.program_id)
-        if types is None:
-            return  # the first run of a program: its output size is not known yet
-        start = shm.aligned(task.input_size) if task.arrays is not None else 0
-        if shm.layout(types, start)[1] <= ARENA_SIZE:
-            return
-        recycled = self._segments.take(shm.layout(types)[1])
-        if recycled is not None:
-            task.output_fd, task.output_capacity = recycled
-            task.segments = self._segments
-
-    def _expire(self) -> float | None:
-        """Kills workers whose task is past its deadline; returns seconds to the next deadline."""
-        now = time.monotonic()
-        nearest = None
-        for worker in list(self._workers):
-            task = worker.task
-            if task is None or task.deadline is None or worker.state is not State.BUSY:
-                continue
-            if now >= task.deadline:
-                worker.timed_out = True
-                worker.kill()
-            else:
-                remaining = task.deadline - now
-                nearest = remaining if nearest is None else min(nearest, remaining)
-        return nearest
+    # -- the manager thread --------------------------------------------------------
 
     def _manage(self) -> None:
         try:
+            try:
+                for index in range(self._worker_count):
+                    self._spawn(index)
+            except Exception as error:
+                self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+                return
             self._manage_loop()
         except BaseException as error:  # a bug here must fail tasks, never hang them
             logger.exception("the pool's manager thread failed")
             self._break(error)
-            for worker in self._workers:
-                if worker.task is not None:
-                    _fail(worker.task.future, PoolClosedError(f"the pool failed: {error}"))
         finally:
             self._stop_workers()
 
     def _manage_loop(self) -> None:
         while True:
-            self._dispatch()
+            self._dispatch(Owner.MANAGER)
             with self._lock:
-                busy = any(w.state in (State.BUSY, State.STARTING) for w in self._workers)
-                finished = self._closing and not self._pending and not busy
-            if finished or (self._broken is not None and not busy):
+                busy = any(w.state in (State.BUSY, State.DYING) for w in self._workers)
+                done = not busy and (
+                    self._broken is not None or (self._closing and not self._pending)
+                )
+            if done:
                 return
             timeout = self._expire()
-            for key, _ in self._selector.select(timeout):
-                if key.data is None:
-                    with contextlib.suppress(BlockingIOError):
-                        while os.read(self._wake_r, 4096):
-                            pass
+            for what in self._watch.wait(timeout):
+                if what is None:
+                    self._drain_wake()
                     continue
-                kind, worker = key.data
-                if worker.state is State.DEAD:
-                    continue
+                kind, worker = what
                 if kind == "output":
                     if not worker.read_output():
-                        with contextlib.suppress(KeyError, ValueError):
-                            self._selector.unregister(worker.output_fd)
+                        self._watch.remove(worker.output_fd)
                     continue
-                try:
-                    message, fds = worker.receive()
-                except (protocol.ConnectionLostError, ConnectionResetError, OSError):
-                    self._on_worker_lost(worker)
+                self._on_readable(worker)
+
+    def _on_readable(self, worker: WorkerProcess) -> None:
+        """A manager-owned worker's socket has a message or its end of file."""
+        with self._lock:
+            if worker.state is State.DEAD:
+                return
+            if worker.owner is not Owner.MANAGER:
+                # A caller holds it (sending a task it dispatched): its reply or
+                # end of file is the manager's once the caller hands it back.
+                self._unwatch_locked(worker)
+                return
+            if worker.state is State.IDLE:
+                # An idle worker sends nothing: this is its end of file (or a
+                # protocol error). Keep it from being claimed while it is read.
+                worker.move(State.DYING)
+                worker.killed_by_pool = True
+        try:
+            message, fds = worker.receive()
+        except protocol.DescriptorLimitError as error:
+            self._on_message(worker, error.message, [], error)
+        except (protocol.ConnectionLostError, OSError):
+            self._on_worker_lost(worker)
+        else:
+            self._on_message(worker, message, fds)
+
+    def _expire(self) -> float | None:
+        """Kills workers whose task is past its deadline; returns seconds to the next deadline."""
+        now = time.monotonic()
+        nearest = None
+        with self._lock:
+            for worker in self._workers:
+                task = worker.task
+                if worker.state is not State.BUSY or task is None or task.deadline is None:
                     continue
-                self._on_message(worker, message, fds)
+                if now >= task.deadline:
+                    task.kill_error = TaskTimeoutError(
+                        f"program {task.name!r} did not finish within {task.timeout:g} s "
+                        f"({task.kind}); its worker (pid {worker.pid}) was killed and replaced"
+                    )
+                    self._kill_locked(worker)
+                else:
+                    remaining = task.deadline - now
+                    nearest = remaining if nearest is None else min(nearest, remaining)
+        return nearest
+
+    def _spawn(self, index: int) -> None:
+        worker = WorkerProcess(
+            index, self._platform, self._cache_dir, self._max_loaded, self._initializer
+        )
+        with self._lock:
+            self._watch.add(worker.sock.fileno(), ("socket", worker))
+            self._watch.add(worker.output_fd, ("output", worker))
+            if index < len(self._workers):
+                self._workers[index] = worker
+            else:
+                self._workers.append(worker)
+
+    def _reap(self, worker: WorkerProcess) -> int | None:
+        """Unregisters a dead worker, reaps it and collects the rest of its output."""
+        self._watch.remove(worker.sock.fileno())
+        self._watch.remove(worker.output_fd)
+        returncode = worker.wait_exit(5.0)
+        if returncode is None:
+            worker.kill()
+            returncode = worker.wait_exit(10.0)
+        worker.close()
+        with self._lock:
+            self._retired_counters = self._retired_counters.add(CacheCounters(**worker.counters))
+            worker.counters = {}
+        return returncode
+
+    def _on_worker_lost(self, worker: WorkerProcess) -> None:
+        """A worker's socket ended: reap it, settle or requeue its task, start a replacement."""
+        with self._lock:
+            was_starting = worker.state is State.STARTING
+            task, worker.task = worker.task, None
+            started = task is not None and worker.started(task.id)
+            worker.move(State.DEAD)
+        returncode = self._reap(worker)
+        tail = worker.output_tail()
+        if task is not None:
+            self._on_task_lost(task, worker, started, returncode, tail)
+        elif was_starting:
+            self._on_startup_failure(
+                WorkerStartupError(
+                    f"a worker {describe_exit(returncode)} while starting; its output ends "
+                    f"with:\n{tail or '(nothing)'}"
+                )
+            )
+        with self._lock:
+            respawn = not self._closing and self._broken is None
+        if respawn:
+            try:
+                self._spawn(worker.index)
+            except Exception as error:
+                self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+
+    def _on_task_lost(
+        self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str
+    ) -> None:
+        """Decides the fate of a task whose worker ended before it replied."""
+        error: BaseException | None = None
+        with self._lock:
+            if task.done:
+                return
+            if task.kill_error is not None:
+                error = task.kill_error  # its deadline, its caller or terminate()
+            elif worker.killed_by_pool or not started:
+                # Not the program's fault: the worker died before taking the task
+                # up, or was retired for another reason. Send it elsewhere.
+                if self._broken is not None:
+                    error = self._broken
+                elif task.requeues >= MAX_REQUEUES:
+                    error = WorkerCrashedError(
+                        f"program {task.name!r} ({task.kind}) was given to {task.requeues + 1} "
+                        f"workers that each died before starting it; the last "
+                        f"{describe_exit(returncode)}. Its output ends with:\n"
+                        f"{tail or '(nothing)'}",
+                        returncode,
+                        task.name,
+                        tail,
+                    )
+                else:
+                    task.requeues += 1
+                    self._pending.appendleft(task)
+                    return
+            settled = self._settle_locked(task)
+        if not settled:
+            return
+        if error is None:
+            message = (
+                f"the worker (pid {worker.pid}) running program {task.name!r} ({task.kind}) "
+                f"{describe_exit(returncode)}: {likely_cause(returncode)}. "
+                "Only this task failed; a replacement worker was started."
+                + self._count_crash(task)
+                + f"\nThe worker's output ends with:\n{tail or '(nothing)'}"
+            )
+            error = WorkerCrashedError(message, returncode, task.name, tail)
+        self._complete(task, error)
+
+    def _on_startup_failure(self, error: BaseException) -> None:
+        if not self._started.is_set():
+            self._startup_error = error
+            self._started.set()
+            return
+        self._startup_failures += 1
+        logger.warning("a replacement worker failed to start: %s", error)
+        if self._startup_failures >= 3:
+            self._break(error)
+
+    def _break(self, error: BaseException) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = PoolClosedError(f"the pool is broken: {error}")
+                self._broken.__cause__ = error
+            pending = self._take_pending_locked()
+        for task in pending:
+            self._complete(task, self._broken)
 
     def _stop_workers(self) -> None:
-        for worker in self._workers:
-            if worker.state is not State.DEAD:
-                for item in (worker.sock, worker.output_fd):
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(item)
-                task = worker.task
-                worker.stop(self._stop_grace)
-                if task is not None:
-                    task.release()
-                    _fail(task.future, PoolClosedError("the pool was closed during the task"))
+        """The manager's last act: stop every worker, fail what still runs, free memory."""
+        deadline = time.monotonic() + HAND_BACK_SECONDS
+        while True:
+            with self._lock:
+                held = [w for w in self._workers if w.owner is Owner.CALLER]
+                for worker in held:
+                    self._kill_locked(worker)  # only after a manager failure
+            if not held or time.monotonic() > deadline:
+                break
+            self._watch.wait(0.05)
+            self._drain_wake()
+        closed = PoolClosedError("the pool was closed during the task")
         with self._lock:
-            self._cancel_pending_locked()
-        self._selector.close()
+            stopping = [w for w in self._workers if w.owner is Owner.MANAGER]
+            unsettled = []
+            for worker in self._workers:
+                task, worker.task = worker.task, None
+                if task is not None and self._settle_locked(task):
+                    unsettled.append(task)
+            pending = self._take_pending_locked()
+        for worker in stopping:
+            self._watch.remove(worker.sock.fileno())
+            self._watch.remove(worker.output_fd)
+        stop_all([w for w in stopping if w.state is not State.DEAD], self._stop_grace)
+        for task in unsettled:
+            self._complete(task, task.kill_error or self._broken or closed)
+        _cancel(pending)
+        self._watch.close()
         self._segments.close()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    # -- small helpers -----------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _take_pending_locked(self) -> list[Task]:
+        """Empties the queue; the tasks are settled (to be failed or cancelled by the caller)."""
+        taken = [task for task in self._pending if self._settle_locked(task)]
+        self._pending.clear()
+        return taken
+
 
 _RESEND = object()
 """A reply's outcome that puts its task back in the queue."""
+
+_CANCELLED = object()
+"""A queued task whose future was cancelled."""
+
+
+def _cancel(tasks: list[Task], reason: BaseException | None = None) -> None:
+    """Cancels settled tasks that never ran; a task sent again after a worker died
+    (its future running already) fails with `reason` instead."""
+    for task in tasks:
+        task.release()
+        if not task.future.cancel():
+            _fail(task.future, reason or PoolClosedError("the pool was closed before the task ran"))
 
 
 def _close_all(fds: list[int]) -> None:
@@ -812,10 +1179,10 @@ def _close_all(fds: list[int]) -> None:
 
 
 def _resolve(future: Future[Any], result: Any) -> None:
-    if not future.done():  # a cancelled Future drops its result
+    with contextlib.suppress(InvalidStateError):  # a cancelled Future drops its result
         future.set_result(result)
 
 
 def _fail(future: Future[Any], error: BaseException) -> None:
-    if not future.done():
+    with contextlib.suppress(InvalidStateError):
         future.set_exception(error)

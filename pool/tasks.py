@@ -1,47 +1,93 @@
 """Task bookkeeping: what was asked, its future, and what to send for it.
 
 Kept apart from process bookkeeping (pool.workers): a Task knows its program,
-its arguments in shared memory and its future, never a process's state. The
-Pool moves tasks between its pending queue and the workers.
+its arguments and its future, never a process's state. The Pool moves tasks
+between its pending queue and the workers::
+
+    QUEUED --claimed with a worker--> RUNNING --settle()--> DONE   (exactly once)
+    RUNNING --worker died before starting it, or was killed for
+              another reason--> QUEUED again (at most MAX_REQUEUES times)
+
+A task is settled (its future resolved or failed, its shared memory given
+back) by exactly one thread: the one whose ``Pool._settle`` call flips
+``done`` under the pool's lock.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import mmap
 import os
+import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pool.segments import SegmentCache
+from pool.segments import SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
+from worker.compiler import compile_options as default_compile_options
 from worker.records import ArrayType, LoweredProgram
 
-_recent_ids: collections.OrderedDict[int, tuple[str, str | None, str]] = collections.OrderedDict()
-_RECENT_IDS = 4096
+MAX_REQUEUES = 3
+"""How often a task whose workers died before starting it is sent again before it fails."""
+
+_MEMO_BYTES = 64 << 20
+"""Program text (in characters) that the program-identity memo may keep alive."""
+
+_text_digests: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
+_memo_size = 0
+_memo_lock = threading.Lock()
 
 
-def program_id(program: LoweredProgram) -> str:
-    """Identifies a program within a pool: its platform and text (not its source locations).
+def _text_digest(text: str) -> str:
+    """The SHA-256 of a program text, memoized by the text object's identity.
 
-    Memoized by the identity of the text object, since the same program is
-    usually submitted many times and hashing a large module costs more than
-    a small program's whole round trip.
+    The same program is usually submitted many times, and hashing a large
+    module costs more than a small program's whole round trip. The memo
+    keeps the texts it knows alive (to make their identity safe to reuse),
+    so it holds at most _MEMO_BYTES of them, least recently used first out.
     """
-    memo = _recent_ids.get(id(program.text))
-    if memo is not None and memo[0] is program.text and memo[1] == program.platform:
-        return memo[2]
-    digest = hashlib.sha256(f"{program.platform or ''}\0{program.text}".encode()).hexdigest()
-    _recent_ids[id(program.text)] = (program.text, program.platform, digest)
-    while len(_recent_ids) > _RECENT_IDS:
-        _recent_ids.popitem(last=False)
+    global _memo_size
+    with _memo_lock:
+        memo = _text_digests.get(id(text))
+        if memo is not None and memo[0] is text:
+            _text_digests.move_to_end(id(text))
+            return memo[1]
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if len(text) <= _MEMO_BYTES // 4:
+        with _memo_lock:
+            old = _text_digests.pop(id(text), None)
+            if old is not None:
+                _memo_size -= len(old[0])
+            _text_digests[id(text)] = (text, digest)
+            _memo_size += len(text)
+            while _memo_size > _MEMO_BYTES:
+                _, (dropped, _) = _text_digests.popitem(last=False)
+                _memo_size -= len(dropped)
     return digest
+
+
+def program_id(program: LoweredProgram, compile_options: bytes | None = None) -> str:
+    """Identifies a program within a pool: platform, compile options and text.
+
+    Two programs with the same text compiled with different options are
+    different executables (fast math, for one, changes results), so the
+    options are part of the identity wherever the pool routes, caches or
+    quarantines a program. None means the default options.
+    """
+    return _identity(_text_digest(program.text), program.platform, compile_options)
+
+
+@functools.lru_cache(maxsize=4096)
+def _identity(text_digest: str, platform: str | None, compile_options: bytes | None) -> str:
+    options = default_compile_options() if compile_options is None else compile_options
+    return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
 
 
 @dataclass(eq=False)
@@ -58,19 +104,25 @@ class Task:
     input_types: tuple[ArrayType, ...] = ()
     input_offsets: tuple[int, ...] = ()
     input_size: int = 0
-    input_fd: int = -1
+    input_fd: int = -1  # a segment holding the inputs (large inputs)
     input_capacity: int = 0
+    input_lent: bool = False  # input_fd counts against the SegmentCache's descriptor bound
+    in_arena: bool = False  # the inputs go through the worker's arena
     output_fd: int = -1  # a recycled segment offered for large outputs
     output_capacity: int = 0
-    arrays: list[np.ndarray] | None = None  # small inputs, copied into the arena at dispatch
+    arrays: list[np.ndarray] | None = None  # the caller's arrays, while the caller waits (run)
+    packed: bytearray | None = None  # the inputs copied at submit, laid out as in shared memory
     segments: SegmentCache | None = None  # where released segments go
     zero_copy: bool = True
-    resend_program: bool = field(default=False)
+    resend_program: bool = False
     deadline: float | None = None
     cache_key: str | None = None  # a run by ProgramSpec: load this key, no program
     spec_types: tuple[ArrayType, ...] | None = None  # that ProgramSpec's input types
     compile_options: bytes | None = None
     declared_types: bool = True  # the inputs have the program's declared types
+    done: bool = False  # settled: flipped once, under the pool's lock
+    kill_error: BaseException | None = None  # what to fail with if the pool kills its worker
+    requeues: int = 0
 
     def request(
         self, worker_has_program: bool, arena: mmap.mmap, want_output_types: bool
@@ -78,15 +130,22 @@ class Task:
         """Returns the message for a worker and the descriptors to send with it.
 
         Small inputs are copied into the worker's arena here, which the caller
-        has claimed along with the worker.
+        has claimed along with the worker; large inputs staged in private
+        memory (see stage_inputs) go into a segment now.
         """
         if self.kind == "compile":
             message = protocol.Compile(
                 self.id, self.program_id, self.program, self.name, self.compile_options
             )
             return message, ()
-        if self.arrays is not None:
-            shm.write(arena, self.arrays, self.input_offsets)
+        in_arena = self.in_arena
+        if in_arena:
+            if self.packed is not None:
+                memoryview(arena)[: len(self.packed)] = self.packed
+            elif self.arrays is not None:
+                shm.write(arena, self.arrays, self.input_offsets)
+        elif self.input_fd < 0:
+            self._packed_to_segment()
         include = self.cache_key is None and (self.resend_program or not worker_has_program)
         message = protocol.Run(
             self.id,
@@ -97,34 +156,58 @@ class Task:
             self.input_offsets,
             self.input_size,
             self.zero_copy,
-            in_arena=self.arrays is not None,
+            in_arena=in_arena,
             cache_key=self.cache_key,
             want_output_types=want_output_types,
             output_capacity=self.output_capacity if self.output_fd >= 0 else 0,
+            compile_options=self.compile_options if include else None,
         )
-        fds = () if self.arrays is not None else (self.input_fd,)
+        fds = () if in_arena else (self.input_fd,)
         if self.output_fd >= 0:
             fds += (self.output_fd,)
         return message, fds
 
-    def release(self, output_used: bool = False) -> None:
-        """Returns the task's segments for reuse once the worker is done with them.
+    def _packed_to_segment(self) -> None:
+        """Moves large inputs staged in private memory into a segment, for sending."""
+        assert self.segments is not None and self.packed is not None
+        packed = self.packed
 
-        With output_used, the offered output segment holds the results and
-        belongs to their arrays now (see SegmentCache.adopt) instead.
-        """
-        for fd, capacity, kept in (
-            (self.input_fd, self.input_capacity, False),
-            (self.output_fd, self.output_capacity, output_used),
+        def write(memory: Any) -> None:
+            memory[: len(packed)] = np.frombuffer(packed, np.uint8)
+
+        self.input_fd, self.input_capacity, self.input_lent = self.segments.segment_for(
+            self.input_size, write, reserved=False
+        )
+        self.packed = None
+
+    def own_inputs(self) -> None:
+        """Copies inputs still held by reference, before the caller gets control back."""
+        if self.arrays is not None and self.packed is None and self.input_fd < 0:
+            self.packed = pack(self.arrays, self.input_offsets, self.input_size)
+        self.arrays = None
+
+    def release(self) -> None:
+        """Gives the task's segments back for reuse once the worker is done with them."""
+        for fd, capacity, lent in (
+            (self.input_fd, self.input_capacity, self.input_lent),
+            (self.output_fd, self.output_capacity, True),  # taken from the SegmentCache
         ):
-            if fd < 0 or kept:
+            if fd < 0:
                 continue
             if self.segments is not None:
-                self.segments.give(fd, capacity)
+                self.segments.give(fd, capacity, lent)
             else:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.input_fd = self.output_fd = -1
+        self.arrays = self.packed = None
+
+
+def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytearray:
+    """Copies arrays into private memory laid out as they will be in shared memory."""
+    packed = bytearray(size)
+    shm.write(packed, arrays, offsets)  # type: ignore[arg-type]
+    return packed
 
 
 def stage_inputs(
@@ -132,14 +215,19 @@ def stage_inputs(
     arrays: list[np.ndarray],
     arena_limit: int,
     segments: SegmentCache,
-    layout: tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None = None,
+    layout: tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None,
+    caller_waits: bool,
 ) -> None:
-    """Prepares a task's inputs: kept for the worker's arena if small, else copied to a segment.
+    """Prepares a task's inputs so that later changes to the caller's arrays do not reach it.
 
-    Inputs of at most arena_limit bytes go through the worker's arena (copied
-    at dispatch); larger ones get a segment of their own, made here in the
-    submitting thread so that the manager thread never copies much. `layout`
-    gives the types, offsets and size when they are known (declared types).
+    With caller_waits (Pool.run: the caller gets control back only when the
+    task is settled), small inputs stay by reference and are copied straight
+    into the worker's arena; otherwise they are copied here. Inputs larger
+    than arena_limit go into a segment of their own, made here in the
+    submitting thread so that the manager thread never copies much; when
+    the pool's descriptor budget is spent (many tasks queued), they are
+    copied into private memory instead and into a segment at dispatch.
+    `layout` gives the types, offsets and size when they are known.
     """
     if layout is not None:  # the program's declared types: computed once per program
         task.input_types, task.input_offsets, task.input_size = layout
@@ -147,19 +235,16 @@ def stage_inputs(
         task.input_types = types_of(arrays)
         task.input_offsets, task.input_size = shm.layout(task.input_types)
     if task.input_size <= arena_limit:
-        task.arrays = arrays
+        task.in_arena = True
+        if caller_waits:
+            task.arrays = arrays
+        else:
+            task.packed = pack(arrays, task.input_offsets, task.input_size)
         return
     task.segments = segments
-    recycled = segments.take(task.input_size)
-    if recycled is None:
-        fd, segment = shm.create(task.input_size, "pjrt-pool-inputs", populate=True)
-        capacity = task.input_size
+    if segments.try_lend():
+        task.input_fd, task.input_capacity, task.input_lent = segments.segment_for(
+            task.input_size, writer(arrays, task.input_offsets), reserved=True
+        )
     else:
-        fd, capacity = recycled
-        segment = shm.attach(fd, capacity, populate=True, keep_fd=True)
-    try:
-        shm.write(segment, arrays, task.input_offsets)
-    except BaseException:
-        segments.give(fd, capacity)
-        raise
-    task.input_fd, task.input_capacity = fd, capacity
+        task.packed = pack(arrays, task.input_offsets, task.input_size)

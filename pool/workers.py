@@ -1,9 +1,32 @@
 """Process bookkeeping: spawning, watching and stopping worker processes.
 
-A WorkerProcess knows its subprocess, its socket, the tail of its output and
-which programs it has loaded; it knows nothing of futures or queues (that is
-pool.tasks). Every method here is called from the pool's manager thread,
-except spawn and stop during start-up and shutdown.
+A WorkerProcess knows its subprocess, its socket, the tail of its output,
+which programs it has loaded and where it is in its life (below); it knows
+nothing of futures or queues (that is pool.tasks). The Pool moves workers
+between states, always under its lock, with ``move``; a move the table does
+not allow raises, so a bookkeeping bug surfaces at once instead of hanging.
+
+Worker states and why each move happens::
+
+    STARTING --Ready----------------> IDLE      plugin loaded, initializer ran
+    STARTING --end of file----------> DEAD      it died starting (a start-up failure)
+    IDLE     --claim(task)----------> BUSY      a thread took it for one task
+    IDLE     --readable socket------> DYING     an idle worker only ever shows end of
+                                                file (or breaks the protocol): retire it
+    BUSY     --reply handled--------> IDLE      its task is settled or queued again
+    BUSY     --kill-----------------> DYING     deadline passed, its caller gave up, the
+                                                stream broke mid-frame, a device error,
+                                                or terminate()
+    BUSY     --end of file----------> DEAD      it died: its task is failed or requeued
+    DYING    --end of file----------> DEAD      reaped; the pool spawns a replacement
+    STARTING/IDLE --kill------------> DYING     terminate(), or a failed hand-over
+
+Who may use the socket is the `owner`, a separate fact: the manager thread
+or one caller thread. The manager's wait set (pool.watch) holds the socket
+while `watched`; a caller that reads the reply itself takes it out, and one
+that only sends leaves it in (the manager ignores, and unwatches, a socket
+it does not own). Ownership changes only under the pool's lock, and a caller
+hands a worker back to the manager in a ``finally``.
 """
 
 from __future__ import annotations
@@ -16,6 +39,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import time
 from typing import Any
@@ -35,14 +59,33 @@ _FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
 
+_STARTED = struct.Struct("<q")
+
 
 class State(enum.Enum):
-    """Where a worker is in its life."""
+    """Where a worker is in its life (see the module docstring)."""
 
-    STARTING = "starting"  # spawned, waiting for Ready
+    STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
+    DYING = "dying"
     DEAD = "dead"
+
+
+class Owner(enum.Enum):
+    """Which thread may use a worker's socket."""
+
+    MANAGER = "manager"  # the pool's manager thread, through its wait set
+    CALLER = "caller"  # one caller thread, with the socket out of the wait set
+
+
+_MOVES: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.IDLE, State.DYING, State.DEAD}),
+    State.IDLE: frozenset({State.BUSY, State.DYING, State.DEAD}),
+    State.BUSY: frozenset({State.IDLE, State.DYING, State.DEAD}),
+    State.DYING: frozenset({State.DEAD}),
+    State.DEAD: frozenset(),
+}
 
 
 class WorkerProcess:
@@ -59,17 +102,23 @@ class WorkerProcess:
         self.index = index
         self.max_loaded = max_loaded
         self.state = State.STARTING
+        self.owner = Owner.MANAGER
+        self.watched = True  # the socket is in the manager's wait set
         self.task: Any = None
+        self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.plugin: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
         self.started_at = time.monotonic()
         self.startup_seconds = 0.0
-        self.timed_out = False  # set when the pool kills it for running past a deadline
         self._output = bytearray()
 
+        # The arena comes first: a failure here leaves no process behind.
+        arena_fd, self.arena = shm.create(ARENA_SIZE + protocol.CONTROL_BYTES, "pjrt-pool-arena")
+        _STARTED.pack_into(self.arena, ARENA_SIZE, -1)
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         arguments = ["--fd", str(child_end.fileno()), "--max-loaded", str(max_loaded)]
+        arguments += ["--parent-pid", str(os.getpid())]
         if platform:
             arguments += ["--platform", platform]
         if cache_dir:
@@ -86,12 +135,15 @@ class WorkerProcess:
                 # workers behind the pool's back; the pool stops them itself.
                 start_new_session=True,
             )
+        except BaseException:
+            os.close(arena_fd)
+            parent_end.close()
+            raise
         finally:
             child_end.close()
         self.sock = parent_end
         self.output_fd = self.process.stdout.fileno() if self.process.stdout else -1
         os.set_blocking(self.output_fd, False)
-        arena_fd, self.arena = shm.create(ARENA_SIZE, "pjrt-pool-arena")
         try:
             protocol.send_frame(self.sock, protocol.Init(initializer, ARENA_SIZE), (arena_fd,))
         except OSError:
@@ -103,6 +155,16 @@ class WorkerProcess:
     def pid(self) -> int:
         """The worker's process id."""
         return self.process.pid
+
+    def move(self, to: State) -> None:
+        """Moves the worker to another state; the caller holds the pool's lock."""
+        if to not in _MOVES[self.state]:
+            raise RuntimeError(f"pjrt-pool bug: worker {self.pid} cannot go {self.state} -> {to}")
+        self.state = to
+
+    def started(self, task_id: int) -> bool:
+        """Whether the worker took up the task: it writes a task's id before working on it."""
+        return _STARTED.unpack_from(self.arena, ARENA_SIZE)[0] == task_id
 
     # -- output ----------------------------------------------------------
 
@@ -161,23 +223,10 @@ class WorkerProcess:
             return None
 
     def kill(self) -> None:
-        """Kills the process at once (SIGKILL)."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGKILL)
-
-    def stop(self, grace: float) -> int | None:
-        """Stops the worker: Exit request, then SIGTERM, then SIGKILL; reaps it."""
-        if self.process.poll() is None:
-            with contextlib.suppress(OSError):
-                self.send(protocol.Exit())
-            if self.wait_exit(grace) is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.terminate()
-                if self.wait_exit(grace) is None:
-                    self.kill()
-                    self.wait_exit(10.0)
-        self.close()
-        return self.process.returncode
+        """Kills the process at once (SIGKILL); it is reaped when its end of file is seen."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
         """Closes the parent's ends of the socket and output pipe (after the process ended)."""
@@ -189,6 +238,34 @@ class WorkerProcess:
             with contextlib.suppress(OSError):
                 self.read_output()
             self.process.stdout.close()
+
+
+def stop_all(workers: list[WorkerProcess], grace: float) -> None:
+    """Stops workers together: Exit request, then SIGTERM, then SIGKILL; reaps each.
+
+    All of them get each step at once, so stopping N hung workers takes about
+    2 x grace seconds, not N times that.
+    """
+    running = [w for w in workers if w.process.poll() is None]
+    for worker in running:
+        with contextlib.suppress(OSError):
+            worker.send(protocol.Exit())
+    for escalate in (None, "terminate", "kill"):
+        if escalate == "terminate":
+            for worker in running:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.terminate()
+        elif escalate == "kill":
+            for worker in running:
+                worker.kill()
+        deadline = time.monotonic() + (grace if escalate != "kill" else 10.0)
+        for worker in running:
+            worker.wait_exit(max(0.0, deadline - time.monotonic()))
+        running = [w for w in running if w.process.poll() is None]
+        if not running:
+            break
+    for worker in workers:
+        worker.close()
 
 
 def pickle_initializer(initializer: Any, initargs: tuple[Any, ...]) -> bytes:

@@ -41,6 +41,42 @@ def custom_call_program(target: str) -> LoweredProgram:
     return lower(call, [sds(8)], custom_calls=[target])
 
 
+def sleep_program(size: int = 1) -> LoweredProgram:
+    """y = x after sleeping x[0] milliseconds (the test library's sleep_ms handler)."""
+
+    def call(x):
+        return jax.ffi.ffi_call("sleep_ms", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    return lower(call, [sds(size)], custom_calls=["sleep_ms"])
+
+
+def milliseconds(ms: float, size: int = 1) -> np.ndarray:
+    """The argument of sleep_program that makes it sleep `ms` milliseconds."""
+    return np.full(size, ms, np.float32)
+
+
+def isnan_program() -> LoweredProgram:
+    """11 where x is NaN, else 0: fast-math compile options fold it to all zeros."""
+    return lower(lambda x: jnp.where(jnp.isnan(x), 11, 0), [sds(4)])
+
+
+def fast_math_options() -> bytes:
+    """CompileOptionsProto (one replica and partition) that lets XLA:CPU assume no NaNs.
+
+    Built with jaxlib's own CompileOptions, so that every other DebugOptions
+    field keeps its default; fast math that honours NaNs would not change
+    isnan_program's result.
+    """
+    from jax._src.lib import xla_client
+
+    options = xla_client.CompileOptions()
+    options.num_replicas = options.num_partitions = 1
+    debug = options.executable_build_options.debug_options
+    debug.xla_cpu_enable_fast_math = True
+    debug.xla_cpu_fast_math_honor_nans = False
+    return options.SerializeAsString()
+
+
 def handler_initializer(library: str):
     """An initializer (for Pool) that registers the test library's FFI handlers."""
 
@@ -50,7 +86,7 @@ def handler_initializer(library: str):
         from worker import register_custom_call
 
         handlers = worker_ctypes.CDLL(library)
-        for name in ("add_one", "null_deref"):
+        for name in ("add_one", "null_deref", "sleep_ms", "device_error"):
             register_custom_call(
                 name, worker_ctypes.cast(getattr(handlers, name), worker_ctypes.c_void_p).value
             )

@@ -14,9 +14,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--platform", default=None, help="platform whose plugin to load")
     parser.add_argument("--cache-dir", default=None, help="disk cache directory")
     parser.add_argument("--max-loaded", type=int, default=64, help="executables kept loaded")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when it dies")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     options = _parse(sys.argv[1:])
-    sys.exit(main(options.fd, options.platform, options.cache_dir, options.max_loaded))
+    sys.exit(
+        main(
+            options.fd, options.platform, options.cache_dir, options.max_loaded, options.parent_pid
+        )
+    )

@@ -14,12 +14,21 @@ disk cache or the network is ever unpickled.
 Messages are small dataclasses. Parent to worker: Init, Compile, Run, Exit.
 Worker to parent: Ready once after start-up, then one Reply per request, in
 order.
+
+Besides the frames, the worker's arena ends with CONTROL_BYTES that the
+worker writes and the parent reads: the id of the request the worker took
+up last, written before any work on it. When a worker dies, that tells the
+parent whether the task it was given had started (a crash to blame on the
+program) or not (the worker died idle: send the task elsewhere).
 """
 
 from __future__ import annotations
 
 import array
+import errno
+import os
 import pickle
+import resource
 import select
 import socket
 import struct
@@ -33,9 +42,41 @@ from worker.records import ArrayType, CompileStatistics, LoweredProgram, Program
 _HEADER = struct.Struct("<IB")
 MAX_FDS = 8
 
+CONTROL_BYTES = 64
+"""Bytes after the arena's data: the id of the request the worker started last (int64)."""
+
+STARTED = struct.Struct("<q")
+"""The layout of the started request's id at the start of the control bytes."""
+
 
 class ConnectionLostError(EOFError):
     """The other end closed the socket (the process exited or died)."""
+
+
+class DescriptorLimitError(OSError):
+    """This process has no file descriptor left for shared memory (EMFILE).
+
+    When the limit is hit while receiving, the frame was read whole (the
+    stream stays usable) but the descriptors sent with it were dropped by
+    the kernel; `message` holds what was received.
+    """
+
+    def __init__(self, doing: str, message: Any = None) -> None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            open_now = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            open_now = -1
+        count = f"{open_now} open, " if open_now >= 0 else ""
+        text = (
+            doing  # rebuilt from a worker's reply: the message is whole already
+            if doing.startswith("out of file descriptors")
+            else f"out of file descriptors while {doing} ({count}limit {soft}, the soft "
+            "RLIMIT_NOFILE): raise the limit (ulimit -n, resource.setrlimit), keep fewer large "
+            "results alive, or lower the pool's segment_fds"
+        )
+        super().__init__(errno.EMFILE, text)
+        self.message = message
 
 
 def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
@@ -92,7 +133,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
     """Receives one message and the file descriptors sent with it (caller closes them)."""
     fds: list[int] = []
-    data, ancillary, _, _ = sock.recvmsg(
+    data, ancillary, flags, _ = sock.recvmsg(
         _HEADER.size, socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
     )
     for level, kind, payload in ancillary:
@@ -104,9 +145,15 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
         raise ConnectionLostError("connection closed")
     if len(data) < _HEADER.size:
         data += _recv_exactly(sock, _HEADER.size - len(data))
-    length, _ = _HEADER.unpack(data)
+    length, sent_fds = _HEADER.unpack(data)
     kind, *fields = pickle.loads(_recv_exactly(sock, length))
-    return _MESSAGES[kind](*fields), fds
+    message = _MESSAGES[kind](*fields)
+    if flags & socket.MSG_CTRUNC or len(fds) != sent_fds:
+        # The kernel dropped descriptors this process had no room for.
+        for fd in fds:
+            os.close(fd)
+        raise DescriptorLimitError("receiving shared memory from another process", message)
+    return message, fds
 
 
 # -- parent to worker --------------------------------------------------------
@@ -120,6 +167,7 @@ class Init:
     life; small tasks pass inputs and outputs through it, saving the system
     calls of a fresh segment per task. `initializer` holds the user's
     cloudpickled callable and arguments, or is empty.
+    The segment is arena_size + CONTROL_BYTES long.
     """
 
     initializer: bytes
@@ -156,6 +204,7 @@ class Run:
     frame also carries a segment of that many bytes (after the input
     segment, if any) that the outputs should go to if they need more than
     the arena: a segment the parent recycled, whose pages are allocated.
+    `compile_options` go with `program`, for compiling it (None: the default).
     """
 
     task_id: int
@@ -170,6 +219,7 @@ class Run:
     cache_key: str | None = None
     want_output_types: bool = True
     output_capacity: int = 0
+    compile_options: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -233,9 +283,10 @@ class Reply:
     the worker's CompileStatistics and `counters` the worker's disk cache
     counters, both only when the request compiled or loaded something (None
     otherwise: nothing changed); `evicted` lists programs the worker unloaded
-    to make room. Fields are kept few and plain because every reply is
-    pickled, and a small program's whole round trip is a few hundred
-    microseconds.
+    to make room. `fatal` says the error left the device unusable (see
+    worker.device_errors): the worker exits after this reply. Fields are
+    kept few and plain because every reply is pickled, and a small
+    program's whole round trip is a few hundred microseconds.
     """
 
     task_id: int
@@ -248,6 +299,7 @@ class Reply:
     statistics: CompileStatistics | None = None
     counters: dict[str, int] | None = None
     evicted: tuple[str, ...] = ()
+    fatal: bool = False
 
 
 _MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply)

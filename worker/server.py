@@ -13,10 +13,13 @@ that repeated runs skip even the disk cache.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import functools
+import logging
 import mmap
 import os
+import signal
 import socket
 import sys
 import threading
@@ -28,6 +31,7 @@ from worker import protocol, shm
 from worker.cache import process_counters
 from worker.cached import load_cached_executable
 from worker.compiler import compile_program
+from worker.device_errors import fatal_device_error
 from worker.executable import Executable
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
 from worker.records import CompileStatistics, ProgramSpec
@@ -37,11 +41,34 @@ PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
 """How long a worker polls for the next request before sleeping (see spin_until_readable)."""
 
+DEVICE_FAILURE_EXIT = 75
+"""The exit status of a worker that stopped because its device became unusable."""
+
+_PR_SET_PDEATHSIG = 1
+
+logger = logging.getLogger("pjrt_pool.worker")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Makes the kernel kill this process when the parent's thread that spawned it ends.
+
+    The pool spawns workers from its manager thread, which outlives them.
+    This holds even for a stopped (SIGSTOPped) or hung worker, which the
+    watchdog thread below cannot help. The parent may have died before the
+    call took effect, hence the check after it.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
 
 def _watch_parent(parent_pid: int) -> None:
     """Exits the process when the parent dies, even in the middle of a long compile.
 
-    The socket's EOF tells an idle worker; this thread tells a busy one.
+    The socket's EOF tells an idle worker; this thread tells a busy one (and
+    covers systems without PR_SET_PDEATHSIG).
     """
     while True:
         time.sleep(PARENT_POLL_SECONDS)
@@ -62,10 +89,16 @@ class Server:
     """A worker's state: its socket, loaded executables and statistics."""
 
     def __init__(
-        self, sock: socket.socket, arena: mmap.mmap, cache_dir: str | None, max_loaded: int
+        self,
+        sock: socket.socket,
+        arena: mmap.mmap,
+        arena_size: int,
+        cache_dir: str | None,
+        max_loaded: int,
     ) -> None:
         self.sock = sock
-        self.arena = arena
+        self.arena = arena  # arena_size bytes of data, then the control bytes
+        self.arena_size = arena_size
         self.cache_dir = cache_dir
         self.max_loaded = max_loaded
         self.loaded: OrderedDict[str, Executable] = OrderedDict()
@@ -125,7 +158,7 @@ class Server:
         if views is None:
             types = executable.input_types
             offsets, end = shm.layout(executable.output_types, shm.aligned(request.input_size))
-            if types is None or end > len(self.arena):
+            if types is None or end > self.arena_size:
                 return None
             views = _ArenaViews(
                 shm.views(self.arena, types, request.input_offsets),
@@ -152,7 +185,7 @@ class Server:
         self, request: Run, input_fd: int | None, given_fd: int | None
     ) -> tuple[Reply, tuple[int, ...]]:
         executable, statistics, evicted = self._load(
-            request.program_id, request.program, request.cache_key
+            request.program_id, request.program, request.cache_key, request.compile_options
         )
         reply = functools.partial(
             Reply,
@@ -182,7 +215,7 @@ class Server:
         output_types = executable.output_types
         offsets, end = shm.layout(output_types, start)
         out_fds: tuple[int, ...] = ()
-        if end <= len(self.arena):
+        if end <= self.arena_size:
             outputs, place = self.arena, "arena"
         else:
             offsets, end = shm.layout(output_types)
@@ -207,7 +240,11 @@ class Server:
         if isinstance(request, Exit):
             return False
         task_id = getattr(request, "task_id", -1)
+        # Before any work: if this process dies from here on, the parent
+        # knows the task had started (see protocol.CONTROL_BYTES).
+        protocol.STARTED.pack_into(self.arena, self.arena_size, task_id)
         out_fds: tuple[int, ...] = ()
+        failure = None
         try:
             if isinstance(request, Compile):
                 reply = self.compile(request)
@@ -216,7 +253,8 @@ class Server:
             else:
                 raise TypeError(f"unknown request {type(request).__name__}")
         except Exception as error:  # every request failure is that request's reply
-            reply = Reply(task_id, error=RemoteError.of(error))
+            failure = fatal_device_error(error)
+            reply = Reply(task_id, error=RemoteError.of(error), fatal=failure is not None)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -227,6 +265,13 @@ class Server:
         finally:
             for fd in out_fds:
                 os.close(fd)
+        if failure is not None:
+            # The device context is unusable for good: end the process rather
+            # than fail every later task (and skip a teardown that may hang on it).
+            logger.error("the device failed (%s); this worker exits", failure)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(DEVICE_FAILURE_EXIT)
         return True
 
     def serve(self) -> None:
@@ -239,6 +284,11 @@ class Server:
                 request, fds = protocol.recv_frame(self.sock)
             except (protocol.ConnectionLostError, ConnectionResetError):
                 return
+            except protocol.DescriptorLimitError as error:
+                # The request arrived without its segments: answer it as failed.
+                task_id = getattr(error.message, "task_id", -1)
+                protocol.send_frame(self.sock, Reply(task_id, error=RemoteError.of(error)))
+                continue
             if not self.handle(request, fds):
                 return
 
@@ -261,21 +311,31 @@ def _run_initializer(payload: bytes) -> None:
     function(*arguments)
 
 
-def main(fd: int, platform: str | None, cache_dir: str | None, max_loaded: int) -> int:
+def main(
+    fd: int,
+    platform: str | None,
+    cache_dir: str | None,
+    max_loaded: int,
+    parent_pid: int | None = None,
+) -> int:
     """Starts the worker on an inherited socket descriptor; returns the exit status."""
     started = time.perf_counter()
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    _die_with_parent(parent_pid)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     sock = socket.socket(fileno=fd)
     error = None
     plugin: dict[str, Any] = {}
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
+    arena_size = 0
     try:
         runtime = get_runtime(platform)
         plugin = runtime.describe()
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:
             raise RuntimeError(f"expected Init with an arena first, got {request!r}")
-        arena = shm.attach(fds[0], request.arena_size)
+        arena = shm.attach(fds[0], request.arena_size + protocol.CONTROL_BYTES)
+        arena_size = request.arena_size
         if request.initializer:
             _run_initializer(request.initializer)
     except protocol.ConnectionLostError:
@@ -286,5 +346,5 @@ def main(fd: int, platform: str | None, cache_dir: str | None, max_loaded: int) 
     if error is not None:
         return 1
     sys.stdout.flush()
-    Server(sock, arena, cache_dir, max_loaded).serve()
+    Server(sock, arena, arena_size, cache_dir, max_loaded).serve()
     return 0

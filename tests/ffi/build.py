@@ -2,7 +2,8 @@
 
 Test modules reuse it through the ``ffi_library`` fixture of conftest.py, or
 ``from ffi.build import build_handlers`` (pytest puts tests/ on sys.path). The library exports
-``add_one`` (f32 in, out = in + 1) and ``null_deref`` (SIGSEGV when run).
+``add_one`` (f32 in, out = in + 1), ``null_deref`` (SIGSEGV when run), ``sleep_ms``
+(out = in after sleeping in[0] ms) and ``device_error`` (fails as a lost CUDA device does).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().with_name("handlers.cc")
 
-HANDLERS = ("add_one", "null_deref")
+HANDLERS = ("add_one", "null_deref", "sleep_ms", "device_error")
 """The exported handler symbols."""
 
 
