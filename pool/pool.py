@@ -59,7 +59,7 @@ from pool.tasks import Task, program_id, stage_inputs
 from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
-from worker.cache import CacheCounters
+from worker.cache import CacheCounters, check_cache_dir
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -127,6 +127,7 @@ class Pool(CompilesMany):
             raise ValueError(f"task_timeout must be positive or None, not {task_timeout!r}")
         self._platform = platform
         self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        check_cache_dir(self._cache_dir)  # fail fast on a cache directory others could write
         self._task_timeout = task_timeout
         self._max_loaded = max_loaded
         self._max_crashes = max_crashes
