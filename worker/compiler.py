@@ -222,6 +222,9 @@ def compile_program(
     cache key); the plugin checks it, and malformed options can make it abort
     the process, which is why a Pool compiles in worker processes.
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
+    A cache directory that someone other than this user (or, in a
+    group-shared cache, its group) could write raises UntrustedCacheError;
+    see worker.cache.trust, and worker.cache.signing for signed entries.
     """
     program = _check_program(program)
     if compile_options is None:
