@@ -57,6 +57,10 @@ struct OutputType {
   std::vector<int64_t> dims;
 };
 
+// Bytes per element of a PJRT_Buffer_Type with a byte-sized host layout; 0 for
+// any other code (INVALID, TOKEN, packed sub-byte types, unknown codes).
+size_t ElementSize(int element_type);
+
 // One argument in host memory: dense, row-major.
 struct HostInput {
   const void* data;
@@ -85,6 +89,8 @@ class Executable {
   // Runs once on the client's device. Inputs 64-byte aligned are handed to
   // PJRT without copying when `zero_copy` is set; each output is copied into
   // the matching HostOutput, whose size must be the output's exact size.
+  // Throws std::invalid_argument, before any PJRT call, for an input whose
+  // element type is not known or whose size is not dims x element size.
   // Blocks until the outputs are written; call without the GIL.
   void Execute(const std::vector<HostInput>& inputs,
                const std::vector<HostOutput>& outputs, bool zero_copy) const;

@@ -1,6 +1,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,43 @@ std::vector<OutputType> ReadOutputTypes(const PJRT_Api* api, PJRT_Executable* ex
     next_dim += dims.dim_sizes[i];
   }
   return outputs;
+}
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  return text + "]";
+}
+
+// Checks an input before PJRT sees it: PJRT reads dims x element-size bytes
+// from the pointer whatever the buffer holds, and aborts the process on an
+// element type it does not know. The Python side converts arguments to the
+// program's types first; this is the last line, for every caller.
+void CheckInput(const HostInput& input, size_t index) {
+  const std::string which = "input " + std::to_string(index);
+  const size_t element_size = ElementSize(input.element_type);
+  if (element_size == 0) {
+    throw std::invalid_argument(
+        which + " has element type " + std::to_string(input.element_type) +
+        ", which is not a PJRT_Buffer_Type with a byte-sized host layout that pjrt-pool "
+        "supports (codes 1-20 and 26-28)");
+  }
+  size_t expected = element_size;
+  for (int64_t dim : input.dims) {
+    if (dim < 0 || __builtin_mul_overflow(expected, static_cast<size_t>(dim), &expected)) {
+      throw std::invalid_argument(which + " has invalid dimensions " + DimsText(input.dims));
+    }
+  }
+  if (expected != input.size) {
+    throw std::invalid_argument(
+        which + " has dimensions " + DimsText(input.dims) + " of element type " +
+        std::to_string(input.element_type) + " (" + std::to_string(element_size) +
+        " bytes each), which need " + std::to_string(expected) + " bytes, but its buffer has " +
+        std::to_string(input.size) + " bytes");
+  }
 }
 
 bool IsAligned(const void* data, uintptr_t alignment) {
@@ -147,6 +185,41 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
 
 }  // namespace
 
+size_t ElementSize(int element_type) {
+  switch (element_type) {
+    case PJRT_Buffer_Type_PRED:
+    case PJRT_Buffer_Type_S8:
+    case PJRT_Buffer_Type_U8:
+    case PJRT_Buffer_Type_F8E5M2:
+    case PJRT_Buffer_Type_F8E4M3FN:
+    case PJRT_Buffer_Type_F8E4M3B11FNUZ:
+    case PJRT_Buffer_Type_F8E5M2FNUZ:
+    case PJRT_Buffer_Type_F8E4M3FNUZ:
+    case PJRT_Buffer_Type_F8E4M3:
+    case PJRT_Buffer_Type_F8E3M4:
+    case PJRT_Buffer_Type_F8E8M0FNU:
+      return 1;
+    case PJRT_Buffer_Type_S16:
+    case PJRT_Buffer_Type_U16:
+    case PJRT_Buffer_Type_F16:
+    case PJRT_Buffer_Type_BF16:
+      return 2;
+    case PJRT_Buffer_Type_S32:
+    case PJRT_Buffer_Type_U32:
+    case PJRT_Buffer_Type_F32:
+      return 4;
+    case PJRT_Buffer_Type_S64:
+    case PJRT_Buffer_Type_U64:
+    case PJRT_Buffer_Type_F64:
+    case PJRT_Buffer_Type_C64:
+      return 8;
+    case PJRT_Buffer_Type_C128:
+      return 16;
+    default:  // INVALID, TOKEN, the packed sub-byte types, and codes unknown here
+      return 0;
+  }
+}
+
 Executable::Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable)
     : client_(std::move(client)), executable_(std::move(executable)) {
   Owned<PJRT_Executable> view = GetExecutable(client_->api(), executable_.get());
@@ -182,6 +255,7 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
                             " outputs but " + std::to_string(outputs.size()) +
                             " output buffers were given");
   }
+  for (size_t i = 0; i < inputs.size(); ++i) CheckInput(inputs[i], i);
 
   InputBuffers input_buffers(api);
   auto from_host = PJRT_FN(api, PJRT_Client_BufferFromHostBuffer);

@@ -1,6 +1,8 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
-// and the only place the GIL is released (around compile, deserialize and
-// execute, which can run for seconds).
+// (PjrtException -> PjrtError, PluginLoadException -> PluginLoadError, and
+// pybind11's own std::invalid_argument -> ValueError for bad inputs) and the
+// only place the GIL is released (around compile, deserialize and execute,
+// which can run for seconds).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -221,5 +223,7 @@ PYBIND11_MODULE(_pjrt, m) {
       .def("execute", &Execute, py::arg("inputs"), py::arg("element_types"),
            py::arg("outputs"), py::arg("zero_copy"),
            "Runs with C-contiguous input buffers of the given PJRT element types and "
-           "writes each output into the matching writable buffer.");
+           "writes each output into the matching writable buffer. Raises ValueError, "
+           "before the plugin sees anything, for an unknown element type or a buffer "
+           "whose size is not its dims times the element size.");
 }

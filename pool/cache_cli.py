@@ -6,6 +6,10 @@ else the user cache directory); no command but prune and clear changes it,
 and none creates it. Nothing here imports JAX; ``verify --load`` loads
 entries with the plugin in child processes (``python -m worker.cache.verify``),
 so that an entry that crashes the plugin is reported instead of crashing this.
+A directory that others could write is refused (exit 1) as compiling refuses
+it (see worker.cache.trust), and with signing on (PJRT_POOL_CACHE_SECRET or
+PJRT_POOL_CACHE_KEY_FILE) verify reports entries without the right signature
+as bad.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any
 from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, format_size, parse_size
+from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
 from worker.cache import report as cache_report
+from worker.cache.report import UNREADABLE
 from worker.cache.verify import OTHER
 
 LOAD_TIMEOUT = 120.0
@@ -55,9 +60,9 @@ def register(subparsers: Any) -> None:
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 
     info = commands.add_parser("info", parents=[common], help="where the cache is and how full")
-    info.set_defaults(run=_info)
+    info.set_defaults(run=_refusing_untrusted(_info))
     listing = commands.add_parser("list", parents=[common], help="one line per entry")
-    listing.set_defaults(run=_list)
+    listing.set_defaults(run=_refusing_untrusted(_list))
     verify = commands.add_parser(
         "verify",
         parents=[common],
@@ -67,17 +72,17 @@ def register(subparsers: Any) -> None:
         "plugin build or on another host are reported as such, not as bad.",
     )
     verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
-    verify.set_defaults(run=_verify)
+    verify.set_defaults(run=_refusing_untrusted(_verify))
     prune = commands.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries down to a size"
     )
     prune.add_argument(
         "--max-size", required=True, type=_size, metavar="SIZE", help="for example 500M or 2G"
     )
-    prune.set_defaults(run=_prune)
+    prune.set_defaults(run=_refusing_untrusted(_prune))
     clear = commands.add_parser("clear", parents=[common], help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    clear.set_defaults(run=_clear)
+    clear.set_defaults(run=_refusing_untrusted(_clear))
 
 
 def _size(text: str) -> int:
@@ -95,6 +100,19 @@ def _usage(parser: argparse.ArgumentParser, message: str) -> int:
 
 def _open(args: argparse.Namespace) -> DiskCache:
     return DiskCache(args.cache_dir, create=False)
+
+
+def _refusing_untrusted(command: Any) -> Any:
+    """Wraps a command so that an untrusted directory or a bad signing setting exits 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(command(args))
+        except (UntrustedCacheError, ValueError) as error:
+            print(f"pjrt-pool cache: error: {error}", file=sys.stderr)
+            return EXIT_PROBLEMS
+
+    return run
 
 
 def _print_json(document: Any) -> None:
@@ -138,6 +156,11 @@ def _info(args: argparse.Namespace) -> int:
             f"{format_size(summary['max_size'])} (from {summary['max_size_from']}), {share} used",
         ),
         ("lock files", str(summary["lock_files"])),
+        ("sharing", "group-shared" if summary["shared"] else "private to this user"),
+        (
+            "signing",
+            f"on (key id {summary['signing_key_id']})" if summary["signing_key_id"] else "off",
+        ),
         ("last used", _when(summary["newest_use"])),
         ("least recently used", _when(summary["oldest_use"])),
     ]
@@ -257,7 +280,7 @@ def _verify(args: argparse.Namespace) -> int:
             for record in records:
                 if record["key"] in loaded:
                     record["status"], record["detail"] = loaded[record["key"]]
-    counts = {status: 0 for status in ("ok", "bad", OTHER)}
+    counts = {status: 0 for status in ("ok", "bad", UNREADABLE, OTHER)}
     for record in records:
         counts[record["status"]] = counts.get(record["status"], 0) + 1
     if args.json:
@@ -268,6 +291,7 @@ def _verify(args: argparse.Namespace) -> int:
                 "entries": records,
                 "ok": counts["ok"],
                 "bad": counts["bad"],
+                "unreadable": counts[UNREADABLE],
                 "other": counts[OTHER],
             }
         )
@@ -276,11 +300,11 @@ def _verify(args: argparse.Namespace) -> int:
         print(_table(("KEY", "SIZE", "STATUS", "DETAIL"), rows))
         print(
             f"{len(records)} entries: {counts['ok']} ok, {counts['bad']} bad, "
-            f"{counts[OTHER]} for another plugin build or host"
+            f"{counts[UNREADABLE]} unreadable, {counts[OTHER]} for another plugin build or host"
         )
     else:
         print(f"no entries in {cache.directory}")
-    return EXIT_PROBLEMS if counts["bad"] else EXIT_OK
+    return EXIT_PROBLEMS if counts["bad"] or counts[UNREADABLE] else EXIT_OK
 
 
 # -- prune and clear -------------------------------------------------------

@@ -83,7 +83,7 @@ from pool.workers import (
 )
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
-from worker.cache import CacheCounters
+from worker.cache import CacheCounters, check_cache_dir
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -181,6 +181,7 @@ class Pool(CompilesMany):
         check_timeout(start_timeout, "start_timeout")
         self._platform = platform
         self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        check_cache_dir(self._cache_dir)  # fail fast on a cache directory others could write
         self._worker_count = count
         self._max_loaded = max_loaded
         self._max_crashes = max_crashes

@@ -49,6 +49,15 @@ Method (one run measures both, so the ratio holds on a noisy machine):
    read, deserialize) is timed separately as the like-for-like figure. The
    target is judged against that stricter figure, compile only.
 
+4. Signed entries: a third kind of child, "signed", is ours with a signing
+   secret (PJRT_POOL_CACHE_SECRET) loading from its own cache, warmed with
+   the same secret; its children alternate with the others, and the report
+   gives its load loop against the unsigned one (the cost of signing).
+5. Load markers (the files that let a later process quarantine an entry
+   whose load crashed): each ours child times, after its loop, looking for
+   dead loaders' markers and creating and removing its own, once per
+   program, exactly as a load does; the report gives that against the loop.
+
 Every directory is a fresh temporary one, removed at exit; the user's default
 caches (ours and JAX's) are never touched. Exit status is 0 whether or not
 the target is met; the summary says which.
@@ -73,6 +82,8 @@ from typing import Any
 SCRIPT = Path(__file__).resolve()
 EXAMPLES = SCRIPT.parent.parent / "pool" / "examples.py"
 CHILD_TIMEOUT = 600.0
+SECRET = "bench-cache-signing-secret-0123456789abcdef"
+"""The signing secret of the "signed" children (a benchmark's, not a real one)."""
 
 
 # -- children ----------------------------------------------------------------
@@ -93,6 +104,20 @@ def initialize_lapack() -> float:
     except ImportError:  # no CPU LAPACK kernels in this jaxlib: nothing to pay
         return 0.0
     _lapack.initialize()
+    return time.perf_counter() - start
+
+
+def time_load_markers(keys: Sequence[str]) -> float:
+    """Seconds the load markers of one load per key take: the dead-loader check, then the
+    marker's creation and removal (as compiler.load_entry does around deserialize)."""
+    from worker.cache import open_cache
+
+    cache = open_cache()
+    start = time.perf_counter()
+    for key in keys:
+        cache.loads.dead(key)
+        with cache.loads.loading(key):
+            pass
     return time.perf_counter() - start
 
 
@@ -118,10 +143,13 @@ def child_ours(programs_file: str, expect: str) -> dict[str, Any]:
     lapack = initialize_lapack()
     initialized = time.perf_counter()
     stats = worker.CompileStatistics()
+    keys = []
     for program in programs:
-        _, one = compile_program(program)
+        executable, one = compile_program(program)
         stats = stats.add(one)
+        keys.append(executable.key)
     done = time.perf_counter()
+    markers = time_load_markers(keys)
     wanted = {"hit": (0, len(programs)), "miss": (len(programs), 0)}[expect]
     if (stats.compiled, stats.loaded) != wanted:
         raise RuntimeError(f"expected every program to {expect} the cache, got: {stats}")
@@ -133,8 +161,10 @@ def child_ours(programs_file: str, expect: str) -> dict[str, Any]:
         "loop": done - initialized,
         "load_seconds": stats.load_seconds,
         "compile_seconds": stats.compile_seconds,
+        "markers": markers,
         "programs": len(programs),
         "imported_jax": "jax" in sys.modules,
+        "signed": os.environ.get("PJRT_POOL_CACHE_SECRET") is not None,
     }
 
 
@@ -222,9 +252,14 @@ def write_programs(path: Path) -> int:
 
 def run_child(kind: str, expect: str, paths: dict[str, Path]) -> dict[str, Any]:
     """Runs one child; returns what it measured plus its whole wall time ("wall")."""
-    if kind == "ours":
+    if kind in ("ours", "signed"):
         argument = str(paths["programs"])
-        environment = {**os.environ, "PJRT_POOL_CACHE_DIR": str(paths["ours"])}
+        environment = {**os.environ, "PJRT_POOL_CACHE_DIR": str(paths[kind])}
+        environment.pop("PJRT_POOL_CACHE_SECRET", None)
+        environment.pop("PJRT_POOL_CACHE_KEY_FILE", None)
+        if kind == "signed":
+            environment["PJRT_POOL_CACHE_SECRET"] = SECRET
+        kind = "ours"
     else:
         argument = str(paths["jax"])
         # Its own pjrt-pool directory too, though this child never imports pjrt-pool.
@@ -250,8 +285,13 @@ def median_of(results: Sequence[dict[str, Any]], field: str) -> float:
     return statistics.median(r[field] for r in results)
 
 
-def report(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], count: int) -> None:
-    """Prints the table of medians and the summary with the ratio and the target."""
+def report(
+    ours: list[dict[str, Any]],
+    theirs: list[dict[str, Any]],
+    signed: list[dict[str, Any]],
+    count: int,
+) -> None:
+    """Prints the table of medians and the summary with the ratios and the target."""
 
     def row(label: str, mine: float | None, jax_value: float | None) -> None:
         left = f"{mine * 1e3:10.1f}" if mine is not None else f"{'-':>10s}"
@@ -263,8 +303,9 @@ def report(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], count: int)
         print("WARNING: loading in the ours child imported jax (a worker must not)")
     m = {
         f: median_of(ours, f)
-        for f in ("import", "read", "init", "lapack", "loop", "load_seconds", "wall")
+        for f in ("import", "read", "init", "lapack", "loop", "load_seconds", "wall", "markers")
     }
+    s = {f: median_of(signed, f) for f in ("loop", "load_seconds", "wall")}
     j = {
         f: median_of(theirs, f)
         for f in ("import", "read", "init", "lapack", "loop", "lower", "compile")
@@ -282,6 +323,12 @@ def report(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], count: int)
     row("  ours vs jax .compile() only", m["loop"], j["compile"])
     row("  ours load_seconds (read+deserialize)", m["load_seconds"], None)
     row("whole child, start to exit", m["wall"], j["wall"])
+    print(f"\n  {'':38s} {'signed ms':>10s} {'ours ms':>10s} {'ratio':>8s}")
+    row("load loop, signed vs unsigned entries", s["loop"], m["loop"])
+    row("  load_seconds (read+verify+deserialize)", s["load_seconds"], m["load_seconds"])
+    row("whole child, signed vs unsigned", s["wall"], m["wall"])
+    print(f"\n  {'':38s} {'markers ms':>10s} {'loop ms':>10s} {'ratio':>8s}")
+    row("load markers, one per program", m["markers"], m["loop"])
 
     print("\n  per child, load loop ms (ours | jax .compile() only | jax lower+compile):")
     for index, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
@@ -304,6 +351,14 @@ def report(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], count: int)
     print(
         f"  whole fresh process: ours {m['wall']:.2f} s vs JAX {j['wall']:.2f} s"
         f" -> ratio {m['wall'] / j['wall']:.3f}"
+    )
+    print(
+        f"  signed entries: load loop {s['loop'] * 1e3:.1f} ms vs unsigned {m['loop'] * 1e3:.1f}"
+        f" ms -> ratio {s['loop'] / m['loop']:.3f}"
+    )
+    print(
+        f"  load markers: {m['markers'] * 1e6 / count:.0f} us per load,"
+        f" {100 * m['markers'] / m['loop']:.1f}% of the unsigned load loop"
     )
     print(
         "  target: our warm load is faster than JAX's (load loop vs .compile() only): "
@@ -337,23 +392,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scratch": scratch,
         "programs": scratch / "programs.json",
         "ours": scratch / "ours-cache",
+        "signed": scratch / "signed-cache",
         "jax": scratch / "jax-cache",
     }
     try:
         count = write_programs(paths["programs"])
         size = paths["programs"].stat().st_size
         print(f"lowered {count} programs into {paths['programs'].name} ({size / 1024:.0f} KiB)")
-        for kind in ("ours", "jax"):
+        for kind in ("ours", "signed", "jax"):
             warm = run_child(kind, "miss", paths)
             print(f"warmed the {kind} cache in a child: {warm['wall']:.2f} s")
-        ours: list[dict[str, Any]] = []
-        theirs: list[dict[str, Any]] = []
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "signed": [], "jax": []}
         for rep in range(args.repeat):
-            order = ("ours", "jax") if rep % 2 == 0 else ("jax", "ours")
-            for kind in order:
-                (ours if kind == "ours" else theirs).append(run_child(kind, "hit", paths))
+            order = ("ours", "signed", "jax")
+            for kind in order[rep % 3 :] + order[: rep % 3]:
+                results[kind].append(run_child(kind, "hit", paths))
             print(f"  repetition {rep + 1}/{args.repeat} done", flush=True)
-        report(ours, theirs, count)
+        report(results["ours"], results["jax"], results["signed"], count)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -107,15 +107,19 @@ if spec.get("barrier"):
 options = {k: spec[k] for k in ("cache_dir", "max_size", "lock_timeout") if k in spec}
 start = time.perf_counter()
 stats = []
+outputs = []
 for _ in range(spec.get("repeat", 1)):
     for program in programs:
         executable, statistics = worker.compile_program(program, **options)
         stats.append(statistics._asdict())
         if spec.get("run"):
             executable.run([[0.5] * program.input_types[0].shape[0]])
+        if spec.get("inputs") is not None:
+            outputs.append([o.tolist() for o in executable.run(spec["inputs"])])
 print(json.dumps({
     "stats": stats,
     "keys": keys,
+    "outputs": outputs,
     "seconds": time.perf_counter() - start,
     "counters": open_cache(spec.get("cache_dir")).counters._asdict(),
     "jax": "jax" in sys.modules,
@@ -265,3 +269,81 @@ def corrupt(path: Path, how: str, other: Path | None = None) -> None:
     else:
         raise ValueError(how)
     path.write_bytes(bytes(damaged))
+
+
+def plant(
+    cache_dir: Path, parts: dict[str, Any], payload: bytes, metadata: dict[str, Any] | None = None
+) -> Path:
+    """Writes an entry with a valid envelope (digests, key) around any payload; returns its path.
+
+    What someone who can write the cache directory could do: the key is a
+    hash of public facts, so they can file any machine code under it.
+    """
+    from worker.cache import entry as entry_format
+    from worker.cache import key_of
+
+    key = key_of(parts)
+    path = cache_dir / "entries" / f"{key}.pjx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(entry_format.encode(key, parts, metadata or {}, payload))
+    return path
+
+
+def without_compile_options(payload: bytes) -> bytes:
+    """Returns a serialized executable with its compile options removed (its stamp kept).
+
+    Both CPU plugins abort the process deserializing it ("Check failed:
+    replica_count > 0"): a real entry that crashes every loader.
+    """
+    from worker.stamp import _read_varint
+
+    kept = bytearray()
+    offset = 0
+    while offset < len(payload):
+        start = offset
+        tag, offset = _read_varint(payload, offset)
+        assert tag & 7 == 2, "a serialized executable holds length-delimited fields"
+        length, offset = _read_varint(payload, offset)
+        offset += length
+        if tag >> 3 != 2:  # ExecutableAndOptionsProto.compile_options
+            kept += payload[start:offset]
+    return bytes(kept)
+
+
+def replace_payload_keeping_signature(path: Path, payload: bytes) -> None:
+    """Swaps a signed entry's payload, fixing every digest but keeping the old MAC.
+
+    What someone without the secret can do to a signed entry: everything but
+    a MAC that matches.
+    """
+    import hashlib
+    import struct
+
+    from worker.cache import entry as entry_format
+
+    data = path.read_bytes()
+    header = entry_format.decode_header(data)
+    assert header.mac is not None, "the entry is not signed"
+    fields = dict(header.fields, payload_size=len(payload))
+    fields["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    text = json.dumps(fields, sort_keys=True).encode()
+    prefix = struct.pack(
+        "<8sIII", entry_format.MAGIC, entry_format.FORMAT_VERSION, entry_format.SIGNED, len(text)
+    )
+    digest = hashlib.sha256(prefix + text).digest()
+    path.write_bytes(prefix + text + digest + header.mac + payload)
+
+
+def cpu_plugin_params() -> list[Any]:
+    """pytest parameters for both CPU plugins: the default one, and xla-cpu-pjrt if installed."""
+    import pytest  # not at the top: children import this module
+    from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN
+
+    return [
+        pytest.param(DEFAULT_PLUGIN, id="lammps-jax-pjrt-cpu"),
+        pytest.param(
+            SECOND_PLUGIN,
+            id="xla-cpu-pjrt",
+            marks=pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed"),
+        ),
+    ]

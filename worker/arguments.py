@@ -3,6 +3,15 @@
 Executable.run (in-process) and Pool.submit (in the parent, before arguments
 go to shared memory) both use prepare_arguments, so a wrong argument raises
 the same exception wherever a program runs.
+
+An argument converts to its input type only when no value changes meaning:
+complex to real, a change of kind (float to int) and values out of the
+target's range (1000 for int8, 2**40 for uint32, 1e6 for float16, which
+would become inf) are refused with TypeError, for arrays, numpy scalars and
+lists alike. To convert anyway, with numpy's wrapping and rounding, convert
+the argument yourself, for example ``x.astype(np.int8)``: an argument that
+already has the input's dtype and shape is passed as it is, unchecked, and
+costs nothing to prepare.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from worker.dtypes import code_of_dtype
+from worker.dtypes import code_of_dtype, is_floating
 from worker.records import ArrayType
 
 
@@ -75,19 +84,50 @@ def _convert(index: int, value: ArrayLike, array: np.ndarray, expected: ArrayTyp
             f"argument {index} is complex ({source}) but the program takes {target}: "
             "the imaginary part would be lost; pass the real part explicitly"
         )
-    if not isinstance(value, np.ndarray) and source.kind in "iu" and target.kind in "iu":
-        # Python ints (scalars, lists) have no width of their own: convert them
-        # by value, so that 254 fits uint8 and 1000 does not fit int8.
-        try:
-            return np.asarray(value, dtype=target)
-        except OverflowError as error:
-            raise TypeError(f"argument {index} does not fit {target}: {error}") from None
+    if source.kind in "iu" and target.kind in "iu":
+        if not isinstance(value, (np.ndarray, np.generic)):
+            # Python ints (scalars, lists) have no width of their own: convert them
+            # by value, so that 254 fits uint8 and 1000 does not fit int8.
+            try:
+                return np.asarray(value, dtype=target)
+            except OverflowError:
+                raise _out_of_range(index, np.asarray(value, dtype=object), target) from None
+        info = np.iinfo(target)
+        if array.size and (int(array.min()) < info.min or int(array.max()) > info.max):
+            raise _out_of_range(index, array, target)
+        return array.astype(target)
     if not np.can_cast(source, target, casting="same_kind"):
         raise TypeError(
             f"argument {index} has dtype {source}, which does not convert to the "
             f"program's {target} without changing its kind; convert it explicitly first"
         )
-    return array.astype(target)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused below, with a clear message
+        converted = array.astype(target)
+    if (is_floating(target) or target.kind == "c") and array.size:
+        lost = ~np.isfinite(converted)
+        if lost.any() and np.isfinite(array[lost]).any():
+            raise _overflows(index, array[lost & np.isfinite(array)], target)
+    return converted
+
+
+_EXPLICIT = "convert it yourself first (for example with .astype) if that is what you mean"
+
+
+def _out_of_range(index: int, values: np.ndarray, target: np.dtype) -> TypeError:
+    info = np.iinfo(target)
+    return TypeError(
+        f"argument {index} does not fit {target}: its values range from {values.min()} to "
+        f"{values.max()}, and {target} holds {info.min} to {info.max}; numpy would wrap "
+        f"them around: {_EXPLICIT}"
+    )
+
+
+def _overflows(index: int, finite: np.ndarray, target: np.dtype) -> TypeError:
+    largest = finite.flat[int(np.argmax(np.abs(finite)))]
+    return TypeError(
+        f"argument {index} does not fit {target}: {finite.size} finite value(s), such as "
+        f"{largest}, become inf or nan in {target} (outside its range); {_EXPLICIT}"
+    )
 
 
 def types_of(arrays: Sequence[np.ndarray]) -> tuple[ArrayType, ...]:
@@ -106,7 +146,7 @@ def random_inputs(types: Sequence[Any], seed: int = 0) -> list[np.ndarray]:
     arrays = []
     for array_type in types:
         dtype, shape = np.dtype(array_type.dtype), tuple(array_type.shape)
-        if dtype.kind in "fV":  # V: bfloat16 and the float8 types of ml_dtypes
+        if is_floating(dtype):
             values = rng.standard_normal(shape)
         elif dtype.kind == "c":
             values = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)

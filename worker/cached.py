@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from worker.cache import CorruptEntryError, open_cache
+from worker.cache import open_cache
+from worker.compiler import Miss, load_entry, settle_miss
 from worker.executable import Executable
 from worker.records import ArrayType
 
@@ -22,26 +23,28 @@ class NotInCacheError(LookupError):
 def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:
     """Returns the executable stored under `key`; raises NotInCacheError if there is none.
 
-    A missing, corrupt or rejected entry raises NotInCacheError saying which,
-    since without the program there is nothing to compile again: warm the
-    cache again (or compile the program) to fill it.
+    A missing, corrupt, rejected, wrongly signed or unreadable entry, or one
+    whose load killed an earlier process, raises NotInCacheError saying which
+    (a bad entry is removed first, an unreadable one left alone), since
+    without the program there is nothing to compile again: warm the cache
+    again (or compile the program) to fill it.
     """
     cache = open_cache(cache_dir)
-    try:
-        found = cache.read(key)
-    except CorruptEntryError as error:
+    loaded = load_entry(cache, key)
+    if isinstance(loaded, Miss):
+        if loaded.counter is None:
+            raise NotInCacheError(
+                f"no executable with key {key} in {cache.directory}: warm the cache "
+                "(pjrt-pool warm) with this plugin and cache directory first"
+            )
+        with cache.lock(key):
+            settle_miss(cache, key, loaded)
         raise NotInCacheError(
-            f"the cache entry {key} in {cache.directory} is corrupt ({error}); warm the cache again"
-        ) from None
-    if found is None:
-        raise NotInCacheError(
-            f"no executable with key {key} in {cache.directory}: warm the cache "
-            "(pjrt-pool warm) with this plugin and cache directory first"
+            f"the cache entry {key} in {cache.directory} cannot be used ({loaded.reason}); "
+            "warm the cache again"
         )
-    entry, _ = found
-    executable = Executable.deserialize(entry.payload)
+    executable, entry = loaded
     inputs = entry.metadata.get("input_types")
     executable.input_types = None if inputs is None else tuple(map(ArrayType.from_json, inputs))
-    executable.key = key
     cache.count("hits")
     return executable

@@ -3,22 +3,28 @@
 The protocol that makes one compile per key across processes::
 
     read entry (no lock) --hit--> deserialize --ok--> done
-          | miss / corrupt / rejected
+          | miss / corrupt / rejected / wrongly signed / crashed a loader / unreadable
           v
     take the key's lock (or time out and go on without it)
     read entry again --hit--> deserialize --ok--> done   (another process compiled it)
-          | miss / corrupt / rejected (removed now, under the lock)
+          | miss / bad (removed now, under the lock) / unreadable (left alone)
           v
-    compile, publish atomically, release the lock
+    compile, publish atomically (not over an unreadable entry), release the lock
 
-A corrupt or rejected entry is removed under the key's lock, compiled again
-and republished; the counters say so, and a debug log line says why each miss
-happened. Nothing here ever fails because of the cache: an unusable cache only
-means compiling.
+A corrupt or rejected entry, one that signing refuses, or one whose load
+killed an earlier process (see cache/loads.py) is removed under the key's
+lock, compiled again and republished; an entry that could not be read (an
+I/O error says nothing about the entry) is reported and left alone. The
+counters say what happened, a debug log line says why each miss happened,
+and a warning tells of unreadable, wrongly signed and crashing entries.
+Beyond a cache directory that others could write (UntrustedCacheError),
+nothing here fails because of the cache: an unusable cache only means
+compiling.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -26,6 +32,7 @@ import time
 from typing import Any, NamedTuple
 
 from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_cache, parse_size
+from worker.cache.entry import Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import plugin_digest
 from worker.errors import PjrtError
 from worker.executable import Executable
@@ -74,6 +81,8 @@ def runtime_key_parts(
         platform_version=client.platform_version,
         device_kind=client.device_kind,
         compile_options=compile_options() if options is None else options,
+        client_options=runtime.client_options,
+        environment=runtime.codegen_environment,
     )
 
 
@@ -88,30 +97,75 @@ def program_key(
     return key_of(parts), parts
 
 
-class _Miss(NamedTuple):
-    reason: str  # for the debug log: why there was no executable
-    bad: bool  # the entry exists but is corrupt or rejected: remove it
-    stat: os.stat_result | None  # the file judged bad, to remove exactly that one
+class Miss(NamedTuple):
+    """Why a key's entry gave no executable, and what to do about it under the key's lock."""
+
+    reason: str
+    """For the log: what was found."""
+    counter: str | None
+    """The CacheCounters field this kind of miss adds to (besides misses), if any."""
+    stat: os.stat_result | None
+    """The file judged bad, removed under the lock (exactly that one); None: remove nothing."""
+    publish: bool = True
+    """False when the entry may be good but could not be read: compile, leave it be."""
+    dead_loads: tuple[str, ...] = ()
+    """Markers of processes that died loading the entry (cleared with it)."""
+    warn: bool = False
+    """Whether to log a warning rather than a debug line."""
+
+
+def load_entry(cache: DiskCache, key: str) -> tuple[Executable, Entry] | Miss:
+    """Reads, verifies and deserializes a key's entry; returns it loaded, or the Miss."""
+    try:
+        found = cache.read(key)
+    except SignatureError as error:
+        return Miss(f"refused entry: {error}", "bad_signatures", error.stat, warn=True)
+    except CorruptEntryError as error:
+        return Miss(f"corrupt entry ({error})", "corrupt", error.stat)
+    except UnreadableEntryError as error:
+        return Miss(f"{error}; compiling instead", "read_errors", None, publish=False, warn=True)
+    if found is None:
+        return Miss("no entry", None, None)
+    entry, stat = found
+    dead = cache.loads.dead(key) if cache.writable else []
+    if dead:
+        reason = f"{cache.loads.describe(dead)} died while loading it; quarantined"
+        return Miss(reason, "crashed_loads", stat, dead_loads=tuple(dead), warn=True)
+    try:
+        with cache.loads.loading(key) if cache.writable else contextlib.nullcontext():
+            executable = Executable.deserialize(entry.payload)
+    except (PjrtError, ValueError) as error:
+        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
+        return Miss(f"the plugin rejected the entry ({error})", "corrupt", stat)
+    executable.key = key
+    return executable, entry
+
+
+def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None) -> None:
+    """Counts and logs a miss, and removes the entry it judged bad; call under the key's lock."""
+    if miss.counter is not None:
+        cache.count(miss.counter)
+    what = f"cache miss for {name} ({key})" if name else f"cache entry {key}"
+    message = f"{what}: {miss.reason}"
+    if miss.warn:
+        logger.warning(message)
+    else:
+        logger.debug(message)
+    if cache.remove_if_unchanged(key, miss.stat):
+        logger.debug("removed the bad entry %s", key)
+    if miss.dead_loads:
+        cache.loads.clear(list(miss.dead_loads))
 
 
 def _load(
     cache: DiskCache, key: str, program: LoweredProgram
-) -> tuple[Executable, None] | tuple[None, _Miss]:
-    """Reads and deserializes a key's entry: (executable, None) on a hit, else (None, why)."""
-    try:
-        found = cache.read(key)
-    except CorruptEntryError as error:
-        return None, _Miss(f"corrupt entry ({error})", True, error.stat)
-    if found is None:
-        return None, _Miss("no entry", False, None)
-    entry, stat = found
-    try:
-        executable = Executable.deserialize(entry.payload)
-    except (PjrtError, ValueError) as error:
-        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
-        return None, _Miss(f"the plugin rejected the entry ({error})", True, stat)
+) -> tuple[Executable, None] | tuple[None, Miss]:
+    """Loads a key's entry for a program: (executable, None) on a hit, else (None, why)."""
+    loaded = load_entry(cache, key)
+    if isinstance(loaded, Miss):
+        return None, loaded
+    executable = loaded[0]
     executable.input_types = program.input_types
-    executable.key = key
     return executable, None
 
 
@@ -168,6 +222,9 @@ def compile_program(
     cache key); the plugin checks it, and malformed options can make it abort
     the process, which is why a Pool compiles in worker processes.
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
+    A cache directory that someone other than this user (or, in a
+    group-shared cache, its group) could write raises UntrustedCacheError;
+    see worker.cache.trust, and worker.cache.signing for signed entries.
     """
     program = _check_program(program)
     if compile_options is None:
@@ -196,13 +253,9 @@ def compile_program(
             executable, miss = _load(cache, key, program)
             if miss is not None:
                 cache.count("misses")
-                logger.debug("cache miss for %s (%s): %s", program.name, key, miss.reason)
-                if miss.bad:
-                    cache.count("corrupt")
-                    if cache.remove_if_unchanged(key, miss.stat):
-                        logger.debug("removed the bad entry %s", key)
+                settle_miss(cache, key, miss, program.name)
                 executable, seconds = _compile_and_publish(
-                    cache, key, parts, program, bound, options
+                    cache if miss.publish else None, key, parts, program, bound, options
                 )
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
     cache.count("hits")

@@ -9,6 +9,8 @@ packed, which numpy cannot view.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 
@@ -42,6 +44,46 @@ _CODES: dict[np.dtype, int] = {dtype: code for code, dtype in _PJRT_TYPES.items(
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(_PJRT_TYPES.values())
 """Every dtype that programs may take and return."""
+
+
+def _has_buffer_format(dtype: np.dtype) -> bool:
+    try:
+        memoryview(np.empty(0, dtype))
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+# ml_dtypes' types have no buffer-protocol format, so numpy cannot hand them to
+# the native module; they travel as same-size unsigned integers. Found by trying
+# rather than by dtype.kind, which ml_dtypes sets to "f" for some (float8_e5m2
+# in 0.6) and "V" for others.
+_BUFFER_DTYPES: dict[np.dtype, np.dtype] = {
+    dtype: np.dtype(f"u{dtype.itemsize}")
+    for dtype in SUPPORTED_DTYPES
+    if not _has_buffer_format(dtype)
+}
+_FLOATING: frozenset[np.dtype] = frozenset(
+    dtype for dtype in SUPPORTED_DTYPES if dtype.kind == "f" or dtype in _BUFFER_DTYPES
+)
+
+
+def buffer_view(value: Any) -> Any:
+    """Returns an array of an ml_dtypes type as a same-size uint view, anything else as it is.
+
+    The native module reads arrays through the buffer protocol; the element
+    type travels separately, as a PJRT code.
+    """
+    if isinstance(value, np.ndarray):
+        view_as = _BUFFER_DTYPES.get(value.dtype)
+        if view_as is not None:
+            return value.view(view_as)
+    return value
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """Returns whether a supported dtype is a real floating-point type (ml_dtypes' included)."""
+    return np.dtype(dtype) in _FLOATING
 
 
 def dtype_of_code(code: int) -> np.dtype:

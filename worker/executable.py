@@ -10,7 +10,7 @@ from numpy.typing import ArrayLike
 
 from worker import _pjrt
 from worker.arguments import prepare_arguments
-from worker.dtypes import code_of_dtype, dtype_of_code
+from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
 from worker.errors import PjrtError
 from worker.kernels import ensure_kernels_for, explain_missing_handler
 from worker.records import ArrayType
@@ -21,17 +21,6 @@ from worker.stamp import check_stamp, stamp
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
-    return value
-
-
-def _buffer_view(value: Any) -> Any:
-    """Returns an ml_dtypes array (bfloat16, float8_*) as a same-size uint view.
-
-    Their dtypes have no buffer-protocol format, so the native module could
-    not read them; the element type travels separately as a PJRT code.
-    """
-    if isinstance(value, np.ndarray) and value.dtype.kind == "V":
-        return value.view(f"u{value.dtype.itemsize}")
     return value
 
 
@@ -153,14 +142,17 @@ class Executable:
         arguments come from prepare_arguments; outputs are writable buffers of
         exactly output_bytes each, in output order (a worker passes shared
         memory here, so PJRT writes results where the parent reads them).
+        The native module checks each argument's size against its element
+        type and raises ValueError for a mismatch (an argument that skipped
+        prepare_arguments), before the plugin reads it.
         """
         codes = self._input_codes
         if codes is None:
             codes = [code_of_dtype(a.dtype) for a in arguments]
         self._native.execute(
-            [_buffer_view(a) for a in arguments],
+            [buffer_view(a) for a in arguments],
             codes,
-            [_buffer_view(o) for o in outputs],
+            [buffer_view(o) for o in outputs],
             zero_copy,
         )
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import _pjrt
+from worker.cache.key import codegen_environment
 from worker.errors import PlatformMismatchError
 from worker.plugins import PluginLocation, env_var, find_plugin
 
@@ -110,6 +111,13 @@ class Runtime:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serializes one-time registrations (kernel libraries) across threads."""
 
+    client_options: dict[str, Any] = field(default_factory=dict)
+    """The create options the client was made with (part of the cache key)."""
+
+    codegen_environment: dict[str, Any] = field(default_factory=dict)
+    """What the plugin read from the environment when it loaded and that changes the
+    code it generates (XLA_FLAGS, thread counts): part of the cache key."""
+
     @property
     def platform(self) -> str:
         """The platform this runtime serves ("cpu", "cuda", ...)."""
@@ -140,13 +148,15 @@ class Runtime:
 
         compile_program hashes through its own cache directory first, which
         fills the in-memory memo; otherwise the default cache directory's memo
-        is used if that directory exists (it is never created just for this).
+        is used if that directory exists and passes the trust check (it is
+        never created just for this).
         """
         from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
         from worker.cache.key import plugin_digest
+        from worker.cache.trust import trusted_subdirectory
 
-        memo = default_cache_dir() / "plugins"
-        return plugin_digest(self.location.path, memo if memo.is_dir() else None)
+        memo = trusted_subdirectory(default_cache_dir(), "plugins")
+        return plugin_digest(self.location.path, memo)
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""
@@ -215,6 +225,8 @@ def get_runtime(platform: str | None = None) -> Runtime:
         if platform in ("cuda", "rocm"):
             _preload_cuda_libraries()
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
+        # The plugin reads XLA_FLAGS once, as it loads: the key must see that value.
+        environment = codegen_environment()
         try:
             plugin = _pjrt.Plugin.load(location.path)
         except _pjrt.PluginLoadError as error:
@@ -222,6 +234,9 @@ def get_runtime(platform: str | None = None) -> Runtime:
                 f"{error} (found through {location.source}; set {env_var(platform)} to "
                 "another plugin library to use that instead)"
             ) from None
-        client = _pjrt.Client(plugin, _CLIENT_OPTIONS.get(platform, {}))
-        _runtime = Runtime(location, plugin, client)
+        options = dict(_CLIENT_OPTIONS.get(platform, {}))
+        client = _pjrt.Client(plugin, options)
+        _runtime = Runtime(
+            location, plugin, client, client_options=options, codegen_environment=environment
+        )
         return _runtime

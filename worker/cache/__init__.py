@@ -1,13 +1,15 @@
 """The shared disk cache of compiled executables (see store.py for the design).
 
-Modules, one job each: location (where, how large), key (what identifies an
-executable), entry (the file format), atomic (publishing files), locking (the
-file locks), space (the size bound and eviction), counters, store (DiskCache,
-tying them together), report and verify (inspection for ``pjrt-pool cache``).
+Modules, one job each: location (where, how large), trust (who may write the
+directory), key (what identifies an executable), entry (the file format),
+signing (signed entries), atomic (publishing files), locking (the file
+locks), loads (markers that catch entries whose load kills a process), space
+(the size bound and eviction), counters, store (DiskCache, tying them
+together), report and verify (inspection for ``pjrt-pool cache``).
 """
 
 from worker.cache.counters import CacheCounters
-from worker.cache.entry import CorruptEntryError
+from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
 from worker.cache.key import explain_key, key_of, key_parts
 from worker.cache.location import (
     CACHE_DIR_ENV,
@@ -17,6 +19,7 @@ from worker.cache.location import (
     format_size,
     parse_size,
 )
+from worker.cache.signing import KEY_FILE_ENV, SECRET_ENV, Signer, signer_from_environment
 from worker.cache.space import EntryFile
 from worker.cache.store import (
     CacheUnavailableWarning,
@@ -25,17 +28,26 @@ from worker.cache.store import (
     open_cache,
     process_counters,
 )
+from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
 
 __all__ = [
     "CACHE_DIR_ENV",
     "DEFAULT_MAX_SIZE",
+    "KEY_FILE_ENV",
     "MAX_SIZE_ENV",
+    "SECRET_ENV",
+    "SHARED_ENV",
     "CacheCounters",
     "CacheUnavailableWarning",
     "CorruptEntryError",
     "DiskCache",
     "EntryFile",
+    "SignatureError",
+    "Signer",
     "TrimResult",
+    "UnreadableEntryError",
+    "UntrustedCacheError",
+    "check_cache_dir",
     "default_cache_dir",
     "explain_key",
     "format_size",
@@ -44,4 +56,5 @@ __all__ = [
     "open_cache",
     "parse_size",
     "process_counters",
+    "signer_from_environment",
 ]

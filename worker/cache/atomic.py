@@ -33,8 +33,11 @@ class PendingFile:
     def __init__(self, path: Path, size: int = 0, mode: int = 0o600) -> None:
         self.path = path
         self.temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        # O_EXCL: never opens an existing file, nor follows a symlink planted at the name.
         self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
+            if mode & 0o077:
+                os.fchmod(self._fd, mode)  # a shared cache's group bits, whatever the umask
             if size:
                 try:
                     os.posix_fallocate(self._fd, 0, size)

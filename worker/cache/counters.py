@@ -12,7 +12,8 @@ class CacheCounters(NamedTuple):
     hits: int = 0
     """Executables loaded from an entry."""
     misses: int = 0
-    """Lookups that ended in a compile: no entry, or a corrupt or rejected one."""
+    """Lookups that ended in a compile: no entry, or a corrupt, rejected, unreadable,
+    wrongly signed or crashing one."""
     corrupt: int = 0
     """Entries that failed verification or that the plugin rejected; removed and rebuilt."""
     evicted: int = 0
@@ -22,6 +23,14 @@ class CacheCounters(NamedTuple):
     the space lock, its entry was not stored."""
     write_errors: int = 0
     """Entries that could not be written (read-only or full disk)."""
+    read_errors: int = 0
+    """Entries that exist but could not be read (EACCES, EMFILE, EIO): compiled instead,
+    and the entry left alone."""
+    bad_signatures: int = 0
+    """Entries refused because signing is on and they were unsigned, signed with another
+    secret, or changed after signing; compiled and published again, signed."""
+    crashed_loads: int = 0
+    """Entries removed because a process died while loading them (see loads.py)."""
 
     def add(self, other: CacheCounters) -> CacheCounters:
         """Returns the sum of two counters."""

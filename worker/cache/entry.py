@@ -4,15 +4,18 @@ An entry is self-describing and verified before anything in it is used::
 
     magic      8 bytes   b"PJRTPOOL"
     version    4 bytes   little-endian format version
+    flags      4 bytes   little-endian; bit 0: signed
     length     4 bytes   little-endian length of the header
     header     JSON      key, key parts, payload size and SHA-256, metadata
-    digest     32 bytes  SHA-256 of magic, version, length and header
+    digest     32 bytes  SHA-256 of magic, version, flags, length and header
+    mac        32 bytes  only when signed: HMAC-SHA256 of the same bytes (signing.py)
     payload              the plugin's serialized executable
 
-The header digest covers every byte before the payload and the payload's own
-digest sits in the header, so any flipped, missing or extra byte is caught.
-Nothing in the file is executable: JSON and opaque bytes only, never pickle,
-so that whoever can write the cache directory cannot run code in a reader.
+The header digest covers every byte before it and the payload's own digest
+sits in the header, so any flipped, missing or extra byte is caught; the MAC
+covers the same bytes, and so the payload through its digest. Nothing in
+the file is executable: JSON and opaque bytes only, never pickle, so that
+whoever can write the cache directory cannot run code in a reader.
 """
 
 from __future__ import annotations
@@ -26,20 +29,41 @@ import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from worker.cache.signing import MAC_SIZE, Signer
+
 MAGIC = b"PJRTPOOL"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<8sII")
+FORMAT_VERSION = 2
+_PREFIX = struct.Struct("<8sIII")
 _DIGEST_SIZE = 32
+SIGNED = 1
+"""Flag: a MAC follows the header digest."""
 MAX_HEADER_SIZE = 1 << 20
 
 
 class CorruptEntryError(Exception):
     """An entry file failed verification; the message says how.
 
-    `stat` is the os.stat_result of the file read, when there was one.
+    `stat` is the os.stat_result of the file judged bad, when there was one
+    (so that exactly that file is removed).
     """
 
     stat: os.stat_result | None = None
+
+
+class SignatureError(CorruptEntryError):
+    """Signing is on and an entry is unsigned, signed with another secret, or changed."""
+
+
+class UnreadableEntryError(Exception):
+    """An entry file exists but could not be read (EACCES, EMFILE, EIO, ...).
+
+    This says nothing about the entry, which may be perfectly good: it is
+    never removed for it. `error` is the OSError.
+    """
+
+    def __init__(self, message: str, error: OSError | None = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -50,10 +74,17 @@ class Entry:
     parts: dict[str, Any]
     metadata: dict[str, Any]
     payload: bytes
+    signed: bool = False
 
 
-def encode(key: str, parts: dict[str, Any], metadata: dict[str, Any], payload: bytes) -> bytes:
-    """Returns the bytes of an entry file."""
+def encode(
+    key: str,
+    parts: dict[str, Any],
+    metadata: dict[str, Any],
+    payload: bytes,
+    signer: Signer | None = None,
+) -> bytes:
+    """Returns the bytes of an entry file, signed when a signer is given."""
     header = json.dumps(
         {
             "key": key,
@@ -61,22 +92,35 @@ def encode(key: str, parts: dict[str, Any], metadata: dict[str, Any], payload: b
             "payload_size": len(payload),
             "payload_sha256": hashlib.sha256(payload).hexdigest(),
             "metadata": metadata,
+            **({"signer": signer.key_id} if signer is not None else {}),
         },
         sort_keys=True,
     ).encode()
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header))
-    digest = hashlib.sha256(prefix + header).digest()
-    return b"".join((prefix, header, digest, payload))
+    flags = SIGNED if signer is not None else 0
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(header))
+    signed_part = prefix + header
+    mac = signer.sign(signed_part) if signer is not None else b""
+    return b"".join((signed_part, hashlib.sha256(signed_part).digest(), mac, payload))
 
 
-def decode_header(data: bytes) -> tuple[dict[str, Any], int]:
-    """Verifies and returns an entry's header and the offset of its payload.
+@dataclass(frozen=True)
+class Header:
+    """A verified header: its JSON, where the payload starts, and the MAC if signed."""
+
+    fields: dict[str, Any]
+    payload_offset: int
+    signed_part: bytes
+    mac: bytes | None
+
+
+def decode_header(data: bytes) -> Header:
+    """Verifies an entry's header digest and returns the header.
 
     Needs only the bytes up to the payload; raises CorruptEntryError.
     """
     if len(data) < _PREFIX.size:
         raise CorruptEntryError(f"truncated: {len(data)} bytes is shorter than the file prefix")
-    magic, version, length = _PREFIX.unpack_from(data)
+    magic, version, flags, length = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise CorruptEntryError("not a pjrt-pool cache entry (bad magic)")
     if version != FORMAT_VERSION:
@@ -84,9 +128,11 @@ def decode_header(data: bytes) -> tuple[dict[str, Any], int]:
     if length > MAX_HEADER_SIZE:
         raise CorruptEntryError(f"header length {length} is implausible")
     end = _PREFIX.size + length
-    if len(data) < end + _DIGEST_SIZE:
+    mac_size = MAC_SIZE if flags & SIGNED else 0
+    if len(data) < end + _DIGEST_SIZE + mac_size:
         raise CorruptEntryError("truncated inside the header")
-    if hashlib.sha256(data[:end]).digest() != data[end : end + _DIGEST_SIZE]:
+    signed_part = bytes(data[:end])
+    if hashlib.sha256(signed_part).digest() != data[end : end + _DIGEST_SIZE]:
         raise CorruptEntryError("header digest mismatch")
     try:
         header = json.loads(data[_PREFIX.size : end])
@@ -94,31 +140,67 @@ def decode_header(data: bytes) -> tuple[dict[str, Any], int]:
         raise CorruptEntryError(f"header is not JSON: {error}") from None
     if not isinstance(header, dict) or not isinstance(header.get("parts", {}), dict):
         raise CorruptEntryError("header is not a JSON object with key parts")
-    return header, end + _DIGEST_SIZE
+    offset = end + _DIGEST_SIZE
+    mac = bytes(data[offset : offset + mac_size]) if mac_size else None
+    return Header(header, offset + mac_size, signed_part, mac)
+
+
+def check_signature(header: Header, signer: Signer) -> None:
+    """Raises SignatureError unless the header carries signer's MAC."""
+    if header.mac is None:
+        raise SignatureError(
+            f"unsigned, and this process signs entries (secret from {signer.source})"
+        )
+    if not signer.verify(header.signed_part, header.mac):
+        other = header.fields.get("signer")
+        why = (
+            f"signed with another secret (key id {other}, this process's is {signer.key_id})"
+            if other != signer.key_id
+            else "its signature does not match: it was changed after signing"
+        )
+        raise SignatureError(why)
+
+
+def _not_an_entry(message: str, found: os.stat_result | None) -> CorruptEntryError:
+    error = CorruptEntryError(message)
+    error.stat = found
+    return error
 
 
 def open_entry(path: str | os.PathLike[str]) -> BinaryIO:
     """Opens an entry file for reading; raises CorruptEntryError unless it is a regular file.
 
-    A symlink is not followed, and a FIFO or device (which would block, or
-    never end) is refused before reading. Raises OSError (FileNotFoundError
-    included) when the file cannot be opened.
+    A symlink is not followed, and a directory, FIFO or device (which would
+    block, or never end) is refused before reading; the error's stat then
+    describes what lies there. Raises OSError (FileNotFoundError included)
+    when the file cannot be opened.
     """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise CorruptEntryError("a symbolic link, not an entry file") from None
+            raise _not_an_entry("a symbolic link, not an entry file", _lstat(path)) from None
         raise
-    file = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        file.close()
-        raise CorruptEntryError("not a regular file")
-    return file
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            kind = "a directory" if stat.S_ISDIR(found.st_mode) else "not a regular file"
+            raise _not_an_entry(f"{kind}, not an entry file", found)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+def _lstat(path: str | os.PathLike[str]) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
     """Reads and verifies only the header of an entry file (for listings).
 
     Raises CorruptEntryError, and OSError when the file cannot be read.
@@ -126,18 +208,21 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     with open_entry(path) as file:
         prefix = file.read(_PREFIX.size)
         if len(prefix) == _PREFIX.size:
-            length = min(_PREFIX.unpack(prefix)[2], MAX_HEADER_SIZE)
-            prefix += file.read(length + _DIGEST_SIZE)
-    return decode_header(prefix)[0]
+            _, _, flags, length = _PREFIX.unpack(prefix)
+            mac_size = MAC_SIZE if flags & SIGNED else 0
+            prefix += file.read(min(length, MAX_HEADER_SIZE) + _DIGEST_SIZE + mac_size)
+    return decode_header(prefix)
 
 
-def decode(data: bytes, expected_key: str | None = None) -> Entry:
+def decode(data: bytes, expected_key: str | None = None, signer: Signer | None = None) -> Entry:
     """Verifies a whole entry file and returns it; raises CorruptEntryError.
 
     With expected_key, an entry for another key (a file renamed or copied
-    over this one) is corrupt too.
+    over this one) is corrupt too. With a signer, an entry without its MAC
+    raises SignatureError.
     """
-    header, offset = decode_header(data)
+    verified = decode_header(data)
+    header, offset = verified.fields, verified.payload_offset
     key = header.get("key")
     if expected_key is not None and key != expected_key:
         raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
@@ -148,4 +233,8 @@ def decode(data: bytes, expected_key: str | None = None) -> Entry:
         )
     if hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
         raise CorruptEntryError("payload digest mismatch")
-    return Entry(key, header.get("parts", {}), header.get("metadata", {}), payload)
+    if signer is not None:
+        check_signature(verified, signer)
+    return Entry(
+        key, header.get("parts", {}), header.get("metadata", {}), payload, verified.mac is not None
+    )

@@ -1,10 +1,21 @@
 """Cache keys: what makes two compilations interchangeable.
 
 An executable may be reused only for the same program text, platform, plugin
-build, compile options and, on CPU, host CPU features (XLA:CPU compiles for
-the host's instruction set, and a plugin refuses an executable built for
-other features). The key is the SHA-256 of those parts as canonical JSON;
-explain_key() shows the parts.
+build, compile options, client create options, code-generation environment
+and, on CPU, host CPU features (XLA:CPU compiles for the host's instruction
+set, and a plugin refuses an executable built for other features). The key
+is the SHA-256 of those parts as canonical JSON; explain_key() shows the
+parts.
+
+The code-generation environment is what the plugin reads from environment
+variables when it loads (see codegen_environment): XLA_FLAGS, normalized
+(parsed as XLA parses it, later flags overriding earlier ones, sorted, and
+without the flags that only dump or log, which change no code), and the
+thread-count variables PJRT_NPROC and NPROC, which change how XLA:CPU splits
+loops into parallel tasks. Measured: ``--xla_cpu_enable_fast_math=true
+--xla_cpu_fast_math_honor_nans=false`` turns isnan into false (a program
+returns [0 0 0 0] instead of [11 0 11 0]), and PJRT_NPROC=8 or more changes
+the serialized executable of a 1024x1024 matmul program on both CPU plugins.
 
 Hashing a plugin library (hundreds of MB) takes a second or so, so its digest
 is memoized per (path, size, mtime, inode): in memory, and in the cache
@@ -24,9 +35,114 @@ from pathlib import Path
 from typing import Any
 
 from worker.cache.atomic import write_atomically
+from worker.cache.space import read_small_file
 
-KEY_FORMAT = 1
+KEY_FORMAT = 2
 """Bumped whenever the meaning of a key's parts changes."""
+
+XLA_FLAGS_ENV = "XLA_FLAGS"
+THREAD_ENV = ("PJRT_NPROC", "NPROC")
+"""Variables the CPU plugins read for their thread pool, whose size XLA:CPU's
+compiler uses to partition loops."""
+
+_NON_CODE_FLAGS = frozenset(
+    {
+        "xla_enable_dumping",
+        "xla_detailed_logging",
+        "xla_enable_scoped_logging_timers",
+        # Where autotuning results are shared between processes: it decides
+        # how fast a GPU program runs, not what it computes.
+        "xla_gpu_per_fusion_autotune_cache_dir",
+    }
+)
+
+
+def is_code_flag(name: str) -> bool:
+    """Returns whether an XLA flag (without dashes) may change the generated code.
+
+    Dump and log flags (xla_dump_*, *_dump_*, xla_log_*) only write files or
+    messages, and the autotune cache directory only shares tuning results;
+    every other flag counts, whether or not it is known to change code.
+    """
+    return not (
+        name in _NON_CODE_FLAGS or name.startswith(("xla_dump", "xla_log_")) or "_dump_" in name
+    )
+
+
+def parse_xla_flags(text: str) -> dict[str, str]:
+    """Parses flags as XLA parses XLA_FLAGS; returns {name: value}, later flags winning.
+
+    Flags are separated by whitespace and start with "-" (parsing stops at
+    the first word that does not); a value may be quoted with ' or " (with
+    backslash escapes inside "). A flag without a value is a boolean set to
+    "true".
+    """
+    flags: dict[str, str] = {}
+    position = 0
+    length = len(text)
+    while True:
+        while position < length and text[position].isspace():
+            position += 1
+        if position == length or text[position] != "-":
+            return flags
+        start = position
+        while position < length and (text[position].isalnum() or text[position] in "-_"):
+            position += 1
+        if text[position : position + 1] == "=" and text[position + 1 : position + 2] in ("'", '"'):
+            name, quote = text[start:position], text[position + 1]
+            position += 2
+            value = []
+            while position < length and text[position] != quote:
+                if quote == '"' and text[position] == "\\" and position + 1 < length:
+                    position += 1  # a backslash escapes the next character inside "..."
+                value.append(text[position])
+                position += 1
+            position += 1  # past the closing quote
+        else:
+            while position < length and not text[position].isspace():
+                position += 1
+            name, equals, value_text = text[start:position].partition("=")
+            value = [value_text if equals else "true"]
+        if name.lstrip("-"):
+            flags[name.lstrip("-")] = "".join(value)
+
+
+def normalized_xla_flags(value: str | None) -> list[str]:
+    """Returns XLA_FLAGS as sorted "name=value" strings, leaving out flags that change no code.
+
+    Like XLA, a value that does not start with "-" names a file holding the
+    flags; a file that cannot be read gives a marker that keeps such a
+    process's entries apart (the plugin itself stops at load in that case).
+    """
+    if not value or not value.strip():
+        return []
+    text = value
+    if not value.lstrip().startswith("-"):
+        try:
+            with open(value) as file:
+                text = file.read()
+        except OSError as error:
+            return [f"<unreadable flag file {value}: {error.strerror}>"]
+    flags = parse_xla_flags(text)
+    return [f"{name}={flags[name]}" for name in sorted(flags) if is_code_flag(name)]
+
+
+def codegen_environment(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Returns the environment that changes what the plugin generates, for the key.
+
+    Read when the plugin loads (runtime.py), since the plugin reads it then
+    and never again: {"xla_flags": [...]} plus each thread-count variable that
+    is set. Variables read at run time only (oneDNN's DNNL_MAX_CPU_ISA, the
+    TF_CPP_* logging ones) are left out: measured, DNNL_MAX_CPU_ISA=SSE41
+    leaves the serialized executable unchanged.
+    """
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {"xla_flags": normalized_xla_flags(env.get(XLA_FLAGS_ENV))}
+    for name in THREAD_ENV:
+        if env.get(name):
+            found[name] = env[name]
+    return found
+
 
 _file_memo: dict[tuple[str, tuple[str, int, int, int]], Any] = {}
 _memo_lock = threading.Lock()
@@ -61,7 +177,7 @@ def memoized_by_file(
         name = hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
         memo_file = memo_dir / f"{kind}-{name}.json"
         try:
-            record = json.loads(memo_file.read_text())
+            record = json.loads(read_small_file(memo_file))
             if record.get("identity") == list(identity):
                 value = record["value"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -71,8 +187,12 @@ def memoized_by_file(
         if memo_file is not None:
             # A read-only cache: the in-memory memo still serves this process.
             with contextlib.suppress(OSError):
+                # Group-readable in a group-shared cache (its directories carry group bits).
+                mode = 0o660 if os.stat(memo_dir).st_mode & 0o070 else 0o600
                 write_atomically(
-                    memo_file, json.dumps({"identity": list(identity), "value": value}).encode()
+                    memo_file,
+                    json.dumps({"identity": list(identity), "value": value}).encode(),
+                    mode,
                 )
     with _memo_lock:
         _file_memo[kind, identity] = value
@@ -115,8 +235,14 @@ def key_parts(
     platform_version: str,
     device_kind: str,
     compile_options: bytes,
+    client_options: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Returns the parts that identify an executable, as JSON-ready data."""
+    """Returns the parts that identify an executable, as JSON-ready data.
+
+    client_options are the plugin's client create options and environment
+    the code-generation environment (codegen_environment) of the process.
+    """
     parts: dict[str, Any] = {
         "format": KEY_FORMAT,
         "program_sha256": hashlib.sha256(text.encode()).hexdigest(),
@@ -128,13 +254,15 @@ def key_parts(
             "device_kind": device_kind,
         },
         "compile_options": compile_options.hex(),
+        "client_options": dict(sorted((client_options or {}).items())),
+        "environment": environment if environment is not None else codegen_environment(),
     }
     if platform == "cpu":
         parts["host"] = {"machine": host_platform.machine(), "cpu_features": host_cpu_features()}
     return parts
 
 
-IDENTITY_PARTS = ("format", "platform", "plugin", "host")
+IDENTITY_PARTS = ("format", "platform", "plugin", "host", "client_options", "environment")
 """The parts that tie an executable to a plugin build and host, not to a program."""
 
 

@@ -24,13 +24,15 @@ if "fallback_to_soft" in _accepted:
     _OPTIONS["fallback_to_soft"] = False
 
 
-def try_acquire(path: Path, timeout: float) -> filelock.BaseFileLock | None:
+def try_acquire(path: Path, timeout: float, mode: int = 0o600) -> filelock.BaseFileLock | None:
     """Returns the held lock at path, or None if it was not free within timeout seconds.
 
-    timeout 0 tries once. Raises OSError when the lock file cannot be created
-    or opened (a read-only directory, say). The caller releases the lock.
+    timeout 0 tries once. mode is the lock file's mode when it is created
+    (0o660 for a group-shared cache). Raises OSError when the lock file cannot
+    be created or opened (a read-only directory, say). The caller releases
+    the lock. filelock opens lock files without following symlinks.
     """
-    lock = filelock.FileLock(path, timeout=max(timeout, 0.0), **_OPTIONS)
+    lock = filelock.FileLock(path, timeout=max(timeout, 0.0), **{**_OPTIONS, "mode": mode})
     try:
         lock.acquire()
     except filelock.Timeout:

@@ -12,8 +12,11 @@ import os
 from typing import Any
 
 from worker.cache import space
-from worker.cache.entry import CorruptEntryError, read_header
+from worker.cache.entry import CorruptEntryError, UnreadableEntryError, read_header
 from worker.cache.store import DiskCache
+
+UNREADABLE = "unreadable"
+"""The status of an entry that exists but could not be read (not judged bad)."""
 
 
 def _count_files(directory: os.PathLike[str], suffix: str) -> int:
@@ -41,6 +44,8 @@ def info(cache: DiskCache) -> dict[str, Any]:
         "max_size_from": cache.max_size_source,
         "ledger_bytes": None if usage is None else usage.bytes,
         "lock_files": _count_files(cache.locks_dir, ".lock"),
+        "shared": cache.shared,
+        "signing_key_id": None if cache.signer is None else cache.signer.key_id,
         "plugin_records": _count_files(cache.plugins_dir, ".json"),
         "oldest_use": found.entries[0].mtime if found.entries else None,
         "newest_use": found.entries[-1].mtime if found.entries else None,
@@ -57,13 +62,14 @@ def list_entries(cache: DiskCache) -> list[dict[str, Any]]:
     for item in reversed(cache.list_entries()):
         record: dict[str, Any] = {"key": item.key, "size": item.size, "last_used": item.mtime}
         try:
-            header = read_header(item.path)
+            verified = read_header(item.path)
         except FileNotFoundError:
             continue  # evicted or healed meanwhile
         except (OSError, CorruptEntryError) as error:
             record["error"] = str(error)
             records.append(record)
             continue
+        header = verified.fields
         metadata = header.get("metadata") or {}
         parts = header.get("parts") or {}
         plugin = parts.get("plugin") or {}
@@ -74,6 +80,7 @@ def list_entries(cache: DiskCache) -> list[dict[str, Any]]:
             plugin_sha256=plugin.get("sha256"),
             compile_seconds=metadata.get("compile_seconds"),
             created=metadata.get("created"),
+            signed=verified.mac is not None,
         )
         records.append(record)
     return records
@@ -82,9 +89,10 @@ def list_entries(cache: DiskCache) -> list[dict[str, Any]]:
 def check_entries(cache: DiskCache) -> list[dict[str, Any]]:
     """Verifies every entry's header and payload digests and key.
 
-    Returns records {"key", "size", "status": "ok" or "bad", "detail",
-    "platform"}, least recently used first. Entries that vanish meanwhile
-    are left out.
+    Returns records {"key", "size", "status": "ok", "bad" or "unreadable",
+    "detail", "platform"}, least recently used first; entries that vanish
+    meanwhile are left out. With signing on (a secret configured), an entry
+    without the right signature is bad.
     """
     results = []
     for item in cache.list_entries():
@@ -93,6 +101,9 @@ def check_entries(cache: DiskCache) -> list[dict[str, Any]]:
             found = cache.read(item.key, touch=False)
         except CorruptEntryError as error:
             results.append({**record, "status": "bad", "detail": str(error)})
+            continue
+        except UnreadableEntryError as error:
+            results.append({**record, "status": UNREADABLE, "detail": str(error)})
             continue
         if found is None:
             continue

@@ -25,9 +25,12 @@ outside it.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
+import stat as stat_module
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +116,21 @@ def scan(entries_dir: Path, temp_grace: float | None = None) -> Scan:
     return Scan(entries, temp_bytes, temp_files, removed)
 
 
+def remove_entry_file(path: Path, found: os.stat_result | None = None) -> None:
+    """Removes what lies at an entry's path, never following a symlink.
+
+    A directory named like an entry (which no writer makes, but which would
+    block its key forever) is removed with its contents. Raises OSError
+    (FileNotFoundError when it is gone already).
+    """
+    if found is None:
+        found = os.lstat(path)
+    if stat_module.S_ISDIR(found.st_mode):
+        shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, not followed
+    else:
+        os.unlink(path)
+
+
 def evict(entries: list[EntryFile], total: int, target: float) -> tuple[int, list[EntryFile]]:
     """Removes entries, least recently used first, until total <= target.
 
@@ -124,7 +142,7 @@ def evict(entries: list[EntryFile], total: int, target: float) -> tuple[int, lis
         if total <= target:
             break
         try:
-            os.unlink(item.path)
+            remove_entry_file(item.path)
             removed.append(item)
             logger.debug("evicted %s (%d bytes)", item.key, item.size)
         except FileNotFoundError:
@@ -144,27 +162,65 @@ class Usage:
     scanned: float
 
 
-class Ledger:
-    """The usage file. Read and written only under the space lock."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-    def __init__(self, path: Path) -> None:
+
+def read_small_file(path: Path, limit: int = 1 << 20) -> bytes:
+    """Reads a small regular file without following a symlink; raises OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+class Ledger:
+    """The usage file. Read and written only under the space lock, never through a symlink."""
+
+    def __init__(self, path: Path, mode: int = 0o600) -> None:
         self.path = path
+        self.mode = mode
 
     def read(self) -> Usage | None:
         """Returns the recorded usage, or None when the file is missing or unreadable."""
         try:
-            record = json.loads(self.path.read_bytes())
+            record = json.loads(read_small_file(self.path))
             usage = Usage(int(record["bytes"]), float(record["scanned"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return usage if usage.bytes >= 0 else None
 
     def write(self, usage: Usage) -> None:
-        """Records usage in place (no rename or fsync: a lost update only forces a scan)."""
+        """Records usage in place (no rename or fsync: a lost update only forces a scan).
+
+        Something other than a regular file in its place (a symlink, which is
+        never followed, or a FIFO) is removed and the ledger written afresh.
+        Raises OSError.
+        """
         text = json.dumps({"bytes": usage.bytes, "scanned": usage.scanned}).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
         try:
+            fd = os.open(self.path, flags, self.mode)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink, a FIFO
+                raise
+            fd = self._replace_odd_file(flags)
+        try:
+            found = os.fstat(fd)
+            if not stat_module.S_ISREG(found.st_mode):
+                os.close(fd)
+                fd = self._replace_odd_file(flags)
+                found = os.fstat(fd)
+            if stat_module.S_IMODE(found.st_mode) != self.mode and found.st_uid == os.geteuid():
+                os.fchmod(fd, self.mode)  # the umask may have taken a shared cache's group bits
             os.pwrite(fd, text, 0)
             os.ftruncate(fd, len(text))
         finally:
             os.close(fd)
+
+    def _replace_odd_file(self, flags: int) -> int:
+        logger.warning("replacing %s, which is not a regular file", self.path)
+        os.unlink(self.path)  # removes the link or FIFO itself, never what it points to
+        return os.open(self.path, flags | os.O_EXCL, self.mode)

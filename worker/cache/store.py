@@ -1,13 +1,18 @@
 """DiskCache: a directory of executables shared by every process on a machine.
 
-Layout of a cache directory (created 0700)::
+Layout of a cache directory (created 0700, or 2770 when group-shared)::
 
     entries/<key>.pjx        one verified, self-describing file per executable
     entries/.tmp.*           files being written (invisible to readers)
     locks/<key>.lock         per-key compile locks (never deleted)
     locks/space.lock         held while reserving space or trimming (never deleted)
+    loads/<key>.<pid>...     loads in progress (see loads.py)
     usage.json               bytes accounted in entries/ (see space.py)
     plugins/<kind>-<id>.json memoized plugin digests and probe answers
+
+Nothing is read from a directory before trust.py has checked who can write
+it, and no file in it is opened, written or removed through a symlink. With
+a signing secret configured, entries are signed and checked (signing.py).
 
 Reads take no lock: an entry is published by an atomic rename and verified
 when read, so a reader sees a whole entry or none. Writers of one key
@@ -32,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from worker.cache import entry as entry_format
-from worker.cache import space
+from worker.cache import space, trust
 from worker.cache.atomic import PendingFile
 from worker.cache.counters import CacheCounters, Tally
 from worker.cache.key import key_of
+from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
     MAX_SIZE_ENV,
@@ -44,7 +50,8 @@ from worker.cache.location import (
     resolve_max_size,
 )
 from worker.cache.locking import try_acquire
-from worker.cache.space import ENTRY_SUFFIX, EntryFile, Ledger, Usage
+from worker.cache.signing import Signer, signer_from_environment
+from worker.cache.space import ENTRY_SUFFIX, EntryFile, Ledger, Usage, remove_entry_file
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -58,6 +65,11 @@ TOUCH_INTERVAL = 60.0
 
 # Errors that mean the directory cannot take writes at all (rather than one bad file).
 _UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+
+SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
+"""The directories under a cache directory, each checked as the directory itself is."""
+
+_FROM_ENVIRONMENT: Any = object()
 
 
 class CacheUnavailableWarning(UserWarning):
@@ -87,9 +99,14 @@ class DiskCache:
     max_size (bytes or "2G") to PJRT_POOL_CACHE_MAX_SIZE, else 4 GiB, read
     when needed; lock_timeout is how long to wait for another process's
     compile of the same program. A directory that cannot be created or
-    written makes the cache degrade to "no cache" with one warning; compiling
-    never fails because of the cache. With create=False a missing directory
-    is not created (the cache is then simply not usable).
+    written makes the cache degrade to "no cache" with one warning. With
+    create=False a missing directory is not created (the cache is then
+    simply not usable).
+
+    A directory that someone untrusted can write raises UntrustedCacheError
+    (see trust.py; shared=True, or PJRT_POOL_CACHE_SHARED=1, trusts its
+    group). signer signs and checks entries (default: the secret that
+    PJRT_POOL_CACHE_SECRET or PJRT_POOL_CACHE_KEY_FILE configure, else none).
 
     compile_program uses one instance per directory (open_cache), whose
     counters therefore describe this process's compiles.
@@ -102,34 +119,70 @@ class DiskCache:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         *,
         create: bool = True,
+        shared: bool | None = None,
+        signer: Signer | None = _FROM_ENVIRONMENT,
     ) -> None:
-        self.directory = resolve_cache_dir(directory)
         self._max_size = None if max_size is None else parse_size(max_size)
         self.lock_timeout = lock_timeout
-        self.entries_dir = self.directory / "entries"
-        self.locks_dir = self.directory / "locks"
-        self.plugins_dir = self.directory / "plugins"
-        self.ledger = Ledger(self.directory / "usage.json")
+        self.shared = trust.shared_mode(shared)
+        """Whether the directory's group is trusted (a group-shared cache)."""
+        if signer is _FROM_ENVIRONMENT:
+            signer = signer_from_environment()
+        self.signer: Signer | None = signer
+        """Signs entries written and checks entries read; None when signing is off."""
+        self.file_mode = trust.SHARED_FILE_MODE if self.shared else trust.PRIVATE_FILE_MODE
         self._tally = Tally()
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
+        self._locate(resolve_cache_dir(directory))
         self.usable = self._prepare(create)
         self.writable = self.usable
 
     # -- set-up and degradation --------------------------------------------
 
+    def _locate(self, directory: Path) -> None:
+        self.directory = directory
+        self.entries_dir = directory / "entries"
+        self.locks_dir = directory / "locks"
+        self.plugins_dir = directory / "plugins"
+        self.loads = LoadMarkers(directory / "loads", self.file_mode)
+        self.ledger = Ledger(directory / "usage.json", self.file_mode)
+
     def _prepare(self, create: bool) -> bool:
-        folders = (self.directory, self.entries_dir, self.locks_dir, self.plugins_dir)
-        if not create:
-            return all(folder.is_dir() for folder in folders)
+        """Creates (if asked) and checks the directories; False when the cache cannot be used.
+
+        Raises UntrustedCacheError for a directory others could write. The
+        directory's real path replaces a symlink to it, and nothing is made
+        inside it before it has passed the check.
+        """
         try:
-            for folder in folders:
-                # 0700: whoever can write entries chooses the machine code that readers load.
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            return True
+            if create:
+                self.directory.parent.mkdir(parents=True, exist_ok=True)
+                trust.make_directory(self.directory, self.shared)
+            real = trust.check_cache_directory(self.directory, shared=self.shared)
+        except FileNotFoundError:
+            if create:  # a dangling symlink, or removed meanwhile
+                self._degrade(f"cannot use cache directory {self.directory}: it does not exist")
+            return False
         except OSError as error:
             self._degrade(f"cannot create cache directory {self.directory}: {error}")
             return False
+        self._locate(real)
+        complete = True
+        for name in SUBDIRECTORIES:
+            path = real / name
+            try:
+                if create:
+                    trust.make_directory(path, self.shared)
+                trust.check_directory(path, os.lstat(path), self.shared)
+            except FileNotFoundError:
+                # create=False: without entries/ there is nothing to read; loads/ is
+                # optional (a cache made by an older version has none).
+                complete = complete and name == "loads"
+            except OSError as error:
+                self._degrade(f"cannot create cache directory {path}: {error}")
+                return False
+        return complete
 
     def _warn_once(self, topic: str, message: str) -> None:
         with self._warn_lock:
@@ -203,26 +256,28 @@ class DiskCache:
             with entry_format.open_entry(path) as file:
                 stat = os.fstat(file.fileno())
                 data = file.read()
+                if touch:
+                    self._touch(file.fileno(), stat)
         except FileNotFoundError:
             return None
         except OSError as error:
-            raise entry_format.CorruptEntryError(f"unreadable: {error}") from None
+            # Says nothing about the entry (too many open files, a flaky disk...).
+            raise entry_format.UnreadableEntryError(f"cannot read {path}: {error}", error) from None
         try:
-            entry = entry_format.decode(data, expected_key=key)
+            entry = entry_format.decode(data, expected_key=key, signer=self.signer)
             if key_of(entry.parts) != key:
                 raise entry_format.CorruptEntryError("the key parts do not hash to the key")
         except entry_format.CorruptEntryError as error:
             error.stat = stat  # lets the caller remove exactly this file
             raise
-        if touch:
-            self._touch(path, stat)
         return entry, stat
 
-    def _touch(self, path: Path, stat: os.stat_result) -> None:
+    def _touch(self, fd: int, stat: os.stat_result) -> None:
         # Refreshing mtime on every hit would turn every read into a metadata write.
+        # Through the open file: never through a symlink put in its place meanwhile.
         if self.writable and time.time() - stat.st_mtime > TOUCH_INTERVAL:
             with contextlib.suppress(OSError):
-                os.utime(path)
+                os.utime(fd)
 
     def publish(
         self,
@@ -239,7 +294,7 @@ class DiskCache:
         """
         if not self.writable:
             return False
-        data = entry_format.encode(key, parts, metadata, payload)
+        data = entry_format.encode(key, parts, metadata, payload, self.signer)
         bound = self.max_size if max_size is None else max_size
         if len(data) > bound:
             logger.debug("entry %s (%d bytes) exceeds the cache bound; not stored", key, len(data))
@@ -260,7 +315,7 @@ class DiskCache:
 
     def _reserve(self, key: str, size: int, bound: int) -> PendingFile | None:
         """Creates the entry's temporary file at full size if it fits; None if not."""
-        lock = try_acquire(self.locks_dir / "space.lock", SPACE_LOCK_TIMEOUT)
+        lock = try_acquire(self.locks_dir / "space.lock", SPACE_LOCK_TIMEOUT, self.file_mode)
         if lock is None:
             self.count("lock_timeouts")
             logger.debug("space lock busy for %.0f s; entry %s not stored", SPACE_LOCK_TIMEOUT, key)
@@ -284,7 +339,7 @@ class DiskCache:
                 logger.debug("no room for entry %s (%d bytes) within the bound", key, size)
                 self.ledger.write(usage)
                 return None
-            pending = PendingFile(self.path_of(key), size)
+            pending = PendingFile(self.path_of(key), size, self.file_mode)
             self.ledger.write(Usage(usage.bytes + size, usage.scanned))
             return pending
         finally:
@@ -293,6 +348,7 @@ class DiskCache:
     def _scan_and_evict(self, limit: float, target: float) -> TrimResult:
         """With the space lock held: scans, and if over limit evicts down to target."""
         found = space.scan(self.entries_dir, space.TEMP_GRACE)
+        self.loads.sweep({item.key for item in found.entries})
         total = found.total
         evicted: list[EntryFile] = []
         if total > limit:
@@ -304,16 +360,20 @@ class DiskCache:
         """Removes a key's entry if it is still the file that `stat` describes.
 
         Call with the key's lock held; a file republished in the meantime (by
-        a process that gave up waiting for the lock) is left alone.
+        a process that gave up waiting for the lock) is left alone, and so is
+        everything when stat is None (nothing says which file was judged).
+        A directory in place of an entry is removed with what it holds.
         """
+        if stat is None:
+            return False
         path = self.path_of(key)
         try:
             current = os.lstat(path)
             # Identity by inode, not mtime: a hit's access-time touch changes mtime,
             # while a republished entry is always a new inode (atomic rename).
-            if stat is not None and (current.st_dev, current.st_ino) != (stat.st_dev, stat.st_ino):
+            if (current.st_dev, current.st_ino) != (stat.st_dev, stat.st_ino):
                 return False
-            os.unlink(path)
+            remove_entry_file(path, current)
             return True
         except FileNotFoundError:
             return False
@@ -334,9 +394,12 @@ class DiskCache:
             return
         wait = self.lock_timeout if timeout is None else timeout
         try:
-            lock = try_acquire(self.locks_dir / f"{key}.lock", wait)
+            lock = try_acquire(self.locks_dir / f"{key}.lock", wait, self.file_mode)
         except OSError as error:
-            self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
+            if error.errno in _UNWRITABLE:
+                self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
+            else:  # transient (too many open files...): this compile goes on unlocked
+                logger.warning("could not take the compile lock of %s: %s", key, error)
             yield False
             return
         if lock is None:
@@ -366,7 +429,7 @@ class DiskCache:
         if not self.writable:
             return TrimResult(False, 0, 0, 0, 0)
         try:
-            lock = try_acquire(self.locks_dir / "space.lock", wait)
+            lock = try_acquire(self.locks_dir / "space.lock", wait, self.file_mode)
         except OSError as error:
             self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
             return TrimResult(False, 0, 0, 0, 0)
@@ -381,12 +444,19 @@ class DiskCache:
             lock.release()
 
     def clear(self) -> int:
-        """Removes every entry (lock files stay); returns how many were removed."""
+        """Removes every entry, damaged ones too (lock files stay); returns how many.
+
+        An entry that cannot be removed is logged and left.
+        """
         removed = 0
         for item in self.list_entries():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(item.path)
+            try:
+                remove_entry_file(item.path)
                 removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                logger.warning("could not remove cache entry %s: %s", item.path, error)
         return removed
 
 

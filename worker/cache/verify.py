@@ -22,8 +22,9 @@ import json
 import sys
 from typing import Any
 
-from worker.cache.entry import CorruptEntryError
+from worker.cache.entry import CorruptEntryError, UnreadableEntryError
 from worker.cache.key import foreign_parts
+from worker.cache.report import UNREADABLE
 from worker.cache.store import DiskCache
 from worker.compiler import runtime_key_parts
 from worker.errors import PjrtError, PlatformMismatchError, PluginLoadError, PluginNotFoundError
@@ -42,6 +43,8 @@ def _check(cache: DiskCache, key: str, here: dict[str, Any]) -> dict[str, Any] |
         found = cache.read(key, touch=False)
     except CorruptEntryError as error:
         return {"status": "bad", "detail": str(error)}
+    except UnreadableEntryError as error:
+        return {"status": UNREADABLE, "detail": str(error)}
     if found is None:
         return None  # evicted or healed meanwhile
     entry = found[0]

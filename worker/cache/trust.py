@@ -1,0 +1,231 @@
+"""Who may write the cache directory: the check that comes before reading anything in it.
+
+Whoever can write a cache directory chooses the machine code its readers
+load (an entry's key is a hash of public facts). So a cache directory, and
+each directory under it, must be writable only by people the reader trusts:
+
+- **Private (the default).** Each directory is owned by this process's user
+  and is not writable by its group or by others. Anything else is refused
+  with UntrustedCacheError, which names the directory, what was found and
+  the fix (``chmod 700 DIR``, or another directory).
+- **Group-shared** (``PJRT_POOL_CACHE_SHARED=1``, or ``shared=True``), for a
+  cache that a team or the nodes of a cluster share. Every member of each
+  directory's group is trusted: a directory may be group-writable if its
+  group is one of this process's groups, and may be owned by another user
+  if so. It must still never be writable by others. Directories this
+  process creates are made ``2770`` (setgid, so that files keep the group)
+  and files group-readable and -writable. Sign the entries too (see signing.py): on a
+  shared filesystem, permissions are often not the whole story.
+
+In both modes the directories above the cache must not let others replace it
+(an ancestor writable by others is refused unless it is sticky, as /tmp is),
+a symlink to the cache directory is checked at the directory it resolves to,
+and the directories under it must be real directories, not symlinks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import stat
+from pathlib import Path
+
+SHARED_ENV = "PJRT_POOL_CACHE_SHARED"
+"""Set to 1 to trust a cache directory's group (a group-shared cache)."""
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+PRIVATE_DIR_MODE = 0o700
+SHARED_DIR_MODE = 0o2770
+PRIVATE_FILE_MODE = 0o600
+SHARED_FILE_MODE = 0o660
+"""Group-writable: members open lock files and the ledger for writing, and refresh
+entries' access times (which needs write permission on a file another member made)."""
+
+
+class UntrustedCacheError(Exception):
+    """A cache directory is writable by someone this process does not trust.
+
+    The message names the directory, its owner and mode, and how to fix it.
+    """
+
+
+def shared_mode(shared: bool | None = None) -> bool:
+    """Returns whether the cache is group-shared: the argument, else PJRT_POOL_CACHE_SHARED."""
+    if shared is not None:
+        return bool(shared)
+    value = os.environ.get(SHARED_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{SHARED_ENV}={value!r}: set it to 1 (a group-shared cache) or 0")
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        import grp
+
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except (ImportError, KeyError):
+        return f"gid {gid}"
+
+
+def _my_groups() -> set[int]:
+    return {os.getegid(), *os.getgroups()}
+
+
+def _describe(path: Path, found: os.stat_result) -> str:
+    mode = stat.S_IMODE(found.st_mode)
+    return (
+        f"{path} is owned by {_owner(found.st_uid)}, group {_group(found.st_gid)}, mode {mode:04o}"
+    )
+
+
+def check_directory(path: Path, found: os.stat_result, shared: bool) -> None:
+    """Raises UntrustedCacheError unless a cache directory's stat shows only trusted writers.
+
+    Raises NotADirectoryError when found is not a directory (a symlink under
+    the cache directory is never followed).
+    """
+    if not stat.S_ISDIR(found.st_mode):
+        # Not a question of trust, and nothing is read through it: the cache is unusable.
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            "not a directory (a file or a symlink where the cache expects a directory; "
+            "remove it, and pjrt-pool creates the directory again)",
+            str(path),
+        )
+    mode = stat.S_IMODE(found.st_mode)
+    me = os.geteuid()
+    where = _describe(path, found)
+    fix_other = (
+        "choose a cache directory of your own (--cache-dir, cache_dir= or PJRT_POOL_CACHE_DIR)"
+    )
+    if mode & stat.S_IWOTH:
+        raise UntrustedCacheError(
+            f"{where}: anyone can write it, and so choose the machine code this process "
+            f"would load; run 'chmod o-w {path}'"
+            + (" (a shared cache trusts a group, never everyone)" if shared else "")
+        )
+    if not shared:
+        if found.st_uid != me:
+            raise UntrustedCacheError(
+                f"{where}, not by {_owner(me)}: its owner chooses the machine code this "
+                f"process would load; {fix_other}, or set {SHARED_ENV}=1 if it is a cache "
+                "shared by your group"
+            )
+        if mode & stat.S_IWGRP:
+            raise UntrustedCacheError(
+                f"{where}: its group can write it, and so choose the machine code this "
+                f"process would load; run 'chmod 700 {path}', or set {SHARED_ENV}=1 to "
+                "share the cache with that group on purpose"
+            )
+        return
+    in_my_groups = found.st_gid in _my_groups()
+    if mode & stat.S_IWGRP and not in_my_groups:
+        raise UntrustedCacheError(
+            f"{where}: it is writable by a group this process is not in; run "
+            f"'chgrp GROUP {path}' with your shared group, or 'chmod g-w {path}'"
+        )
+    if found.st_uid not in (me, 0) and not in_my_groups:
+        raise UntrustedCacheError(
+            f"{where}: neither this user nor a member of one of its groups owns it; {fix_other}"
+        )
+
+
+def _check_ancestors(real: Path) -> None:
+    # Whoever can write a parent can rename the cache directory away and put
+    # their own in its place; a sticky parent (/tmp) forbids that.
+    for parent in real.parents:
+        try:
+            found = os.stat(parent)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(found.st_mode)
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise UntrustedCacheError(
+                f"{_describe(parent, found)}: anyone can replace the cache directory "
+                f"inside it; run 'chmod o-w {parent}' (or 'chmod +t {parent}'), or choose "
+                "a cache directory elsewhere"
+            )
+
+
+def check_cache_directory(
+    directory: Path, subdirectories: tuple[str, ...] = (), shared: bool | None = None
+) -> Path:
+    """Checks an existing cache directory and the named directories under it.
+
+    Returns the directory's real path (a symlink to it is resolved, and the
+    real directory checked). Raises UntrustedCacheError when someone this
+    process does not trust can write them (see the module docstring), and
+    OSError when one is missing (FileNotFoundError) or not a directory.
+    """
+    is_shared = shared_mode(shared)
+    real = Path(os.path.realpath(directory))
+    check_directory(real, os.stat(real), is_shared)
+    _check_ancestors(real)
+    for name in subdirectories:
+        try:
+            found = os.lstat(real / name)
+        except FileNotFoundError:
+            continue
+        check_directory(real / name, found, is_shared)
+    return real
+
+
+def check_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> None:
+    """Raises UntrustedCacheError now if the cache directory exists and is not trusted.
+
+    A Pool calls this when it starts, so that a bad directory fails there
+    rather than in every task. A directory that does not exist yet passes
+    (it is created private, or group-shared, when first used).
+    """
+    from worker.cache.location import resolve_cache_dir
+    from worker.cache.store import SUBDIRECTORIES
+
+    # Missing, or not a directory: the cache then degrades to compiling, with a warning.
+    with contextlib.suppress(OSError):
+        check_cache_directory(resolve_cache_dir(cache_dir), SUBDIRECTORIES)
+
+
+@functools.lru_cache(maxsize=16)
+def trusted_subdirectory(directory: Path, name: str) -> Path | None:
+    """Returns directory/name if both exist and pass the check, else None (never raises).
+
+    Decided once per process and directory: callers ask on every executable
+    they load or serialize.
+    """
+    try:
+        real = check_cache_directory(directory, (name,))
+    except (OSError, ValueError, UntrustedCacheError):
+        return None
+    return real / name if (real / name).is_dir() else None
+
+
+def make_directory(path: Path, shared: bool) -> bool:
+    """Creates one cache directory with the mode of the sharing mode; False if it exists.
+
+    The mode is set exactly (the umask would otherwise take the group bits
+    a shared cache needs); the caller checks directories that existed.
+    """
+    mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
+    try:
+        os.mkdir(path, mode & 0o777)
+    except FileExistsError:
+        return False
+    if shared:
+        os.chmod(path, mode)
+    return True
