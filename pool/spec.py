@@ -11,6 +11,10 @@ returns or yields entries, each one of:
 
 A spec module may also define ``initialize()``: it runs in every worker after
 the plugin loads, to register custom-call targets the programs need.
+
+A spec that cannot be loaded raises SpecError with one line saying why: the
+file is missing, importing it raised (with the line) or called sys.exit, it
+has no such function, the function raised, or it returned no programs.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class WarmProgram(NamedTuple):
     """The JAX function to lower, or None when `lowered` is given."""
 
     shapes: Sequence[Any] = ()
-    """The arguments as shapes or arrays, as lower() takes them."""
+    """The arguments as shapes or arrays (each may be a pytree of them), as lower() takes them."""
 
     platform: str | None = None
     """The platform to lower and compile for (default: the warm run's platform)."""
