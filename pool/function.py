@@ -203,7 +203,7 @@ class PoolFunction:
             function,
             dynamic,
             kwargs,
-            platform=self._platform,
+            platform=self._platform or self._pool_platform(),
             custom_calls=self._custom_calls,
             label=lambda i, path: (
                 f"argument {positions[i]}{path}" if i >= 0 else f"keyword argument {path}"
@@ -214,6 +214,14 @@ class PoolFunction:
             tuple(i for i, key in enumerate(lowered.input_keys) if key is not None),
             tuple(i for i, key in enumerate(lowered.output_keys) if key is not None),
         )
+
+    def _pool_platform(self) -> str | None:
+        """The platform of the pool's plugin: the only one its workers can run programs for."""
+        for info in self._pool.worker_info:
+            platform = info.get("plugin", {}).get("platform")
+            if platform:
+                return str(platform)
+        return None  # not known yet: lower's default (JAX's default device)
 
     def _not_an_array(
         self, dynamic: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[tuple[int, Any], ...]

@@ -361,11 +361,12 @@ class Pool(CompilesMany):
         jax.jit(function)(*args) returns, with numpy arrays as leaves; typed
         PRNG keys come back as keys. Arguments are pytrees of numpy arrays,
         JAX arrays, Python scalars (weakly typed, as in jax.jit) and typed
-        keys; keyword arguments are dynamic. static_argnums, platform and
-        custom_calls mean what they mean for jax.jit and lower; name names the
-        tasks (default: the program's name). Its submit method returns a
-        Future of the result and its lower method the LoweredProgram a call
-        runs. Crash isolation, timeouts and quarantine are those of submit.
+        keys; keyword arguments are dynamic. static_argnums and custom_calls
+        mean what they mean for jax.jit and lower; platform is the one to
+        lower for (default: that of this pool's plugin); name names the tasks
+        (default: the program's name). Its submit method returns a Future of
+        the result and its lower method the LoweredProgram a call runs. Crash
+        isolation, timeouts and quarantine are those of submit.
 
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay

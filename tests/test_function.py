@@ -178,6 +178,7 @@ def test_submit_lower_and_keyword_arguments(pool: Pool) -> None:
     assert_same(future.result(), jax.jit(affine)(x, weights=weights))
     program = run.lower(x, weights=weights)
     assert isinstance(program, LoweredProgram) and program.name == "jit_affine"
+    assert program.platform == pool.worker_info[0]["plugin"]["platform"]
     # The inputs are the leaves in JAX's order: x, then the keyword's b and w.
     assert [str(t) for t in program.input_types] == ["float32[2,3]", "float32[4]", "float32[3,4]"]
     shapes = jax.ShapeDtypeStruct((2, 3), F32)
@@ -224,6 +225,7 @@ def test_donate_argnums_is_accepted_with_a_warning(pool: Pool) -> None:
     np.testing.assert_array_equal(x, 1.0)  # the "donated" array is still valid
 
 
+@pytest.mark.slow
 def test_crashes_quarantine_and_timeouts_are_the_pools(ffi_library) -> None:
     def crash(x):
         return jax.ffi.ffi_call("null_deref", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
