@@ -12,6 +12,10 @@ Exit codes, for every command:
     0  success
     1  the command ran and found problems (``cache verify``: bad entries) or failed
     2  usage error (bad arguments, or a confirmation that was needed and not given)
+
+A command reports a user's mistake by raising UsageError: main prints its
+message as one line on stderr and exits 2. Any other exception is a bug (or
+a failure the command did not foresee) and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ EXIT_USAGE = 2
 
 COMMAND_MODULES = ("pool.warm_cli", "pool.cache_cli")
 """Modules with a register(subparsers) function, in the order of the help text."""
+
+
+class UsageError(Exception):
+    """A user's mistake: what was wrong and what to do, printed as one line (exit 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(run(args))
+    except UsageError as error:
+        prog = getattr(args, "prog", parser.prog)
+        print(f"{prog}: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

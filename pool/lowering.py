@@ -1,9 +1,20 @@
-"""lower: a JAX function to a LoweredProgram that a PJRT plugin compiles."""
+"""lower: a JAX function to a LoweredProgram that a PJRT plugin compiles.
+
+Arguments and results may be any JAX pytrees. A program takes and returns the
+pytrees' leaves, flattened in JAX's order: lower_tree records the structures
+(a TreeProgram) so that callers such as Pool.function can flatten arguments
+and rebuild results. A typed PRNG key crosses a program's boundary as its key
+data (jax.random.key_data: uint32, the key shape plus the implementation's
+key shape); inside the program it is wrapped back into a key of the same
+implementation, and a key the function returns leaves as key data.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -12,6 +23,28 @@ from pool.plugin_info import plugin_info
 from pool.stablehlo import reserialize, target_version
 from worker.dtypes import code_of_dtype
 from worker.records import ArrayType, LoweredProgram
+
+KeyDtype = Any
+"""The dtype of a typed PRNG key array (key<fry>, ...), which numpy cannot represent."""
+
+
+class TreeProgram(NamedTuple):
+    """A lowered program and how its flat inputs and outputs map to the function's pytrees."""
+
+    program: LoweredProgram
+    """The program, whose inputs and outputs are the flattened leaves."""
+
+    in_tree: Any
+    """The jax PyTreeDef of ``(args, kwargs)``."""
+
+    input_keys: tuple[KeyDtype | None, ...]
+    """Per flat input: the key dtype whose key data it carries, or None for an array."""
+
+    out_tree: Any
+    """The jax PyTreeDef of the function's result."""
+
+    output_keys: tuple[KeyDtype | None, ...]
+    """Per flat output: the key dtype whose key data it carries, or None for an array."""
 
 
 def _jax_platform(device: Any) -> str:
@@ -29,10 +62,11 @@ def lowering_platform(shapes: Sequence[Any]) -> str:
     Arrays (and ShapeDtypeStructs with a sharding) committed to devices choose
     their devices' platform; otherwise JAX's default device decides
     (``jax.config.jax_default_device``, else the default backend). Arguments
-    on devices of different platforms are refused with ValueError.
+    on devices of different platforms are refused with ValueError. Each
+    argument may be a pytree; its leaves count.
     """
     platforms = set()
-    for shape in shapes:
+    for shape in jax.tree_util.tree_leaves(list(shapes)):
         sharding = getattr(shape, "sharding", None)
         if sharding is None or (isinstance(shape, jax.Array) and not shape.committed):
             continue
@@ -52,29 +86,199 @@ def lowering_platform(shapes: Sequence[Any]) -> str:
     return _jax_platform(jax.devices()[0])
 
 
-def _as_shape(index: int, value: Any) -> jax.ShapeDtypeStruct:
+def key_dtype_of(dtype: Any) -> KeyDtype | None:
+    """Returns dtype if it is a typed PRNG key dtype, else None."""
+    if dtype is None:
+        return None
+    try:
+        return dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else None
+    except TypeError:  # not a dtype at all
+        return None
+
+
+def _leaf_shape(label: str, value: Any) -> tuple[jax.ShapeDtypeStruct, KeyDtype | None]:
+    """One argument leaf as the ShapeDtypeStruct the program takes, and its key dtype if a key."""
     if isinstance(value, jax.ShapeDtypeStruct):
         shape = value
     elif hasattr(value, "shape") and hasattr(value, "dtype"):
-        shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        shape = jax.ShapeDtypeStruct(
+            value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False))
+        )
     else:
         kind = type(value).__name__
-        raise TypeError(f"shapes[{index}] must be a jax.ShapeDtypeStruct or an array, not {kind}")
-    dtype = np.dtype(shape.dtype)
+        raise TypeError(
+            f"{label} must be a jax.ShapeDtypeStruct or an array, not {kind}: a program takes "
+            "arrays only. Make a value that is not an array static (static_argnums in "
+            "Pool.function) or bind it with functools.partial before lowering"
+        )
+    if any(not isinstance(n, int) for n in shape.shape):
+        raise TypeError(f"{label} has a symbolic shape {shape.shape}; give concrete sizes")
+    key = key_dtype_of(shape.dtype)
+    if key is not None:
+        # The program takes the key data; the function gets the key back (see _flat_function).
+        return jax.eval_shape(jax.random.key_data, shape), key
     try:
+        dtype = np.dtype(shape.dtype)
         code_of_dtype(dtype)
     except TypeError as error:
-        raise TypeError(f"shapes[{index}]: {error}") from None
+        raise TypeError(f"{label}: {error}") from None
     # complex128 is the 64-bit complex type: two float64s in 16 bytes.
     wide = dtype.itemsize == (16 if dtype.kind == "c" else 8)
     if wide and dtype.kind in "iufc" and not jax.config.jax_enable_x64:
         raise TypeError(
-            f"shapes[{index}] is {dtype}, which JAX traces as 32-bit while jax_enable_x64 "
+            f"{label} is {dtype}, which JAX traces as 32-bit while jax_enable_x64 "
             "is off; turn it on (jax.config.update('jax_enable_x64', True)) or use a 32-bit dtype"
         )
-    if any(not isinstance(n, int) for n in shape.shape):
-        raise TypeError(f"shapes[{index}] has a symbolic shape {shape.shape}; give concrete sizes")
-    return jax.ShapeDtypeStruct(shape.shape, dtype)
+    # The weak type matters: JAX promotes a weakly typed float32 with bfloat16 to bfloat16.
+    return jax.ShapeDtypeStruct(shape.shape, dtype, weak_type=shape.weak_type), None
+
+
+def function_name(function: Callable[..., Any]) -> str:
+    """The name JAX gives a traced function (the program is called jit_<name>)."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    return getattr(function, "__name__", None) or type(function).__name__
+
+
+def _flat_function(
+    function: Callable[..., Any],
+    in_tree: Any,
+    input_keys: tuple[KeyDtype | None, ...],
+    results: list[tuple[Any, tuple[KeyDtype | None, ...]]],
+) -> Callable[..., list[Any]]:
+    """The function as JAX exports it: flat leaves in (key data for keys), flat leaves out.
+
+    Tracing it appends (output tree, output key dtypes) to results.
+    """
+
+    def flat(*leaves: Any) -> list[Any]:
+        leaves_in = [
+            leaf if key is None else jax.random.wrap_key_data(leaf, dtype=key)
+            for leaf, key in zip(leaves, input_keys, strict=True)
+        ]
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves_in)
+        out_leaves, out_tree = jax.tree_util.tree_flatten(function(*args, **kwargs))
+        output_keys = tuple(key_dtype_of(getattr(leaf, "dtype", None)) for leaf in out_leaves)
+        results.append((out_tree, output_keys))
+        return [
+            leaf if key is None else jax.random.key_data(leaf)
+            for leaf, key in zip(out_leaves, output_keys, strict=True)
+        ]
+
+    # The module's name (jit_<name>) names the program in reports and errors.
+    flat.__name__ = flat.__qualname__ = function_name(function)
+    return flat
+
+
+_CALLBACKS = {
+    "debug_print": "jax.debug.print",
+    "debug_callback": "jax.debug.callback",
+    "io_callback": "io_callback",
+    "pure_callback": "jax.pure_callback",
+}
+
+
+def _callback_equations(jaxpr: Any) -> Iterator[Any]:
+    """The equations of a jaxpr, and of the jaxprs nested in it, that call back into Python."""
+    for equation in jaxpr.eqns:
+        name = equation.primitive.name
+        if name in _CALLBACKS or "callback" in name:
+            yield equation
+        for param in equation.params.values():
+            for inner in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(inner, "eqns"):
+                    yield from _callback_equations(inner)
+
+
+def _where(equation: Any) -> str:
+    try:  # private, and only for the message: leave the location out if it moved
+        from jax._src import source_info_util
+
+        return f" at {source_info_util.summarize(equation.source_info)}"
+    except Exception:
+        return ""
+
+
+def _host_callback_error(flat: Callable[..., Any], arguments: list[Any]) -> ValueError:
+    """The error for a function that calls back into Python, naming the callback."""
+    found = []
+    # Naming the callback is a courtesy: the error stands without it.
+    with contextlib.suppress(Exception):
+        found = list(_callback_equations(jax.make_jaxpr(flat)(*arguments).jaxpr))
+    what = "a host callback"
+    if found:
+        first = found[0]
+        what = _CALLBACKS.get(first.primitive.name, first.primitive.name) + _where(first)
+        if len(found) > 1:
+            what += f", and {len(found) - 1} more"
+    return ValueError(
+        f"the function calls back into Python ({what}), which a standalone program cannot "
+        "do: it runs in a worker process, or later from the disk cache, with no Python "
+        "caller to call. Remove the callback, or return the value as an output instead"
+    )
+
+
+def lower_tree(
+    function: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    platform: str | None = None,
+    custom_calls: Sequence[str] = (),
+    label: Callable[[int, str], str] = lambda i, path: f"shapes[{i}]{path}",
+) -> TreeProgram:
+    """Lowers function(*args, **kwargs) for pytrees of shapes or arrays; see lower.
+
+    label(argument index, key path) names an argument leaf in error messages
+    (the index is -1 for a keyword argument, whose key path then starts with
+    its name).
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable, not {type(function).__name__}")
+    if isinstance(custom_calls, str):
+        raise TypeError("custom_calls must be a sequence of target names, not one str")
+    tree_input = (tuple(args), dict(kwargs or {}))
+    paths_and_leaves, in_tree = jax.tree_util.tree_flatten_with_path(tree_input)
+    arguments, input_keys = [], []
+    for path, leaf in paths_and_leaves:
+        # path[0] is 0 (positional) or 1 (keyword); path[1] the index or name.
+        index = path[1].idx if path[0].idx == 0 else -1
+        rest = path[2:] if path[0].idx == 0 else path[1:]
+        argument, key = _leaf_shape(label(index, jax.tree_util.keystr(rest)), leaf)
+        arguments.append(argument)
+        input_keys.append(key)
+    platform = platform or lowering_platform([leaf for _, leaf in paths_and_leaves])
+
+    results: list[tuple[Any, tuple[KeyDtype | None, ...]]] = []
+    flat = _flat_function(function, in_tree, tuple(input_keys), results)
+    try:
+        exported = jax.export.export(
+            jax.jit(flat, keep_unused=True),
+            platforms=[platform],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in custom_calls],
+        )(*arguments)
+    except NotImplementedError as error:
+        if "host_callbacks" not in str(error):
+            raise
+        raise _host_callback_error(flat, arguments) from None
+    if exported.ordered_effects:
+        raise ValueError(
+            f"the function has ordered side effects ({exported.ordered_effects}), which a "
+            "standalone program cannot carry; remove io_callback(ordered=True) and the like"
+        )
+
+    info = plugin_info(platform)
+    target = None
+    if info is not None:
+        target = target_version(
+            info["stablehlo_minimum_version"], info["stablehlo_current_version"]
+        )
+    code, text = reserialize(exported.mlir_module_serialized, target)
+    input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
+    program = LoweredProgram(code=code, text=text, input_types=input_types, platform=platform)
+    out_tree, output_keys = results[-1]
+    return TreeProgram(program, in_tree, tuple(input_keys), out_tree, output_keys)
 
 
 def lower(
@@ -100,37 +304,21 @@ def lower(
     The function is traced with the current setting of jax.enable_x64, so
     64-bit arguments and values need that setting on, as they do in JAX.
 
+    Each argument may be a pytree (dicts, tuples, lists, registered
+    dataclasses, ...) of shapes or arrays: the program takes its leaves,
+    flattened in JAX's order (jax.tree_util.tree_leaves of the arguments),
+    and returns the leaves of the function's result the same way; None
+    leaves are empty, as in JAX. A typed PRNG key (jax.random.key, or a
+    ShapeDtypeStruct of a key dtype) is taken, and returned, as its key data
+    (jax.random.key_data); inside the program it is a key of the same
+    implementation again. Pool.function flattens and rebuilds the pytrees,
+    keys included, itself.
+
     The bytecode is serialized at the newest StableHLO version that both this
     jaxlib and the platform's plugin read, so it loads on that plugin.
     """
-    if not callable(function):
-        raise TypeError(f"function must be callable, not {type(function).__name__}")
     if isinstance(shapes, (jax.ShapeDtypeStruct, np.ndarray, jax.Array)) or not isinstance(
         shapes, Sequence
     ):
         raise TypeError("shapes must be a sequence with one shape or array per argument")
-    if isinstance(custom_calls, str):
-        raise TypeError("custom_calls must be a sequence of target names, not one str")
-    arguments = [_as_shape(i, s) for i, s in enumerate(shapes)]
-    platform = platform or lowering_platform(shapes)
-
-    exported = jax.export.export(
-        jax.jit(function, keep_unused=True),
-        platforms=[platform],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in custom_calls],
-    )(*arguments)
-    if exported.ordered_effects:
-        raise ValueError(
-            f"the function has ordered side effects ({exported.ordered_effects}), which a "
-            "standalone program cannot carry; remove io_callback(ordered=True) and the like"
-        )
-
-    info = plugin_info(platform)
-    target = None
-    if info is not None:
-        target = target_version(
-            info["stablehlo_minimum_version"], info["stablehlo_current_version"]
-        )
-    code, text = reserialize(exported.mlir_module_serialized, target)
-    input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
-    return LoweredProgram(code=code, text=text, input_types=input_types, platform=platform)
+    return lower_tree(function, shapes, platform=platform, custom_calls=custom_calls).program

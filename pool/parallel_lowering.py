@@ -6,6 +6,14 @@ Lowerer lowers in a background thread of this process (processes=0), so that
 lowering overlaps compiling, or in N extra processes that receive each
 function through cloudpickle. Those are fresh interpreters (spawned, never
 forked from a parent that imported JAX) that import JAX once each.
+
+Not every function survives that trip: pickling can fail (a closure over a
+lock), and a function can unpickle into one that no longer works (classes
+sent by value lose registrations made at import, such as pytree nodes; an
+equinox module's fields). A program whose lowering fails in a lowering
+process is therefore lowered again in this process: if that works, it
+carries a note saying that it could not be sent; if not, this process's
+error is the program's lowering error.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -24,8 +32,15 @@ from pool.lowering import lower
 from pool.spec import WarmProgram
 from worker.records import LoweredProgram
 
-Lowered = tuple[LoweredProgram, float]
-"""A lowered program and the seconds its lowering took."""
+
+class Lowered(NamedTuple):
+    """A lowered program, the seconds its lowering took, and a note on how it was lowered."""
+
+    program: LoweredProgram
+    seconds: float
+    note: str | None = None
+    """Set when the program could not be sent to a lowering process and was lowered here."""
+
 
 OnLowered = Callable[[int, "Future[Lowered]"], None]
 
@@ -35,7 +50,7 @@ def _lower_pickled(payload: bytes) -> Lowered:
     started = time.perf_counter()
     function, shapes, platform, custom_calls = cloudpickle.loads(payload)
     program = lower(function, shapes, platform=platform, custom_calls=custom_calls)
-    return program, time.perf_counter() - started
+    return Lowered(program, time.perf_counter() - started)
 
 
 def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
@@ -59,17 +74,21 @@ class Lowerer:
         self._platform = platform
         self._stopped = threading.Event()
         self._executor: ProcessPoolExecutor | None = None
+        # Lowers here what could not be sent to (or lowered in) a lowering process.
+        self._fallback: ThreadPoolExecutor | None = None
         if processes:
             self._executor = ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context("spawn")
             )
+            self._fallback = ThreadPoolExecutor(1, thread_name_prefix="pjrt-pool-lowering")
 
     def lower_all(
         self, programs: list[WarmProgram], on_lowered: OnLowered
     ) -> threading.Thread | None:
         """Starts lowering every program; calls on_lowered(index, future) as each finishes.
 
-        Each future's result is (LoweredProgram, seconds spent lowering it).
+        Each future's result is a Lowered: the program, the seconds spent
+        lowering it, and a note when it had to be lowered in this process.
 
         In-process lowering runs in a returned thread (join it to wait);
         with processes, the callbacks come from the executor's thread.
@@ -89,11 +108,12 @@ class Lowerer:
                 # send their functions by value.
                 cloudpickle.register_pickle_by_value(module)
         for index, program in enumerate(programs):
-            future: Future[Lowered]
+            future: Future[Lowered] = Future()
+            future.add_done_callback(lambda f, i=index: on_lowered(i, f))
             if program.lowered is not None:
-                future = Future()
-                future.set_result((program.lowered, 0.0))
-            else:
+                future.set_result(Lowered(program.lowered, 0.0))
+                continue
+            try:
                 payload = cloudpickle.dumps(
                     (
                         program.function,
@@ -102,9 +122,47 @@ class Lowerer:
                         tuple(program.custom_calls),
                     )
                 )
-                future = self._executor.submit(_lower_pickled, payload)
-            future.add_done_callback(lambda f, i=index: on_lowered(i, f))
+            except Exception as error:  # pickling runs the user's __reduce__ and the like
+                self._lower_here(program, future, f"pickling failed: {_describe(error)}")
+                continue
+            remote = self._executor.submit(_lower_pickled, payload)
+            remote.add_done_callback(lambda r, p=program, f=future: self._settle(r, p, f))
         return None
+
+    def _settle(
+        self, remote: Future[Lowered], program: WarmProgram, future: Future[Lowered]
+    ) -> None:
+        """Passes on a lowering process's result; lowers here what failed there."""
+        if remote.cancelled():
+            future.cancel()
+            return
+        error = remote.exception()
+        if error is None:
+            future.set_result(remote.result())
+            return
+        self._lower_here(program, future, f"lowering there failed: {_describe(error)}")
+
+    def _lower_here(self, program: WarmProgram, future: Future[Lowered], reason: str) -> None:
+        """Lowers a program in this process (in the fallback thread), noting why."""
+
+        def run() -> None:
+            if self._stopped.is_set():
+                future.cancel()
+                return
+            started = time.perf_counter()
+            try:
+                lowered = _lower_one(program, self._platform)
+            except Exception as error:  # this process's error is the program's error
+                future.set_exception(error)
+                return
+            note = (
+                f"could not be sent to a lowering process ({reason}); "
+                "lowered in this process instead"
+            )
+            future.set_result(Lowered(lowered, time.perf_counter() - started, note))
+
+        assert self._fallback is not None
+        self._fallback.submit(run)
 
     def _lower_serially(self, programs: list[WarmProgram], on_lowered: OnLowered) -> None:
         for index, program in enumerate(programs):
@@ -116,7 +174,7 @@ class Lowerer:
             started = time.perf_counter()
             try:
                 lowered = _lower_one(program, self._platform)
-                future.set_result((lowered, time.perf_counter() - started))
+                future.set_result(Lowered(lowered, time.perf_counter() - started))
             except Exception as error:  # a lowering error is that program's outcome
                 future.set_exception(error)
             on_lowered(index, future)
@@ -127,9 +185,18 @@ class Lowerer:
             self._stopped.set()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=cancel)
+        if self._fallback is not None:  # after the executor, whose callbacks submit to it
+            # Not cancel_futures: each queued job must settle its program's
+            # future (cancelled, once _stopped is set), or warm() waits forever.
+            self._fallback.shutdown(wait=True)
 
     def __enter__(self) -> Lowerer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close(cancel=exc[0] is not None)
+
+
+def _describe(error: BaseException) -> str:
+    """An error in one line: its type and message."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"

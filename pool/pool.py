@@ -52,7 +52,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -85,6 +85,9 @@ from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+
+if TYPE_CHECKING:
+    from pool.function import PoolFunction
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -322,6 +325,49 @@ class Pool(CompilesMany):
     ) -> ProgramSpec:
         """Compiles (or loads) a program in a worker and returns its ProgramSpec."""
         return self.submit_compile(program, name=name, timeout=timeout).result().spec
+
+    def function(
+        self,
+        function: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = (),
+        platform: str | None = None,
+        custom_calls: Sequence[str] = (),
+        name: str | None = None,
+    ) -> PoolFunction:
+        """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
+
+        Calling it lowers the function in this process once per signature (the
+        arguments' tree structure, shapes, dtypes and weak types, the static
+        arguments' values and jax_enable_x64, as jax.jit caches), then runs
+        the program with Pool.run: a worker compiles it or loads it from the
+        disk cache. It returns the result in the structure
+        jax.jit(function)(*args) returns, with numpy arrays as leaves; typed
+        PRNG keys come back as keys. Arguments are pytrees of numpy arrays,
+        JAX arrays, Python scalars (weakly typed, as in jax.jit) and typed
+        keys; keyword arguments are dynamic. static_argnums and custom_calls
+        mean what they mean for jax.jit and lower; platform is the one to
+        lower for (default: that of this pool's plugin); name names the tasks
+        (default: the program's name). Its submit method returns a Future of
+        the result and its lower method the LoweredProgram a call runs. Crash
+        isolation, timeouts and quarantine are those of submit.
+
+        donate_argnums is accepted and ignored, with a warning: arguments are
+        copied into shared memory for the worker, so donated arrays stay
+        valid and no memory is saved.
+        """
+        from pool.function import PoolFunction
+
+        return PoolFunction(
+            self,
+            function,
+            static_argnums=static_argnums,
+            donate_argnums=donate_argnums,
+            platform=platform,
+            custom_calls=custom_calls,
+            name=name,
+        )
 
     @property
     def cache_counters(self) -> CacheCounters:

@@ -11,6 +11,10 @@ returns or yields entries, each one of:
 
 A spec module may also define ``initialize()``: it runs in every worker after
 the plugin loads, to register custom-call targets the programs need.
+
+A spec that cannot be loaded raises SpecError with one line saying why: the
+file is missing, importing it raised (with the line) or called sys.exit, it
+has no such function, the function raised, or it returned no programs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -40,7 +45,7 @@ class WarmProgram(NamedTuple):
     """The JAX function to lower, or None when `lowered` is given."""
 
     shapes: Sequence[Any] = ()
-    """The arguments as shapes or arrays, as lower() takes them."""
+    """The arguments as shapes or arrays (each may be a pytree of them), as lower() takes them."""
 
     platform: str | None = None
     """The platform to lower and compile for (default: the warm run's platform)."""
@@ -73,10 +78,27 @@ def _load_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         del sys.modules[name]
-        raise SpecError(f"importing {path} failed: {type(error).__name__}: {error}") from error
+        raise SpecError(f"importing {path} {_failure(error, path)}") from error
     return module
+
+
+def _failure(error: BaseException, path: Path | None = None) -> str:
+    """Says how running a spec's code failed: where in the spec, and with what."""
+    if isinstance(error, SystemExit):
+        return (
+            f"called sys.exit({error.code!r}); a spec must not exit: remove the call, or put "
+            "it under if __name__ == '__main__':"
+        )
+    where = ""
+    if path is not None:
+        frames = traceback.extract_tb(error.__traceback__)
+        inside = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
+        if inside:
+            where = f" at line {inside[-1].lineno}"
+    message = " ".join(str(error).split())  # one line
+    return f"failed{where}: {type(error).__name__}: {message}"
 
 
 def _resolve(text: str) -> tuple[ModuleType, str]:
@@ -118,20 +140,28 @@ def entry_to_program(index: int, entry: Any) -> WarmProgram:
 
 
 def load_spec(text: str) -> Spec:
-    """Loads a spec from a file path or module:function; raises SpecError."""
+    """Loads a spec from a file path or module:function; raises SpecError.
+
+    A spec with no programs is an error too: warming it would do nothing.
+    """
     module, function_name = _resolve(text)
     function = getattr(module, function_name, None)
+    source = getattr(module, "__file__", None)
     if not callable(function):
-        raise SpecError(f"{text}: no function {function_name}() in {module.__name__}")
+        raise SpecError(
+            f"{source or module.__name__} has no function {function_name}(); define it to "
+            "return the programs to warm, or name another function as SPEC:function"
+        )
     try:
         entries: Iterable[Any] = function()
         programs = [entry_to_program(i, e) for i, e in enumerate(entries)]
     except SpecError:
         raise
-    except Exception as error:
-        raise SpecError(
-            f"{text}: {function_name}() failed: {type(error).__name__}: {error}"
-        ) from error
+    except (Exception, SystemExit) as error:
+        path = Path(source) if source else None
+        raise SpecError(f"{text}: {function_name}() {_failure(error, path)}") from error
+    if not programs:
+        raise SpecError(f"{text}: {function_name}() returned no programs; there is nothing to warm")
     names = [p.name for p in programs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -29,7 +29,7 @@ from pool.parallel_lowering import Lowered, Lowerer
 from pool.pool import Pool
 from pool.progress import ProgressDisplay
 from pool.spec import Spec, WarmProgram
-from worker.cache import CacheCounters
+from worker.cache import CacheCounters, DiskCache
 from worker.records import CompileStatistics, ProgramSpec
 
 
@@ -42,6 +42,7 @@ class Outcome(enum.Enum):
     COMPILE_ERROR = "compile error"
     WORKER_CRASH = "worker crash"
     TIMEOUT = "timeout"
+    NOT_STORED = "not stored"
     SKIPPED = "skipped"
 
     @property
@@ -61,6 +62,8 @@ class ProgramReport:
     """Seconds spent lowering plus compiling or loading it."""
     lower_seconds: float = 0.0
     error: str | None = None
+    note: str | None = None
+    """How it was lowered, when that was not as asked (see parallel_lowering)."""
     spec: ProgramSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +75,7 @@ class ProgramReport:
             "seconds": round(self.seconds, 6),
             "lower_seconds": round(self.lower_seconds, 6),
             "error": self.error,
+            "note": self.note,
         }
 
 
@@ -131,6 +135,8 @@ class WarmReport:
                 lines.append(
                     f"  {program.name}: {program.outcome.value}: {first[0] if first else ''}"
                 )
+            elif program.note:
+                lines.append(f"  {program.name}: {program.note}")
         return "\n".join(lines)
 
 
@@ -217,7 +223,8 @@ def warm(
         report.outcome = outcome
         report.error = None if error is None else _error_text(error)
         if progress is not None:
-            progress.update(report.name, outcome.value, report.seconds, report.error or "")
+            detail = report.error or report.note or ""
+            progress.update(report.name, outcome.value, report.seconds, detail)
         if fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
             stop.set()
         finished.release()
@@ -249,7 +256,7 @@ def warm(
                 if error is not None:
                     finish(index, Outcome.LOWERING_ERROR, error)
                     return
-                program, report.lower_seconds = future.result()
+                program, report.lower_seconds, report.note = future.result()
                 report.seconds = report.lower_seconds
                 try:
                     task = compiler.submit_compile(
@@ -276,6 +283,8 @@ def warm(
         statistics, counters = compiler.statistics, compiler.cache_counters
     if progress is not None:
         progress.close()
+    if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
+        _check_stored(reports, cache_dir)
     return WarmReport(
         reports,
         statistics,
@@ -284,6 +293,28 @@ def warm(
         platform,
         None if cache_dir is None else os.fspath(cache_dir),
     )
+
+
+def _check_stored(reports: list[ProgramReport], cache_dir: str | os.PathLike[str] | None) -> None:
+    """Marks programs that compiled or loaded but whose entry is not in the cache directory.
+
+    A cache directory that cannot be written (a regular file, read-only, full)
+    only makes the workers warn and compile without it, and a size bound
+    smaller than the programs evicts some of them: either way warming has
+    not put the program in the cache, and the report must not say it has.
+    """
+    cache = DiskCache(cache_dir, create=False)
+    for report in reports:
+        if report.outcome.ok and report.key is not None:
+            if cache.usable and cache.path_of(report.key).is_file():
+                continue
+            report.outcome = Outcome.NOT_STORED
+            report.error = (
+                f"compiled, but no entry {report.key} is in the cache directory "
+                f"{cache.directory}: the directory could not be written (not a directory, "
+                "read-only or full) or its size bound evicted the entry; warm into a "
+                "writable directory with room"
+            )
 
 
 def report_json(report: WarmReport) -> str:

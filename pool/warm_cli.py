@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import math
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
-from worker.arguments import random_inputs
+from pool.cli import EXIT_OK, EXIT_PROBLEMS, UsageError
+from worker.arguments import prepare_arguments, random_inputs
 
 
 def register(subparsers: Any) -> None:
@@ -76,7 +78,7 @@ def register(subparsers: Any) -> None:
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
-    warm.set_defaults(run=_warm)
+    warm.set_defaults(run=_warm, prog=warm.prog)
 
     run = subparsers.add_parser(
         "run",
@@ -97,23 +99,91 @@ def register(subparsers: Any) -> None:
         help="run through a pool of N workers (default 0: in this process)",
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
-    run.set_defaults(run=_run)
+    run.set_defaults(run=_run, prog=run.prog)
+
+
+def _check_warm_arguments(args: argparse.Namespace) -> None:
+    """Refuses bad arguments before anything slow starts; raises UsageError."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if args.lower_workers < 0:
+        raise UsageError(
+            f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
+        )
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(
+            f"--timeout must be a positive number of seconds, not {args.timeout:g}; "
+            "leave it out for no timeout"
+        )
+    if args.manifest:
+        _check_manifest_path(Path(args.manifest))
+    if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
+        _check_cache_dir(args.cache_dir)
+        _check_plugin(args.platform or default_platform(), "--platform")
+
+
+def _check_manifest_path(path: Path) -> None:
+    """Warming can take hours: a manifest that cannot be written is refused first."""
+    if path.is_dir():
+        raise UsageError(f"--manifest {path} is a directory; name a file to write, such as m.json")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(
+            f"--manifest {path}: the directory {folder} does not exist; create it first "
+            "or name a file in an existing directory"
+        )
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--manifest {path}: cannot write in {folder}; name another place")
+
+
+def _check_cache_dir(cache_dir: str | None) -> None:
+    """A cache directory that cannot be used would only make the workers warn and not store."""
+    from worker.cache import CACHE_DIR_ENV
+    from worker.cache.location import resolve_cache_dir
+
+    directory = resolve_cache_dir(cache_dir)
+    named = f"--cache-dir {cache_dir}" if cache_dir else f"the cache directory {directory}"
+    if cache_dir is None and os.environ.get(CACHE_DIR_ENV):
+        named = f"{CACHE_DIR_ENV}={os.environ[CACHE_DIR_ENV]}"
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{named} is a file, not a directory; name a directory (made if missing)")
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{named} cannot be created ({error.strerror}); name another") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{named} is not writable; name a directory you can write to")
+
+
+def _check_plugin(platform: str, option: str) -> None:
+    from worker import find_plugin
+    from worker.errors import PluginNotFoundError
+
+    try:
+        find_plugin(platform)
+    except PluginNotFoundError as error:
+        raise UsageError(f"{option} {platform}: {error}") from None
+
+
+def default_platform() -> str:
+    """The platform the workers load when none is named (PJRT_POOL_PLATFORM, else cpu)."""
+    from worker.runtime import default_platform as platform
+
+    return platform()
 
 
 def _warm(args: argparse.Namespace) -> int:
+    _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
+
     from pool.manifest import Manifest
     from pool.progress import ProgressDisplay
     from pool.spec import SpecError, load_spec
     from pool.warm import report_json, warm
 
-    if args.workers is not None and args.workers < 1:
-        print("pjrt-pool warm: --workers must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
     try:
         spec = load_spec(args.spec)
     except SpecError as error:
-        print(f"pjrt-pool warm: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(error)) from None
     progress = ProgressDisplay(len(spec.programs))
     report = warm(
         spec,
@@ -127,10 +197,8 @@ def _warm(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
     )
     if args.manifest:
-        from pathlib import Path
-
         cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
-        specs = [p.spec for p in report.programs if p.spec is not None]
+        specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
         Manifest(specs, cache_dir, args.platform or (specs[0].platform if specs else None)).write(
             args.manifest
         )
@@ -144,17 +212,55 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
-    if args.inputs:
-        with np.load(args.inputs) as data:
-            return [data[f"arr_{i}"] for i in range(len(data.files))]
-    if spec.input_types is None:
-        raise ValueError(f"{spec.name} has unknown input types: give --inputs")
-    return random_inputs(spec.input_types, args.seed)
+    """The program's inputs from --inputs, or seeded random ones; checked against its types."""
+    if not args.inputs:
+        if spec.input_types is None:
+            raise UsageError(f"{spec.name} has unknown input types: give --inputs")
+        return random_inputs(spec.input_types, args.seed)
+    types = ", ".join(map(str, spec.input_types or ()))
+    try:
+        data = np.load(args.inputs)
+    except (OSError, ValueError) as error:
+        raise UsageError(
+            f"--inputs {args.inputs}: cannot read it as an .npz file ({error})"
+        ) from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UsageError(
+            f"--inputs {args.inputs} is not an .npz file; save the inputs with "
+            f"np.savez(file, *arrays): {types}"
+        )
+    with data:
+        names = [f"arr_{i}" for i in range(len(data.files))]
+        if sorted(data.files) != sorted(names):
+            raise UsageError(
+                f"--inputs {args.inputs} holds {', '.join(data.files)}; save the inputs in "
+                f"order as arr_0, arr_1, ... (np.savez(file, *arrays)): {types}"
+            )
+        inputs = [data[name] for name in names]
+    if spec.input_types is not None:
+        try:
+            prepare_arguments(inputs, spec.input_types)
+        except (TypeError, ValueError) as error:
+            raise UsageError(
+                f"--inputs {args.inputs}: {error}; {spec.name} takes {types}"
+            ) from None
+    return inputs
+
+
+def _not_in_cache(name: str, error: Exception) -> UsageError:
+    return UsageError(
+        f"{name}: {error} (if it was warmed into another directory, pass that as --cache-dir)"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     from pool.manifest import ManifestError, load_manifest
+    from worker.cached import NotInCacheError
 
+    if args.workers < 0:
+        raise UsageError(
+            f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
+        )
     try:
         manifest = load_manifest(args.manifest, args.cache_dir)
         if args.name is None:
@@ -164,23 +270,26 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
             return EXIT_OK
         spec = manifest.spec(args.name)
-        inputs = _inputs(args, spec)
-    except (ManifestError, ValueError, OSError, KeyError) as error:
-        print(f"pjrt-pool run: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    except ManifestError as error:
+        raise UsageError(str(error)) from None
+    inputs = _inputs(args, spec)
+    _check_plugin(spec.platform, "the manifest's platform")
     started = time.perf_counter()
-    if args.workers:
-        from pool.pool import Pool
+    try:
+        if args.workers:
+            from pool.pool import Pool
 
-        with Pool(args.workers, cache_dir=manifest.cache_dir) as pool:
+            with Pool(args.workers, platform=spec.platform, cache_dir=manifest.cache_dir) as pool:
+                ready = time.perf_counter()
+                outputs = manifest.run(args.name, inputs, pool=pool)
+                done = time.perf_counter()
+        else:
+            manifest.executable(args.name)  # load from the cache, timed apart from running
             ready = time.perf_counter()
-            outputs = manifest.run(args.name, inputs, pool=pool)
+            outputs = manifest.run(args.name, inputs)
             done = time.perf_counter()
-    else:
-        manifest.executable(args.name)  # load from the cache, timed apart from running
-        ready = time.perf_counter()
-        outputs = manifest.run(args.name, inputs)
-        done = time.perf_counter()
+    except NotInCacheError as error:
+        raise _not_in_cache(args.name, error) from None
     result = {
         "name": args.name,
         "key": spec.key,

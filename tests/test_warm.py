@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO
 
 from pool import Pool
 from pool.manifest import ManifestError, load_manifest
-from pool.spec import SpecError, load_spec
+from pool.spec import SpecError, WarmProgram, load_spec
 
 SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
 FAILURES = {
@@ -177,3 +179,79 @@ def test_progress_is_a_live_bar_on_a_terminal_and_lines_otherwise() -> None:
         "[1/2] compiled       first (0.25 s)",
         "[2/2] compile error  second (0.50 s): PjrtError: bad",
     ]
+
+
+UNSENDABLE_SPEC = """
+import dataclasses, threading
+import jax, jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Dense:  # registered here: a copy sent by value to another process is not
+    w: jax.Array
+    b: jax.Array
+
+
+lock = threading.Lock()
+x = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+
+def dense(params, x):
+    return params.w @ x + params.b
+
+
+def locked(x):
+    with lock:  # a lock cannot be pickled
+        return x + 1
+
+
+def broken(x):
+    raise ValueError("broken everywhere")
+
+
+def programs():
+    f32 = jnp.float32
+    params = Dense(jax.ShapeDtypeStruct((2, 4), f32), jax.ShapeDtypeStruct((2,), f32))
+    return [("dense", dense, [params, x]), ("locked", locked, [x]), ("broken", broken, [x])]
+"""
+
+
+@pytest.mark.slow
+def test_warm_lowers_here_what_a_lowering_process_cannot_take(tmp_path: Path) -> None:
+    spec = tmp_path / "unsendable.py"
+    spec.write_text(UNSENDABLE_SPEC)
+    common = ["--cache-dir", str(tmp_path / "cache"), "--workers", "1", "--json"]
+    done = pjrt_pool("warm", str(spec), *common, "--lower-workers", "1")
+    assert done.returncode == 1, done.stderr[-3000:]  # "broken" fails for real
+    report = {p["name"]: p for p in json.loads(done.stdout)["programs"]}
+    assert report["dense"]["outcome"] == "compiled"
+    note = report["dense"]["note"]
+    assert note.startswith("could not be sent to a lowering process (lowering there failed")
+    assert note.endswith("lowered in this process instead") and "Dense" in note
+    assert report["locked"]["outcome"] == "compiled"
+    assert "pickling failed" in report["locked"]["note"] and "lock" in report["locked"]["note"]
+    assert report["broken"]["outcome"] == "lowering error" and report["broken"]["note"] is None
+    assert "broken everywhere" in report["broken"]["error"]
+    # The same spec lowered in this process: the same keys, no notes.
+    here = {
+        p["name"]: p for p in json.loads(pjrt_pool("warm", str(spec), *common).stdout)["programs"]
+    }
+    assert here["dense"]["outcome"] == "loaded" and here["dense"]["note"] is None
+    assert here["dense"]["key"] == report["dense"]["key"]
+
+
+def test_warm_reports_programs_the_cache_did_not_store(tmp_path: Path) -> None:
+    from pool.warm import Outcome, warm
+
+    f32 = jnp.float32
+    shapes = [{"a": jax.ShapeDtypeStruct((3,), f32), "b": (jax.ShapeDtypeStruct((), f32),)}]
+    programs = [WarmProgram("tree", lambda t: t["a"] * t["b"][0], shapes)]
+    regular = tmp_path / "a-file"
+    regular.write_text("not a cache")
+    report = warm(programs, workers=1, cache_dir=regular)  # the CLI refuses this first
+    (program,) = report.programs
+    assert program.outcome is Outcome.NOT_STORED and not report.ok and report.exit_code == 1
+    assert "could not be written" in program.error
+    good = warm(programs, workers=1, cache_dir=tmp_path / "cache")
+    assert good.ok and good.programs[0].outcome is Outcome.COMPILED
