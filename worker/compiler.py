@@ -29,8 +29,10 @@ from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_c
 from worker.cache.key import plugin_digest
 from worker.errors import PjrtError
 from worker.executable import Executable
+from worker.phases import Phases
 from worker.records import CompileStatistics, LoweredProgram, types_to_json
 from worker.runtime import Runtime, get_runtime
+from worker.slots import compile_slot
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -122,10 +124,15 @@ def _compile_and_publish(
     program: LoweredProgram,
     max_size: int | None,
     options: bytes,
+    phases: Phases,
 ) -> tuple[Executable, float]:
-    start = time.perf_counter()
-    executable = Executable.compile(program.code, options)
-    seconds = time.perf_counter() - start
+    waiting = time.perf_counter()
+    with compile_slot(get_runtime().platform):
+        start = time.perf_counter()
+        phases.add("slot_wait", start - waiting)
+        executable = Executable.compile(program.code, options)
+        seconds = time.perf_counter() - start
+    phases.add("compile", seconds)
     executable.input_types = program.input_types
     executable.key = key
     if cache is not None and cache.writable:
@@ -137,7 +144,10 @@ def _compile_and_publish(
             "compile_seconds": seconds,
             "created": time.time(),
         }
-        cache.publish(key, parts, metadata, executable.serialize(), max_size)
+        with phases.time("serialize"):
+            payload = executable.serialize()
+        with phases.time("publish"):
+            cache.publish(key, parts, metadata, payload, max_size)
     return executable, seconds
 
 
@@ -181,19 +191,28 @@ def compile_program(
     cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
-    key, parts = program_key(program, runtime, cache, options)
+    phases = Phases()
+    with phases.time("key"):
+        key, parts = program_key(program, runtime, cache, options)
     if cache is None:
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
-        executable, seconds = _compile_and_publish(None, key, parts, program, bound, options)
+        executable, seconds = _compile_and_publish(
+            None, key, parts, program, bound, options, phases
+        )
+        phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
     start = time.perf_counter()
-    executable, _ = _load(cache, key, program)
+    with phases.time("lookup"):
+        executable, _ = _load(cache, key, program)
     if executable is None:
+        waiting = time.perf_counter()
         with cache.lock(key, lock_timeout):
+            phases.add("lock_wait", time.perf_counter() - waiting)
             # Judge the entry again under the lock: another process may have
             # published it while this one waited, or healed a bad one.
-            executable, miss = _load(cache, key, program)
+            with phases.time("lookup"):
+                executable, miss = _load(cache, key, program)
             if miss is not None:
                 cache.count("misses")
                 logger.debug("cache miss for %s (%s): %s", program.name, key, miss.reason)
@@ -202,9 +221,11 @@ def compile_program(
                     if cache.remove_if_unchanged(key, miss.stat):
                         logger.debug("removed the bad entry %s", key)
                 executable, seconds = _compile_and_publish(
-                    cache, key, parts, program, bound, options
+                    cache, key, parts, program, bound, options, phases
                 )
+                phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
     cache.count("hits")
     logger.debug("cache hit for %s (%s)", program.name, key)
+    phases.record("compile", program=program.name, cache_key=key, outcome="loaded")
     return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)

@@ -20,6 +20,7 @@ from typing import Any
 
 from worker import _pjrt
 from worker.errors import PlatformMismatchError
+from worker.phases import STARTUP
 from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
 
 logger = logging.getLogger("pjrt_pool.runtime")
@@ -222,16 +223,23 @@ def get_runtime(platform: str | None = None) -> Runtime:
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
+        phases = STARTUP
         if platform == "cuda":
-            _preload_cuda_libraries(cuda_major(location.path))
+            with phases.time("preload"):
+                _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         try:
-            plugin = _pjrt.Plugin.load(location.path)
+            with phases.time("plugin_load"):
+                plugin = _pjrt.Plugin.load(location.path)
         except _pjrt.PluginLoadError as error:
             raise _pjrt.PluginLoadError(
                 f"{error} (found through {location.source}; set {env_var(platform)} to "
                 "another plugin library to use that instead)"
             ) from None
-        client = _pjrt.Client(plugin, _CLIENT_OPTIONS.get(platform, {}))
+        # On a GPU this creates the device context and the allocator: most of a
+        # CUDA worker's start-up.
+        with phases.time("client"):
+            client = _pjrt.Client(plugin, _CLIENT_OPTIONS.get(platform, {}))
+        phases.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(location, plugin, client)
         return _runtime
