@@ -70,6 +70,7 @@ from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
 from pool.examples import example_inputs, example_programs  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 from worker.phases import PHASE_LOG_ENV  # noqa: E402
+from worker.runtime import loaded_runtime  # noqa: E402
 from worker.slots import SLOTS_ENV, compile_slots  # noqa: E402
 
 Program = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
@@ -576,8 +577,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     in_proc, executables = in_process(
         programs, lowered, inputs, references, args.rtol, _SCRATCH / "in-process"
     )
-    summary["device_kind"] = executables[0]._runtime.client.device_kind
-    summary["plugin"] = executables[0]._runtime.location.path
+    runtime = loaded_runtime()
+    summary["plugin"] = runtime.describe() if runtime is not None else None
     in_proc["ratio_vs_jax"] = round(in_proc["compile_s"] / max(jax_compile_s, 1e-9), 3)
     summary["tolerance"] = {
         "max_relative_error": in_proc["max_relative_error"],
