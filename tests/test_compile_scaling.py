@@ -25,7 +25,7 @@ import pytest
 from conftest import DEFAULT_PLUGIN, REPO, run_python
 
 from pool import Pool, compile_program, lower
-from worker.phases import PHASE_LOG_ENV, process_phases
+from worker.phases import PHASE_LOG_ENV, last_phases, process_phases
 from worker.slots import SLOTS_ENV, compile_slots, slots_dir
 from worker.startup import AUTOTUNE_FLAG, share_autotune_results
 
@@ -53,6 +53,7 @@ def test_compile_program_logs_where_its_time_went(tmp_path: Path, monkeypatch: p
         assert compiled[phase] >= 0.0, phase
     assert loaded["outcome"] == "loaded" and loaded["cache_key"] == compiled["cache_key"]
     assert "compile" not in loaded and loaded["lookup"] >= 0.0
+    assert set(last_phases()) == {"key", "lookup"}  # the load, this thread's last compile_program
     assert process_phases()["compile"] > before
 
 

@@ -16,7 +16,8 @@ and loading a plugin times its start-up (``preload`` of NVIDIA libraries,
 spawn to its first line of Python, and ``imports``).
 
 Each compile and start-up is logged at debug level on the ``pjrt_pool.phases``
-logger, summed per process in process_phases(), and, when the environment
+logger, kept for last_phases() (the calling thread's last compile), summed
+per process in process_phases(), and, when the environment
 variable ``PJRT_POOL_PHASE_LOG`` names a file, appended to it as one JSON line
 (with the process id), so that the phases of every worker of a Pool can be
 read in one place. Recording never fails a compile.
@@ -40,6 +41,7 @@ logger = logging.getLogger("pjrt_pool.phases")
 
 _totals: dict[str, float] = {}
 _totals_lock = threading.Lock()
+_last = threading.local()
 
 
 class Phases:
@@ -66,6 +68,7 @@ class Phases:
         with _totals_lock:
             for phase, seconds in self.seconds.items():
                 _totals[phase] = _totals.get(phase, 0.0) + seconds
+        _last.seconds = {kind: dict(self.seconds)}
         rounded = {phase: round(seconds, 6) for phase, seconds in self.seconds.items()}
         logger.debug("%s %s: %s", kind, details, rounded)
         path = os.environ.get(PHASE_LOG_ENV)
@@ -91,6 +94,11 @@ def _append(path: str, line: str) -> None:
             os.close(fd)
     except OSError as error:
         logger.debug("cannot append to the phase log %s: %s", path, error)
+
+
+def last_phases(kind: str = "compile") -> dict[str, float]:
+    """Returns the phases of this thread's last recorded compile (or other kind); {} if none."""
+    return dict(getattr(_last, "seconds", {}).get(kind, {}))
 
 
 def process_phases() -> dict[str, float]:
