@@ -223,23 +223,20 @@ def get_runtime(platform: str | None = None) -> Runtime:
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
-        phases = STARTUP
         if platform == "cuda":
-            with phases.time("preload"):
+            with STARTUP.time("preload"):
                 _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         try:
-            with phases.time("plugin_load"):
+            with STARTUP.time("plugin_load"):
                 plugin = _pjrt.Plugin.load(location.path)
         except _pjrt.PluginLoadError as error:
             raise _pjrt.PluginLoadError(
                 f"{error} (found through {location.source}; set {env_var(platform)} to "
                 "another plugin library to use that instead)"
             ) from None
-        # On a GPU this creates the device context and the allocator: most of a
-        # CUDA worker's start-up.
-        with phases.time("client"):
+        with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
             client = _pjrt.Client(plugin, _CLIENT_OPTIONS.get(platform, {}))
-        phases.record("startup", platform=platform, plugin=location.path)
+        STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(location, plugin, client)
         return _runtime
