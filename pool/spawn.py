@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import worker
+from worker.startup import SPAWNED_AT_ENV
 
 
 def python_command(module: str, *args: str) -> list[str]:
@@ -26,6 +28,8 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     package_root = str(Path(worker.__file__).resolve().parent.parent)
     paths = [package_root, *environment.get("PYTHONPATH", "").split(os.pathsep)]
     environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    # Lets a worker time its interpreter's start (worker.phases: spawn_to_main).
+    environment[SPAWNED_AT_ENV] = repr(time.time())
     if extra:
         environment.update(extra)
     return environment

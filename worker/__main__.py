@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from worker.runtime import default_platform
 from worker.server import main
+from worker.startup import prepare_worker
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -20,6 +22,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 if __name__ == "__main__":
     options = _parse(sys.argv[1:])
+    prepare_worker(options.platform or default_platform(), options.cache_dir)
     sys.exit(
         main(
             options.fd, options.platform, options.cache_dir, options.max_loaded, options.parent_pid

@@ -36,8 +36,10 @@ from worker.cache.entry import Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import plugin_digest
 from worker.errors import PjrtError
 from worker.executable import Executable
+from worker.phases import Phases
 from worker.records import CompileStatistics, LoweredProgram, types_to_json
 from worker.runtime import Runtime, get_runtime
+from worker.slots import compile_slot
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -176,10 +178,15 @@ def _compile_and_publish(
     program: LoweredProgram,
     max_size: int | None,
     options: bytes,
+    phases: Phases,
 ) -> tuple[Executable, float]:
-    start = time.perf_counter()
-    executable = Executable.compile(program.code, options)
-    seconds = time.perf_counter() - start
+    waiting = time.perf_counter()
+    with compile_slot(get_runtime().platform):
+        start = time.perf_counter()
+        phases.add("slot_wait", start - waiting)
+        executable = Executable.compile(program.code, options)
+        seconds = time.perf_counter() - start
+    phases.add("compile", seconds)
     executable.input_types = program.input_types
     executable.key = key
     if cache is not None and cache.writable:
@@ -191,7 +198,10 @@ def _compile_and_publish(
             "compile_seconds": seconds,
             "created": time.time(),
         }
-        cache.publish(key, parts, metadata, executable.serialize(), max_size)
+        with phases.time("serialize"):
+            payload = executable.serialize()
+        with phases.time("publish"):
+            cache.publish(key, parts, metadata, payload, max_size)
     return executable, seconds
 
 
@@ -238,26 +248,37 @@ def compile_program(
     cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
-    key, parts = program_key(program, runtime, cache, options)
+    phases = Phases()
+    with phases.time("key"):
+        key, parts = program_key(program, runtime, cache, options)
     if cache is None:
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
-        executable, seconds = _compile_and_publish(None, key, parts, program, bound, options)
+        executable, seconds = _compile_and_publish(
+            None, key, parts, program, bound, options, phases
+        )
+        phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
     start = time.perf_counter()
-    executable, _ = _load(cache, key, program)
+    with phases.time("lookup"):
+        executable, _ = _load(cache, key, program)
     if executable is None:
+        waiting = time.perf_counter()
         with cache.lock(key, lock_timeout):
+            phases.add("lock_wait", time.perf_counter() - waiting)
             # Judge the entry again under the lock: another process may have
             # published it while this one waited, or healed a bad one.
-            executable, miss = _load(cache, key, program)
+            with phases.time("lookup"):
+                executable, miss = _load(cache, key, program)
             if miss is not None:
                 cache.count("misses")
                 settle_miss(cache, key, miss, program.name)
                 executable, seconds = _compile_and_publish(
-                    cache if miss.publish else None, key, parts, program, bound, options
+                    cache if miss.publish else None, key, parts, program, bound, options, phases
                 )
+                phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
     cache.count("hits")
     logger.debug("cache hit for %s (%s)", program.name, key)
+    phases.record("compile", program=program.name, cache_key=key, outcome="loaded")
     return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)

@@ -1,7 +1,9 @@
 """Custom-call handlers: the user's, and the kernel libraries JAX lowers to.
 
 JAX lowers ``jnp.linalg`` (and a few other functions) to custom calls whose
-handlers live in jaxlib, not in the plugin: ``lapack_*_ffi`` on CPU. A
+handlers live in jaxlib, not in the plugin: ``lapack_*_ffi`` on CPU, and
+``cusolver_*``, ``cu_*``, ``cuhybrid_*`` from the jax-cuda plugin package of
+the plugin's CUDA version (jax_cuda12_plugin or jax_cuda13_plugin) on CUDA. A
 standalone plugin compiles such programs only after those handlers are
 registered through its FFI extension. Registration is done lazily, the first
 time a program that names the library's targets is compiled or loaded, so
@@ -14,10 +16,13 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import PjrtError
+from worker.plugins import cuda_major
 from worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("pjrt_pool.kernels")
@@ -27,26 +32,64 @@ logger = logging.getLogger("pjrt_pool.kernels")
 class _KernelLibrary:
     platform: str
     markers: tuple[bytes, ...]  # substrings of any program or executable that calls it
-    modules: tuple[str, ...]  # modules with registrations(); the first importable is used
+    modules: tuple[tuple[str, bool], ...]  # (module of the package, all its targets are FFI)
     description: str
 
 
 _LIBRARIES = (
-    _KernelLibrary("cpu", (b"lapack_",), ("jaxlib.cpu._lapack",), "jaxlib's LAPACK kernels"),
+    _KernelLibrary("cpu", (b"lapack_",), (("_lapack", False),), "jaxlib's LAPACK kernels"),
     _KernelLibrary(
         "cuda",
-        (b"cusolver_", b"cublas_", b"cu_", b"cusparse_"),
+        (b"cusolver_", b"cublas_", b"cu_", b"cusparse_", b"cuhybrid_"),
+        # _linalg (cu_lu_pivots_to_permutation) and _hybrid (cuhybrid_eig_*) name
+        # FFI targets without the "_ffi" suffix; the other modules use it.
         (
-            "jax_cuda13_plugin._solver",
-            "jax_cuda12_plugin._solver",
-            "jax_cuda13_plugin._linalg",
-            "jax_cuda12_plugin._linalg",
-            "jax_cuda13_plugin._prng",
-            "jax_cuda12_plugin._prng",
+            ("_solver", False),
+            ("_hybrid", True),
+            ("_linalg", True),
+            ("_prng", False),
+            ("_sparse", False),
         ),
-        "the jax-cuda plugin's cuSOLVER/cuBLAS kernels",
+        "the jax-cuda plugin's cuSOLVER/cuSPARSE kernels",
     ),
 )
+
+# What a CUDA client reports as its platform version: "cuda 13.0.0", or "cuda 12030" from older XLA.
+_CUDA_PLATFORM_VERSION = re.compile(r"cuda\s+(\d+)(\.\d+)?")
+
+
+def kernel_package(
+    platform: str, plugin_path: str, platform_version: str | None = None
+) -> str | None:
+    """Returns the package whose modules hold the kernels for a plugin, or None if unknown.
+
+    For "cpu" it is jaxlib's ("jaxlib.cpu"). For "cuda" it is the jax-cuda
+    plugin package of the CUDA version the plugin was built for: the
+    plugin's own package decides (jax-cuda13-pjrt, installed as
+    jax_plugins/xla_cuda13, goes with jax_cuda13_plugin), else the CUDA
+    version its client reports ("cuda 13.0.0"). Kernels of another CUDA
+    version must never be registered: they are built for another CUDA, and
+    the plugin accepts a second handler for a target without a word, so
+    which one runs would be left to the order of registration.
+    """
+    if platform == "cpu":
+        return "jaxlib.cpu"
+    if platform != "cuda":
+        return None
+    major = cuda_major(plugin_path)
+    if major is None:
+        match = _CUDA_PLATFORM_VERSION.match((platform_version or "").strip())
+        if match is None:
+            return None
+        number = int(match.group(1))
+        # "12030" (CUDART_VERSION) means 12.3; "13.0.0" and "13" mean 13.
+        major = number if match.group(2) or number < 100 else number // 1000
+    return f"jax_cuda{major}_plugin"
+
+
+def _distribution(package: str) -> str:
+    """The pip distribution of a kernel package (jax_cuda13_plugin: jax-cuda13-plugin)."""
+    return "jaxlib" if package.startswith("jaxlib") else package.replace("_", "-")
 
 
 class MissingCustomCallError(PjrtError):
@@ -103,27 +146,63 @@ def _handler_address(handler: Any) -> int:
     )
 
 
-def _registrations(module_name: str) -> dict[str, Any]:
+def _ffi_handlers(module_name: str, all_ffi: bool) -> dict[str, Any]:
+    """The FFI handlers (name: PyCapsule) that a kernel module registers.
+
+    Legacy custom calls among them (no "_ffi" suffix, in a module whose
+    targets are not all FFI) are left out: they take another calling
+    convention, and an FFI registration would call them wrongly.
+    """
     module = importlib.import_module(module_name)
     if hasattr(module, "initialize"):
-        module.initialize()  # LAPACK: binds the kernels to SciPy's LAPACK
+        module.initialize()  # LAPACK, hybrid: binds the kernels to SciPy's LAPACK
     handlers = {}
     for name, value in module.registrations().items():
-        capsule = value
-        if isinstance(value, (tuple, list)):  # GPU modules: (capsule, api_version)
-            capsule, api_version = value[0], value[-1]
-            if api_version != 1:
-                continue  # a legacy custom call, not an FFI handler
-        handlers[name] = capsule
+        capsule, ffi = value, all_ffi or name.endswith("_ffi")
+        if isinstance(value, (tuple, list)):  # (capsule, api_version) from older jaxlibs
+            capsule, ffi = value[0], value[-1] == 1
+        if ffi:
+            handlers[name] = capsule
     return handlers
 
 
-def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
-    """Registers the kernel libraries that a program or serialized executable may call.
+def register_kernels(
+    plugin: Any, ffi_platform: str, package: str, modules: Sequence[tuple[str, bool]]
+) -> dict[str, list[str]]:
+    """Registers the FFI handlers of a kernel package's modules with a plugin.
 
-    A cheap substring test of the bytes decides; registering a library twice
-    is avoided, and a library that cannot be imported is left to the compile
-    error, which explains_missing_handler then makes clear.
+    modules are (module name within the package, whether all its targets are
+    FFI). Returns the registered target names by module; a module that
+    cannot be imported is left out (a program that needs it then fails to
+    compile, and explain_missing_handler says what to install).
+    """
+    registered: dict[str, list[str]] = {}
+    for module, all_ffi in modules:
+        module_name = f"{package}.{module}"
+        try:
+            handlers = _ffi_handlers(module_name, all_ffi)
+        except ImportError as error:
+            logger.debug("no kernels from %s: %s", module_name, error)
+            continue
+        for name, capsule in handlers.items():
+            plugin.register_ffi_handler(name, capsule, ffi_platform, 0)
+        registered[module_name] = list(handlers)
+        logger.debug("registered %d handlers from %s", len(handlers), module_name)
+    return registered
+
+
+def _runtime_package(runtime: Runtime) -> str | None:
+    return kernel_package(runtime.platform, runtime.location.path, runtime.client.platform_version)
+
+
+def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
+    """Registers the kernel library that a program or serialized executable may call.
+
+    A cheap substring test of the bytes decides. The library comes from the
+    one package that matches the loaded plugin (kernel_package), never from
+    another; registering it twice is avoided, and a library that cannot be
+    imported is left to the compile error, which explain_missing_handler
+    then makes clear.
     """
     data = bytes(blob) if isinstance(blob, memoryview) else blob
     for library in _LIBRARIES:
@@ -137,16 +216,33 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
         with runtime.lock:
             if library.description in runtime.registered_targets:
                 continue
-            for module_name in library.modules:
-                try:
-                    handlers = _registrations(module_name)
-                except ImportError:
-                    continue
-                for name, capsule in handlers.items():
-                    runtime.plugin.register_ffi_handler(name, capsule, runtime.ffi_platform, 0)
-                    runtime.registered_targets.add(name)
-                logger.debug("registered %d handlers from %s", len(handlers), module_name)
+            package = _runtime_package(runtime)
+            if package is None:
+                logger.warning(
+                    "not registering %s: cannot tell which CUDA version the plugin %s was "
+                    "built for",
+                    library.description,
+                    runtime.location.path,
+                )
+            else:
+                registered = register_kernels(
+                    runtime.plugin, runtime.ffi_platform, package, library.modules
+                )
+                for names in registered.values():
+                    runtime.registered_targets.update(names)
             runtime.registered_targets.add(library.description)
+
+
+def _library_for(runtime: Runtime, target: str) -> _KernelLibrary | None:
+    return next(
+        (
+            library
+            for library in _LIBRARIES
+            if library.platform == runtime.platform
+            and any(target.startswith(marker.decode()) for marker in library.markers)
+        ),
+        None,
+    )
 
 
 def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
@@ -159,20 +255,13 @@ def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
     where = (
         f"the {runtime.platform} plugin {runtime.location.path} (PJRT API {runtime.api_version})"
     )
+    library = _library_for(runtime, target)
+    package = _runtime_package(runtime)
     if target in runtime.registered_targets:
         text = (
             f"{where} has no handler for custom call {target!r} although one was registered: "
             "the plugin dropped the registration, which happens when its XLA FFI is older "
             "than the library that made the handler. "
-        )
-        library = next(
-            (
-                lib
-                for lib in _LIBRARIES
-                if lib.platform == runtime.platform
-                and any(target.startswith(m.decode()) for m in lib.markers)
-            ),
-            None,
         )
         if library is not None:
             text += (
@@ -184,6 +273,20 @@ def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
                 )
                 + "."
             )
+    elif library is not None and package is None:
+        text = (
+            f"{where} has no handler for custom call {target!r}: it comes from "
+            f"{library.description}, but the plugin's path names no jax_plugins/xla_cudaNN "
+            f"package and its platform version ({runtime.client.platform_version!r}) no CUDA "
+            "version, so which jax-cuda plugin package matches it is unknown; register the "
+            "handlers with register_custom_call."
+        )
+    elif library is not None:
+        text = (
+            f"{where} has no handler for custom call {target!r}: it comes from "
+            f"{library.description} in the package {package}, which matches this plugin; "
+            f"install it ('pip install {_distribution(package)}', the version of the plugin)."
+        )
     else:
         text = (
             f"{where} has no handler for custom call {target!r}: register one with "

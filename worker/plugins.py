@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,24 @@ _DEFAULTS: dict[str, tuple[_DefaultPlugin, ...]] = {
         _DefaultPlugin("jax-cuda12-pjrt", "jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
     ),
 }
+
+
+# jax-cudaNN-pjrt installs its plugin as jax_plugins/xla_cudaNN/xla_cuda_plugin.so.
+_CUDA_PLUGIN_DIR = re.compile(r"xla_cuda(\d+)")
+
+
+def cuda_major(plugin_path: str) -> int | None:
+    """Returns the CUDA major version a plugin's package names, or None.
+
+    jax-cuda13-pjrt installs its plugin in a directory jax_plugins/xla_cuda13
+    (13); a plugin elsewhere names none. The NVIDIA libraries to preload and
+    the kernel package to register follow from it.
+    """
+    for part in reversed(Path(plugin_path).parts[:-1]):
+        match = _CUDA_PLUGIN_DIR.fullmatch(part)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 @dataclass(frozen=True)

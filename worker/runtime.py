@@ -21,7 +21,8 @@ from typing import Any
 from worker import _pjrt
 from worker.cache.key import codegen_environment
 from worker.errors import PlatformMismatchError
-from worker.plugins import PluginLocation, env_var, find_plugin
+from worker.phases import STARTUP
+from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -39,34 +40,44 @@ _CLIENT_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 # NVIDIA libraries the CUDA plugin links against, by the pip package that ships
-# them; preloaded so that the plugin finds them without LD_LIBRARY_PATH.
+# them and the CUDA major version of that package (None: the package name is
+# the same for both); preloaded so that the plugin finds them without
+# LD_LIBRARY_PATH.
 _CUDA_LIBRARIES = (
-    ("cuda_runtime", "libcudart.so.*"),
-    ("cu13", "libcudart.so.*"),
-    ("cuda_nvrtc", "libnvrtc.so.*"),
-    ("cu13", "libnvrtc.so.*"),
-    ("cublas", "libcublasLt.so.*"),
-    ("cublas", "libcublas.so.*"),
-    ("cu13", "libcublasLt.so.*"),
-    ("cu13", "libcublas.so.*"),
-    ("nccl", "libnccl.so.*"),
-    ("cuda_cupti", "libcupti.so.*"),
-    ("cu13", "libcupti.so.*"),
-    ("cusparse", "libcusparse.so.*"),
-    ("cusolver", "libcusolver.so.*"),
-    ("cu13", "libcusparse.so.*"),
-    ("cu13", "libcusolver.so.*"),
-    ("cufft", "libcufft.so.*"),
-    ("cu13", "libcufft.so.*"),
-    ("nvshmem", "libnvshmem_host.so.*"),
-    ("cudnn", "libcudnn.so.*"),
+    ("cuda_runtime", "libcudart.so.*", 12),
+    ("cu13", "libcudart.so.*", 13),
+    ("cuda_nvrtc", "libnvrtc.so.*", 12),
+    ("cu13", "libnvrtc.so.*", 13),
+    ("cublas", "libcublasLt.so.*", 12),
+    ("cublas", "libcublas.so.*", 12),
+    ("cu13", "libcublasLt.so.*", 13),
+    ("cu13", "libcublas.so.*", 13),
+    ("nccl", "libnccl.so.*", None),
+    ("cuda_cupti", "libcupti.so.*", 12),
+    ("cu13", "libcupti.so.*", 13),
+    ("cusparse", "libcusparse.so.*", 12),
+    ("cusolver", "libcusolver.so.*", 12),
+    ("cu13", "libcusparse.so.*", 13),
+    ("cu13", "libcusolver.so.*", 13),
+    ("cufft", "libcufft.so.*", 12),
+    ("cu13", "libcufft.so.*", 13),
+    ("nvshmem", "libnvshmem_host.so.*", None),
+    ("cudnn", "libcudnn.so.*", None),
 )
 
 
-def _preload_cuda_libraries() -> None:
+def _preload_cuda_libraries(major: int | None) -> None:
+    """Loads the nvidia-* pip libraries of a CUDA major version (None: of every version).
+
+    With both CUDA 12 and CUDA 13 libraries installed, loading both would put
+    two CUDA runtimes into one process, and the plugin could bind to the
+    wrong one: only the plugin's own version is loaded when it is known.
+    """
     if not _has_nvidia():
         return  # CUDA from the system: the plugin finds it through the loader path
-    for package, pattern in _CUDA_LIBRARIES:
+    for package, pattern, version in _CUDA_LIBRARIES:
+        if major is not None and version is not None and version != major:
+            continue
         spec = importlib.util.find_spec(f"nvidia.{package}")
         if spec is None or not spec.submodule_search_locations:
             continue
@@ -222,20 +233,24 @@ def get_runtime(platform: str | None = None) -> Runtime:
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
-        if platform in ("cuda", "rocm"):
-            _preload_cuda_libraries()
+        if platform == "cuda":
+            with STARTUP.time("preload"):
+                _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         # The plugin reads XLA_FLAGS once, as it loads: the key must see that value.
         environment = codegen_environment()
         try:
-            plugin = _pjrt.Plugin.load(location.path)
+            with STARTUP.time("plugin_load"):
+                plugin = _pjrt.Plugin.load(location.path)
         except _pjrt.PluginLoadError as error:
             raise _pjrt.PluginLoadError(
                 f"{error} (found through {location.source}; set {env_var(platform)} to "
                 "another plugin library to use that instead)"
             ) from None
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
-        client = _pjrt.Client(plugin, options)
+        with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
+            client = _pjrt.Client(plugin, options)
+        STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location, plugin, client, client_options=options, codegen_environment=environment
         )

@@ -1,0 +1,48 @@
+"""scripts/device_check.py rehearses on CPU: every step runs and its summary says all is right.
+
+On a GPU machine the same script measures the CUDA figures of the README;
+here it must at least run end to end, so that the one-shot device run does
+not fail on a mistake CI could have caught.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import DEFAULT_PLUGIN, REPO
+
+
+@pytest.mark.slow
+def test_device_check_quick_rehearsal_on_cpu():
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    if DEFAULT_PLUGIN:
+        environment["PJRT_POOL_PLUGIN_CPU"] = DEFAULT_PLUGIN
+    script = str(REPO / "scripts" / "device_check.py")
+    done = subprocess.run(
+        [sys.executable, script, "--platform", "cpu", "--quick", "--rounds", "2"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["platform"] == "cpu" and summary["programs"] == 5
+    assert summary["in_process"]["ok"] == 5 and summary["tolerance"]["max_relative_error"] <= 1e-3
+    assert summary["serial_jax"]["compile_s"] > 0
+    for stage in [*summary["pools"], summary["slots_off"], summary["warm_autotune"]]:
+        assert stage["ok"] == 5 and not stage["compile_failures"], stage
+        assert stage["compiled"] == 5 and stage["phases"]["compiled"] == 5
+        assert stage["startup"]["workers"] == stage["workers"]
+    assert summary["slots_off"]["compile_slots"] is None
+    crash = summary["crash_isolation"]
+    assert crash["killed_task_failed_as_crash"], crash
+    assert crash["others_ok"] == crash["others_total"] == 5
+    assert summary["rounds"]["failures_per_round"] == [0, 0]
+    assert set(summary["tiny_round_trip"]) == {"in_process_us", "pool_us", "jax_jit_us"}
+    assert summary["budget"]["skipped"] == []

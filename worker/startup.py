@@ -1,0 +1,113 @@
+"""What a Pool worker sets up before its plugin loads.
+
+- Its cache directory becomes ``PJRT_POOL_CACHE_DIR`` for the process, so
+  that everything that defaults to the cache directory uses the Pool's.
+- On CUDA, XLA's per-fusion autotune results are shared by every worker and
+  every run through a directory in the cache (``autotune/<plugin build>``):
+  ``--xla_gpu_per_fusion_autotune_cache_dir`` is added to ``XLA_FLAGS``,
+  which XLA reads once, when the plugin first needs its flags. XLA writes
+  each result to a temporary file and renames it, so concurrent workers share
+  the directory safely, and leaves versioning to its users, hence one
+  directory per plugin build. A user's own ``XLA_FLAGS`` that names the flag
+  is left as it is (an empty value turns sharing off).
+- ``PJRT_POOL_WORKER_LOG=LEVEL`` (for example ``debug``) sends the worker's
+  log records to its stderr, which the Pool logs on the ``pjrt_pool.worker``
+  logger.
+- The time from the parent's spawn to this point is the ``spawn_to_main``
+  start-up phase (worker.phases).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import mmap
+import os
+import sys
+import time
+from pathlib import Path
+
+from worker.cache import CACHE_DIR_ENV, open_cache
+from worker.cache.key import memoized_by_file
+from worker.errors import PluginNotFoundError
+from worker.phases import STARTUP
+from worker.plugins import find_plugin
+
+SPAWNED_AT_ENV = "PJRT_POOL_SPAWNED_AT"
+"""The time.time() at which the parent spawned this process (set by pool.spawn)."""
+
+WORKER_LOG_ENV = "PJRT_POOL_WORKER_LOG"
+"""A logging level name: workers log at that level to their stderr."""
+
+AUTOTUNE_FLAG = "xla_gpu_per_fusion_autotune_cache_dir"
+_AUTOTUNE_PLATFORMS = ("cuda",)  # checked on the CUDA plugin of jax 0.11.2
+
+logger = logging.getLogger("pjrt_pool.startup")
+
+
+def prepare_worker(platform: str, cache_dir: str | None) -> None:
+    """Sets up a worker process for a platform and cache directory; call before the plugin loads."""
+    spawned = os.environ.pop(SPAWNED_AT_ENV, None)
+    if spawned:
+        with contextlib.suppress(ValueError):
+            STARTUP.add("spawn_to_main", max(0.0, time.time() - float(spawned)))
+    level = os.environ.get(WORKER_LOG_ENV)
+    if level:
+        logging.basicConfig(
+            stream=sys.stderr, level=level.upper(), format="%(name)s %(levelname)s: %(message)s"
+        )
+    if cache_dir:
+        os.environ[CACHE_DIR_ENV] = cache_dir
+    with STARTUP.time("autotune_setup"):
+        share_autotune_results(platform)
+
+
+def autotune_dir(cache_dir: Path, plugin_path: str) -> Path:
+    """Returns the directory for a plugin build's autotune results in a cache directory."""
+    info = os.stat(plugin_path)
+    build = f"{os.path.realpath(plugin_path)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ino}"
+    return cache_dir / "autotune" / hashlib.sha256(build.encode()).hexdigest()[:16]
+
+
+def _knows_flag(plugin_path: str) -> bool:
+    # A plugin whose XLA lacks the flag would abort on it ("Unknown flag in XLA_FLAGS").
+    with open(plugin_path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(AUTOTUNE_FLAG.encode()) >= 0
+
+
+def share_autotune_results(platform: str) -> Path | None:
+    """Adds the autotune directory flag to XLA_FLAGS for a GPU platform; returns the directory.
+
+    None when nothing was added: another platform, a user's flag, no plugin
+    or cache directory to use, or a plugin whose XLA does not know the flag.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if platform not in _AUTOTUNE_PLATFORMS or AUTOTUNE_FLAG in flags:
+        return None
+    try:
+        plugin_path = find_plugin(platform).path
+    except PluginNotFoundError:
+        return None  # loading the plugin reports it
+    cache = open_cache()
+    if not cache.writable:
+        return None
+    try:
+        if not memoized_by_file(
+            plugin_path, cache.plugins_dir, "autotune-flag", lambda: _knows_flag(plugin_path)
+        ):
+            logger.debug(
+                "%s does not know --%s; autotune results are not shared", plugin_path, AUTOTUNE_FLAG
+            )
+            return None
+        directory = autotune_dir(cache.directory, plugin_path)
+        directory.parent.mkdir(mode=0o700, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError as error:
+        logger.warning("not sharing autotune results: %s", error)
+        return None
+    if any(c.isspace() or c in "\"'" for c in str(directory)):
+        return None  # XLA_FLAGS splits at spaces; such a path cannot be passed safely
+    os.environ["XLA_FLAGS"] = f"{flags} --{AUTOTUNE_FLAG}={directory}".strip()
+    logger.debug("sharing autotune results in %s", directory)
+    return directory
