@@ -449,11 +449,16 @@ def crash_check(pool: Pool, lowered, inputs, references, rtol, spin, spin_inputs
     others = [pool.submit(p, a) for p, a in zip(lowered, inputs, strict=True)]
     deadline = time.monotonic() + 60
     killed = None
+    seen: dict[int, float] = {}
     while time.monotonic() < deadline and killed is None and not victim.done():
         for info in pool.worker_info:
             if info["task"] == "spin":
-                os.kill(info["pid"], signal.SIGKILL)
-                killed = info["pid"]
+                # Given to a worker is not yet started there (a worker killed before
+                # it takes a task up passes the task on): let it run a moment first.
+                since = seen.setdefault(info["pid"], time.monotonic())
+                if time.monotonic() - since >= 0.3:
+                    os.kill(info["pid"], signal.SIGKILL)
+                    killed = info["pid"]
                 break
         time.sleep(0.005)
     try:
