@@ -23,6 +23,10 @@ class CompileResult(NamedTuple):
     statistics: CompileStatistics
     """Whether it was compiled or loaded from the disk cache, and the seconds it took."""
 
+    phases: dict[str, float] | None = None
+    """Seconds per phase in the worker (key, lookup, lock_wait, slot_wait, compile,
+    serialize, publish: see worker.phases); None when the worker had it loaded."""
+
 
 class CompilesMany:
     """compile_many and statistics, for a Pool and a ClusterPool alike.

@@ -874,7 +874,7 @@ class Pool(CompilesMany):
             raise rebuild_error(reply.error)
         worker.note_loaded(task.program_id, reply.evicted)
         if task.kind == "compile":
-            return CompileResult(reply.spec, reply.statistics or CompileStatistics())
+            return CompileResult(reply.spec, reply.statistics or CompileStatistics(), reply.phases)
         types = reply.output_types
         if types is None:
             types = self._output_types[task.program_id]

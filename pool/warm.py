@@ -65,6 +65,8 @@ class ProgramReport:
     note: str | None = None
     """How it was lowered, when that was not as asked (see parallel_lowering)."""
     spec: ProgramSpec | None = None
+    phases: dict[str, float] | None = None
+    """Seconds per phase of its compile or load in the worker (see worker.phases)."""
 
     def to_json(self) -> dict[str, Any]:
         """Returns the report as a JSON-ready dict."""
@@ -76,6 +78,9 @@ class ProgramReport:
             "lower_seconds": round(self.lower_seconds, 6),
             "error": self.error,
             "note": self.note,
+            "phases": None
+            if self.phases is None
+            else {phase: round(seconds, 6) for phase, seconds in self.phases.items()},
         }
 
 
@@ -244,6 +249,7 @@ def warm(
                 result: CompileResult = future.result()
                 report.spec = result.spec
                 report.key = result.spec.key
+                report.phases = result.phases
                 report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
                 finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
 

@@ -352,3 +352,19 @@ def test_fifty_mixed_tasks_with_three_kinds_of_crash(
     assert children_of(os.getpid()) == []
     assert shm_entries() == shm_before
     assert memfds_of() == []
+
+
+def test_compile_results_say_where_the_worker_spent_its_time(
+    programs: list[LoweredProgram],
+) -> None:
+    with Pool(workers=1) as pool:
+        compiled = pool.submit_compile(programs[0]).result()
+        again = pool.submit_compile(programs[0]).result()
+    with Pool(workers=1) as pool:
+        loaded = pool.submit_compile(programs[0]).result()
+    assert compiled.statistics.compiled == 1 and compiled.phases is not None
+    assert {"key", "lookup", "compile", "serialize", "publish"} <= set(compiled.phases)
+    assert compiled.phases["compile"] > 0
+    assert again.phases is None  # the worker had it loaded: nothing was timed
+    assert loaded.statistics.loaded == 1 and loaded.phases is not None
+    assert "lookup" in loaded.phases and "compile" not in loaded.phases

@@ -75,6 +75,8 @@ def test_first_run_warms_the_good_programs_and_reports_the_four_failures(warmed:
     assert "within 8 s" in errors["hangs"]
     assert "pjrt_pool_test_unregistered" in errors["compile_error"]
     assert all(p["key"] for p in report["programs"] if p["name"] not in FAILURES)
+    # Where each compile's time went in its worker (key, lookup, compile, ...).
+    assert all(p["phases"]["compile"] > 0 for p in report["programs"] if p["name"] in good)
     # Not a terminal: one progress line per program on stderr.
     assert sum(line.startswith("[") for line in first.stderr.splitlines()) == 24
 
@@ -89,6 +91,7 @@ def test_second_run_loads_everything_and_compiles_nothing(warmed: dict) -> None:
     report = json.loads(second.stdout)
     assert report["statistics"]["compiled"] == 0 and report["statistics"]["loaded"] == 20
     assert report["cache_counters"]["hits"] == 20
+    assert all("lookup" in p["phases"] for p in report["programs"] if p["name"] not in FAILURES)
 
 
 @pytest.mark.slow

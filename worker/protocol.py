@@ -284,7 +284,9 @@ class Reply:
     counters, both only when the request compiled or loaded something (None
     otherwise: nothing changed); `evicted` lists programs the worker unloaded
     to make room. `fatal` says the error left the device unusable (see
-    worker.device_errors): the worker exits after this reply. Fields are
+    worker.device_errors): the worker exits after this reply. `phases` are
+    the seconds per phase of the compile or load a Compile request did
+    (worker.phases). Fields are
     kept few and plain because every reply is pickled, and a small
     program's whole round trip is a few hundred microseconds.
     """
@@ -300,6 +302,7 @@ class Reply:
     counters: dict[str, int] | None = None
     evicted: tuple[str, ...] = ()
     fatal: bool = False
+    phases: dict[str, float] | None = None
 
 
 _MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply)

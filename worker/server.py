@@ -33,6 +33,7 @@ from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.device_errors import fatal_device_error
 from worker.executable import Executable
+from worker.phases import last_phases
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
 from worker.records import CompileStatistics, ProgramSpec
 from worker.runtime import get_runtime
@@ -149,6 +150,7 @@ class Server:
             spec=ProgramSpec.from_executable(request.name, executable),
             statistics=statistics,
             evicted=evicted,
+            phases=None if statistics is None else last_phases(),
         )
 
     def _run_in_arena(self, request: Run, executable: Executable) -> _ArenaViews | None:
