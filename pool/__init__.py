@@ -17,6 +17,7 @@ from pool.errors import (
     WorkerStartupError,
 )
 from pool.pool import Pool
+from worker.protocol import DescriptorLimitError
 from worker import (
     ArrayType,
     CompileStatistics,
@@ -29,6 +30,7 @@ from worker import (
     PluginLoadError,
     PluginNotFoundError,
     ProgramSpec,
+    UntrustedCacheError,
     compile_options,
     compile_program,
     register_custom_call,
@@ -53,6 +55,7 @@ __all__ = [
     "ArrayType",
     "CompileResult",
     "CompileStatistics",
+    "DescriptorLimitError",
     "DeviceFailureError",
     "Executable",
     "ForeignExecutableError",
@@ -69,6 +72,7 @@ __all__ = [
     "ProgramSpec",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "UntrustedCacheError",
     "WorkerCrashedError",
     "WorkerStartupError",
     "compile_options",

@@ -17,7 +17,7 @@ from typing import Any
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker import find_plugin, loaded_runtime
-from worker.cache import open_cache
+from worker.cache import UntrustedCacheError, open_cache
 from worker.cache.key import memoized_by_file
 from worker.errors import PluginNotFoundError
 
@@ -67,10 +67,15 @@ def plugin_info(platform: str) -> dict[str, Any] | None:
         location = find_plugin(platform)
     except PluginNotFoundError:
         return None
-    cache = open_cache()
+    try:
+        cache = open_cache()
+        memo_dir = cache.plugins_dir if cache.usable else None
+    except UntrustedCacheError:
+        # lower() needs no cache; compiling will refuse this directory and say why.
+        memo_dir = None
     return memoized_by_file(
         location.path,
-        cache.plugins_dir if cache.usable else None,
+        memo_dir,
         "probe",
         lambda: _probe(platform, location.path),
     )

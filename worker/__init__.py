@@ -5,7 +5,7 @@ the user's own process for in-process use. It never imports JAX, so that a
 worker starts in a fraction of a second.
 """
 
-from worker.cache import CacheCounters, DiskCache, explain_key
+from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
 from worker.compiler import compile_options, compile_program, program_key
 from worker.errors import (
     PjrtError,
@@ -35,6 +35,7 @@ __all__ = [
     "PluginLocation",
     "PluginNotFoundError",
     "ProgramSpec",
+    "UntrustedCacheError",
     "compile_options",
     "compile_program",
     "explain_key",
