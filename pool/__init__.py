@@ -17,7 +17,6 @@ from pool.errors import (
     WorkerStartupError,
 )
 from pool.pool import Pool
-from worker.protocol import DescriptorLimitError
 from worker import (
     ArrayType,
     CompileStatistics,
@@ -35,6 +34,7 @@ from worker import (
     compile_program,
     register_custom_call,
 )
+from worker.protocol import DescriptorLimitError
 
 _LAZY = {"lower": "pool.lowering", "lowering_platform": "pool.lowering"}
 
