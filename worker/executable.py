@@ -28,9 +28,11 @@ def _buffer_view(value: Any) -> Any:
     """Returns an ml_dtypes array (bfloat16, float8_*) as a same-size uint view.
 
     Their dtypes have no buffer-protocol format, so the native module could
-    not read them; the element type travels separately as a PJRT code.
+    not read them; the element type travels separately as a PJRT code. They
+    are told apart as user-defined dtypes (isbuiltin 2), not by kind: most
+    have kind "V", but float8_e5m2 has kind "f".
     """
-    if isinstance(value, np.ndarray) and value.dtype.kind == "V":
+    if isinstance(value, np.ndarray) and value.dtype.isbuiltin == 2:
         return value.view(f"u{value.dtype.itemsize}")
     return value
 
