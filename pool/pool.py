@@ -60,6 +60,7 @@ from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
+from worker.conformance_memo import warn_known_failures
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -174,6 +175,7 @@ class Pool(CompilesMany):
             self.terminate()
             raise self._startup_error
         _live_pools.add(self)
+        warn_known_failures(self._workers[0].plugin.get("path"), self._cache_dir)
 
     # -- public API -------------------------------------------------------
 
