@@ -7,8 +7,8 @@ plugin in worker processes and compares each result with jax.jit in this
 process. A crash or hang fails its case only. Results are remembered per
 plugin build in the cache directory, and later processes that load a build
 with failing cases warn about them. Exit status: 0 when every case passes
-(skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs,
-2 for usage errors.
+(skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs
+(or the plugin does not start), 2 for usage errors.
 """
 
 from __future__ import annotations
@@ -69,7 +69,14 @@ def _patterns(values: list[str] | None) -> list[str] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from pool.conformance import CheckError, format_report, remember, report_json, run_cases
+    from pool.conformance import (
+        CheckError,
+        PluginStartError,
+        format_report,
+        remember,
+        report_json,
+        run_cases,
+    )
     from pool.conformance.battery import select
     from pool.progress import ProgressDisplay
 
@@ -102,6 +109,9 @@ def _check(args: argparse.Namespace) -> int:
             else lambda r: progress.update(r.name, r.status, r.seconds),
             **options,
         )
+    except PluginStartError as error:  # a plugin that cannot start has a problem: 1
+        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
+        return EXIT_PROBLEMS
     except CheckError as error:
         print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -116,12 +116,16 @@ def test_subset_passes_on_the_second_plugin(tmp_path):
     assert failing_cases(record) == []
 
 
-def test_exit_codes_and_usage_errors(cache_dir, capsys):
+def test_exit_codes_and_usage_errors(cache_dir, capsys, tmp_path):
     assert main(["check-plugin", "--cases", "elementwise/no_such_op"]) == 2
     assert "no case matches" in capsys.readouterr().err
     assert main(["check-plugin", "--workers", "0"]) == 2
     assert main(["check-plugin", "--plugin", "/no/such/plugin.so", "--cases", ARCTAN[0]]) == 2
     assert "no such file" in capsys.readouterr().err
+    not_a_plugin = tmp_path / "not_a_plugin.so"
+    not_a_plugin.write_bytes(b"not a shared library")
+    assert main(["check-plugin", "--plugin", str(not_a_plugin), "--cases", ARCTAN[0]]) == 1
+    assert "did not start" in capsys.readouterr().err
     assert main(["check-plugin", "--list", "--cases", "elementwise/arctan/float32"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in listed] == [
@@ -278,3 +282,21 @@ def test_a_crash_or_hang_fails_its_case_only(cache_dir):
     hung, quick = report.results
     assert hung.status == "timeout" and "did not finish within 0.3 s" in hung.message, hung
     assert quick.status == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
+def test_a_process_holding_another_plugin_is_told_to_use_a_fresh_one():
+    done = run_python(
+        f"""
+        import numpy as np, jax.numpy as jnp
+        from pool import compile_program, lower
+        from pool.conformance import CheckError, run_cases, select
+        compile_program(lower(jnp.sin, [np.zeros(4, np.float32)]))  # the default plugin
+        try:
+            run_cases(select(["{ARCTAN[0]}"]), plugin={SECOND_PLUGIN!r}, workers=1)
+        except CheckError as error:
+            print("refused:", error)
+        """
+    )
+    assert "refused:" in done.stdout and "from a fresh process" in done.stdout

@@ -19,7 +19,13 @@ from pathlib import Path
 from pool.conformance.battery import battery, select
 from pool.conformance.case import Budget, Case
 from pool.conformance.report import format_report, report_json
-from pool.conformance.runner import CaseResult, CheckError, CheckReport, run_cases
+from pool.conformance.runner import (
+    CaseResult,
+    CheckError,
+    CheckReport,
+    PluginStartError,
+    run_cases,
+)
 from worker.conformance_memo import write_memo
 
 
@@ -48,6 +54,7 @@ __all__ = [
     "CaseResult",
     "CheckError",
     "CheckReport",
+    "PluginStartError",
     "battery",
     "format_report",
     "remember",

@@ -52,6 +52,10 @@ class CheckError(RuntimeError):
     """The check could not run at all (no plugin, a conflicting plugin in this process)."""
 
 
+class PluginStartError(CheckError):
+    """The plugin under test did not start in the workers (it failed to load, or crashed)."""
+
+
 @dataclass
 class CaseResult:
     """The outcome of one case."""
@@ -149,13 +153,22 @@ def plugin_selected(platform: str, plugin: str | os.PathLike[str] | None) -> Ite
             os.environ[variable] = previous
 
 
-def _check_process_plugin(platform: str, path: str) -> None:
+def _check_process_plugin(described: dict[str, Any]) -> None:
+    """Refuses to go on when lower() would serialize for another plugin's StableHLO window.
+
+    lower() asks this process's plugin, when one is loaded, which StableHLO
+    versions to write; that must be what the plugin under test reads.
+    """
     runtime = loaded_runtime()
-    if runtime is not None and runtime.platform == platform and runtime.location.path != path:
+    if runtime is None or runtime.platform != described["platform"]:
+        return
+    window = ("stablehlo_minimum_version", "stablehlo_current_version")
+    here = runtime.describe()
+    if any(here[key] != described[key] for key in window):
         raise CheckError(
-            f"this process has the {platform} plugin {runtime.location.path} loaded, so lower() "
-            f"would serialize StableHLO for it rather than for {path}; check that plugin from a "
-            "fresh process (the pjrt-pool check-plugin command)"
+            f"this process has the {runtime.platform} plugin {runtime.location.path} loaded, "
+            f"so lower() would write StableHLO for it rather than for {described['path']}; "
+            "check that plugin from a fresh process (the pjrt-pool check-plugin command)"
         )
 
 
@@ -170,7 +183,7 @@ def _reference_device(platform: str) -> Any:
     """JAX's own device for the platform if it has one, else its CPU."""
     import jax
 
-    for name in (platform, "gpu" if platform in ("cuda", "rocm") else platform):
+    for name in (platform, "gpu") if platform in ("cuda", "rocm") else (platform,):
         with contextlib.suppress(RuntimeError):
             return jax.devices(name)[0]
     return jax.devices("cpu")[0]
@@ -234,6 +247,39 @@ def _finish(pending: _Pending) -> CaseResult:
     )
 
 
+def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | CaseResult:
+    """Lowers a case, submits it to the pool and computes JAX's result meanwhile.
+
+    Returns the case in flight, or its result when it went no further
+    (a program the plugin's StableHLO cannot express is skipped).
+    """
+    import jax
+
+    from pool.lowering import lower
+    from pool.stablehlo import StableHLOVersionError
+
+    started = time.perf_counter()
+    with jax.enable_x64(case.x64):
+        try:
+            inputs = case.make_inputs()
+            program = lower(case.function, inputs, platform=platform)
+        except StableHLOVersionError as error:
+            message = f"the plugin's StableHLO cannot express it: {_first_line(error)}"
+            return CaseResult(case.name, "skipped", message)
+        except Exception as error:  # a bug in the battery: that case fails, the check goes on
+            return CaseResult(case.name, "error", f"lowering: {_first_line(error)}")
+        try:
+            future = pool.submit(program, inputs, name=case.name)
+        except Exception as error:
+            return CaseResult(case.name, "error", f"submitting: {_first_line(error)}")
+        expected: list[np.ndarray] | BaseException
+        try:
+            expected = _reference(case, inputs, device)
+        except Exception as error:
+            expected = error
+    return _Pending(case, inputs, future, expected, started)
+
+
 def run_cases(
     cases: Sequence[Case],
     *,
@@ -248,13 +294,13 @@ def run_cases(
 
     workers is the Pool's size (default: the CPU count), cache_dir its disk
     cache, timeout each case's limit in a worker. on_result is called with
-    each result as it is known. Raises CheckError when the check cannot run.
+    each result as it is known. Raises CheckError when the check cannot run,
+    and PluginStartError when the plugin's workers do not start.
     """
     import jax
 
-    from pool.lowering import lower
+    from pool.errors import WorkerStartupError
     from pool.pool import Pool
-    from pool.stablehlo import StableHLOVersionError
     from worker.conformance_memo import quiet
     from worker.errors import PluginNotFoundError
 
@@ -265,11 +311,13 @@ def run_cases(
             location = find_plugin(platform)
         except PluginNotFoundError as error:
             raise CheckError(str(error)) from None
-        _check_process_plugin(platform, location.path)
         device = _reference_device(platform)
         count = (os.cpu_count() or 1) if workers is None else workers
-        with quiet():  # the memo of this very check must not warn about itself
-            pool = Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
+        try:
+            with quiet():  # the memo of this very check must not warn about itself
+                pool = Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
+        except WorkerStartupError as error:
+            raise PluginStartError(f"the plugin {location.path} did not start: {error}") from None
         results: dict[str, CaseResult] = {}
         queue: collections.deque[_Pending] = collections.deque()
 
@@ -280,26 +328,13 @@ def run_cases(
 
         with pool:
             described = dict(pool.worker_info[0]["plugin"])
+            _check_process_plugin(described)
             for case in cases:
-                case_started = time.perf_counter()
-                with jax.enable_x64(case.x64):
-                    try:
-                        inputs = case.make_inputs()
-                        program = lower(case.function, inputs, platform=platform)
-                    except StableHLOVersionError as error:
-                        message = f"the plugin's StableHLO cannot express it: {_first_line(error)}"
-                        record(CaseResult(case.name, "skipped", message))
-                        continue
-                    except Exception as error:
-                        record(CaseResult(case.name, "error", f"lowering: {_first_line(error)}"))
-                        continue
-                    future = pool.submit(program, inputs, name=case.name)
-                    expected: list[np.ndarray] | BaseException
-                    try:
-                        expected = _reference(case, inputs, device)
-                    except Exception as error:
-                        expected = error
-                queue.append(_Pending(case, inputs, future, expected, case_started))
+                started_case = _start(case, pool, platform, device)
+                if isinstance(started_case, CaseResult):
+                    record(started_case)
+                else:
+                    queue.append(started_case)
                 while queue and queue[0].future.done():
                     record(_finish(queue.popleft()))
             while queue:
