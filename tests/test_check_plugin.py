@@ -300,3 +300,24 @@ def test_a_process_holding_another_plugin_is_told_to_use_a_fresh_one():
         """
     )
     assert "refused:" in done.stdout and "from a fresh process" in done.stdout
+
+
+def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
+    import hashlib
+
+    from worker.conformance_memo import KnownPluginFailuresWarning, warn_known_failures, write_memo
+
+    library = tmp_path / "plugin.so"
+    library.write_bytes(b"a plugin build")
+    digest = hashlib.sha256(b"a plugin build").hexdigest()
+    common = {"plugin_sha256": digest, "platform": "cpu", "path": str(library), "jax_version": "x"}
+    memo = write_memo(None, **common, outcomes={"a/b/c/d": "timeout"})
+    with pytest.warns(KnownPluginFailuresWarning, match="a/b/c/d"):
+        warn_known_failures(str(library))
+    # A damaged record (valid JSON, wrong types) is ignored, never raised.
+    record = json.loads(memo.read_text())
+    record["checked"] = "yesterday"
+    memo.write_text(json.dumps(record))
+    copy = tmp_path / "copy.so"
+    copy.write_bytes(b"a plugin build")  # the same build at another path: looked at afresh
+    warn_known_failures(str(copy))

@@ -179,23 +179,34 @@ def warn_known_failures(
         _looked.add(looked)
     if _in_pool_worker():
         return
-    plugins_dir = directory / "plugins"
     try:
-        if not any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir)):
-            return  # check-plugin never ran here: do not hash the plugin for nothing
-        digest = plugin_digest(plugin_path, plugins_dir)
-    except OSError:
+        found = _known_failures(plugin_path, directory)
+    except Exception:  # a damaged record or an unreadable plugin must never break compiling
         return
-    record = read_memo(directory, digest)
-    if not failing_cases(record):
+    if found is None:
         return
+    digest, message = found
     with _lock:
         if digest in _warned:
             return
         _warned.add(digest)
-    assert record is not None
     # stacklevel 3: the caller of compile_program or of Pool().
-    warnings.warn(failures_message(record, plugin_path), KnownPluginFailuresWarning, stacklevel=3)
+    warnings.warn(message, KnownPluginFailuresWarning, stacklevel=3)
+
+
+def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None:
+    """The plugin build's digest and the warning text, if its record has failing cases."""
+    plugins_dir = directory / "plugins"
+    try:
+        if not any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir)):
+            return None  # check-plugin never ran here: do not hash the plugin for nothing
+    except OSError:
+        return None
+    digest = plugin_digest(plugin_path, plugins_dir)
+    record = read_memo(directory, digest)
+    if record is None or not failing_cases(record):
+        return None
+    return digest, failures_message(record, plugin_path)
 
 
 @contextlib.contextmanager
