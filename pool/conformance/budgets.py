@@ -3,7 +3,7 @@
 Both sides compile the same StableHLO with XLA, so most results must agree
 exactly; budgets are only as wide as two *correct* builds of XLA differ, and
 far narrower than a miscompile (the default CPU plugin's arctan is off by up
-to 2.8 radians, some 10^9 ULP). The widths come from measuring jax.jit
+to π, some 10^9 ULP). The widths come from measuring jax.jit
 (jaxlib 0.10.2), lammps-jax-pjrt-cpu (XLA of jaxlib 0.11.2) and xla-cpu-pjrt
 (an older XLA) against float64 / long-double references on 20,000 points
 per function (scripts/calibrate_budgets.py):
