@@ -84,6 +84,7 @@ from pool.workers import (
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
+from worker.conformance_memo import warn_known_failures
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ class Pool(CompilesMany):
             self.terminate()
             raise self._startup_error
         _live_pools.add(self)
+        warn_known_failures(self._workers[0].plugin.get("path"), self._cache_dir)
 
     # -- public API -------------------------------------------------------
 

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_cache, parse_size
 from worker.cache.entry import Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import plugin_digest
+from worker.conformance_memo import warn_known_failures
 from worker.errors import PjrtError
 from worker.executable import Executable
 from worker.phases import Phases
@@ -245,6 +246,7 @@ def compile_program(
         raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
     bound = None if max_size is None else parse_size(max_size)
     runtime = get_runtime(program.platform)
+    warn_known_failures(runtime.location.path, cache_dir)
     cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None

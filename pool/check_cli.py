@@ -1,0 +1,128 @@
+"""``pjrt-pool check-plugin``: does a PJRT plugin compute what JAX computes?
+
+Runs the built-in battery of small programs (elementwise math, comparisons,
+integer ops, conversions, reductions, dot and convolution, gather and
+scatter, sorting, FFT, control flow, random numbers, linear algebra) on the
+plugin in worker processes and compares each result with jax.jit in this
+process. A crash or hang fails its case only. Results are remembered per
+plugin build in the cache directory, and later processes that load a build
+with failing cases warn about them. Exit status: 0 when every case passes
+(skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs
+(or the plugin does not start), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``check-plugin`` command."""
+    check = subparsers.add_parser(
+        "check-plugin",
+        help="compare a PJRT plugin's results with JAX's on a battery of small programs",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    check.add_argument("--platform", default=None, help="platform to check (default: cpu)")
+    check.add_argument(
+        "--plugin",
+        metavar="PATH",
+        default=None,
+        help="plugin library to check (default: the platform's plugin, see PJRT_POOL_PLUGIN_*)",
+    )
+    check.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs)")
+    check.add_argument(
+        "--cases",
+        metavar="PATTERN",
+        action="append",
+        default=None,
+        help="run the cases matching PATTERN (shell wildcards; a prefix selects what is below "
+        "it; comma-separated or repeated), e.g. 'elementwise/arctan' or '*/float16/*'",
+    )
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-case limit in a worker (default 60)",
+    )
+    check.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="cache directory, where results are remembered "
+        "(default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    )
+    check.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    check.set_defaults(run=_check)
+
+
+def _patterns(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [p.strip() for value in values for p in value.split(",") if p.strip()]
+
+
+def _check(args: argparse.Namespace) -> int:
+    from pool.conformance import (
+        CheckError,
+        PluginStartError,
+        format_report,
+        remember,
+        report_json,
+        run_cases,
+    )
+    from pool.conformance.battery import select
+    from pool.progress import ProgressDisplay
+
+    if args.workers is not None and args.workers < 1:
+        print("pjrt-pool check-plugin: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.timeout is not None and args.timeout <= 0:
+        print("pjrt-pool check-plugin: --timeout must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cases = select(_patterns(args.cases))
+    except ValueError as error:
+        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.list:
+        for case in cases:
+            print(f"{case.name}  (budget {case.budget.ulps:g} ULP{', x64' if case.x64 else ''})")
+        return EXIT_OK
+    progress = ProgressDisplay(len(cases)) if sys.stderr.isatty() else None
+    options = {} if args.timeout is None else {"timeout": args.timeout}
+    try:
+        report = run_cases(
+            cases,
+            platform=args.platform,
+            plugin=args.plugin,
+            workers=args.workers,
+            cache_dir=args.cache_dir,
+            on_result=None
+            if progress is None
+            else lambda r: progress.update(r.name, r.status, r.seconds),
+            **options,
+        )
+    except PluginStartError as error:  # a plugin that cannot start has a problem: 1
+        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    except CheckError as error:
+        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if progress is not None:
+            progress.close()
+    memo = remember(report, args.cache_dir)
+    if args.json:
+        print(report_json(report))
+    else:
+        print(format_report(report))
+        if memo is not None:
+            print(f"results remembered for this plugin build in {memo}")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -1,0 +1,64 @@
+"""Plugin conformance: does a PJRT plugin compute what JAX computes?
+
+A battery of a few hundred small programs (battery.py; one module per group
+of op families) runs on the plugin under test in a Pool and with jax.jit in
+this process, on the same seeded inputs, and each result is compared under
+the case's error budget (budgets.py, compare.py). runner.py runs the cases,
+report.py formats what they found, and remember() records it per plugin
+build (worker.conformance_memo), so that processes that later load a build
+with failing cases warn about them. ``pjrt-pool check-plugin`` is the
+command line (pool.check_cli).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from pool.conformance.battery import battery, select
+from pool.conformance.case import Budget, Case
+from pool.conformance.report import format_report, report_json
+from pool.conformance.runner import (
+    CaseResult,
+    CheckError,
+    CheckReport,
+    PluginStartError,
+    run_cases,
+)
+from worker.conformance_memo import write_memo
+
+
+def remember(report: CheckReport, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """Records a check's outcomes for its plugin build; returns the record's path.
+
+    Returns None when the cache directory cannot be written (the check's
+    report is unaffected).
+    """
+    with contextlib.suppress(OSError):
+        return write_memo(
+            cache_dir,
+            plugin_sha256=report.plugin_sha256,
+            platform=report.platform,
+            path=str(report.plugin.get("path", "")),
+            jax_version=report.jax_version,
+            outcomes={r.name: r.status for r in report.results},
+            known_cases=frozenset(case.name for case in battery()),
+        )
+    return None
+
+
+__all__ = [
+    "Budget",
+    "Case",
+    "CaseResult",
+    "CheckError",
+    "CheckReport",
+    "PluginStartError",
+    "battery",
+    "format_report",
+    "remember",
+    "report_json",
+    "run_cases",
+    "select",
+]

@@ -1,0 +1,323 @@
+"""pjrt-pool check-plugin: the conformance battery, its memo per plugin build, the warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import REPO, SECOND_PLUGIN, run_python
+from jax import lax
+
+from pool import Pool, compile_program, lower
+from pool.cli import main
+from pool.conformance import Case, battery, remember, run_cases, select
+from pool.conformance.budgets import ELEMENTARY
+from worker.conformance_memo import failing_cases, read_memo
+
+ARCTAN = ["elementwise/arctan/float32/n64", "elementwise/atan2_const1/float32/n64"]
+"""The default plugin miscompiles atan2(x, 1.0), which jnp.arctan lowers to, from ~60 elements."""
+
+SUBSET = [
+    *ARCTAN,
+    "elementwise/arctan/float32/n7",  # below the size where the miscompile shows
+    "elementwise/atan2_const2/float32/n64",  # another constant: unaffected
+    "elementwise/atan2/float32/n64",  # two arrays: unaffected
+    "integer/bits/int32/n256",
+    "convert/float32/to_float/n256",
+    "sort/top_k/float32/n1000",
+    "random/bits/uint32/n1000",
+    "linalg/cholesky/float32/16x16",  # LAPACK: the second plugin cannot run it
+]
+"""The CI subset: the arctan miscompile, its neighbours, and one case of a few families."""
+
+
+def test_float8_e5m2_programs_run(cache_dir):
+    # ml_dtypes gives float8_e5m2 (alone of its types) the kind "f", which let it
+    # reach the native module without its uint view: "cannot include dtype '5' in a buffer".
+    x = np.arange(8, dtype=np.float32).astype(ml_dtypes.float8_e5m2)
+    program = lower(lambda v: v + v, [x])
+    executable, _ = compile_program(program)
+    (out,) = executable.run([x])
+    assert out.dtype == x.dtype and np.array_equal(out.astype(np.float32), 2 * np.arange(8))
+    with Pool(1) as pool:
+        (out,) = pool.run(program, [x])
+    assert np.array_equal(out.astype(np.float32), 2 * np.arange(8))
+
+
+def test_battery_names_are_stable_and_select_by_prefix():
+    names = [case.name for case in battery()]
+    assert len(names) == len(set(names)) and len(names) > 300
+    assert all(name.count("/") == 3 for name in names)
+    for family in ("elementwise", "compare", "integer", "convert", "reduction", "cumulative"):
+        assert any(name.startswith(family + "/") for name in names)
+    for family in ("dot", "conv", "indexing", "sort", "fft", "control", "random", "linalg"):
+        assert any(name.startswith(family + "/") for name in names)
+    arctan = [case.name for case in select(["elementwise/arctan"])]
+    assert "elementwise/arctan/float32/n64" in arctan and all("/arctan/" in n for n in arctan)
+    assert [c.name for c in select(["*/float16/*"])] and select(None) == list(battery())
+    with pytest.raises(ValueError, match="no case matches"):
+        select(["elementwise/no_such_op"])
+
+
+def test_subset_flags_arctan_on_the_default_plugin(cache_dir):
+    report = run_cases(select(SUBSET), workers=2)
+    status = {r.name: r for r in report.results}
+    assert {n for n, r in status.items() if r.status != "pass"} == set(ARCTAN), [
+        (r.name, r.status, r.message) for r in report.results if r.status != "pass"
+    ]
+    wrong = status["elementwise/arctan/float32/n64"].outputs[0]
+    assert not wrong.ok and wrong.max_error > 1e6 and wrong.bad > 10
+    assert wrong.worst is not None and wrong.worst.inputs  # the input value is reported
+    assert not report.ok and report.plugin["api_version"] == "0.115"
+
+    memo = remember(report)
+    assert memo is not None and memo.parent == cache_dir / "plugins"
+    record = read_memo(cache_dir, report.plugin_sha256)
+    assert failing_cases(record) == sorted(ARCTAN)
+    assert record["cases"]["integer/bits/int32/n256"] == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
+def test_subset_passes_on_the_second_plugin(tmp_path):
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pool.cli", "check-plugin", "--plugin", SECOND_PLUGIN),
+            *("--cases", ",".join(SUBSET), "--workers", "2", "--json"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PJRT_POOL_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    status = {case["name"]: case for case in report["cases"]}
+    assert report["plugin"]["api_version"] == "0.81" and report["ok"]
+    assert all(status[name]["status"] == "pass" for name in ARCTAN)
+    skipped = status["linalg/cholesky/float32/16x16"]
+    assert skipped["status"] == "skipped" and "MissingCustomCallError" in skipped["message"]
+    assert report["summary"]["linalg"]["skipped"] == 1
+    # The memo of this build records no failure.
+    record = read_memo(tmp_path, report["plugin_sha256"])
+    assert record["cases"]["linalg/cholesky/float32/16x16"] == "skipped"
+    assert failing_cases(record) == []
+
+
+def test_exit_codes_and_usage_errors(cache_dir, capsys, tmp_path):
+    assert main(["check-plugin", "--cases", "elementwise/no_such_op"]) == 2
+    assert "no case matches" in capsys.readouterr().err
+    assert main(["check-plugin", "--workers", "0"]) == 2
+    assert main(["check-plugin", "--plugin", "/no/such/plugin.so", "--cases", ARCTAN[0]]) == 2
+    assert "no such file" in capsys.readouterr().err
+    not_a_plugin = tmp_path / "not_a_plugin.so"
+    not_a_plugin.write_bytes(b"not a shared library")
+    assert main(["check-plugin", "--plugin", str(not_a_plugin), "--cases", ARCTAN[0]]) == 1
+    assert "did not start" in capsys.readouterr().err
+    assert main(["check-plugin", "--list", "--cases", "elementwise/arctan/float32"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [
+        f"elementwise/arctan/float32/n{n}" for n in (7, 64, 4096)
+    ]
+    # Problems found: 1, with the failure's details in the report.
+    assert main(["check-plugin", "--cases", ARCTAN[0], "--workers", "1"]) == 1
+    text = capsys.readouterr().out
+    assert "WRONG    elementwise/arctan/float32/n64" in text and "input" in text
+    assert "1 case(s) FAILED" in text
+    # Everything passes: 0.
+    assert main(["check-plugin", "--cases", "elementwise/arctan/float32/n7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+_WARN_CHECK = """
+import warnings, numpy as np, jax.numpy as jnp
+from pool import Pool, compile_program, lower
+from worker.conformance_memo import KnownPluginFailuresWarning
+program = lower(jnp.sin, [np.zeros(4, np.float32)])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for call in [{calls}]:
+        call()
+        found = [w for w in caught if issubclass(w.category, KnownPluginFailuresWarning)]
+        print(len(found))
+for w in found:
+    print(w.filename, "|", w.message)
+"""
+COMPILE = "lambda: compile_program(program)"
+POOL = "lambda: Pool(1).close()"
+
+
+@pytest.mark.slow
+def test_known_failures_warn_once_per_process(cache_dir):
+    from worker.conformance_memo import write_memo
+    from worker.plugins import find_plugin
+
+    # No record yet: no warning, and the parent of a Pool does not hash the plugin.
+    done = run_python(
+        _WARN_CHECK.format(calls=POOL)
+        + "from worker.cache.key import _file_memo\n"
+        + "print(sorted(kind for kind, _ in _file_memo))\n"
+    )
+    assert done.stdout.splitlines()[0] == "0" and "sha256" not in done.stdout
+
+    path = find_plugin("cpu").path
+    from worker.cache.key import plugin_digest
+
+    write_memo(
+        None,
+        plugin_sha256=plugin_digest(path, cache_dir / "plugins"),
+        platform="cpu",
+        path=path,
+        jax_version="test",
+        outcomes={ARCTAN[0]: "wrong", "integer/bits/int32/n256": "pass"},
+    )
+    # compile_program warns on its first call, then neither it nor a Pool again.
+    lines = run_python(_WARN_CHECK.format(calls=f"{COMPILE}, {COMPILE}, {POOL}")).stdout
+    counts, (warning,) = lines.splitlines()[:3], lines.splitlines()[3:]
+    assert counts == ["1", "1", "1"]
+    filename, message = warning.split(" | ", 1)
+    assert filename == "<string>"  # the caller's line, not pjrt-pool's
+    assert ARCTAN[0] in message and "integer/bits" not in message
+    assert f"pjrt-pool check-plugin --platform cpu --plugin {path}" in message
+    assert "PJRT_POOL_PLUGIN_CPU" in message
+    # A Pool alone warns too (about the plugin its workers report), once.
+    lines = run_python(_WARN_CHECK.format(calls=f"{POOL}, {POOL}")).stdout.splitlines()
+    assert lines[:2] == ["1", "1"] and lines[2].startswith("<string> | ")
+
+
+def test_memo_merges_runs_and_forgets_fixed_cases(cache_dir):
+    from worker.conformance_memo import write_memo
+
+    digest = "ab" * 32
+    names = frozenset({"a/b/c/d", "a/b/c/e"})
+    common = {"plugin_sha256": digest, "platform": "cpu", "path": "/p.so", "jax_version": "x"}
+    write_memo(None, **common, outcomes={"a/b/c/d": "wrong", "a/b/c/e": "crash"}, known_cases=names)
+    write_memo(
+        None, **common, outcomes={"a/b/c/d": "pass", "gone/x/y/z": "wrong"}, known_cases=names
+    )
+    record = read_memo(cache_dir, digest)
+    assert record["cases"] == {"a/b/c/d": "pass", "a/b/c/e": "crash"}
+    assert failing_cases(record) == ["a/b/c/e"]
+    (cache_dir / "plugins" / f"conformance-{digest}.json").write_text("{not json")
+    assert read_memo(cache_dir, digest) is None  # unreadable: nothing known, no error
+
+
+def _slow_case(name: str, iterations: int) -> Case:
+    """A loop of about a second per 3e8 iterations, the same on the plugin and in jax.jit."""
+    return Case(
+        name,
+        lambda n, x: lax.fori_loop(0, n[0], lambda i, v: v * 0.999999 + 1e-3, x),
+        lambda rng: [np.int32([iterations]), np.zeros(8, np.float32)],
+        ELEMENTARY,
+    )
+
+
+def _quick_case() -> Case:
+    return Case("test/quick/float32/n8", jnp.cos, lambda rng: [np.ones(8, np.float32)], ELEMENTARY)
+
+
+def _kill_busy_worker(sig: int) -> threading.Thread:
+    """Kills this process's pool worker once it has used 1.2 s of CPU: it is running the loop.
+
+    Starting (imports, loading the plugin) and compiling take a fraction of that.
+    """
+
+    def workers() -> list[int]:
+        pids = []
+        for entry in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except (OSError, IndexError):
+                continue
+            if int(stat[1]) == os.getpid() and command.split(b"\0")[2:4] == [b"-m", b"worker"]:
+                pids.append(int(entry))
+        return pids
+
+    def cpu_seconds(pid: int) -> float:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for pid in workers():
+                try:
+                    if cpu_seconds(pid) > 1.2:
+                        os.kill(pid, sig)
+                        return
+                except OSError:
+                    continue
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_a_crash_or_hang_fails_its_case_only(cache_dir):
+    killer = _kill_busy_worker(signal.SIGSEGV)
+    slow = _slow_case("test/crash/float32/n8", 1_500_000_000)
+    report = run_cases([slow, _quick_case()], workers=1)
+    killer.join(5)
+    crashed, quick = report.results
+    assert crashed.status == "crash" and "SIGSEGV" in crashed.message, crashed
+    assert quick.status == "pass"
+
+    slow = _slow_case("test/hang/float32/n8", 600_000_000)
+    report = run_cases([slow, _quick_case()], workers=1, timeout=0.3)
+    hung, quick = report.results
+    assert hung.status == "timeout" and "did not finish within 0.3 s" in hung.message, hung
+    assert quick.status == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
+def test_a_process_holding_another_plugin_is_told_to_use_a_fresh_one():
+    done = run_python(
+        f"""
+        import numpy as np, jax.numpy as jnp
+        from pool import compile_program, lower
+        from pool.conformance import CheckError, run_cases, select
+        compile_program(lower(jnp.sin, [np.zeros(4, np.float32)]))  # the default plugin
+        try:
+            run_cases(select(["{ARCTAN[0]}"]), plugin={SECOND_PLUGIN!r}, workers=1)
+        except CheckError as error:
+            print("refused:", error)
+        """
+    )
+    assert "refused:" in done.stdout and "from a fresh process" in done.stdout
+
+
+def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
+    import hashlib
+
+    from worker.conformance_memo import KnownPluginFailuresWarning, warn_known_failures, write_memo
+
+    library = tmp_path / "plugin.so"
+    library.write_bytes(b"a plugin build")
+    digest = hashlib.sha256(b"a plugin build").hexdigest()
+    common = {"plugin_sha256": digest, "platform": "cpu", "path": str(library), "jax_version": "x"}
+    memo = write_memo(None, **common, outcomes={"a/b/c/d": "timeout"})
+    with pytest.warns(KnownPluginFailuresWarning, match="a/b/c/d"):
+        warn_known_failures(str(library))
+    # A damaged record (valid JSON, wrong types) is ignored, never raised.
+    record = json.loads(memo.read_text())
+    record["checked"] = "yesterday"
+    memo.write_text(json.dumps(record))
+    copy = tmp_path / "copy.so"
+    copy.write_bytes(b"a plugin build")  # the same build at another path: looked at afresh
+    warn_known_failures(str(copy))

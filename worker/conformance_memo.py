@@ -1,0 +1,217 @@
+"""What ``pjrt-pool check-plugin`` found per plugin build, and the warning it gives.
+
+check-plugin compares a plugin's results with JAX's on a battery of small
+programs and records each case's outcome here, in the cache directory's
+``plugins/`` folder as ``conformance-<plugin sha256>.json``: one record per
+plugin build, whatever its path. compile_program and Pool call
+warn_known_failures, which warns once per process and plugin build when the
+record of the loaded build has failing cases, naming them and the command
+that shows the details.
+
+warn_known_failures runs on compile_program's path, so it must cost next to
+nothing: after its first call per plugin and cache directory it is a set
+lookup, and the first call hashes the plugin only when some build has a
+record at all (the digest is memoized too; see worker.cache.key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from worker.cache.atomic import write_atomically
+from worker.cache.key import plugin_digest
+from worker.cache.location import resolve_cache_dir
+from worker.plugins import env_var
+
+MEMO_FORMAT = 1
+"""Bumped whenever the record's layout changes; records of another format are ignored."""
+
+MEMO_PREFIX = "conformance-"
+"""Records are ``plugins/conformance-<sha256>.json`` in the cache directory."""
+
+FAILING = ("wrong", "error", "crash", "timeout")
+"""The outcomes that count as failures (pass and skipped do not)."""
+
+NAMED_IN_WARNING = 8
+"""How many failing cases the warning names before it says how many more there are."""
+
+
+class KnownPluginFailuresWarning(UserWarning):
+    """The loaded plugin build failed conformance cases when check-plugin last ran on it."""
+
+
+def memo_path(cache_dir: str | os.PathLike[str] | None, plugin_sha256: str) -> Path:
+    """Returns the file that holds a plugin build's record in a cache directory."""
+    return resolve_cache_dir(cache_dir) / "plugins" / f"{MEMO_PREFIX}{plugin_sha256}.json"
+
+
+def read_memo(
+    cache_dir: str | os.PathLike[str] | None, plugin_sha256: str
+) -> dict[str, Any] | None:
+    """Returns a plugin build's record, or None when there is none (or it is unreadable).
+
+    The record is a dict: ``plugin_sha256``, ``platform``, ``path`` (where the
+    build was last checked), ``checked`` (seconds since the epoch), ``jax``
+    (the version that gave the reference results) and ``cases``, which maps
+    each case name that was run to its outcome ("pass", "wrong", "error",
+    "crash", "timeout" or "skipped").
+    """
+    try:
+        record = json.loads(memo_path(cache_dir, plugin_sha256).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != MEMO_FORMAT:
+        return None
+    if record.get("plugin_sha256") != plugin_sha256 or not isinstance(record.get("cases"), dict):
+        return None
+    return record
+
+
+def write_memo(
+    cache_dir: str | os.PathLike[str] | None,
+    *,
+    plugin_sha256: str,
+    platform: str,
+    path: str,
+    jax_version: str,
+    outcomes: Mapping[str, str],
+    known_cases: frozenset[str] | None = None,
+) -> Path:
+    """Merges a run's outcomes into a plugin build's record and writes it atomically.
+
+    Cases run before and not now keep their outcome, so that checking a few
+    cases does not forget the others; with known_cases (every case of the
+    current battery), outcomes of cases that no longer exist are dropped.
+    Returns the record's path. Raises OSError when the directory cannot be
+    written.
+    """
+    previous = read_memo(cache_dir, plugin_sha256)
+    cases: dict[str, str] = dict(previous["cases"]) if previous else {}
+    cases.update(outcomes)
+    if known_cases is not None:
+        cases = {name: outcome for name, outcome in cases.items() if name in known_cases}
+    record = {
+        "format": MEMO_FORMAT,
+        "plugin_sha256": plugin_sha256,
+        "platform": platform,
+        "path": path,
+        "checked": time.time(),
+        "jax": jax_version,
+        "cases": dict(sorted(cases.items())),
+    }
+    target = memo_path(cache_dir, plugin_sha256)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomically(target, json.dumps(record, indent=1).encode())
+    return target
+
+
+def failing_cases(record: Mapping[str, Any] | None) -> list[str]:
+    """Returns the names of a record's failing cases, sorted."""
+    if not record:
+        return []
+    return sorted(name for name, outcome in record["cases"].items() if outcome in FAILING)
+
+
+def details_command(platform: str, path: str, names: list[str]) -> str:
+    """Returns the check-plugin command line that reruns `names` on a plugin and shows why."""
+    patterns = ",".join(names[:NAMED_IN_WARNING])
+    if len(names) > NAMED_IN_WARNING:
+        patterns = "*"
+    return f"pjrt-pool check-plugin --platform {platform} --plugin {path} --cases '{patterns}'"
+
+
+def failures_message(record: Mapping[str, Any], path: str) -> str:
+    """Returns the warning text for a record with failing cases, loaded from `path`."""
+    names = failing_cases(record)
+    platform = record.get("platform", "cpu")
+    shown = ", ".join(names[:NAMED_IN_WARNING])
+    if len(names) > NAMED_IN_WARNING:
+        shown += f" and {len(names) - NAMED_IN_WARNING} more"
+    checked = time.strftime("%Y-%m-%d", time.localtime(record.get("checked", 0)))
+    return (
+        f"the {platform} PJRT plugin {path} (sha256 {record['plugin_sha256'][:12]}) computed "
+        f"{len(names)} conformance case(s) differently from JAX when checked on {checked}: "
+        f"{shown}. Results of programs that use these operations may be wrong. Details: "
+        f"{details_command(platform, path, names)}; to use another plugin, set "
+        f"{env_var(platform)}."
+    )
+
+
+_looked: set[tuple[str, str]] = set()  # (plugin path, cache directory) already looked at
+_warned: set[str] = set()  # plugin digests already warned about in this process
+_lock = threading.Lock()
+
+
+def _in_pool_worker() -> bool:
+    # A pool worker runs `python -m worker`; its parent warns for it, and a
+    # warning in the worker would only end up in crash reports' output tails.
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and spec.name in ("worker", "worker.__main__")
+
+
+def warn_known_failures(
+    plugin_path: str | None, cache_dir: str | os.PathLike[str] | None = None
+) -> None:
+    """Warns (KnownPluginFailuresWarning) if the plugin build at plugin_path has failing cases.
+
+    It looks in the record check-plugin keeps in cache_dir (default: the
+    default cache directory), once per plugin path and cache directory, and
+    warns at most once per plugin build in a process. It never raises: a
+    missing or unreadable record means nothing is known. compile_program and
+    Pool call it; pool workers stay quiet (their parent warns).
+    """
+    if not plugin_path:
+        return
+    directory = resolve_cache_dir(cache_dir)
+    looked = (plugin_path, str(directory))
+    with _lock:
+        if looked in _looked:
+            return
+        _looked.add(looked)
+    if _in_pool_worker():
+        return
+    try:
+        found = _known_failures(plugin_path, directory)
+    except Exception:  # a damaged record or an unreadable plugin must never break compiling
+        return
+    if found is None:
+        return
+    digest, message = found
+    with _lock:
+        if digest in _warned:
+            return
+        _warned.add(digest)
+    # stacklevel 3: the caller of compile_program or of Pool().
+    warnings.warn(message, KnownPluginFailuresWarning, stacklevel=3)
+
+
+def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None:
+    """The plugin build's digest and the warning text, if its record has failing cases."""
+    plugins_dir = directory / "plugins"
+    try:
+        if not any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir)):
+            return None  # check-plugin never ran here: do not hash the plugin for nothing
+    except OSError:
+        return None
+    digest = plugin_digest(plugin_path, plugins_dir)
+    record = read_memo(directory, digest)
+    if record is None or not failing_cases(record):
+        return None
+    return digest, failures_message(record, plugin_path)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Suppresses KnownPluginFailuresWarning inside the block (check-plugin's own pool)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KnownPluginFailuresWarning)
+        yield
