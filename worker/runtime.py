@@ -23,6 +23,7 @@ from worker.cache.key import codegen_environment
 from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
 from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
+from worker.xla_flags import semantic_flags, xla_flags_added
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -201,6 +202,17 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+def _memo_dir() -> Path | None:
+    """The default cache's folder for facts about plugin builds, if the cache is usable."""
+    from worker.cache import open_cache  # the cache imports the runtime
+
+    try:
+        cache = open_cache()
+    except Exception:  # an untrusted or broken cache: compiling will say so
+        return None
+    return cache.plugins_dir if cache.writable else None
+
+
 def default_platform() -> str:
     """The platform to load when neither a program nor a caller names one."""
     return os.environ.get(PLATFORM_ENV, "cpu")
@@ -237,19 +249,21 @@ def get_runtime(platform: str | None = None) -> Runtime:
             with STARTUP.time("preload"):
                 _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
-        # The plugin reads XLA_FLAGS once, as it loads: the key must see that value.
-        environment = codegen_environment()
-        try:
-            with STARTUP.time("plugin_load"):
-                plugin = _pjrt.Plugin.load(location.path)
-        except _pjrt.PluginLoadError as error:
-            raise _pjrt.PluginLoadError(
-                f"{error} (found through {location.source}; set {env_var(platform)} to "
-                "another plugin library to use that instead)"
-            ) from None
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
-        with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
-            client = _pjrt.Client(plugin, options)
+        # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
+        # then (worker.xla_flags), and the key sees the value the plugin saw.
+        with xla_flags_added(semantic_flags(platform, location.path, _memo_dir())):
+            environment = codegen_environment()
+            try:
+                with STARTUP.time("plugin_load"):
+                    plugin = _pjrt.Plugin.load(location.path)
+            except _pjrt.PluginLoadError as error:
+                raise _pjrt.PluginLoadError(
+                    f"{error} (found through {location.source}; set {env_var(platform)} to "
+                    "another plugin library to use that instead)"
+                ) from None
+            with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
+                client = _pjrt.Client(plugin, options)
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location, plugin, client, client_options=options, codegen_environment=environment

@@ -22,17 +22,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
 import sys
 import time
 from pathlib import Path
 
 from worker.cache import CACHE_DIR_ENV, open_cache
-from worker.cache.key import memoized_by_file
 from worker.errors import PluginNotFoundError
 from worker.phases import STARTUP
 from worker.plugins import find_plugin
+from worker.xla_flags import plugin_knows_flag
 
 SPAWNED_AT_ENV = "PJRT_POOL_SPAWNED_AT"
 """The time.time() at which the parent spawned this process (set by pool.spawn)."""
@@ -70,12 +69,6 @@ def autotune_dir(cache_dir: Path, plugin_path: str) -> Path:
     return cache_dir / "autotune" / hashlib.sha256(build.encode()).hexdigest()[:16]
 
 
-def _knows_flag(plugin_path: str) -> bool:
-    # A plugin whose XLA lacks the flag would abort on it ("Unknown flag in XLA_FLAGS").
-    with open(plugin_path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return m.find(AUTOTUNE_FLAG.encode()) >= 0
-
-
 def share_autotune_results(platform: str) -> Path | None:
     """Adds the autotune directory flag to XLA_FLAGS for a GPU platform; returns the directory.
 
@@ -93,9 +86,7 @@ def share_autotune_results(platform: str) -> Path | None:
     if not cache.writable:
         return None
     try:
-        if not memoized_by_file(
-            plugin_path, cache.plugins_dir, "autotune-flag", lambda: _knows_flag(plugin_path)
-        ):
+        if not plugin_knows_flag(plugin_path, AUTOTUNE_FLAG, cache.plugins_dir):
             logger.debug(
                 "%s does not know --%s; autotune results are not shared", plugin_path, AUTOTUNE_FLAG
             )

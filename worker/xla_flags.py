@@ -1,0 +1,89 @@
+"""XLA flags a plugin must see to compute what JAX computes.
+
+JAX compiles with debug options of its own; this project passes the plugin
+compile options without any (the six bytes of compile_options()), so the
+plugin takes its debug options from its defaults and XLA_FLAGS. One default
+changes results: both CPU plugins have ``xla_cpu_enable_fast_min_max`` on,
+so ``max(x, NaN)`` is x where JAX gives NaN (maximum, minimum, hypot, and
+max/min reductions; found by ``pjrt-pool check-plugin``). Measured on both
+CPU plugins: the plugin reads XLA_FLAGS once, when it loads, and the flag
+set then makes those results equal JAX's.
+
+So while a plugin loads, these flags are added to XLA_FLAGS, and the
+variable is restored afterwards: the process's environment, and a JAX in
+it, stay as they were. A flag is added only when the user's XLA_FLAGS does
+not name it (theirs wins), when XLA_FLAGS is not the name of a flag file,
+and when the plugin's library contains the flag's name: XLA aborts on a flag
+it does not know, and a later XLA may drop this one with its fast min/max.
+The flags are part of what the cache key records (cache.key.codegen_environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
+
+logger = logging.getLogger("pjrt_pool.runtime")
+
+JAX_SEMANTICS: dict[str, dict[str, str]] = {"cpu": {"xla_cpu_enable_fast_min_max": "false"}}
+"""Per platform, the flags (name: value) that make a plugin's results match JAX's."""
+
+
+def plugin_knows_flag(plugin_path: str, flag: str, memo_dir: Path | None = None) -> bool:
+    """Whether a plugin library contains an XLA flag's name (a flag it does not know aborts it).
+
+    Memoized per plugin build, in memory and in memo_dir when given.
+    """
+
+    def scan() -> bool:
+        with (
+            open(plugin_path, "rb") as file,
+            mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image,
+        ):
+            return image.find(flag.encode()) >= 0
+
+    return bool(memoized_by_file(plugin_path, memo_dir, f"flag-{flag}", scan))
+
+
+def semantic_flags(platform: str, plugin_path: str, memo_dir: Path | None = None) -> list[str]:
+    """The flags to add to XLA_FLAGS while this platform's plugin loads (see the module)."""
+    wanted = JAX_SEMANTICS.get(platform)
+    current = os.environ.get(XLA_FLAGS_ENV, "")
+    if not wanted or (current.strip() and not current.lstrip().startswith("-")):
+        return []  # no such flags, or XLA_FLAGS names a file, which is the user's to write
+    named = parse_xla_flags(current)
+    flags = []
+    for name, value in wanted.items():
+        if name in named:
+            continue
+        try:
+            known = plugin_knows_flag(plugin_path, name, memo_dir)
+        except OSError as error:
+            logger.debug("cannot read %s to look for --%s: %s", plugin_path, name, error)
+            known = False
+        if known:
+            flags.append(f"--{name}={value}")
+    return flags
+
+
+@contextlib.contextmanager
+def xla_flags_added(flags: list[str]) -> Iterator[None]:
+    """Adds flags to XLA_FLAGS for the with-block, then puts the variable back as it was."""
+    if not flags:
+        yield
+        return
+    before = os.environ.get(XLA_FLAGS_ENV)
+    os.environ[XLA_FLAGS_ENV] = " ".join([before or "", *flags]).strip()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(XLA_FLAGS_ENV, None)
+        else:
+            os.environ[XLA_FLAGS_ENV] = before
