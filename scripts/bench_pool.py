@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_pool.py [--workers N] [--calls N] [--repeat N]
+    python scripts/bench_pool.py [--workers N] [--calls N] [--repeat N] [--parts abcd]
 
 (a) Parallel compile. The example programs (pool.examples, lowered first and
     outside every timer) are compiled with a Pool of --workers workers
@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--calls", type=int, default=2000, help="round trips per side in (b)")
     parser.add_argument("--repeat", type=int, default=3, help="passes in (a), runs in (c)")
+    parser.add_argument(
+        "--parts", default="abcd", help="which parts to run, e.g. b for the round trip only"
+    )
     args = parser.parse_args(argv)
     print(f"pjrt-pool pool benchmark: {args.workers} workers, {os.cpu_count()} CPUs", flush=True)
 
@@ -136,129 +139,132 @@ def main(argv: list[str] | None = None) -> int:
             compile_program(program, disk_cache=False)  # register LAPACK here, untimed
             break
 
-    # (a)
-    serial, serial_cpu, parallel, startups = [], [], [], []
-    for rep in range(args.repeat):
-        if rep % 2 == 0:
-            wall_s, cpu_s = serial_compile(programs)
-            startup, wall = pool_compile(programs, args.workers)
-        else:
-            startup, wall = pool_compile(programs, args.workers)
-            wall_s, cpu_s = serial_compile(programs)
-        serial.append(wall_s)
-        serial_cpu.append(cpu_s)
-        parallel.append(wall)
-        startups.append(startup)
-    ratio_a = median(parallel) / median(serial)
-    cores = os.cpu_count() or 1
-    floor = median(serial_cpu) / cores
-    print(f"\n(a) compiling {len(programs)} programs:")
-    print(
-        f"    serial in-process   {median(serial):7.2f} s  ({median(serial_cpu):.2f} CPU-s: XLA "
-        f"itself uses {median(serial_cpu) / median(serial):.2f} cores, so {cores} cores cannot "
-        f"beat {floor:.2f} s = {floor / median(serial):.2f}x)"
-    )
-    print(
-        f"    pool of {args.workers} workers   {median(parallel):7.2f} s  "
-        f"(+ {median(startups):.2f} s pool start-up)"
-    )
-    print(
-        f"    ratio pool/serial   {ratio_a:7.2f}   target <= 0.65: "
-        f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
-    )
-
-    # (b)
-    tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
-    x = np.ones(4, np.float32)
-    executable, _ = compile_program(tiny, disk_cache=False)
-    with Pool(1, cache_dir=fresh_dir("b-")) as pool:
-        round_trips(pool, tiny, x, 200)
-        in_process_runs(executable, x, 200)
-        pool_times, local_times = [], []
-        for _ in range(4):
-            pool_times += round_trips(pool, tiny, x, args.calls // 4)
-            local_times += in_process_runs(executable, x, args.calls // 4)
-    rt = median(pool_times) * 1e6
-    local = median(local_times) * 1e6
-    print("\n(b) tiny program, sequential calls (median):")
-    print(
-        f"    pool round trip     {rt:7.1f} us   (p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)"
-    )
-    print(f"    in-process run      {local:7.1f} us")
-    print(
-        f"    ratio               {rt / local:7.1f}   target median < 150 us: "
-        f"{'met' if rt < 150 else 'NOT met'}"
-    )
-
-    # (c)
-    big = lower(
-        lambda s: jnp.full((BIG,), 1.0, jnp.float32) * s, [jax.ShapeDtypeStruct((), jnp.float32)]
-    )
-    cache_c = fresh_dir("c-")
-    big_exe, _ = compile_program(big, cache_dir=cache_c)
-    scalar = np.float32(3.0)
-    with (
-        Pool(1, cache_dir=cache_c) as pool,
-        concurrent.futures.ProcessPoolExecutor(
-            1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_executor_init,
-            initargs=(big, cache_c),
-        ) as executor,
-    ):
-        for _ in range(2):  # warm up all three
-            assert pool.run(big, [scalar])[0][-1] == 3.0
-            assert big_exe.run([scalar])[0][-1] == 3.0
-            assert executor.submit(_executor_run, scalar).result()[-1] == 3.0
-        timings: dict[str, list[float]] = {}
-        sides = {
-            "pool": lambda: pool.run(big, [scalar])[0],
-            "in-process": lambda: big_exe.run([scalar])[0],
-            "executor": lambda: executor.submit(_executor_run, scalar).result(),
-        }
-        for _ in range(max(args.repeat, 5)):
-            for side, call in sides.items():
-                start = time.perf_counter()
-                out = call()
-                returned = time.perf_counter()
-                # Reading every element: the pool's array maps its pages lazily,
-                # so "returned" alone would hide that cost.
-                total = float(out.sum(dtype=np.float64))
-                read = time.perf_counter()
-                assert total == 3.0 * BIG
-                timings.setdefault(side, []).append(returned - start)
-                timings.setdefault(side + " read", []).append(read - start)
-                del out
-    print("\n(c) 64 MiB output (median ms):          returned   returned and read")
-    for side in sides:
+    if "a" in args.parts:
+        serial, serial_cpu, parallel, startups = [], [], [], []
+        for rep in range(args.repeat):
+            if rep % 2 == 0:
+                wall_s, cpu_s = serial_compile(programs)
+                startup, wall = pool_compile(programs, args.workers)
+            else:
+                startup, wall = pool_compile(programs, args.workers)
+                wall_s, cpu_s = serial_compile(programs)
+            serial.append(wall_s)
+            serial_cpu.append(cpu_s)
+            parallel.append(wall)
+            startups.append(startup)
+        ratio_a = median(parallel) / median(serial)
+        cores = os.cpu_count() or 1
+        floor = median(serial_cpu) / cores
+        print(f"\n(a) compiling {len(programs)} programs:")
         print(
-            f"    {side:<20} {median(timings[side]) * 1e3:12.1f} "
-            f"{median(timings[side + ' read']) * 1e3:14.1f}"
+            f"    serial in-process   {median(serial):7.2f} s  "
+            f"({median(serial_cpu):.2f} CPU-s: XLA itself uses "
+            f"{median(serial_cpu) / median(serial):.2f} cores, so {cores} cores cannot "
+            f"beat {floor:.2f} s = {floor / median(serial):.2f}x)"
         )
-    for suffix in ("", " read"):
-        p = median(timings["pool" + suffix])
-        loc = median(timings["in-process" + suffix])
-        ex = median(timings["executor" + suffix])
-        label = "returned and read" if suffix else "returned"
         print(
-            f"    {label}: pool/in-process {p / loc:.2f} (target <= 1.5: "
-            f"{'met' if p / loc <= 1.5 else 'NOT met'}); pool {ex / p:.2f}x faster than "
-            f"ProcessPoolExecutor (target >= 3: {'met' if ex / p >= 3 else 'NOT met'})"
+            f"    pool of {args.workers} workers   {median(parallel):7.2f} s  "
+            f"(+ {median(startups):.2f} s pool start-up)"
+        )
+        print(
+            f"    ratio pool/serial   {ratio_a:7.2f}   target <= 0.65: "
+            f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
         )
 
-    # (d)
-    ready, constructions = [], []
-    for _ in range(max(args.repeat, 3)):
-        start = time.perf_counter()
-        with Pool(args.workers, cache_dir=fresh_dir("d-")) as pool:
-            constructions.append(time.perf_counter() - start)
-            ready += [w["startup_seconds"] for w in pool.worker_info]
-    print("\n(d) worker start to ready:")
-    print(
-        f"    per worker median   {median(ready):7.3f} s   max {max(ready):.3f} s   "
-        f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
-    )
-    print(f"    Pool({args.workers}) ready     {median(constructions):7.3f} s")
+    if "b" in args.parts:
+        tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+        x = np.ones(4, np.float32)
+        executable, _ = compile_program(tiny, disk_cache=False)
+        with Pool(1, cache_dir=fresh_dir("b-")) as pool:
+            round_trips(pool, tiny, x, 200)
+            in_process_runs(executable, x, 200)
+            pool_times, local_times = [], []
+            for _ in range(4):
+                pool_times += round_trips(pool, tiny, x, args.calls // 4)
+                local_times += in_process_runs(executable, x, args.calls // 4)
+        rt = median(pool_times) * 1e6
+        local = median(local_times) * 1e6
+        print("\n(b) tiny program, sequential calls (median):")
+        print(
+            f"    pool round trip     {rt:7.1f} us   "
+            f"(p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)"
+        )
+        print(f"    in-process run      {local:7.1f} us")
+        print(
+            f"    ratio               {rt / local:7.1f}   target median < 150 us: "
+            f"{'met' if rt < 150 else 'NOT met'}"
+        )
+
+    if "c" in args.parts:
+        big = lower(
+            lambda s: jnp.full((BIG,), 1.0, jnp.float32) * s,
+            [jax.ShapeDtypeStruct((), jnp.float32)],
+        )
+        cache_c = fresh_dir("c-")
+        big_exe, _ = compile_program(big, cache_dir=cache_c)
+        scalar = np.float32(3.0)
+        with (
+            Pool(1, cache_dir=cache_c) as pool,
+            concurrent.futures.ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_executor_init,
+                initargs=(big, cache_c),
+            ) as executor,
+        ):
+            for _ in range(2):  # warm up all three
+                assert pool.run(big, [scalar])[0][-1] == 3.0
+                assert big_exe.run([scalar])[0][-1] == 3.0
+                assert executor.submit(_executor_run, scalar).result()[-1] == 3.0
+            timings: dict[str, list[float]] = {}
+            sides = {
+                "pool": lambda: pool.run(big, [scalar])[0],
+                "in-process": lambda: big_exe.run([scalar])[0],
+                "executor": lambda: executor.submit(_executor_run, scalar).result(),
+            }
+            for _ in range(max(args.repeat, 5)):
+                for side, call in sides.items():
+                    start = time.perf_counter()
+                    out = call()
+                    returned = time.perf_counter()
+                    # Reading every element: the pool's array maps its pages lazily,
+                    # so "returned" alone would hide that cost.
+                    total = float(out.sum(dtype=np.float64))
+                    read = time.perf_counter()
+                    assert total == 3.0 * BIG
+                    timings.setdefault(side, []).append(returned - start)
+                    timings.setdefault(side + " read", []).append(read - start)
+                    del out
+        print("\n(c) 64 MiB output (median ms):          returned   returned and read")
+        for side in sides:
+            print(
+                f"    {side:<20} {median(timings[side]) * 1e3:12.1f} "
+                f"{median(timings[side + ' read']) * 1e3:14.1f}"
+            )
+        for suffix in ("", " read"):
+            p = median(timings["pool" + suffix])
+            loc = median(timings["in-process" + suffix])
+            ex = median(timings["executor" + suffix])
+            label = "returned and read" if suffix else "returned"
+            print(
+                f"    {label}: pool/in-process {p / loc:.2f} (target <= 1.5: "
+                f"{'met' if p / loc <= 1.5 else 'NOT met'}); pool {ex / p:.2f}x faster than "
+                f"ProcessPoolExecutor (target >= 3: {'met' if ex / p >= 3 else 'NOT met'})"
+            )
+
+    if "d" in args.parts:
+        ready, constructions = [], []
+        for _ in range(max(args.repeat, 3)):
+            start = time.perf_counter()
+            with Pool(args.workers, cache_dir=fresh_dir("d-")) as pool:
+                constructions.append(time.perf_counter() - start)
+                ready += [w["startup_seconds"] for w in pool.worker_info]
+        print("\n(d) worker start to ready:")
+        print(
+            f"    per worker median   {median(ready):7.3f} s   max {max(ready):.3f} s   "
+            f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
+        )
+        print(f"    Pool({args.workers}) ready     {median(constructions):7.3f} s")
     return 0
 
 
