@@ -104,6 +104,9 @@ copied out of the arena (cheaper than mapping a segment for a few KB). Larger
 outputs get a segment of their own that the returned arrays view, with no copy.
 """
 
+RESPAWN_RETRY_SECONDS = 1.0
+"""How long after a replacement worker failed to spawn the pool tries again."""
+
 HAND_BACK_SECONDS = 10.0
 """How long a failed manager waits for callers to hand back the workers they hold."""
 
@@ -206,6 +209,7 @@ class Pool(CompilesMany):
         self._segments = SegmentCache(segment_cache_bytes, segment_fds)
         self._retired_counters = CacheCounters()
         self._startup_failures = 0
+        self._respawns: dict[int, float] = {}  # worker index -> when to try starting it again
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
 
@@ -982,7 +986,7 @@ class Pool(CompilesMany):
                 )
             if done:
                 return
-            timeout = self._expire()
+            timeout = _earliest(self._expire(), self._respawn_due())
             for what in self._watch.wait(timeout):
                 if what is None:
                     self._drain_wake()
@@ -1082,13 +1086,35 @@ class Pool(CompilesMany):
                     f"with:\n{tail or '(nothing)'}"
                 )
             )
+        self._respawn(worker.index)
+
+    def _respawn(self, index: int) -> None:
+        """Starts a replacement worker; if that fails, _respawn_due tries again a second later.
+
+        Not after the pool broke, nor while closing with nothing left to run
+        (close() waits for queued tasks, which need workers).
+        """
         with self._lock:
-            respawn = not self._closing and self._broken is None
-        if respawn:
-            try:
-                self._spawn(worker.index)
-            except Exception as error:
-                self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+            wanted = self._broken is None and (not self._closing or bool(self._pending))
+        if not wanted:
+            self._respawns.pop(index, None)
+            return
+        try:
+            self._spawn(index)
+        except Exception as error:
+            self._respawns[index] = time.monotonic() + RESPAWN_RETRY_SECONDS
+            self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+        else:
+            self._respawns.pop(index, None)
+
+    def _respawn_due(self) -> float | None:
+        """Retries the replacements that are due; returns seconds to the next one."""
+        now = time.monotonic()
+        for index, due in list(self._respawns.items()):
+            if due <= now:
+                self._respawn(index)
+        pending = [due - now for due in self._respawns.values()]
+        return max(0.0, min(pending)) if pending else None
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str
@@ -1209,6 +1235,12 @@ _RESEND = object()
 
 _CANCELLED = object()
 """A queued task whose future was cancelled."""
+
+
+def _earliest(*seconds: float | None) -> float | None:
+    """The smallest of some waits, where None means no limit."""
+    limits = [s for s in seconds if s is not None]
+    return min(limits) if limits else None
 
 
 def _cancel(tasks: list[Task], reason: BaseException | None = None) -> None:

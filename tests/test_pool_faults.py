@@ -508,3 +508,56 @@ def test_a_device_error_retires_the_worker_and_counts_as_a_crash(handlers: str) 
             assert pool.worker_info[0]["pid"] != pid and not alive(pid)
         with pytest.raises(ProgramQuarantinedError):
             pool.run(failing, [x])
+
+
+# -- replacements: close() with queued tasks, and a replacement that cannot start ----
+
+
+def test_close_runs_queued_tasks_after_the_only_worker_crashed(handlers: str) -> None:
+    done = child(
+        """
+        import jax
+
+        def sleep_then_crash(x):
+            slept = jax.ffi.ffi_call("sleep_ms", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+            return jax.ffi.ffi_call("null_deref", jax.ShapeDtypeStruct(x.shape, x.dtype))(slept)
+
+        crasher = lower(sleep_then_crash, [sds(8)], custom_calls=["sleep_ms", "null_deref"])
+        quick = scale_program(2.0)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.compile(crasher)
+        doomed = pool.submit(crasher, [milliseconds(500, 8)])
+        queued = [pool.submit(quick, [np.ones(8)]) for _ in range(3)]
+        pool.close()  # before the crash: it must still run what is queued
+        assert isinstance(doomed.exception(), WorkerCrashedError)
+        assert [f.result()[0][0] for f in queued] == [3.0] * 3
+        print("closed")
+        """,
+        handlers,
+        timeout=60,
+    )
+    assert "closed" in done.stdout
+
+
+def test_a_replacement_that_cannot_start_is_tried_again() -> None:
+    done = child(
+        """
+        program = scale_program(2.0)
+        with Pool(workers=1) as pool:
+            pool.run(program, [np.ones(8)])
+            held = []
+            try:  # no descriptor left: the replacement's shared memory cannot be made
+                while True:
+                    held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                pass
+            os.kill(pool.worker_info[0]["pid"], signal.SIGKILL)
+            time.sleep(0.5)
+            for fd in held:
+                os.close(fd)
+            assert pool.submit(program, [np.ones(8)]).result(timeout=30)[0][0] == 3.0
+        print("recovered")
+        """,
+        timeout=60,
+    )
+    assert "recovered" in done.stdout
