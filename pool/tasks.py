@@ -51,14 +51,12 @@ def _text_digest(text: str) -> str:
     The same program is usually submitted many times, and hashing a large
     module costs more than a small program's whole round trip. The memo
     keeps the texts it knows alive (to make their identity safe to reuse),
-    so it holds at most _MEMO_BYTES of them, least recently used first out.
+    so it holds at most _MEMO_BYTES of them, the oldest going first.
     """
     global _memo_size
-    with _memo_lock:
-        memo = _text_digests.get(id(text))
-        if memo is not None and memo[0] is text:
-            _text_digests.move_to_end(id(text))
-            return memo[1]
+    memo = _text_digests.get(id(text))  # one dict lookup: atomic, no lock needed
+    if memo is not None and memo[0] is text:
+        return memo[1]
     digest = hashlib.sha256(text.encode()).hexdigest()
     if len(text) <= _MEMO_BYTES // 4:
         with _memo_lock:

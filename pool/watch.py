@@ -11,7 +11,6 @@ set twice on every task it dispatches.)
 
 from __future__ import annotations
 
-import contextlib
 import select
 from typing import Any
 
@@ -33,8 +32,10 @@ class Watch:
     def remove(self, fd: int) -> None:
         """Stops watching a descriptor (nothing happens if it is not watched)."""
         if self._what.pop(fd, _MISSING) is not _MISSING:
-            with contextlib.suppress(OSError, ValueError):
+            try:  # noqa: SIM105 (not contextlib.suppress: this is on Pool.run's path)
                 self._epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass  # closed already
 
     def wait(self, timeout: float | None) -> list[Any]:
         """Waits up to `timeout` seconds (None: no limit); returns what became readable."""
