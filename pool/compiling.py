@@ -56,6 +56,7 @@ class CompilesMany:
         terminal, a line per program otherwise); a callable gets (done, total,
         spec or exception) as each finishes.
         """
+        self._before_waiting("compile_many")
         names, futures = [], []
         for item in programs:
             # A LoweredProgram is a tuple too: test for it first.
@@ -73,6 +74,9 @@ class CompilesMany:
                 if isinstance(result, BaseException):
                     raise result
         return results
+
+    def _before_waiting(self, what: str) -> None:
+        """Refuses a call that would wait where waiting cannot end (the Pool's manager thread)."""
 
     @staticmethod
     def _report_progress(names: list[str], futures: list[Any], progress: bool | Progress) -> None:

@@ -20,6 +20,7 @@ descriptor; it is just not recycled.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import ctypes
 import errno
@@ -76,7 +77,9 @@ class Mapping:
             "typestr": "|u1",
             "version": 3,
         }
-        weakref.finalize(self, _libc.munmap, address, size)
+        # Not at exit: arrays still referenced then (by an atexit handler, a
+        # daemon thread) must stay readable; the process's end unmaps anyway.
+        weakref.finalize(self, _libc.munmap, address, size).atexit = False
 
     def as_array(self) -> np.ndarray:
         """The mapping as a uint8 array (which keeps the mapping alive)."""
@@ -89,6 +92,11 @@ class SegmentCache:
     `lent` counts kept descriptors in use (queued inputs, live results,
     segments taken from here); `free` holds the ones waiting for reuse.
     Their sum never exceeds max_fds.
+
+    A result's segment comes back from a finalizer, which can run in any
+    thread at any allocation (the cyclic garbage collector), even inside
+    this cache's own lock: so finalizers only append to `_returned`, a
+    deque (append is atomic), and the next locked call takes them in.
     """
 
     def __init__(
@@ -100,17 +108,20 @@ class SegmentCache:
         self._bytes = 0
         self._lent = 0
         self._closed = False
+        self._returned: collections.deque[tuple[int, int, bool]] = collections.deque()
         self._lock = threading.Lock()
 
     @property
     def held(self) -> int:
         """Descriptors counted against max_fds now."""
         with self._lock:
+            self._take_returned_locked()
             return self._lent + len(self._free)
 
     def try_lend(self) -> bool:
         """Reserves room for one more kept descriptor; False when the bound is reached."""
         with self._lock:
+            self._take_returned_locked()
             if self._closed or self._lent + len(self._free) >= self.max_fds:
                 if self._free and not self._closed:
                     # Make room by closing the largest unused segment.
@@ -134,6 +145,7 @@ class SegmentCache:
         twice the size stay for tasks they fit better.
         """
         with self._lock:
+            self._take_returned_locked()
             index = bisect.bisect_left(self._free, (size, -1))
             if index == len(self._free) or self._free[index][0] > 2 * size:
                 return None
@@ -148,19 +160,28 @@ class SegmentCache:
         lent says whether the descriptor was counted (by take or try_lend).
         """
         with self._lock:
-            if lent:
-                self._lent -= 1
-            room = self._lent + len(self._free) < self.max_fds
-            if not self._closed and room and capacity <= self.max_bytes:
-                bisect.insort(self._free, (capacity, fd))
-                self._bytes += capacity
-                while self._bytes > self.max_bytes:
-                    # Drop the largest: a cache of small segments serves more tasks.
-                    dropped, dropped_fd = self._free.pop()
-                    self._bytes -= dropped
-                    _close(dropped_fd)
-                return
+            self._take_returned_locked()
+            self._give_locked(fd, capacity, lent)
+
+    def _give_locked(self, fd: int, capacity: int, lent: bool) -> None:
+        if lent:
+            self._lent -= 1
+        room = self._lent + len(self._free) < self.max_fds
+        if not self._closed and room and capacity <= self.max_bytes:
+            bisect.insort(self._free, (capacity, fd))
+            self._bytes += capacity
+            while self._bytes > self.max_bytes:
+                # Drop the largest: a cache of small segments serves more tasks.
+                dropped, dropped_fd = self._free.pop()
+                self._bytes -= dropped
+                _close(dropped_fd)
+            return
         _close(fd)
+
+    def _take_returned_locked(self) -> None:
+        """Takes in the segments finalizers returned (see the class docstring)."""
+        while self._returned:
+            self._give_locked(*self._returned.popleft())
 
     def segment_for(
         self, size: int, write: Callable[[Any], None], reserved: bool
@@ -178,7 +199,12 @@ class SegmentCache:
             fd, capacity = recycled
             lent = True
         else:
-            fd, capacity, lent = create_segment(size), size, reserved
+            try:
+                fd, capacity, lent = create_segment(size), size, reserved
+            except BaseException:
+                if reserved:
+                    self.unlend()
+                raise
         try:
             mapping = Mapping(fd, capacity, populate=True)
             write(mapping.as_array())
@@ -187,14 +213,26 @@ class SegmentCache:
             raise
         return fd, capacity, lent
 
-    def adopt(self, fd: int, capacity: int, mapping: Mapping, lent: bool = True) -> None:
-        """Gives the segment back once `mapping` (what the arrays view) is garbage."""
-        weakref.finalize(mapping, self.give, fd, capacity, lent)
+    def adopt(self, fd: int, capacity: int, mapping: Mapping) -> None:
+        """Gives a lent segment back once `mapping` (what the arrays view) is garbage."""
+        weakref.finalize(mapping, self._return_later, fd, capacity).atexit = False
+
+    def _return_later(self, fd: int, capacity: int) -> None:
+        """A finalizer's give: no lock here (see the class docstring)."""
+        self._returned.append((fd, capacity, True))
+        if self._closed:  # close() took in what had come back already: close the rest
+            while True:
+                try:
+                    returned_fd, _, _ = self._returned.popleft()
+                except IndexError:
+                    return
+                _close(returned_fd)
 
     def close(self) -> None:
         """Closes every kept segment; later gives close theirs at once."""
         with self._lock:
             self._closed = True
+            self._take_returned_locked()  # closes them: the cache is closed
             free, self._free, self._bytes = self._free, [], 0
         for _, fd in free:
             _close(fd)

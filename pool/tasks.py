@@ -9,8 +9,8 @@ between its pending queue and the workers::
               another reason--> QUEUED again (at most MAX_REQUEUES times)
 
 A task is settled (its future resolved or failed, its shared memory given
-back) by exactly one thread: the one whose ``Pool._settle`` call flips
-``done`` under the pool's lock.
+back) by exactly one thread: the one whose ``Dispatch._settle_locked`` call
+flips ``done`` under the pool's lock.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ class Task:
     compile_options: bytes | None = None
     declared_types: bool = True  # the inputs have the program's declared types
     done: bool = False  # settled: flipped once, under the pool's lock
+    sending: bool = False  # its request went (or may have gone) to its current worker
     kill_error: BaseException | None = None  # what to fail with if the pool kills its worker
     requeues: int = 0
 
@@ -177,12 +178,6 @@ class Task:
             self.input_size, write, reserved=False
         )
         self.packed = None
-
-    def own_inputs(self) -> None:
-        """Copies inputs still held by reference, before the caller gets control back."""
-        if self.arrays is not None and self.packed is None and self.input_fd < 0:
-            self.packed = pack(self.arrays, self.input_offsets, self.input_size)
-        self.arrays = None
 
     def release(self) -> None:
         """Gives the task's segments back for reuse once the worker is done with them."""

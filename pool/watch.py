@@ -5,8 +5,10 @@ set, so that a single wait sees replies, deaths (end of file) and wake-ups
 alike. Caller threads add and remove descriptors while the manager waits:
 epoll takes such changes at once, and an event for a descriptor removed in
 the meantime is dropped by ``wait``. (selectors.EpollSelector does the same
-with a few microseconds more bookkeeping per change, and a caller changes the
-set twice on every task it dispatches.)
+with a few microseconds more bookkeeping per change, and callers change the
+set on every task they dispatch.) Adding and removing are idempotent, and do
+nothing once the set is closed, so a late hand-back can never touch a
+descriptor number that has been reused since.
 """
 
 from __future__ import annotations
@@ -16,37 +18,62 @@ from typing import Any
 
 _MISSING = object()
 
+MAX_WAIT_SECONDS = 3600.0
+"""The longest single wait: epoll takes at most 2**31 - 1 ms, and callers simply wait again."""
+
 
 class Watch:
-    """Descriptors to wait on for reading, each with the value `wait` returns for it."""
+    """Descriptors to wait on for reading, each with the value `wait` returns for it.
+
+    The table of values and the epoll set are changed in an order that
+    keeps them right even when a change is cut short (a Ctrl-C can land
+    between the two): `add` records, then registers (an fd registered
+    already is fine); `remove` forgets, then unregisters (an fd unregistered
+    already is fine); and `wait` unregisters an fd it has no value for.
+    """
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._what: dict[int, Any] = {}
+        self._closed = False
 
     def add(self, fd: int, what: Any) -> None:
         """Watches a descriptor; `wait` returns `what` when it is readable or at its end."""
+        if self._closed or fd < 0:
+            return
         self._what[fd] = what
-        self._epoll.register(fd, select.EPOLLIN)
+        try:  # noqa: SIM105 (not contextlib.suppress: this is on every task's path)
+            self._epoll.register(fd, select.EPOLLIN)
+        except FileExistsError:
+            pass
 
     def remove(self, fd: int) -> None:
         """Stops watching a descriptor (nothing happens if it is not watched)."""
-        if self._what.pop(fd, _MISSING) is not _MISSING:
-            try:  # noqa: SIM105 (not contextlib.suppress: this is on Pool.run's path)
-                self._epoll.unregister(fd)
-            except (OSError, ValueError):
-                pass  # closed already
+        if self._closed or fd < 0:
+            return
+        self._what.pop(fd, None)
+        try:  # noqa: SIM105 (as in add)
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass  # not registered, or closed already
 
     def wait(self, timeout: float | None) -> list[Any]:
         """Waits up to `timeout` seconds (None: no limit); returns what became readable."""
-        events = self._epoll.poll(-1 if timeout is None else timeout)
+        limit = MAX_WAIT_SECONDS if timeout is None else min(timeout, MAX_WAIT_SECONDS)
         found = []
-        for fd, _ in events:
+        for fd, _ in self._epoll.poll(limit):
             what = self._what.get(fd, _MISSING)
             if what is not _MISSING:
                 found.append(what)
+            elif not self._closed:  # removed meanwhile, or a removal cut short
+                try:  # noqa: SIM105 (as in add)
+                    self._epoll.unregister(fd)
+                except (OSError, ValueError):
+                    pass
         return found
 
     def close(self) -> None:
-        """Closes the epoll descriptor."""
+        """Closes the epoll descriptor; later adds and removes do nothing."""
+        self._closed = True
+        self._what.clear()
         self._epoll.close()

@@ -14,19 +14,25 @@ Worker states and why each move happens::
     IDLE     --readable socket------> DYING     an idle worker only ever shows end of
                                                 file (or breaks the protocol): retire it
     BUSY     --reply handled--------> IDLE      its task is settled or queued again
-    BUSY     --kill-----------------> DYING     deadline passed, its caller gave up, the
-                                                stream broke mid-frame, a device error,
-                                                or terminate()
+    BUSY     --nothing was sent-----> IDLE      its claimer failed or was interrupted
+                                                before sending the request
     BUSY     --end of file----------> DEAD      it died: its task is failed or requeued
+    STARTING, IDLE, BUSY --kill-----> DYING     deadline passed, its caller gave up, the
+                                                stream broke, a device error, terminate()
     DYING    --end of file----------> DEAD      reaped; the pool spawns a replacement
-    STARTING/IDLE --kill------------> DYING     terminate(), or a failed hand-over
+    STARTING, IDLE --stopped--------> DEAD      close(): an exit request, then signals
 
-Who may use the socket is the `owner`, a separate fact: the manager thread
-or one caller thread. The manager's wait set (pool.watch) holds the socket
-while `watched`; a caller that reads the reply itself takes it out, and one
-that only sends leaves it in (the manager ignores, and unwatches, a socket
-it does not own). Ownership changes only under the pool's lock, and a caller
-hands a worker back to the manager in a ``finally``.
+Who holds the socket is `holder`, a second fact: None for the pool's
+manager thread, whose wait set (pool.watch) has the socket then, or the id
+of one caller thread, with the socket out of that set::
+
+    manager --claimed by a caller (Pool.run; a submit that dispatches)--> caller
+    caller  --request sent (submit), reply handled (run), or the caller
+              failed or was interrupted (Pool._recover)--------------------> manager
+
+Only Dispatch._claim_locked and Dispatch._give_back_locked change it, so
+"the manager's wait set has the socket exactly when the manager holds it"
+holds everywhere else.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import time
 from typing import Any
@@ -59,8 +64,6 @@ _FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
 
-_STARTED = struct.Struct("<q")
-
 
 class State(enum.Enum):
     """Where a worker is in its life (see the module docstring)."""
@@ -70,13 +73,6 @@ class State(enum.Enum):
     BUSY = "busy"
     DYING = "dying"
     DEAD = "dead"
-
-
-class Owner(enum.Enum):
-    """Which thread may use a worker's socket."""
-
-    MANAGER = "manager"  # the pool's manager thread, through its wait set
-    CALLER = "caller"  # one caller thread, with the socket out of the wait set
 
 
 _MOVES: dict[State, frozenset[State]] = {
@@ -102,8 +98,7 @@ class WorkerProcess:
         self.index = index
         self.max_loaded = max_loaded
         self.state = State.STARTING
-        self.owner = Owner.MANAGER
-        self.watched = True  # the socket is in the manager's wait set
+        self.holder: int | None = None  # the thread that holds the socket; None: the manager
         self.task: Any = None
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -113,10 +108,14 @@ class WorkerProcess:
         self.startup_seconds = 0.0
         self._output = bytearray()
 
-        # The arena comes first: a failure here leaves no process behind.
+        # The arena and socket come first: a failure here leaves no process behind.
         arena_fd, self.arena = shm.create(ARENA_SIZE + protocol.CONTROL_BYTES, "pjrt-pool-arena")
-        _STARTED.pack_into(self.arena, ARENA_SIZE, -1)
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        protocol.STARTED.pack_into(self.arena, ARENA_SIZE, -1)
+        try:
+            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            os.close(arena_fd)
+            raise
         arguments = ["--fd", str(child_end.fileno()), "--max-loaded", str(max_loaded)]
         arguments += ["--parent-pid", str(os.getpid())]
         if platform:
@@ -164,7 +163,7 @@ class WorkerProcess:
 
     def started(self, task_id: int) -> bool:
         """Whether the worker took up the task: it writes a task's id before working on it."""
-        return _STARTED.unpack_from(self.arena, ARENA_SIZE)[0] == task_id
+        return protocol.STARTED.unpack_from(self.arena, ARENA_SIZE)[0] == task_id
 
     # -- output ----------------------------------------------------------
 
@@ -230,7 +229,6 @@ class WorkerProcess:
 
     def close(self) -> None:
         """Closes the parent's ends of the socket and output pipe (after the process ended)."""
-        self.state = State.DEAD
         self.sock.close()
         with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
             self.arena.close()
@@ -238,6 +236,7 @@ class WorkerProcess:
             with contextlib.suppress(OSError):
                 self.read_output()
             self.process.stdout.close()
+        self.output_fd = -1  # its number may be reused by now: never read or unwatch it again
 
 
 def stop_all(workers: list[WorkerProcess], grace: float) -> None:

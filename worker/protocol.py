@@ -131,7 +131,13 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
-    """Receives one message and the file descriptors sent with it (caller closes them)."""
+    """Receives one message and the file descriptors sent with it (caller closes them).
+
+    Raises ConnectionLostError at the end of the stream, DescriptorLimitError
+    when the kernel dropped descriptors for want of room, and whatever
+    unpickling raises for bytes that are not a frame; the descriptors that
+    came with a frame that raises are closed here.
+    """
     fds: list[int] = []
     data, ancillary, flags, _ = sock.recvmsg(
         _HEADER.size, socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
@@ -141,18 +147,21 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
             received = array.array("i")
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
-    if not data:
-        raise ConnectionLostError("connection closed")
-    if len(data) < _HEADER.size:
-        data += _recv_exactly(sock, _HEADER.size - len(data))
-    length, sent_fds = _HEADER.unpack(data)
-    kind, *fields = pickle.loads(_recv_exactly(sock, length))
-    message = _MESSAGES[kind](*fields)
-    if flags & socket.MSG_CTRUNC or len(fds) != sent_fds:
-        # The kernel dropped descriptors this process had no room for.
+    try:
+        if not data:
+            raise ConnectionLostError("connection closed")
+        if len(data) < _HEADER.size:
+            data += _recv_exactly(sock, _HEADER.size - len(data))
+        length, sent_fds = _HEADER.unpack(data)
+        kind, *fields = pickle.loads(_recv_exactly(sock, length))
+        message = _MESSAGES[kind](*fields)
+        if flags & socket.MSG_CTRUNC or len(fds) != sent_fds:
+            # The kernel dropped descriptors this process had no room for.
+            raise DescriptorLimitError("receiving shared memory from another process", message)
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise DescriptorLimitError("receiving shared memory from another process", message)
+        raise
     return message, fds
 
 

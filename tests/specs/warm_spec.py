@@ -23,8 +23,9 @@ def _refuses_to_trace(x):
 
 
 def _slow_to_compile(x):
-    # An unrolled loop of matmuls: XLA takes minutes to compile it.
-    return jax.lax.fori_loop(0, 400, lambda i, v: jnp.tanh(v @ v) + i, x, unroll=True)
+    # An unrolled loop of matmuls: XLA takes about 20 s to compile it on a
+    # quiet 2-core machine (400 steps took 8 s, as long as the tests' timeout).
+    return jax.lax.fori_loop(0, 1000, lambda i, v: jnp.tanh(v @ v) + i, x, unroll=True)
 
 
 def _unregistered_call(x):

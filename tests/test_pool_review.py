@@ -1,0 +1,680 @@
+"""Review of the redesigned dispatch: reproductions of bugs found after issue 9.
+
+Each test reproduces one defect with real workers and real signals. A
+scenario that hangs runs in a child process with a timeout, so that it fails
+instead of hanging the suite. Interrupts at a chosen point are real SIGINTs:
+a trace function raises the signal when the calling thread reaches a line,
+and Python's own handler turns it into KeyboardInterrupt there, as a Ctrl-C
+arriving at that moment would.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import run_python
+from pool_helpers import sds
+from test_pool_faults import child, handlers  # noqa: F401 (a fixture)
+
+from pool import Pool, lower
+
+INTERRUPT_AT = """
+import inspect, signal, sys, threading
+
+def line_of(function, text):
+    '''The line number of the first line of `function` that contains `text`.'''
+    lines, first = inspect.getsourcelines(function)
+    for number, line in enumerate(lines, first):
+        if text in line:
+            return number
+    raise LookupError(f"{text!r} is not in {function.__qualname__}")
+
+def interrupt_at(function, text, before=None):
+    '''A real SIGINT when this thread reaches that line of `function` (once).
+
+    `before` runs first, at that point (for a second event at that moment).
+    '''
+    code, number = function.__code__, line_of(function, text)
+
+    def trace(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == number:
+            sys.settrace(None)
+            if before is not None:
+                before()
+            signal.raise_signal(signal.SIGINT)
+        return trace
+
+    sys.settrace(trace)
+
+def returns_within(call, seconds):
+    '''Whether call() returns within `seconds` (it runs in a daemon thread).'''
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+"""
+
+
+def interrupt_child(body: str, handlers: str = "", timeout: float = 120):  # noqa: F811
+    """A child scenario (see test_pool_faults.child) with interrupt_at and returns_within."""
+    return child(textwrap.dedent(INTERRUPT_AT) + textwrap.dedent(body), handlers, timeout)
+
+
+# -- close() hangs when a worker dies while it waits for queued tasks ------------
+
+
+@pytest.mark.parametrize("death", ["deadline", "sigkill"])
+def test_close_finishes_queued_tasks_when_a_worker_dies_during_close(
+    handlers: str,  # noqa: F811
+    death: str,
+) -> None:
+    # _on_worker_lost does not respawn while closing (pool.py:1084), yet the
+    # manager loop waits for the queue to empty: with no worker left, forever.
+    done = child(
+        f"""
+        sleeper, quick = sleep_program(), scale_program(2.0)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(quick, [np.ones(8, np.float32)])
+        pid = pool.worker_info[0]["pid"]
+        if {death!r} == "deadline":
+            first = pool.submit(sleeper, [milliseconds(3000)], timeout=1.0)
+        else:
+            first = pool.submit(sleeper, [milliseconds(3000)])
+            threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        queued = pool.submit(quick, [np.ones(8, np.float32)])
+        closer = threading.Thread(target=pool.close, daemon=True)
+        closer.start()
+        closer.join(30)
+        print("close returned:", not closer.is_alive(), flush=True)
+        print("queued task done:", queued.done(), flush=True)
+        """,
+        handlers,
+        timeout=60,
+    )
+    assert "close returned: True" in done.stdout, done.stdout
+    assert "queued task done: True" in done.stdout, done.stdout
+
+
+# -- close() twice writes into a descriptor number the pool no longer owns --------
+
+
+def test_closing_again_writes_nothing_into_reused_descriptors() -> None:
+    # _stop_workers closes the wake-up pipe, but close() and terminate() still
+    # call _wake(), which writes b"\0" to whatever now has that number.
+    program = lower(lambda x: x + 1.0, [sds(4)])
+    pool = Pool(workers=1)
+    pool.run(program, [np.zeros(4, np.float32)])
+    pool.close()
+    with tempfile.TemporaryDirectory() as directory:
+        files = [open(os.path.join(directory, f"f{i}"), "wb") for i in range(64)]  # noqa: SIM115
+        try:
+            pool.close()  # documented: calling close again does nothing
+            pool.terminate()
+        finally:
+            for file in files:
+                file.close()
+        written = {f.name: os.path.getsize(f.name) for f in files if os.path.getsize(f.name)}
+    assert written == {}, f"the closed pool wrote into files opened after it closed: {written}"
+
+
+# -- a long timeout crashes the manager thread -------------------------------------
+
+
+def test_a_timeout_of_a_month_leaves_the_pool_working() -> None:
+    # check_timeout accepts any finite positive number, but epoll.poll refuses
+    # timeouts past INT_MAX milliseconds (24.8 days): the manager thread dies.
+    done = child(
+        """
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        with Pool(workers=1) as pool:
+            month = 30 * 86400.0
+            print("submit:", pool.submit(program, [x], timeout=month).result(timeout=30)[0][0])
+            print("run:", pool.run(program, [x])[0][0])
+        with Pool(workers=1, task_timeout=1e9) as pool:
+            print("task_timeout:", pool.run(program, [x])[0][0])
+        """,
+        timeout=60,
+    )
+    assert "submit: 3.0" in done.stdout and "run: 3.0" in done.stdout
+    assert "task_timeout: 3.0" in done.stdout
+
+
+def test_an_infinite_start_timeout_is_accepted() -> None:
+    # check_timeout documents inf as "no limit", but Event.wait(inf) raises
+    # OverflowError in __init__, after the manager thread started the workers.
+    done = child(
+        """
+        with Pool(workers=1, start_timeout=float("inf")) as pool:
+            print("run:", pool.run(scale_program(2.0), [np.ones(8, np.float32)])[0][0])
+        """,
+        timeout=60,
+    )
+    assert "run: 3.0" in done.stdout
+
+
+# -- a replacement worker that could not be spawned is never tried again ----------
+
+
+def test_a_worker_that_could_not_be_replaced_is_replaced_later() -> None:
+    # _on_worker_lost catches a failed _spawn and only counts it: the slot stays
+    # DEAD for good, so a Pool(1) then queues every task forever.
+    done = interrupt_child(
+        """
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1)
+        pool.run(program, [x])
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        os.kill(pool.worker_info[0]["pid"], signal.SIGKILL)
+        time.sleep(2.0)  # the manager reaps it and fails to spawn a replacement
+        for fd in held:
+            os.close(fd)
+        future = pool.submit(program, [x])
+        try:
+            print("result:", future.result(timeout=30)[0][0], flush=True)
+        except Exception as error:
+            print("no result:", repr(error), pool.worker_info, flush=True)
+        print("closed:", returns_within(pool.terminate, 20), flush=True)
+        """,
+        timeout=90,
+    )
+    assert "result: 3.0" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+# -- Ctrl-C between claiming a worker and handing it back --------------------------
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        # _send: the request went out (the signal is handled on entering
+        # _give_back, before it takes the lock).
+        ("submit", "Pool._give_back", "with self._lock:"),
+        # Pool.run: the worker is claimed, _run_directly not entered yet.
+        ("run", "Pool.run", "self._run_directly(worker, task)"),
+        # _dispatch: claimed under the lock, _send not called yet.
+        ("submit", "Pool._dispatch", "self._send(worker, task)"),
+    ],
+    ids=["submit-after-send", "run-after-claim", "submit-after-claim"],
+)
+def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) -> None:
+    # Each point is one where CPython does handle signals (a function's entry,
+    # or just after a call returns). The worker stays BUSY and owned by the
+    # caller that was interrupted: its reply is never read (the manager
+    # unwatches a socket it does not own), the next task waits forever, and
+    # close() and terminate() never return.
+    call, function, text = where
+    done = interrupt_child(
+        f"""
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1)
+        pool.run(program, [x])
+        interrupt_at({function}, {text!r})
+        try:
+            pool.{call}(program, [x])
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        try:
+            print("next:", pool.submit(program, [x]).result(timeout=20)[0][0], flush=True)
+        except Exception as error:
+            print("next task failed:", repr(error), pool.worker_info, flush=True)
+        print("terminate returned:", returns_within(pool.terminate, 20), flush=True)
+        os._exit(0)  # interpreter exit would hang too (atexit terminates live pools)
+        """,
+        timeout=90,
+    )
+    assert "interrupted" in done.stdout, done.stdout
+    assert "next: 3.0" in done.stdout, done.stdout
+    assert "terminate returned: True" in done.stdout, done.stdout
+
+
+def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> None:
+    # Interrupted in _finish after the worker went IDLE but before
+    # _give_back_locked: it stays held by the caller, out of the wait set.
+    # close() then waits HAND_BACK_SECONDS for it and leaves it unreaped.
+    done = interrupt_child(
+        """
+        from pool.pool import Pool as P
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1)
+        pool.run(program, [x])
+        interrupt_at(P._finish, "self._give_back_locked(worker)")
+        try:
+            pool.run(program, [x])
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print("close returned:", returns_within(pool.close, 30), flush=True)
+        print("children left:", children_of(os.getpid()), flush=True)
+        """,
+        timeout=90,
+    )
+    assert "interrupted" in done.stdout, done.stdout
+    assert "close returned: True" in done.stdout, done.stdout
+    assert "children left: []" in done.stdout, done.stdout
+
+
+# -- Ctrl-C before a direct run's request is sent ----------------------------------
+
+
+def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queue(
+    handlers: str,  # noqa: F811
+) -> None:
+    # _unclaim (the BaseException branch) puts the interrupted caller's task
+    # back in the queue and makes the worker IDLE without dispatching or waking
+    # the manager: a task another thread queued meanwhile waits for an
+    # unrelated event, and the abandoned run is executed later for nobody.
+    done = interrupt_child(
+        """
+        sleeper, quick = sleep_program(), scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(sleeper, [milliseconds(1)])
+        pool.run(quick, [x])
+        other = []
+        # Another thread's task arrives while the worker is claimed by this run.
+        interrupt_at(
+            Pool._run_directly,
+            "message, fds = self._request_for(task, worker)",
+            before=lambda: other.append(pool.submit(quick, [x])),
+        )
+        try:
+            pool.run(sleeper, [milliseconds(5000)], name="abandoned")
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        try:
+            print("other:", other[0].result(timeout=10)[0][0], flush=True)
+        except Exception as error:
+            print("other task stalled:", repr(error), flush=True)
+        following = pool.submit(quick, [x])  # dispatches what is queued, at once
+        print("tasks seen:", [w["task"] for w in pool.worker_info], flush=True)
+        following.result(timeout=30)
+        pool.terminate()
+        """,
+        handlers,
+        timeout=90,
+    )
+    assert "interrupted" in done.stdout, done.stdout
+    assert "other: 3.0" in done.stdout, done.stdout
+    assert "'abandoned'" not in done.stdout, done.stdout
+
+
+# -- an idle worker that breaks the protocol is never killed -----------------------
+
+
+def test_an_idle_worker_that_breaks_the_protocol_is_replaced() -> None:
+    # _on_readable moves the IDLE worker to DYING, then _on_message calls
+    # _retire, whose _kill_locked does nothing for a DYING worker: the process
+    # is never killed, its end of file never comes, it is DYING for good.
+    done = child(
+        """
+        def reply_twice():  # the worker sends every reply twice: a protocol violation
+            from worker import server
+
+            send = server.protocol.send_frame
+
+            def send_twice(sock, message, fds=()):
+                send(sock, message, fds)
+                if type(message).__name__ == "Reply":
+                    send(sock, message, ())
+
+            server.protocol.send_frame = send_twice
+
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1, initializer=reply_twice)
+        print("first:", pool.run(program, [x])[0][0], flush=True)
+        time.sleep(1.0)  # the manager reads the stray second reply
+        try:
+            print("next:", pool.submit(program, [x]).result(timeout=20)[0][0], flush=True)
+        except Exception as error:
+            print("next task failed:", repr(error), pool.worker_info, flush=True)
+        closer = threading.Thread(target=pool.close, daemon=True)
+        closer.start()
+        closer.join(20)
+        print("close returned:", not closer.is_alive(), flush=True)
+        os._exit(0)  # interpreter exit would hang too (atexit terminates live pools)
+        """,
+        timeout=90,
+    )
+    assert "next: 3.0" in done.stdout, done.stdout
+    assert "close returned: True" in done.stdout, done.stdout
+
+
+# -- descriptor accounting: a failed segment keeps its reservation ------------------
+
+
+def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> None:
+    # stage_inputs reserves a descriptor (try_lend), then segment_for calls
+    # create_segment outside its try: EMFILE there never returns the
+    # reservation, and the SegmentCache's bound shrinks by one per failure.
+    done = child(
+        """
+        program = lower(lambda x: x * 2.0, [sds(1 << 17)])  # 512 KiB input: a segment
+        x = np.ones(1 << 17, np.float32)
+        with Pool(workers=1, segment_fds=4) as pool:
+            pool.run(program, [x])
+            before = pool._segments.held
+            held = []
+            try:
+                while True:
+                    held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                pass
+            failures = 0
+            for _ in range(3):
+                try:
+                    pool.submit(program, [x])
+                except OSError:
+                    failures += 1
+            for fd in held:
+                os.close(fd)
+            print("failures:", failures, "held before:", before, "after:", pool._segments.held)
+        """,
+        timeout=60,
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith("failures"))
+    words = line.split()
+    assert int(words[1]) > 0, line  # the premise: submit did fail for want of descriptors
+    assert words[4] == words[6], line
+
+
+# -- callbacks run on the manager thread -----------------------------------------
+
+
+def test_pool_run_inside_a_done_callback_does_not_hang(handlers: str) -> None:  # noqa: F811
+    # A future's callbacks run in the thread that settles it, here the manager.
+    # Pool.run there queues its task (another one waits) and then waits for
+    # it, on the one thread that reads replies: nothing ever settles again.
+    done = interrupt_child(
+        """
+        sleeper, quick = sleep_program(), scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(quick, [x])
+        pool.run(sleeper, [milliseconds(1)])
+        outcome = []
+
+        def then_run(future):
+            try:
+                outcome.append(pool.run(quick, [x])[0][0])
+            except Exception as error:  # a clear error is fine, a hang is not
+                outcome.append(repr(error))
+
+        first = pool.submit(sleeper, [milliseconds(300)])
+        first.add_done_callback(then_run)
+        second = pool.submit(quick, [x])  # queued behind the first
+        try:
+            print("second:", second.result(timeout=20)[0][0], flush=True)
+        except Exception as error:
+            print("second task failed:", repr(error), flush=True)
+        print("callback:", outcome, flush=True)
+        print("terminate returned:", returns_within(pool.terminate, 20), flush=True)
+        """,
+        handlers,
+        timeout=90,
+    )
+    assert "second: 3.0" in done.stdout, done.stdout
+    assert "callback: [" in done.stdout and "callback: []" not in done.stdout, done.stdout
+
+
+# -- result arrays unmapped while still referenced -----------------------------------
+
+
+def test_results_stay_readable_while_the_interpreter_exits() -> None:
+    # Mapping registers its munmap with weakref.finalize, whose atexit hook
+    # runs every pending finalizer at exit: arrays still referenced (by an
+    # atexit handler registered earlier, or a daemon thread) view unmapped
+    # memory, and reading them kills the process with SIGSEGV.
+    done = run_python(
+        f"""
+        import atexit, sys
+        results = []
+        atexit.register(lambda: print("at exit:", float(results[0].sum()), flush=True))
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np
+        from pool_helpers import sds
+        from pool import Pool, lower
+        program = lower(lambda x: x * 2.0, [sds(1 << 19)])  # 2 MiB output: its own segment
+        with Pool(workers=1) as pool:
+            results.append(pool.run(program, [np.ones(1 << 19, np.float32)])[0])
+        """,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stderr[-2000:]}"
+    assert "at exit: 1048576.0" in done.stdout
+
+
+# -- a malformed reply read by the manager breaks the whole pool ----------------------
+
+
+def test_a_malformed_reply_fails_its_task_and_the_pool_goes_on(tmp_path) -> None:
+    # _on_readable catches only ConnectionLostError and OSError from receive():
+    # an UnpicklingError propagates out of the manager loop, which breaks the
+    # pool for every later task. (Pool.run's direct path retires the worker.)
+    marker = tmp_path / "garbled"
+    done = child(
+        f"""
+        def garble_first_reply():  # the first reply of this pool's workers is garbage
+            from worker import server
+
+            send = server.protocol.send_frame
+
+            def garbled(sock, message, fds=()):
+                if type(message).__name__ == "Reply" and not os.path.exists({str(marker)!r}):
+                    open({str(marker)!r}, "w").close()
+                    sock.sendall(server.protocol._HEADER.pack(7, 0) + b"garbage")
+                    return
+                send(sock, message, fds)
+
+            server.protocol.send_frame = garbled
+
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+        with Pool(workers=1, initializer=garble_first_reply) as pool:
+            try:
+                print("first:", pool.submit(program, [x]).result(timeout=30)[0][0], flush=True)
+            except Exception as error:
+                print("first failed:", type(error).__name__, flush=True)
+            for _ in range(3):
+                try:
+                    print("next:", pool.submit(program, [x]).result(timeout=30)[0][0], flush=True)
+                except Exception as error:
+                    print("next failed:", repr(error)[:200], flush=True)
+        """,
+        timeout=90,
+    )
+    assert "first" in done.stdout, done.stdout
+    assert "next failed" not in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+# -- a garbage collection inside the SegmentCache's lock deadlocks ----------------------
+
+
+def test_a_collection_inside_the_segment_cache_does_not_deadlock() -> None:
+    # A result's segment goes back through weakref.finalize -> SegmentCache.give,
+    # which takes the cache's (non-reentrant) lock. Results held in a reference
+    # cycle (an exception's traceback, say) are freed by the cyclic collector,
+    # which runs at whatever allocation crosses its threshold: one inside
+    # take/give/try_lend runs give in the thread that holds the lock. The
+    # collection is started at that line here (as the allocation there can).
+    done = child(
+        """
+        import gc
+        import inspect
+        from pool.segments import SegmentCache
+        program = lower(lambda x: x * 2.0, [sds(1 << 19)])  # 2 MiB output: its own segment
+        x = np.ones(1 << 19, np.float32)
+        pool = Pool(workers=1)
+        pool.run(program, [x])
+        gc.disable()  # the cycle below is freed by the collection at that line, not before
+        result = pool.run(program, [x])
+        cycle = [result]
+        cycle.append(cycle)
+        del cycle, result
+        code = SegmentCache.take.__code__
+        lines, first = inspect.getsourcelines(SegmentCache.take)
+        line = first + next(i for i, text in enumerate(lines) if "bisect.bisect_left" in text)
+
+        def collect_there(frame, event, arg):
+            if frame.f_code is not code:
+                return None
+            if event == "line" and frame.f_lineno == line:
+                sys.settrace(None)
+                gc.collect()
+            return collect_there
+
+        def run():
+            sys.settrace(collect_there)
+            pool.run(program, [x])
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        runner.join(20)
+        print("run returned:", not runner.is_alive(), flush=True)
+        os._exit(0)
+        """,
+        timeout=60,
+    )
+    assert "run returned: True" in done.stdout, done.stdout
+
+
+# -- Ctrl-C at every point of Pool.run and Pool.submit -----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", ["run", "submit"])
+def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call: str) -> None:
+    # CPython runs a signal's handler only at certain instructions: a
+    # function's entry, right after a call returns, a loop's backward jump.
+    # For every such point in pool/pool.py that a run (or submit) passes, a
+    # fresh Pool(1) gets a real SIGINT there (raised under the exception
+    # handler of that point); close() must then return and leave no worker
+    # process behind. About 0.4 s a point when all is well.
+    done = interrupt_child(
+        f"""
+        import dis
+        import linecache
+        import pool.dispatch, pool.manager, pool.pool, pool.segments, pool.tasks, pool.watch
+        sources = {{
+            module.__file__
+            for module in (pool.dispatch, pool.manager, pool.pool, pool.segments, pool.tasks,
+                           pool.watch)
+        }}
+        program = scale_program(2.0)
+        x = np.ones(8, np.float32)
+
+        def call(pool):
+            return pool.{call}(program, [x])
+
+        checked = {{}}
+
+        def signal_points(code):
+            # Offsets of the instruction that runs next wherever CPython checks
+            # for signals, when that instruction has the same exception handler.
+            if code not in checked:
+                entries = dis._parse_exception_table(code)
+
+                def handler(offset):
+                    found = [e for e in entries if e.start <= offset < e.end]
+                    return (found[0].target, found[0].depth) if found else None
+
+                ins = list(dis.get_instructions(code))
+                points = {{ins[1].offset}} if handler(ins[1].offset) is None else set()
+                for before, after in zip(ins, ins[1:]):
+                    same = handler(before.offset) == handler(after.offset)
+                    if before.opname.startswith("CALL") and same:
+                        points.add(after.offset)
+                    if before.opname == "JUMP_BACKWARD":
+                        if handler(before.offset) == handler(before.argval):
+                            points.add(before.argval)
+                checked[code] = points
+            return checked[code]
+
+        def points_of(action):
+            seen = []
+
+            def trace(frame, event, arg):
+                if frame.f_code.co_filename not in sources:
+                    return None
+                frame.f_trace_opcodes = True
+                if event == "opcode" and frame.f_lasti in signal_points(frame.f_code):
+                    seen.append((frame.f_code, frame.f_lasti))
+                return trace
+
+            sys.settrace(trace)
+            try:
+                action()
+            finally:
+                sys.settrace(None)
+            return list(dict.fromkeys(seen))
+
+        def arm(code, offset):
+            def trace(frame, event, arg):
+                if frame.f_code is not code:
+                    return None
+                frame.f_trace_opcodes = True
+                if event == "opcode" and frame.f_lasti == offset:
+                    sys.settrace(None)
+                    signal.raise_signal(signal.SIGINT)
+                return trace
+
+            sys.settrace(trace)
+
+        def line_of(code, offset):
+            line = None
+            for instruction in dis.get_instructions(code):
+                line = instruction.starts_line or line
+                if instruction.offset == offset:
+                    return line
+
+        pool = Pool(workers=1)
+        call(pool)
+        pool.run(program, [x])
+        points = points_of(lambda: call(pool))
+        pool.close()
+        me, known = os.getpid(), set()
+        for code, offset in points:
+            pool = Pool(workers=1)
+            pool.run(program, [x])
+            arm(code, offset)
+            try:
+                call(pool)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            closed = returns_within(pool.close, 15)
+            left = [c for c in children_of(me) if c not in known]
+            known.update(left)
+            if not closed or left:
+                line = line_of(code, offset)
+                text = linecache.getline(code.co_filename, line).strip()
+                print(f"FAIL {{code.co_name}}:{{line}} {{text!r}} closed={{closed}} left={{left}}")
+                if not closed:
+                    returns_within(pool.terminate, 5)
+        print("swept", len(points), "points", flush=True)
+        os._exit(0)
+        """,
+        timeout=2400,
+    )
+    failures = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert "swept" in done.stdout, done.stdout
+    assert failures == [], "\n".join(failures)
