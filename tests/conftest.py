@@ -82,3 +82,27 @@ def ffi_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ffi.build import build_handlers
 
     return build_handlers(tmp_path_factory.mktemp("ffi"))
+
+
+@pytest.fixture(scope="session")
+def handlers(ffi_library: Path) -> str:
+    """The test FFI handler library's path as a str, for pool_helpers.handler_initializer."""
+    return str(ffi_library)
+
+
+def child(body: str, handlers: str = "", timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """Runs a pool scenario in a fresh interpreter with the test helpers importable.
+
+    The scenario has `handlers` (the FFI test library's path), the names of
+    pool_helpers and of pool in scope; a hang fails the test after `timeout`
+    seconds instead of hanging the suite.
+    """
+    prelude = f"""
+        import os, signal, sys, threading, time
+        import numpy as np
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        from pool_helpers import *
+        from pool import *
+        handlers = {handlers!r}
+    """
+    return run_python(textwrap.dedent(prelude) + textwrap.dedent(body), timeout=timeout)

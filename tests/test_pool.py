@@ -12,7 +12,6 @@ from concurrent.futures import Future
 import jax
 import numpy as np
 import pytest
-from ffi.build import build_handlers
 from pool_helpers import (
     alive,
     children_of,
@@ -38,11 +37,6 @@ from pool import (
     lower,
 )
 from worker import LoweredProgram
-
-
-@pytest.fixture(scope="module")
-def handlers(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(build_handlers(tmp_path_factory.mktemp("ffi")))
 
 
 @pytest.fixture(scope="module")

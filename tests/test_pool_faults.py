@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_python
-from ffi.build import build_handlers
+from conftest import REPO, child
 from pool_helpers import (
     alive,
     fast_math_options,
@@ -39,29 +38,6 @@ from pool import (
 )
 
 TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def handlers(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(build_handlers(tmp_path_factory.mktemp("ffi")))
-
-
-def child(body: str, handlers: str = "", timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """Runs a scenario in a fresh interpreter with the test helpers importable.
-
-    The scenario has `handlers` (the FFI test library's path) and the names
-    of pool_helpers in scope; a hang fails the test after `timeout` seconds.
-    """
-    prelude = f"""
-        import os, signal, sys, threading, time
-        import numpy as np
-        sys.path.insert(0, {str(TESTS)!r})
-        from pool_helpers import *
-        from pool import *
-        handlers = {handlers!r}
-    """
-    code = textwrap.dedent(prelude) + textwrap.dedent(body)
-    return run_python(code, timeout=timeout)
 
 
 # -- 1. arguments are copied when submit returns ------------------------------

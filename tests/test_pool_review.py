@@ -16,9 +16,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import run_python
+from conftest import child, run_python
 from pool_helpers import sds
-from test_pool_faults import child, handlers  # noqa: F401 (a fixture)
 
 from pool import Pool, lower
 
@@ -61,7 +60,7 @@ def returns_within(call, seconds):
 """
 
 
-def interrupt_child(body: str, handlers: str = "", timeout: float = 120):  # noqa: F811
+def interrupt_child(body: str, handlers: str = "", timeout: float = 120):
     """A child scenario (see test_pool_faults.child) with interrupt_at and returns_within."""
     return child(textwrap.dedent(INTERRUPT_AT) + textwrap.dedent(body), handlers, timeout)
 
@@ -71,7 +70,7 @@ def interrupt_child(body: str, handlers: str = "", timeout: float = 120):  # noq
 
 @pytest.mark.parametrize("death", ["deadline", "sigkill"])
 def test_close_finishes_queued_tasks_when_a_worker_dies_during_close(
-    handlers: str,  # noqa: F811
+    handlers: str,
     death: str,
 ) -> None:
     # _on_worker_lost does not respawn while closing (pool.py:1084), yet the
@@ -274,7 +273,7 @@ def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> N
 
 
 def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queue(
-    handlers: str,  # noqa: F811
+    handlers: str,
 ) -> None:
     # _unclaim (the BaseException branch) puts the interrupted caller's task
     # back in the queue and makes the worker IDLE without dispatching or waking
@@ -398,7 +397,7 @@ def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> Non
 # -- callbacks run on the manager thread -----------------------------------------
 
 
-def test_pool_run_inside_a_done_callback_does_not_hang(handlers: str) -> None:  # noqa: F811
+def test_pool_run_inside_a_done_callback_does_not_hang(handlers: str) -> None:
     # A future's callbacks run in the thread that settles it, here the manager.
     # Pool.run there queues its task (another one waits) and then waits for
     # it, on the one thread that reads replies: nothing ever settles again.
