@@ -13,7 +13,8 @@ Usage::
 
 (b) Round trip. pool.run on the tiny program (x + 1, float32[4]), sequential
     calls after a warm-up, against Executable.run of the same program in this
-    process. Per-call medians over batches. Target: pool median < 150 us.
+    process; and pool.submit(...).result(), whose reply the manager thread
+    reads. Per-call medians over batches. Target: pool median < 150 us.
 
 (c) 64 MiB output. A program that returns a 64 MiB float32 array, run through
     the pool, against Executable.run in this process (target: <= 1.5x), and
@@ -88,11 +89,17 @@ def pool_compile(programs: list[LoweredProgram], workers: int) -> tuple[float, f
 # -- (b) ---------------------------------------------------------------------
 
 
-def round_trips(pool: Pool, program: LoweredProgram, x: np.ndarray, calls: int) -> list[float]:
+def round_trips(
+    pool: Pool, program: LoweredProgram, x: np.ndarray, calls: int, submit: bool = False
+) -> list[float]:
+    """Seconds per call of pool.run (or of pool.submit(...).result(), with submit)."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
-        pool.run(program, [x])
+        if submit:
+            pool.submit(program, [x]).result()
+        else:
+            pool.run(program, [x])
         times.append(time.perf_counter() - start)
     return times
 
@@ -177,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         executable, _ = compile_program(tiny, disk_cache=False)
         with Pool(1, cache_dir=fresh_dir("b-")) as pool:
             round_trips(pool, tiny, x, 200)
+            round_trips(pool, tiny, x, 200, submit=True)
             in_process_runs(executable, x, 200)
-            pool_times, local_times = [], []
+            pool_times, submit_times, local_times = [], [], []
             for _ in range(4):
                 pool_times += round_trips(pool, tiny, x, args.calls // 4)
+                submit_times += round_trips(pool, tiny, x, args.calls // 4, submit=True)
                 local_times += in_process_runs(executable, x, args.calls // 4)
         rt = median(pool_times) * 1e6
         local = median(local_times) * 1e6
@@ -189,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             f"    pool round trip     {rt:7.1f} us   "
             f"(p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)"
         )
+        print(f"    submit + result     {median(submit_times) * 1e6:7.1f} us   (manager reads)")
         print(f"    in-process run      {local:7.1f} us")
         print(
             f"    ratio               {rt / local:7.1f}   target median < 150 us: "
