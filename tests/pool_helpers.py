@@ -94,6 +94,22 @@ def handler_initializer(library: str):
     return register
 
 
+def take_every_descriptor() -> list[int]:
+    """Opens /dev/null until the process has no descriptor left (EMFILE); returns them."""
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        return held
+
+
+def give_back_descriptors(held: list[int]) -> None:
+    """Closes what take_every_descriptor opened."""
+    for fd in held:
+        os.close(fd)
+
+
 def memfds_of(pid: int | str = "self") -> list[str]:
     """The memfd descriptors and mappings a process holds."""
     found = []

@@ -424,20 +424,14 @@ def test_running_out_of_descriptors_is_a_clear_error() -> None:
         x = np.ones(1 << 19, np.float32)
         with Pool(workers=1) as pool:
             kept = pool.run(program, [np.zeros(1 << 19, np.float32)])  # no segment to recycle
-            held = []
-            try:
-                while True:
-                    held.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError:
-                pass
+            held = take_every_descriptor()
             try:
                 pool.run(program, [x])
             except OSError as error:
                 print("error:", error)
             else:
                 print("no error")
-            for fd in held:
-                os.close(fd)
+            give_back_descriptors(held)
             assert pool.run(program, [x])[0][0] == float(1 << 19) + 1
         """
     )
@@ -521,16 +515,11 @@ def test_a_replacement_that_cannot_start_is_tried_again() -> None:
         program = scale_program(2.0)
         with Pool(workers=1) as pool:
             pool.run(program, [np.ones(8)])
-            held = []
-            try:  # no descriptor left: the replacement's shared memory cannot be made
-                while True:
-                    held.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError:
-                pass
+            # No descriptor left: the replacement's shared memory cannot be made.
+            held = take_every_descriptor()
             os.kill(pool.worker_info[0]["pid"], signal.SIGKILL)
             time.sleep(0.5)
-            for fd in held:
-                os.close(fd)
+            give_back_descriptors(held)
             assert pool.submit(program, [np.ones(8)]).result(timeout=30)[0][0] == 3.0
         print("recovered")
         """,

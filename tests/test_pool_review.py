@@ -172,16 +172,10 @@ def test_a_worker_that_could_not_be_replaced_is_replaced_later() -> None:
         x = np.ones(8, np.float32)
         pool = Pool(workers=1)
         pool.run(program, [x])
-        held = []
-        try:
-            while True:
-                held.append(os.open("/dev/null", os.O_RDONLY))
-        except OSError:
-            pass
+        held = take_every_descriptor()
         os.kill(pool.worker_info[0]["pid"], signal.SIGKILL)
         time.sleep(2.0)  # the manager reaps it and fails to spawn a replacement
-        for fd in held:
-            os.close(fd)
+        give_back_descriptors(held)
         future = pool.submit(program, [x])
         try:
             print("result:", future.result(timeout=30)[0][0], flush=True)
@@ -370,20 +364,14 @@ def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> Non
         with Pool(workers=1, segment_fds=4) as pool:
             pool.run(program, [x])
             before = pool._segments.held
-            held = []
-            try:
-                while True:
-                    held.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError:
-                pass
+            held = take_every_descriptor()
             failures = 0
             for _ in range(3):
                 try:
                     pool.submit(program, [x])
                 except OSError:
                     failures += 1
-            for fd in held:
-                os.close(fd)
+            give_back_descriptors(held)
             print("failures:", failures, "held before:", before, "after:", pool._segments.held)
         """,
         timeout=60,
