@@ -322,6 +322,7 @@ class Manager(Dispatch):
             self._watch.wait(0.05)
             self._drain_wake()
         closed = PoolClosedError("the pool was closed during the task")
+        self._complete_orphans()
         with self._lock:
             stopping = [w for w in self._workers if w.state is not State.DEAD]
             unsettled = []
@@ -330,8 +331,6 @@ class Manager(Dispatch):
                 if task is not None and self._settle_locked(task):
                     unsettled.append(task)
             pending = self._take_pending_locked()
-            orphans, self._orphans = self._orphans, []
-            unsettled += [task for task, _ in orphans if self._settle_locked(task)]
         for worker in stopping:
             self._watch.remove(worker.sock.fileno())
             self._watch.remove(worker.output_fd)
