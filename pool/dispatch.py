@@ -123,12 +123,16 @@ class Dispatch:
             worker.move(State.DYING)
         worker.kill()
 
+    def _retire_locked(self, worker: WorkerProcess) -> None:
+        """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)
+        and gives it back to the manager, which reaps it."""
+        worker.killed_by_pool = True
+        self._kill_locked(worker)
+        self._give_back_locked(worker)
+
     def _retire(self, worker: WorkerProcess) -> None:
-        """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)."""
         with self._lock:
-            worker.killed_by_pool = True
-            self._kill_locked(worker)
-            self._give_back_locked(worker)
+            self._retire_locked(worker)
 
     # -- tasks: settle and complete ----------------------------------------------
 

@@ -53,7 +53,7 @@ from pool.manager import Manager
 from pool.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.tasks import Task, program_id, stage_inputs
 from pool.watch import Watch
-from pool.workers import ARENA_SIZE, State, WorkerProcess, pickle_initializer
+from pool.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
@@ -623,16 +623,12 @@ class Pool(Manager, CompilesMany):
                     continue
                 held = worker.task
                 if held is not None and held.sending:
-                    worker.killed_by_pool = True
-                    self._kill_locked(worker)
-                elif held is not None:
-                    worker.task = None
-                    if worker.state is State.BUSY:
-                        worker.move(State.IDLE)
-                    if held is not own:
-                        held.sending = False
-                        self._pending.appendleft(held)
-                self._give_back_locked(worker)
+                    self._retire_locked(worker)
+                    continue
+                if held is not None and held is not own:
+                    held.sending = False
+                    self._pending.appendleft(held)
+                self._unclaim_locked(worker)
             if not own.done:
                 running = next((w for w in self._workers if w.task is own), None)
                 if running is not None:

@@ -23,7 +23,6 @@ import bisect
 import collections
 import contextlib
 import ctypes
-import errno
 import mmap
 import os
 import threading
@@ -34,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from worker import shm
-from worker.protocol import DescriptorLimitError
 
 DEFAULT_CACHE_BYTES = 512 << 20
 """How many bytes of unused segments a pool keeps for reuse."""
@@ -200,7 +198,7 @@ class SegmentCache:
             lent = True
         else:
             try:
-                fd, capacity, lent = create_segment(size), size, reserved
+                fd, capacity, lent = shm.new_segment(size, "pjrt-pool-segment"), size, reserved
             except BaseException:
                 if reserved:
                     self.unlend()
@@ -236,22 +234,6 @@ class SegmentCache:
             free, self._free, self._bytes = self._free, [], 0
         for _, fd in free:
             _close(fd)
-
-
-def create_segment(size: int) -> int:
-    """Creates a memfd of `size` bytes; running out of descriptors is a clear error."""
-    try:
-        fd = os.memfd_create("pjrt-pool-segment", os.MFD_CLOEXEC)
-    except OSError as error:
-        if error.errno in (errno.EMFILE, errno.ENFILE):
-            raise DescriptorLimitError("creating a shared-memory segment") from error
-        raise
-    try:
-        os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def writer(arrays: list[np.ndarray], offsets: tuple[int, ...]) -> Callable[[Any], None]:

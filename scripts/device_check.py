@@ -595,23 +595,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sizes = _sizes(args.sizes, platform, args.quick)
     pools = []
     estimate = max(in_proc["compile_s"], 5.0)  # a pool compiles no slower than serially
+
+    def stage_vs_jax(label: str, size: int, cache: Path, slots: str | None) -> dict:
+        """A pool stage (pool_stage) with its compile time as a ratio of serial JAX's."""
+        stage = pool_stage(
+            label, size, platform, names, lowered, inputs, references, args.rtol, cache, slots
+        )
+        stage["ratio_vs_jax"] = round(stage["compile_many_s"] / max(jax_compile_s, 1e-9), 3)
+        return stage
+
     for size in sizes:
         if not budget.allows(f"pool {size}", estimate):
             continue
         log(f"Pool({size}) compile_many into a fresh cache")
-        stage = pool_stage(
-            f"pool{size}",
-            size,
-            platform,
-            names,
-            lowered,
-            inputs,
-            references,
-            args.rtol,
-            _SCRATCH / f"pool{size}",
-            os.environ.get(SLOTS_ENV),
+        stage = stage_vs_jax(
+            f"pool{size}", size, _SCRATCH / f"pool{size}", os.environ.get(SLOTS_ENV)
         )
-        stage["ratio_vs_jax"] = round(stage["compile_many_s"] / max(jax_compile_s, 1e-9), 3)
         stage["contention"] = round(
             stage["summed_compile_s"] / max(in_proc["summed_compile_s"], 1e-9), 3
         )
@@ -621,20 +620,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     if budget.allows("slots off", estimate):
         log(f"Pool({largest}) with compile slots off")
-        stage = pool_stage(
-            "slots-off",
-            largest,
-            platform,
-            names,
-            lowered,
-            inputs,
-            references,
-            args.rtol,
-            _SCRATCH / "slots-off",
-            "0",
-        )
-        stage["ratio_vs_jax"] = round(stage["compile_many_s"] / max(jax_compile_s, 1e-9), 3)
-        summary["slots_off"] = stage
+        summary["slots_off"] = stage_vs_jax("slots-off", largest, _SCRATCH / "slots-off", "0")
 
     warm_dir = _SCRATCH / f"pool{largest}"
     if warm_dir.exists() and budget.allows("warm autotune", estimate):
@@ -642,19 +628,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         autotune = warm_dir / "autotune"
         files = sum(1 for _ in autotune.rglob("*.textproto")) if autotune.exists() else 0
         log(f"Pool({largest}) again: {removed} executables removed, {files} autotune results kept")
-        stage = pool_stage(
-            "warm-autotune",
-            largest,
-            platform,
-            names,
-            lowered,
-            inputs,
-            references,
-            args.rtol,
-            warm_dir,
-            os.environ.get(SLOTS_ENV),
-        )
-        stage["ratio_vs_jax"] = round(stage["compile_many_s"] / max(jax_compile_s, 1e-9), 3)
+        stage = stage_vs_jax("warm-autotune", largest, warm_dir, os.environ.get(SLOTS_ENV))
         stage["autotune_results"] = files
         summary["warm_autotune"] = stage
 

@@ -355,7 +355,7 @@ def test_an_idle_worker_that_breaks_the_protocol_is_replaced() -> None:
 
 def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> None:
     # stage_inputs reserves a descriptor (try_lend), then segment_for calls
-    # create_segment outside its try: EMFILE there never returns the
+    # create_segment (now shm.new_segment) outside its try: EMFILE there never returns the
     # reservation, and the SegmentCache's bound shrinks by one per failure.
     done = child(
         """

@@ -14,9 +14,11 @@ imports (the CUDA packages import JAX).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +81,23 @@ class PluginLocation:
 def env_var(platform: str) -> str:
     """Returns the environment variable that names the plugin for a platform."""
     return ENV_PREFIX + platform.upper()
+
+
+@contextlib.contextmanager
+def environment_variable(name: str, value: str) -> Iterator[None]:
+    """Sets an environment variable for the with-block, then puts it back as it was.
+
+    For what a plugin reads once, as it loads or as a worker starts.
+    """
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _package_dir(package: str) -> Path | None:

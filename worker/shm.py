@@ -10,12 +10,14 @@ it is 64-byte aligned, and mmap returns page-aligned memory.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
+from worker.protocol import DescriptorLimitError
 from worker.records import ArrayType
 
 ALIGNMENT = 64
@@ -43,11 +45,29 @@ def _map(fd: int, size: int, populate: bool) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=flags)
 
 
-def create(size: int, name: str = "pjrt-pool", populate: bool = False) -> tuple[int, mmap.mmap]:
-    """Creates a memfd segment of `size` bytes; returns its descriptor and a mapping."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+def new_segment(size: int, name: str = "pjrt-pool") -> int:
+    """Creates a memfd segment of `size` bytes; returns its descriptor.
+
+    Running out of descriptors raises DescriptorLimitError, which names the limit.
+    """
+    try:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    except OSError as error:
+        if error.errno in (errno.EMFILE, errno.ENFILE):
+            raise DescriptorLimitError("creating a shared-memory segment") from error
+        raise
     try:
         os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create(size: int, name: str = "pjrt-pool", populate: bool = False) -> tuple[int, mmap.mmap]:
+    """Creates a memfd segment of `size` bytes; returns its descriptor and a mapping."""
+    fd = new_segment(size, name)
+    try:
         return fd, _map(fd, size, populate)
     except BaseException:
         os.close(fd)

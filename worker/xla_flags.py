@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
+from worker.plugins import environment_variable
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -78,12 +79,6 @@ def xla_flags_added(flags: list[str]) -> Iterator[None]:
     if not flags:
         yield
         return
-    before = os.environ.get(XLA_FLAGS_ENV)
-    os.environ[XLA_FLAGS_ENV] = " ".join([before or "", *flags]).strip()
-    try:
+    value = " ".join([os.environ.get(XLA_FLAGS_ENV, ""), *flags]).strip()
+    with environment_variable(XLA_FLAGS_ENV, value):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(XLA_FLAGS_ENV, None)
-        else:
-            os.environ[XLA_FLAGS_ENV] = before

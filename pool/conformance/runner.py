@@ -38,7 +38,7 @@ from pool.errors import (
     describe_exit,
 )
 from worker.kernels import MissingCustomCallError
-from worker.plugins import env_var, find_plugin
+from worker.plugins import env_var, environment_variable, find_plugin
 from worker.runtime import default_platform, loaded_runtime
 
 DEFAULT_TIMEOUT = 60.0
@@ -141,16 +141,8 @@ def plugin_selected(platform: str, plugin: str | os.PathLike[str] | None) -> Ite
     path = Path(plugin).expanduser()
     if not path.is_file():
         raise CheckError(f"--plugin {plugin}: no such file; give the path of a PJRT plugin library")
-    variable = env_var(platform)
-    previous = os.environ.get(variable)
-    os.environ[variable] = str(path.resolve())
-    try:
+    with environment_variable(env_var(platform), str(path.resolve())):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(variable, None)
-        else:
-            os.environ[variable] = previous
 
 
 def _check_process_plugin(described: dict[str, Any]) -> None:
