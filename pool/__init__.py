@@ -1,11 +1,20 @@
 """pjrt-pool: compile and run JAX programs in crash-isolated PJRT worker processes.
 
-The parent side: ``lower`` turns JAX functions into LoweredPrograms; the
-worker-side names (compile_program, Executable, ...) are re-exported so that
-every name of the Programs API imports from here.
+The parent side, run in the user's process (it may import JAX): ``lower``
+turns JAX functions into LoweredPrograms; the worker-side names
+(compile_program, Executable, ...) are re-exported so that every name of the
+Programs API imports from here. What the folders hold:
+
+    executor/     the Pool and its machinery (tasks, workers, manager thread, shared memory)
+    lowering/     lower(), StableHLO for the plugin's window, Pool.function
+    warm/         warm specs and warming the disk cache
+    cli/          the pjrt-pool command line, one module per command
+    conformance/  the check-plugin battery
+    manifest.py   running warmed programs by name (production jobs)
+    cluster.py    compiling on a Dask cluster
+    errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
 """
 
-from pool.compiling import CompileResult
 from pool.errors import (
     DeviceFailureError,
     PoolClosedError,
@@ -16,7 +25,8 @@ from pool.errors import (
     WorkerCrashedError,
     WorkerStartupError,
 )
-from pool.pool import Pool
+from pool.executor.compiling import CompileResult
+from pool.executor.pool import Pool
 from worker import (
     ArrayType,
     CompileStatistics,
@@ -36,7 +46,7 @@ from worker import (
 )
 from worker.protocol import DescriptorLimitError
 
-_LAZY = {"lower": "pool.lowering", "lowering_platform": "pool.lowering"}
+_LAZY = {"lower": "pool.lowering.lower", "lowering_platform": "pool.lowering.lower"}
 
 
 def __getattr__(name: str) -> object:

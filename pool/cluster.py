@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pool.compiling import CompileResult, CompilesMany
-from pool.pool import Pool
-from pool.tasks import program_id
+from pool.executor.compiling import CompileResult, CompilesMany
+from pool.executor.pool import Pool
+from pool.executor.tasks import program_id
 from worker.cache import CacheCounters
 from worker.records import CompileStatistics, LoweredProgram
 

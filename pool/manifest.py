@@ -27,7 +27,7 @@ from worker.cache.atomic import write_atomically
 from worker.records import ProgramSpec
 
 if TYPE_CHECKING:
-    from pool.pool import Pool
+    from pool.executor.pool import Pool
     from worker.executable import Executable
 
 MANIFEST_FORMAT = 1

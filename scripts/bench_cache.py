@@ -5,7 +5,7 @@ Usage::
     python scripts/bench_cache.py [--repeat N]
 
 The question: once a cache is warm, how long does a *new* process take to get
-executables for all of pool.examples' programs, from pjrt-pool's disk cache
+executables for all of examples' programs, from pjrt-pool's disk cache
 compared with JAX's persistent compilation cache? The target is that our
 warm load is faster than JAX's.
 
@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = Path(__file__).resolve()
-EXAMPLES = SCRIPT.parent.parent / "pool" / "examples.py"
+EXAMPLES = SCRIPT.parent / "examples.py"
 CHILD_TIMEOUT = 600.0
 SECRET = "bench-cache-signing-secret-0123456789abcdef"
 """The signing secret of the "signed" children (a benchmark's, not a real one)."""
@@ -186,7 +186,7 @@ def child_jax(cache_dir: str, expect: str) -> dict[str, Any]:
 
     monitoring.register_event_listener(count)
 
-    # pool.examples by its path, so that this child imports JAX and nothing of pjrt-pool.
+    # examples by its path, so that this child imports JAX and nothing of pjrt-pool.
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_examples", EXAMPLES)
@@ -232,8 +232,9 @@ def child_jax(cache_dir: str, expect: str) -> dict[str, Any]:
 
 def write_programs(path: Path) -> int:
     """Lowers every example program and writes the LoweredPrograms as JSON; returns the count."""
+    from examples import example_programs
+
     from pool import lower
-    from pool.examples import example_programs
 
     records = []
     for _, function, shapes in example_programs():

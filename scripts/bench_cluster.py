@@ -4,7 +4,7 @@ Usage::
 
     python scripts/bench_cluster.py [--repeat N]
 
-The same example programs (pool.examples), lowered once in this process
+The same example programs (examples), lowered once in this process
 beforehand, are warmed into fresh cache directories (a) by a local Pool with
 one worker per CPU and (b) by a ClusterPool on a LocalCluster of two Dask
 worker processes on loopback, each running a Pool of one PJRT worker. The
@@ -27,11 +27,12 @@ from pathlib import Path
 _SCRATCH = tempfile.mkdtemp(prefix="bench-cluster-")
 os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 
+from examples import example_programs  # noqa: E402
+
 from pool import lower  # noqa: E402
 from pool.cluster import local_client  # noqa: E402
-from pool.examples import example_programs  # noqa: E402
-from pool.spec import WarmProgram  # noqa: E402
-from pool.warm import warm  # noqa: E402
+from pool.warm.spec_file import WarmProgram  # noqa: E402
+from pool.warm.warming import warm  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Usage::
 
     python scripts/bench_pool.py [--workers N] [--calls N] [--repeat N] [--parts abcd]
 
-(a) Parallel compile. The example programs (pool.examples, lowered first and
+(a) Parallel compile. The example programs (examples, lowered first and
     outside every timer) are compiled with a Pool of --workers workers
     (default: the CPU count) into a fresh cache directory, against compiling
     them one after another in this process (compile_program, disk_cache=False).
@@ -47,9 +47,9 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from examples import example_programs  # noqa: E402
 
 from pool import Pool, compile_program, lower  # noqa: E402
-from pool.examples import example_programs  # noqa: E402
 from worker import LoweredProgram  # noqa: E402
 
 BIG = 1 << 24  # float32 elements: 64 MiB

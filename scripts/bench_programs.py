@@ -7,7 +7,7 @@ Usage::
 One run measures every figure and its baseline in the same process, so that
 the ratios hold on a shared, noisy machine:
 
-(a) Compile. For each program of pool.examples, compile_program(program,
+(a) Compile. For each program of examples, compile_program(program,
     disk_cache=False) against JAX's own in-process compile,
     ``jax.jit(fn).lower(*shapes).compile()``. Both sides are timed around the
     compile only: compile_program takes an already lowered LoweredProgram, so
@@ -69,9 +69,9 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from examples import example_inputs, example_programs  # noqa: E402
 
 from pool import CompileStatistics, LoweredProgram, compile_program, lower, lowering_platform  # noqa: E402
-from pool.examples import example_inputs, example_programs  # noqa: E402
 from worker import get_runtime  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)

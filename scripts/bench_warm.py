@@ -4,15 +4,15 @@ Usage::
 
     python scripts/bench_warm.py [--workers N] [--lower-workers N] [--repeat N]
 
-On the example programs (pool.examples), one run measures:
+On the example programs (examples), one run measures:
 
 - baseline: lowering and compiling every program one after another in this
   process with JAX (``jax.jit(f).lower(*shapes).compile()``, each on a fresh
   function so that no JAX cache helps, and JAX's persistent cache off);
-- pool.warm with --workers compile workers, lowering in this process
+- pool.warm.warming with --workers compile workers, lowering in this process
   (overlapped with compiling), into a fresh cache directory;
-- pool.warm with --lower-workers extra lowering processes as well;
-- pool.warm again over the warm cache (what a second run costs).
+- pool.warm.warming with --lower-workers extra lowering processes as well;
+- pool.warm.warming again over the warm cache (what a second run costs).
 
 Walls include everything a user waits for: for warm, starting the workers
 (and lowering processes) and lowering. Medians over --repeat rounds, sides
@@ -34,10 +34,10 @@ _SCRATCH = tempfile.mkdtemp(prefix="bench-warm-")
 os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 
 import jax  # noqa: E402
+from examples import example_programs  # noqa: E402
 
-from pool.examples import example_programs  # noqa: E402
-from pool.spec import entry_to_program  # noqa: E402
-from pool.warm import warm  # noqa: E402
+from pool.warm.spec_file import entry_to_program  # noqa: E402
+from pool.warm.warming import warm  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
 

@@ -9,7 +9,7 @@ Progress goes to stderr; the last line on stdout is one JSON summary. Steps,
 each skipped (and listed under "skipped") when the --budget of seconds would
 run out:
 
-1. Lower a varied set of programs for the platform: pool.examples (MLPs and
+1. Lower a varied set of programs for the platform: examples (MLPs and
    gradients, convolutions, scans, attention, linalg, FFT, sorting, loops)
    and a few more kinds (a transformer training step, segment sums, gather
    and scatter, a transposed convolution, bfloat16 matmuls, the sort/top_k/
@@ -65,9 +65,9 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(_SCRATCH / "default-cache")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from examples import example_inputs, example_programs  # noqa: E402
 
 from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
-from pool.examples import example_inputs, example_programs  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 from worker.phases import PHASE_LOG_ENV  # noqa: E402
 from worker.runtime import loaded_runtime  # noqa: E402

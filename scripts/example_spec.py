@@ -18,7 +18,7 @@ the programs use). ``module:function`` names a spec function in a module.
 
 from __future__ import annotations
 
-from pool.examples import example_programs
+from examples import example_programs
 
 
 def programs() -> list[tuple]:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The example programs (scripts/examples.py) are shared by tests and scripts.
+sys.path.insert(0, str(REPO / "scripts"))
 
 
 def _package_dir(package: str) -> Path | None:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from cache_helpers import corrupt, entries_size, lowered
 
-import pool.cache_cli
+import pool.cli.cache
 import worker
-from pool.cli import main
+from pool.cli.main import main
 from pool.spawn import child_environment
 from worker.cache import DiskCache, entry, key_of
 
@@ -155,7 +155,7 @@ def test_verify_load_survives_an_entry_that_crashes_the_plugin(capsys, populated
     poison = keys(populated)[1]
     monkeypatch.setenv("POISON", poison)
     monkeypatch.setattr(
-        pool.cache_cli, "python_command", lambda module, *a: [sys.executable, "-c", FAKE_VERIFIER]
+        pool.cli.cache, "python_command", lambda module, *a: [sys.executable, "-c", FAKE_VERIFIER]
     )
     code, document = cli_json(capsys, "cache", "verify", "--load")
     assert code == 1
@@ -187,7 +187,7 @@ def test_clear(capsys, populated):
 
 def test_the_command_runs_as_a_program(populated):
     done = subprocess.run(
-        [sys.executable, "-m", "pool.cli", "cache", "list", "--json"],
+        [sys.executable, "-m", "pool.cli.main", "cache", "list", "--json"],
         env=child_environment(),
         capture_output=True,
         text=True,
@@ -200,7 +200,7 @@ def test_the_command_runs_as_a_program(populated):
 
 def test_the_cache_commands_do_not_import_jax(populated):
     code = (
-        "import sys; from pool.cli import main; code = main(['cache', 'info']); "
+        "import sys; from pool.cli.main import main; code = main(['cache', 'info']); "
         "assert 'jax' not in sys.modules, 'jax was imported'; sys.exit(code)"
     )
     done = subprocess.run(
@@ -217,7 +217,7 @@ def test_the_cache_commands_do_not_import_jax(populated):
 def test_verify_load_when_the_plugin_itself_crashes_on_load(capsys, populated, monkeypatch):
     crash = "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"
     monkeypatch.setattr(
-        pool.cache_cli, "python_command", lambda module, *a: [sys.executable, "-c", crash]
+        pool.cli.cache, "python_command", lambda module, *a: [sys.executable, "-c", crash]
     )
     code, document = cli_json(capsys, "cache", "verify", "--load")
     assert code == 0  # no entry is shown to be at fault

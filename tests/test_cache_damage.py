@@ -32,7 +32,7 @@ from conftest import run_python
 
 import worker
 from pool import Pool, WorkerCrashedError
-from pool.cli import main as cli_main
+from pool.cli.main import main as cli_main
 from worker.cache import DiskCache, entry, open_cache
 
 X = [0.5, 1.0, 1.5, 2.0]

@@ -20,7 +20,7 @@ from cache_helpers import (
     save_program,
 )
 
-from pool.cli import main as cli_main
+from pool.cli.main import main as cli_main
 from worker.cache import DiskCache, SignatureError, Signer, entry, signer_from_environment
 
 SECRET = "a-secret-only-the-team-holds-0123456789"

@@ -17,7 +17,7 @@ from cache_helpers import lowered, plant
 
 import worker
 from pool import Pool
-from pool.cli import main as cli_main
+from pool.cli.main import main as cli_main
 from worker.cache import (
     CacheUnavailableWarning,
     DiskCache,

@@ -19,7 +19,7 @@ from conftest import REPO, SECOND_PLUGIN, run_python
 from jax import lax
 
 from pool import Pool, compile_program, lower
-from pool.cli import main
+from pool.cli.main import main
 from pool.conformance import Case, battery, remember, run_cases, select
 from pool.conformance.budgets import ELEMENTARY
 from worker.conformance_memo import failing_cases, read_memo
@@ -92,7 +92,7 @@ def test_subset_flags_arctan_on_the_default_plugin(cache_dir):
 def test_subset_passes_on_the_second_plugin(tmp_path):
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pool.cli", "check-plugin", "--plugin", SECOND_PLUGIN),
+            *(sys.executable, "-m", "pool.cli.main", "check-plugin", "--plugin", SECOND_PLUGIN),
             *("--cases", ",".join(SUBSET), "--workers", "2", "--json"),
         ],
         cwd=REPO,

@@ -17,8 +17,8 @@ from pool_helpers import scale_program  # noqa: E402
 
 from pool import Pool  # noqa: E402
 from pool.cluster import ClusterPool, local_client  # noqa: E402
-from pool.spec import load_spec  # noqa: E402
-from pool.warm import Outcome, warm  # noqa: E402
+from pool.warm.spec_file import load_spec  # noqa: E402
+from pool.warm.warming import Outcome, warm  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 
 SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
@@ -92,7 +92,7 @@ def test_warm_command_with_a_local_cluster(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from pool.cli import main; sys.exit(main())",
+            "import sys; from pool.cli.main import main; sys.exit(main())",
             "warm",
             str(spec),
             "--scheduler",

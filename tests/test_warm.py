@@ -16,7 +16,7 @@ from conftest import REPO
 
 from pool import Pool
 from pool.manifest import ManifestError, load_manifest
-from pool.spec import SpecError, WarmProgram, load_spec
+from pool.warm.spec_file import SpecError, WarmProgram, load_spec
 
 SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")
 FAILURES = {
@@ -28,13 +28,18 @@ FAILURES = {
 
 
 def pjrt_pool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Runs the installed console script's code (pool.cli) in a child process."""
+    """Runs the installed console script's code (pool.cli.main) in a child process."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
     )
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from pool.cli import main; sys.exit(main())", *args],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pool.cli.main import main; sys.exit(main())",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -156,7 +161,7 @@ def test_bad_specs_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_module_function_specs_load() -> None:
-    spec = load_spec("pool.examples:example_programs")
+    spec = load_spec("examples:example_programs")
     assert len(spec.programs) >= 20 and spec.initializer is None
 
 
@@ -245,7 +250,7 @@ def test_warm_lowers_here_what_a_lowering_process_cannot_take(tmp_path: Path) ->
 
 
 def test_warm_reports_programs_the_cache_did_not_store(tmp_path: Path) -> None:
-    from pool.warm import Outcome, warm
+    from pool.warm.warming import Outcome, warm
 
     f32 = jnp.float32
     shapes = [{"a": jax.ShapeDtypeStruct((3,), f32), "b": (jax.ShapeDtypeStruct((), f32),)}]

@@ -7,7 +7,7 @@ the case's error budget (budgets.py, compare.py). runner.py runs the cases,
 report.py formats what they found, and remember() records it per plugin
 build (worker.conformance_memo), so that processes that later load a build
 with failing cases warn about them. ``pjrt-pool check-plugin`` is the
-command line (pool.check_cli).
+command line (pool.cli.check).
 """
 
 from __future__ import annotations

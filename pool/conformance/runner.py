@@ -247,8 +247,8 @@ def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | Case
     """
     import jax
 
-    from pool.lowering import lower
-    from pool.stablehlo import StableHLOVersionError
+    from pool.lowering.lower import lower
+    from pool.lowering.stablehlo import StableHLOVersionError
 
     started = time.perf_counter()
     with jax.enable_x64(case.x64):
@@ -292,7 +292,7 @@ def run_cases(
     import jax
 
     from pool.errors import WorkerStartupError
-    from pool.pool import Pool
+    from pool.executor.pool import Pool
     from worker.conformance_memo import quiet
     from worker.errors import PluginNotFoundError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pool.spec import WarmProgram
+from pool.warm.spec_file import WarmProgram
 
 GOOD = 20
 

@@ -280,6 +280,34 @@ def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+class InvalidKeyError(ValueError):
+    """A cache key that is not 64 lowercase hexadecimal digits (a SHA-256)."""
+
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def is_key(value: object) -> bool:
+    """Whether value has the form of a cache key: 64 lowercase hexadecimal digits."""
+    return isinstance(value, str) and len(value) == 64 and _HEX_DIGITS.issuperset(value)
+
+
+def check_key(value: object, where: str = "a cache key") -> str:
+    """Returns value if it has the form of a cache key; raises InvalidKeyError saying where.
+
+    Keys come from manifests, bundles, replies and the command line, and
+    become file names in the cache: anything else (a path, "..", a name with
+    a slash) is refused before any path is built from it.
+    """
+    if is_key(value):
+        return value  # type: ignore[return-value]
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise InvalidKeyError(
+        f"{where} must be 64 lowercase hexadecimal digits (a SHA-256, as pjrt-pool writes "
+        f"it), not {shown}"
+    )
+
+
 def explain_key(parts: dict[str, Any], other: dict[str, Any] | None = None) -> str:
     """Returns a key's parts as readable lines; with `other`, marks the parts that differ."""
     lines = []

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size

@@ -5,7 +5,7 @@ Pool.run, which sends its request and reads the reply itself; a thread in
 submit, which sends queued tasks itself (waking the manager for that would
 cost a thread switch on every task). What keeps them apart:
 
-- A worker is claimed under the lock (IDLE -> BUSY, see pool.workers) by
+- A worker is claimed under the lock (IDLE -> BUSY, see pool.executor.workers) by
   one thread, which alone sends to it. `holder` says which thread holds its
   socket, and _give_back_locked returns it to the manager: after a caller
   sent a request, after it handled its reply, or in Pool._recover after an
@@ -30,12 +30,12 @@ from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from typing import Any
 
-from pool.compiling import CompileResult
 from pool.errors import DeviceFailureError, PoolError, ProgramQuarantinedError, rebuild_error
-from pool.segments import Mapping, SegmentCache
-from pool.tasks import Task
-from pool.watch import Watch
-from pool.workers import ARENA_SIZE, State, WorkerProcess
+from pool.executor.compiling import CompileResult
+from pool.executor.segments import Mapping, SegmentCache
+from pool.executor.tasks import Task
+from pool.executor.watch import Watch
+from pool.executor.workers import ARENA_SIZE, State, WorkerProcess
 from worker import protocol, shm
 from worker.records import ArrayType, CompileStatistics
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pool.cli import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from worker.arguments import prepare_arguments, random_inputs
 
 
@@ -177,8 +177,8 @@ def _warm(args: argparse.Namespace) -> int:
 
     from pool.manifest import Manifest
     from pool.progress import ProgressDisplay
-    from pool.spec import SpecError, load_spec
-    from pool.warm import report_json, warm
+    from pool.warm.spec_file import SpecError, load_spec
+    from pool.warm.warming import report_json, warm
 
     try:
         spec = load_spec(args.spec)
@@ -277,7 +277,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if args.workers:
-            from pool.pool import Pool
+            from pool.executor.pool import Pool
 
             with Pool(args.workers, platform=spec.platform, cache_dir=manifest.cache_dir) as pool:
                 ready = time.perf_counter()

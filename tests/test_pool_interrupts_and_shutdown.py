@@ -243,7 +243,7 @@ def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> N
     # close() then waits HAND_BACK_SECONDS for it and leaves it unreaped.
     done = interrupt_child(
         """
-        from pool.pool import Pool as P
+        from pool.executor.pool import Pool as P
         program = scale_program(2.0)
         x = np.ones(8, np.float32)
         pool = Pool(workers=1)
@@ -506,7 +506,7 @@ def test_a_collection_inside_the_segment_cache_does_not_deadlock() -> None:
         """
         import gc
         import inspect
-        from pool.segments import SegmentCache
+        from pool.executor.segments import SegmentCache
         program = lower(lambda x: x * 2.0, [sds(1 << 19)])  # 2 MiB output: its own segment
         x = np.ones(1 << 19, np.float32)
         pool = Pool(workers=1)
@@ -551,7 +551,7 @@ def test_a_collection_inside_the_segment_cache_does_not_deadlock() -> None:
 def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call: str) -> None:
     # CPython runs a signal's handler only at certain instructions: a
     # function's entry, right after a call returns, a loop's backward jump.
-    # For every such point in pool/pool.py that a run (or submit) passes, a
+    # For every such point in pool/executor/ that a run (or submit) passes, a
     # fresh Pool(1) gets a real SIGINT there (raised under the exception
     # handler of that point); close() must then return and leave no worker
     # process behind. About 0.4 s a point when all is well.
@@ -559,11 +559,11 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call:
         f"""
         import dis
         import linecache
-        import pool.dispatch, pool.manager, pool.pool, pool.segments, pool.tasks, pool.watch
+        from pool.executor import dispatch, manager, segments, tasks, watch
+        from pool.executor import pool as pool_module
         sources = {{
             module.__file__
-            for module in (pool.dispatch, pool.manager, pool.pool, pool.segments, pool.tasks,
-                           pool.watch)
+            for module in (dispatch, manager, pool_module, segments, tasks, watch)
         }}
         program = scale_program(2.0)
         x = np.ones(8, np.float32)

@@ -22,11 +22,11 @@ Data flow::
 
 The Pool is three parts: this module (what callers call: checking and
 staging arguments, the direct path of run, and putting right what an
-exception in a caller's call leaves, _recover), pool.dispatch (claiming
+exception in a caller's call leaves, _recover), pool.executor.dispatch (claiming
 workers, sending, replies, settling tasks exactly once: any thread) and
-pool.manager (the manager thread: deadlines, deaths, replacements). Every
+pool.executor.manager (the manager thread: deadlines, deaths, replacements). Every
 move of a worker between states is checked against the table in
-pool.workers, under one lock.
+pool.executor.workers, under one lock.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.compiling import CompileResult, CompilesMany
-from pool.dispatch import cancel_all
 from pool.errors import PoolClosedError, PoolError, ProgramQuarantinedError, WorkerStartupError
-from pool.manager import Manager
-from pool.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.tasks import Task, program_id, stage_inputs
-from pool.watch import Watch
-from pool.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
+from pool.executor.compiling import CompileResult, CompilesMany
+from pool.executor.dispatch import cancel_all
+from pool.executor.manager import Manager
+from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
+from pool.executor.tasks import Task, program_id, stage_inputs
+from pool.executor.watch import Watch
+from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
@@ -61,7 +61,7 @@ from worker.conformance_memo import warn_known_failures
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 if TYPE_CHECKING:
-    from pool.function import PoolFunction
+    from pool.lowering.function import PoolFunction
 
 
 DIRECT_SPIN_SECONDS = 500e-6
@@ -348,7 +348,7 @@ class Pool(Manager, CompilesMany):
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
         """
-        from pool.function import PoolFunction
+        from pool.lowering.function import PoolFunction
 
         return PoolFunction(
             self,

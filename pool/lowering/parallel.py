@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from pool.lowering import lower
-from pool.spec import WarmProgram
+from pool.lowering.lower import lower
+from pool.warm.spec_file import WarmProgram
 from worker.records import LoweredProgram
 
 

@@ -23,12 +23,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from pool.compiling import CompileResult
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
-from pool.parallel_lowering import Lowered, Lowerer
-from pool.pool import Pool
+from pool.executor.compiling import CompileResult
+from pool.executor.pool import Pool
+from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
-from pool.spec import Spec, WarmProgram
+from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache
 from worker.records import CompileStatistics, ProgramSpec
 

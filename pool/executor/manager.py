@@ -1,6 +1,6 @@
 """The Pool's manager thread: it watches the workers, their deadlines and their deaths.
 
-One thread waits on one epoll set (pool.watch) holding the socket and output
+One thread waits on one epoll set (pool.executor.watch) holding the socket and output
 pipe of every worker it holds, plus a wake-up pipe: a worker's death shows
 as end of file on its socket, so a single wait point sees replies, deaths,
 output and wake-ups alike, and the nearest task deadline (or replacement
@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from pool.dispatch import Dispatch, cancel_all
 from pool.errors import (
     PoolClosedError,
     TaskTimeoutError,
@@ -34,8 +33,9 @@ from pool.errors import (
     describe_exit,
     likely_cause,
 )
-from pool.tasks import MAX_REQUEUES, Task
-from pool.workers import State, WorkerProcess, stop_all
+from pool.executor.dispatch import Dispatch, cancel_all
+from pool.executor.tasks import MAX_REQUEUES, Task
+from pool.executor.workers import State, WorkerProcess, stop_all
 from worker import protocol
 from worker.cache import CacheCounters
 

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from pool.plugin_info import plugin_info
-from pool.stablehlo import reserialize, target_version
+from pool.lowering.plugin_info import plugin_info
+from pool.lowering.stablehlo import reserialize, target_version
 from worker.dtypes import code_of_dtype
 from worker.records import ArrayType, LoweredProgram
 

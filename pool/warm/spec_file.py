@@ -76,6 +76,10 @@ def _load_file(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     # Registered so that cloudpickle and dataclasses can find the module.
     sys.modules[name] = module
+    # As for a script run by Python: the spec may import modules next to it.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as error:

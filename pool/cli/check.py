@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from pool.cli import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import numpy as np
 
-from pool.lowering import TreeProgram, function_name, lower_tree
+from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
 if TYPE_CHECKING:
-    from pool.pool import Pool
+    from pool.executor.pool import Pool
 
 LeafType = tuple[tuple[int, ...], Any, bool]
 """What the program depends on for one argument leaf: shape, dtype, weak type."""

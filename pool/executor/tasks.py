@@ -1,6 +1,6 @@
 """Task bookkeeping: what was asked, its future, and what to send for it.
 
-Kept apart from process bookkeeping (pool.workers): a Task knows its program,
+Kept apart from process bookkeeping (pool.executor.workers): a Task knows its program,
 its arguments and its future, never a process's state. The Pool moves tasks
 between its pending queue and the workers::
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pool.segments import SegmentCache, writer
+from pool.executor.segments import SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
 from worker.compiler import compile_options as default_compile_options

@@ -2,7 +2,7 @@
 
 A WorkerProcess knows its subprocess, its socket, the tail of its output,
 which programs it has loaded and where it is in its life (below); it knows
-nothing of futures or queues (that is pool.tasks). The Pool moves workers
+nothing of futures or queues (that is pool.executor.tasks). The Pool moves workers
 between states, always under its lock, with ``move``; a move the table does
 not allow raises, so a bookkeeping bug surfaces at once instead of hanging.
 
@@ -23,7 +23,7 @@ Worker states and why each move happens::
     STARTING, IDLE --stopped--------> DEAD      close(): an exit request, then signals
 
 Who holds the socket is `holder`, a second fact: None for the pool's
-manager thread, whose wait set (pool.watch) has the socket then, or the id
+manager thread, whose wait set (pool.executor.watch) has the socket then, or the id
 of one caller thread, with the socket out of that set::
 
     manager --claimed by a caller (Pool.run; a submit that dispatches)--> caller

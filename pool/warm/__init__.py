@@ -1,0 +1,10 @@
+"""Warming the disk cache: the programs a user asks for, compiled and recorded.
+
+Runs in the parent process (pjrt-pool warm, or a user's script). spec_file.py
+reads a warm spec (the Python file whose programs() lists the programs);
+warming.py lowers, compiles and reports each program.
+"""
+
+from pool.warm.spec_file import SpecError, WarmProgram, load_spec
+
+__all__ = ["SpecError", "WarmProgram", "load_spec"]
