@@ -142,12 +142,16 @@ const std::optional<FfiRuntime>& Plugin::Runtime(const std::string& platform) co
   auto it = ffi_runtimes_.find(platform);
   if (it != ffi_runtimes_.end()) return it->second;
   std::optional<FfiRuntime> runtime;
-  {
+  if (ffi_ != nullptr) {
     // XLA asks the handler for its metadata inside the registration call,
     // on this thread, passing the runtime's own XLA_FFI_Api.
     FfiProbe probe;
-    RegisterThroughExtension(FfiProbe::kTarget, FfiProbe::Handler(), platform, 0);
-    if (probe.known()) runtime = probe.runtime();
+    try {
+      RegisterThroughExtension(FfiProbe::kTarget, FfiProbe::Handler(), platform, 0);
+      if (probe.known()) runtime = probe.runtime();
+    } catch (const PjrtException&) {
+      // Unknown then: a registration that fails for the same reason says why itself.
+    }
   }
   return ffi_runtimes_.emplace(platform, runtime).first->second;
 }

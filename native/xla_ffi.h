@@ -38,7 +38,7 @@ enum ExtensionType : int { kMetadataExtension = 1 };
 enum ExecutionStage : int { kInstantiate = 0, kPrepare = 1, kInitialize = 2, kExecute = 3 };
 
 // XLA_FFI_Error_Code (absl's status codes).
-enum ErrorCode : int { kOk = 0, kInvalidArgument = 3, kUnavailable = 14 };
+enum ErrorCode : int { kOk = 0, kInvalidArgument = 3, kInternal = 13 };
 
 // XLA_FFI_ArgType / XLA_FFI_RetType: buffers are the only kind.
 enum BufferKind : int { kBuffer = 1 };

@@ -14,7 +14,7 @@ from worker.errors import (
     PluginNotFoundError,
 )
 from worker.executable import Executable
-from worker.kernels import MissingCustomCallError, register_custom_call
+from worker.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
 from worker.plugins import PluginLocation, find_plugin
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 from worker.runtime import get_runtime, loaded_runtime
@@ -26,6 +26,7 @@ __all__ = [
     "CompileStatistics",
     "DiskCache",
     "Executable",
+    "FfiVersionError",
     "ForeignExecutableError",
     "LoweredProgram",
     "MissingCustomCallError",
