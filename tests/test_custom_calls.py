@@ -174,9 +174,7 @@ def test_null_deref_handler_kills_its_process(ffi_library: Path):
     assert done.stdout.split() == ["compiled"]
 
 
-def test_versions_are_read_from_the_plugin_and_from_each_handler(
-    default_plugin, ffi_library: Path
-):
+def test_versions_are_read_from_the_plugin_and_from_each_handler(default_plugin, ffi_library: Path):
     # The default CPU plugin is built from the XLA of jaxlib 0.11.2: XLA FFI 0.4.
     assert default_plugin.plugin.ffi_api_version("Host") == (0, 4)
     assert default_plugin.ffi_version == "0.4"
