@@ -201,6 +201,32 @@ def test_an_ffi_0_5_handler_runs_on_the_ffi_0_4_plugin_through_an_adapter(
     assert registration == {"plugin_version": (0, 4), "handler_version": (0, 5), "adapted": True}
 
 
+# The XLA FFI version of jaxlib's handlers, by jaxlib's minor version.
+JAXLIB_FFI = {"0.10": (0, 3), "0.11": (0, 4), "0.12": (0, 5)}
+
+
+def test_jaxlibs_lapack_kernels_run_on_the_default_plugin_whatever_their_version(default_plugin):
+    # jaxlib 0.10's and 0.11's are no newer than the plugin's XLA FFI 0.4 and
+    # register as they are; jaxlib 0.12's are 0.5 and run through the adapter.
+    from jaxlib.cpu import _lapack
+
+    _lapack.initialize()
+    capsule = _lapack.registrations()["lapack_sgetrf_ffi"]
+    version = default_plugin.plugin.handler_ffi_version(capsule, "Host")
+    assert version == JAXLIB_FFI[".".join(jaxlib.__version__.split(".")[:2])]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 5)).astype(np.float32) + 5 * np.eye(5, dtype=np.float32)
+    b = rng.standard_normal((5, 2)).astype(np.float32)
+
+    def function(a, b):
+        return jnp.linalg.solve(a, b), jnp.linalg.eigh(a @ a.T)[0], jnp.linalg.svd(a)[1]
+
+    program = lower(function, [a, b])
+    executable, _ = compile_program(program)
+    for got, expected in zip(executable.run([a, b]), jax.jit(function)(a, b), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_handler_newer_than_the_plugins_xla_is_refused_when_registered(
     default_plugin, ffi_library: Path
 ):
