@@ -628,7 +628,8 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call:
         def line_of(code, offset):
             line = None
             for instruction in dis.get_instructions(code):
-                line = instruction.starts_line or line
+                # positions, not starts_line: that is a bool from Python 3.13 on.
+                line = instruction.positions.lineno or line
                 if instruction.offset == offset:
                     return line
 

@@ -128,13 +128,31 @@ def _describe(runtime: Runtime) -> str:
     )
 
 
-def _version_error(text: str, refusal: _pjrt.HandlerVersionError) -> FfiVersionError:
-    error = FfiVersionError(text)
-    error.code = refusal.code
-    error.code_name = refusal.code_name
-    error.handler_version = _version_text(refusal.handler_version)
-    error.plugin_version = _version_text(refusal.plugin_version)
-    return error
+@dataclass(frozen=True)
+class _Refusal:
+    """A handler the plugin's XLA could not take: what FfiVersionError says, each time."""
+
+    text: str
+    code: int
+    code_name: str
+    handler_version: str
+    plugin_version: str
+
+    @classmethod
+    def of(cls, text: str, refusal: _pjrt.HandlerVersionError) -> _Refusal:
+        return cls(
+            text,
+            refusal.code,
+            refusal.code_name,
+            _version_text(refusal.handler_version),
+            _version_text(refusal.plugin_version),
+        )
+
+    def error(self) -> FfiVersionError:
+        error = FfiVersionError(self.text)
+        error.code, error.code_name = self.code, self.code_name
+        error.handler_version, error.plugin_version = self.handler_version, self.plugin_version
+        return error
 
 
 def _installed_version(distribution: str) -> str:
@@ -177,7 +195,7 @@ def register_custom_call(
                 name, handler, runtime.ffi_platform, traits
             )
         except _pjrt.HandlerVersionError as refusal:
-            raise _version_error(_refused_handler(runtime, name, refusal), refusal) from None
+            raise _Refusal.of(_refused_handler(runtime, name, refusal), refusal).error() from None
         _log_registration(name, registration)
         _user_handlers[name] = address
         runtime.registered_targets.add(name)
@@ -312,9 +330,9 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
             with runtime.lock:
                 if library.description not in runtime.registered_targets:
                     _register_library(runtime, library)
-        for target, message in runtime.refused_targets.items():
+        for target, refusal in runtime.refused_targets.items():
             if target.encode() in data:
-                raise FfiVersionError(message)
+                raise refusal.error()
 
 
 def _register_library(runtime: Runtime, library: _KernelLibrary) -> None:
@@ -333,7 +351,8 @@ def _register_library(runtime: Runtime, library: _KernelLibrary) -> None:
             runtime.registered_targets.update(names)
         if registration.refused:
             text = _refused_library(runtime, library, package, registration.refused)
-            runtime.refused_targets.update(dict.fromkeys(registration.refused, text))
+            for target, refusal in registration.refused.items():
+                runtime.refused_targets[target] = _Refusal.of(text, refusal)
             logger.warning("%s", text)
     runtime.registered_targets.add(library.description)
 
@@ -388,7 +407,7 @@ def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
     library = _library_for(runtime, target)
     package = _runtime_package(runtime)
     if target in runtime.refused_targets:
-        return FfiVersionError(runtime.refused_targets[target])
+        return runtime.refused_targets[target].error()
     if target in runtime.registered_targets:
         text = (
             f"{where} has no handler for custom call {target!r} although one was registered: "

@@ -120,8 +120,9 @@ class Runtime:
     registered_targets: set[str] = field(default_factory=set)
     """Custom-call targets registered through this runtime."""
 
-    refused_targets: dict[str, str] = field(default_factory=dict)
-    """Targets of kernel libraries the plugin's XLA cannot take, with the error to raise."""
+    refused_targets: dict[str, Any] = field(default_factory=dict)
+    """Targets of kernel libraries the plugin's XLA cannot take, each with the refusal
+    (worker.kernels) whose FfiVersionError a program calling it raises."""
 
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serializes one-time registrations (kernel libraries) across threads."""
