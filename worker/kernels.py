@@ -370,8 +370,8 @@ def _refused_library(
     built_from = plugin_jax_version(runtime.location)
     if built_from is not None:
         older = (
-            f"install the {distribution} the plugin's XLA comes from, or an older one "
-            f"('pip install 'jax=={built_from}' '{distribution}=={built_from}''), or "
+            f"install the {distribution} the plugin's XLA comes from, {built_from}, or an older "
+            f"one (\"pip install 'jax=={built_from}' '{distribution}=={built_from}'\"), or "
         )
     else:
         older = f"install a {distribution} whose XLA has FFI {plugin} or older, or "
