@@ -76,8 +76,10 @@ class KnownBuild(NamedTuple):
 
 ATAN2_DIVISOR_BARRIER = Workaround(
     "atan2-divisor-barrier",
-    "the second operand (the divisor) of every stablehlo.atan2 goes through a "
-    "stablehlo.optimization_barrier, so that XLA cannot see that it is the constant 1",
+    "the second operand (the divisor) of every stablehlo.atan2 that XLA might see as a "
+    "constant goes through a stablehlo.optimization_barrier, so that XLA cannot see that it is "
+    "the constant 1; a divisor computed from the program's inputs (arcsin's, cos(x)) is left "
+    "as it is",
 )
 
 ATAN2_BY_ONE = KnownFailure(
