@@ -14,8 +14,9 @@ environment too.
 warn_known_failures runs on compile_program's path, so it must cost next to
 nothing: after its first call per plugin and cache directory it is a set
 lookup, and the first call hashes the plugin only when some build has a
-record at all or the library has the size of a known build (the digest is
-memoized too; see worker.cache.key).
+record at all or the library has the size of a known build with failures
+that no workaround in effect covers (the digest is memoized too; see
+worker.cache.key).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from worker.known_builds import (
     WORKAROUNDS_ENV,
     KnownBuild,
     known_build,
-    may_be_known,
+    may_have_uncovered_failures,
     uncovered_failures,
     workarounds_enabled,
 )
@@ -244,8 +245,8 @@ def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None
         recorded = any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir))
     except OSError:
         recorded = False
-    if not recorded and not may_be_known(plugin_path):
-        return None  # nothing can be known about this build: do not hash the plugin for nothing
+    if not recorded and not may_have_uncovered_failures(plugin_path):
+        return None  # nothing to warn about, whatever its digest: do not hash it for nothing
     digest = plugin_digest(plugin_path, plugins_dir)
     record = read_memo(directory, digest) if recorded else None
     message = failures_message(plugin_path, digest, record, known_build(digest))

@@ -1,7 +1,7 @@
 """What pjrt-pool knows about particular plugin builds: what they miscompile, and the workarounds.
 
 This is the one list. A build is identified by its library's SHA-256 (the
-size only lets a process skip hashing files that cannot be on the list).
+size only lets a process skip hashing a file that cannot be on the list).
 Each known failure names the check-plugin battery cases that show it (as
 ``pjrt-pool check-plugin --no-workarounds`` reports them), a reproduction,
 and the workaround that lower() applies to every program it lowers for that
@@ -120,7 +120,6 @@ KNOWN_BUILDS = (
 (616 cases, jax 0.10.2 reference) and its workaround measured to make them pass."""
 
 _BY_SHA256 = {build.sha256: build for build in KNOWN_BUILDS}
-_SIZES = frozenset(build.size for build in KNOWN_BUILDS)
 
 
 def known_build(sha256: str | None) -> KnownBuild | None:
@@ -128,12 +127,17 @@ def known_build(sha256: str | None) -> KnownBuild | None:
     return _BY_SHA256.get(sha256) if sha256 else None
 
 
-def may_be_known(path: str) -> bool:
-    """Whether the library at path has the size of a known build (so it is worth hashing)."""
+def may_have_uncovered_failures(path: str) -> bool:
+    """Whether the library at path may be a known build with failures no workaround covers now.
+
+    False without hashing it when no build of its size has any: the default
+    plugin with the workarounds on, for example.
+    """
     try:
-        return os.stat(path).st_size in _SIZES
+        size = os.stat(path).st_size
     except OSError:
         return False
+    return any(build.size == size and uncovered_failures(build) for build in KNOWN_BUILDS)
 
 
 def workarounds_enabled() -> bool:
