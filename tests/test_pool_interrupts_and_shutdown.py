@@ -364,6 +364,10 @@ def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> Non
         with Pool(workers=1, segment_fds=4) as pool:
             pool.run(program, [x])
             before = pool._segments.held
+            # A stopped worker finishes nothing, so no task's segment comes back to be
+            # reused: after the first submit (which takes the kept one), each needs a new one.
+            worker = pool.worker_info[0]["pid"]
+            os.kill(worker, signal.SIGSTOP)
             held = take_every_descriptor()
             failures = 0
             for _ in range(3):
@@ -372,7 +376,9 @@ def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> Non
                 except OSError:
                     failures += 1
             give_back_descriptors(held)
-            print("failures:", failures, "held before:", before, "after:", pool._segments.held)
+            after = pool._segments.held
+            os.kill(worker, signal.SIGCONT)
+            print("failures:", failures, "held before:", before, "after:", after)
         """,
         timeout=60,
     )
