@@ -48,7 +48,7 @@ from numpy.typing import ArrayLike
 
 from pool.errors import PoolClosedError, PoolError, ProgramQuarantinedError, WorkerStartupError
 from pool.executor.compiling import CompileResult, CompilesMany
-from pool.executor.dispatch import cancel_all
+from pool.executor.dispatch import cancel_all, close_all
 from pool.executor.manager import Manager
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.executor.tasks import Task, program_id, stage_inputs
@@ -236,10 +236,8 @@ class Pool(Manager, CompilesMany):
         compile_options compiles the program with other options than the
         default, as submit_compile does.
         """
-        task = self._run_task(
-            program, arguments, name, timeout, zero_copy, compile_options, caller_waits=False
-        )
-        return self._enqueue(task)
+        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
+        return self._submit(task, arguments, zero_copy)
 
     def run(
         self,
@@ -259,8 +257,9 @@ class Pool(Manager, CompilesMany):
         worker, if it had the task, is killed and replaced, and the pool goes on.
         """
         self._refuse_on_manager("Pool.run")
-        task = self._run_task(program, arguments, name, timeout, None, compile_options, True)
+        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
         try:
+            self._staged(task, arguments, None, caller_waits=True)
             worker = self._claim_for_caller(task)
             if worker is None:
                 self._enqueue(task)
@@ -286,7 +285,7 @@ class Pool(Manager, CompilesMany):
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
-        return self._enqueue(self._staged(task, arguments, None, caller_waits=False))
+        return self._submit(task, arguments, None)
 
     def submit_compile(
         self,
@@ -308,7 +307,7 @@ class Pool(Manager, CompilesMany):
         task = self._new_task(
             "compile", self._check_program(program), name, timeout, compile_options
         )
-        return self._enqueue(task)
+        return self._submit(task, None, None)
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
@@ -443,19 +442,6 @@ class Pool(Manager, CompilesMany):
             )
         return program
 
-    def _run_task(
-        self,
-        program: LoweredProgram,
-        arguments: Sequence[ArrayLike],
-        name: str | None,
-        timeout: float | None,
-        zero_copy: bool | None,
-        compile_options: bytes | None,
-        caller_waits: bool,
-    ) -> Task:
-        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
-        return self._staged(task, arguments, zero_copy, caller_waits)
-
     def _new_task(
         self,
         kind: str,
@@ -490,13 +476,29 @@ class Pool(Manager, CompilesMany):
             compile_options=compile_options,
         )
 
+    def _submit(
+        self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
+    ) -> Future[Any]:
+        """Stages a task's arguments (for a run) and queues it; returns its future.
+
+        Whatever cuts this short (bad arguments, a closed pool, a Ctrl-C at
+        any step), Pool._recover stops the task and gives back its shared memory.
+        """
+        try:
+            if arguments is not None:
+                self._staged(task, arguments, zero_copy, caller_waits=False)
+            return self._enqueue(task)
+        except BaseException as error:
+            self._recover(task, error)
+            raise
+
     def _staged(
         self,
         task: Task,
         arguments: Sequence[ArrayLike],
         zero_copy: bool | None,
         caller_waits: bool,
-    ) -> Task:
+    ) -> None:
         """Checks and converts a run task's arguments and stages them (see stage_inputs)."""
         types = task.program.input_types if task.program is not None else task.spec_types
         arrays = prepare_arguments(arguments, types)
@@ -504,7 +506,6 @@ class Pool(Manager, CompilesMany):
         task.declared_types = types is not None
         layout = self._input_layout(task.program_id, types)
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
-        return task
 
     def _input_layout(
         self, program_key: str, types: tuple[ArrayType, ...] | None
@@ -519,20 +520,17 @@ class Pool(Manager, CompilesMany):
         return layout
 
     def _enqueue(self, task: Task) -> Future[Any]:
+        """Queues a task and dispatches what is queued; the caller's except clause runs
+        Pool._recover for whatever raises here."""
         with self._lock:
             refusal = self._refusal_locked(task)
             if refusal is None:
                 self._pending.append(task)
         if refusal is not None:
-            task.release()
             raise refusal
-        try:
-            # Dispatch from the caller's thread: waking the manager thread for it
-            # would cost a thread switch (and a GIL hand-off) on every task.
-            self._dispatch(threading.get_ident())
-        except BaseException as error:
-            self._recover(task, error)
-            raise
+        # Dispatch from the caller's thread: waking the manager thread for it
+        # would cost a thread switch (and a GIL hand-off) on every task.
+        self._dispatch(threading.get_ident())
         return task.future
 
     def _refusal_locked(self, task: Task) -> BaseException | None:
@@ -583,6 +581,7 @@ class Pool(Manager, CompilesMany):
             self._retire(worker)  # dead or broken; it cannot have started the task
             return
         protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
+        reply_fds: list[int] = []
         try:
             reply, reply_fds = worker.receive()
         except protocol.DescriptorLimitError as error:
@@ -592,7 +591,11 @@ class Pool(Manager, CompilesMany):
         except Exception:
             self._retire(worker)  # not a frame of ours: the worker broke the protocol
         else:
-            self._on_message(worker, reply, reply_fds)
+            try:
+                self._on_message(worker, reply, reply_fds)
+            finally:
+                if reply_fds:  # an interrupt at _on_message's entry: it took none
+                    close_all(reply_fds)
         if self._pending:  # queued meanwhile, or the reply asked to send the task again
             self._dispatch(threading.get_ident())
 
@@ -600,15 +603,16 @@ class Pool(Manager, CompilesMany):
         """Puts right what an exception left in a caller's call: its workers and its task.
 
         Runs in the except clause of every call that may claim a worker (run,
-        and _enqueue for the submits), so that an exception (a Ctrl-C lands
+        and _submit for the submits), so that an exception (a Ctrl-C lands
         at any call) anywhere between claiming a worker and giving it back
         leaves the pool as it should be. A worker this thread still holds
         goes back to the manager: killed and replaced if its request may be
         out or cut short (another thread's task then goes to another worker),
         idle if nothing was sent (another thread's task back to the queue).
         The caller's own task is stopped: failed with the error, or with a
-        PoolError for an interruption. Cheap and harmless when nothing is
-        held, as after the task's own error.
+        PoolError for an interruption; a task settled already gets its shared
+        memory back (giving back twice is harmless). Cheap and harmless when
+        nothing is held, as after the task's own error.
         """
         me = threading.get_ident()
         failure = (
@@ -642,3 +646,5 @@ class Pool(Manager, CompilesMany):
                 self._wake()
         if settled:
             self._complete(own, failure)
+        elif own.done:
+            own.release()  # settled before, but the interrupt may have cut its completion short
