@@ -63,7 +63,8 @@ def test_a_dropped_result_past_what_is_kept_for_reuse_is_freed_with_its_arrays()
         kept = 8 << 20  # what the pool may keep for reuse
         def output_of(megabytes):
             n = megabytes << 18  # float32 elements
-            return lower(lambda s: jnp.full((n,), s, jnp.float32), [jax.ShapeDtypeStruct((), jnp.float32)])
+            scalar = jax.ShapeDtypeStruct((), jnp.float32)
+            return lower(lambda s: jnp.full((n,), s, jnp.float32), [scalar])
         small = scale_program(2.0)
 
         def output_bytes():  # what this process holds of the workers' output segments
