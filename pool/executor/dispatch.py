@@ -30,7 +30,12 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, InvalidStateError
 from typing import Any
 
-from pool.errors import DeviceFailureError, PoolError, ProgramQuarantinedError, rebuild_error
+from pool.errors import (
+    DeviceFailureError,
+    PoolError,
+    ProgramQuarantinedError,
+    rebuild_error,
+)
 from pool.executor.compiling import CompileResult
 from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Task
@@ -157,11 +162,20 @@ class Dispatch:
         self._orphans.append((task, error))
         self._wake()
 
-    def _take_pending_locked(self) -> list[Task]:
-        """Empties the queue; the tasks are settled (for the caller to fail or cancel)."""
-        taken = [task for task in self._pending if self._settle_locked(task)]
+    def _fail_queued_locked(
+        self, kind: type[PoolError], message: str, cause: BaseException | None = None
+    ) -> None:
+        """Empties the queue: each task is left to the manager, to fail with kind(message).
+
+        The manager completes them, so that their done-callbacks run on it as
+        every other callback does; the message says why they never ran.
+        """
+        for task in self._pending:
+            error = kind(message)
+            error.__cause__ = cause
+            self._orphans.append((task, error))
         self._pending.clear()
-        return taken
+        self._wake()
 
     def _wake(self) -> None:
         """Ends the manager's wait (called under the lock: the pipe is closed under it)."""
@@ -184,13 +198,16 @@ class Dispatch:
                     return
                 if head.program_id in self._quarantined:
                     task = self._pending.popleft()
-                    self._settle_locked(task)
+                    if not self._settle_locked(task):
+                        continue  # stopped, and left to the manager (_fail_queued_locked)
                     finished = ProgramQuarantinedError(self._quarantined[task.program_id])
                 else:
                     worker = self._idle_worker_locked(head.program_id)
                     if worker is None:
                         return
                     task = self._pending.popleft()
+                    if task.done:
+                        continue  # stopped, and left to the manager (_fail_queued_locked)
                     if task.future.running() or task.future.set_running_or_notify_cancel():
                         self._claim_locked(worker, task, holder)
                     elif holder is not None:
@@ -397,15 +414,6 @@ class Dispatch:
 
 _CANCELLED = object()
 """A queued task whose future was cancelled (only its memory to give back)."""
-
-
-def cancel_all(tasks: list[Task], reason: BaseException) -> None:
-    """Cancels settled tasks that never ran; a task sent again after a worker died
-    (its future running already) fails with `reason` instead."""
-    for task in tasks:
-        task.release()
-        if not task.future.cancel():
-            _fail(task.future, reason)
 
 
 def close_all(fds: list[int]) -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import logging
 import mmap
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,8 @@ from worker import protocol, shm
 from worker.arguments import types_of
 from worker.compiler import compile_options as default_compile_options
 from worker.records import ArrayType, LoweredProgram
+
+logger = logging.getLogger("pjrt_pool.pool")
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
@@ -84,6 +88,54 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
 def _identity(text_digest: str, platform: str | None, compile_options: bytes | None) -> str:
     options = default_compile_options() if compile_options is None else compile_options
     return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
+
+
+class PoolFuture(Future):  # type: ignore[type-arg]
+    """A Future of a pool's task, whose done-callbacks cannot break the pool.
+
+    concurrent.futures logs an Exception from a done-callback, but lets a
+    BaseException (KeyboardInterrupt, SystemExit) out into the thread that
+    settles the future: the callbacks after it never ran, and on the pool's
+    manager thread the pool stopped. When the pool settles a PoolFuture, such
+    an exception is logged (on pjrt_pool.pool) and the other callbacks and
+    the pool go on. Callbacks run by cancel(), or by add_done_callback on a
+    done future, behave as concurrent.futures' do.
+    """
+
+    _settling = False
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        super().add_done_callback(functools.partial(_guarded, fn))
+
+    def set_result(self, result: Any) -> None:
+        self._settling = True
+        try:
+            super().set_result(result)
+        finally:
+            self._settling = False
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._settling = True
+        try:
+            super().set_exception(exception)
+        finally:
+            self._settling = False
+
+
+def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> None:
+    try:
+        callback(future)
+    except Exception:
+        raise  # concurrent.futures logs it and goes on
+    except BaseException as error:
+        if not getattr(future, "_settling", False):
+            raise
+        logger.error(
+            "a done-callback (%r) raised %r while the pool settled its task; the pool goes on",
+            callback,
+            error,
+            exc_info=True,
+        )
 
 
 @dataclass(eq=False)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import numpy as np
 
+from pool.executor.tasks import PoolFuture
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
@@ -281,7 +282,7 @@ def _rebuild(compiled: _Compiled, outputs: list[np.ndarray]) -> Any:
     return jax.tree_util.tree_unflatten(compiled.tree.out_tree, outputs)
 
 
-class _Converted(Future):  # type: ignore[type-arg]
+class _Converted(PoolFuture):
     """A Future of another Future's result, converted; cancelling it cancels the other."""
 
     def __init__(self, inner: Future[Any], convert: Callable[[Any], Any]) -> None:
