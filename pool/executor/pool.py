@@ -65,7 +65,7 @@ from pool.executor.settings import (
     check_timeout,
     finite,
 )
-from pool.executor.tasks import PoolFuture, Task, program_id, stage_inputs
+from pool.executor.tasks import ManagerThread, PoolFuture, Task, program_id, stage_inputs
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import protocol, shm
@@ -209,7 +209,7 @@ class Pool(Manager, CompilesMany):
         self._workers: list[WorkerProcess] = []
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
-        self._manager = threading.Thread(target=self._manage, name="pjrt-pool-manager", daemon=True)
+        self._manager = ManagerThread(target=self._manage, name="pjrt-pool-manager", daemon=True)
         self._manager.start()
         if not self._started.wait(start_limit):
             self.terminate()

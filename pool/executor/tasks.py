@@ -90,36 +90,27 @@ def _identity(text_digest: str, platform: str | None, compile_options: bytes | N
     return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
 
 
+class ManagerThread(threading.Thread):
+    """A pool's manager thread (pool.executor.manager), where most futures are settled.
+
+    PoolFuture knows it by its class.
+    """
+
+
 class PoolFuture(Future):  # type: ignore[type-arg]
     """A Future of a pool's task, whose done-callbacks cannot break the pool.
 
     concurrent.futures logs an Exception from a done-callback, but lets a
     BaseException (KeyboardInterrupt, SystemExit) out into the thread that
-    settles the future: the callbacks after it never ran, and on the pool's
-    manager thread the pool stopped. When the pool settles a PoolFuture, such
-    an exception is logged (on pjrt_pool.pool) and the other callbacks and
-    the pool go on. Callbacks run by cancel(), or by add_done_callback on a
-    done future, behave as concurrent.futures' do.
+    runs it: on the pool's manager thread, the callbacks after it never ran
+    and the pool stopped. There, such an exception is now logged (on
+    pjrt_pool.pool) and the other callbacks and the pool go on. Callbacks
+    that run elsewhere (cancel(), add_done_callback on a done future)
+    behave as concurrent.futures' do.
     """
-
-    _settling = False
 
     def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
         super().add_done_callback(functools.partial(_guarded, fn))
-
-    def set_result(self, result: Any) -> None:
-        self._settling = True
-        try:
-            super().set_result(result)
-        finally:
-            self._settling = False
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        self._settling = True
-        try:
-            super().set_exception(exception)
-        finally:
-            self._settling = False
 
 
 def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> None:
@@ -128,10 +119,10 @@ def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> 
     except Exception:
         raise  # concurrent.futures logs it and goes on
     except BaseException as error:
-        if not getattr(future, "_settling", False):
+        if not isinstance(threading.current_thread(), ManagerThread):
             raise
         logger.error(
-            "a done-callback (%r) raised %r while the pool settled its task; the pool goes on",
+            "a done-callback (%r) raised %r on the pool's manager thread; the pool goes on",
             callback,
             error,
             exc_info=True,
