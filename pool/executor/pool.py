@@ -126,16 +126,20 @@ class Pool(Manager, CompilesMany):
     pool does not start. A program that crashes max_crashes workers is
     quarantined. Each worker keeps max_loaded executables loaded. Up to
     segment_cache_bytes of shared memory from finished large inputs and
-    outputs is kept for reuse, since fresh shared memory is slow to fault
-    in; segment_fds bounds the descriptors the pool keeps for shared memory
-    beyond those of running tasks (queued large inputs, live large results,
-    segments kept for reuse), so a deep queue or many kept results never
-    exhaust the process's descriptor limit.
+    dropped results is kept for reuse (counting what live results will give
+    back), since fresh shared memory is slow to fault in; a result's memory
+    past that goes with its arrays. segment_fds bounds the descriptors the
+    pool keeps for shared memory beyond those of running tasks (queued large
+    inputs, live large results, segments kept for reuse), so a deep queue or
+    many kept results never exhaust the process's descriptor limit. Every
+    setting is checked here, before any worker starts.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
     Futures' done-callbacks run on the pool's manager thread: they may
-    submit, but not wait (run, compile and compile_many raise there).
+    submit, but not wait (run, compile and compile_many raise there); one
+    that raises is logged and the pool goes on. A process forked from this
+    one cannot use the pool (PoolForkedError). A Pool is not picklable.
     """
 
     def __init__(
