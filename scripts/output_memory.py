@@ -28,7 +28,9 @@ aliased parameter per output.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=256, help="output size in MiB (default 256)")
     parser.add_argument("--plugin", help="PJRT plugin library (default: the platform's default)")
     args = parser.parse_args(argv)
+    atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
     if args.plugin:
         os.environ["PJRT_POOL_PLUGIN_CPU"] = args.plugin
     small, large = filled(1), filled(args.mib)

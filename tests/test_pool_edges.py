@@ -10,11 +10,13 @@ import copy
 import os
 import pickle
 import re
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
-from conftest import child
+from conftest import REPO, child
 
 # -- 1. a Ctrl-C while a large input is copied into shared memory -----------------
 
@@ -452,3 +454,21 @@ def test_a_pool_cannot_be_pickled_or_copied() -> None:
             with pytest.raises(TypeError, match="a Pool cannot be pickled or copied"):
                 attempt(pool)
         assert pool.run(program, [np.ones(8, np.float32)])[0][0] == 3.0
+
+
+# -- 8. what a large output costs the worker: the figure the README states --------
+
+
+def test_a_large_output_peaks_at_twice_its_size_in_the_worker() -> None:
+    # The README said outputs were "written by the worker straight into shared
+    # memory"; the plugin's buffer and the worker's copy into the segment make
+    # the peak twice the output (see scripts/output_memory.py for why).
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "output_memory.py"), "--mib", "64"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    ratio = float(done.stdout.split("= ")[1].split("x")[0])
+    assert 1.8 <= ratio <= 2.2, done.stdout

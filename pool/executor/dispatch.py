@@ -13,9 +13,13 @@ cost a thread switch on every task). What keeps them apart:
 - A task is settled by _settle_locked, which flips `task.done` once under
   the lock; only the thread that flipped it completes the task (resolves
   its future, gives back its shared memory: _complete). A caller thread
-  completes no task but its own (a cancelled one aside, which needs only
-  its memory back); any other it cannot send goes to the manager as an
-  orphan, so that an interrupt there never leaves another thread waiting.
+  completes no task but its own; any other it cannot send, or finds
+  cancelled, goes to the manager as an orphan, so that an interrupt there
+  never leaves another thread waiting or memory held. So do the queued
+  tasks a stop of the pool fails (_fail_queued_locked): every future but a
+  caller's own is completed on the manager thread, where its done-callbacks
+  run. An interrupt between settling its own task and completing it leaves
+  the caller's Pool._recover to give back the task's memory.
 """
 
 from __future__ import annotations
