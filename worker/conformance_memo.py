@@ -12,12 +12,16 @@ warn_known_failures runs on compile_program's path, so it must cost next to
 nothing: after its first call per plugin and cache directory it is a set
 lookup, and the first call hashes the plugin only when some build has a
 record at all (the digest is memoized too; see worker.cache.key).
+
+Records are read and written as the cache's other records about plugin
+builds (worker.cache.memos): through the checked plugins/ folder, never
+through a symlink, bounded in size and nesting, and signed when the cache
+signs its entries.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -27,9 +31,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from worker.cache.atomic import write_atomically
-from worker.cache.key import plugin_digest
+from worker.cache.key import check_key, plugin_digest
 from worker.cache.location import resolve_cache_dir
+from worker.cache.store import open_cache
+from worker.cache.trust import UntrustedCacheError
 from worker.plugins import env_var
 
 MEMO_FORMAT = 1
@@ -51,7 +56,11 @@ class KnownPluginFailuresWarning(UserWarning):
 
 def memo_path(cache_dir: str | os.PathLike[str] | None, plugin_sha256: str) -> Path:
     """Returns the file that holds a plugin build's record in a cache directory."""
-    return resolve_cache_dir(cache_dir) / "plugins" / f"{MEMO_PREFIX}{plugin_sha256}.json"
+    return resolve_cache_dir(cache_dir) / "plugins" / _memo_name(plugin_sha256)
+
+
+def _memo_name(plugin_sha256: str) -> str:
+    return f"{MEMO_PREFIX}{check_key(plugin_sha256, 'a plugin build digest')}.json"
 
 
 def read_memo(
@@ -66,8 +75,8 @@ def read_memo(
     "crash", "timeout" or "skipped").
     """
     try:
-        record = json.loads(memo_path(cache_dir, plugin_sha256).read_bytes())
-    except (OSError, ValueError):
+        record = open_cache(cache_dir).memos.read(_memo_name(plugin_sha256))
+    except (OSError, ValueError, UntrustedCacheError):
         return None
     if not isinstance(record, dict) or record.get("format") != MEMO_FORMAT:
         return None
@@ -108,10 +117,8 @@ def write_memo(
         "jax": jax_version,
         "cases": dict(sorted(cases.items())),
     }
-    target = memo_path(cache_dir, plugin_sha256)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_atomically(target, json.dumps(record, indent=1).encode())
-    return target
+    open_cache(cache_dir).memos.write(_memo_name(plugin_sha256), record)
+    return memo_path(cache_dir, plugin_sha256)
 
 
 def failing_cases(record: Mapping[str, Any] | None) -> list[str]:
@@ -202,7 +209,7 @@ def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None
             return None  # check-plugin never ran here: do not hash the plugin for nothing
     except OSError:
         return None
-    digest = plugin_digest(plugin_path, plugins_dir)
+    digest = plugin_digest(plugin_path, open_cache(directory).memos)
     record = read_memo(directory, digest)
     if record is None or not failing_cases(record):
         return None

@@ -57,6 +57,7 @@ from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
+from worker.cache.key import check_key
 from worker.conformance_memo import warn_known_failures
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -282,9 +283,12 @@ class Pool(Manager, CompilesMany):
 
         The executable must be in the pool's disk cache (put there by warming
         or compiling the program with the same plugin); no program is needed.
+        A key that is not a cache key raises InvalidKeyError (a ValueError);
+        the worker refuses inputs that do not fit the executable's own types.
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
+        check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
         task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
         return self._enqueue(self._staged(task, arguments, None, caller_waits=False))
 
@@ -501,8 +505,11 @@ class Pool(Manager, CompilesMany):
         types = task.program.input_types if task.program is not None else task.spec_types
         arrays = prepare_arguments(arguments, types)
         task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
-        task.declared_types = types is not None
-        layout = self._input_layout(task.program_id, types)
+        # A ProgramSpec's types are what its caller says, and specs of one key may
+        # say different things: its inputs are laid out as they are and the worker
+        # checks them against the executable's own (worker.server.check_run_inputs).
+        task.declared_types = types is not None and task.cache_key is None
+        layout = self._input_layout(task.program_id, types) if task.declared_types else None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
         return task
 
