@@ -7,6 +7,8 @@ as JSON.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -98,6 +100,25 @@ class LoweredProgram(NamedTuple):
             if word.startswith("@"):
                 return word[1:]
         return "module"
+
+
+class DigestedProgram(LoweredProgram):
+    """A LoweredProgram that remembers the SHA-256 of its text once computed (lower() makes these).
+
+    A Pool identifies a program by that digest on every call, and a module
+    with large constants has a text of hundreds of MB, whose hash costs more
+    than running the program. The digest lives on the object, so it goes
+    when the program does; a program made with _replace is a new object and
+    computes its own. It travels to workers as a plain LoweredProgram.
+    """
+
+    @functools.cached_property
+    def text_sha256(self) -> str:
+        """The hex SHA-256 of the text (UTF-8), computed on first use."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LoweredProgram, tuple(self))
 
 
 class CompileStatistics(NamedTuple):

@@ -330,23 +330,30 @@ class Pool(Manager, CompilesMany):
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
         name: str | None = None,
+        static_argnames: str | Sequence[str] | None = None,
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
 
         Calling it lowers the function in this process once per signature (the
         arguments' tree structure, shapes, dtypes and weak types, the static
-        arguments' values and jax_enable_x64, as jax.jit caches), then runs
-        the program with Pool.run: a worker compiles it or loads it from the
-        disk cache. It returns the result in the structure
-        jax.jit(function)(*args) returns, with numpy arrays as leaves; typed
-        PRNG keys come back as keys. Arguments are pytrees of numpy arrays,
-        JAX arrays, Python scalars (weakly typed, as in jax.jit) and typed
-        keys; keyword arguments are dynamic. static_argnums and custom_calls
-        mean what they mean for jax.jit and lower; platform is the one to
-        lower for (default: that of this pool's plugin); name names the tasks
-        (default: the program's name). Its submit method returns a Future of
-        the result and its lower method the LoweredProgram a call runs. Crash
-        isolation, timeouts and quarantine are those of submit.
+        arguments' types and values, and JAX's trace context: the config that
+        changes programs, such as jax_enable_x64, numpy_rank_promotion and
+        threefry_partitionable, as jax.jit caches), then runs the program with
+        Pool.run: a worker compiles it or loads it from the disk cache. It
+        returns the result in the structure jax.jit(function)(*args) returns,
+        with numpy arrays as leaves; typed PRNG keys come back as keys and
+        float0 results as float0 arrays. Arguments are pytrees of numpy
+        arrays, JAX arrays, Python scalars (weakly typed, as in jax.jit) and
+        typed keys. static_argnums, static_argnames and custom_calls mean what
+        they mean for jax.jit and lower (a static argument a call leaves out
+        takes the function's default; other keyword arguments are dynamic);
+        platform is the one to lower for (default: that of this pool's
+        plugin); name names the tasks (default: the program's name). Its
+        submit method returns a Future of the result and its lower method the
+        LoweredProgram a call runs. Crash isolation, timeouts and quarantine
+        are those of submit. It runs in another process, so it cannot be
+        traced: jax.grad, jax.vmap or jax.jit of it raise TypeError (make the
+        PoolFunction of the transformed function instead).
 
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
@@ -358,6 +365,7 @@ class Pool(Manager, CompilesMany):
             self,
             function,
             static_argnums=static_argnums,
+            static_argnames=static_argnames,
             donate_argnums=donate_argnums,
             platform=platform,
             custom_calls=custom_calls,
