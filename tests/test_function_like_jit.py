@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from conftest import child
 
-from pool import Pool, lower
-from pool.lowering.function import TracedPoolFunctionError
+from pool import Pool, TracedPoolFunctionError, lower
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import numpy as np
 
+from pool.errors import TracedPoolFunctionError
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
@@ -64,10 +65,6 @@ class _Compiled(NamedTuple):
 
 
 _canonical: dict[tuple[np.dtype, bool], Any] = {}
-
-
-class TracedPoolFunctionError(TypeError):
-    """A PoolFunction was called with JAX tracers (under jax.grad, jax.vmap, jax.jit, ...)."""
 
 
 def _leaf_type(leaf: Any, x64: bool) -> LeafType:
@@ -199,6 +196,14 @@ _PROGRAM_OPTIONS = (
 trace_context = _trace_context_function()
 
 
+class _LoweringHere(threading.local):
+    depth = 0
+    """How many lowerings this thread is inside (a function traced calls PoolFunctions)."""
+
+
+_lowering_here = _LoweringHere()
+
+
 class PoolFunction:
     """A function lowered once per signature and run in a Pool's workers, like jax.jit's.
 
@@ -241,10 +246,9 @@ class PoolFunction:
         self._custom_calls = tuple(custom_calls)
         self._name = name
         self._compiled: dict[Any, _Compiled] = {}
-        # Signatures being lowered, by thread: another thread's call of one waits for it;
-        # a call from the lowering thread itself (the function calls the PoolFunction
-        # while it traces) lowers on its own, as jax.jit traces a nested call.
-        self._lowering: dict[Any, tuple[int, threading.Event]] = {}
+        # Signatures being lowered: another thread's call of one waits for it, unless
+        # that thread is lowering something itself (see _lower_once).
+        self._lowering: dict[Any, threading.Event] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, function, updated=())
 
@@ -329,29 +333,37 @@ class PoolFunction:
     def _lower_once(
         self, signature: Any, tree: Any, types: tuple[LeafType, ...], statics: Statics
     ) -> _Compiled:
-        """Lowers a signature, once across threads, without holding a lock while it traces."""
-        me = threading.get_ident()
+        """Lowers a signature, once across threads, without holding a lock while it traces.
+
+        A thread that finds another lowering the signature waits for it, but
+        only if it is not lowering anything itself: a function that calls a
+        PoolFunction while it traces (its own, or one another thread is
+        lowering and whose function calls back) lowers that call on its own,
+        as jax.jit traces a nested call, so that no two lowerings wait for
+        each other.
+        """
         while True:
             with self._lock:
                 compiled = self._compiled.get(signature)
                 if compiled is not None:
                     return compiled
                 busy = self._lowering.get(signature)
-                if busy is None or busy[0] == me:
-                    done = threading.Event()
-                    self._lowering[signature] = (me, done)
+                if busy is None or _lowering_here.depth:
+                    done = self._lowering.setdefault(signature, threading.Event())
                     break
-            busy[1].wait()  # another thread lowers it; if that fails, try here
+            busy.wait()  # the other thread's lowering failed if nothing is there now
+        _lowering_here.depth += 1
         try:
             compiled = self._lower(tree, types, statics)
             with self._lock:
                 compiled = self._compiled.setdefault(signature, compiled)
             return compiled
         finally:
-            with self._lock:
-                if self._lowering.get(signature, (None, None))[1] is done:
-                    del self._lowering[signature]
-            done.set()
+            _lowering_here.depth -= 1
+            if busy is None:  # this thread's entry: take it away and wake the waiters
+                with self._lock:
+                    self._lowering.pop(signature, None)
+                done.set()
 
     def _prepare(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]

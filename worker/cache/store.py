@@ -8,7 +8,7 @@ Layout of a cache directory (created 0700, or 2770 when group-shared)::
     locks/space.lock         held while reserving space or trimming (never deleted)
     loads/<key>.<pid>...     loads in progress (see loads.py)
     usage.json               bytes accounted in entries/ (see space.py)
-    plugins/<kind>-<id>.json memoized plugin digests and probe answers
+    plugins/<kind>-<id>.json records about plugin builds: digests, probes (memos.py)
 
 Nothing is read from a directory before trust.py has checked who can write
 it, and no file in it is opened, written or removed through a symlink. The
@@ -201,7 +201,8 @@ class DiskCache:
                 # optional (a cache made by an older version has none).
                 complete = complete and name == "loads"
             except OSError as error:
-                self._degrade(f"cannot create cache directory {real / name}: {error}")
+                doing = "create" if create else "use"
+                self._degrade(f"cannot {doing} cache directory {real / name}: {error}")
                 self.problem = f"{real / name}: {error}"
                 self._connect()
                 return False
