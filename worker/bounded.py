@@ -87,6 +87,8 @@ def check_json_depth(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> None
     """
     if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode("utf-8", errors="replace")
+    if text.count("[") + text.count("{") <= max_depth:
+        return  # too few brackets to nest deeper, wherever they are (the common case)
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
     depth = 0
     for character in brackets:

@@ -277,10 +277,7 @@ def read_entry(
         raise CorruptEntryError(
             f"payload is {file_size - verified.payload_offset} bytes, the header says {size}"
         )
-    payload = _read_exactly(file, size, "payload")
-    if file.read(1):
-        raise CorruptEntryError("the file grew while it was read")
-    return _verified_entry(verified, key, payload)
+    return _verified_entry(verified, key, _read_exactly(file, size, "payload"))
 
 
 def _verified_entry(verified: Header, key: Any, payload: bytes) -> Entry:

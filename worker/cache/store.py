@@ -285,7 +285,6 @@ class DiskCache:
         entries = self._folders.get("entries")
         if not self.usable or entries is None:
             return None
-        path = entries.file(name)
         try:
             with entry_format.open_entry(name, dir_fd=entries.fd) as file:
                 stat = os.fstat(file.fileno())
@@ -305,7 +304,8 @@ class DiskCache:
         except (OSError, MemoryError) as error:
             # Says nothing about the entry (too many open files, a flaky disk...).
             cause = error if isinstance(error, OSError) else None
-            raise entry_format.UnreadableEntryError(f"cannot read {path}: {error}", cause) from None
+            message = f"cannot read {entries.file(name)}: {error}"
+            raise entry_format.UnreadableEntryError(message, cause) from None
         if key_of(entry.parts) != key:
             error = entry_format.CorruptEntryError("the key parts do not hash to the key")
             error.stat = stat
