@@ -22,6 +22,7 @@ from pool.errors import (
     ProgramQuarantinedError,
     RemoteWorkerError,
     TaskTimeoutError,
+    TracedPoolFunctionError,
     WorkerCrashedError,
     WorkerStartupError,
 )
@@ -44,6 +45,7 @@ from worker import (
     compile_program,
     register_custom_call,
 )
+from worker.cache.key import InvalidKeyError
 from worker.protocol import DescriptorLimitError
 
 _LAZY = {"lower": "pool.lowering.lower", "lowering_platform": "pool.lowering.lower"}
@@ -69,6 +71,7 @@ __all__ = [
     "DeviceFailureError",
     "Executable",
     "ForeignExecutableError",
+    "InvalidKeyError",
     "LoweredProgram",
     "MissingCustomCallError",
     "PjrtError",
@@ -82,6 +85,7 @@ __all__ = [
     "ProgramSpec",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "TracedPoolFunctionError",
     "UntrustedCacheError",
     "WorkerCrashedError",
     "WorkerStartupError",
