@@ -23,6 +23,7 @@ from pool.errors import (
     ProgramQuarantinedError,
     RemoteWorkerError,
     TaskTimeoutError,
+    TracedPoolFunctionError,
     WorkerCrashedError,
     WorkerStartupError,
 )
@@ -45,6 +46,7 @@ from worker import (
     compile_program,
     register_custom_call,
 )
+from worker.cache.key import InvalidKeyError
 from worker.protocol import DescriptorLimitError
 
 _LAZY = {"lower": "pool.lowering.lower", "lowering_platform": "pool.lowering.lower"}
@@ -70,6 +72,7 @@ __all__ = [
     "DeviceFailureError",
     "Executable",
     "ForeignExecutableError",
+    "InvalidKeyError",
     "LoweredProgram",
     "MissingCustomCallError",
     "PjrtError",
@@ -84,6 +87,7 @@ __all__ = [
     "ProgramSpec",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "TracedPoolFunctionError",
     "UntrustedCacheError",
     "WorkerCrashedError",
     "WorkerStartupError",

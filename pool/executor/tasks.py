@@ -32,7 +32,7 @@ from pool.executor.segments import Segment, SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
 from worker.compiler import compile_options as default_compile_options
-from worker.records import ArrayType, LoweredProgram
+from worker.records import ArrayType, DigestedProgram, LoweredProgram
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -79,9 +79,15 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     Two programs with the same text compiled with different options are
     different executables (fast math, for one, changes results), so the
     options are part of the identity wherever the pool routes, caches or
-    quarantines a program. None means the default options.
+    quarantines a program. None means the default options. A program from
+    lower() carries its text's digest (DigestedProgram), so that its text is
+    hashed once, however large it is.
     """
-    return _identity(_text_digest(program.text), program.platform, compile_options)
+    if isinstance(program, DigestedProgram):
+        digest = program.text_sha256
+    else:
+        digest = _text_digest(program.text)
+    return _identity(digest, program.platform, compile_options)
 
 
 @functools.lru_cache(maxsize=4096)
