@@ -322,8 +322,8 @@ class Manager(Dispatch):
             if not running and failures >= FAILED_STARTS_TO_FAIL_QUEUE:
                 self._fail_queued_locked(
                     WorkerStartupError,
-                    f"no worker is running: the last {failures} tried to start failed "
-                    f"({error}); the pool tries again in {delay:.1f} s",
+                    f"no worker is running, and the last {failures} attempts to start one "
+                    f"failed ({error}); the pool tries again in {delay:.1f} s",
                     error,
                 )
 

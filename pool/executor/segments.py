@@ -27,7 +27,7 @@ Python function returns, nor between plain loads and stores. So:
   is mapped over it, so dropping the object at any point unmaps it, in C.
 - A descriptor outside the cache lives in a Segment, and moves between a
   Segment and the cache by plain stores with no call between taking it and
-  recording it (take, give, adopt), and closed with os.closerange(fd,
+  recording it (take, give, adopt). It is closed with os.closerange(fd,
   fd + 1), which never raises, so that no try (and so no call) comes
   between letting go of it and closing it. It is always in exactly one
   place; a task's Segments go back when the task is released, whatever cut
@@ -38,8 +38,9 @@ Python function returns, nor between plain loads and stores. So:
   lock (the cyclic garbage collector frees at any allocation). The next
   locked call takes the returned segments in.
 
-What remains is inside single system calls that make a descriptor (see
-worker.shm.new_segment and worker.protocol.recv_frame).
+What remains: a signal handled right as recvmsg returns loses the
+descriptors of that reply (worker.protocol.recv_frame). A new segment's
+descriptor is found again by its name (worker.shm.new_segment).
 """
 
 from __future__ import annotations
