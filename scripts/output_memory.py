@@ -18,10 +18,10 @@ server.py, Executable.run_into), holding both for a while. PJRT's C API has
 no way to have Execute write into memory the caller provides. The one route
 it offers, donating an input made with PJRT_Client_CreateViewOfDeviceBuffer
 over that memory to a program whose output aliases it, does not reach it on
-either CPU plugin: measured with a small C program against each (PJRT API
-0.81 and 0.115), Execute consumes the donated view and writes the output into
-a fresh buffer, while a donated buffer the plugin allocated is reused (so the
-aliasing itself works). It would also need every program to carry an
+either CPU plugin (PJRT API 0.81 and 0.115): Execute consumes the donated
+view and writes the output into a fresh buffer, while a donated buffer the
+plugin allocated is reused, so the aliasing itself works (measured by
+scripts/view_donation.py). It would also need every program to carry an
 aliased parameter per output.
 """
 
