@@ -19,9 +19,11 @@ from pool.errors import (
     DeviceFailureError,
     PoolClosedError,
     PoolError,
+    PoolForkedError,
     ProgramQuarantinedError,
     RemoteWorkerError,
     TaskTimeoutError,
+    TracedPoolFunctionError,
     WorkerCrashedError,
     WorkerStartupError,
 )
@@ -45,6 +47,7 @@ from worker import (
     compile_program,
     register_custom_call,
 )
+from worker.cache.key import InvalidKeyError
 from worker.protocol import DescriptorLimitError
 
 _LAZY = {"lower": "pool.lowering.lower", "lowering_platform": "pool.lowering.lower"}
@@ -71,6 +74,7 @@ __all__ = [
     "Executable",
     "FfiVersionError",
     "ForeignExecutableError",
+    "InvalidKeyError",
     "LoweredProgram",
     "MissingCustomCallError",
     "PjrtError",
@@ -80,10 +84,12 @@ __all__ = [
     "Pool",
     "PoolClosedError",
     "PoolError",
+    "PoolForkedError",
     "ProgramQuarantinedError",
     "ProgramSpec",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "TracedPoolFunctionError",
     "UntrustedCacheError",
     "WorkerCrashedError",
     "WorkerStartupError",

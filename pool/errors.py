@@ -75,7 +75,21 @@ class ProgramQuarantinedError(PoolError):
 
 
 class PoolClosedError(PoolError):
-    """The pool is closed (or broken) and takes no more tasks."""
+    """The pool is closed (or broken) and takes no more tasks.
+
+    Tasks the pool stopped before or while they ran fail with it too; its
+    message says how the pool was stopped (terminate(), close(cancel_pending=True),
+    a with block left by an exception).
+    """
+
+
+class PoolForkedError(PoolClosedError):
+    """The pool belongs to the process this one was forked from; it cannot be used here.
+
+    A forked child inherits its parent's worker sockets and shared memory but
+    none of its threads: using them would take the parent's workers from under
+    it. Create a Pool in the child (or fork before creating one).
+    """
 
 
 class WorkerStartupError(PoolError):
@@ -107,3 +121,11 @@ def rebuild_error(remote: RemoteError) -> BaseException:
         error = RemoteWorkerError(f"{remote.module}.{remote.qualname}: {remote.message}")
     error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
     return error
+
+
+class TracedPoolFunctionError(TypeError):
+    """A PoolFunction was called with JAX tracers (under jax.grad, jax.vmap, jax.jit, ...).
+
+    Its program runs in a worker process, where JAX's tracers cannot follow:
+    make the PoolFunction of the transformed function instead.
+    """

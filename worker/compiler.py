@@ -79,7 +79,7 @@ def runtime_key_parts(
     return key_parts(
         text=text,
         platform=runtime.platform,
-        plugin_sha256=plugin_digest(runtime.location.path, cache.plugins_dir if cache else None),
+        plugin_sha256=plugin_digest(runtime.location.path, cache.memos if cache else None),
         api_version=runtime.api_version,
         platform_version=client.platform_version,
         device_kind=client.device_kind,
