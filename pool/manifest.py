@@ -5,9 +5,12 @@ A manifest is JSON::
     {"format": 1, "platform": "cpu", "cache_dir": "...", "created": 1700000000.0,
      "programs": [<ProgramSpec.to_json()>, ...]}
 
-load_manifest() reads one; Manifest.run(name, arguments) runs a program by
-name from the warm cache, in this process or through a Pool, without JAX and
-without lowering or compiling anything.
+load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
+worker.bundle), which carries the executables themselves; Manifest.run(name,
+arguments) runs a program by name from the warm cache or the bundle, in this
+process or (from a cache) through a Pool, without JAX and without lowering or
+compiling anything. Run from a bundle, nothing is written anywhere and only
+the programs that run are read.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from worker.bundle.container import looks_like_archive
+from worker.bundle.loading import load_from_bundle
+from worker.bundle.reader import Bundle
 from worker.cache.atomic import write_atomically
+from worker.errors import BundleError
 from worker.records import ProgramSpec
 
 if TYPE_CHECKING:
@@ -32,23 +39,38 @@ if TYPE_CHECKING:
 
 MANIFEST_FORMAT = 1
 
+BUNDLE_FOR_POOLS = (
+    "a Pool's workers load from its cache directory, not from a bundle: import the bundle "
+    "there and write this host's manifest (pjrt-pool bundle import FILE --cache-dir DIR "
+    "--manifest HOST.json), then run that manifest through the pool"
+)
+
 
 class ManifestError(ValueError):
     """A manifest file is missing, malformed, or lacks the program asked for."""
 
 
 class Manifest:
-    """The programs of a warm run, by name, and where their executables are cached."""
+    """The programs of a warm run, by name, and where their executables are: a cache or a bundle.
+
+    For a bundle whose programs have entries built for several environments,
+    a program's spec names its first entry until the program is loaded, and
+    from then on the entry that was loaded: the one built for this
+    process's plugin and host.
+    """
 
     def __init__(
         self,
         specs: Iterable[ProgramSpec],
         cache_dir: str | None = None,
         platform: str | None = None,
+        bundle: Bundle | None = None,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {spec.name: spec for spec in specs}
         self.cache_dir = cache_dir
         self.platform = platform
+        self.bundle = bundle
+        """The bundle the executables come from, or None: the cache directory."""
         self._executables: dict[str, Executable] = {}
         self._lock = threading.Lock()
 
@@ -66,21 +88,39 @@ class Manifest:
             raise ManifestError(f"no program {name!r} in the manifest (it has: {known})") from None
 
     def executable(self, name: str) -> Executable:
-        """Loads (once) a program's executable from the disk cache into this process."""
-        from worker.cached import load_cached_executable  # loads the plugin on first use
+        """Loads (once) a program's executable from the disk cache or bundle into this process.
 
+        Raises ManifestError for an unknown name, NotInCacheError when there is
+        no usable entry for this plugin and host (saying how the entries found
+        differ), and BundleError for a bundle entry changed since it was made.
+        """
         with self._lock:
             executable = self._executables.get(name)
             if executable is None:
-                executable = load_cached_executable(self.spec(name).key, self.cache_dir)
+                spec = self.spec(name)
+                if self.bundle is not None:
+                    executable, self.specs[name] = load_from_bundle(self.bundle, name)
+                else:
+                    # Here, not at the top: a bundle's runs need none of the cache's
+                    # compiler, locks and healing that this imports (~25 ms).
+                    from worker.cached import load_cached_executable
+
+                    executable = load_cached_executable(spec.key, self.cache_dir)
                 self._executables[name] = executable
             return executable
 
     def run(
         self, name: str, arguments: Sequence[ArrayLike], pool: Pool | None = None
     ) -> list[np.ndarray]:
-        """Runs a program by name: through `pool` if given, else in this process."""
+        """Runs a program by name: through `pool` if given, else in this process.
+
+        A Pool's workers load from its cache directory: to serve a bundle's
+        programs through one, import the bundle there first (see
+        BUNDLE_FOR_POOLS).
+        """
         if pool is not None:
+            if self.bundle is not None:
+                raise ManifestError(BUNDLE_FOR_POOLS)
             return pool.submit_spec(self.spec(name), arguments).result()
         return self.executable(name).run(arguments)
 
@@ -101,7 +141,14 @@ class Manifest:
 
 
 def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) -> Manifest:
-    """Reads a manifest; cache_dir overrides the directory recorded in it."""
+    """Reads a manifest, or opens a bundle; cache_dir overrides the directory a manifest records.
+
+    A bundle is checked as it opens (worker.bundle.reader): one that was
+    changed after it was made, is damaged or is not a bundle raises
+    ManifestError saying what is wrong.
+    """
+    if looks_like_archive(path):
+        return _open_bundle(path, cache_dir)
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -115,3 +162,18 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
     except (KeyError, TypeError, ValueError) as error:
         raise ManifestError(f"{path}: {error}") from None
     return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"))
+
+
+def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifest:
+    if cache_dir is not None:
+        raise ManifestError(
+            f"{path} is a bundle, which carries its executables: leave the cache directory "
+            "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
+        )
+    try:
+        bundle = Bundle(path)
+    except BundleError as error:
+        raise ManifestError(str(error)) from None
+    programs = list(bundle.index.programs.values())
+    specs = [program.spec(program.keys[0]) for program in programs]
+    return Manifest(specs, None, programs[0].platform if programs else None, bundle)

@@ -5,20 +5,71 @@ the user's own process for in-process use. It never imports JAX, so that a
 worker starts in a fraction of a second.
 """
 
-from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
-from worker.compiler import compile_options, compile_program, program_key
-from worker.errors import (
-    PjrtError,
-    PlatformMismatchError,
-    PluginLoadError,
-    PluginNotFoundError,
-)
-from worker.executable import Executable
-from worker.kernels import MissingCustomCallError, register_custom_call
-from worker.plugins import PluginLocation, find_plugin
-from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
-from worker.runtime import get_runtime, loaded_runtime
-from worker.stamp import ForeignExecutableError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
+    from worker.compiler import compile_options, compile_program, program_key
+    from worker.errors import (
+        PjrtError,
+        PlatformMismatchError,
+        PluginLoadError,
+        PluginNotFoundError,
+    )
+    from worker.executable import Executable
+    from worker.kernels import MissingCustomCallError, register_custom_call
+    from worker.plugins import PluginLocation, find_plugin
+    from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+    from worker.runtime import get_runtime, loaded_runtime
+    from worker.stamp import ForeignExecutableError
+
+_MODULES = {
+    "CacheCounters": "worker.cache",
+    "DiskCache": "worker.cache",
+    "UntrustedCacheError": "worker.cache",
+    "explain_key": "worker.cache",
+    "compile_options": "worker.compiler",
+    "compile_program": "worker.compiler",
+    "program_key": "worker.compiler",
+    "PjrtError": "worker.errors",
+    "PlatformMismatchError": "worker.errors",
+    "PluginLoadError": "worker.errors",
+    "PluginNotFoundError": "worker.errors",
+    "Executable": "worker.executable",
+    "MissingCustomCallError": "worker.kernels",
+    "register_custom_call": "worker.kernels",
+    "PluginLocation": "worker.plugins",
+    "find_plugin": "worker.plugins",
+    "ArrayType": "worker.records",
+    "CompileStatistics": "worker.records",
+    "LoweredProgram": "worker.records",
+    "ProgramSpec": "worker.records",
+    "get_runtime": "worker.runtime",
+    "loaded_runtime": "worker.runtime",
+    "ForeignExecutableError": "worker.stamp",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: Python runs this file before any worker module, so names imported
+    # here eagerly were paid for by every process that imports one of them: a
+    # job running a bundle (which needs neither the compiler nor the cache's
+    # locking, ~60 ms of imports) and every pool worker. Each name is imported
+    # on first use instead (scripts/bench_cold_start.py measures the effect).
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULES])
+
 
 __all__ = [
     "ArrayType",

@@ -12,12 +12,11 @@ import os
 
 from worker.cache import open_cache
 from worker.compiler import Miss, load_entry, settle_miss
+from worker.errors import NotInCacheError
 from worker.executable import Executable
 from worker.records import ArrayType
 
-
-class NotInCacheError(LookupError):
-    """The disk cache holds no usable executable for a key."""
+__all__ = ["NotInCacheError", "load_cached_executable"]
 
 
 def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:

@@ -203,14 +203,15 @@ _runtime_lock = threading.Lock()
 
 
 def _memo_dir() -> Path | None:
-    """The default cache's folder for facts about plugin builds, if the cache is usable."""
-    from worker.cache import open_cache  # the cache imports the runtime
+    """The default cache's folder for facts about plugin builds, if it exists and is trusted.
 
-    try:
-        cache = open_cache()
-    except Exception:  # an untrusted or broken cache: compiling will say so
-        return None
-    return cache.plugins_dir if cache.writable else None
+    Never created here: a process that only loads (from a bundle, on a
+    read-only host) must write nothing; compiling creates the cache.
+    """
+    from worker.cache.location import default_cache_dir
+    from worker.cache.trust import trusted_subdirectory
+
+    return trusted_subdirectory(default_cache_dir(), "plugins")
 
 
 def default_platform() -> str:

@@ -28,7 +28,7 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
-COMMAND_MODULES = ("pool.cli.warm", "pool.cli.cache", "pool.cli.check")
+COMMAND_MODULES = ("pool.cli.warm", "pool.cli.bundle", "pool.cli.cache", "pool.cli.check")
 """Modules with a register(subparsers) function, in the order of the help text."""
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from pool.executor.segments import SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
-from worker.compiler import compile_options as default_compile_options
+from worker.identity import compile_options as default_compile_options
 from worker.records import ArrayType, LoweredProgram
 
 MAX_REQUEUES = 3
@@ -45,7 +45,7 @@ _memo_size = 0
 _memo_lock = threading.Lock()
 
 
-def _text_digest(text: str) -> str:
+def text_digest(text: str) -> str:
     """The SHA-256 of a program text, memoized by the text object's identity.
 
     The same program is usually submitted many times, and hashing a large
@@ -79,7 +79,7 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     options are part of the identity wherever the pool routes, caches or
     quarantines a program. None means the default options.
     """
-    return _identity(_text_digest(program.text), program.platform, compile_options)
+    return _identity(text_digest(program.text), program.platform, compile_options)
 
 
 @functools.lru_cache(maxsize=4096)

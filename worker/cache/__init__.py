@@ -8,27 +8,80 @@ locks), loads (markers that catch entries whose load kills a process), space
 together), report and verify (inspection for ``pjrt-pool cache``).
 """
 
-from worker.cache.counters import CacheCounters
-from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
-from worker.cache.key import explain_key, key_of, key_parts
-from worker.cache.location import (
-    CACHE_DIR_ENV,
-    DEFAULT_MAX_SIZE,
-    MAX_SIZE_ENV,
-    default_cache_dir,
-    format_size,
-    parse_size,
-)
-from worker.cache.signing import KEY_FILE_ENV, SECRET_ENV, Signer, signer_from_environment
-from worker.cache.space import EntryFile
-from worker.cache.store import (
-    CacheUnavailableWarning,
-    DiskCache,
-    TrimResult,
-    open_cache,
-    process_counters,
-)
-from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.cache.counters import CacheCounters
+    from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
+    from worker.cache.key import explain_key, key_of, key_parts
+    from worker.cache.location import (
+        CACHE_DIR_ENV,
+        DEFAULT_MAX_SIZE,
+        MAX_SIZE_ENV,
+        default_cache_dir,
+        format_size,
+        parse_size,
+    )
+    from worker.cache.signing import KEY_FILE_ENV, SECRET_ENV, Signer, signer_from_environment
+    from worker.cache.space import EntryFile
+    from worker.cache.store import (
+        CacheUnavailableWarning,
+        DiskCache,
+        TrimResult,
+        open_cache,
+        process_counters,
+    )
+    from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
+
+_MODULES = {
+    "CacheCounters": "worker.cache.counters",
+    "CorruptEntryError": "worker.cache.entry",
+    "SignatureError": "worker.cache.entry",
+    "UnreadableEntryError": "worker.cache.entry",
+    "explain_key": "worker.cache.key",
+    "key_of": "worker.cache.key",
+    "key_parts": "worker.cache.key",
+    "CACHE_DIR_ENV": "worker.cache.location",
+    "DEFAULT_MAX_SIZE": "worker.cache.location",
+    "MAX_SIZE_ENV": "worker.cache.location",
+    "default_cache_dir": "worker.cache.location",
+    "format_size": "worker.cache.location",
+    "parse_size": "worker.cache.location",
+    "KEY_FILE_ENV": "worker.cache.signing",
+    "SECRET_ENV": "worker.cache.signing",
+    "Signer": "worker.cache.signing",
+    "signer_from_environment": "worker.cache.signing",
+    "EntryFile": "worker.cache.space",
+    "CacheUnavailableWarning": "worker.cache.store",
+    "DiskCache": "worker.cache.store",
+    "TrimResult": "worker.cache.store",
+    "open_cache": "worker.cache.store",
+    "process_counters": "worker.cache.store",
+    "SHARED_ENV": "worker.cache.trust",
+    "UntrustedCacheError": "worker.cache.trust",
+    "check_cache_dir": "worker.cache.trust",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: Python runs this file before any cache module, and store.py brings
+    # the file locks (filelock and its dependencies, ~20 ms): a process that
+    # only reads an entry (a bundle's, or a cache's without compiling) needs
+    # entry.py and key.py alone. Each name is imported on first use instead.
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker.cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULES])
+
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
 
 MAGIC = b"PJRTPOOL"
@@ -238,3 +239,15 @@ def decode(data: bytes, expected_key: str | None = None, signer: Signer | None =
     return Entry(
         key, header.get("parts", {}), header.get("metadata", {}), payload, verified.mac is not None
     )
+
+
+def verify(data: bytes, key: str, signer: Signer | None = None) -> Entry:
+    """Verifies the whole file of a key's entry and returns it; raises CorruptEntryError.
+
+    Besides what decode checks, the key parts in the header must hash to the
+    key, so that an entry copied under another key's name is never loaded.
+    """
+    entry = decode(data, expected_key=key, signer=signer)
+    if key_of(entry.parts) != key:
+        raise CorruptEntryError("the key parts do not hash to the key")
+    return entry

@@ -40,7 +40,6 @@ from worker.cache import entry as entry_format
 from worker.cache import space, trust
 from worker.cache.atomic import PendingFile
 from worker.cache.counters import CacheCounters, Tally
-from worker.cache.key import key_of
 from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
@@ -264,9 +263,7 @@ class DiskCache:
             # Says nothing about the entry (too many open files, a flaky disk...).
             raise entry_format.UnreadableEntryError(f"cannot read {path}: {error}", error) from None
         try:
-            entry = entry_format.decode(data, expected_key=key, signer=self.signer)
-            if key_of(entry.parts) != key:
-                raise entry_format.CorruptEntryError("the key parts do not hash to the key")
+            entry = entry_format.verify(data, key, self.signer)
         except entry_format.CorruptEntryError as error:
             error.stat = stat  # lets the caller remove exactly this file
             raise
@@ -294,7 +291,18 @@ class DiskCache:
         """
         if not self.writable:
             return False
-        data = entry_format.encode(key, parts, metadata, payload, self.signer)
+        return self.publish_file(
+            key, entry_format.encode(key, parts, metadata, payload, self.signer), max_size
+        )
+
+    def publish_file(self, key: str, data: bytes, max_size: int | None = None) -> bool:
+        """Writes a key's entry file as given (verified by the caller); False if not stored.
+
+        For entries that arrive whole, such as a bundle's: their bytes, and so
+        their digests and signatures, stay as they were made.
+        """
+        if not self.writable:
+            return False
         bound = self.max_size if max_size is None else max_size
         if len(data) > bound:
             logger.debug("entry %s (%d bytes) exceeds the cache bound; not stored", key, len(data))
