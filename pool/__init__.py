@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         compile_program,
         register_custom_call,
     )
-    from worker.errors import NeverCompileError, NotInCacheError
+    from worker.errors import BundleError, NeverCompileError, NotInCacheError
     from worker.protocol import DescriptorLimitError
 
 _ERRORS = (
@@ -88,6 +88,7 @@ _MODULES = {
     "Pool": "pool.executor.pool",
     "lower": "pool.lowering.lower",
     "lowering_platform": "pool.lowering.lower",
+    "BundleError": "worker.errors",
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
     "DescriptorLimitError": "worker.protocol",
@@ -114,6 +115,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArrayType",
+    "BundleError",
     "CompileResult",
     "CompileStatistics",
     "DescriptorLimitError",

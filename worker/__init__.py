@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
     from worker.compiler import compile_options, compile_program, program_key
     from worker.errors import (
+        BundleError,
+        NeverCompileError,
+        NotInCacheError,
         PjrtError,
         PlatformMismatchError,
         PluginLoadError,
@@ -34,6 +37,9 @@ _MODULES = {
     "compile_options": "worker.compiler",
     "compile_program": "worker.compiler",
     "program_key": "worker.compiler",
+    "BundleError": "worker.errors",
+    "NeverCompileError": "worker.errors",
+    "NotInCacheError": "worker.errors",
     "PjrtError": "worker.errors",
     "PlatformMismatchError": "worker.errors",
     "PluginLoadError": "worker.errors",
@@ -73,6 +79,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ArrayType",
+    "BundleError",
     "CacheCounters",
     "CompileStatistics",
     "DiskCache",
@@ -80,6 +87,8 @@ __all__ = [
     "ForeignExecutableError",
     "LoweredProgram",
     "MissingCustomCallError",
+    "NeverCompileError",
+    "NotInCacheError",
     "PjrtError",
     "PlatformMismatchError",
     "PluginLoadError",

@@ -29,8 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
 from worker.cache.signing import Signer
@@ -89,8 +88,7 @@ def split_parts(parts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return program, environment
 
 
-@dataclass(frozen=True)
-class Environment:
+class Environment(NamedTuple):
     """Where an entry was built: the key parts that are not the program's."""
 
     id: str
@@ -106,8 +104,7 @@ class Environment:
         return record
 
 
-@dataclass(frozen=True)
-class IndexEntry:
+class IndexEntry(NamedTuple):
     """One cache entry in the bundle: where it was built, its size and digest."""
 
     key: str
@@ -133,8 +130,7 @@ class IndexEntry:
         }
 
 
-@dataclass(frozen=True)
-class Program:
+class Program(NamedTuple):
     """A program of the bundle: its signature, and its entries (one per environment)."""
 
     name: str
@@ -152,13 +148,21 @@ class Program:
         return {**self.spec_json, "entries": list(self.keys)}
 
 
-@dataclass
 class Index:
     """A bundle's programs, entries and environments (see the module docstring)."""
 
-    programs: dict[str, Program]
-    entries: dict[str, IndexEntry]
-    environments: dict[str, Environment]
+    def __init__(
+        self,
+        programs: dict[str, Program],
+        entries: dict[str, IndexEntry],
+        environments: dict[str, Environment],
+    ) -> None:
+        self.programs = programs
+        """By name, in manifest order."""
+        self.entries = entries
+        """By key."""
+        self.environments = environments
+        """By environment id."""
 
     def parts_of(self, key: str) -> dict[str, Any]:
         """Returns the full key parts of an entry, rebuilt from the index."""

@@ -16,8 +16,7 @@ preflight and the run cannot disagree.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.bundle.index import Index, Program
 from worker.bundle.reader import Bundle
@@ -37,8 +36,7 @@ class Status(enum.Enum):
     WOULD_MISS = "would miss"
 
 
-@dataclass(frozen=True)
-class Elsewhere:
+class Elsewhere(NamedTuple):
     """An entry for the program that was built for another environment."""
 
     key: str
@@ -46,8 +44,7 @@ class Elsewhere:
     """One line per key part that differs from this process's."""
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Whether one program would load here, and if not, why."""
 
     name: str
