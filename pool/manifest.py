@@ -102,7 +102,7 @@ class Manifest:
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
                     # Here, not at the top: a bundle's runs need none of the cache's
-                    # compiler, locks and healing that this imports (~25 ms).
+                    # store (its markers, counters and space accounting, ~5 ms).
                     from worker.cached import load_cached_executable
 
                     executable = load_cached_executable(spec.key, self.cache_dir)

@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import io
 import os
-import secrets
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ def write_archive(path: Path, sources: Sequence[Source], mode: int = 0o644) -> N
     names = [source.name for source in sources]
     if len(set(names)) != len(names):
         raise BundleError(f"{path}: two members would have the same name")
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as file:

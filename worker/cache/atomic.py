@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp."
@@ -32,7 +31,10 @@ class PendingFile:
 
     def __init__(self, path: Path, size: int = 0, mode: int = 0o600) -> None:
         self.path = path
-        self.temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        # os.urandom, not secrets: every process that loads an entry imports this
+        # module, and secrets brings random and base64 (a few ms) for one name.
+        unique = os.urandom(4).hex()
+        self.temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{unique}")
         # O_EXCL: never opens an existing file, nor follows a symlink planted at the name.
         self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:

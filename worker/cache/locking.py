@@ -10,18 +10,30 @@ never depends on the locks, at worst duplicate compiles.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import filelock
+if TYPE_CHECKING:
+    import filelock
 
-_OPTIONS: dict[str, Any] = {"mode": 0o600, "thread_local": False}
-_accepted = inspect.signature(filelock.FileLock.__init__).parameters
-if "preserve_lock_file" in _accepted:
-    _OPTIONS["preserve_lock_file"] = True
-if "fallback_to_soft" in _accepted:
-    _OPTIONS["fallback_to_soft"] = False
+
+@functools.cache
+def _filelock() -> tuple[Any, dict[str, Any]]:
+    """The filelock module and the options this version of it takes."""
+    # Imported at the first lock, not with the cache: a process that only loads
+    # entries (a cache hit, a manifest run) takes no lock, and filelock with
+    # what it imports is most of the cache's import time (~10 ms).
+    import filelock
+
+    options: dict[str, Any] = {"mode": 0o600, "thread_local": False}
+    accepted = inspect.signature(filelock.FileLock.__init__).parameters
+    if "preserve_lock_file" in accepted:
+        options["preserve_lock_file"] = True
+    if "fallback_to_soft" in accepted:
+        options["fallback_to_soft"] = False
+    return filelock, options
 
 
 def try_acquire(path: Path, timeout: float, mode: int = 0o600) -> filelock.BaseFileLock | None:
@@ -32,9 +44,10 @@ def try_acquire(path: Path, timeout: float, mode: int = 0o600) -> filelock.BaseF
     be created or opened (a read-only directory, say). The caller releases
     the lock. filelock opens lock files without following symlinks.
     """
-    lock = filelock.FileLock(path, timeout=max(timeout, 0.0), **{**_OPTIONS, "mode": mode})
+    module, options = _filelock()
+    lock = module.FileLock(path, timeout=max(timeout, 0.0), **{**options, "mode": mode})
     try:
         lock.acquire()
-    except filelock.Timeout:
+    except module.Timeout:
         return None
     return lock
