@@ -17,8 +17,9 @@ Programs API imports from here. What the folders hold:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from worker.exports import on_first_use
 
 if TYPE_CHECKING:
     from pool.errors import (
@@ -95,23 +96,12 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: Python runs this file before any pool module, so whatever it
-    # imported eagerly every production job paid for when it imported
-    # pool.manifest: the Pool and its machinery (~100 ms with the worker
-    # side they bring), and lower(), which imports JAX (about a second).
-    # Each name is imported on first use instead (scripts/bench_cold_start.py).
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pool' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULES])
-
+# Lazy: Python runs this file before any pool module, so whatever it
+# imported eagerly every production job paid for when it imported
+# pool.manifest: the Pool and its machinery (~100 ms with the worker
+# side they bring), and lower(), which imports JAX (about a second).
+# Each name is imported on first use instead (scripts/bench_cold_start.py).
+__getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
     "ArrayType",

@@ -528,3 +528,18 @@ def test_bundle_commands_report_usage_errors(warmed, bundles, tmp_path):
     assert (tmp_path / "m.bundle").read_bytes() == bundles["merged"].read_bytes()
     pooled = pjrt_pool("run", str(bundles["here"]), "p0", "--workers", "1")
     assert pooled.returncode == 2 and "bundle import" in pooled.stderr
+
+
+def test_a_cpu_features_difference_names_the_flags_this_host_lacks():
+    """A pure function of two sets of key parts (no other CPU is at hand to build on)."""
+    from worker.cache.key import differing_parts, host_cpu_flags
+
+    here = {"host": {"machine": "x86_64", "cpu_features": "here"}, "plugin": {"sha256": "a"}}
+    built = {"host": {"machine": "x86_64", "cpu_features": "there"}, "plugin": {"sha256": "b"}}
+    flags = [*host_cpu_flags()[1:], "avx512_imaginary"]
+    lines = differing_parts(built, here, flags)
+    assert lines == [
+        "plugin.sha256: built with 'b', here 'a'",
+        "host.cpu_features: built with 'there', here 'here' (this host lacks avx512_imaginary; "
+        f"has {host_cpu_flags()[0]}, which the builder had not)",
+    ]

@@ -7,8 +7,9 @@ worker starts in a fraction of a second.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from worker.exports import on_first_use
 
 if TYPE_CHECKING:
     from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
@@ -59,23 +60,12 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: Python runs this file before any worker module, so names imported
-    # here eagerly were paid for by every process that imports one of them: a
-    # job running a bundle (which needs neither the compiler nor the cache's
-    # locking, ~60 ms of imports) and every pool worker. Each name is imported
-    # on first use instead (scripts/bench_cold_start.py measures the effect).
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'worker' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULES])
-
+# Lazy: Python runs this file before any worker module, so names imported
+# here eagerly were paid for by every process that imports one of them: a
+# job running a bundle (which needs neither the compiler nor the cache's
+# locking, ~60 ms of imports) and every pool worker. Each name is imported
+# on first use instead (scripts/bench_cold_start.py measures the effect).
+__getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
     "ArrayType",

@@ -108,7 +108,8 @@ def judge(index: Index, program: Program, here: dict[str, Any]) -> Verdict:
         elsewhere.append(Elsewhere(key, tuple(differing_parts(parts, here, flags))))
     needed = key_here(index.parts_of(program.keys[0]), here)
     count = len(program.keys)
-    reason = f"{'its entry was' if count == 1 else f'none of its {count} entries was'} built here"
+    reason = "its entry was not built here" if count == 1 else f"none of its {count} entries was"
+    reason += "" if count == 1 else " built here"
     return Verdict(program.name, Status.WOULD_MISS, needed, reason, tuple(elsewhere))
 
 

@@ -10,8 +10,9 @@ together), report and verify (inspection for ``pjrt-pool cache``).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from worker.exports import on_first_use
 
 if TYPE_CHECKING:
     from worker.cache.counters import CacheCounters
@@ -66,22 +67,12 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: Python runs this file before any cache module, and store.py brings
-    # the file locks (filelock and its dependencies, ~20 ms): a process that
-    # only reads an entry (a bundle's, or a cache's without compiling) needs
-    # entry.py and key.py alone. Each name is imported on first use instead.
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'worker.cache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULES])
-
+# Lazy: Python runs this file before any cache module, and the store brings
+# what a process that writes or heals a cache needs (load markers, counters,
+# the space ledger, trust checks of every directory): a process that reads
+# a bundle's entry needs entry.py and key.py alone. Each name is imported on
+# first use instead.
+__getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
     "CACHE_DIR_ENV",
