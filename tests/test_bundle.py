@@ -397,6 +397,20 @@ def tampered(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
         return swap_data(members, first, replacement)
 
     make("swapped for another entry", other_entry, "was swapped")
+
+    def other_program_text(members: list) -> list:
+        out = []
+        for info, data in members:
+            if info.name == "index.json":
+                index = json.loads(data)
+                first = sorted(index["entries"])[0]
+                index["entries"][first]["program_sha256"] = "0" * 64
+                data = json.dumps(index).encode()
+                info.size = len(data)
+            out.append((info, data))
+        return out
+
+    make("index edited", other_program_text, "does not match the key parts the index gives")
     make("traversal", lambda m: [*m, regular("../escape.pjx", b"x")], "outside the bundle")
     make("absolute", lambda m: [*m, regular("/tmp/escape.pjx", b"x")], "outside the bundle")
     make(
@@ -456,9 +470,19 @@ def test_damaged_and_hostile_bundles_are_refused_with_nothing_published(bundles,
         assert str(path) in str(refused.value), label
         assert list(cache.entries_dir.iterdir()) == [], label
         assert not any(p.exists() for p in escape), label
-        if label != "flipped byte":  # a run reads only its own program's entry
+        if label not in ("flipped byte", "index edited"):  # a run reads its program's alone
             with pytest.raises(ManifestError, match=says):
                 load_manifest(path)
+    # A run reads only what its program needs: the edited entry is refused when its program runs.
+    edited = load_manifest(tmp_path / "index edited.bundle")
+    refused = []
+    for name in NAMES:
+        try:
+            edited.run(name, [X])
+        except BundleError as error:
+            refused.append(name)
+            assert "does not match the key parts" in str(error)
+    assert len(refused) == 1
     done = pjrt_pool(
         "bundle", "import", str(tmp_path / "added.bundle"), "--cache-dir", str(cache.directory)
     )

@@ -53,7 +53,8 @@ def import_bundle(path: str | os.PathLike[str], cache: DiskCache) -> ImportResul
         keys = sorted(bundle.index.entries)
         total = 0
         for key in keys:
-            bundle.entry(key)  # raises BundleError for an entry that fails a check
+            bundle.index.parts_of(key)  # the index's parts hash to the key
+            bundle.entry(key)  # and the entry passes every check a cache read makes
             size = bundle.index.entries[key].size
             if size > cache.max_size:
                 raise BundleError(
