@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
@@ -34,6 +33,8 @@ from worker.errors import BundleError
 from worker.records import ProgramSpec
 
 if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
     from pool.executor.pool import Pool
     from worker.executable import Executable
 

@@ -29,7 +29,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import stat as stat_module
 import time
 from dataclasses import dataclass
@@ -126,6 +125,10 @@ def remove_entry_file(path: Path, found: os.stat_result | None = None) -> None:
     if found is None:
         found = os.lstat(path)
     if stat_module.S_ISDIR(found.st_mode):
+        # Imported here: shutil brings zlib, bz2 and lzma (a few ms) into every
+        # process that reads the cache, for a directory no writer ever makes.
+        import shutil
+
         shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, not followed
     else:
         os.unlink(path)
