@@ -5,13 +5,18 @@ programs and records each case's outcome here, in the cache directory's
 ``plugins/`` folder as ``conformance-<plugin sha256>.json``: one record per
 plugin build, whatever its path. compile_program and Pool call
 warn_known_failures, which warns once per process and plugin build when the
-record of the loaded build has failing cases, naming them and the command
-that shows the details.
+loaded build has failing cases that nothing fixes, naming them and the
+command that shows the details: cases failing in the build's record, and
+the failures pjrt-pool ships knowledge of (worker.known_builds) that no
+workaround of lower() covers, so that a known build warns in a fresh
+environment too.
 
 warn_known_failures runs on compile_program's path, so it must cost next to
 nothing: after its first call per plugin and cache directory it is a set
 lookup, and the first call hashes the plugin only when some build has a
-record at all (the digest is memoized too; see worker.cache.key).
+record at all or the library has the size of a known build with failures
+that no workaround in effect covers (the digest is memoized too; see
+worker.cache.key).
 """
 
 from __future__ import annotations
@@ -23,17 +28,27 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from worker.cache.atomic import write_atomically
 from worker.cache.key import plugin_digest
 from worker.cache.location import resolve_cache_dir
+from worker.known_builds import (
+    WORKAROUNDS_ENV,
+    KnownBuild,
+    known_build,
+    may_have_uncovered_failures,
+    uncovered_failures,
+    workarounds_enabled,
+)
 from worker.plugins import env_var
 
-MEMO_FORMAT = 1
-"""Bumped whenever the record's layout changes; records of another format are ignored."""
+MEMO_FORMAT = 2
+"""Bumped whenever the record's layout or meaning changes; records of another format are
+ignored. 2: outcomes are of the programs as lower() writes them for the build, workarounds
+included (format 1 records were measured without any)."""
 
 MEMO_PREFIX = "conformance-"
 """Records are ``plugins/conformance-<sha256>.json`` in the cache directory."""
@@ -61,9 +76,10 @@ def read_memo(
 
     The record is a dict: ``plugin_sha256``, ``platform``, ``path`` (where the
     build was last checked), ``checked`` (seconds since the epoch), ``jax``
-    (the version that gave the reference results) and ``cases``, which maps
-    each case name that was run to its outcome ("pass", "wrong", "error",
-    "crash", "timeout" or "skipped").
+    (the version that gave the reference results), ``workarounds`` (the
+    names of lower()'s workarounds for the build, which the programs had)
+    and ``cases``, which maps each case name that was run to its outcome
+    ("pass", "wrong", "error", "crash", "timeout" or "skipped").
     """
     try:
         record = json.loads(memo_path(cache_dir, plugin_sha256).read_bytes())
@@ -85,12 +101,15 @@ def write_memo(
     jax_version: str,
     outcomes: Mapping[str, str],
     known_cases: frozenset[str] | None = None,
+    workarounds: Sequence[str] = (),
 ) -> Path:
     """Merges a run's outcomes into a plugin build's record and writes it atomically.
 
     Cases run before and not now keep their outcome, so that checking a few
     cases does not forget the others; with known_cases (every case of the
     current battery), outcomes of cases that no longer exist are dropped.
+    workarounds names those lower() applied for the build in the run (a run
+    without the build's workarounds is not recorded: see pool.conformance).
     Returns the record's path. Raises OSError when the directory cannot be
     written.
     """
@@ -106,6 +125,7 @@ def write_memo(
         "path": path,
         "checked": time.time(),
         "jax": jax_version,
+        "workarounds": list(workarounds),
         "cases": dict(sorted(cases.items())),
     }
     target = memo_path(cache_dir, plugin_sha256)
@@ -129,18 +149,42 @@ def details_command(platform: str, path: str, names: list[str]) -> str:
     return f"pjrt-pool check-plugin --platform {platform} --plugin {path} --cases '{patterns}'"
 
 
-def failures_message(record: Mapping[str, Any], path: str) -> str:
-    """Returns the warning text for a record with failing cases, loaded from `path`."""
-    names = failing_cases(record)
-    platform = record.get("platform", "cpu")
+def failures_message(
+    path: str, digest: str, record: Mapping[str, Any] | None, build: KnownBuild | None
+) -> str | None:
+    """Returns the warning text for the build at `path`, or None when nothing needs saying.
+
+    The failing cases are those of its record (measured with lower()'s
+    workarounds) and the known failures of a known build that no workaround
+    in effect covers.
+    """
+    from_record = failing_cases(record)
+    from_build = uncovered_failures(build)
+    names = sorted({*from_record, *from_build})
+    if not names:
+        return None
+    platform = record.get("platform", "cpu") if record else build.platform if build else "cpu"
     shown = ", ".join(names[:NAMED_IN_WARNING])
     if len(names) > NAMED_IN_WARNING:
         shown += f" and {len(names) - NAMED_IN_WARNING} more"
-    checked = time.strftime("%Y-%m-%d", time.localtime(record.get("checked", 0)))
+    sources = []
+    if from_build and build is not None:
+        sources.append(f"as pjrt-pool knows of {build.package}")
+    if from_record and record is not None:
+        checked = time.strftime("%Y-%m-%d", time.localtime(record.get("checked", 0)))
+        sources.append(f"as check-plugin found on {checked}")
+    off = ""
+    if build is not None and build.workarounds and not workarounds_enabled():
+        fixable = {c for f in build.failures if f.workaround is not None for c in f.cases}
+        off = (
+            f" {len(fixable & set(names))} of them are fixed by lower()'s workarounds for this "
+            f"build ({', '.join(w.name for w in build.workarounds)}), which "
+            f"{WORKAROUNDS_ENV}=off turns off."
+        )
     return (
-        f"the {platform} PJRT plugin {path} (sha256 {record['plugin_sha256'][:12]}) computed "
-        f"{len(names)} conformance case(s) differently from JAX when checked on {checked}: "
-        f"{shown}. Results of programs that use these operations may be wrong. Details: "
+        f"the {platform} PJRT plugin {path} (sha256 {digest[:12]}) computes {len(names)} "
+        f"conformance case(s) differently from JAX ({' and '.join(sources)}): {shown}. Results "
+        f"of programs that use these operations may be wrong.{off} Details: "
         f"{details_command(platform, path, names)}; to use another plugin, set "
         f"{env_var(platform)}."
     )
@@ -195,18 +239,18 @@ def warn_known_failures(
 
 
 def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None:
-    """The plugin build's digest and the warning text, if its record has failing cases."""
+    """The plugin build's digest and the warning text, if it has failing cases nothing fixes."""
     plugins_dir = directory / "plugins"
     try:
-        if not any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir)):
-            return None  # check-plugin never ran here: do not hash the plugin for nothing
+        recorded = any(name.startswith(MEMO_PREFIX) for name in os.listdir(plugins_dir))
     except OSError:
-        return None
+        recorded = False
+    if not recorded and not may_have_uncovered_failures(plugin_path):
+        return None  # nothing to warn about, whatever its digest: do not hash it for nothing
     digest = plugin_digest(plugin_path, plugins_dir)
-    record = read_memo(directory, digest)
-    if record is None or not failing_cases(record):
-        return None
-    return digest, failures_message(record, plugin_path)
+    record = read_memo(directory, digest) if recorded else None
+    message = failures_message(plugin_path, digest, record, known_build(digest))
+    return None if message is None else (digest, message)
 
 
 @contextlib.contextmanager

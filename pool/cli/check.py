@@ -4,9 +4,11 @@ Runs the built-in battery of small programs (elementwise math, comparisons,
 integer ops, conversions, reductions, dot and convolution, gather and
 scatter, sorting, FFT, control flow, random numbers, linear algebra) on the
 plugin in worker processes and compares each result with jax.jit in this
-process. A crash or hang fails its case only. Results are remembered per
-plugin build in the cache directory, and later processes that load a build
-with failing cases warn about them. Exit status: 0 when every case passes
+process. A crash or hang fails its case only. The programs are those
+lower() writes, with its workarounds for plugin builds known to miscompile
+something (--no-workarounds: without). Results are remembered per plugin
+build in the cache directory, and later processes that load a build with
+failing cases warn about them. Exit status: 0 when every case passes
 (skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs
 (or the plugin does not start), 2 for usage errors.
 """
@@ -56,6 +58,14 @@ def register(subparsers: Any) -> None:
         default=None,
         help="cache directory, where results are remembered "
         "(default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    )
+    check.add_argument(
+        "--no-workarounds",
+        dest="workarounds",
+        action="store_false",
+        help="run the programs as JAX writes them, without the workarounds lower() applies for "
+        "plugin builds known to miscompile something: shows the plugin's own bugs (not "
+        "remembered)",
     )
     check.add_argument("--list", action="store_true", help="list the selected cases and exit")
     check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -107,6 +117,7 @@ def _check(args: argparse.Namespace) -> int:
             on_result=None
             if progress is None
             else lambda r: progress.update(r.name, r.status, r.seconds),
+            workarounds=args.workarounds,
             **options,
         )
     except PluginStartError as error:  # a plugin that cannot start has a problem: 1
@@ -125,4 +136,6 @@ def _check(args: argparse.Namespace) -> int:
         print(format_report(report))
         if memo is not None:
             print(f"results remembered for this plugin build in {memo}")
+        elif report.workarounds_off:
+            print("results not remembered: checked without the workarounds lower() applies")
     return EXIT_OK if report.ok else EXIT_PROBLEMS

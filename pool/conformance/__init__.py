@@ -6,8 +6,12 @@ this process, on the same seeded inputs, and each result is compared under
 the case's error budget (budgets.py, compare.py). runner.py runs the cases,
 report.py formats what they found, and remember() records it per plugin
 build (worker.conformance_memo), so that processes that later load a build
-with failing cases warn about them. ``pjrt-pool check-plugin`` is the
-command line (pool.cli.check).
+with failing cases warn about them. The programs are those lower() writes,
+with its workarounds for builds known to miscompile something. The list of
+those builds, their failures (each with a reproduction) and the workarounds
+is worker.known_builds: in worker/ rather than here because processes that
+never import JAX (workers, manifest runs) warn from it. ``pjrt-pool
+check-plugin`` is the command line (pool.cli.check).
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ from worker.conformance_memo import write_memo
 def remember(report: CheckReport, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """Records a check's outcomes for its plugin build; returns the record's path.
 
-    Returns None when the cache directory cannot be written (the check's
-    report is unaffected).
+    The record says how the build computes the programs lower() writes for
+    it, so a check with the build's workarounds off (report.workarounds_off)
+    is not recorded: what it finds without them is known already
+    (worker.known_builds). Returns None then, and when the cache directory
+    cannot be written (the check's report is unaffected).
     """
+    if report.workarounds_off:
+        return None
     with contextlib.suppress(OSError):
         return write_memo(
             cache_dir,
@@ -44,6 +53,7 @@ def remember(report: CheckReport, cache_dir: str | os.PathLike[str] | None = Non
             jax_version=report.jax_version,
             outcomes={r.name: r.status for r in report.results},
             known_cases=frozenset(case.name for case in battery()),
+            workarounds=report.workarounds,
         )
     return None
 

@@ -39,6 +39,11 @@ LOOP               16     a loop of a few rounded steps: ULPs of the largest
 ULPs are of each output's own type. Per-element budgets of 16-bit and 8-bit
 floats are at most 2 ULP (Budget.allowed): XLA computes their functions in
 float32 and rounds, so correct builds differ by one rounding at most.
+
+A miscompile that a budget catches and that pjrt-pool works around for a
+particular build is listed, with its cases, reproduction and workaround, in
+worker.known_builds (the one list; importable without JAX, for the warning
+workers and manifest runs give).
 """
 
 from __future__ import annotations

@@ -63,6 +63,17 @@ def describe_result(result: CaseResult) -> list[str]:
     return [head] + ["         " + describe_output(o) for o in result.outputs if not o.ok]
 
 
+def _workaround_lines(report: CheckReport) -> list[str]:
+    """What the header says about lower()'s workarounds for the build (nothing if it has none)."""
+    if report.workarounds:
+        names = ", ".join(report.workarounds)
+        return [f"workarounds: {names}, as lower() applies them (--no-workarounds: without)"]
+    if report.workarounds_off:
+        names = ", ".join(report.workarounds_off)
+        return [f"workarounds: off; programs as JAX writes them, without {names}"]
+    return []
+
+
 def format_report(report: CheckReport) -> str:
     """The report as text: plugin, every case that did not pass, the table per family."""
     plugin = report.plugin
@@ -70,6 +81,7 @@ def format_report(report: CheckReport) -> str:
         f"plugin: {plugin.get('path')} ({report.platform}, PJRT API {plugin.get('api_version')}, "
         f"StableHLO {plugin.get('stablehlo_current_version')}, sha256 {report.plugin_sha256[:12]})",
         f"reference: {report.jax_version}, jax.jit in this process",
+        *_workaround_lines(report),
         "",
     ]
     for result in report.results:
@@ -129,6 +141,7 @@ def report_json(report: CheckReport) -> str:
         "plugin": report.plugin,
         "plugin_sha256": report.plugin_sha256,
         "reference": report.jax_version,
+        "workarounds": {"applied": list(report.workarounds), "off": list(report.workarounds_off)},
         "ok": report.ok,
         "seconds": report.seconds,
         "workers": report.workers,

@@ -38,6 +38,7 @@ from pool.errors import (
     describe_exit,
 )
 from worker.kernels import MissingCustomCallError
+from worker.known_builds import WORKAROUNDS_ENV
 from worker.plugins import env_var, environment_variable, find_plugin
 from worker.runtime import default_platform, loaded_runtime
 
@@ -116,6 +117,12 @@ class CheckReport:
     workers: int
     """Worker processes used."""
 
+    workarounds: tuple[str, ...] = ()
+    """The workarounds lower() applied to the programs for this plugin build."""
+
+    workarounds_off: tuple[str, ...] = ()
+    """The workarounds for this build that were off (--no-workarounds): the raw plugin."""
+
     @property
     def failures(self) -> list[CaseResult]:
         """The cases that did not pass and were not skipped."""
@@ -125,6 +132,21 @@ class CheckReport:
     def ok(self) -> bool:
         """True when every case passed or was skipped."""
         return not self.failures
+
+
+@contextlib.contextmanager
+def workarounds_switched(enabled: bool) -> Iterator[None]:
+    """Turns lower()'s workarounds off (PJRT_POOL_WORKAROUNDS=off) for the block, or leaves them.
+
+    With them on, the check runs the programs as lower() writes them for the
+    plugin, workarounds for known builds included; off, as JAX writes them,
+    which shows the plugin's own bugs.
+    """
+    if enabled:
+        yield
+        return
+    with environment_variable(WORKAROUNDS_ENV, "off"):
+        yield
 
 
 @contextlib.contextmanager
@@ -281,28 +303,42 @@ def run_cases(
     cache_dir: str | os.PathLike[str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_result: Callable[[CaseResult], None] | None = None,
+    workarounds: bool = True,
 ) -> CheckReport:
     """Runs cases on a platform's plugin (or the plugin at `plugin`) and compares them with JAX.
 
     workers is the Pool's size (default: the CPU count), cache_dir its disk
     cache, timeout each case's limit in a worker. on_result is called with
-    each result as it is known. Raises CheckError when the check cannot run,
-    and PluginStartError when the plugin's workers do not start.
+    each result as it is known. The programs are those lower() writes for
+    the plugin, with its workarounds for known builds unless workarounds is
+    False. Raises CheckError when the check cannot run, and PluginStartError
+    when the plugin's workers do not start.
     """
     import jax
 
     from pool.errors import WorkerStartupError
     from pool.executor.pool import Pool
+    from pool.lowering.plugin_info import PluginProbeError, plugin_info
+    from pool.lowering.workarounds import active_workarounds, build_workarounds
     from worker.conformance_memo import quiet
     from worker.errors import PluginNotFoundError
 
     platform = platform or default_platform()
     started = time.perf_counter()
-    with plugin_selected(platform, plugin):
+    with plugin_selected(platform, plugin), workarounds_switched(workarounds):
         try:
             location = find_plugin(platform)
         except PluginNotFoundError as error:
             raise CheckError(str(error)) from None
+        try:
+            info = plugin_info(platform)  # what lower() asks: the workarounds it applies follow
+        except PluginProbeError:
+            info = None  # the workers will say why the plugin does not start
+        try:
+            applied = tuple(w.name for w in active_workarounds(info))
+        except ValueError as error:  # a PJRT_POOL_WORKAROUNDS that is neither on nor off
+            raise CheckError(str(error)) from None
+        off = tuple(w.name for w in build_workarounds(info) if w.name not in applied)
         device = _reference_device(platform)
         count = (os.cpu_count() or 1) if workers is None else workers
         try:
@@ -339,6 +375,8 @@ def run_cases(
         results=[results[case.name] for case in cases],
         seconds=time.perf_counter() - started,
         workers=count,
+        workarounds=applied,
+        workarounds_off=off,
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from pool.lowering.plugin_info import plugin_info
 from pool.lowering.stablehlo import reserialize, target_version
+from pool.lowering.workarounds import active_workarounds, module_rewrite
 from worker.dtypes import code_of_dtype
 from worker.records import ArrayType, LoweredProgram
 
@@ -274,7 +275,8 @@ def lower_tree(
         target = target_version(
             info["stablehlo_minimum_version"], info["stablehlo_current_version"]
         )
-    code, text = reserialize(exported.mlir_module_serialized, target)
+    rewrite = module_rewrite(active_workarounds(info))
+    code, text = reserialize(exported.mlir_module_serialized, target, rewrite)
     input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
     program = LoweredProgram(code=code, text=text, input_types=input_types, platform=platform)
     out_tree, output_keys = results[-1]
@@ -316,6 +318,13 @@ def lower(
 
     The bytecode is serialized at the newest StableHLO version that both this
     jaxlib and the platform's plugin read, so it loads on that plugin.
+
+    For a plugin build known to miscompile some programs (worker.known_builds
+    lists them by SHA-256), the program is changed so that it does not hit
+    the bug, and so its text and cache key differ from the miscompiled form;
+    for example, jnp.arctan on the default CPU plugin. Programs for other
+    plugins are exactly as JAX writes them. PJRT_POOL_WORKAROUNDS=off turns
+    the workarounds off.
     """
     if isinstance(shapes, (jax.ShapeDtypeStruct, np.ndarray, jax.Array)) or not isinstance(
         shapes, Sequence

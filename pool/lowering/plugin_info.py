@@ -5,7 +5,11 @@ plugin's StableHLO window. If this process has the plugin loaded (in-process
 compile_program), that plugin answers; otherwise a child process probes it
 (``python -m worker.probe``), and the answer is memoized in memory and in the
 cache directory's ``plugins/`` folder by the library's path, size, mtime and
-inode, so a machine probes each plugin build once.
+inode, so a machine probes each plugin build once. lower() also needs the
+library's SHA-256, which says whether it is a build known to miscompile
+something (worker.known_builds): it is the digest the cache keys use,
+memoized the same way, so the parent and the workers hash a build once
+between them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker import find_plugin, loaded_runtime
 from worker.cache import UntrustedCacheError, open_cache
-from worker.cache.key import memoized_by_file
+from worker.cache.key import memoized_by_file, plugin_digest
 from worker.errors import PluginNotFoundError
 
 PROBE_TIMEOUT = 120.0
@@ -58,11 +62,12 @@ def _probe(platform: str, path: str) -> dict[str, Any]:
 def plugin_info(platform: str) -> dict[str, Any] | None:
     """Returns the identity and StableHLO window of a platform's plugin, or None if none is found.
 
+    The identity includes ``plugin_sha256``, the SHA-256 of the library.
     Raises PluginProbeError when the plugin exists but cannot be loaded.
     """
     runtime = loaded_runtime()
     if runtime is not None and runtime.platform == platform:
-        return runtime.describe()
+        return {**runtime.describe(), "plugin_sha256": runtime.plugin_sha256()}
     try:
         location = find_plugin(platform)
     except PluginNotFoundError:
@@ -73,9 +78,10 @@ def plugin_info(platform: str) -> dict[str, Any] | None:
     except UntrustedCacheError:
         # lower() needs no cache; compiling will refuse this directory and say why.
         memo_dir = None
-    return memoized_by_file(
+    probed = memoized_by_file(
         location.path,
         memo_dir,
         "probe",
         lambda: _probe(platform, location.path),
     )
+    return {**probed, "plugin_sha256": plugin_digest(location.path, memo_dir)}

@@ -9,6 +9,7 @@ jax.export itself uses); this module is the only place that touches it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -58,19 +59,38 @@ def target_version(plugin_minimum: str | None, plugin_current: str | None) -> st
     return target
 
 
-def reserialize(artifact: bytes, target: str | None) -> tuple[bytes, str]:
+def _export_default_version() -> str:
+    """The StableHLO version jax.export serializes at (about four weeks old)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    return str(
+        stablehlo.get_version_from_compatibility_requirement(
+            stablehlo.StablehloCompatibilityRequirement.WEEK_4
+        )
+    )
+
+
+def reserialize(
+    artifact: bytes, target: str | None, rewrite: Callable[[Any], bool] | None = None
+) -> tuple[bytes, str]:
     """Returns (bytecode at `target`, module text without locations) for a jax.export artifact.
 
     The bytecode keeps source locations, so the plugin's errors point at the
     user's code; the text leaves them out, so that the cache key depends on
-    the program only, not on where it was written.
+    the program only, not on where it was written. rewrite, if given,
+    changes the MLIR module in place first (returning whether it changed
+    anything): the workarounds for plugin builds known to miscompile some
+    programs (pool.lowering.workarounds).
     """
     _jax, jax_mlir, xla_bridge = _private_api()
     with jax_mlir.make_ir_context():
         module = _jax.mlir.deserialize_portable_artifact(artifact)
+        changed = rewrite is not None and rewrite(module)
         text = module.operation.get_asm(enable_debug_info=False)
         if target is None:
-            return artifact, text
+            if not changed:
+                return artifact, text
+            target = _export_default_version()
         try:
             code = _jax.mlir.serialize_portable_artifact(
                 module, target, xla_bridge.get_backend().serialize_with_sdy
