@@ -437,6 +437,14 @@ def tampered(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "no index", lambda m: [item for item in m if item[0].name != "index.json"], "no index.json"
     )
     make(
+        "nested index",
+        lambda m: (
+            [item for item in m if item[0].name != "index.json"]
+            + [regular("index.json", b"[" * 100_000 + b"]" * 100_000)]
+        ),
+        "is not JSON",
+    )
+    make(
         "oversized index",
         lambda m: (
             [item for item in m if item[0].name != "index.json"]

@@ -206,7 +206,7 @@ class Index:
         """Reads and checks index.json; raises BundleError naming what is wrong."""
         try:
             document = json.loads(data)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise BundleError(f"{where}: {INDEX_NAME} is not JSON ({error})") from None
         if not isinstance(document, dict) or document.get("kind") != KIND:
             raise BundleError(f"{where}: {INDEX_NAME} is not a pjrt-pool bundle index")
