@@ -348,7 +348,7 @@ def check_signature(
         record = json.loads(mac_bytes)
         mac = bytes.fromhex(record["hmac_sha256"])
         key_id = record.get("key_id")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise BundleError(f"{where}: {MAC_NAME} is malformed") from None
     if not signer.verify(index_bytes, mac):
         why = (
