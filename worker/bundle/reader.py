@@ -32,6 +32,8 @@ from worker.errors import BundleError
 
 _FROM_ENVIRONMENT: Any = object()
 _SHOWN_CHANGES = 6
+MAX_MAC_SIZE = 4096
+"""index.mac holds a MAC and a key id as JSON: about 120 bytes."""
 
 
 class Bundle:
@@ -55,6 +57,8 @@ class Bundle:
             self.index_bytes = self._index_bytes()
             if self.signer is not None:
                 mac = self._members.get(MAC_NAME)
+                if mac is not None and mac.size > MAX_MAC_SIZE:
+                    raise BundleError(f"{self.path}: its {MAC_NAME} is {mac.size} bytes: not ours")
                 mac_bytes = None if mac is None else self.archive.read(mac)
                 check_signature(self.index_bytes, mac_bytes, self.signer, self.path)
             self.index = Index.decode(self.index_bytes, self.path)
