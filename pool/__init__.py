@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         ProgramQuarantinedError,
         RemoteWorkerError,
         TaskTimeoutError,
+        TracedPoolFunctionError,
         WorkerCrashedError,
         WorkerStartupError,
     )
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         compile_program,
         register_custom_call,
     )
+    from worker.cache.key import InvalidKeyError
     from worker.errors import BundleError, NeverCompileError, NotInCacheError
     from worker.protocol import DescriptorLimitError
 
@@ -62,6 +64,7 @@ _ERRORS = (
     "ProgramQuarantinedError",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "TracedPoolFunctionError",
     "WorkerCrashedError",
     "WorkerStartupError",
 )
@@ -93,6 +96,7 @@ _MODULES = {
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
     "DescriptorLimitError": "worker.protocol",
+    "InvalidKeyError": "worker.cache.key",
 }
 
 
@@ -112,6 +116,7 @@ __all__ = [
     "DeviceFailureError",
     "Executable",
     "ForeignExecutableError",
+    "InvalidKeyError",
     "LoweredProgram",
     "MissingCustomCallError",
     "NeverCompileError",
@@ -127,6 +132,7 @@ __all__ = [
     "ProgramSpec",
     "RemoteWorkerError",
     "TaskTimeoutError",
+    "TracedPoolFunctionError",
     "UntrustedCacheError",
     "WorkerCrashedError",
     "WorkerStartupError",

@@ -32,6 +32,7 @@ from pool.executor.compiling import CompileResult, CompilesMany
 from pool.executor.pool import Pool
 from pool.executor.tasks import program_id
 from worker.cache import CacheCounters
+from worker.cache.key import InvalidKeyError, check_key
 from worker.records import CompileStatistics, LoweredProgram
 
 try:
@@ -268,6 +269,11 @@ class _Unwrapped:
             value = remote.result()
         except BaseException as error:  # the Dask task itself failed (for example KilledWorker)
             value = error
+        if isinstance(value, CompileResult):
+            try:  # from another machine: its key goes into manifests and cache paths
+                check_key(value.spec.key, "the key in a cluster node's result")
+            except InvalidKeyError as error:
+                value = error
         if isinstance(value, CompileResult):
             self._on_result(value.statistics)
         with self._lock:

@@ -107,3 +107,11 @@ def rebuild_error(remote: RemoteError) -> BaseException:
         error = RemoteWorkerError(f"{remote.module}.{remote.qualname}: {remote.message}")
     error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
     return error
+
+
+class TracedPoolFunctionError(TypeError):
+    """A PoolFunction was called with JAX tracers (under jax.grad, jax.vmap, jax.jit, ...).
+
+    Its program runs in a worker process, where JAX's tracers cannot follow:
+    make the PoolFunction of the transformed function instead.
+    """

@@ -11,6 +11,11 @@ arguments) runs a program by name from the warm cache or the bundle, in this
 process or (from a cache) through a Pool, without JAX and without lowering or
 compiling anything. Run from a bundle, nothing is written anywhere and only
 the programs that run are read.
+
+A manifest may come from someone else: it is read only if it is a regular
+file of at most MAX_MANIFEST_SIZE bytes and nests no deeper than JSON
+records do, and each program's key must be a cache key (64 hex digits),
+since it names a file in the cache. Anything else is a ManifestError.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worker.bounded import parse_json, read_file
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
 from worker.cache.atomic import write_atomically
+from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
 from worker.records import ProgramSpec
 
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
     from worker.executable import Executable
 
 MANIFEST_FORMAT = 1
+MAX_MANIFEST_SIZE = 256 << 20
+"""Bytes a manifest may have (one of 10,000 programs is a few MB)."""
 
 BUNDLE_FOR_POOLS = (
     "a Pool's workers load from its cache directory, not from a bundle: import the bundle "
@@ -67,7 +76,13 @@ class Manifest:
         platform: str | None = None,
         bundle: Bundle | None = None,
     ) -> None:
-        self.specs: dict[str, ProgramSpec] = {spec.name: spec for spec in specs}
+        self.specs: dict[str, ProgramSpec] = {}
+        for spec in specs:
+            try:
+                check_key(spec.key, f"the key of program {spec.name!r}")
+            except InvalidKeyError as error:
+                raise ManifestError(str(error)) from None
+            self.specs[spec.name] = spec
         self.cache_dir = cache_dir
         self.platform = platform
         self.bundle = bundle
@@ -151,7 +166,7 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
     if looks_like_archive(path):
         return _open_bundle(path, cache_dir)
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
         raise ManifestError(f"manifest {path} does not exist: run pjrt-pool warm first") from None
     except (OSError, ValueError) as error:
@@ -162,6 +177,9 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
         specs = [ProgramSpec.from_json(item) for item in data["programs"]]
     except (KeyError, TypeError, ValueError) as error:
         raise ManifestError(f"{path}: {error}") from None
+    for field in ("cache_dir", "platform"):
+        if not isinstance(data.get(field), (str, type(None))):
+            raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
     return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"))
 
 

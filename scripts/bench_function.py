@@ -14,8 +14,12 @@ over pool.run. A second line does the same for a pytree argument (a dict of
 three float32[4] arrays in, a dict out) against pool.run on its flat leaves.
 Round trips on a loaded machine vary by more than the overhead, so the last
 line times step.lower(x) alone (splitting, flattening and looking up the
-signature: most of the parent-side work, without the worker). The cache
-directory is a fresh temporary one.
+signature: most of the parent-side work, without the worker). With
+--constant-mib N (default 64; 0 skips it), a last line times warm calls of a
+function that closes over an N MiB constant (its program text is about 2N
+MB, as hex) against the same function under jax.jit and against the tiny
+Pool.function: a call of a lowered signature never touches the text. The
+cache directory is a fresh temporary one.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--calls", type=int, default=500, help="calls per batch")
     parser.add_argument("--batches", type=int, default=10, help="batches per side")
+    parser.add_argument("--constant-mib", type=int, default=64, help="0: skip the large constant")
     args = parser.parse_args(argv)
     print(f"Pool.function overhead: {args.workers} workers, {os.cpu_count()} CPUs", flush=True)
     os.environ["PJRT_POOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-function-")
@@ -90,7 +95,32 @@ def main(argv: list[str] | None = None) -> int:
         compare("dict of 3", lambda: pool.run(tree_program, leaves), lambda: tree_step(tree), args)
         lookup = statistics.median(per_call(lambda: step.lower(x), args.calls) for _ in range(9))
         print(f"signature lookup alone (step.lower(x)): {lookup * 1e6:.2f} us per call")
+        if args.constant_mib:
+            large_constant(pool, args.constant_mib, step, x)
     return 0
+
+
+def large_constant(pool: Pool, mib: int, tiny: Callable[..., object], x: np.ndarray) -> None:
+    """Warm calls of a function with a large closure constant: Pool.function vs jax.jit."""
+    constant = np.random.default_rng(0).standard_normal(mib << 18).astype(np.float32)
+
+    def with_constant(a):
+        return a + jnp.asarray(constant)[:4]
+
+    heavy, reference = pool.function(with_constant), jax.jit(with_constant)
+    text = len(heavy.lower(x).text)
+    for function in (heavy, reference, tiny):
+        function(x)  # lowered, compiled and loaded
+    times = {name: [] for name in ("heavy", "jit", "tiny")}
+    for _ in range(9):
+        for name, function in (("heavy", heavy), ("jit", reference), ("tiny", tiny)):
+            times[name].append(per_call(lambda f=function: f(x), 5))
+    heavy_s, jit_s, tiny_s = (statistics.median(times[n]) for n in ("heavy", "jit", "tiny"))
+    print(
+        f"{mib} MiB closure constant ({text / 1e6:.0f} MB of text): Pool.function "
+        f"{heavy_s * 1e3:.2f} ms, jax.jit {jit_s * 1e3:.2f} ms per call ({heavy_s / jit_s:.2f}x); "
+        f"the tiny Pool.function {tiny_s * 1e3:.3f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -169,10 +169,10 @@ def test_key_parts_and_explain_key(cache_dir):
 def test_plugin_digest_is_memoized_by_path_size_and_mtime(tmp_path, monkeypatch):
     library = tmp_path / "plugin.so"
     library.write_bytes(b"a plugin")
-    memo = tmp_path / "memo"
-    memo.mkdir()
+    cache = DiskCache(tmp_path / "cache")
+    memo = cache.memos
     first = cache_key.plugin_digest(str(library), memo)
-    assert len(list(memo.iterdir())) == 1
+    assert len(list(cache.plugins_dir.iterdir())) == 1
     cache_key._file_memo.clear()  # as a new process would: only the file memo is left
 
     def no_hashing(path):
@@ -344,7 +344,8 @@ def test_trim_to_a_size_and_files_vanishing_underneath(tmp_path):
     keys = [publish(cache, name, 1000) for name in "abcdef"]
     listed = cache.list_entries()
     cache.path_of(keys[0]).unlink()  # another process removed it meanwhile
-    total, removed = space.evict(listed, sum(e.size for e in listed), 3000)
+    entries = cache.folder("entries")
+    total, removed = space.evict(entries, listed, sum(e.size for e in listed), 3000)
     assert total <= 3000 and keys[0] not in {e.key for e in removed}
     result = cache.trim(max_size=2500)
     assert result.ran and result.total_after <= 2500
@@ -353,8 +354,9 @@ def test_trim_to_a_size_and_files_vanishing_underneath(tmp_path):
 
 def test_trim_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
     cache = DiskCache(tmp_path)
-    stale = PendingFile(cache.path_of("dead"), 500)
-    fresh = PendingFile(cache.path_of("alive"), 500)
+    dead, alive = "d" * 64, "a" * 64
+    stale = PendingFile(cache.path_of(dead), 500)
+    fresh = PendingFile(cache.path_of(alive), 500)
     then = time.time() - space.TEMP_GRACE - 60
     os.utime(stale.temp, (then, then))
     assert not cache.list_entries()  # temporary files are not entries
@@ -362,7 +364,7 @@ def test_trim_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
     assert result.temp_removed == 1
     assert not stale.temp.exists() and fresh.temp.exists()
     fresh.commit(b"x" * 500)
-    assert [e.key for e in cache.list_entries()] == ["alive"]
+    assert [e.key for e in cache.list_entries()] == [alive]
     assert not [p for p in cache.entries_dir.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 

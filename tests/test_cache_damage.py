@@ -122,9 +122,12 @@ def test_a_directory_named_like_an_entry_is_a_damaged_entry(cache_dir, capsys):
 
     other = cache_dir / "entries" / f"{'0' * 64}.pjx"
     other.mkdir()
-    assert cli_main(["cache", "clear", "--yes"]) == 0
-    assert "removed 2 entries" in capsys.readouterr().out
-    assert list((cache_dir / "entries").iterdir()) == []
+    (other / "inside").write_text("x")
+    assert cli_main(["cache", "clear", "--yes"]) == 1  # clear removes regular files only
+    out = capsys.readouterr().out
+    assert "removed 1 entries" in out and "left 1 that is named like an entry" in out
+    assert list((cache_dir / "entries").iterdir()) == [other]
+    assert (other / "inside").read_text() == "x"
 
 
 # -- entries that crash the loader ------------------------------------------------------

@@ -210,7 +210,7 @@ def test_a_symlinked_usage_ledger_is_never_written_through(tmp_path):
     (cache.directory / "usage.json").symlink_to(victim)
 
     cache.trim(max_size="1M")
-    assert cache.publish("k" * 64, {}, {}, b"payload")  # reserving space writes the ledger too
+    assert cache.publish("a" * 64, {}, {}, b"payload")  # reserving space writes the ledger too
 
     assert victim.read_text() == "keep me"
     ledger = cache.directory / "usage.json"  # replaced by a real ledger, the link removed
@@ -218,12 +218,12 @@ def test_a_symlinked_usage_ledger_is_never_written_through(tmp_path):
 
 
 def test_a_symlinked_memo_file_is_not_read(tmp_path):
-    memo_dir = tmp_path / "plugins"
-    memo_dir.mkdir()
+    cache = DiskCache(tmp_path / "cache")
+    memo_dir = cache.plugins_dir
     target = tmp_path / "target.bin"
     target.write_bytes(b"x")
     calls = []
-    memoized_by_file(str(target), memo_dir, "kind", lambda: calls.append(1) or "real")
+    memoized_by_file(str(target), cache.memos, "kind", lambda: calls.append(1) or "real")
     (memo,) = memo_dir.iterdir()
     lie = tmp_path / "lie.json"
     lie.write_text(memo.read_text().replace('"real"', '"planted"'))
@@ -232,7 +232,7 @@ def test_a_symlinked_memo_file_is_not_read(tmp_path):
     from worker.cache import key as cache_key
 
     cache_key._file_memo.clear()  # as in a new process
-    assert memoized_by_file(str(target), memo_dir, "kind", lambda: "computed") == "computed"
+    assert memoized_by_file(str(target), cache.memos, "kind", lambda: "computed") == "computed"
 
 
 def test_a_symlink_in_place_of_a_cache_folder_is_not_followed(tmp_path):

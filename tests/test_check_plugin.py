@@ -189,11 +189,12 @@ def test_known_failures_warn_once_per_process(cache_dir):
     assert done.stdout.strip() == "[]"
 
     path = find_plugin("cpu").path
+    from worker.cache import open_cache
     from worker.cache.key import plugin_digest
 
     write_memo(
         None,
-        plugin_sha256=plugin_digest(path, cache_dir / "plugins"),
+        plugin_sha256=plugin_digest(path, open_cache().memos),
         platform="cpu",
         path=path,
         jax_version="test",

@@ -14,6 +14,7 @@ import os
 from typing import NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
+from worker.cache.key import check_key
 from worker.cache.store import DiskCache, open_cache
 from worker.errors import NotInCacheError, PjrtError
 from worker.executable import Executable
@@ -91,8 +92,11 @@ def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = 
     whose load killed an earlier process, raises NotInCacheError saying which
     (a bad entry is removed first, an unreadable one left alone), since
     without the program there is nothing to compile again: warm the cache
-    again (or compile the program) to fill it.
+    again (or compile the program) to fill it. A key that is not a cache key
+    (64 hex digits) raises InvalidKeyError, a ValueError, before any file is
+    touched.
     """
+    check_key(key)
     cache = open_cache(cache_dir)
     loaded = load_entry(cache, key)
     if isinstance(loaded, Miss):

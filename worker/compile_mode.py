@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from worker.cache.entry import CorruptEntryError, read_header
+from worker.cache.entry import CorruptEntryError
 from worker.cache.key import differing_parts
 from worker.cache.store import DiskCache
 from worker.errors import NeverCompileError
@@ -58,7 +58,7 @@ def built_elsewhere(cache: DiskCache, parts: dict[str, Any]) -> list[tuple[str, 
     found = []
     for item in cache.list_entries()[-_SCANNED_ENTRIES:]:
         try:
-            fields = read_header(item.path).fields
+            fields = cache.read_header(item.key).fields
         except (OSError, CorruptEntryError):
             continue
         theirs = fields.get("parts", {})

@@ -17,12 +17,16 @@ lookup, and the first call hashes the plugin only when some build has a
 record at all or the library has the size of a known build with failures
 that no workaround in effect covers (the digest is memoized too; see
 worker.cache.key).
+
+Records are read and written as the cache's other records about plugin
+builds (worker.cache.memos): through the checked plugins/ folder, never
+through a symlink, bounded in size and nesting, and signed when the cache
+signs its entries.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -32,9 +36,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.cache.atomic import write_atomically
-from worker.cache.key import plugin_digest
+from worker.cache.key import check_key, plugin_digest
 from worker.cache.location import resolve_cache_dir
+from worker.cache.store import existing_memos, open_cache
+from worker.cache.trust import UntrustedCacheError
 from worker.known_builds import (
     WORKAROUNDS_ENV,
     KnownBuild,
@@ -66,7 +71,11 @@ class KnownPluginFailuresWarning(UserWarning):
 
 def memo_path(cache_dir: str | os.PathLike[str] | None, plugin_sha256: str) -> Path:
     """Returns the file that holds a plugin build's record in a cache directory."""
-    return resolve_cache_dir(cache_dir) / "plugins" / f"{MEMO_PREFIX}{plugin_sha256}.json"
+    return resolve_cache_dir(cache_dir) / "plugins" / _memo_name(plugin_sha256)
+
+
+def _memo_name(plugin_sha256: str) -> str:
+    return f"{MEMO_PREFIX}{check_key(plugin_sha256, 'a plugin build digest')}.json"
 
 
 def read_memo(
@@ -82,8 +91,8 @@ def read_memo(
     ("pass", "wrong", "error", "crash", "timeout" or "skipped").
     """
     try:
-        record = json.loads(memo_path(cache_dir, plugin_sha256).read_bytes())
-    except (OSError, ValueError):
+        record = open_cache(cache_dir).memos.read(_memo_name(plugin_sha256))
+    except (OSError, ValueError, UntrustedCacheError):
         return None
     if not isinstance(record, dict) or record.get("format") != MEMO_FORMAT:
         return None
@@ -128,10 +137,8 @@ def write_memo(
         "workarounds": list(workarounds),
         "cases": dict(sorted(cases.items())),
     }
-    target = memo_path(cache_dir, plugin_sha256)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_atomically(target, json.dumps(record, indent=1).encode())
-    return target
+    open_cache(cache_dir).memos.write(_memo_name(plugin_sha256), record)
+    return memo_path(cache_dir, plugin_sha256)
 
 
 def failing_cases(record: Mapping[str, Any] | None) -> list[str]:
@@ -247,7 +254,8 @@ def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None
         recorded = False
     if not recorded and not may_have_uncovered_failures(plugin_path):
         return None  # nothing to warn about, whatever its digest: do not hash it for nothing
-    digest = plugin_digest(plugin_path, plugins_dir)
+    # Never creates the cache directory: a Pool's parent warns before any worker made it.
+    digest = plugin_digest(plugin_path, existing_memos(directory))
     record = read_memo(directory, digest) if recorded else None
     message = failures_message(plugin_path, digest, record, known_build(digest))
     return None if message is None else (digest, message)

@@ -39,7 +39,7 @@ def runtime_key_parts(
     """
     client = runtime.client
     digest = (
-        plugin_digest(runtime.location.path, cache.plugins_dir)
+        plugin_digest(runtime.location.path, cache.memos)
         if cache is not None
         else runtime.plugin_sha256()
     )

@@ -7,6 +7,8 @@ as JSON.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -15,6 +17,8 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from worker.bounded import parse_json
+from worker.cache.key import InvalidKeyError, check_key
 from worker.dtypes import code_of_dtype
 
 
@@ -96,6 +100,25 @@ class LoweredProgram(NamedTuple):
             if word.startswith("@"):
                 return word[1:]
         return "module"
+
+
+class DigestedProgram(LoweredProgram):
+    """A LoweredProgram that remembers the SHA-256 of its text once computed (lower() makes these).
+
+    A Pool identifies a program by that digest on every call, and a module
+    with large constants has a text of hundreds of MB, whose hash costs more
+    than running the program. The digest lives on the object, so it goes
+    when the program does; a program made with _replace is a new object and
+    computes its own. It travels to workers as a plain LoweredProgram.
+    """
+
+    @functools.cached_property
+    def text_sha256(self) -> str:
+        """The hex SHA-256 of the text (UTF-8), computed on first use."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LoweredProgram, tuple(self))
 
 
 class CompileStatistics(NamedTuple):
@@ -180,17 +203,25 @@ class ProgramSpec(NamedTuple):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProgramSpec:
-        """Reads what to_json wrote; raises ValueError naming a missing or bad field."""
+        """Reads what to_json wrote; raises ValueError naming a missing or bad field.
+
+        The key must be a cache key (64 lowercase hex digits): it becomes a
+        file name in the cache, so anything else, a path for one, raises
+        InvalidKeyError (a ValueError) here, before it is used.
+        """
         try:
             inputs = data["input_types"]
+            name = data["name"]
             return cls(
-                name=str(data["name"]),
+                name=str(name),
                 platform=str(data["platform"]),
-                key=str(data["key"]),
+                key=check_key(data["key"], f"the key of program {str(name)[:80]!r}"),
                 input_types=None if inputs is None else tuple(map(ArrayType.from_json, inputs)),
                 output_types=tuple(map(ArrayType.from_json, data["output_types"])),
                 output_bytes=tuple(int(n) for n in data["output_bytes"]),
             )
+        except InvalidKeyError:
+            raise
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not a ProgramSpec record: {error!r}") from error
 
@@ -201,4 +232,4 @@ class ProgramSpec(NamedTuple):
     @classmethod
     def loads(cls, text: str) -> ProgramSpec:
         """Reads what dumps wrote."""
-        return cls.from_json(json.loads(text))
+        return cls.from_json(parse_json(text))

@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker import _pjrt
 from worker.cache.key import codegen_environment
@@ -24,6 +24,9 @@ from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
 from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
 from worker.xla_flags import semantic_flags, xla_flags_added
+
+if TYPE_CHECKING:
+    from worker.cache.memos import MemoStore
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -159,16 +162,15 @@ class Runtime:
         """The SHA-256 of the plugin library, memoized in memory and on disk.
 
         compile_program hashes through its own cache directory first, which
-        fills the in-memory memo; otherwise the default cache directory's memo
-        is used if that directory exists and passes the trust check (it is
-        never created just for this).
+        fills the in-memory memo; otherwise the default cache directory's
+        records are used if that directory exists and passes the trust check
+        (it is never created just for this).
         """
         from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
         from worker.cache.key import plugin_digest
-        from worker.cache.trust import trusted_subdirectory
+        from worker.cache.store import existing_memos
 
-        memo = trusted_subdirectory(default_cache_dir(), "plugins")
-        return plugin_digest(self.location.path, memo)
+        return plugin_digest(self.location.path, existing_memos(default_cache_dir()))
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""
@@ -202,16 +204,16 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
-def _memo_dir() -> Path | None:
-    """The default cache's folder for facts about plugin builds, if it exists and is trusted.
+def _memos() -> MemoStore | None:
+    """The default cache's records about plugin builds, if that cache exists and is trusted.
 
     Never created here: a process that only loads (from a bundle, on a
     read-only host) must write nothing; compiling creates the cache.
     """
-    from worker.cache.location import default_cache_dir
-    from worker.cache.trust import trusted_subdirectory
+    from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
+    from worker.cache.store import existing_memos
 
-    return trusted_subdirectory(default_cache_dir(), "plugins")
+    return existing_memos(default_cache_dir())
 
 
 def default_platform() -> str:
@@ -253,7 +255,7 @@ def get_runtime(platform: str | None = None) -> Runtime:
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.xla_flags), and the key sees the value the plugin saw.
-        with xla_flags_added(semantic_flags(platform, location.path, _memo_dir())):
+        with xla_flags_added(semantic_flags(platform, location.path, _memos())):
             environment = codegen_environment()
             try:
                 with STARTUP.time("plugin_load"):

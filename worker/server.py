@@ -36,7 +36,7 @@ from worker.executable import Executable
 from worker.identity import runtime_key_parts
 from worker.phases import last_phases
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
-from worker.records import CompileStatistics, ProgramSpec
+from worker.records import ArrayType, CompileStatistics, ProgramSpec
 from worker.runtime import get_runtime
 
 PARENT_POLL_SECONDS = 0.5
@@ -78,6 +78,55 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+class InputLayout(NamedTuple):
+    """Where a program's inputs lie in shared memory when they have its own input types."""
+
+    types: tuple[ArrayType, ...]
+    offsets: tuple[int, ...]
+    size: int
+
+    @classmethod
+    def of(cls, types: tuple[ArrayType, ...]) -> InputLayout:
+        """The layout the parent uses for these types (shm.layout from offset 0)."""
+        offsets, size = shm.layout(types)
+        return cls(types, offsets, size)
+
+
+def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, ...]:
+    """Returns the types of a Run request's inputs; raises if they do not fit the executable.
+
+    own is the executable's own input layout (None when its input types are
+    unknown). A request without input_types says its inputs have those own
+    types, laid out as InputLayout.of lays them out: its offsets and size must
+    be exactly those, or the worker would read memory the parent did not
+    write (another task's inputs). A request with input_types (a program of
+    unknown types, or a ProgramSpec's run, whose types are the spec's) must
+    be laid out for those, and Executable.prepare_arguments then converts
+    them to the executable's own types, refusing a wrong count or shape.
+    This runs before every run, so it compares a cached layout's tuples:
+    no work per element.
+    """
+    if request.input_types is None:
+        if own is None:
+            raise ValueError("the input types are unknown: the parent must send them")
+        if request.input_offsets != own.offsets or request.input_size != own.size:
+            raise ValueError(
+                f"the request's {len(request.input_offsets)} inputs ({request.input_size} "
+                f"bytes) are not laid out as the program's {len(own.types)} inputs "
+                f"({', '.join(map(str, own.types))}; {own.size} bytes): the parent and the "
+                "worker disagree about the program"
+            )
+        return own.types
+    given = tuple(request.input_types)
+    offsets, size = shm.layout(given)
+    if request.input_offsets != offsets or request.input_size != size:
+        raise ValueError(
+            f"the request's inputs are not laid out as its own types say "
+            f"({', '.join(map(str, given))})"
+        )
+    return given
+
+
 class _ArenaViews(NamedTuple):
     """A program's inputs and outputs as views of the worker's arena."""
 
@@ -106,6 +155,8 @@ class Server:
         self.max_loaded = max_loaded
         self.never_compile = never_compile
         self.loaded: OrderedDict[str, Executable] = OrderedDict()
+        # Each loaded executable's own input layout (None: types unknown), for check_run_inputs.
+        self._layouts: dict[str, InputLayout | None] = {}
         # Views of the arena per (program, input layout): a program run again
         # and again reuses them, skipping the views' construction and the
         # argument checks (the parent checked and converted the arguments).
@@ -138,12 +189,16 @@ class Server:
         else:
             raise LookupError(f"program {program_id} is not loaded in this worker")
         self.loaded[program_id] = executable
+        types = executable.input_types
+        self._layouts[program_id] = None if types is None else InputLayout.of(types)
         evicted = []
         while len(self.loaded) > self.max_loaded:
             evicted.append(self.loaded.popitem(last=False)[0])
         if evicted:
             gone = set(evicted)
             self._arena_views = {k: v for k, v in self._arena_views.items() if k[0] not in gone}
+            for program in gone:
+                self._layouts.pop(program, None)
         return executable, statistics, tuple(evicted)
 
     def compile(self, request: Compile) -> Reply:
@@ -194,6 +249,8 @@ class Server:
         executable, statistics, evicted = self._load(
             request.program_id, request.program, request.cache_key, request.compile_options
         )
+        own = self._layouts[request.program_id]
+        input_types = check_run_inputs(request, own)
         reply = functools.partial(
             Reply,
             request.task_id,
@@ -201,7 +258,7 @@ class Server:
             statistics=statistics,
             evicted=evicted,
         )
-        if request.in_arena and request.input_types is None:
+        if request.in_arena and own is not None and input_types == own.types:
             views = self._run_in_arena(request, executable)
             if views is not None:
                 return reply(
@@ -213,9 +270,6 @@ class Server:
             inputs, start = self.arena, shm.aligned(request.input_size)
         else:
             inputs, start = shm.attach(input_fd, request.input_size, keep_fd=True), 0
-        input_types = request.input_types or executable.input_types
-        if input_types is None:
-            raise ValueError("the input types are unknown: the parent must send them")
         arguments = executable.prepare_arguments(
             shm.views(inputs, input_types, request.input_offsets)
         )

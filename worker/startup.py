@@ -86,7 +86,7 @@ def share_autotune_results(platform: str) -> Path | None:
     if not cache.writable:
         return None
     try:
-        if not plugin_knows_flag(plugin_path, AUTOTUNE_FLAG, cache.plugins_dir):
+        if not plugin_knows_flag(plugin_path, AUTOTUNE_FLAG, cache.memos):
             logger.debug(
                 "%s does not know --%s; autotune results are not shared", plugin_path, AUTOTUNE_FLAG
             )

@@ -25,10 +25,13 @@ import logging
 import mmap
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
 from worker.plugins import environment_variable
+
+if TYPE_CHECKING:
+    from worker.cache.memos import MemoStore
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -36,10 +39,11 @@ JAX_SEMANTICS: dict[str, dict[str, str]] = {"cpu": {"xla_cpu_enable_fast_min_max
 """Per platform, the flags (name: value) that make a plugin's results match JAX's."""
 
 
-def plugin_knows_flag(plugin_path: str, flag: str, memo_dir: Path | None = None) -> bool:
+def plugin_knows_flag(plugin_path: str, flag: str, memos: MemoStore | None = None) -> bool:
     """Whether a plugin library contains an XLA flag's name (a flag it does not know aborts it).
 
-    Memoized per plugin build, in memory and in memo_dir when given.
+    Memoized per plugin build, in memory and in a cache's records when given
+    (signed when the cache signs: the answer decides what the plugin computes).
     """
 
     def scan() -> bool:
@@ -49,10 +53,14 @@ def plugin_knows_flag(plugin_path: str, flag: str, memo_dir: Path | None = None)
         ):
             return image.find(flag.encode()) >= 0
 
-    return bool(memoized_by_file(plugin_path, memo_dir, f"flag-{flag}", scan))
+    return bool(memoized_by_file(plugin_path, memos, f"flag-{flag}", scan, _is_bool))
 
 
-def semantic_flags(platform: str, plugin_path: str, memo_dir: Path | None = None) -> list[str]:
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def semantic_flags(platform: str, plugin_path: str, memos: MemoStore | None = None) -> list[str]:
     """The flags to add to XLA_FLAGS while this platform's plugin loads (see the module)."""
     wanted = JAX_SEMANTICS.get(platform)
     current = os.environ.get(XLA_FLAGS_ENV, "")
@@ -64,7 +72,7 @@ def semantic_flags(platform: str, plugin_path: str, memo_dir: Path | None = None
         if name in named:
             continue
         try:
-            known = plugin_knows_flag(plugin_path, name, memo_dir)
+            known = plugin_knows_flag(plugin_path, name, memos)
         except OSError as error:
             logger.debug("cannot read %s to look for --%s: %s", plugin_path, name, error)
             known = False

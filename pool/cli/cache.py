@@ -310,8 +310,27 @@ def _verify(args: argparse.Namespace) -> int:
 # -- prune and clear -------------------------------------------------------
 
 
+def _unusable(cache: DiskCache, command: str) -> int | None:
+    """Exit status 1, with the reason, for a cache that exists but cannot be used; else None.
+
+    A missing cache has nothing to change; one with a symlink or a file
+    where a folder should be is never changed through it.
+    """
+    if cache.problem is None:
+        return None
+    print(
+        f"pjrt-pool cache {command}: error: the cache {cache.directory} cannot be used "
+        f"({cache.problem}); nothing was changed",
+        file=sys.stderr,
+    )
+    return EXIT_PROBLEMS
+
+
 def _prune(args: argparse.Namespace) -> int:
     cache = _open(args)
+    refused = _unusable(cache, "prune")
+    if refused is not None:
+        return refused
     result = cache.trim(args.max_size, wait=PRUNE_WAIT) if cache.usable else None
     if result is not None and not result.ran:
         reason = (
@@ -342,7 +361,10 @@ def _prune(args: argparse.Namespace) -> int:
 
 def _clear(args: argparse.Namespace) -> int:
     cache = _open(args)
-    entries = cache.list_entries()
+    refused = _unusable(cache, "clear")
+    if refused is not None:
+        return refused
+    entries = [entry for entry in cache.list_entries() if entry.regular]
     if entries and not args.yes:
         if not sys.stdin.isatty():
             print(
@@ -357,8 +379,15 @@ def _clear(args: argparse.Namespace) -> int:
             print("nothing removed")
             return EXIT_OK
     removed = cache.clear()
+    left = [str(entry.path) for entry in cache.list_entries() if not entry.regular]
     if args.json:
-        _print_json({"directory": str(cache.directory), "removed": removed})
+        _print_json({"directory": str(cache.directory), "removed": removed, "left": left})
     else:
         print(f"removed {removed} entries from {cache.directory} (lock files stay)")
-    return EXIT_OK
+        if left:
+            print(
+                f"left {len(left)} that {'is' if len(left) == 1 else 'are'} named like an entry "
+                f"but not a regular file (a directory or a link), which clear never removes: "
+                f"{', '.join(left)}; remove {'it' if len(left) == 1 else 'them'} by hand"
+            )
+    return EXIT_PROBLEMS if left else EXIT_OK

@@ -385,7 +385,7 @@ def _digest(path: str, cache_dir: str | os.PathLike[str] | None) -> str:
     from worker.cache.key import plugin_digest
 
     cache = open_cache(cache_dir)
-    return plugin_digest(path, cache.plugins_dir if cache.usable else None)
+    return plugin_digest(path, cache.memos if cache.usable else None)
 
 
 def _jaxlib_version() -> str:

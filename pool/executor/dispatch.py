@@ -37,6 +37,7 @@ from pool.executor.tasks import Task
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, State, WorkerProcess
 from worker import protocol, shm
+from worker.cache.key import check_key
 from worker.records import ArrayType, CompileStatistics
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -333,6 +334,7 @@ class Dispatch:
             raise rebuild_error(reply.error)
         worker.note_loaded(task.program_id, reply.evicted)
         if task.kind == "compile":
+            check_key(reply.spec.key, "the key in a worker's reply")  # it goes into manifests
             return CompileResult(reply.spec, reply.statistics or CompileStatistics(), reply.phases)
         types = reply.output_types
         if types is None:

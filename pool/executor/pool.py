@@ -52,12 +52,13 @@ from pool.executor.dispatch import cancel_all
 from pool.executor.manager import Manager
 from pool.executor.never import CachedOnly
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.tasks import Task, program_id, stage_inputs, text_digest
+from pool.executor.tasks import Task, program_id, program_text_digest, stage_inputs
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import compile_mode, protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
+from worker.cache.key import check_key
 from worker.conformance_memo import warn_known_failures
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -298,9 +299,12 @@ class Pool(Manager, CompilesMany):
 
         The executable must be in the pool's disk cache (put there by warming
         or compiling the program with the same plugin); no program is needed.
+        A key that is not a cache key raises InvalidKeyError (a ValueError);
+        the worker refuses inputs that do not fit the executable's own types.
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
+        check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
         task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
         return self._enqueue(self._staged(task, arguments, None, caller_waits=False))
 
@@ -342,23 +346,30 @@ class Pool(Manager, CompilesMany):
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
         name: str | None = None,
+        static_argnames: str | Sequence[str] | None = None,
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
 
         Calling it lowers the function in this process once per signature (the
         arguments' tree structure, shapes, dtypes and weak types, the static
-        arguments' values and jax_enable_x64, as jax.jit caches), then runs
-        the program with Pool.run: a worker compiles it or loads it from the
-        disk cache. It returns the result in the structure
-        jax.jit(function)(*args) returns, with numpy arrays as leaves; typed
-        PRNG keys come back as keys. Arguments are pytrees of numpy arrays,
-        JAX arrays, Python scalars (weakly typed, as in jax.jit) and typed
-        keys; keyword arguments are dynamic. static_argnums and custom_calls
-        mean what they mean for jax.jit and lower; platform is the one to
-        lower for (default: that of this pool's plugin); name names the tasks
-        (default: the program's name). Its submit method returns a Future of
-        the result and its lower method the LoweredProgram a call runs. Crash
-        isolation, timeouts and quarantine are those of submit.
+        arguments' types and values, and JAX's trace context: the config that
+        changes programs, such as jax_enable_x64, numpy_rank_promotion and
+        threefry_partitionable, as jax.jit caches), then runs the program with
+        Pool.run: a worker compiles it or loads it from the disk cache. It
+        returns the result in the structure jax.jit(function)(*args) returns,
+        with numpy arrays as leaves; typed PRNG keys come back as keys and
+        float0 results as float0 arrays. Arguments are pytrees of numpy
+        arrays, JAX arrays, Python scalars (weakly typed, as in jax.jit) and
+        typed keys. static_argnums, static_argnames and custom_calls mean what
+        they mean for jax.jit and lower (a static argument a call leaves out
+        takes the function's default; other keyword arguments are dynamic);
+        platform is the one to lower for (default: that of this pool's
+        plugin); name names the tasks (default: the program's name). Its
+        submit method returns a Future of the result and its lower method the
+        LoweredProgram a call runs. Crash isolation, timeouts and quarantine
+        are those of submit. It runs in another process, so it cannot be
+        traced: jax.grad, jax.vmap or jax.jit of it raise TypeError (make the
+        PoolFunction of the transformed function instead).
 
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
@@ -370,6 +381,7 @@ class Pool(Manager, CompilesMany):
             self,
             function,
             static_argnums=static_argnums,
+            static_argnames=static_argnames,
             donate_argnums=donate_argnums,
             platform=platform,
             custom_calls=custom_calls,
@@ -494,7 +506,7 @@ class Pool(Manager, CompilesMany):
         else:
             identity = program_id(program, compile_options)
             if self._cached_only is not None:
-                digest = text_digest(program.text)
+                digest = program_text_digest(program)
                 self._cached_only.check(program, identity, digest, compile_options, name)
             name, key = name or program.name, None
         return Task(
@@ -521,8 +533,11 @@ class Pool(Manager, CompilesMany):
         types = task.program.input_types if task.program is not None else task.spec_types
         arrays = prepare_arguments(arguments, types)
         task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
-        task.declared_types = types is not None
-        layout = self._input_layout(task.program_id, types)
+        # A ProgramSpec's types are what its caller says, and specs of one key may
+        # say different things: its inputs are laid out as they are and the worker
+        # checks them against the executable's own (worker.server.check_run_inputs).
+        task.declared_types = types is not None and task.cache_key is None
+        layout = self._input_layout(task.program_id, types) if task.declared_types else None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
         return task
 

@@ -32,7 +32,7 @@ from pool.executor.segments import SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
 from worker.identity import compile_options as default_compile_options
-from worker.records import ArrayType, LoweredProgram
+from worker.records import ArrayType, DigestedProgram, LoweredProgram
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
@@ -45,7 +45,7 @@ _memo_size = 0
 _memo_lock = threading.Lock()
 
 
-def text_digest(text: str) -> str:
+def _text_digest(text: str) -> str:
     """The SHA-256 of a program text, memoized by the text object's identity.
 
     The same program is usually submitted many times, and hashing a large
@@ -77,9 +77,18 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     Two programs with the same text compiled with different options are
     different executables (fast math, for one, changes results), so the
     options are part of the identity wherever the pool routes, caches or
-    quarantines a program. None means the default options.
+    quarantines a program. None means the default options. A program from
+    lower() carries its text's digest (DigestedProgram), so that its text is
+    hashed once, however large it is.
     """
-    return _identity(text_digest(program.text), program.platform, compile_options)
+    return _identity(program_text_digest(program), program.platform, compile_options)
+
+
+def program_text_digest(program: LoweredProgram) -> str:
+    """The SHA-256 of a program's text: the one lower() recorded, or computed (memoized)."""
+    if isinstance(program, DigestedProgram):
+        return program.text_sha256
+    return _text_digest(program.text)
 
 
 @functools.lru_cache(maxsize=4096)

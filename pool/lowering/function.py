@@ -2,8 +2,10 @@
 
     step(params, batch)
       │ flatten the arguments (static ones aside); signature = tree, shapes, dtypes,
-      │ weak types, static values, jax_enable_x64
+      │ weak types, static values and their types, JAX's trace context (the config
+      │ that changes programs: x64, rank and dtype promotion, threefry, ...)
       ├─ first call with this signature: lower_tree in this process, remembered
+      │  (no lock is held while the function traces: it may call the PoolFunction)
       ▼
     Pool.run / Pool.submit(program, leaves)    compile or load in a worker (disk cache), run
       │
@@ -11,21 +13,31 @@
     outputs rebuilt in the structure jax.jit returns; key data wrapped back into keys
 
 Everything after lowering goes through the Pool's public API, so crash
-isolation, timeouts and quarantine are the Pool's.
+isolation, timeouts and quarantine are the Pool's. A call of a signature
+lowered already never touches the program's text: the program carries its
+identity (worker.records.DigestedProgram), so that a program with large
+constants costs a dictionary lookup per call, not a hash of its text.
+
+A PoolFunction cannot be traced: jax.grad, jax.vmap or jax.jit of it (or a
+call of it inside a function they trace) is refused with a TypeError that
+says so, since its program runs in another process, where JAX's tracers
+cannot follow.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import numpy as np
 
+from pool.errors import TracedPoolFunctionError
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
@@ -36,6 +48,10 @@ LeafType = tuple[tuple[int, ...], Any, bool]
 """What the program depends on for one argument leaf: shape, dtype, weak type."""
 
 
+Statics = tuple[tuple[int | str, type, Any], ...]
+"""The static arguments of a call: (position or keyword name, type, value), in order."""
+
+
 class _Compiled(NamedTuple):
     """One signature's lowered program and where keys enter and leave it."""
 
@@ -44,6 +60,8 @@ class _Compiled(NamedTuple):
     """Flat inputs that are typed keys (passed as their key data)."""
     key_outputs: tuple[int, ...]
     """Flat outputs that are key data, wrapped back into keys for the caller."""
+    name: str
+    """What the tasks are called (computed once: the program's text is not read per call)."""
 
 
 _canonical: dict[tuple[np.dtype, bool], Any] = {}
@@ -56,6 +74,14 @@ def _leaf_type(leaf: Any, x64: bool) -> LeafType:
         if dtype is None:
             dtype = _canonical[(leaf.dtype, x64)] = jax.dtypes.canonicalize_dtype(leaf.dtype)
         return leaf.shape, dtype, False
+    if isinstance(leaf, jax.core.Tracer):
+        raise TracedPoolFunctionError(
+            f"a PoolFunction was called with a JAX tracer ({type(leaf).__name__}): it runs its "
+            "program in a worker process, which jax.grad, jax.vmap, jax.jit and other "
+            "transformations cannot trace into. Call it on concrete arrays, outside "
+            "transformations; to transform the computation, make the PoolFunction of the "
+            "transformed function instead, for example pool.function(jax.grad(f))"
+        )
     aval = jax.typeof(leaf)
     return aval.shape, aval.dtype, aval.weak_type
 
@@ -67,6 +93,115 @@ def _argnums(name: str, value: int | Sequence[int]) -> tuple[int, ...]:
     ):
         raise TypeError(f"{name} must be an int or a sequence of ints, not {value!r}")
     return tuple(numbers)
+
+
+def _argnames(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"static_argnames must be a str or a sequence of strs, not {value!r}")
+    return tuple(names)
+
+
+def _signature(function: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):  # some builtins have none: nothing to infer or check
+        return None
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def static_arguments(
+    function: Callable[..., Any],
+    static_argnums: tuple[int, ...],
+    static_argnames: tuple[str, ...] | None,
+) -> tuple[tuple[int, ...], frozenset[str]]:
+    """The static positions and keyword names of a function, completed as jax.jit completes them.
+
+    Positions name their parameters' keywords too, and names their
+    parameters' positions (for parameters that are positional-or-keyword),
+    unless both are given. Positions past the positional parameters (when
+    there is no *args) and names the function does not take (when there is
+    no **kwargs) raise ValueError, as jax.jit does.
+    """
+    signature = _signature(function)
+    if signature is None:
+        return static_argnums, frozenset(static_argnames or ())
+    parameters = list(signature.parameters.values())
+    either = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    if static_argnames is None:
+        names = tuple(name for i, name in enumerate(either) if i in static_argnums)
+    else:
+        names = static_argnames
+        if not static_argnums:
+            static_argnums = tuple(i for i, name in enumerate(either) if name in names)
+    positional = sum(p.kind in _POSITIONAL for p in parameters)
+    if not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters) and any(
+        i >= positional or i < -positional for i in static_argnums
+    ):
+        raise ValueError(
+            f"static_argnums={static_argnums} names positions that {function_name(function)} "
+            f"does not have: it takes {positional} positional arguments"
+        )
+    keywords = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    unknown = set(names) - keywords
+    only_positional = {p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY}
+    if unknown & only_positional or (
+        unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    ):
+        raise ValueError(
+            f"static_argnames names {sorted(unknown)}, which {function_name(function)} does not "
+            "take as keyword arguments"
+        )
+    return static_argnums, frozenset(names)
+
+
+def _trace_context_function() -> Callable[[], Hashable]:
+    """What jax.jit keys its traces by besides the arguments: JAX's trace context.
+
+    It holds every config value that changes what tracing produces
+    (jax_enable_x64, numpy_rank_promotion, numpy_dtype_promotion,
+    threefry_partitionable, default_matmul_precision, the current mesh and
+    more), and is private to JAX: where it is missing, the values of the
+    public options known to change programs stand in.
+    """
+    try:
+        from jax._src import config as jax_config
+
+        context = jax_config.trace_context
+        context()
+        return context
+    except Exception:  # moved or renamed in another JAX version
+
+        def public_options() -> Hashable:
+            return tuple(getattr(jax.config, name, None) for name in _PROGRAM_OPTIONS)
+
+        return public_options
+
+
+_PROGRAM_OPTIONS = (
+    "jax_enable_x64",
+    "jax_numpy_rank_promotion",
+    "jax_numpy_dtype_promotion",
+    "jax_threefry_partitionable",
+    "jax_default_matmul_precision",
+    "jax_default_prng_impl",
+    "jax_softmax_custom_jvp",
+    "jax_enable_checks",
+)
+
+trace_context = _trace_context_function()
+
+
+class _LoweringHere(threading.local):
+    depth = 0
+    """How many lowerings this thread is inside (a function traced calls PoolFunctions)."""
+
+
+_lowering_here = _LoweringHere()
 
 
 class PoolFunction:
@@ -81,6 +216,7 @@ class PoolFunction:
         function: Callable[..., Any],
         *,
         static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] = (),
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
@@ -92,7 +228,13 @@ class PoolFunction:
             raise TypeError("custom_calls must be a sequence of target names, not one str")
         self._pool = pool
         self._function = function
-        self._static = tuple(sorted(set(_argnums("static_argnums", static_argnums))))
+        numbers, names = static_arguments(
+            function,
+            tuple(sorted(set(_argnums("static_argnums", static_argnums)))),
+            _argnames(static_argnames),
+        )
+        self._static = numbers
+        self._static_names = names
         if _argnums("donate_argnums", donate_argnums):
             warnings.warn(
                 "Pool.function ignores donate_argnums: arguments are copied into shared memory "
@@ -104,6 +246,9 @@ class PoolFunction:
         self._custom_calls = tuple(custom_calls)
         self._name = name
         self._compiled: dict[Any, _Compiled] = {}
+        # Signatures being lowered: another thread's call of one waits for it, unless
+        # that thread is lowering something itself (see _lower_once).
+        self._lowering: dict[Any, threading.Event] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, function, updated=())
 
@@ -112,7 +257,7 @@ class PoolFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the function in a worker and returns its result as jax.jit would (numpy leaves)."""
         compiled, inputs = self._prepare(args, kwargs)
-        outputs = self._pool.run(compiled.tree.program, inputs, name=self._name)
+        outputs = self._pool.run(compiled.tree.program, inputs, name=compiled.name)
         return _rebuild(compiled, outputs)
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -122,7 +267,7 @@ class PoolFunction:
         arguments happen here, so their errors raise here, as Pool.submit's do.
         """
         compiled, inputs = self._prepare(args, kwargs)
-        future = self._pool.submit(compiled.tree.program, inputs, name=self._name)
+        future = self._pool.submit(compiled.tree.program, inputs, name=compiled.name)
         return _Converted(future, functools.partial(_rebuild, compiled))
 
     def lower(self, *args: Any, **kwargs: Any) -> LoweredProgram:
@@ -136,48 +281,89 @@ class PoolFunction:
 
     # -- signatures -------------------------------------------------------------
 
-    def _split(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[tuple[int, Any], ...]]:
-        """(dynamic arguments, ((index, static value), ...)), as jax.jit splits them."""
-        if not self._static:
-            return args, ()
+    def _split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], Statics]:
+        """(dynamic arguments, dynamic keywords, statics), as jax.jit splits them.
+
+        A static position the call does not pass is left to the function's
+        default, as jax.jit leaves it. Statics are keyed by type and value, as
+        jax.jit keys them: 1, 1.0 and True are three signatures.
+        """
+        if not self._static and not self._static_names:
+            return args, kwargs, ()
         count = len(args)
-        indexes = sorted({i + count if i < 0 else i for i in self._static})
-        if indexes[0] < 0 or indexes[-1] >= count:
-            raise TypeError(
-                f"static_argnums {self._static} name arguments that this call does not pass "
-                f"({count} positional arguments given)"
-            )
-        statics = tuple((i, args[i]) for i in indexes)
-        for index, value in statics:
+        indexes = sorted({i + count if i < 0 else i for i in self._static} & set(range(count)))
+        statics: list[tuple[int | str, type, Any]] = [(i, type(args[i]), args[i]) for i in indexes]
+        if self._static_names and kwargs:
+            names = self._static_names
+            statics += [(k, type(v), v) for k, v in sorted(kwargs.items()) if k in names]
+            kwargs = {k: v for k, v in kwargs.items() if k not in names}
+        for where, _, value in statics:
             try:
                 hash(value)
             except TypeError as error:
+                which = f"argument {where}" if isinstance(where, int) else f"argument {where!r}"
                 raise ValueError(
-                    f"static argument {index} ({type(value).__name__}) is not hashable ({error}); "
+                    f"static {which} ({type(value).__name__}) is not hashable ({error}); "
                     "static arguments are part of the signature, as in jax.jit: pass a "
                     "hashable value (a tuple instead of a list, for example)"
                 ) from None
         static = set(indexes)
-        return tuple(a for i, a in enumerate(args) if i not in static), statics
+        dynamic = tuple(a for i, a in enumerate(args) if i not in static)
+        return dynamic, kwargs, tuple(statics)
 
     def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Compiled, list[Any]]:
         """The compiled signature of a call (lowering it the first time) and its flat leaves."""
-        dynamic, statics = self._split(args)
+        dynamic, kwargs, statics = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((dynamic, kwargs))
         x64 = bool(jax.config.jax_enable_x64)
         try:
             types = tuple(_leaf_type(leaf, x64) for leaf in leaves)
+        except TracedPoolFunctionError:
+            raise
         except TypeError:
             raise self._not_an_array(dynamic, kwargs, statics) from None
-        signature = (tree, types, statics, x64)
+        signature = (tree, types, statics, trace_context())
         compiled = self._compiled.get(signature)
         if compiled is None:
+            compiled = self._lower_once(signature, tree, types, statics)
+        return compiled, leaves
+
+    def _lower_once(
+        self, signature: Any, tree: Any, types: tuple[LeafType, ...], statics: Statics
+    ) -> _Compiled:
+        """Lowers a signature, once across threads, without holding a lock while it traces.
+
+        A thread that finds another lowering the signature waits for it, but
+        only if it is not lowering anything itself: a function that calls a
+        PoolFunction while it traces (its own, or one another thread is
+        lowering and whose function calls back) lowers that call on its own,
+        as jax.jit traces a nested call, so that no two lowerings wait for
+        each other.
+        """
+        while True:
             with self._lock:
                 compiled = self._compiled.get(signature)
-                if compiled is None:
-                    compiled = self._lower(tree, types, statics)
-                    self._compiled[signature] = compiled
-        return compiled, leaves
+                if compiled is not None:
+                    return compiled
+                busy = self._lowering.get(signature)
+                if busy is None or _lowering_here.depth:
+                    done = self._lowering.setdefault(signature, threading.Event())
+                    break
+            busy.wait()  # the other thread's lowering failed if nothing is there now
+        _lowering_here.depth += 1
+        try:
+            compiled = self._lower(tree, types, statics)
+            with self._lock:
+                compiled = self._compiled.setdefault(signature, compiled)
+            return compiled
+        finally:
+            _lowering_here.depth -= 1
+            if busy is None:  # this thread's entry: take it away and wake the waiters
+                with self._lock:
+                    self._lowering.pop(signature, None)
+                done.set()
 
     def _prepare(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -190,15 +376,15 @@ class PoolFunction:
             leaves[index] = np.asarray(jax.random.key_data(leaves[index]))
         return compiled, leaves
 
-    def _lower(
-        self, tree: Any, types: tuple[LeafType, ...], statics: tuple[tuple[int, Any], ...]
-    ) -> _Compiled:
+    def _lower(self, tree: Any, types: tuple[LeafType, ...], statics: Statics) -> _Compiled:
         shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in types]
         dynamic, kwargs = jax.tree_util.tree_unflatten(tree, shapes)
         function = self._function
-        positions = _dynamic_positions(len(dynamic) + len(statics), statics)
+        positional = tuple((i, v) for i, _, v in statics if isinstance(i, int))
+        positions = _dynamic_positions(len(dynamic) + len(positional), positional)
         if statics:
-            function = _with_statics(function, statics)
+            named = {k: v for k, _, v in statics if isinstance(k, str)}
+            function = _with_statics(function, positional, named)
         lowered = lower_tree(
             function,
             dynamic,
@@ -213,6 +399,7 @@ class PoolFunction:
             lowered,
             tuple(i for i, key in enumerate(lowered.input_keys) if key is not None),
             tuple(i for i, key in enumerate(lowered.output_keys) if key is not None),
+            self._name or lowered.program.name,
         )
 
     def _pool_platform(self) -> str | None:
@@ -224,10 +411,11 @@ class PoolFunction:
         return None  # not known yet: lower's default (JAX's default device)
 
     def _not_an_array(
-        self, dynamic: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[tuple[int, Any], ...]
+        self, dynamic: tuple[Any, ...], kwargs: dict[str, Any], statics: Statics
     ) -> TypeError:
         """The error for a leaf that JAX cannot trace, naming it and suggesting static_argnums."""
-        positions = _dynamic_positions(len(dynamic) + len(statics), statics)
+        positional = tuple((i, v) for i, _, v in statics if isinstance(i, int))
+        positions = _dynamic_positions(len(dynamic) + len(positional), positional)
         x64 = bool(jax.config.jax_enable_x64)
         for path, leaf in jax.tree_util.tree_flatten_with_path((dynamic, kwargs))[0]:
             try:
@@ -239,7 +427,7 @@ class PoolFunction:
                     hint = f"static_argnums=({index},) in Pool.function"
                 else:
                     where = f"keyword argument {jax.tree_util.keystr(path[1:])}"
-                    hint = "a positional static argument (static_argnums in Pool.function)"
+                    hint = "static_argnames in Pool.function"
                 return TypeError(
                     f"{where} is {type(leaf).__name__}, which JAX cannot trace ({error}); "
                     f"make it static ({hint}) or bind it with functools.partial"
@@ -257,28 +445,37 @@ def _dynamic_positions(count: int, statics: tuple[tuple[int, Any], ...]) -> list
 
 
 def _with_statics(
-    function: Callable[..., Any], statics: tuple[tuple[int, Any], ...]
+    function: Callable[..., Any],
+    positional: tuple[tuple[int, Any], ...],
+    named: dict[str, Any],
 ) -> Callable[..., Any]:
     """The function with its static arguments bound, taking the dynamic ones."""
 
     def bound(*dynamic: Any, **kwargs: Any) -> Any:
         args = list(dynamic)
-        for index, value in statics:  # in increasing order of index
+        for index, value in positional:  # in increasing order of index
             args.insert(index, value)
-        return function(*args, **kwargs)
+        return function(*args, **kwargs, **named)
 
     bound.__name__ = bound.__qualname__ = function_name(function)
     return bound
 
 
 def _rebuild(compiled: _Compiled, outputs: list[np.ndarray]) -> Any:
-    """The program's flat outputs in the function's result structure, key data as keys."""
-    if compiled.key_outputs:
+    """The program's flat outputs in the function's result structure.
+
+    Key data becomes keys again, and float0 outputs (the gradients of integer
+    inputs), which a program returns as booleans, float0 arrays, as jax.jit
+    returns them.
+    """
+    tree = compiled.tree
+    if compiled.key_outputs or tree.float0_outputs:
         outputs = list(outputs)
-        keys = compiled.tree.output_keys
         for index in compiled.key_outputs:
-            outputs[index] = jax.random.wrap_key_data(outputs[index], dtype=keys[index])
-    return jax.tree_util.tree_unflatten(compiled.tree.out_tree, outputs)
+            outputs[index] = jax.random.wrap_key_data(outputs[index], dtype=tree.output_keys[index])
+        for index in tree.float0_outputs:
+            outputs[index] = np.zeros(outputs[index].shape, jax.dtypes.float0)
+    return jax.tree_util.tree_unflatten(tree.out_tree, outputs)
 
 
 class _Converted(Future):  # type: ignore[type-arg]

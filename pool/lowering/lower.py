@@ -11,7 +11,6 @@ implementation, and a key the function returns leaves as key data.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -23,7 +22,7 @@ from pool.lowering.plugin_info import plugin_info
 from pool.lowering.stablehlo import reserialize, target_version
 from pool.lowering.workarounds import active_workarounds, module_rewrite
 from worker.dtypes import code_of_dtype
-from worker.records import ArrayType, LoweredProgram
+from worker.records import ArrayType, DigestedProgram, LoweredProgram
 
 KeyDtype = Any
 """The dtype of a typed PRNG key array (key<fry>, ...), which numpy cannot represent."""
@@ -46,6 +45,10 @@ class TreeProgram(NamedTuple):
 
     output_keys: tuple[KeyDtype | None, ...]
     """Per flat output: the key dtype whose key data it carries, or None for an array."""
+
+    float0_outputs: tuple[int, ...] = ()
+    """Flat outputs of dtype float0 (gradients of integer inputs), which the program
+    returns as booleans of the same shape (a float0 array holds no data)."""
 
 
 def _jax_platform(device: Any) -> str:
@@ -201,18 +204,12 @@ def _where(equation: Any) -> str:
         return ""
 
 
-def _host_callback_error(flat: Callable[..., Any], arguments: list[Any]) -> ValueError:
-    """The error for a function that calls back into Python, naming the callback."""
-    found = []
-    # Naming the callback is a courtesy: the error stands without it.
-    with contextlib.suppress(Exception):
-        found = list(_callback_equations(jax.make_jaxpr(flat)(*arguments).jaxpr))
-    what = "a host callback"
-    if found:
-        first = found[0]
-        what = _CALLBACKS.get(first.primitive.name, first.primitive.name) + _where(first)
-        if len(found) > 1:
-            what += f", and {len(found) - 1} more"
+def _host_callback_error(found: list[Any]) -> ValueError:
+    """The error for a function whose program calls back into Python, naming the callback."""
+    first = found[0]
+    what = _CALLBACKS.get(first.primitive.name, first.primitive.name) + _where(first)
+    if len(found) > 1:
+        what += f", and {len(found) - 1} more"
     return ValueError(
         f"the function calls back into Python ({what}), which a standalone program cannot "
         "do: it runs in a worker process, or later from the disk cache, with no Python "
@@ -253,16 +250,17 @@ def lower_tree(
 
     results: list[tuple[Any, tuple[KeyDtype | None, ...]]] = []
     flat = _flat_function(function, in_tree, tuple(input_keys), results)
-    try:
-        exported = jax.export.export(
-            jax.jit(flat, keep_unused=True),
-            platforms=[platform],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in custom_calls],
-        )(*arguments)
-    except NotImplementedError as error:
-        if "host_callbacks" not in str(error):
-            raise
-        raise _host_callback_error(flat, arguments) from None
+    jitted = jax.jit(flat, keep_unused=True)
+    # Traced once: export reuses this trace. Callbacks are found in the program
+    # itself, never guessed from an error's text (the function's own errors pass).
+    callbacks = list(_callback_equations(jitted.trace(*arguments).jaxpr.jaxpr))
+    if callbacks:
+        raise _host_callback_error(callbacks)
+    exported = jax.export.export(
+        jitted,
+        platforms=[platform],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in custom_calls],
+    )(*arguments)
     if exported.ordered_effects:
         raise ValueError(
             f"the function has ordered side effects ({exported.ordered_effects}), which a "
@@ -278,9 +276,10 @@ def lower_tree(
     rewrite = module_rewrite(active_workarounds(info))
     code, text = reserialize(exported.mlir_module_serialized, target, rewrite)
     input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
-    program = LoweredProgram(code=code, text=text, input_types=input_types, platform=platform)
+    program = DigestedProgram(code=code, text=text, input_types=input_types, platform=platform)
     out_tree, output_keys = results[-1]
-    return TreeProgram(program, in_tree, tuple(input_keys), out_tree, output_keys)
+    float0 = tuple(i for i, a in enumerate(exported.out_avals) if a.dtype == jax.dtypes.float0)
+    return TreeProgram(program, in_tree, tuple(input_keys), out_tree, output_keys, float0)
 
 
 def lower(

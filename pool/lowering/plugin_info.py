@@ -74,14 +74,19 @@ def plugin_info(platform: str) -> dict[str, Any] | None:
         return None
     try:
         cache = open_cache()
-        memo_dir = cache.plugins_dir if cache.usable else None
+        memos = cache.memos if cache.usable else None
     except UntrustedCacheError:
         # lower() needs no cache; compiling will refuse this directory and say why.
-        memo_dir = None
+        memos = None
     probed = memoized_by_file(
-        location.path,
-        memo_dir,
-        "probe",
-        lambda: _probe(platform, location.path),
+        location.path, memos, "probe", lambda: _probe(platform, location.path), _is_probe
     )
-    return {**probed, "plugin_sha256": plugin_digest(location.path, memo_dir)}
+    return {**probed, "plugin_sha256": plugin_digest(location.path, memos)}
+
+
+def _is_probe(value: Any) -> bool:
+    """Whether a remembered probe answer has the fields lower() reads, as strings."""
+    return isinstance(value, dict) and all(
+        isinstance(value.get(name), (str, type(None)))
+        for name in ("stablehlo_minimum_version", "stablehlo_current_version", "platform")
+    )

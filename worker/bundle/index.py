@@ -31,6 +31,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from worker.bounded import parse_json
 from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
 from worker.cache.signing import Signer
 from worker.cache.space import ENTRY_SUFFIX
@@ -205,8 +206,8 @@ class Index:
     def decode(cls, data: bytes, where: str) -> Index:
         """Reads and checks index.json; raises BundleError naming what is wrong."""
         try:
-            document = json.loads(data)
-        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+            document = parse_json(data)
+        except ValueError as error:  # not JSON, or nested deeper than any index
             raise BundleError(f"{where}: {INDEX_NAME} is not JSON ({error})") from None
         if not isinstance(document, dict) or document.get("kind") != KIND:
             raise BundleError(f"{where}: {INDEX_NAME} is not a pjrt-pool bundle index")
@@ -345,10 +346,10 @@ def check_signature(
             f"{signer.source}): make the bundle with the same secret set"
         )
     try:
-        record = json.loads(mac_bytes)
+        record = parse_json(mac_bytes)
         mac = bytes.fromhex(record["hmac_sha256"])
         key_id = record.get("key_id")
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):
         raise BundleError(f"{where}: {MAC_NAME} is malformed") from None
     if not signer.verify(index_bytes, mac):
         why = (

@@ -33,6 +33,7 @@ from worker.bundle.index import (
 from worker.bundle.reader import Bundle
 from worker.cache import entry as entry_format
 from worker.cache.signing import Signer, signer_from_environment
+from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
 from worker.errors import BundleError
 from worker.records import ProgramSpec
@@ -120,9 +121,18 @@ def _checked(read: Callable[[], bytes], sha256: str, what: str) -> Callable[[], 
 
 
 def _read_cache_entry(cache: DiskCache, spec: ProgramSpec, where: str) -> bytes:
+    """An entry file's bytes, read through the cache's entries/ folder (never a link)."""
     path = cache.path_of(spec.key)
+    entries = cache.folder("entries")
     try:
-        with entry_format.open_entry(path) as file:
+        if entries is None:
+            raise FileNotFoundError(path)
+        with entry_format.open_entry(entry_name(spec.key), dir_fd=entries.fd) as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > cache.max_size + entry_format.MAX_HEADER_SIZE:
+                raise BundleError(
+                    f"{spec.name}{where}: {path} is {size} bytes, more than the cache's bound"
+                )
             return file.read()
     except FileNotFoundError:
         raise BundleError(
@@ -166,8 +176,11 @@ def create_bundle(
             flags if isinstance(flags, list) and all(isinstance(f, str) for f in flags) else None
         )
         if builder.add(spec, entry.parts, len(data), digest, flags, where):
-            path = cache.path_of(spec.key)
-            reread = _checked(lambda path=path: path.read_bytes(), digest, str(path))
+            reread = _checked(
+                lambda c=cache, s=spec, w=where: _read_cache_entry(c, s, w),
+                digest,
+                str(cache.path_of(spec.key)),
+            )
             sources.append(Source(member_name(spec.key), len(data), reread))
     if not builder.index.programs:
         raise BundleError("no programs to bundle: the manifests list none")

@@ -1,11 +1,14 @@
 """The shared disk cache of compiled executables (see store.py for the design).
 
 Modules, one job each: location (where, how large), trust (who may write the
-directory), key (what identifies an executable), entry (the file format),
-signing (signed entries), atomic (publishing files), locking (the file
-locks), loads (markers that catch entries whose load kills a process), space
-(the size bound and eviction), counters, store (DiskCache, tying them
-together), report and verify (inspection for ``pjrt-pool cache``).
+directory), folders (the directories, held open and used through their
+descriptors), key (what identifies an executable, and the form of a key),
+entry (the file format), signing (signed entries), memos (records about
+plugin builds in plugins/, signed too), atomic (publishing files), locking
+(the file locks), loads (markers that catch entries whose load kills a
+process), space (the size bound and eviction), counters, store (DiskCache,
+tying them together), report and verify (inspection for ``pjrt-pool
+cache``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from worker.exports import on_first_use
 if TYPE_CHECKING:
     from worker.cache.counters import CacheCounters
     from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
-    from worker.cache.key import explain_key, key_of, key_parts
+    from worker.cache.key import (
+        InvalidKeyError,
+        check_key,
+        explain_key,
+        is_key,
+        key_of,
+        key_parts,
+    )
     from worker.cache.location import (
         CACHE_DIR_ENV,
         DEFAULT_MAX_SIZE,
@@ -42,7 +52,10 @@ _MODULES = {
     "CorruptEntryError": "worker.cache.entry",
     "SignatureError": "worker.cache.entry",
     "UnreadableEntryError": "worker.cache.entry",
+    "InvalidKeyError": "worker.cache.key",
+    "check_key": "worker.cache.key",
     "explain_key": "worker.cache.key",
+    "is_key": "worker.cache.key",
     "key_of": "worker.cache.key",
     "key_parts": "worker.cache.key",
     "CACHE_DIR_ENV": "worker.cache.location",
@@ -86,15 +99,18 @@ __all__ = [
     "CorruptEntryError",
     "DiskCache",
     "EntryFile",
+    "InvalidKeyError",
     "SignatureError",
     "Signer",
     "TrimResult",
     "UnreadableEntryError",
     "UntrustedCacheError",
     "check_cache_dir",
+    "check_key",
     "default_cache_dir",
     "explain_key",
     "format_size",
+    "is_key",
     "key_of",
     "key_parts",
     "open_cache",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp."
@@ -26,17 +27,21 @@ class PendingFile:
     With `size`, the file takes its full size at once (preallocated where the
     file system can), so that whoever measures the directory from then on
     counts the bytes about to be written, and a full disk fails here rather
-    than halfway through the write.
+    than halfway through the write. With dir_fd, path is a bare file name in
+    the directory that descriptor holds, and every step goes through it.
     """
 
-    def __init__(self, path: Path, size: int = 0, mode: int = 0o600) -> None:
+    def __init__(
+        self, path: Path, size: int = 0, mode: int = 0o600, *, dir_fd: int | None = None
+    ) -> None:
+        if dir_fd is not None and len(path.parts) != 1:
+            raise ValueError(f"with dir_fd, the path must be a bare file name, not {path}")
         self.path = path
-        # os.urandom, not secrets: every process that loads an entry imports this
-        # module, and secrets brings random and base64 (a few ms) for one name.
-        unique = os.urandom(4).hex()
-        self.temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{unique}")
+        self.dir_fd = dir_fd
+        self.temp = path.with_name(temp_name(path.name))
         # O_EXCL: never opens an existing file, nor follows a symlink planted at the name.
-        self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self._fd: int | None = os.open(self.temp, flags, mode, dir_fd=dir_fd)
         try:
             if mode & 0o077:
                 os.fchmod(self._fd, mode)  # a shared cache's group bits, whatever the umask
@@ -64,7 +69,7 @@ class PendingFile:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-            os.replace(self.temp, self.path)
+            os.replace(self.temp, self.path, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
             self.discard()
             raise
@@ -76,9 +81,32 @@ class PendingFile:
                 os.close(self._fd)
             self._fd = None
         with contextlib.suppress(OSError):
-            os.unlink(self.temp)
+            os.unlink(self.temp, dir_fd=self.dir_fd)
 
 
-def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+def temp_name(name: str) -> str:
+    """The name of a temporary file for `name`: TEMP_PREFIX, name, pid and random digits."""
+    # os.urandom, not secrets: every process that loads an entry imports this
+    # module, and secrets brings random and base64 (a few ms) for one name.
+    return f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}"
+
+
+def is_temp_name(name: str, target: Callable[[str], bool]) -> bool:
+    """Whether name is one temp_name made for a file whose name passes target."""
+    if not name.startswith(TEMP_PREFIX):
+        return False
+    stem, _, token = name[len(TEMP_PREFIX) :].rpartition(".")
+    stem, _, pid = stem.rpartition(".")
+    return (
+        len(token) == 8
+        and all(c in "0123456789abcdef" for c in token)
+        and pid.isdigit()
+        and target(stem)
+    )
+
+
+def write_atomically(
+    path: Path, data: bytes, mode: int = 0o600, *, dir_fd: int | None = None
+) -> None:
     """Writes data to path so that readers see the old file or the whole new one."""
-    PendingFile(path, mode=mode).commit(data)
+    PendingFile(path, mode=mode, dir_fd=dir_fd).commit(data)

@@ -16,6 +16,13 @@ sits in the header, so any flipped, missing or extra byte is caught; the MAC
 covers the same bytes, and so the payload through its digest. Nothing in
 the file is executable: JSON and opaque bytes only, never pickle, so that
 whoever can write the cache directory cannot run code in a reader.
+
+A reader bounds what it reads before it has checked it: the header's length
+(at most MAX_HEADER_SIZE) before reading the header, the header's nesting
+before parsing it, the MAC (when signing) before reading the payload, and
+the payload's size against the file's size and the cache's bound before
+reading the payload. A file that fails any of these is corrupt, never a
+reason to run out of memory or stack.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from worker.bounded import parse_json
 from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
 
@@ -136,11 +144,13 @@ def decode_header(data: bytes) -> Header:
     if hashlib.sha256(signed_part).digest() != data[end : end + _DIGEST_SIZE]:
         raise CorruptEntryError("header digest mismatch")
     try:
-        header = json.loads(data[_PREFIX.size : end])
+        header = parse_json(bytes(data[_PREFIX.size : end]))
     except ValueError as error:  # only a crafted file: the digest matched
         raise CorruptEntryError(f"header is not JSON: {error}") from None
     if not isinstance(header, dict) or not isinstance(header.get("parts", {}), dict):
         raise CorruptEntryError("header is not a JSON object with key parts")
+    if not isinstance(header.get("metadata", {}), dict):
+        raise CorruptEntryError("the header's metadata is not a JSON object")
     offset = end + _DIGEST_SIZE
     mac = bytes(data[offset : offset + mac_size]) if mac_size else None
     return Header(header, offset + mac_size, signed_part, mac)
@@ -168,20 +178,26 @@ def _not_an_entry(message: str, found: os.stat_result | None) -> CorruptEntryErr
     return error
 
 
-def open_entry(path: str | os.PathLike[str]) -> BinaryIO:
+def open_entry(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> BinaryIO:
     """Opens an entry file for reading; raises CorruptEntryError unless it is a regular file.
 
-    A symlink is not followed, and a directory, FIFO or device (which would
-    block, or never end) is refused before reading; the error's stat then
-    describes what lies there. Raises OSError (FileNotFoundError included)
-    when the file cannot be opened.
+    path is relative to dir_fd when given. A symlink is not followed, and a
+    directory, FIFO or device (which would block, or never end) is refused
+    before reading; the error's stat then describes what lies there. Raises
+    OSError (FileNotFoundError included) when the file cannot be opened.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise _not_an_entry("a symbolic link, not an entry file", _lstat(path)) from None
+            found = _lstat(path, dir_fd)
+            raise _not_an_entry("a symbolic link, not an entry file", found) from None
         raise
     try:
         found = os.fstat(fd)
@@ -194,58 +210,113 @@ def open_entry(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
-def _lstat(path: str | os.PathLike[str]) -> os.stat_result | None:
+def _lstat(path: str | os.PathLike[str], dir_fd: int | None) -> os.stat_result | None:
     try:
-        return os.lstat(path)
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return None
 
 
-def read_header(path: str | os.PathLike[str]) -> Header:
+def _read_exactly(file: BinaryIO, size: int, what: str) -> bytes:
+    data = file.read(size)
+    if len(data) != size:
+        raise CorruptEntryError(f"truncated inside the {what}")
+    return data
+
+
+def _read_header_bytes(file: BinaryIO) -> bytes:
+    """Reads the prefix, header, digest and MAC of an open entry, bounded by MAX_HEADER_SIZE."""
+    prefix = file.read(_PREFIX.size)
+    if len(prefix) < _PREFIX.size:
+        return prefix  # decode_header says how short it is
+    _, _, flags, length = _PREFIX.unpack(prefix)
+    if length > MAX_HEADER_SIZE:
+        raise CorruptEntryError(f"header length {length} is implausible")
+    mac_size = MAC_SIZE if flags & SIGNED else 0
+    return prefix + file.read(length + _DIGEST_SIZE + mac_size)
+
+
+def read_header(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Header:
     """Reads and verifies only the header of an entry file (for listings).
 
     Raises CorruptEntryError, and OSError when the file cannot be read.
     """
-    with open_entry(path) as file:
-        prefix = file.read(_PREFIX.size)
-        if len(prefix) == _PREFIX.size:
-            _, _, flags, length = _PREFIX.unpack(prefix)
-            mac_size = MAC_SIZE if flags & SIGNED else 0
-            prefix += file.read(min(length, MAX_HEADER_SIZE) + _DIGEST_SIZE + mac_size)
-    return decode_header(prefix)
+    with open_entry(path, dir_fd=dir_fd) as file:
+        return decode_header(_read_header_bytes(file))
 
 
-def decode(data: bytes, expected_key: str | None = None, signer: Signer | None = None) -> Entry:
-    """Verifies a whole entry file and returns it; raises CorruptEntryError.
+def read_entry(
+    file: BinaryIO,
+    file_size: int,
+    expected_key: str | None,
+    signer: Signer | None,
+    max_payload: int,
+) -> Entry:
+    """Reads and verifies an open entry file of file_size bytes; raises CorruptEntryError.
 
-    With expected_key, an entry for another key (a file renamed or copied
-    over this one) is corrupt too. With a signer, an entry without its MAC
-    raises SignatureError.
+    The header is read and verified first (and the MAC checked, with a
+    signer); the payload is read only if the header's payload size is an
+    integer no larger than max_payload and the file holds exactly that much
+    after the header. So a huge or sparse file costs a header's read, not
+    its size in memory.
     """
-    verified = decode_header(data)
-    header, offset = verified.fields, verified.payload_offset
+    verified = decode_header(_read_header_bytes(file))
+    header = verified.fields
     key = header.get("key")
     if expected_key is not None and key != expected_key:
         raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
-    payload = data[offset:]
+    if signer is not None:
+        check_signature(verified, signer)
+    size = header.get("payload_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise CorruptEntryError(f"the header's payload size {size!r} is not a byte count")
+    if size > max_payload:
+        raise CorruptEntryError(
+            f"the header's payload size {size} is larger than the cache's bound {max_payload}"
+        )
+    if file_size != verified.payload_offset + size:
+        raise CorruptEntryError(
+            f"payload is {file_size - verified.payload_offset} bytes, the header says {size}"
+        )
+    return _verified_entry(verified, key, _read_exactly(file, size, "payload"))
+
+
+def _verified_entry(verified: Header, key: Any, payload: bytes) -> Entry:
+    header = verified.fields
     if len(payload) != header.get("payload_size"):
         raise CorruptEntryError(
             f"payload is {len(payload)} bytes, the header says {header.get('payload_size')}"
         )
     if hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
         raise CorruptEntryError("payload digest mismatch")
-    if signer is not None:
-        check_signature(verified, signer)
     return Entry(
         key, header.get("parts", {}), header.get("metadata", {}), payload, verified.mac is not None
     )
 
 
+def decode(data: bytes, expected_key: str | None = None, signer: Signer | None = None) -> Entry:
+    """Verifies a whole entry file held in memory and returns it; raises CorruptEntryError.
+
+    With expected_key, an entry for another key (a file renamed or copied
+    over this one) is corrupt too. With a signer, an entry without its MAC
+    raises SignatureError.
+    """
+    verified = decode_header(data)
+    key = verified.fields.get("key")
+    if expected_key is not None and key != expected_key:
+        raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
+    entry = _verified_entry(verified, key, data[verified.payload_offset :])
+    if signer is not None:
+        check_signature(verified, signer)
+    return entry
+
+
 def verify(data: bytes, key: str, signer: Signer | None = None) -> Entry:
-    """Verifies the whole file of a key's entry and returns it; raises CorruptEntryError.
+    """Verifies the whole file of a key's entry, held in memory; raises CorruptEntryError.
 
     Besides what decode checks, the key parts in the header must hash to the
-    key, so that an entry copied under another key's name is never loaded.
+    key, so that an entry copied under another key's name is never loaded
+    (as DiskCache.read checks an entry it reads from the cache).
     """
     entry = decode(data, expected_key=key, signer=signer)
     if key_of(entry.parts) != key:

@@ -19,7 +19,8 @@ the serialized executable of a 1024x1024 matmul program on both CPU plugins.
 
 Hashing a plugin library (hundreds of MB) takes a second or so, so its digest
 is memoized per (path, size, mtime, inode): in memory, and in the cache
-directory's ``plugins/`` folder for later processes.
+directory's ``plugins/`` folder for later processes (as a record that is
+signed when entries are: see memos.py).
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ import os
 import platform as host_platform
 import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from worker.cache.atomic import write_atomically
-from worker.cache.space import read_small_file
+if TYPE_CHECKING:
+    from worker.cache.memos import MemoStore
 
 KEY_FORMAT = 2
 """Bumped whenever the meaning of a key's parts changes."""
@@ -158,51 +158,49 @@ def _file_digest(path: str) -> str:
 
 
 def memoized_by_file(
-    path: str, memo_dir: Path | None, kind: str, compute: Callable[[], Any]
+    path: str,
+    memos: MemoStore | None,
+    kind: str,
+    compute: Callable[[], Any],
+    valid: Callable[[Any], bool] = lambda value: True,
 ) -> Any:
     """Returns compute() for a file, memoized per (real path, size, mtime, inode).
 
-    The value is kept in memory and, when memo_dir is given, in a JSON file
-    there named after `kind` and the identity, so that later processes reuse
-    it; a rebuilt or replaced file has a new identity and is computed again.
-    The value must be JSON-ready.
+    The value is kept in memory and, when memos is given (a cache's
+    plugins/ records), in a record there named after `kind` and the
+    identity, so that later processes reuse it; a rebuilt or replaced file
+    has a new identity and is computed again, and so is a record that
+    cannot be trusted (see memos.py) or whose value fails `valid`. The
+    value must be JSON-ready.
     """
     stat = os.stat(path)
     identity = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     with _memo_lock:
         if (kind, identity) in _file_memo:
             return _file_memo[kind, identity]
-    memo_file = None
-    value = None
-    if memo_dir is not None:
-        name = hashlib.sha256(repr(identity).encode()).hexdigest()[:32]
-        memo_file = memo_dir / f"{kind}-{name}.json"
-        try:
-            record = json.loads(read_small_file(memo_file))
-            if record.get("identity") == list(identity):
-                value = record["value"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # absent or unreadable: compute again
-    if value is None:
+    name = f"{kind}-{hashlib.sha256(repr(identity).encode()).hexdigest()[:32]}.json"
+    record = memos.read(name) if memos is not None else None
+    if (
+        record is not None
+        and record.get("identity") == list(identity)
+        and "value" in record
+        and valid(record["value"])
+    ):
+        value = record["value"]
+    else:
         value = compute()
-        if memo_file is not None:
+        if memos is not None:
             # A read-only cache: the in-memory memo still serves this process.
             with contextlib.suppress(OSError):
-                # Group-readable in a group-shared cache (its directories carry group bits).
-                mode = 0o660 if os.stat(memo_dir).st_mode & 0o070 else 0o600
-                write_atomically(
-                    memo_file,
-                    json.dumps({"identity": list(identity), "value": value}).encode(),
-                    mode,
-                )
+                memos.write(name, {"identity": list(identity), "value": value})
     with _memo_lock:
         _file_memo[kind, identity] = value
     return value
 
 
-def plugin_digest(path: str, memo_dir: Path | None) -> str:
+def plugin_digest(path: str, memos: MemoStore | None) -> str:
     """Returns the SHA-256 of a plugin library, memoized by path, size, mtime and inode."""
-    return memoized_by_file(path, memo_dir, "sha256", lambda: _file_digest(path))
+    return memoized_by_file(path, memos, "sha256", lambda: _file_digest(path), is_key)
 
 
 @functools.cache

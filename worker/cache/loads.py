@@ -27,7 +27,9 @@ import itertools
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
+
+from worker.cache.folders import Folder
+from worker.cache.key import check_key, is_key
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -96,20 +98,25 @@ def _own_start_time() -> str:
 
 
 class LoadMarkers:
-    """The loads/ directory of a cache."""
+    """The loads/ directory of a cache (folder None: a cache without one gets no markers)."""
 
-    def __init__(self, directory: Path, mode: int) -> None:
-        self.directory = directory
+    def __init__(self, folder: Folder | None, mode: int) -> None:
+        self.folder = folder
         self.mode = mode
+
+    def _names(self) -> list[str]:
+        if self.folder is None:
+            return []
+        try:
+            with self.folder.listing() as listing:
+                return [item.name for item in listing]
+        except OSError:
+            return []
 
     def dead(self, key: str) -> list[str]:
         """Returns the markers for key whose process died (on this host)."""
-        prefix = f"{key}."
-        try:
-            with os.scandir(self.directory) as listing:
-                names = [item.name for item in listing if item.name.startswith(prefix)]
-        except OSError:
-            return []
+        prefix = f"{check_key(key)}."
+        names = [name for name in self._names() if name.startswith(prefix)]
         return [name for name in names if _is_dead(name[len(prefix) :])]
 
     def describe(self, names: list[str]) -> str:
@@ -118,19 +125,30 @@ class LoadMarkers:
         return f"process{'es' if len(pids) > 1 else ''} {', '.join(pids)}"
 
     def clear(self, names: list[str]) -> None:
-        """Removes markers (never raises)."""
+        """Removes markers (never raises); names that are not a marker's are left alone."""
         for name in names:
-            with contextlib.suppress(OSError):
-                os.unlink(self.directory / name)
+            self._remove(name)
+
+    def _remove(self, name: str) -> bool:
+        key, _, rest = name.partition(".")
+        if self.folder is None or not is_key(key) or len(rest.split(".")) != 4 or "/" in name:
+            return False
+        try:
+            os.unlink(name, dir_fd=self.folder.fd)
+            return True
+        except OSError:
+            return False
 
     @contextlib.contextmanager
     def loading(self, key: str) -> Iterator[None]:
         """Marks key as being loaded by this process for the duration of the block."""
-        name = f"{key}.{host_id()}.{os.getpid()}.{_own_start_time()}.{next(_counter)}"
-        path = self.directory / name
+        name = f"{check_key(key)}.{host_id()}.{os.getpid()}.{_own_start_time()}.{next(_counter)}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        if self.folder is None:
+            yield
+            return
         try:
-            os.close(os.open(path, flags, self.mode))
+            os.close(os.open(name, flags, self.mode, dir_fd=self.folder.fd))
         except OSError as error:
             logger.debug("could not mark the load of %s: %s", key, error)
             yield
@@ -138,23 +156,15 @@ class LoadMarkers:
         try:
             yield
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            self._remove(name)
 
     def sweep(self, keep: set[str]) -> int:
         """Removes markers of dead processes whose key is not in keep; returns how many."""
         removed = 0
-        try:
-            with os.scandir(self.directory) as listing:
-                names = [item.name for item in listing]
-        except OSError:
-            return 0
-        for name in names:
+        for name in self._names():
             key, _, rest = name.partition(".")
-            if key not in keep and _is_dead(rest):
-                with contextlib.suppress(OSError):
-                    os.unlink(self.directory / name)
-                    removed += 1
+            if key not in keep and _is_dead(rest) and self._remove(name):
+                removed += 1
         return removed
 
 

@@ -1,53 +1,85 @@
-"""The cache's file locks: flock-based, with lock files that are never deleted.
+"""The cache's file locks: flock on lock files that are never deleted.
 
 A lock file is only ever created, never removed: removing one while a
 process waits on its inode would let a newcomer lock a fresh file at the
-same path, and two processes would hold "the" lock at once. filelock's soft
-fallback (for file systems without flock) deletes its marker on release, so
-it is refused; such a file system gets no locking and, since correctness
-never depends on the locks, at worst duplicate compiles.
+same path, and two processes would hold "the" lock at once.
+
+Lock files are opened relative to the descriptor of the cache's ``locks/``
+directory (see folders.py), without following a symlink, and must be regular
+files: a lock directory swapped for a symlink, or a FIFO planted at a lock's
+name, is never used. Each acquisition opens the file anew, so two threads of
+one process exclude each other as two processes do (flock locks belong to an
+open file). A filesystem without flock gets no locking (OSError): since
+correctness never depends on the locks, at worst duplicate compiles.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import errno
+import fcntl
+import os
+import stat
+import time
 
-if TYPE_CHECKING:
-    import filelock
-
-
-@functools.cache
-def _filelock() -> tuple[Any, dict[str, Any]]:
-    """The filelock module and the options this version of it takes."""
-    # Imported at the first lock, not with the cache: a process that only loads
-    # entries (a cache hit, a manifest run) takes no lock, and filelock with
-    # what it imports is most of the cache's import time (~10 ms).
-    import filelock
-
-    options: dict[str, Any] = {"mode": 0o600, "thread_local": False}
-    accepted = inspect.signature(filelock.FileLock.__init__).parameters
-    if "preserve_lock_file" in accepted:
-        options["preserve_lock_file"] = True
-    if "fallback_to_soft" in accepted:
-        options["fallback_to_soft"] = False
-    return filelock, options
+_FLAGS = (
+    os.O_RDWR
+    | os.O_CREAT
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_FIRST_POLL = 0.001
+_LAST_POLL = 0.05
+"""Seconds between tries while another process holds a lock: growing from the first to
+the last, so that a short hold is noticed at once and a long one costs little."""
 
 
-def try_acquire(path: Path, timeout: float, mode: int = 0o600) -> filelock.BaseFileLock | None:
-    """Returns the held lock at path, or None if it was not free within timeout seconds.
+class HeldLock:
+    """A lock this process holds; release() gives it up (closing the file)."""
 
-    timeout 0 tries once. mode is the lock file's mode when it is created
-    (0o660 for a group-shared cache). Raises OSError when the lock file cannot
-    be created or opened (a read-only directory, say). The caller releases
-    the lock. filelock opens lock files without following symlinks.
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        """Releases the lock (calling it again does nothing)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing the only descriptor of the open file releases its flock
+
+
+def try_acquire(
+    name: str, timeout: float, mode: int = 0o600, *, dir_fd: int | None = None
+) -> HeldLock | None:
+    """Returns the held lock of a lock file, or None if it was not free within timeout seconds.
+
+    name is relative to dir_fd when given. timeout 0 tries once. mode is
+    the lock file's mode when it is created (0o660 for a group-shared cache,
+    set exactly whatever the umask). Raises OSError when the lock file cannot
+    be created or opened (a read-only directory, say), is not a regular file
+    (EINVAL; ELOOP for a symlink), or cannot be locked. The caller releases
+    the lock.
     """
-    module, options = _filelock()
-    lock = module.FileLock(path, timeout=max(timeout, 0.0), **{**options, "mode": mode})
+    fd = os.open(name, _FLAGS, mode, dir_fd=dir_fd)
     try:
-        lock.acquire()
-    except module.Timeout:
-        return None
-    return lock
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file, so not a lock file", name)
+        if mode & 0o077 and found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
+            os.fchmod(fd, mode)  # group members must open it for writing too
+        deadline = time.monotonic() + max(timeout, 0.0)
+        poll = _FIRST_POLL
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return HeldLock(fd)
+            except BlockingIOError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.close(fd)
+                return None
+            time.sleep(min(poll, left))
+            poll = min(poll * 2, _LAST_POLL)
+    except BaseException:
+        os.close(fd)
+        raise

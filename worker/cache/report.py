@@ -12,24 +12,39 @@ import os
 from typing import Any
 
 from worker.cache import space
-from worker.cache.entry import CorruptEntryError, UnreadableEntryError, read_header
+from worker.cache.entry import CorruptEntryError, UnreadableEntryError
+from worker.cache.folders import Folder
 from worker.cache.store import DiskCache
 
 UNREADABLE = "unreadable"
 """The status of an entry that exists but could not be read (not judged bad)."""
 
 
-def _count_files(directory: os.PathLike[str], suffix: str) -> int:
+def _count_files(folder: Folder | None, suffix: str) -> int:
+    if folder is None:
+        return 0
     try:
-        with os.scandir(directory) as listing:
+        with folder.listing() as listing:
             return sum(1 for item in listing if item.name.endswith(suffix))
     except OSError:
         return 0
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 def info(cache: DiskCache) -> dict[str, Any]:
     """Returns a summary: where the cache is, how full, and what else lies there."""
-    found = space.scan(cache.entries_dir)
+    found = space.scan(cache.folder("entries"))
     entry_bytes = sum(e.size for e in found.entries)
     usage = cache.ledger.read()
     return {
@@ -43,10 +58,11 @@ def info(cache: DiskCache) -> dict[str, Any]:
         "max_size": cache.max_size,
         "max_size_from": cache.max_size_source,
         "ledger_bytes": None if usage is None else usage.bytes,
-        "lock_files": _count_files(cache.locks_dir, ".lock"),
+        "lock_files": _count_files(cache.folder("locks"), ".lock"),
         "shared": cache.shared,
         "signing_key_id": None if cache.signer is None else cache.signer.key_id,
-        "plugin_records": _count_files(cache.plugins_dir, ".json"),
+        "plugin_records": len(cache.memos.names()),
+        "problem": cache.problem,
         "oldest_use": found.entries[0].mtime if found.entries else None,
         "newest_use": found.entries[-1].mtime if found.entries else None,
     }
@@ -62,24 +78,28 @@ def list_entries(cache: DiskCache) -> list[dict[str, Any]]:
     for item in reversed(cache.list_entries()):
         record: dict[str, Any] = {"key": item.key, "size": item.size, "last_used": item.mtime}
         try:
-            verified = read_header(item.path)
+            verified = cache.read_header(item.key)
         except FileNotFoundError:
             continue  # evicted or healed meanwhile
         except (OSError, CorruptEntryError) as error:
             record["error"] = str(error)
             records.append(record)
             continue
+        # A header's digest matched, but anyone who can write the cache can make one:
+        # take only fields of the types pjrt-pool writes.
         header = verified.fields
-        metadata = header.get("metadata") or {}
-        parts = header.get("parts") or {}
-        plugin = parts.get("plugin") or {}
+        metadata = _mapping(header.get("metadata"))
+        parts = _mapping(header.get("parts"))
+        plugin = _mapping(parts.get("plugin"))
+        seconds = metadata.get("compile_seconds")
+        created = metadata.get("created")
         record.update(
-            name=metadata.get("name"),
-            platform=parts.get("platform"),
-            api_version=plugin.get("api_version"),
-            plugin_sha256=plugin.get("sha256"),
-            compile_seconds=metadata.get("compile_seconds"),
-            created=metadata.get("created"),
+            name=_text(metadata.get("name")),
+            platform=_text(parts.get("platform")),
+            api_version=_text(plugin.get("api_version")),
+            plugin_sha256=_text(plugin.get("sha256")),
+            compile_seconds=seconds if _is_number(seconds) else None,
+            created=created if _is_number(created) else None,
             signed=verified.mac is not None,
         )
         records.append(record)
@@ -107,6 +127,6 @@ def check_entries(cache: DiskCache) -> list[dict[str, Any]]:
             continue
         if found is None:
             continue
-        record["platform"] = found[0].parts.get("platform")
+        record["platform"] = _text(found[0].parts.get("platform"))
         results.append({**record, "status": "ok", "detail": ""})
     return results

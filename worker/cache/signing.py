@@ -24,6 +24,8 @@ import os
 import stat
 from pathlib import Path
 
+from worker.bounded import read_file
+
 SECRET_ENV = "PJRT_POOL_CACHE_SECRET"
 """The signing secret itself (at least MIN_SECRET_BYTES bytes)."""
 KEY_FILE_ENV = "PJRT_POOL_CACHE_KEY_FILE"
@@ -65,21 +67,36 @@ class Signer:
         return f"<Signer key_id={self.key_id} from {self.source}>"
 
 
+MAX_KEY_FILE_BYTES = 4096
+"""A key file holds a secret of a few dozen bytes; anything much larger is not one."""
+
+
 def _read_key_file(path: str) -> bytes:
-    file = Path(path).expanduser()
+    """Reads a key file: checked on the opened descriptor (fstat) before a bounded read.
+
+    Opened without blocking, so that a FIFO cannot hang the process, and
+    refused unless it is a regular file (``/dev/zero`` would never end) of
+    at most MAX_KEY_FILE_BYTES that others cannot read or change.
+    """
+
+    def private(found: os.stat_result) -> None:
+        mode = stat.S_IMODE(found.st_mode)
+        if mode & (stat.S_IRWXO | stat.S_IWGRP):
+            raise ValueError(
+                f"{KEY_FILE_ENV}={path} has mode {mode:04o}: others can read or change the cache "
+                f"signing key; run 'chmod 600 {path}' (or 640 to share it with your group)"
+            )
+
     try:
-        found = os.stat(file)
-        secret = file.read_bytes()
+        secret = read_file(
+            Path(path).expanduser(),
+            MAX_KEY_FILE_BYTES,
+            follow_symlinks=True,
+            what="signing key file",
+            check=private,
+        )
     except OSError as error:
         raise ValueError(f"{KEY_FILE_ENV}={path}: cannot read the signing key: {error}") from None
-    mode = stat.S_IMODE(found.st_mode)
-    if not stat.S_ISREG(found.st_mode):
-        raise ValueError(f"{KEY_FILE_ENV}={path} is not a regular file")
-    if mode & (stat.S_IRWXO | stat.S_IWGRP):
-        raise ValueError(
-            f"{KEY_FILE_ENV}={path} has mode {mode:04o}: others can read or change the cache "
-            f"signing key; run 'chmod 600 {path}' (or 640 to share it with your group)"
-        )
     return secret.strip()
 
 

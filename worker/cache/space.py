@@ -21,20 +21,29 @@ writers. Files copied in by hand are the exception until the next scan.
 An entry larger than the bound is not stored. The bound covers entries/; lock
 files (empty), plugin records and the ledger (a few hundred bytes each) are
 outside it.
+
+Only names that pjrt-pool writes count: ``<key>.pjx`` for a key of 64 hex
+digits, and the temporary files of those. Eviction and clearing remove
+regular files with those names only, through the directory's descriptor
+(folders.py): never a directory, a symlink or what a symlink points to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import json
 import logging
+import math
 import os
 import stat as stat_module
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.cache.atomic import TEMP_PREFIX
+from worker.bounded import parse_json, read_file
+from worker.cache.atomic import is_temp_name
+from worker.cache.folders import Folder
+from worker.cache.key import check_key, is_key
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -48,15 +57,40 @@ TEMP_GRACE = 3600.0
 """A temporary file older than this (seconds) belongs to a dead writer and is removed."""
 
 
+def entry_name(key: str) -> str:
+    """The file name of a key's entry; raises InvalidKeyError for anything but a key."""
+    return check_key(key) + ENTRY_SUFFIX
+
+
+def key_of_name(name: str) -> str | None:
+    """The key an entry file's name holds, or None when the name is not an entry's."""
+    if name.endswith(ENTRY_SUFFIX) and is_key(name[: -len(ENTRY_SUFFIX)]):
+        return name[: -len(ENTRY_SUFFIX)]
+    return None
+
+
+def _is_entry_name(name: str) -> bool:
+    return key_of_name(name) is not None
+
+
 @dataclass(frozen=True)
 class EntryFile:
     """An entry file as the directory lists it (not yet verified)."""
 
     key: str
     path: Path
+    """Where it was listed, for messages (files are opened by name, relative to entries/)."""
     size: int
     mtime: float
     """Last access (entries are touched on hits), which orders eviction."""
+    regular: bool = True
+    """False for something else named like an entry (a directory, a link): listed, so that
+    verification reports it, but never evicted or cleared."""
+
+    @property
+    def name(self) -> str:
+        """The file's name in entries/."""
+        return self.key + ENTRY_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -78,74 +112,102 @@ class Scan:
         return sum(e.size for e in self.entries) + self.temp_bytes
 
 
-def scan(entries_dir: Path, temp_grace: float | None = None) -> Scan:
+def scan(entries: Folder | None, temp_grace: float | None = None) -> Scan:
     """Lists entries/ and, with temp_grace, removes older temporary files.
 
-    Files that vanish during the scan (other processes evict and heal too)
-    are left out.
+    Names that are not an entry's or one of their temporary files' are left
+    out, and so are files that vanish during the scan (other processes evict
+    and heal too). Temporary files are removed only if they are regular files.
     """
-    entries: list[EntryFile] = []
+    found: list[EntryFile] = []
     temp_bytes = temp_files = removed = 0
     now = time.time()
+    if entries is None:
+        return Scan([], 0, 0, 0)
     try:
-        listing = os.scandir(entries_dir)
+        with entries.listing() as items:
+            for item in items:
+                try:
+                    stat = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                regular = stat_module.S_ISREG(stat.st_mode)
+                key = key_of_name(item.name)
+                if key is not None:
+                    size = stat.st_size if regular else 0
+                    path = entries.file(item.name)
+                    found.append(EntryFile(key, path, size, stat.st_mtime, regular))
+                elif regular and is_temp_name(item.name, _is_entry_name):
+                    if temp_grace is not None and now - stat.st_mtime > temp_grace:
+                        try:
+                            os.unlink(item.name, dir_fd=entries.fd)
+                            removed += 1
+                            logger.debug("removed stale temporary file %s", item.name)
+                            continue
+                        except OSError:
+                            pass
+                    temp_bytes += stat.st_size
+                    temp_files += 1
     except OSError:
         return Scan([], 0, 0, 0)
-    with listing:
-        for item in listing:
-            try:
-                stat = item.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if item.name.startswith(TEMP_PREFIX):
-                if temp_grace is not None and now - stat.st_mtime > temp_grace:
-                    try:
-                        os.unlink(item.path)
-                        removed += 1
-                        logger.debug("removed stale temporary file %s", item.name)
-                        continue
-                    except OSError:
-                        pass
-                temp_bytes += stat.st_size
-                temp_files += 1
-            elif item.name.endswith(ENTRY_SUFFIX):
-                key = item.name[: -len(ENTRY_SUFFIX)]
-                entries.append(EntryFile(key, Path(item.path), stat.st_size, stat.st_mtime))
-    entries.sort(key=lambda e: e.mtime)
-    return Scan(entries, temp_bytes, temp_files, removed)
+    found.sort(key=lambda e: e.mtime)
+    return Scan(found, temp_bytes, temp_files, removed)
 
 
-def remove_entry_file(path: Path, found: os.stat_result | None = None) -> None:
-    """Removes what lies at an entry's path, never following a symlink.
+def remove_entry(entries: Folder, name: str, found: os.stat_result | None = None) -> None:
+    """Removes what lies at an entry's name in entries/, never following a symlink.
 
-    A directory named like an entry (which no writer makes, but which would
-    block its key forever) is removed with its contents. Raises OSError
+    name must be an entry's (checked). A directory named like an entry
+    (which no writer makes, but which would block its key forever) is removed
+    with its contents, through descriptors (shutil.rmtree with dir_fd, which
+    removes symlinks inside rather than following them). Raises OSError
     (FileNotFoundError when it is gone already).
     """
+    if not _is_entry_name(name):
+        raise ValueError(f"{name!r} is not the name of a cache entry")
     if found is None:
-        found = os.lstat(path)
+        found = os.stat(name, dir_fd=entries.fd, follow_symlinks=False)
     if stat_module.S_ISDIR(found.st_mode):
         # Imported here: shutil brings zlib, bz2 and lzma (a few ms) into every
         # process that reads the cache, for a directory no writer ever makes.
         import shutil
 
-        shutil.rmtree(path)  # fd-based on Linux: symlinks inside are removed, not followed
+        shutil.rmtree(name, dir_fd=entries.fd)
     else:
-        os.unlink(path)
+        os.unlink(name, dir_fd=entries.fd)
 
 
-def evict(entries: list[EntryFile], total: int, target: float) -> tuple[int, list[EntryFile]]:
+def remove_entry_file(entries: Folder, item: EntryFile) -> bool:
+    """Removes a listed entry if it is still a regular file; returns whether it did.
+
+    For eviction and clearing: something else named like an entry is left
+    alone (False). Raises OSError (FileNotFoundError when it is gone already).
+    """
+    if not item.regular:
+        return False
+    current = os.stat(item.name, dir_fd=entries.fd, follow_symlinks=False)
+    if not stat_module.S_ISREG(current.st_mode):
+        return False  # replaced by something else since the listing
+    os.unlink(item.name, dir_fd=entries.fd)
+    return True
+
+
+def evict(
+    entries: Folder, listed: list[EntryFile], total: int, target: float
+) -> tuple[int, list[EntryFile]]:
     """Removes entries, least recently used first, until total <= target.
 
     Returns the new total and the entries removed. An entry already gone
-    (another process evicted it) is no longer counted either way.
+    (another process evicted it) is no longer counted either way; one that is
+    not a regular file is skipped.
     """
     removed = []
-    for item in entries:
+    for item in listed:
         if total <= target:
             break
         try:
-            remove_entry_file(item.path)
+            if not remove_entry_file(entries, item):
+                continue
             removed.append(item)
             logger.debug("evicted %s (%d bytes)", item.key, item.size)
         except FileNotFoundError:
@@ -166,34 +228,50 @@ class Usage:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def read_small_file(path: Path, limit: int = 1 << 20) -> bytes:
-    """Reads a small regular file without following a symlink; raises OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    try:
-        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
+LEDGER_NAME = "usage.json"
+_LEDGER_LIMIT = 4096
+"""The ledger is a few dozen bytes; anything larger is not one."""
+_MAX_BYTES = 1 << 62
 
 
 class Ledger:
-    """The usage file. Read and written only under the space lock, never through a symlink."""
+    """The usage file. Read and written only under the space lock, never through a symlink.
 
-    def __init__(self, path: Path, mode: int = 0o600) -> None:
-        self.path = path
+    It lies in the cache directory, opened relative to that directory's
+    descriptor (folder None: a cache that cannot be used has no ledger).
+    """
+
+    def __init__(self, folder: Folder | None, mode: int = 0o600) -> None:
+        self.folder = folder
         self.mode = mode
 
+    @property
+    def path(self) -> Path | None:
+        """Where the ledger is, for messages and inspection."""
+        return None if self.folder is None else self.folder.file(LEDGER_NAME)
+
     def read(self) -> Usage | None:
-        """Returns the recorded usage, or None when the file is missing or unreadable."""
+        """Returns the recorded usage, or None when the file is missing, unreadable or damaged.
+
+        A damaged ledger (not JSON, a byte count that is not a non-negative
+        integer, a time that is not finite) only forces a scan.
+        """
+        if self.folder is None:
+            return None
         try:
-            record = json.loads(read_small_file(self.path))
-            usage = Usage(int(record["bytes"]), float(record["scanned"]))
+            record = parse_json(
+                read_file(LEDGER_NAME, _LEDGER_LIMIT, dir_fd=self.folder.fd, what="usage ledger")
+            )
+            count, scanned = record["bytes"], record["scanned"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return usage if usage.bytes >= 0 else None
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_BYTES:
+            return None
+        if isinstance(scanned, bool) or not isinstance(scanned, (int, float)):
+            return None
+        if not math.isfinite(scanned):
+            return None
+        return Usage(count, float(scanned))
 
     def write(self, usage: Usage) -> None:
         """Records usage in place (no rename or fsync: a lost update only forces a scan).
@@ -202,10 +280,12 @@ class Ledger:
         never followed, or a FIFO) is removed and the ledger written afresh.
         Raises OSError.
         """
-        text = json.dumps({"bytes": usage.bytes, "scanned": usage.scanned}).encode()
+        if self.folder is None:
+            raise FileNotFoundError(errno.ENOENT, "the cache has no ledger", LEDGER_NAME)
+        text = f'{{"bytes": {int(usage.bytes)}, "scanned": {float(usage.scanned)!r}}}'.encode()
         flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
         try:
-            fd = os.open(self.path, flags, self.mode)
+            fd = os.open(LEDGER_NAME, flags, self.mode, dir_fd=self.folder.fd)
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink, a FIFO
                 raise
@@ -221,9 +301,15 @@ class Ledger:
             os.pwrite(fd, text, 0)
             os.ftruncate(fd, len(text))
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _replace_odd_file(self, flags: int) -> int:
+        assert self.folder is not None
         logger.warning("replacing %s, which is not a regular file", self.path)
-        os.unlink(self.path)  # removes the link or FIFO itself, never what it points to
-        return os.open(self.path, flags | os.O_EXCL, self.mode)
+        found = os.stat(LEDGER_NAME, dir_fd=self.folder.fd, follow_symlinks=False)
+        if stat_module.S_ISDIR(found.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a directory in the ledger's place", LEDGER_NAME)
+        # Removes the link or FIFO itself, never what it points to.
+        os.unlink(LEDGER_NAME, dir_fd=self.folder.fd)
+        return os.open(LEDGER_NAME, flags | os.O_EXCL, self.mode, dir_fd=self.folder.fd)

@@ -8,11 +8,15 @@ Layout of a cache directory (created 0700, or 2770 when group-shared)::
     locks/space.lock         held while reserving space or trimming (never deleted)
     loads/<key>.<pid>...     loads in progress (see loads.py)
     usage.json               bytes accounted in entries/ (see space.py)
-    plugins/<kind>-<id>.json memoized plugin digests and probe answers
+    plugins/<kind>-<id>.json records about plugin builds: digests, probes (memos.py)
 
 Nothing is read from a directory before trust.py has checked who can write
-it, and no file in it is opened, written or removed through a symlink. With
-a signing secret configured, entries are signed and checked (signing.py).
+it, and no file in it is opened, written or removed through a symlink. The
+directories are opened once and every file is named relative to their
+descriptors (folders.py), by names the code checked (keys are 64 hex
+digits: key.check_key), so a directory swapped for a symlink later is never
+used. With a signing secret configured, entries and the records in
+plugins/ are signed and checked (signing.py, memos.py).
 
 Reads take no lock: an entry is published by an atomic rename and verified
 when read, so a reader sees a whole entry or none. Writers of one key
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import threading
@@ -40,6 +45,8 @@ from worker.cache import entry as entry_format
 from worker.cache import space, trust
 from worker.cache.atomic import PendingFile
 from worker.cache.counters import CacheCounters, Tally
+from worker.cache.folders import Folder
+from worker.cache.key import check_key, key_of
 from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
@@ -48,9 +55,10 @@ from worker.cache.location import (
     resolve_cache_dir,
     resolve_max_size,
 )
-from worker.cache.locking import try_acquire
+from worker.cache.locking import HeldLock, try_acquire
+from worker.cache.memos import MemoStore
 from worker.cache.signing import Signer, signer_from_environment
-from worker.cache.space import ENTRY_SUFFIX, EntryFile, Ledger, Usage, remove_entry_file
+from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -67,6 +75,7 @@ _UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUO
 
 SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
 """The directories under a cache directory, each checked as the directory itself is."""
+SPACE_LOCK = "space.lock"
 
 _FROM_ENVIRONMENT: Any = object()
 
@@ -144,44 +153,65 @@ class DiskCache:
         self.entries_dir = directory / "entries"
         self.locks_dir = directory / "locks"
         self.plugins_dir = directory / "plugins"
-        self.loads = LoadMarkers(directory / "loads", self.file_mode)
-        self.ledger = Ledger(directory / "usage.json", self.file_mode)
+        self._folders: dict[str, Folder] = {}
+        self.problem: str | None = None
+        """Why the cache cannot be used although it exists (a symlink or a file where a
+        folder should be, a folder that cannot be opened); None otherwise."""
+        self._connect()
+
+    def _connect(self) -> None:
+        """Points the ledger, load markers and records at the folders opened so far."""
+        self.loads = LoadMarkers(self._folders.get("loads"), self.file_mode)
+        self.ledger = Ledger(self._folders.get(""), self.file_mode)
+        self.memos = MemoStore(self._folders.get("plugins"), self.signer, self.file_mode)
+        """The records about plugin builds in plugins/ (see memos.py)."""
 
     def _prepare(self, create: bool) -> bool:
-        """Creates (if asked) and checks the directories; False when the cache cannot be used.
+        """Creates (if asked), opens and checks the directories; False if the cache is unusable.
 
         Raises UntrustedCacheError for a directory others could write. The
-        directory's real path replaces a symlink to it, and nothing is made
-        inside it before it has passed the check.
+        directory's real path replaces a symlink to it, nothing is made inside
+        it before it has passed the check, and each directory is held open
+        from then on (see folders.py).
         """
         try:
             if create:
-                self.directory.parent.mkdir(parents=True, exist_ok=True)
+                trust.make_parents(self.directory, self.shared)
                 trust.make_directory(self.directory, self.shared)
             real = trust.check_cache_directory(self.directory, shared=self.shared)
+            root = Folder.open(real, self.shared)
         except FileNotFoundError:
             if create:  # a dangling symlink, or removed meanwhile
                 self._degrade(f"cannot use cache directory {self.directory}: it does not exist")
             return False
         except OSError as error:
             self._degrade(f"cannot create cache directory {self.directory}: {error}")
+            self.problem = str(error)
             return False
         self._locate(real)
+        self._folders[""] = root
         complete = True
         for name in SUBDIRECTORIES:
-            path = real / name
             try:
-                if create:
-                    trust.make_directory(path, self.shared)
-                trust.check_directory(path, os.lstat(path), self.shared)
+                self._folders[name] = Folder.open(
+                    real / name, self.shared, parent=root, create=create
+                )
             except FileNotFoundError:
                 # create=False: without entries/ there is nothing to read; loads/ is
                 # optional (a cache made by an older version has none).
                 complete = complete and name == "loads"
             except OSError as error:
-                self._degrade(f"cannot create cache directory {path}: {error}")
+                doing = "create" if create else "use"
+                self._degrade(f"cannot {doing} cache directory {real / name}: {error}")
+                self.problem = f"{real / name}: {error}"
+                self._connect()
                 return False
+        self._connect()
         return complete
+
+    def folder(self, name: str) -> Folder | None:
+        """The opened directory "entries", "locks", "plugins", "loads" ("": the cache itself)."""
+        return self._folders.get(name)
 
     def _warn_once(self, topic: str, message: str) -> None:
         with self._warn_lock:
@@ -236,8 +266,11 @@ class DiskCache:
     # -- entries ----------------------------------------------------------
 
     def path_of(self, key: str) -> Path:
-        """Returns the file of a key's entry."""
-        return self.entries_dir / f"{key}{ENTRY_SUFFIX}"
+        """Returns the file of a key's entry (for messages: files are opened by name).
+
+        Raises InvalidKeyError (a ValueError) for anything but a key.
+        """
+        return self.entries_dir / entry_name(key)
 
     def read(
         self, key: str, touch: bool = True
@@ -248,26 +281,48 @@ class DiskCache:
         was read) for a file that fails verification or belongs to another
         key. touch=False leaves the access time alone (for inspection).
         """
-        if not self.usable:
+        name = entry_name(key)
+        entries = self._folders.get("entries")
+        if not self.usable or entries is None:
             return None
-        path = self.path_of(key)
         try:
-            with entry_format.open_entry(path) as file:
+            with entry_format.open_entry(name, dir_fd=entries.fd) as file:
                 stat = os.fstat(file.fileno())
-                data = file.read()
+                try:
+                    entry = entry_format.read_entry(
+                        file, stat.st_size, key, self.signer, self.max_size
+                    )
+                except entry_format.CorruptEntryError as error:
+                    error.stat = stat  # lets the caller remove exactly this file
+                    raise
                 if touch:
                     self._touch(file.fileno(), stat)
         except FileNotFoundError:
             return None
-        except OSError as error:
-            # Says nothing about the entry (too many open files, a flaky disk...).
-            raise entry_format.UnreadableEntryError(f"cannot read {path}: {error}", error) from None
-        try:
-            entry = entry_format.verify(data, key, self.signer)
-        except entry_format.CorruptEntryError as error:
-            error.stat = stat  # lets the caller remove exactly this file
+        except entry_format.CorruptEntryError:
             raise
+        except (OSError, MemoryError) as error:
+            # Says nothing about the entry (too many open files, a flaky disk...).
+            cause = error if isinstance(error, OSError) else None
+            message = f"cannot read {entries.file(name)}: {error}"
+            raise entry_format.UnreadableEntryError(message, cause) from None
+        if key_of(entry.parts) != key:
+            error = entry_format.CorruptEntryError("the key parts do not hash to the key")
+            error.stat = stat
+            raise error
         return entry, stat
+
+    def read_header(self, key: str) -> entry_format.Header:
+        """Reads and verifies only the header of a key's entry (for listings).
+
+        Raises CorruptEntryError, and OSError when the file cannot be read
+        (FileNotFoundError when there is none).
+        """
+        name = entry_name(key)
+        entries = self._folders.get("entries")
+        if entries is None:
+            raise FileNotFoundError(f"{self.directory} has no entries folder")
+        return entry_format.read_header(name, dir_fd=entries.fd)
 
     def _touch(self, fd: int, stat: os.stat_result) -> None:
         # Refreshing mtime on every hit would turn every read into a metadata write.
@@ -289,6 +344,7 @@ class DiskCache:
         max_size overrides the cache's bound for this write. Space is reserved
         first (see space.py), so the directory never grows past the bound.
         """
+        entry_name(key)  # refuses anything but a key before any work
         if not self.writable:
             return False
         return self.publish_file(
@@ -301,6 +357,7 @@ class DiskCache:
         For entries that arrive whole, such as a bundle's: their bytes, and so
         their digests and signatures, stay as they were made.
         """
+        entry_name(key)  # refuses anything but a key before any work
         if not self.writable:
             return False
         bound = self.max_size if max_size is None else max_size
@@ -323,7 +380,7 @@ class DiskCache:
 
     def _reserve(self, key: str, size: int, bound: int) -> PendingFile | None:
         """Creates the entry's temporary file at full size if it fits; None if not."""
-        lock = try_acquire(self.locks_dir / "space.lock", SPACE_LOCK_TIMEOUT, self.file_mode)
+        lock = self._try_lock(SPACE_LOCK, SPACE_LOCK_TIMEOUT)
         if lock is None:
             self.count("lock_timeouts")
             logger.debug("space lock busy for %.0f s; entry %s not stored", SPACE_LOCK_TIMEOUT, key)
@@ -347,7 +404,8 @@ class DiskCache:
                 logger.debug("no room for entry %s (%d bytes) within the bound", key, size)
                 self.ledger.write(usage)
                 return None
-            pending = PendingFile(self.path_of(key), size, self.file_mode)
+            entries = self._folders["entries"]
+            pending = PendingFile(Path(entry_name(key)), size, self.file_mode, dir_fd=entries.fd)
             self.ledger.write(Usage(usage.bytes + size, usage.scanned))
             return pending
         finally:
@@ -355,12 +413,13 @@ class DiskCache:
 
     def _scan_and_evict(self, limit: float, target: float) -> TrimResult:
         """With the space lock held: scans, and if over limit evicts down to target."""
-        found = space.scan(self.entries_dir, space.TEMP_GRACE)
+        entries = self._folders.get("entries")
+        found = space.scan(entries, space.TEMP_GRACE)
         self.loads.sweep({item.key for item in found.entries})
         total = found.total
         evicted: list[EntryFile] = []
-        if total > limit:
-            total, evicted = space.evict(found.entries, total, target)
+        if total > limit and entries is not None:
+            total, evicted = space.evict(entries, found.entries, total, target)
             self.count("evicted", len(evicted))
         return TrimResult(True, found.total, total, len(evicted), found.temps_removed)
 
@@ -372,22 +431,33 @@ class DiskCache:
         everything when stat is None (nothing says which file was judged).
         A directory in place of an entry is removed with what it holds.
         """
-        if stat is None:
+        name = entry_name(key)
+        entries = self._folders.get("entries")
+        if stat is None or entries is None:
             return False
-        path = self.path_of(key)
         try:
-            current = os.lstat(path)
+            current = os.stat(name, dir_fd=entries.fd, follow_symlinks=False)
             # Identity by inode, not mtime: a hit's access-time touch changes mtime,
             # while a republished entry is always a new inode (atomic rename).
             if (current.st_dev, current.st_ino) != (stat.st_dev, stat.st_ino):
                 return False
-            remove_entry_file(path, current)
+            remove_entry(entries, name, current)
             return True
         except FileNotFoundError:
             return False
         except OSError as error:
-            logger.warning("could not remove bad cache entry %s: %s", path, error)
+            logger.warning("could not remove bad cache entry %s: %s", entries.file(name), error)
             return False
+
+    def _try_lock(self, name: str, timeout: float) -> HeldLock | None:
+        """Takes a lock file in locks/ (through its descriptor); None if not had in time.
+
+        Raises OSError when the lock file cannot be made or opened.
+        """
+        locks = self._folders.get("locks")
+        if locks is None:
+            raise FileNotFoundError(f"{self.locks_dir} is not open")
+        return try_acquire(name, timeout, self.file_mode, dir_fd=locks.fd)
 
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float | None = None) -> Iterator[bool]:
@@ -397,12 +467,13 @@ class DiskCache:
         a crashed or hung holder must never stall everyone else. A cache that
         cannot be written has nothing to lock, and yields False at once.
         """
+        name = f"{check_key(key)}.lock"
         if not self.writable:
             yield False
             return
         wait = self.lock_timeout if timeout is None else timeout
         try:
-            lock = try_acquire(self.locks_dir / f"{key}.lock", wait, self.file_mode)
+            lock = self._try_lock(name, wait)
         except OSError as error:
             if error.errno in _UNWRITABLE:
                 self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
@@ -423,21 +494,27 @@ class DiskCache:
     # -- listing and trimming ---------------------------------------------
 
     def list_entries(self) -> list[EntryFile]:
-        """Returns every entry file, least recently used first (none are verified)."""
-        return space.scan(self.entries_dir).entries
+        """Returns every entry file, least recently used first (none are verified).
+
+        Things named like entries that are not regular files are listed too
+        (EntryFile.regular is False), so that verification reports them.
+        """
+        return space.scan(self._folders.get("entries")).entries
 
     def trim(self, max_size: int | str | None = None, wait: float = 0.0) -> TrimResult:
         """Evicts least-recently-used entries until the cache fits max_size (default: its bound).
 
         Waits up to `wait` seconds for the space lock (0: returns at once with
         ran=False if another process holds it). Also removes temporary files
-        left by writers that died, and corrects the usage ledger.
+        left by writers that died, and corrects the usage ledger. Only
+        regular files named like entries and their temporary files are
+        removed.
         """
         bound = self.max_size if max_size is None else parse_size(max_size)
         if not self.writable:
             return TrimResult(False, 0, 0, 0, 0)
         try:
-            lock = try_acquire(self.locks_dir / "space.lock", wait, self.file_mode)
+            lock = self._try_lock(SPACE_LOCK, wait)
         except OSError as error:
             self._degrade(f"cannot create lock files in {self.locks_dir}: {error}")
             return TrimResult(False, 0, 0, 0, 0)
@@ -452,15 +529,22 @@ class DiskCache:
             lock.release()
 
     def clear(self) -> int:
-        """Removes every entry, damaged ones too (lock files stay); returns how many.
+        """Removes every entry file, damaged ones too (lock files stay); returns how many.
 
-        An entry that cannot be removed is logged and left.
+        Only regular files named like entries are removed: anything else named
+        like one (a directory, a symlink) is left, with a warning, as is an
+        entry that cannot be removed.
         """
+        entries = self._folders.get("entries")
         removed = 0
+        if entries is None:
+            return 0
         for item in self.list_entries():
             try:
-                remove_entry_file(item.path)
-                removed += 1
+                if space.remove_entry_file(entries, item):
+                    removed += 1
+                else:
+                    logger.warning("left %s: not a regular file", item.path)
             except FileNotFoundError:
                 pass
             except OSError as error:
@@ -484,6 +568,20 @@ def open_cache(directory: str | os.PathLike[str] | None = None) -> DiskCache:
         if cache is None:
             cache = _caches[resolved] = DiskCache(resolved)
         return cache
+
+
+@functools.lru_cache(maxsize=16)
+def existing_memos(directory: Path) -> MemoStore | None:
+    """The records of a cache directory that exists and passes the trust check, else None.
+
+    Never creates the directory and never raises. Decided once per process
+    and directory: callers ask on every executable they load or serialize.
+    """
+    try:
+        cache = DiskCache(directory, create=False)
+    except (OSError, ValueError, trust.UntrustedCacheError):
+        return None
+    return cache.memos if cache.memos.folder is not None else None
 
 
 def process_counters() -> CacheCounters:

@@ -21,6 +21,13 @@ In both modes the directories above the cache must not let others replace it
 (an ancestor writable by others is refused unless it is sticky, as /tmp is),
 a symlink to the cache directory is checked at the directory it resolves to,
 and the directories under it must be real directories, not symlinks.
+
+Mode bits are not the whole story where a directory has a POSIX ACL: its
+``system.posix_acl_access`` entries may let named users and groups write it
+(the group bits then show the ACL's mask). A directory whose ACL grants
+write to a user other than this one, or to a group that the mode would not
+trust, is refused like a mode that grants it. Other access control (NFSv4
+ACLs, SELinux labels) is not read.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import errno
 import functools
 import os
 import stat
+import struct
 from pathlib import Path
 
 SHARED_ENV = "PJRT_POOL_CACHE_SHARED"
@@ -94,20 +102,27 @@ def _describe(path: Path, found: os.stat_result) -> str:
     )
 
 
-def check_directory(path: Path, found: os.stat_result, shared: bool) -> None:
+def not_a_directory(path: Path) -> NotADirectoryError:
+    """The error for a file or a symlink where the cache expects a directory."""
+    # Not a question of trust, and nothing is read through it: the cache is unusable.
+    return NotADirectoryError(
+        errno.ENOTDIR,
+        "not a directory (a file or a symlink where the cache expects a directory; "
+        "remove it, and pjrt-pool creates the directory again)",
+        str(path),
+    )
+
+
+def check_directory(path: Path, found: os.stat_result, shared: bool, fd: int | None = None) -> None:
     """Raises UntrustedCacheError unless a cache directory's stat shows only trusted writers.
 
     Raises NotADirectoryError when found is not a directory (a symlink under
-    the cache directory is never followed).
+    the cache directory is never followed). The directory's POSIX ACL, if it
+    has one, is read through fd when given (else through path) and must not
+    let anyone else write it either.
     """
     if not stat.S_ISDIR(found.st_mode):
-        # Not a question of trust, and nothing is read through it: the cache is unusable.
-        raise NotADirectoryError(
-            errno.ENOTDIR,
-            "not a directory (a file or a symlink where the cache expects a directory; "
-            "remove it, and pjrt-pool creates the directory again)",
-            str(path),
-        )
+        raise not_a_directory(path)
     mode = stat.S_IMODE(found.st_mode)
     me = os.geteuid()
     # Described only for a refusal: naming the owner and group looks them up
@@ -145,6 +160,66 @@ def check_directory(path: Path, found: os.stat_result, shared: bool) -> None:
     if found.st_uid not in (me, 0) and not in_my_groups:
         raise UntrustedCacheError(
             f"{where()}: neither this user nor a member of one of its groups owns it; {fix_other}"
+        )
+    _check_acl(path, fd, shared)
+
+
+ACL_XATTR = "system.posix_acl_access"
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+_ACL_VERSION = 2
+_ACL_USER, _ACL_GROUP, _ACL_MASK = 0x02, 0x08, 0x10
+_ACL_WRITE = 0o2
+
+
+def acl_writers(value: bytes) -> tuple[set[int], set[int]]:
+    """Returns the named users and named groups that a POSIX ACL (the xattr's bytes) lets write.
+
+    The mask limits named entries, as the kernel applies it. Raises
+    ValueError for bytes that are not an ACL of the version Linux writes.
+    """
+    if len(value) < _ACL_HEADER.size or (len(value) - _ACL_HEADER.size) % _ACL_ENTRY.size:
+        raise ValueError(f"{len(value)} bytes is not a POSIX ACL")
+    (version,) = _ACL_HEADER.unpack_from(value)
+    if version != _ACL_VERSION:
+        raise ValueError(f"POSIX ACL version {version}, expected {_ACL_VERSION}")
+    entries = [
+        _ACL_ENTRY.unpack_from(value, offset)
+        for offset in range(_ACL_HEADER.size, len(value), _ACL_ENTRY.size)
+    ]
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
+    users = {id_ for tag, perm, id_ in entries if tag == _ACL_USER and perm & mask & _ACL_WRITE}
+    groups = {id_ for tag, perm, id_ in entries if tag == _ACL_GROUP and perm & mask & _ACL_WRITE}
+    return users, groups
+
+
+def _check_acl(path: Path, fd: int | None, shared: bool) -> None:
+    """Raises UntrustedCacheError if the directory's ACL lets an untrusted user or group write."""
+    if not hasattr(os, "getxattr"):
+        return  # no POSIX ACLs to read on this system
+    try:
+        value = os.getxattr(path if fd is None else fd, ACL_XATTR)
+    except OSError as error:
+        if error.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return  # no ACL, or a filesystem without them: the mode bits say it all
+        raise
+    try:
+        users, groups = acl_writers(value)
+    except ValueError as error:
+        raise UntrustedCacheError(
+            f"{path} has an ACL this process cannot read ({error}), so it cannot tell who "
+            f"may write it; remove the ACL with 'setfacl -b {path}'"
+        ) from None
+    users.discard(os.geteuid())
+    if shared:
+        groups -= _my_groups()
+    if users or groups:
+        named = [f"user {_owner(uid)}" for uid in sorted(users)]
+        named += [f"group {_group(gid)}" for gid in sorted(groups)]
+        raise UntrustedCacheError(
+            f"{path} has an ACL that lets {', '.join(named)} write it, and so choose the "
+            f"machine code this process would load; remove those entries ('setfacl -x "
+            f"u:NAME {path}', or 'setfacl -b {path}' for the whole ACL)"
         )
 
 
@@ -203,18 +278,28 @@ def check_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> None:
         check_cache_directory(resolve_cache_dir(cache_dir), SUBDIRECTORIES)
 
 
-@functools.lru_cache(maxsize=16)
-def trusted_subdirectory(directory: Path, name: str) -> Path | None:
-    """Returns directory/name if both exist and pass the check, else None (never raises).
+PRIVATE_PARENT_MODE = 0o700
+SHARED_PARENT_MODE = 0o750
+"""Directories made above a group-shared cache: its group must pass through them."""
 
-    Decided once per process and directory: callers ask on every executable
-    they load or serialize.
+
+def make_parents(directory: Path, shared: bool) -> None:
+    """Creates the missing directories above a cache directory, never wider than private.
+
+    pathlib's mkdir(parents=True) makes parents with the umask's mode, which
+    under umask 000 is writable by everyone (and then refused as an
+    ancestor others could replace). These are made 0700, or 0750 for a
+    group-shared cache, whose group must reach the cache.
     """
-    try:
-        real = check_cache_directory(directory, (name,))
-    except (OSError, ValueError, UntrustedCacheError):
-        return None
-    return real / name if (real / name).is_dir() else None
+    missing = []
+    parent = directory.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    mode = SHARED_PARENT_MODE if shared else PRIVATE_PARENT_MODE
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            os.mkdir(path, mode)  # the umask can only take bits away
 
 
 def make_directory(path: Path, shared: bool) -> bool:

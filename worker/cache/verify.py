@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
-from worker.cache.key import foreign_parts
+from worker.cache.key import foreign_parts, is_key
 from worker.cache.report import UNREADABLE
 from worker.cache.store import DiskCache
 from worker.compiler import runtime_key_parts
@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _emit({"runtime": {"path": runtime.location.path, "api_version": runtime.api_version}})
     for key in keys:
+        if not is_key(key):  # a key names a file: never anything else
+            _emit({"key": key, "status": "bad", "detail": "not a cache key"})
+            continue
         _emit({"checking": key})
         result = _check(cache, key, here)
         if result is not None:

@@ -1,0 +1,130 @@
+"""Records about plugin builds in a cache's ``plugins/`` folder, checked as entries are.
+
+What lies there changes what readers compute: a plugin's digest goes into
+every key and every executable's stamp; whether a plugin knows an XLA flag
+decides the flags it loads with (without ``--xla_cpu_enable_fast_min_max=false``,
+``max(1, NaN)`` is 1); a probe's StableHLO window decides what lower()
+serializes; check-plugin's outcomes decide a warning. So records get the
+protections entries get:
+
+- The folder is opened once and checked like ``entries/`` (folders.py), and
+  a record is read only from a regular file of at most MEMO_LIMIT bytes,
+  never through a symlink, and parsed with bounded nesting
+  (worker.bounded). A record that fails any of this is ignored: its value is
+  computed again.
+- With a signing secret (signing.py), every record written carries an
+  HMAC-SHA256 of its name and content (the ``mac`` field), and a record
+  without the right one is ignored, so that whoever can write the cache but
+  lacks the secret cannot change what a reader computes. Without a secret,
+  records are read as they are (the directory checks are then all there is,
+  as for entries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from worker.bounded import parse_json, read_file
+from worker.cache.atomic import write_atomically
+from worker.cache.folders import Folder
+from worker.cache.signing import Signer
+
+logger = logging.getLogger("pjrt_pool.cache")
+
+MEMO_LIMIT = 1 << 20
+"""Bytes a record may have: the largest, check-plugin's outcomes, are about 40 KB."""
+
+MAC_FIELD = "mac"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.json")
+
+
+def check_memo_name(name: str) -> str:
+    """Returns name if it is a record's file name (letters, digits, "_.-", ".json"), else raises."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None or ".." in name:
+        raise ValueError(f"{name!r} is not the name of a record in a cache's plugins/ folder")
+    return name
+
+
+def _signed_bytes(name: str, record: dict[str, Any]) -> bytes:
+    content = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return f"pjrt-pool record\0{name}\0{content}".encode()
+
+
+class MemoStore:
+    """The records of one cache's plugins/ folder (folder None: a cache without one)."""
+
+    def __init__(self, folder: Folder | None, signer: Signer | None, mode: int = 0o600) -> None:
+        self.folder = folder
+        self.signer = signer
+        self.mode = mode
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        """Returns the record stored under name, or None if there is none that can be trusted.
+
+        None for a missing, unreadable, oversized, malformed or (with a
+        signer) unsigned or wrongly signed record; the mac field is removed.
+        """
+        check_memo_name(name)
+        if self.folder is None:
+            return None
+        try:
+            data = read_file(name, MEMO_LIMIT, dir_fd=self.folder.fd, what="record")
+            record = parse_json(data)
+        except (OSError, ValueError) as error:
+            if not isinstance(error, FileNotFoundError):
+                logger.debug("ignoring the record %s: %s", self.folder.file(name), error)
+            return None
+        if not isinstance(record, dict):
+            return None
+        mac = record.pop(MAC_FIELD, None)
+        if self.signer is not None:
+            if not isinstance(mac, str) or not _is_hex(mac):
+                logger.warning(
+                    "ignoring the unsigned record %s: this process signs the cache (secret "
+                    "from %s)",
+                    self.folder.file(name),
+                    self.signer.source,
+                )
+                return None
+            if not self.signer.verify(_signed_bytes(name, record), bytes.fromhex(mac)):
+                logger.warning(
+                    "ignoring the record %s: its signature does not match (changed, or signed "
+                    "with another secret)",
+                    self.folder.file(name),
+                )
+                return None
+        return record
+
+    def write(self, name: str, record: dict[str, Any]) -> None:
+        """Stores a JSON-ready record under name atomically, signed when there is a signer.
+
+        Raises OSError when it cannot be written (a read-only cache, or one
+        without a plugins/ folder).
+        """
+        check_memo_name(name)
+        if self.folder is None:
+            raise FileNotFoundError(f"the cache has no plugins/ folder for {name}")
+        stored = dict(record)
+        stored.pop(MAC_FIELD, None)
+        if self.signer is not None:
+            stored[MAC_FIELD] = self.signer.sign(_signed_bytes(name, stored)).hex()
+        data = json.dumps(stored, indent=1, sort_keys=True).encode()
+        write_atomically(Path(name), data, self.mode, dir_fd=self.folder.fd)
+
+    def names(self) -> list[str]:
+        """The names of the records in the folder (none when there is no folder)."""
+        if self.folder is None:
+            return []
+        try:
+            with self.folder.listing() as items:
+                return [item.name for item in items if _NAME.fullmatch(item.name)]
+        except OSError:
+            return []
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) % 2 == 0 and all(c in "0123456789abcdef" for c in text)
