@@ -36,6 +36,7 @@ from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
 from worker.cache.atomic import write_atomically
 from worker.cache.key import InvalidKeyError, check_key
+from worker.cached import load_cached_executable
 from worker.errors import BundleError
 from worker.records import ProgramSpec
 
@@ -117,10 +118,6 @@ class Manifest:
                 if self.bundle is not None:
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
-                    # Here, not at the top: a bundle's runs need none of the cache's
-                    # store (its markers, counters and space accounting, ~5 ms).
-                    from worker.cached import load_cached_executable
-
                     executable = load_cached_executable(spec.key, self.cache_dir)
                 self._executables[name] = executable
             return executable

@@ -7,8 +7,7 @@ command, write such a module and list it here. Only the module of the
 command named on the command line is imported (all of them for ``--help``),
 and modules import JAX (or load a plugin) only inside ``run``, so that
 commands that need neither start fast: ``pjrt-pool cache`` never imports
-JAX, and ``pjrt-pool run`` of a bundle imports neither the cache's locking
-nor the compiler.
+JAX, and ``pjrt-pool run`` of a bundle imports no compiler.
 
 Exit codes, for every command:
 
