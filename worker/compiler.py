@@ -164,9 +164,11 @@ def compile_program(
         raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
     bound = None if max_size is None else parse_size(max_size)
     never = compile_mode.never_compile(never_compile)
+    # The cache first: loading the plugin reads (and fills) the default cache's
+    # records about plugin builds only if that cache exists (runtime._memos).
+    cache = open_cache(cache_dir) if disk_cache else None
     runtime = get_runtime(program.platform)
     warn_known_failures(runtime.location.path, cache_dir)
-    cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
     phases = Phases()

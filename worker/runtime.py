@@ -205,15 +205,21 @@ _runtime_lock = threading.Lock()
 
 
 def _memos() -> MemoStore | None:
-    """The default cache's records about plugin builds, if that cache exists and is trusted.
+    """The default cache's records about plugin builds, if that cache's directory exists.
 
-    Never created here: a process that only loads (from a bundle, on a
-    read-only host) must write nothing; compiling creates the cache.
+    The directory is never created here: a process that only loads (from a
+    bundle, on a read-only host) must write nothing, and compiling creates
+    the cache. An existing one gets its folders if it lacks them.
     """
-    from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
-    from worker.cache.store import existing_memos
+    from worker.cache import default_cache_dir, open_cache  # the cache imports the runtime
 
-    return existing_memos(default_cache_dir())
+    if not default_cache_dir().is_dir():
+        return None
+    try:
+        cache = open_cache()
+    except Exception:  # an untrusted or broken cache: compiling will say so
+        return None
+    return cache.memos if cache.usable else None
 
 
 def default_platform() -> str:

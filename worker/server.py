@@ -397,10 +397,12 @@ def main(
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
     arena_size = 0
     try:
+        # The cache before the plugin: loading it reads and fills the cache's
+        # records about plugin builds only if the cache exists (runtime._memos).
+        cache = open_cache(cache_dir)
         runtime = get_runtime(platform)
         plugin = runtime.describe()
         if never_compile:
-            cache = open_cache(cache_dir)
             plugin["key_parts"] = runtime_key_parts(runtime, cache if cache.usable else None)
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:
