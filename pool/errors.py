@@ -75,7 +75,21 @@ class ProgramQuarantinedError(PoolError):
 
 
 class PoolClosedError(PoolError):
-    """The pool is closed (or broken) and takes no more tasks."""
+    """The pool is closed (or broken) and takes no more tasks.
+
+    Tasks the pool stopped before or while they ran fail with it too; its
+    message says how the pool was stopped (terminate(), close(cancel_pending=True),
+    a with block left by an exception).
+    """
+
+
+class PoolForkedError(PoolClosedError):
+    """The pool belongs to the process this one was forked from; it cannot be used here.
+
+    A forked child inherits its parent's worker sockets and shared memory but
+    none of its threads: using them would take the parent's workers from under
+    it. Create a Pool in the child (or fork before creating one).
+    """
 
 
 class WorkerStartupError(PoolError):

@@ -126,6 +126,29 @@ def memfds_of(pid: int | str = "self") -> list[str]:
     return found
 
 
+def memfd_bytes(name: str, pid: int | str = "self") -> int:
+    """Bytes of the memfds whose name starts with `name` that a process holds.
+
+    Held by a descriptor or a mapping (the memory stays allocated while
+    either exists); each memfd counts once, at its size.
+    """
+    sizes: dict[int, int] = {}
+    with os.scandir(f"/proc/{pid}/fd") as entries:
+        for entry in entries:
+            try:
+                if os.readlink(entry.path).startswith(f"/memfd:{name}"):
+                    status = os.stat(entry.path)
+                    sizes[status.st_ino] = status.st_size
+            except OSError:
+                continue
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5].startswith(f"/memfd:{name}"):
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            sizes.setdefault(int(fields[4]), end - start)
+    return sum(sizes.values())
+
+
 def shm_entries() -> set[str]:
     """Names in /dev/shm (pjrt-pool must never create any)."""
     try:

@@ -354,13 +354,16 @@ def test_an_idle_worker_that_breaks_the_protocol_is_replaced() -> None:
 
 
 def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> None:
-    # stage_inputs reserves a descriptor (try_lend), then segment_for calls
-    # create_segment (now shm.new_segment) outside its try: EMFILE there never returns the
-    # reservation, and the SegmentCache's bound shrinks by one per failure.
+    # stage_inputs reserves a descriptor (now SegmentCache.reserve), then
+    # creating the segment (shm.new_segment) fails outside its try: EMFILE there never returns
+    # the reservation, and the SegmentCache's bound shrinks by one per failure.
     done = child(
         """
         program = lower(lambda x: x * 2.0, [sds(1 << 17)])  # 512 KiB input: a segment
         x = np.ones(1 << 17, np.float32)
+        # Twice the input: the segment the first run left for reuse is too small for it.
+        larger = lower(lambda x: x * 2.0, [sds(1 << 18)])
+        y = np.ones(1 << 18, np.float32)
         with Pool(workers=1, segment_fds=4) as pool:
             pool.run(program, [x])
             before = pool._segments.held
@@ -368,7 +371,7 @@ def test_a_segment_that_could_not_be_created_gives_back_its_reservation() -> Non
             failures = 0
             for _ in range(3):
                 try:
-                    pool.submit(program, [x])
+                    pool.submit(larger, [y])
                 except OSError:
                     failures += 1
             give_back_descriptors(held)
@@ -543,39 +546,78 @@ def test_a_collection_inside_the_segment_cache_does_not_deadlock() -> None:
     assert "run returned: True" in done.stdout, done.stdout
 
 
-# -- Ctrl-C at every point of Pool.run and Pool.submit -----------------------------------
+# -- Ctrl-C at every point of Pool.run and Pool.submit, small and large, and of freeing ---
+
+
+SWEEPS = {
+    # name: (the call that is interrupted, extra source files whose points count)
+    "run": ("pool.run(program, [x])", ()),
+    "submit": ("pool.submit(program, [x])", ()),
+    # Inputs and outputs past the arena: segments made, recycled and given back.
+    "run-large": ("pool.run(large, [big])", ()),
+    "submit-large": ("pool.submit(large, [big])", ()),
+    # The arrays of a large result are dropped: what runs when they are freed
+    # (weakref.finalize's own code too, which calls the pool's finalizers).
+    "free-result": ("held.clear()", ("weakref",)),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("call", ["run", "submit"])
-def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call: str) -> None:
+@pytest.mark.parametrize("sweep", list(SWEEPS))
+def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep: str) -> None:
     # CPython runs a signal's handler only at certain instructions: a
-    # function's entry, right after a call returns, a loop's backward jump.
-    # For every such point in pool/executor/ that a run (or submit) passes, a
-    # fresh Pool(1) gets a real SIGINT there (raised under the exception
-    # handler of that point); close() must then return and leave no worker
-    # process behind. About 0.4 s a point when all is well.
+    # function's entry, a loop's backward jump, right after a call returns
+    # (unless it called a Python function directly: CPython runs that in the
+    # same loop, and its return checks nothing). For every such point in
+    # pool/executor/ that the call passes, a fresh
+    # Pool(1) gets a real SIGINT there (raised under the exception handler of
+    # that point). The pool must then run the next large task, hold no
+    # descriptor reservation once no result is alive, close, and leave no
+    # worker process, no memfd descriptor and no memfd mapping behind.
+    # Before each call, two large results were made and dropped, so that the
+    # call takes in returned segments and reuses them.
+    action, extra = SWEEPS[sweep]
     done = interrupt_child(
         f"""
         import dis
+        import gc
+        import importlib
         import linecache
         from pool.executor import dispatch, manager, segments, tasks, watch
         from pool.executor import pool as pool_module
-        sources = {{
-            module.__file__
-            for module in (dispatch, manager, pool_module, segments, tasks, watch)
-        }}
+        modules = [dispatch, manager, pool_module, segments, tasks, watch]
+        modules += [importlib.import_module(name) for name in {extra!r}]
+        sources = {{module.__file__ for module in modules}}
         program = scale_program(2.0)
         x = np.ones(8, np.float32)
+        large = lower(lambda v: v * 2.0, [sds(1 << 19)])  # 2 MiB in and out: segments
+        big = np.ones(1 << 19, np.float32)
+        held = []
+
+        def prepare(pool):
+            pool.run(program, [x])
+            for _ in range(2):
+                pool.run(large, [big])  # dropped at once: its segment comes back
+            held[:] = pool.run(large, [big])
 
         def call(pool):
-            return pool.{call}(program, [x])
+            return {action}
 
         checked = {{}}
 
+        # Calls that return into the caller with no check when they called a
+        # Python function directly (CPython runs it in the same loop).
+        DIRECT = {{"CALL", "CALL_KW"}}
+        if sys.version_info >= (3, 12):
+            DIRECT.add("CALL_FUNCTION_EX")
+        # What a class or instance call runs in Python, called from C.
+        VIA_C = {{"__init__", "__new__", "__call__", "__init_subclass__"}}
+
         def signal_points(code):
-            # Offsets of the instruction that runs next wherever CPython checks
-            # for signals, when that instruction has the same exception handler.
+            # Where CPython checks for signals, when the instruction that runs
+            # next has the same exception handler: (offsets checked always: a
+            # function's entry, a loop's backward jump; {{offset after a call:
+            # that call's offset}}, checked when it did not call Python directly).
             if code not in checked:
                 entries = dis._parse_exception_table(code)
 
@@ -584,33 +626,59 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call:
                     return (found[0].target, found[0].depth) if found else None
 
                 ins = list(dis.get_instructions(code))
-                points = {{ins[1].offset}} if handler(ins[1].offset) is None else set()
+                always = {{ins[1].offset}} if handler(ins[1].offset) is None else set()
+                after_call = {{}}
                 for before, after in zip(ins, ins[1:]):
                     same = handler(before.offset) == handler(after.offset)
-                    if before.opname.startswith("CALL") and same:
-                        points.add(after.offset)
+                    call = before.opname.startswith("CALL") and "INTRINSIC" not in before.opname
+                    if call and same:
+                        after_call[after.offset] = before.offset
                     if before.opname == "JUMP_BACKWARD":
                         if handler(before.offset) == handler(before.argval):
-                            points.add(before.argval)
-                checked[code] = points
+                            always.add(before.argval)
+                calls = {{i.offset: i.opname for i in ins if i.opname in DIRECT}}
+                checked[code] = (always, after_call, calls)
             return checked[code]
 
         def points_of(action):
             seen = []
+            last_call = {{}}  # frame -> [offset of its last call, did it call Python directly]
+            calling = [None]  # the frame whose call has not reached its callee yet
+
+            def profile(frame, event, arg):
+                if event == "c_call" and frame is calling[0]:
+                    calling[0] = None  # into C: any Python it runs is called from C
 
             def trace(frame, event, arg):
+                if event == "call" and calling[0] is not None:
+                    caller, calling[0] = calling[0], None
+                    if frame.f_back is caller and frame.f_code.co_name not in VIA_C:
+                        last_call[caller][1] = True
                 if frame.f_code.co_filename not in sources:
                     return None
                 frame.f_trace_opcodes = True
-                if event == "opcode" and frame.f_lasti in signal_points(frame.f_code):
-                    seen.append((frame.f_code, frame.f_lasti))
+                if event == "opcode":
+                    calling[0] = None
+                    offset = frame.f_lasti
+                    always, after_call, calls = signal_points(frame.f_code)
+                    if offset in always:
+                        seen.append((frame.f_code, offset))
+                    elif offset in after_call:
+                        call = last_call.get(frame)
+                        if call is None or call != [after_call[offset], True]:
+                            seen.append((frame.f_code, offset))
+                    if offset in calls:
+                        last_call[frame] = [offset, False]
+                        calling[0] = frame
                 return trace
 
+            sys.setprofile(profile)
             sys.settrace(trace)
             try:
                 action()
             finally:
                 sys.settrace(None)
+                sys.setprofile(None)
             return list(dict.fromkeys(seen))
 
         def arm(code, offset):
@@ -632,36 +700,58 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(call:
                 if instruction.offset == offset:
                     return line
 
+        def follow_up(pool):
+            # The pool runs the next large task, and once no result is alive it
+            # holds no descriptor reservation (a lost one shrinks its bound).
+            held.clear()
+            try:
+                pool.run(large, [big])
+            except Exception as error:
+                return f"next task failed: {{error!r}}"
+            gc.collect()
+            lent = pool._segments.lent
+            return None if lent == 0 else f"{{lent}} descriptors still lent"
+
         pool = Pool(workers=1)
-        call(pool)
-        pool.run(program, [x])
+        prepare(pool)
         points = points_of(lambda: call(pool))
+        held.clear()
         pool.close()
         me, known = os.getpid(), set()
+        interrupted = 0
         for code, offset in points:
             pool = Pool(workers=1)
-            pool.run(program, [x])
+            prepare(pool)
             arm(code, offset)
             try:
                 call(pool)
             except KeyboardInterrupt:
-                pass
+                interrupted += 1
             finally:
                 sys.settrace(None)
+            problem = follow_up(pool) if pool._manager.is_alive() else None
             closed = returns_within(pool.close, 15)
+            held.clear()
+            del pool
+            gc.collect()
             left = [c for c in children_of(me) if c not in known]
             known.update(left)
-            if not closed or left:
+            memory = [m for m in memfds_of() if m not in known]
+            known.update(memory)
+            if not closed or left or memory or problem:
                 line = line_of(code, offset)
                 text = linecache.getline(code.co_filename, line).strip()
-                print(f"FAIL {{code.co_name}}:{{line}} {{text!r}} closed={{closed}} left={{left}}")
-                if not closed:
-                    returns_within(pool.terminate, 5)
-        print("swept", len(points), "points", flush=True)
+                where = f"{{os.path.basename(code.co_filename)}}:{{code.co_name}}:{{line}}"
+                print(
+                    f"FAIL {{where}} {{text!r}} closed={{closed}} left={{left}} "
+                    f"memfds={{memory[:2]}} {{problem or ''}}",
+                    flush=True,
+                )
+        print("swept", len(points), "points, interrupted", interrupted, flush=True)
         os._exit(0)
         """,
-        timeout=2400,
+        timeout=3000,
     )
     failures = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
-    assert "swept" in done.stdout, done.stdout
+    assert "swept" in done.stdout, done.stdout + done.stderr[-3000:]
     assert failures == [], "\n".join(failures)

@@ -136,18 +136,18 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
     Raises ConnectionLostError at the end of the stream, DescriptorLimitError
     when the kernel dropped descriptors for want of room, and whatever
     unpickling raises for bytes that are not a frame; the descriptors that
-    came with a frame that raises are closed here.
+    came with a frame that raises, or whose reading is interrupted, are
+    closed here. (A signal handled right as recvmsg returns, before Python
+    stores its result, loses them: no Python code can close that gap.)
     """
-    fds: list[int] = []
-    data, ancillary, flags, _ = sock.recvmsg(
-        _HEADER.size, socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    )
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received = array.array("i")
-            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-            fds.extend(received)
+    received = array.array("i")  # holds the descriptors from the moment they are parsed
     try:
+        data, ancillary, flags, _ = sock.recvmsg(
+            _HEADER.size, socket.CMSG_SPACE(MAX_FDS * received.itemsize)
+        )
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
         if not data:
             raise ConnectionLostError("connection closed")
         if len(data) < _HEADER.size:
@@ -155,11 +155,12 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
         length, sent_fds = _HEADER.unpack(data)
         kind, *fields = pickle.loads(_recv_exactly(sock, length))
         message = _MESSAGES[kind](*fields)
-        if flags & socket.MSG_CTRUNC or len(fds) != sent_fds:
+        if flags & socket.MSG_CTRUNC or len(received) != sent_fds:
             # The kernel dropped descriptors this process had no room for.
             raise DescriptorLimitError("receiving shared memory from another process", message)
+        fds = received.tolist()
     except BaseException:
-        for fd in fds:
+        for fd in received:
             os.close(fd)
         raise
     return message, fds

@@ -11,6 +11,7 @@ it is 64-byte aligned, and mmap returns page-aligned memory.
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from worker.protocol import DescriptorLimitError
 from worker.records import ArrayType
 
 ALIGNMENT = 64
+
+_serials = itertools.count()
 
 
 def aligned(size: int) -> int:
@@ -48,13 +51,21 @@ def _map(fd: int, size: int, populate: bool) -> mmap.mmap:
 def new_segment(size: int, name: str = "pjrt-pool") -> int:
     """Creates a memfd segment of `size` bytes; returns its descriptor.
 
-    Running out of descriptors raises DescriptorLimitError, which names the limit.
+    Running out of descriptors raises DescriptorLimitError, which names the
+    limit. Each segment's name is unique in its process (`name-N`): that is
+    how a descriptor a signal separated from its variable is found again.
     """
+    unique = f"{name}-{next(_serials)}"
     try:
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        fd = os.memfd_create(unique, os.MFD_CLOEXEC)
     except OSError as error:
         if error.errno in (errno.EMFILE, errno.ENFILE):
             raise DescriptorLimitError("creating a shared-memory segment") from error
+        raise
+    except BaseException:
+        # A signal handled right as memfd_create returns (a Ctrl-C) leaves
+        # the new descriptor in no variable; its unique name finds it.
+        _close_named(unique)
         raise
     try:
         os.ftruncate(fd, size)
@@ -62,6 +73,18 @@ def new_segment(size: int, name: str = "pjrt-pool") -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _close_named(name: str) -> None:
+    """Closes this process's descriptor of the memfd called `name`, if it has one."""
+    target = f"/memfd:{name} (deleted)"
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}") == target:
+                os.close(int(entry))
+                return
+        except OSError:
+            pass  # the directory's own descriptor, or one closed meanwhile
 
 
 def create(size: int, name: str = "pjrt-pool", populate: bool = False) -> tuple[int, mmap.mmap]:

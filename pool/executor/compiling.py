@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError, Future
 from typing import Any, NamedTuple
 
+from pool.errors import PoolError
 from pool.progress import ProgressDisplay
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -51,10 +53,12 @@ class CompilesMany:
 
         programs are LoweredPrograms or (name, LoweredProgram) pairs. With
         return_exceptions, a program that failed has its exception in its
-        place; otherwise the first failure (in order) is raised after all have
-        finished. progress=True shows progress on stderr (a live bar on a
-        terminal, a line per program otherwise); a callable gets (done, total,
-        spec or exception) as each finishes.
+        place (one the pool refused, or that a stop of the pool failed, too:
+        the programs compiled before keep their specs); otherwise the first
+        failure (in order) is raised after all have finished. progress=True
+        shows progress on stderr (a live bar on a terminal, a line per program
+        otherwise); a callable gets (done, total, spec or exception) as each
+        finishes.
         """
         self._before_waiting("compile_many")
         names, futures = [], []
@@ -62,12 +66,20 @@ class CompilesMany:
             # A LoweredProgram is a tuple too: test for it first.
             name, program = (None, item) if isinstance(item, LoweredProgram) else item
             names.append(name or program.name)
-            futures.append(self.submit_compile(program, name=name, timeout=timeout))
+            try:
+                future = self.submit_compile(program, name=name, timeout=timeout)
+            except PoolError as refused:  # closed, terminated meanwhile, quarantined
+                future = Future()
+                future.set_exception(refused)
+            futures.append(future)
         if progress:
             self._report_progress(names, futures, progress)
         results = []
         for future in futures:
-            error = future.exception()
+            try:
+                error = future.exception()
+            except CancelledError as cancelled:
+                error = cancelled
             results.append(error if error is not None else future.result().spec)
         if not return_exceptions:
             for result in results:

@@ -13,9 +13,13 @@ cost a thread switch on every task). What keeps them apart:
 - A task is settled by _settle_locked, which flips `task.done` once under
   the lock; only the thread that flipped it completes the task (resolves
   its future, gives back its shared memory: _complete). A caller thread
-  completes no task but its own (a cancelled one aside, which needs only
-  its memory back); any other it cannot send goes to the manager as an
-  orphan, so that an interrupt there never leaves another thread waiting.
+  completes no task but its own; any other it cannot send, or finds
+  cancelled, goes to the manager as an orphan, so that an interrupt there
+  never leaves another thread waiting or memory held. So do the queued
+  tasks a stop of the pool fails (_fail_queued_locked): every future but a
+  caller's own is completed on the manager thread, where its done-callbacks
+  run. An interrupt between settling its own task and completing it leaves
+  the caller's Pool._recover to give back the task's memory.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import InvalidStateError
+from concurrent.futures import CancelledError, InvalidStateError
 from typing import Any
 
-from pool.errors import DeviceFailureError, PoolError, ProgramQuarantinedError, rebuild_error
+from pool.errors import (
+    DeviceFailureError,
+    PoolError,
+    ProgramQuarantinedError,
+    rebuild_error,
+)
 from pool.executor.compiling import CompileResult
-from pool.executor.segments import Mapping, SegmentCache
+from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Task
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, State, WorkerProcess
@@ -158,11 +167,20 @@ class Dispatch:
         self._orphans.append((task, error))
         self._wake()
 
-    def _take_pending_locked(self) -> list[Task]:
-        """Empties the queue; the tasks are settled (for the caller to fail or cancel)."""
-        taken = [task for task in self._pending if self._settle_locked(task)]
+    def _fail_queued_locked(
+        self, kind: type[PoolError], message: str, cause: BaseException | None = None
+    ) -> None:
+        """Empties the queue: each task is left to the manager, to fail with kind(message).
+
+        The manager completes them, so that their done-callbacks run on it as
+        every other callback does; the message says why they never ran.
+        """
+        for task in self._pending:
+            error = kind(message)
+            error.__cause__ = cause
+            self._orphans.append((task, error))
         self._pending.clear()
-        return taken
+        self._wake()
 
     def _wake(self) -> None:
         """Ends the manager's wait (called under the lock: the pipe is closed under it)."""
@@ -185,17 +203,25 @@ class Dispatch:
                     return
                 if head.program_id in self._quarantined:
                     task = self._pending.popleft()
-                    self._settle_locked(task)
+                    if not self._settle_locked(task):
+                        continue  # stopped, and left to the manager (_fail_queued_locked)
                     finished = ProgramQuarantinedError(self._quarantined[task.program_id])
                 else:
                     worker = self._idle_worker_locked(head.program_id)
                     if worker is None:
                         return
                     task = self._pending.popleft()
+                    if task.done:
+                        continue  # stopped, and left to the manager (_fail_queued_locked)
                     if task.future.running() or task.future.set_running_or_notify_cancel():
                         self._claim_locked(worker, task, holder)
+                    elif holder is not None:
+                        # Cancelled while it waited: the manager gives back its memory
+                        # (a caller completes only its own task).
+                        self._orphan_locked(task, CancelledError())
+                        continue
                     else:
-                        self._settle_locked(task)  # cancelled while it waited
+                        self._settle_locked(task)
                         finished = _CANCELLED
             if finished is _CANCELLED:
                 task.release()  # nobody waits for a cancelled future: only memory to give back
@@ -231,7 +257,7 @@ class Dispatch:
 
     def _request_for(self, task: Task, worker: WorkerProcess) -> tuple[Any, tuple[int, ...]]:
         """The message (and descriptors) that give a task to the worker claimed for it."""
-        if task.kind == "run" and task.output_fd < 0:
+        if task.kind == "run" and (task.output is None or task.output.fd < 0):
             self._offer_output_segment(task)
         return task.request(
             task.program_id in worker.loaded,
@@ -247,10 +273,10 @@ class Dispatch:
         start = shm.aligned(task.input_size) if task.in_arena else 0
         if shm.layout(types, start)[1] <= ARENA_SIZE:
             return
-        recycled = self._segments.take(shm.layout(types)[1])
-        if recycled is not None:
-            task.output_fd, task.output_capacity = recycled
-            task.segments = self._segments
+        task.segments = self._segments
+        if task.output is None:
+            task.output = Segment()
+        self._segments.take(task.output, shm.layout(types)[1])
 
     # -- replies -------------------------------------------------------------------
 
@@ -267,12 +293,12 @@ class Dispatch:
         kernel dropped: the reply's task fails with it.
         """
         if isinstance(message, protocol.Ready):
-            _close_all(fds)
+            close_all(fds)
             self._on_ready(worker, message)
             return
         task = worker.task
         if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
-            _close_all(fds)
+            close_all(fds)
             logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
             self._retire(worker)
             return
@@ -296,7 +322,7 @@ class Dispatch:
             try:
                 self._finish(worker, task, outcome)
             finally:
-                _close_all(fds)
+                close_all(fds)
 
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Any) -> None:
         """A reply was handled: settle its task (or queue it again) and free the worker."""
@@ -345,25 +371,23 @@ class Dispatch:
             # The arena is reused by the next task: copy the (small) outputs out.
             return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
         if reply.output_place == "given":
-            fd, capacity, lent = task.output_fd, task.output_capacity, True
-            task.output_fd = -1  # the outputs' arrays own the segment now
+            segment = task.output  # the one offered with the request (see _offer_output_segment)
+            if segment is None or segment.fd < 0:
+                raise RuntimeError("the worker wrote into an output segment it was not given")
         else:
-            fd, capacity = fds.pop(0), reply.output_size
-            lent = self._segments.try_lend()
+            segment = Segment()
+            segment.capacity = reply.output_size
+            segment.fd = fds[0]
+            del fds[0]  # the segment holds it now (no call since the line above)
         try:
-            mapping = Mapping(fd, capacity)
+            mapping = map_segment(segment.fd, segment.capacity)
+            # The arrays view the mapping; the cache gets the segment back after them.
+            self._segments.adopt(segment, mapping)
         except BaseException:
-            if lent:
-                self._segments.give(fd, capacity)
-            else:
-                os.close(fd)
+            if segment is not task.output:  # the task's own goes back with the task
+                self._segments.give(segment)
             raise
-        if lent:
-            # When the arrays are garbage, the segment goes back for reuse.
-            self._segments.adopt(fd, capacity, mapping)
-        else:
-            os.close(fd)  # past the descriptor bound: the mapping alone keeps the memory
-        return shm.views(mapping.as_array(), types, reply.output_offsets)
+        return shm.views(mapping, types, reply.output_offsets)
 
     def _device_failure(
         self, worker: WorkerProcess, task: Task, remote: protocol.RemoteError
@@ -398,20 +422,12 @@ _CANCELLED = object()
 """A queued task whose future was cancelled (only its memory to give back)."""
 
 
-def cancel_all(tasks: list[Task], reason: BaseException) -> None:
-    """Cancels settled tasks that never ran; a task sent again after a worker died
-    (its future running already) fails with `reason` instead."""
-    for task in tasks:
-        task.release()
-        if not task.future.cancel():
-            _fail(task.future, reason)
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    fds.clear()
+def close_all(fds: list[int]) -> None:
+    """Closes received descriptors that nothing took, each out of the list as it is closed."""
+    while fds:
+        fd = fds[-1]
+        del fds[-1]  # out of the list and closed with no call between
+        os.closerange(fd, fd + 1)  # never raises: no try, so no call before it
 
 
 def _resolve(future: Any, result: Any) -> None:

@@ -33,7 +33,7 @@ from pool.errors import (
     describe_exit,
     likely_cause,
 )
-from pool.executor.dispatch import Dispatch, cancel_all
+from pool.executor.dispatch import Dispatch
 from pool.executor.tasks import MAX_REQUEUES, Task
 from pool.executor.workers import State, WorkerProcess, stop_all
 from worker import protocol
@@ -41,8 +41,15 @@ from worker.cache import CacheCounters
 
 logger = logging.getLogger("pjrt_pool.pool")
 
-RESPAWN_RETRY_SECONDS = 1.0
-"""How long after a replacement worker failed to spawn the pool tries again."""
+RESPAWN_BACKOFF_SECONDS = 0.5
+"""How long after a replacement worker failed to start the pool tries again; the wait
+doubles with each failure in a row, up to MAX_RESPAWN_BACKOFF_SECONDS."""
+
+MAX_RESPAWN_BACKOFF_SECONDS = 30.0
+
+FAILED_STARTS_TO_FAIL_QUEUE = 3
+"""Failed starts in a row after which, while no worker runs, queued tasks fail (the pool
+keeps trying to start workers for later tasks)."""
 
 HAND_BACK_SECONDS = 10.0
 """How long a stopping manager waits for callers to give back the workers they hold."""
@@ -67,7 +74,7 @@ class Manager(Dispatch):
                 for index in range(self._worker_count):
                     self._spawn(index)
             except Exception as error:
-                self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+                self._start_failed(0, WorkerStartupError(f"a worker could not start: {error}"))
                 return
             self._manage_loop()
         except BaseException as error:  # a bug here must fail tasks, never hang them
@@ -167,8 +174,8 @@ class Manager(Dispatch):
             )
             error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
             with self._lock:
+                worker.startup_failure = error  # reported when its end is seen
                 self._kill_locked(worker)
-            self._on_startup_failure(error)
             return
         with self._lock:
             if worker.state is not State.STARTING:
@@ -206,14 +213,16 @@ class Manager(Dispatch):
         tail = worker.output_tail()
         if task is not None:
             self._on_task_lost(task, worker, started, returncode, tail)
-        elif was_starting:
-            self._on_startup_failure(
-                WorkerStartupError(
-                    f"a worker {describe_exit(returncode)} while starting; its output ends "
-                    f"with:\n{tail or '(nothing)'}"
-                )
+        failure = worker.startup_failure
+        if failure is None and was_starting:
+            failure = WorkerStartupError(
+                f"a worker {describe_exit(returncode)} while starting; its output ends "
+                f"with:\n{tail or '(nothing)'}"
             )
-        self._respawn(worker.index)
+        if failure is None:
+            self._respawn(worker.index)
+        else:
+            self._start_failed(worker.index, failure)
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str
@@ -260,7 +269,7 @@ class Manager(Dispatch):
         self._complete(task, error)
 
     def _respawn(self, index: int) -> None:
-        """Starts a replacement worker; if that fails, _respawn_due tries again a second later.
+        """Starts a replacement worker (if that fails, _start_failed schedules another try).
 
         Not after the pool broke, nor while closing with nothing left to run
         (close() waits for queued tasks, which need workers).
@@ -273,8 +282,7 @@ class Manager(Dispatch):
         try:
             self._spawn(index)
         except Exception as error:
-            self._respawns[index] = time.monotonic() + RESPAWN_RETRY_SECONDS
-            self._on_startup_failure(WorkerStartupError(f"a worker could not start: {error}"))
+            self._start_failed(index, WorkerStartupError(f"a worker could not start: {error}"))
         else:
             self._respawns.pop(index, None)
 
@@ -287,25 +295,45 @@ class Manager(Dispatch):
         waits = [due - now for due in self._respawns.values()]
         return max(0.0, min(waits)) if waits else None
 
-    def _on_startup_failure(self, error: BaseException) -> None:
+    def _start_failed(self, index: int, error: BaseException) -> None:
+        """A worker did not start: the pool's start fails, or the slot is tried again later.
+
+        After the pool started, each failure in a row doubles the wait before
+        the next try and is logged. While no worker runs, queued tasks
+        fail once FAILED_STARTS_TO_FAIL_QUEUE starts in a row have failed,
+        since nothing could run them; the pool itself goes on trying.
+        """
         if not self._started.is_set():
             self._startup_error = error
             self._started.set()
             return
         self._startup_failures += 1
-        logger.warning("a replacement worker failed to start: %s", error)
-        if self._startup_failures >= 3:
-            self._break(error)
+        failures = self._startup_failures
+        delay = min(RESPAWN_BACKOFF_SECONDS * 2 ** (failures - 1), MAX_RESPAWN_BACKOFF_SECONDS)
+        self._respawns[index] = time.monotonic() + delay
+        logger.warning(
+            "a replacement worker failed to start (%d in a row); trying again in %.1f s: %s",
+            failures,
+            delay,
+            error,
+        )
+        with self._lock:
+            running = any(w.state in (State.IDLE, State.BUSY) for w in self._workers)
+            if not running and failures >= FAILED_STARTS_TO_FAIL_QUEUE:
+                self._fail_queued_locked(
+                    WorkerStartupError,
+                    f"no worker is running, and the last {failures} attempts to start one "
+                    f"failed ({error}); the pool tries again in {delay:.1f} s",
+                    error,
+                )
 
     def _break(self, error: BaseException) -> None:
+        """A failure of the manager thread itself: no later task can run; the queued ones fail."""
         with self._lock:
             if self._broken is None:
                 self._broken = PoolClosedError(f"the pool is broken: {error}")
                 self._broken.__cause__ = error
-            broken = self._broken
-            pending = self._take_pending_locked()
-        for task in pending:
-            self._complete(task, broken)
+            self._fail_queued_locked(PoolClosedError, str(self._broken), error)
 
     # -- the end ---------------------------------------------------------------
 
@@ -330,7 +358,7 @@ class Manager(Dispatch):
                 task, worker.task = worker.task, None
                 if task is not None and self._settle_locked(task):
                     unsettled.append(task)
-            pending = self._take_pending_locked()
+            self._fail_queued_locked(PoolClosedError, "the pool was closed before the task ran")
         for worker in stopping:
             self._watch.remove(worker.sock.fileno())
             self._watch.remove(worker.output_fd)
@@ -345,7 +373,7 @@ class Manager(Dispatch):
                 worker.move(State.DEAD)
         for task in unsettled:
             self._complete(task, task.kill_error or self._broken or closed)
-        cancel_all(pending, PoolClosedError("the pool was closed before the task ran"))
+        self._complete_orphans()
         self._segments.close()
         with self._lock:  # _wake writes to the pipe under the lock: close it under the lock
             self._watch.close()

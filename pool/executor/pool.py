@@ -34,8 +34,6 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
-import math
-import numbers
 import os
 import threading
 import weakref
@@ -46,13 +44,36 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.errors import PoolClosedError, PoolError, ProgramQuarantinedError, WorkerStartupError
+from pool.errors import (
+    PoolClosedError,
+    PoolError,
+    PoolForkedError,
+    ProgramQuarantinedError,
+    WorkerStartupError,
+)
 from pool.executor.compiling import CompileResult, CompilesMany
-from pool.executor.dispatch import cancel_all
+from pool.executor.dispatch import close_all
 from pool.executor.manager import Manager
 from pool.executor.never import CachedOnly
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.tasks import Task, program_id, program_text_digest, stage_inputs
+from pool.executor.settings import (
+    check_count,
+    check_directory,
+    check_flag,
+    check_grace,
+    check_initargs,
+    check_platform,
+    check_timeout,
+    finite,
+)
+from pool.executor.tasks import (
+    ManagerThread,
+    PoolFuture,
+    Task,
+    program_id,
+    program_text_digest,
+    stage_inputs,
+)
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
 from worker import compile_mode, protocol, shm
@@ -79,36 +100,26 @@ outputs get a segment of their own that the returned arrays view, with no copy.
 
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
+_pid = os.getpid()
+"""This process's id, renewed in a forked child: a pool made under another id is the parent's."""
+
+
+def _after_fork_in_child() -> None:
+    # The child has its parent's pools but none of their threads, and a lock
+    # another thread held at the fork stays held here: nothing of them may
+    # run in the child, not even at exit. So no lock is taken here.
+    global _pid
+    _pid = os.getpid()
+    _live_pools.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 @atexit.register
 def _terminate_live_pools() -> None:
     for live in list(_live_pools):
         live.terminate()
-
-
-def check_timeout(value: Any, what: str = "timeout") -> float | None:
-    """Returns a timeout in seconds: None for None, math.inf for no limit; refuses the rest.
-
-    A timeout is a positive number of seconds; inf means no limit. NaN, zero,
-    negative numbers, booleans and strings raise before any work starts.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{what} must be a number of seconds (or None), not {type(value).__name__} {value!r}"
-        )
-    seconds = float(value)
-    if math.isnan(seconds) or seconds <= 0:
-        raise ValueError(
-            f"{what} must be a positive number of seconds (inf: no limit), not {value!r}"
-        )
-    return seconds
-
-
-def _finite(seconds: float | None) -> float | None:
-    """A checked timeout as a bound: None when there is none."""
-    return None if seconds is None or math.isinf(seconds) else seconds
 
 
 class Pool(Manager, CompilesMany):
@@ -128,16 +139,20 @@ class Pool(Manager, CompilesMany):
     raised when it is submitted, before any worker is used (see
     worker.compile_mode). Each worker keeps max_loaded executables loaded. Up to
     segment_cache_bytes of shared memory from finished large inputs and
-    outputs is kept for reuse, since fresh shared memory is slow to fault
-    in; segment_fds bounds the descriptors the pool keeps for shared memory
-    beyond those of running tasks (queued large inputs, live large results,
-    segments kept for reuse), so a deep queue or many kept results never
-    exhaust the process's descriptor limit.
+    dropped results is kept for reuse (counting what live results will give
+    back), since fresh shared memory is slow to fault in; a result's memory
+    past that goes with its arrays. segment_fds bounds the descriptors the
+    pool keeps for shared memory beyond those of running tasks (queued large
+    inputs, live large results, segments kept for reuse), so a deep queue or
+    many kept results never exhaust the process's descriptor limit. Every
+    setting is checked here, before any worker starts.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
     Futures' done-callbacks run on the pool's manager thread: they may
-    submit, but not wait (run, compile and compile_many raise there).
+    submit, but not wait (run, compile and compile_many raise there); one
+    that raises is logged and the pool goes on. A process forked from this
+    one cannot use the pool (PoolForkedError). A Pool is not picklable.
     """
 
     def __init__(
@@ -158,22 +173,33 @@ class Pool(Manager, CompilesMany):
         segment_fds: int = DEFAULT_MAX_FDS,
         never_compile: bool | None = None,
     ) -> None:
-        count = (os.cpu_count() or 1) if workers is None else workers
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"workers must be a positive int, not {workers!r}")
-        if isinstance(segment_fds, bool) or not isinstance(segment_fds, int) or segment_fds < 0:
-            raise ValueError(f"segment_fds must be a non-negative int, not {segment_fds!r}")
-        self._task_timeout = _finite(check_timeout(task_timeout, "task_timeout"))
-        start_limit = _finite(check_timeout(start_timeout, "start_timeout"))
-        self._platform = platform
-        self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self._pid = _pid  # first: every call compares it (see PoolForkedError)
+        # Every setting is checked before anything starts (see pool.executor.settings).
+        self._worker_count = (
+            (os.cpu_count() or 1)
+            if workers is None
+            else check_count(workers, "workers", 1, "worker processes")
+        )
+        self._platform = check_platform(platform)
+        self._cache_dir = check_directory(cache_dir, "cache_dir")
+        self._task_timeout = finite(check_timeout(task_timeout, "task_timeout"))
+        start_limit = finite(check_timeout(start_timeout, "start_timeout"))
+        self._max_loaded = check_count(
+            max_loaded, "max_loaded", 1, "executables each worker keeps loaded"
+        )
+        self._max_crashes = check_count(
+            max_crashes, "max_crashes", 1, "worker crashes that quarantine a program"
+        )
+        self._zero_copy = check_flag(zero_copy, "zero_copy")
+        self._stop_grace = check_grace(stop_grace, "stop_grace")
+        cache_bytes = check_count(
+            segment_cache_bytes, "segment_cache_bytes", 0, "bytes of shared memory kept for reuse"
+        )
+        segment_fds = check_count(
+            segment_fds, "segment_fds", 0, "descriptors kept for shared memory"
+        )
+        self._initializer = pickle_initializer(initializer, check_initargs(initargs))
         check_cache_dir(self._cache_dir)  # fail fast on a cache directory others could write
-        self._worker_count = count
-        self._max_loaded = max_loaded
-        self._max_crashes = max_crashes
-        self._zero_copy = zero_copy
-        self._stop_grace = stop_grace
-        self._initializer = pickle_initializer(initializer, tuple(initargs))
         self._never_compile = compile_mode.never_compile(never_compile)
         self._cached_only: CachedOnly | None = None
 
@@ -187,7 +213,7 @@ class Pool(Manager, CompilesMany):
         self._statistics = CompileStatistics()
         self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
         self._input_layouts: dict[str, tuple[tuple[ArrayType, ...], tuple[int, ...], int]] = {}
-        self._segments = SegmentCache(segment_cache_bytes, segment_fds)
+        self._segments = SegmentCache(cache_bytes, segment_fds)
         self._orphans: list[tuple[Task, BaseException]] = []
         self._retired_counters = CacheCounters()
         self._startup_failures = 0
@@ -203,7 +229,7 @@ class Pool(Manager, CompilesMany):
         self._workers: list[WorkerProcess] = []
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
-        self._manager = threading.Thread(target=self._manage, name="pjrt-pool-manager", daemon=True)
+        self._manager = ManagerThread(target=self._manage, name="pjrt-pool-manager", daemon=True)
         self._manager.start()
         if not self._started.wait(start_limit):
             self.terminate()
@@ -253,10 +279,8 @@ class Pool(Manager, CompilesMany):
         compile_options compiles the program with other options than the
         default, as submit_compile does.
         """
-        task = self._run_task(
-            program, arguments, name, timeout, zero_copy, compile_options, caller_waits=False
-        )
-        return self._enqueue(task)
+        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
+        return self._submit(task, arguments, zero_copy)
 
     def run(
         self,
@@ -276,8 +300,9 @@ class Pool(Manager, CompilesMany):
         worker, if it had the task, is killed and replaced, and the pool goes on.
         """
         self._refuse_on_manager("Pool.run")
-        task = self._run_task(program, arguments, name, timeout, None, compile_options, True)
+        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
         try:
+            self._staged(task, arguments, None, caller_waits=True)
             worker = self._claim_for_caller(task)
             if worker is None:
                 self._enqueue(task)
@@ -306,7 +331,7 @@ class Pool(Manager, CompilesMany):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
         task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
-        return self._enqueue(self._staged(task, arguments, None, caller_waits=False))
+        return self._submit(task, arguments, None)
 
     def submit_compile(
         self,
@@ -328,7 +353,7 @@ class Pool(Manager, CompilesMany):
         task = self._new_task(
             "compile", self._check_program(program), name, timeout, compile_options
         )
-        return self._enqueue(task)
+        return self._submit(task, None, None)
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
@@ -377,6 +402,7 @@ class Pool(Manager, CompilesMany):
         """
         from pool.lowering.function import PoolFunction
 
+        self._refuse_in_child()
         return PoolFunction(
             self,
             function,
@@ -391,6 +417,7 @@ class Pool(Manager, CompilesMany):
     @property
     def cache_counters(self) -> CacheCounters:
         """Disk cache hits, misses, repairs and evictions, summed over every worker."""
+        self._refuse_in_child()
         with self._lock:
             total = self._retired_counters
             for worker in self._workers:
@@ -400,6 +427,7 @@ class Pool(Manager, CompilesMany):
     @property
     def worker_info(self) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
+        self._refuse_in_child()
         with self._lock:
             return [
                 {
@@ -413,53 +441,110 @@ class Pool(Manager, CompilesMany):
                 for w in self._workers
             ]
 
+    @property
+    def statistics(self) -> CompileStatistics:
+        """Compile and load time and counts, summed over every task so far."""
+        self._refuse_in_child()
+        return super().statistics
+
     def close(self, cancel_pending: bool = False) -> None:
-        """Waits for submitted tasks (or cancels queued ones), then stops every worker.
+        """Waits for submitted tasks (or stops queued ones), then stops every worker.
 
         It returns when the last running task ends (bounded by the tasks'
         timeouts, if any) plus the time to stop the workers: an Exit request,
         then SIGTERM after stop_grace seconds, then SIGKILL after as many
-        again, all workers at once. Calling close again does nothing.
+        again, all workers at once. With cancel_pending, queued tasks fail
+        with a PoolClosedError that says so instead of running. Calling
+        close again does nothing.
         """
-        with self._lock:
-            self._closing = True
-            cancelled = self._take_pending_locked() if cancel_pending else []
-            self._wake()
-        cancel_all(cancelled, PoolClosedError("the pool was closed before the task ran"))
-        if self._manager.is_alive() and threading.current_thread() is not self._manager:
-            self._manager.join()
-        _live_pools.discard(self)
+        self._refuse_in_child()
+        self._close("closed with cancel_pending=True" if cancel_pending else None)
 
     def terminate(self) -> None:
-        """Stops at once: cancels queued tasks, kills the workers, fails running tasks.
+        """Stops at once: kills the workers; queued and running tasks fail with PoolClosedError.
 
         Returns as soon as the killed workers are reaped (well under a
         second unless the system is stalled).
         """
-        with self._lock:
-            self._closing = True
-            self._broken = self._broken or PoolClosedError("the pool was terminated")
-            cancelled = self._take_pending_locked()
-            for worker in self._workers:
-                task = worker.task
-                if task is not None and not task.done and task.kill_error is None:
-                    task.kill_error = PoolClosedError("the pool was terminated during the task")
-                self._kill_locked(worker)
-            self._wake()
-        cancel_all(cancelled, PoolClosedError("the pool was terminated before the task ran"))
-        manager = getattr(self, "_manager", None)
-        if manager is not None and manager.is_alive() and threading.current_thread() is not manager:
-            manager.join()
-        _live_pools.discard(self)
+        self._refuse_in_child()
+        self._terminate("terminated")
 
     def __enter__(self) -> Pool:
+        self._refuse_in_child()
         return self
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        """Leaving the block closes the pool; by an exception, queued tasks fail instead of
+        running, and by KeyboardInterrupt the pool terminates. A forked child leaves
+        its parent's pool alone."""
+        if self._pid != _pid:
+            return
         if isinstance(value, KeyboardInterrupt):
-            self.terminate()
+            self._terminate(f"terminated (its with block was interrupted by {value!r})")
+        elif value is not None:
+            self._close(f"closed (its with block raised {type(value).__name__}: {value})")
         else:
-            self.close(cancel_pending=value is not None)
+            self._close(None)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickle, copy.copy and copy.deepcopy all come here.
+        raise TypeError(
+            "a Pool cannot be pickled or copied: it owns this process's worker processes, "
+            "their sockets and shared memory. Make a Pool where one is needed, and send it "
+            "LoweredPrograms or ProgramSpecs (which pickle)."
+        )
+
+    def _close(self, stop_queued: str | None) -> None:
+        """close(); with stop_queued (how the pool was stopped), queued tasks fail instead."""
+        with self._lock:
+            self._closing = True
+            if stop_queued is not None:
+                self._fail_queued_locked(
+                    PoolClosedError, f"the pool was {stop_queued} before the task ran"
+                )
+            self._wake()
+        self._await_manager()
+
+    def _terminate(self, how: str) -> None:
+        """terminate(); `how` says how the pool was stopped, in the tasks' errors."""
+        with self._lock:
+            self._closing = True
+            self._broken = self._broken or PoolClosedError(f"the pool was {how}")
+            self._fail_queued_locked(PoolClosedError, f"the pool was {how} before the task ran")
+            for worker in self._workers:
+                task = worker.task
+                if task is not None and not task.done and task.kill_error is None:
+                    task.kill_error = PoolClosedError(
+                        f"the pool was {how} during the task; its worker was killed"
+                    )
+                self._kill_locked(worker)
+            self._wake()
+        self._await_manager()
+
+    def _await_manager(self) -> None:
+        """Waits for the manager thread to end, unless this is it, and completes what it left.
+
+        The manager completes the tasks a stop failed (so their done-callbacks
+        run on it, like every other callback); one stopped after the manager
+        had ended is completed here.
+        """
+        _live_pools.discard(self)
+        manager = getattr(self, "_manager", None)
+        if threading.current_thread() is manager:
+            return  # a done-callback stopped the pool: the manager's next turn does the rest
+        if manager is not None and manager.is_alive():
+            manager.join()
+        self._complete_orphans()
+
+    def _refuse_in_child(self) -> None:
+        """Raises PoolForkedError in a process forked from the one that made this pool."""
+        if self._pid != _pid:
+            raise PoolForkedError(
+                f"this Pool belongs to process {self._pid}, which this process ({os.getpid()}) "
+                "was forked from: a forked child cannot use its parent's workers (it has none "
+                "of the parent's threads, and a lock one of them held stays held). Make a Pool "
+                "in this process instead."
+            )
 
     # -- tasks -------------------------------------------------------------
 
@@ -470,19 +555,6 @@ class Pool(Manager, CompilesMany):
                 f"the pool runs LoweredPrograms (from pool.lower), not {type(program).__name__}"
             )
         return program
-
-    def _run_task(
-        self,
-        program: LoweredProgram,
-        arguments: Sequence[ArrayLike],
-        name: str | None,
-        timeout: float | None,
-        zero_copy: bool | None,
-        compile_options: bytes | None,
-        caller_waits: bool,
-    ) -> Task:
-        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
-        return self._staged(task, arguments, zero_copy, caller_waits)
 
     def _new_task(
         self,
@@ -497,7 +569,9 @@ class Pool(Manager, CompilesMany):
 
         Everything a caller gives is checked here, before any worker is claimed.
         """
-        seconds = self._task_timeout if timeout is None else _finite(check_timeout(timeout))
+        if self._pid != _pid:
+            self._refuse_in_child()
+        seconds = self._task_timeout if timeout is None else finite(check_timeout(timeout))
         if compile_options is not None and not isinstance(compile_options, bytes):
             raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
         if program is None:
@@ -515,12 +589,28 @@ class Pool(Manager, CompilesMany):
             program=program,
             program_id=identity,
             name=name,
-            future=Future(),
+            future=PoolFuture(),
             timeout=seconds,
             cache_key=key,
             spec_types=None if spec is None else spec.input_types,
             compile_options=compile_options,
         )
+
+    def _submit(
+        self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
+    ) -> Future[Any]:
+        """Stages a task's arguments (for a run) and queues it; returns its future.
+
+        Whatever cuts this short (bad arguments, a closed pool, a Ctrl-C at
+        any step), Pool._recover stops the task and gives back its shared memory.
+        """
+        try:
+            if arguments is not None:
+                self._staged(task, arguments, zero_copy, caller_waits=False)
+            return self._enqueue(task)
+        except BaseException as error:
+            self._recover(task, error)
+            raise
 
     def _staged(
         self,
@@ -528,7 +618,7 @@ class Pool(Manager, CompilesMany):
         arguments: Sequence[ArrayLike],
         zero_copy: bool | None,
         caller_waits: bool,
-    ) -> Task:
+    ) -> None:
         """Checks and converts a run task's arguments and stages them (see stage_inputs)."""
         types = task.program.input_types if task.program is not None else task.spec_types
         arrays = prepare_arguments(arguments, types)
@@ -539,7 +629,6 @@ class Pool(Manager, CompilesMany):
         task.declared_types = types is not None and task.cache_key is None
         layout = self._input_layout(task.program_id, types) if task.declared_types else None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
-        return task
 
     def _input_layout(
         self, program_key: str, types: tuple[ArrayType, ...] | None
@@ -554,20 +643,17 @@ class Pool(Manager, CompilesMany):
         return layout
 
     def _enqueue(self, task: Task) -> Future[Any]:
+        """Queues a task and dispatches what is queued; the caller's except clause runs
+        Pool._recover for whatever raises here."""
         with self._lock:
             refusal = self._refusal_locked(task)
             if refusal is None:
                 self._pending.append(task)
         if refusal is not None:
-            task.release()
             raise refusal
-        try:
-            # Dispatch from the caller's thread: waking the manager thread for it
-            # would cost a thread switch (and a GIL hand-off) on every task.
-            self._dispatch(threading.get_ident())
-        except BaseException as error:
-            self._recover(task, error)
-            raise
+        # Dispatch from the caller's thread: waking the manager thread for it
+        # would cost a thread switch (and a GIL hand-off) on every task.
+        self._dispatch(threading.get_ident())
         return task.future
 
     def _refusal_locked(self, task: Task) -> BaseException | None:
@@ -586,6 +672,7 @@ class Pool(Manager, CompilesMany):
             )
 
     def _before_waiting(self, what: str) -> None:  # CompilesMany's hook
+        self._refuse_in_child()
         self._refuse_on_manager(what)
 
     # -- the direct path of Pool.run -----------------------------------------
@@ -618,6 +705,7 @@ class Pool(Manager, CompilesMany):
             self._retire(worker)  # dead or broken; it cannot have started the task
             return
         protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
+        reply_fds: list[int] = []
         try:
             reply, reply_fds = worker.receive()
         except protocol.DescriptorLimitError as error:
@@ -627,7 +715,11 @@ class Pool(Manager, CompilesMany):
         except Exception:
             self._retire(worker)  # not a frame of ours: the worker broke the protocol
         else:
-            self._on_message(worker, reply, reply_fds)
+            try:
+                self._on_message(worker, reply, reply_fds)
+            finally:
+                if reply_fds:  # an interrupt at _on_message's entry: it took none
+                    close_all(reply_fds)
         if self._pending:  # queued meanwhile, or the reply asked to send the task again
             self._dispatch(threading.get_ident())
 
@@ -635,15 +727,16 @@ class Pool(Manager, CompilesMany):
         """Puts right what an exception left in a caller's call: its workers and its task.
 
         Runs in the except clause of every call that may claim a worker (run,
-        and _enqueue for the submits), so that an exception (a Ctrl-C lands
+        and _submit for the submits), so that an exception (a Ctrl-C lands
         at any call) anywhere between claiming a worker and giving it back
         leaves the pool as it should be. A worker this thread still holds
         goes back to the manager: killed and replaced if its request may be
         out or cut short (another thread's task then goes to another worker),
         idle if nothing was sent (another thread's task back to the queue).
         The caller's own task is stopped: failed with the error, or with a
-        PoolError for an interruption. Cheap and harmless when nothing is
-        held, as after the task's own error.
+        PoolError for an interruption; a task settled already gets its shared
+        memory back (giving back twice is harmless). Cheap and harmless when
+        nothing is held, as after the task's own error.
         """
         me = threading.get_ident()
         failure = (
@@ -677,3 +770,5 @@ class Pool(Manager, CompilesMany):
                 self._wake()
         if settled:
             self._complete(own, failure)
+        elif own.done:
+            own.release()  # settled before, but the interrupt may have cut its completion short

@@ -1,12 +1,13 @@
-"""Shared-memory segments in the parent: recycling them, and a bound on their descriptors.
+"""Shared-memory segments in the parent: mapping, recycling, and bounds on what is kept.
 
 A new memfd's pages are allocated and zeroed one 4 KiB fault at a time
 (shared memory gets no transparent huge pages), which for a 64 MiB output
 costs several times the copy itself. So the parent keeps the segments of
 large inputs and outputs once nothing uses them any more (an input segment
 when its task is done, an output segment when the numpy arrays viewing it
-are garbage) and hands them to later tasks, up to a bound in bytes. The
-pages of a kept segment stay allocated: that bound is memory the pool holds.
+are garbage) and hands them to later tasks. What it keeps, or will get
+back from live results, is bounded in bytes (`max_bytes`): a result's
+segment past that bound is not kept, and its memory goes with its arrays.
 
 Every kept descriptor counts against a second bound, `max_fds`: segments
 waiting for reuse, segments of queued tasks' inputs and segments that live
@@ -15,13 +16,37 @@ outside it, so a pool's descriptors are bounded by its workers and this
 number, never by how many tasks are queued or results kept. A result past
 the bound still views its memory, through a mapping that holds no
 descriptor; it is just not recycled.
+
+A Ctrl-C can land between any two steps. CPython handles a signal (raising
+KeyboardInterrupt) at a function's entry, right after a call into C (or
+into Python through C) returns, and at a loop's backward jump; not where a
+Python function returns, nor between plain loads and stores. So:
+
+- A mapping belongs to an mmap object from the moment it exists
+  (map_segment): the object holds an address range first and the segment
+  is mapped over it, so dropping the object at any point unmaps it, in C.
+- A descriptor outside the cache lives in a Segment, and moves between a
+  Segment and the cache by plain stores with no call between taking it and
+  recording it (take, give, adopt). It is closed with os.closerange(fd,
+  fd + 1), which never raises, so that no try (and so no call) comes
+  between letting go of it and closing it. It is always in exactly one
+  place; a task's Segments go back when the task is released, whatever cut
+  it short.
+- A result's segment comes back through a weak reference whose callback is
+  a deque's append, so freeing the arrays runs no Python code: nothing an
+  interrupt could cut short, nothing that could run inside this cache's
+  lock (the cyclic garbage collector frees at any allocation). The next
+  locked call takes the returned segments in.
+
+What remains: a signal handled right as recvmsg returns loses the
+descriptors of that reply (worker.protocol.recv_frame). A new segment's
+descriptor is found again by its name (worker.shm.new_segment).
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import contextlib
 import ctypes
 import mmap
 import os
@@ -35,10 +60,12 @@ import numpy as np
 from worker import shm
 
 DEFAULT_CACHE_BYTES = 512 << 20
-"""How many bytes of unused segments a pool keeps for reuse."""
+"""How many bytes of segments a pool keeps for reuse (or will get back from live results)."""
 
 DEFAULT_MAX_FDS = 64
 """How many segment descriptors a pool keeps beyond those of tasks in flight."""
+
+_MAP_FIXED = 0x10  # Linux; the mmap module does not export it
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -50,51 +77,59 @@ _libc.mmap.argtypes = [
     ctypes.c_int,
     ctypes.c_long,
 ]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
+
+_never_unmapped: list[mmap.mmap] = []
+"""Address ranges a failed mapping may have given up (see map_segment): kept, never unmapped."""
 
 
-class Mapping:
-    """A shared mapping of a segment that, unlike mmap.mmap, holds no descriptor.
+def map_segment(fd: int, size: int, populate: bool = False) -> mmap.mmap:
+    """Maps `size` bytes of a segment, shared; the mapping holds no descriptor.
 
-    (mmap.mmap keeps a duplicate of the descriptor for its whole life, which
-    made every live result cost two.) numpy arrays view it through
-    ``as_array``; it is unmapped when the last of them is garbage.
+    (mmap.mmap(fd) keeps a duplicate of the descriptor for its whole life,
+    which made every live result cost two.) An anonymous mmap of the right
+    size is made first and the segment is mapped over it (MAP_FIXED), so
+    the returned object owns the mapping from its first moment and unmaps
+    it when it is garbage: numpy arrays view it and keep it alive.
+    populate faults every page in at once, for a segment about to be
+    written whole.
+    """
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    flags = mmap.MAP_SHARED | _MAP_FIXED | (mmap.MAP_POPULATE if populate else 0)
+    if _libc.mmap(address, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0) != address:
+        code = ctypes.get_errno()
+        # A MAP_FIXED that fails may have unmapped the range already, and
+        # another thread may have been given it since: unmapping it now
+        # could take that thread's memory. The range is kept instead.
+        _never_unmapped.append(mapping)
+        raise OSError(code, f"mapping a shared-memory segment failed: {os.strerror(code)}")
+    return mapping
+
+
+class Segment:
+    """A segment's descriptor outside the cache (a task's input or output), if any.
+
+    fd is -1 when there is none. capacity stays 0 until the segment has its
+    size, so one given back before then is closed, never kept. lent says
+    whether the cache counts it against max_fds. The cache moves
+    descriptors in and out with plain stores (see the module docstring).
     """
 
-    def __init__(self, fd: int, size: int, populate: bool = False) -> None:
-        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-        address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
-        if address in (None, _MAP_FAILED):
-            code = ctypes.get_errno()
-            raise OSError(code, f"mapping a shared-memory segment failed: {os.strerror(code)}")
-        self.size = size
-        self.__array_interface__ = {
-            "data": (address, False),
-            "shape": (size,),
-            "typestr": "|u1",
-            "version": 3,
-        }
-        # Not at exit: arrays still referenced then (by an atexit handler, a
-        # daemon thread) must stay readable; the process's end unmaps anyway.
-        weakref.finalize(self, _libc.munmap, address, size).atexit = False
+    __slots__ = ("capacity", "fd", "lent")
 
-    def as_array(self) -> np.ndarray:
-        """The mapping as a uint8 array (which keeps the mapping alive)."""
-        return np.asarray(self)
+    def __init__(self) -> None:
+        self.fd = -1
+        self.capacity = 0
+        self.lent = False
 
 
 class SegmentCache:
-    """Unused memfd segments (descriptor, capacity), best fit first, within two bounds.
+    """Unused memfd segments (capacity, descriptor), best fit first, within two bounds.
 
-    `lent` counts kept descriptors in use (queued inputs, live results,
-    segments taken from here); `free` holds the ones waiting for reuse.
-    Their sum never exceeds max_fds.
-
-    A result's segment comes back from a finalizer, which can run in any
-    thread at any allocation (the cyclic garbage collector), even inside
-    this cache's own lock: so finalizers only append to `_returned`, a
-    deque (append is atomic), and the next locked call takes them in.
+    `_lent` counts kept descriptors in use (reserved or taken by Segments,
+    viewed by live results); `_free` holds the ones waiting for reuse; their
+    sum never exceeds max_fds. `_bytes` (free) plus `_adopted_bytes` (viewed
+    by live results, to come back) never exceeds max_bytes.
     """
 
     def __init__(
@@ -105,8 +140,10 @@ class SegmentCache:
         self._free: list[tuple[int, int]] = []  # (capacity, fd), sorted
         self._bytes = 0
         self._lent = 0
+        self._adopted: dict[weakref.ref[mmap.mmap], tuple[int, int]] = {}  # (capacity, fd)
+        self._adopted_bytes = 0
+        self._returned: collections.deque[weakref.ref[mmap.mmap]] = collections.deque()
         self._closed = False
-        self._returned: collections.deque[tuple[int, int, bool]] = collections.deque()
         self._lock = threading.Lock()
 
     @property
@@ -116,131 +153,166 @@ class SegmentCache:
             self._take_returned_locked()
             return self._lent + len(self._free)
 
-    def try_lend(self) -> bool:
-        """Reserves room for one more kept descriptor; False when the bound is reached."""
+    @property
+    def lent(self) -> int:
+        """Descriptors in use now (reserved or taken by tasks, viewed by live results)."""
         with self._lock:
             self._take_returned_locked()
-            if self._closed or self._lent + len(self._free) >= self.max_fds:
-                if self._free and not self._closed:
-                    # Make room by closing the largest unused segment.
-                    capacity, fd = self._free.pop()
-                    self._bytes -= capacity
-                    _close(fd)
-                else:
-                    return False
+            return self._lent
+
+    def reserve(self, segment: Segment) -> bool:
+        """Counts one more kept descriptor, for `segment`; False when the bound is reached."""
+        with self._lock:
+            self._take_returned_locked()
+            if self._closed or not self._make_room_locked(0, descriptor=True):
+                return False
             self._lent += 1
+            segment.lent = True
             return True
 
-    def unlend(self) -> None:
-        """Returns a reservation of try_lend that was not used."""
-        with self._lock:
-            self._lent -= 1
+    def take(self, segment: Segment, size: int) -> None:
+        """Puts a kept segment of at least `size` bytes into `segment` (empty), if one fits.
 
-    def take(self, size: int) -> tuple[int, int] | None:
-        """Returns (fd, capacity) of a kept segment of at least `size` bytes, or None.
-
-        The segment counts as lent until it is given back. Segments more than
-        twice the size stay for tasks they fit better.
+        It counts as lent until it is given back. Segments more than twice
+        the size stay for tasks they fit better.
         """
         with self._lock:
             self._take_returned_locked()
             index = bisect.bisect_left(self._free, (size, -1))
             if index == len(self._free) or self._free[index][0] > 2 * size:
-                return None
-            capacity, fd = self._free.pop(index)
+                return
+            capacity, fd = self._free[index]
+            # No call from here to the last store: the descriptor moves at once.
+            del self._free[index]
             self._bytes -= capacity
-            self._lent += 1
-            return fd, capacity
+            if not segment.lent:
+                self._lent += 1
+            segment.fd, segment.capacity, segment.lent = fd, capacity, True
 
-    def give(self, fd: int, capacity: int, lent: bool = True) -> None:
-        """Takes back a segment nothing uses any more: kept for reuse, or closed.
-
-        lent says whether the descriptor was counted (by take or try_lend).
-        """
-        with self._lock:
-            self._take_returned_locked()
-            self._give_locked(fd, capacity, lent)
-
-    def _give_locked(self, fd: int, capacity: int, lent: bool) -> None:
-        if lent:
-            self._lent -= 1
-        room = self._lent + len(self._free) < self.max_fds
-        if not self._closed and room and capacity <= self.max_bytes:
-            bisect.insort(self._free, (capacity, fd))
-            self._bytes += capacity
-            while self._bytes > self.max_bytes:
-                # Drop the largest: a cache of small segments serves more tasks.
-                dropped, dropped_fd = self._free.pop()
-                self._bytes -= dropped
-                _close(dropped_fd)
-            return
-        _close(fd)
-
-    def _take_returned_locked(self) -> None:
-        """Takes in the segments finalizers returned (see the class docstring)."""
-        while self._returned:
-            self._give_locked(*self._returned.popleft())
-
-    def segment_for(
-        self, size: int, write: Callable[[Any], None], reserved: bool
-    ) -> tuple[int, int, bool]:
-        """Returns (fd, capacity, lent) of a segment of at least `size` bytes that `write` filled.
+    def fill(self, segment: Segment, size: int, write: Callable[[Any], None]) -> None:
+        """Puts a segment of at least `size` bytes that `write` filled into `segment`.
 
         A kept segment is reused when one fits; otherwise a new one is made.
-        reserved says the caller holds a try_lend reservation, which the
-        segment then uses.
+        Whatever cuts this short, the descriptor is in `segment`, for its
+        owner to give back (a partly written one is written again if the
+        caller tries again).
         """
-        recycled = self.take(size)
-        if recycled is not None:
-            if reserved:
-                self.unlend()  # take() counted the recycled one already
-            fd, capacity = recycled
-            lent = True
-        else:
-            try:
-                fd, capacity, lent = shm.new_segment(size, "pjrt-pool-segment"), size, reserved
-            except BaseException:
-                if reserved:
-                    self.unlend()
-                raise
-        try:
-            mapping = Mapping(fd, capacity, populate=True)
-            write(mapping.as_array())
-        except BaseException:
-            self.give(fd, capacity, lent)
-            raise
-        return fd, capacity, lent
+        if segment.fd < 0:
+            self.take(segment, size)
+        if segment.fd < 0:
+            segment.capacity = 0  # not sized yet (see Segment)
+            segment.fd = shm.new_segment(size, "pjrt-pool-segment")
+            segment.capacity = size
+        write(map_segment(segment.fd, segment.capacity, populate=True))
 
-    def adopt(self, fd: int, capacity: int, mapping: Mapping) -> None:
-        """Gives a lent segment back once `mapping` (what the arrays view) is garbage."""
-        weakref.finalize(mapping, self._return_later, fd, capacity).atexit = False
+    def give(self, *segments: Segment | None) -> None:
+        """Takes back segments nothing uses any more: each is kept for reuse, or closed."""
+        with self._lock:
+            self._take_returned_locked()
+            for segment in segments:
+                if segment is not None:
+                    self._give_locked(segment)
 
-    def _return_later(self, fd: int, capacity: int) -> None:
-        """A finalizer's give: no lock here (see the class docstring)."""
-        self._returned.append((fd, capacity, True))
-        if self._closed:  # close() took in what had come back already: close the rest
-            while True:
-                try:
-                    returned_fd, _, _ = self._returned.popleft()
-                except IndexError:
-                    return
-                _close(returned_fd)
+    def _give_locked(self, segment: Segment) -> None:
+        fd, capacity, lent = segment.fd, segment.capacity, segment.lent
+        keep = (
+            fd >= 0
+            and capacity > 0
+            and not self._closed
+            and self._lent - lent + len(self._free) < self.max_fds
+            and capacity + self._adopted_bytes <= self.max_bytes
+        )
+        # No call from here to the insort or the close: the descriptor moves at once.
+        segment.fd, segment.lent = -1, False
+        if lent:
+            self._lent -= 1
+        if fd < 0:
+            return
+        if not keep:
+            os.closerange(fd, fd + 1)
+            return
+        self._bytes += capacity
+        bisect.insort(self._free, (capacity, fd))
+        self._make_room_locked(0, descriptor=False)
+
+    def adopt(self, segment: Segment, mapping: mmap.mmap) -> None:
+        """Takes over a segment that live result arrays view through `mapping`.
+
+        The segment comes back for reuse when the mapping is garbage (see the
+        module docstring). One the bounds leave no room for, even after
+        closing unused segments, is closed now: the mapping alone keeps its
+        memory, which goes with the arrays.
+        """
+        ref = weakref.ref(mapping, self._returned.append)
+        with self._lock:
+            self._take_returned_locked()
+            fd, capacity, lent = segment.fd, segment.capacity, segment.lent
+            room = (
+                fd >= 0
+                and capacity > 0
+                and not self._closed
+                and self._make_room_locked(capacity, descriptor=not lent)
+            )
+            # No call from here to the last store or the close.
+            segment.fd, segment.lent = -1, False
+            if room:
+                self._adopted[ref] = (capacity, fd)
+                self._adopted_bytes += capacity
+                if not lent:
+                    self._lent += 1
+                return
+            if lent:
+                self._lent -= 1
+            if fd >= 0:
+                os.closerange(fd, fd + 1)
+
+    def _make_room_locked(self, size: int, descriptor: bool) -> bool:
+        """Whether `size` more bytes (and, with `descriptor`, one more descriptor) fit the
+        bounds, closing unused segments, largest first, to make room; none is closed
+        when closing them all would not be enough."""
+        if size + self._adopted_bytes > self.max_bytes:
+            return False
+        if descriptor and self._lent >= self.max_fds:
+            return False
+        while self._bytes + self._adopted_bytes + size > self.max_bytes or (
+            descriptor and self._lent + len(self._free) >= self.max_fds
+        ):
+            capacity, fd = self._free[-1]
+            del self._free[-1]
+            self._bytes -= capacity
+            os.closerange(fd, fd + 1)
+        return True
+
+    def _take_returned_locked(self) -> None:
+        """Takes in the segments of results that are gone (see adopt): kept for reuse."""
+        while self._returned:
+            ref = self._returned[0]
+            entry = self._adopted.get(ref)
+            if entry is not None:
+                # No call from here to the insort: the descriptor moves at once.
+                # adopt kept room for it, so it fits the byte bound.
+                del self._adopted[ref]
+                self._adopted_bytes -= entry[0]
+                self._lent -= 1
+                self._bytes += entry[0]
+                bisect.insort(self._free, entry)
+            self._returned.popleft()
 
     def close(self) -> None:
-        """Closes every kept segment; later gives close theirs at once."""
+        """Closes every segment the cache holds; those given back later are closed at once.
+
+        Results still alive keep their memory through their mappings.
+        """
         with self._lock:
             self._closed = True
-            self._take_returned_locked()  # closes them: the cache is closed
-            free, self._free, self._bytes = self._free, [], 0
-        for _, fd in free:
-            _close(fd)
+            held = self._free + list(self._adopted.values())
+            self._free, self._bytes = [], 0
+            self._adopted, self._adopted_bytes = {}, 0
+            self._returned.clear()
+        for _, fd in held:
+            os.closerange(fd, fd + 1)
 
 
 def writer(arrays: list[np.ndarray], offsets: tuple[int, ...]) -> Callable[[Any], None]:
     """Returns a function that copies arrays into a segment at their offsets."""
     return lambda memory: shm.write(memory, arrays, offsets)
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)

@@ -16,23 +16,25 @@ flips ``done`` under the pool's lock.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import hashlib
+import logging
 import mmap
-import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pool.executor.segments import SegmentCache, writer
+from pool.executor.segments import Segment, SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
 from worker.identity import compile_options as default_compile_options
 from worker.records import ArrayType, DigestedProgram, LoweredProgram
+
+logger = logging.getLogger("pjrt_pool.pool")
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
@@ -97,6 +99,45 @@ def _identity(text_digest: str, platform: str | None, compile_options: bytes | N
     return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
 
 
+class ManagerThread(threading.Thread):
+    """A pool's manager thread (pool.executor.manager), where most futures are settled.
+
+    PoolFuture knows it by its class.
+    """
+
+
+class PoolFuture(Future):  # type: ignore[type-arg]
+    """A Future of a pool's task, whose done-callbacks cannot break the pool.
+
+    concurrent.futures logs an Exception from a done-callback, but lets a
+    BaseException (KeyboardInterrupt, SystemExit) out into the thread that
+    runs it: on the pool's manager thread, the callbacks after it never ran
+    and the pool stopped. There, such an exception is now logged (on
+    pjrt_pool.pool) and the other callbacks and the pool go on. Callbacks
+    that run elsewhere (cancel(), add_done_callback on a done future)
+    behave as concurrent.futures' do.
+    """
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        super().add_done_callback(functools.partial(_guarded, fn))
+
+
+def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> None:
+    try:
+        callback(future)
+    except Exception:
+        raise  # concurrent.futures logs it and goes on
+    except BaseException as error:
+        if not isinstance(threading.current_thread(), ManagerThread):
+            raise
+        logger.error(
+            "a done-callback (%r) raised %r on the pool's manager thread; the pool goes on",
+            callback,
+            error,
+            exc_info=True,
+        )
+
+
 @dataclass(eq=False)
 class Task:
     """One compile or run request and the future that receives its result."""
@@ -111,15 +152,12 @@ class Task:
     input_types: tuple[ArrayType, ...] = ()
     input_offsets: tuple[int, ...] = ()
     input_size: int = 0
-    input_fd: int = -1  # a segment holding the inputs (large inputs)
-    input_capacity: int = 0
-    input_lent: bool = False  # input_fd counts against the SegmentCache's descriptor bound
+    input: Segment | None = None  # the segment holding large inputs
     in_arena: bool = False  # the inputs go through the worker's arena
-    output_fd: int = -1  # a recycled segment offered for large outputs
-    output_capacity: int = 0
+    output: Segment | None = None  # a recycled segment offered for large outputs
     arrays: list[np.ndarray] | None = None  # the caller's arrays, while the caller waits (run)
     packed: bytearray | None = None  # the inputs copied at submit, laid out as in shared memory
-    segments: SegmentCache | None = None  # where released segments go
+    segments: SegmentCache | None = None  # where released segments go (set before they come)
     zero_copy: bool = True
     resend_program: bool = False
     deadline: float | None = None
@@ -152,9 +190,10 @@ class Task:
                 memoryview(arena)[: len(self.packed)] = self.packed
             elif self.arrays is not None:
                 shm.write(arena, self.arrays, self.input_offsets)
-        elif self.input_fd < 0:
+        elif self.packed is not None:
             self._packed_to_segment()
         include = self.cache_key is None and (self.resend_program or not worker_has_program)
+        output = self.output
         message = protocol.Run(
             self.id,
             self.program_id,
@@ -167,41 +206,33 @@ class Task:
             in_arena=in_arena,
             cache_key=self.cache_key,
             want_output_types=want_output_types,
-            output_capacity=self.output_capacity if self.output_fd >= 0 else 0,
+            output_capacity=output.capacity if output is not None and output.fd >= 0 else 0,
             compile_options=self.compile_options if include else None,
         )
-        fds = () if in_arena else (self.input_fd,)
-        if self.output_fd >= 0:
-            fds += (self.output_fd,)
+        fds = () if in_arena else (self.input.fd,)  # type: ignore[union-attr]
+        if output is not None and output.fd >= 0:
+            fds += (output.fd,)
         return message, fds
 
     def _packed_to_segment(self) -> None:
-        """Moves large inputs staged in private memory into a segment, for sending."""
-        assert self.segments is not None and self.packed is not None
+        """Moves large inputs staged in private memory into a segment, for sending.
+
+        packed goes only once the segment holds them all: if this is cut
+        short, the next attempt writes them again.
+        """
+        assert self.segments is not None and self.input is not None and self.packed is not None
         packed = self.packed
 
         def write(memory: Any) -> None:
-            memory[: len(packed)] = np.frombuffer(packed, np.uint8)
+            memoryview(memory)[: len(packed)] = packed
 
-        self.input_fd, self.input_capacity, self.input_lent = self.segments.segment_for(
-            self.input_size, write, reserved=False
-        )
+        self.segments.fill(self.input, self.input_size, write)
         self.packed = None
 
     def release(self) -> None:
         """Gives the task's segments back for reuse once the worker is done with them."""
-        for fd, capacity, lent in (
-            (self.input_fd, self.input_capacity, self.input_lent),
-            (self.output_fd, self.output_capacity, True),  # taken from the SegmentCache
-        ):
-            if fd < 0:
-                continue
-            if self.segments is not None:
-                self.segments.give(fd, capacity, lent)
-            else:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.input_fd = self.output_fd = -1
+        if self.segments is not None:
+            self.segments.give(self.input, self.output)
         self.arrays = self.packed = None
 
 
@@ -244,9 +275,8 @@ def stage_inputs(
             task.packed = pack(arrays, task.input_offsets, task.input_size)
         return
     task.segments = segments
-    if segments.try_lend():
-        task.input_fd, task.input_capacity, task.input_lent = segments.segment_for(
-            task.input_size, writer(arrays, task.input_offsets), reserved=True
-        )
+    task.input = Segment()
+    if segments.reserve(task.input):
+        segments.fill(task.input, task.input_size, writer(arrays, task.input_offsets))
     else:
         task.packed = pack(arrays, task.input_offsets, task.input_size)

@@ -102,6 +102,7 @@ class WorkerProcess:
         self.holder: int | None = None  # the thread that holds the socket; None: the manager
         self.task: Any = None
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
+        self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.plugin: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
@@ -276,4 +277,10 @@ def pickle_initializer(initializer: Any, initargs: tuple[Any, ...]) -> bytes:
         return b""
     if not callable(initializer):
         raise TypeError(f"initializer must be callable, not {type(initializer).__name__}")
-    return cloudpickle.dumps((initializer, tuple(initargs)))
+    try:
+        return cloudpickle.dumps((initializer, tuple(initargs)))
+    except Exception as error:  # what pickling raises varies with what it met
+        raise TypeError(
+            "initializer and initargs go to each worker with cloudpickle, which "
+            f"cannot pickle them: {type(error).__name__}: {error}"
+        ) from error

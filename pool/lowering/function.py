@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from pool.errors import TracedPoolFunctionError
+from pool.executor.tasks import PoolFuture
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
@@ -478,7 +479,7 @@ def _rebuild(compiled: _Compiled, outputs: list[np.ndarray]) -> Any:
     return jax.tree_util.tree_unflatten(tree.out_tree, outputs)
 
 
-class _Converted(Future):  # type: ignore[type-arg]
+class _Converted(PoolFuture):
     """A Future of another Future's result, converted; cancelling it cancels the other."""
 
     def __init__(self, inner: Future[Any], convert: Callable[[Any], Any]) -> None:
