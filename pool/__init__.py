@@ -104,9 +104,10 @@ _MODULES = {
 
 # Lazy: Python runs this file before any pool module, so whatever it
 # imported eagerly every production job paid for when it imported
-# pool.manifest: the Pool and its machinery (~100 ms with the worker
-# side they bring), and lower(), which imports JAX (about a second).
-# Each name is imported on first use instead (scripts/bench_cold_start.py).
+# pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
+# cloudpickle: ~36 ms of imports), and lower(), which imports JAX (about a
+# second). Each name is imported on first use instead
+# (scripts/bench_cold_start.py measures the cold start).
 __getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [

@@ -62,9 +62,10 @@ _MODULES = {
 
 # Lazy: Python runs this file before any worker module, so names imported
 # here eagerly were paid for by every process that imports one of them: a
-# job running a bundle (which needs neither the compiler nor the cache's
-# locking, ~60 ms of imports) and every pool worker. Each name is imported
-# on first use instead (scripts/bench_cold_start.py measures the effect).
+# job running a bundle or a manifest needs no compiler (with its compile
+# slots, conformance records, known builds, tempfile and shutil: ~9 ms of
+# imports). Each name is imported on first use instead
+# (scripts/bench_cold_start.py measures the cold start).
 __getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
