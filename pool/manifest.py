@@ -9,8 +9,8 @@ load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
 worker.bundle), which carries the executables themselves; Manifest.run(name,
 arguments) runs a program by name from the warm cache or the bundle, in this
 process or (from a cache) through a Pool, without JAX and without lowering or
-compiling anything. Run from a bundle, nothing is written anywhere and only
-the programs that run are read.
+compiling anything. Run from a bundle, no cache directory is needed (nor
+made) and only the programs that run are read.
 
 A manifest may come from someone else: it is read only if it is a regular
 file of at most MAX_MANIFEST_SIZE bytes and nests no deeper than JSON
