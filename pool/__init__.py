@@ -15,58 +15,106 @@ Programs API imports from here. What the folders hold:
     errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
 """
 
-from pool.errors import (
-    DeviceFailureError,
-    PoolClosedError,
-    PoolError,
-    PoolForkedError,
-    ProgramQuarantinedError,
-    RemoteWorkerError,
-    TaskTimeoutError,
-    TracedPoolFunctionError,
-    WorkerCrashedError,
-    WorkerStartupError,
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from worker.exports import on_first_use
+
+if TYPE_CHECKING:
+    from pool.errors import (
+        DeviceFailureError,
+        PoolClosedError,
+        PoolError,
+        PoolForkedError,
+        ProgramQuarantinedError,
+        RemoteWorkerError,
+        TaskTimeoutError,
+        TracedPoolFunctionError,
+        WorkerCrashedError,
+        WorkerStartupError,
+    )
+    from pool.executor.compiling import CompileResult
+    from pool.executor.pool import Pool
+    from pool.lowering.lower import lower, lowering_platform
+    from worker import (
+        ArrayType,
+        CompileStatistics,
+        Executable,
+        FfiVersionError,
+        ForeignExecutableError,
+        LoweredProgram,
+        MissingCustomCallError,
+        PjrtError,
+        PlatformMismatchError,
+        PluginLoadError,
+        PluginNotFoundError,
+        ProgramSpec,
+        UntrustedCacheError,
+        compile_options,
+        compile_program,
+        register_custom_call,
+    )
+    from worker.cache.key import InvalidKeyError
+    from worker.errors import BundleError, NeverCompileError, NotInCacheError
+    from worker.protocol import DescriptorLimitError
+
+_ERRORS = (
+    "DeviceFailureError",
+    "PoolClosedError",
+    "PoolError",
+    "PoolForkedError",
+    "ProgramQuarantinedError",
+    "RemoteWorkerError",
+    "TaskTimeoutError",
+    "TracedPoolFunctionError",
+    "WorkerCrashedError",
+    "WorkerStartupError",
 )
-from pool.executor.compiling import CompileResult
-from pool.executor.pool import Pool
-from worker import (
-    ArrayType,
-    CompileStatistics,
-    Executable,
-    FfiVersionError,
-    ForeignExecutableError,
-    LoweredProgram,
-    MissingCustomCallError,
-    PjrtError,
-    PlatformMismatchError,
-    PluginLoadError,
-    PluginNotFoundError,
-    ProgramSpec,
-    UntrustedCacheError,
-    compile_options,
-    compile_program,
-    register_custom_call,
+_WORKER = (
+    "ArrayType",
+    "CompileStatistics",
+    "Executable",
+    "FfiVersionError",
+    "ForeignExecutableError",
+    "LoweredProgram",
+    "MissingCustomCallError",
+    "PjrtError",
+    "PlatformMismatchError",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "ProgramSpec",
+    "UntrustedCacheError",
+    "compile_options",
+    "compile_program",
+    "register_custom_call",
 )
-from worker.cache.key import InvalidKeyError
-from worker.protocol import DescriptorLimitError
+_MODULES = {
+    **dict.fromkeys(_ERRORS, "pool.errors"),
+    **dict.fromkeys(_WORKER, "worker"),
+    "CompileResult": "pool.executor.compiling",
+    "Pool": "pool.executor.pool",
+    "lower": "pool.lowering.lower",
+    "lowering_platform": "pool.lowering.lower",
+    "BundleError": "worker.errors",
+    "NeverCompileError": "worker.errors",
+    "NotInCacheError": "worker.errors",
+    "DescriptorLimitError": "worker.protocol",
+    "InvalidKeyError": "worker.cache.key",
+}
 
-_LAZY = {"lower": "pool.lowering.lower", "lowering_platform": "pool.lowering.lower"}
 
-
-def __getattr__(name: str) -> object:
-    # lower() needs JAX, whose import takes a second: load it on first use, so
-    # that the pool, the CLI's cache commands and manifest runs start fast.
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pool' has no attribute {name!r}")
-
+# Lazy: Python runs this file before any pool module, so whatever it
+# imported eagerly every production job paid for when it imported
+# pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
+# cloudpickle: ~36 ms of imports), and lower(), which imports JAX (about a
+# second). Each name is imported on first use instead
+# (scripts/bench_cold_start.py measures the cold start).
+__getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
     "ArrayType",
+    "BundleError",
     "CompileResult",
     "CompileStatistics",
     "DescriptorLimitError",
@@ -77,6 +125,8 @@ __all__ = [
     "InvalidKeyError",
     "LoweredProgram",
     "MissingCustomCallError",
+    "NeverCompileError",
+    "NotInCacheError",
     "PjrtError",
     "PlatformMismatchError",
     "PluginLoadError",

@@ -5,9 +5,12 @@ A manifest is JSON::
     {"format": 1, "platform": "cpu", "cache_dir": "...", "created": 1700000000.0,
      "programs": [<ProgramSpec.to_json()>, ...]}
 
-load_manifest() reads one; Manifest.run(name, arguments) runs a program by
-name from the warm cache, in this process or through a Pool, without JAX and
-without lowering or compiling anything.
+load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
+worker.bundle), which carries the executables themselves; Manifest.run(name,
+arguments) runs a program by name from the warm cache or the bundle, in this
+process or (from a cache) through a Pool, without JAX and without lowering or
+compiling anything. Run from a bundle, no cache directory is needed (nor
+made) and only the programs that run are read.
 
 A manifest may come from someone else: it is read only if it is a regular
 file of at most MAX_MANIFEST_SIZE bytes and nests no deeper than JSON
@@ -26,14 +29,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from worker.bounded import parse_json, read_file
+from worker.bundle.container import looks_like_archive
+from worker.bundle.loading import load_from_bundle
+from worker.bundle.reader import Bundle
 from worker.cache.atomic import write_atomically
 from worker.cache.key import InvalidKeyError, check_key
+from worker.cached import load_cached_executable
+from worker.errors import BundleError
 from worker.records import ProgramSpec
 
 if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
     from pool.executor.pool import Pool
     from worker.executable import Executable
 
@@ -41,19 +50,32 @@ MANIFEST_FORMAT = 1
 MAX_MANIFEST_SIZE = 256 << 20
 """Bytes a manifest may have (one of 10,000 programs is a few MB)."""
 
+BUNDLE_FOR_POOLS = (
+    "a Pool's workers load from its cache directory, not from a bundle: import the bundle "
+    "there and write this host's manifest (pjrt-pool bundle import FILE --cache-dir DIR "
+    "--manifest HOST.json), then run that manifest through the pool"
+)
+
 
 class ManifestError(ValueError):
     """A manifest file is missing, malformed, or lacks the program asked for."""
 
 
 class Manifest:
-    """The programs of a warm run, by name, and where their executables are cached."""
+    """The programs of a warm run, by name, and where their executables are: a cache or a bundle.
+
+    For a bundle whose programs have entries built for several environments,
+    a program's spec names its first entry until the program is loaded, and
+    from then on the entry that was loaded: the one built for this
+    process's plugin and host.
+    """
 
     def __init__(
         self,
         specs: Iterable[ProgramSpec],
         cache_dir: str | None = None,
         platform: str | None = None,
+        bundle: Bundle | None = None,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -64,6 +86,8 @@ class Manifest:
             self.specs[spec.name] = spec
         self.cache_dir = cache_dir
         self.platform = platform
+        self.bundle = bundle
+        """The bundle the executables come from, or None: the cache directory."""
         self._executables: dict[str, Executable] = {}
         self._lock = threading.Lock()
 
@@ -81,21 +105,35 @@ class Manifest:
             raise ManifestError(f"no program {name!r} in the manifest (it has: {known})") from None
 
     def executable(self, name: str) -> Executable:
-        """Loads (once) a program's executable from the disk cache into this process."""
-        from worker.cached import load_cached_executable  # loads the plugin on first use
+        """Loads (once) a program's executable from the disk cache or bundle into this process.
 
+        Raises ManifestError for an unknown name, NotInCacheError when there is
+        no usable entry for this plugin and host (saying how the entries found
+        differ), and BundleError for a bundle entry changed since it was made.
+        """
         with self._lock:
             executable = self._executables.get(name)
             if executable is None:
-                executable = load_cached_executable(self.spec(name).key, self.cache_dir)
+                spec = self.spec(name)
+                if self.bundle is not None:
+                    executable, self.specs[name] = load_from_bundle(self.bundle, name)
+                else:
+                    executable = load_cached_executable(spec.key, self.cache_dir)
                 self._executables[name] = executable
             return executable
 
     def run(
         self, name: str, arguments: Sequence[ArrayLike], pool: Pool | None = None
     ) -> list[np.ndarray]:
-        """Runs a program by name: through `pool` if given, else in this process."""
+        """Runs a program by name: through `pool` if given, else in this process.
+
+        A Pool's workers load from its cache directory: to serve a bundle's
+        programs through one, import the bundle there first (see
+        BUNDLE_FOR_POOLS).
+        """
         if pool is not None:
+            if self.bundle is not None:
+                raise ManifestError(BUNDLE_FOR_POOLS)
             return pool.submit_spec(self.spec(name), arguments).result()
         return self.executable(name).run(arguments)
 
@@ -116,7 +154,14 @@ class Manifest:
 
 
 def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) -> Manifest:
-    """Reads a manifest; cache_dir overrides the directory recorded in it."""
+    """Reads a manifest, or opens a bundle; cache_dir overrides the directory a manifest records.
+
+    A bundle is checked as it opens (worker.bundle.reader): one that was
+    changed after it was made, is damaged or is not a bundle raises
+    ManifestError saying what is wrong.
+    """
+    if looks_like_archive(path):
+        return _open_bundle(path, cache_dir)
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
@@ -133,3 +178,18 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
         if not isinstance(data.get(field), (str, type(None))):
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
     return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"))
+
+
+def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifest:
+    if cache_dir is not None:
+        raise ManifestError(
+            f"{path} is a bundle, which carries its executables: leave the cache directory "
+            "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
+        )
+    try:
+        bundle = Bundle(path)
+    except BundleError as error:
+        raise ManifestError(str(error)) from None
+    programs = list(bundle.index.programs.values())
+    specs = [program.spec(program.keys[0]) for program in programs]
+    return Manifest(specs, None, programs[0].platform if programs else None, bundle)

@@ -27,12 +27,22 @@ FAILURES = {
 }
 
 
-def pjrt_pool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Runs the installed console script's code (pool.cli.main) in a child process."""
+def pjrt_pool(
+    *args: str,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs the installed console script's code (pool.cli.main) in a child process.
+
+    env adds to (or, with a value of "", removes from) this process's environment.
+    """
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
     )
+    environment.update(env or {})
+    environment = {name: value for name, value in environment.items() if value != ""}
     return subprocess.run(
         [
             sys.executable,
@@ -44,6 +54,7 @@ def pjrt_pool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
         text=True,
         timeout=timeout,
         env=environment,
+        cwd=cwd,
         check=False,
     )
 

@@ -17,6 +17,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=None, help="disk cache directory")
     parser.add_argument("--max-loaded", type=int, default=64, help="executables kept loaded")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when it dies")
+    parser.add_argument(
+        "--never-compile", action="store_true", help="load from the cache only, never compile"
+    )
     return parser.parse_args(argv)
 
 
@@ -25,6 +28,11 @@ if __name__ == "__main__":
     prepare_worker(options.platform or default_platform(), options.cache_dir)
     sys.exit(
         main(
-            options.fd, options.platform, options.cache_dir, options.max_loaded, options.parent_pid
+            options.fd,
+            options.platform,
+            options.cache_dir,
+            options.max_loaded,
+            options.parent_pid,
+            options.never_compile,
         )
     )

@@ -17,13 +17,15 @@ costs nothing to prepare.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from worker.dtypes import code_of_dtype, is_floating
 from worker.records import ArrayType
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike  # annotations only: importing it costs start-up time
 
 
 def prepare_arguments(

@@ -8,17 +8,81 @@ the entry, and needs no JAX.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from typing import NamedTuple
 
-from worker.cache import open_cache
+from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import check_key
-from worker.compiler import Miss, load_entry, settle_miss
+from worker.cache.store import DiskCache, open_cache
+from worker.errors import NotInCacheError, PjrtError
 from worker.executable import Executable
 from worker.records import ArrayType
 
+__all__ = ["Miss", "NotInCacheError", "load_cached_executable", "load_entry", "settle_miss"]
 
-class NotInCacheError(LookupError):
-    """The disk cache holds no usable executable for a key."""
+logger = logging.getLogger("pjrt_pool.cache")
+
+
+class Miss(NamedTuple):
+    """Why a key's entry gave no executable, and what to do about it under the key's lock."""
+
+    reason: str
+    """For the log: what was found."""
+    counter: str | None
+    """The CacheCounters field this kind of miss adds to (besides misses), if any."""
+    stat: os.stat_result | None
+    """The file judged bad, removed under the lock (exactly that one); None: remove nothing."""
+    publish: bool = True
+    """False when the entry may be good but could not be read: compile, leave it be."""
+    dead_loads: tuple[str, ...] = ()
+    """Markers of processes that died loading the entry (cleared with it)."""
+    warn: bool = False
+    """Whether to log a warning rather than a debug line."""
+
+
+def load_entry(cache: DiskCache, key: str) -> tuple[Executable, Entry] | Miss:
+    """Reads, verifies and deserializes a key's entry; returns it loaded, or the Miss."""
+    try:
+        found = cache.read(key)
+    except SignatureError as error:
+        return Miss(f"refused entry: {error}", "bad_signatures", error.stat, warn=True)
+    except CorruptEntryError as error:
+        return Miss(f"corrupt entry ({error})", "corrupt", error.stat)
+    except UnreadableEntryError as error:
+        return Miss(f"{error}; compiling instead", "read_errors", None, publish=False, warn=True)
+    if found is None:
+        return Miss("no entry", None, None)
+    entry, stat = found
+    dead = cache.loads.dead(key) if cache.writable else []
+    if dead:
+        reason = f"{cache.loads.describe(dead)} died while loading it; quarantined"
+        return Miss(reason, "crashed_loads", stat, dead_loads=tuple(dead), warn=True)
+    try:
+        with cache.loads.loading(key) if cache.writable else contextlib.nullcontext():
+            executable = Executable.deserialize(entry.payload)
+    except (PjrtError, ValueError) as error:
+        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
+        return Miss(f"the plugin rejected the entry ({error})", "corrupt", stat)
+    executable.key = key
+    return executable, entry
+
+
+def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None) -> None:
+    """Counts and logs a miss, and removes the entry it judged bad; call under the key's lock."""
+    if miss.counter is not None:
+        cache.count(miss.counter)
+    what = f"cache miss for {name} ({key})" if name else f"cache entry {key}"
+    message = f"{what}: {miss.reason}"
+    if miss.warn:
+        logger.warning(message)
+    else:
+        logger.debug(message)
+    if cache.remove_if_unchanged(key, miss.stat):
+        logger.debug("removed the bad entry %s", key)
+    if miss.dead_loads:
+        cache.loads.clear(list(miss.dead_loads))
 
 
 def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:

@@ -24,32 +24,24 @@ compiling.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
-from worker.cache import CorruptEntryError, DiskCache, key_of, key_parts, open_cache, parse_size
-from worker.cache.entry import Entry, SignatureError, UnreadableEntryError
-from worker.cache.key import plugin_digest
+from worker import compile_mode
+from worker.cache import DiskCache, key_of, open_cache, parse_size
+from worker.cache.key import host_cpu_flags
+from worker.cached import Miss, load_entry, settle_miss
 from worker.conformance_memo import warn_known_failures
-from worker.errors import PjrtError
 from worker.executable import Executable
+from worker.identity import compile_options, runtime_key_parts
 from worker.phases import Phases
 from worker.records import CompileStatistics, LoweredProgram, types_to_json
 from worker.runtime import Runtime, get_runtime
 from worker.slots import compile_slot
 
 logger = logging.getLogger("pjrt_pool.cache")
-
-
-@functools.cache
-def compile_options() -> bytes:
-    """Returns the serialized CompileOptionsProto for one replica and one partition."""
-    # executable_build_options (field 3) { num_replicas (4): 1, num_partitions (5): 1 }
-    return bytes.fromhex("1a0420012801")
 
 
 _default_options = compile_options  # compile_program's keyword shadows the name
@@ -66,29 +58,6 @@ def _check_program(program: Any) -> LoweredProgram:
     return program
 
 
-def runtime_key_parts(
-    runtime: Runtime, cache: DiskCache | None, text: str = "", options: bytes | None = None
-) -> dict[str, Any]:
-    """Returns the key parts of a program text on this process's plugin and host.
-
-    With the default empty text, what is left describes the runtime alone
-    (plugin build, options, host), to compare with an entry's parts. options
-    are the serialized compile options (default: compile_options()).
-    """
-    client = runtime.client
-    return key_parts(
-        text=text,
-        platform=runtime.platform,
-        plugin_sha256=plugin_digest(runtime.location.path, cache.memos if cache else None),
-        api_version=runtime.api_version,
-        platform_version=client.platform_version,
-        device_kind=client.device_kind,
-        compile_options=compile_options() if options is None else options,
-        client_options=runtime.client_options,
-        environment=runtime.codegen_environment,
-    )
-
-
 def program_key(
     program: LoweredProgram,
     runtime: Runtime,
@@ -98,66 +67,6 @@ def program_key(
     """Returns the cache key of a program on this process's plugin, and its parts."""
     parts = runtime_key_parts(runtime, cache, program.text, options)
     return key_of(parts), parts
-
-
-class Miss(NamedTuple):
-    """Why a key's entry gave no executable, and what to do about it under the key's lock."""
-
-    reason: str
-    """For the log: what was found."""
-    counter: str | None
-    """The CacheCounters field this kind of miss adds to (besides misses), if any."""
-    stat: os.stat_result | None
-    """The file judged bad, removed under the lock (exactly that one); None: remove nothing."""
-    publish: bool = True
-    """False when the entry may be good but could not be read: compile, leave it be."""
-    dead_loads: tuple[str, ...] = ()
-    """Markers of processes that died loading the entry (cleared with it)."""
-    warn: bool = False
-    """Whether to log a warning rather than a debug line."""
-
-
-def load_entry(cache: DiskCache, key: str) -> tuple[Executable, Entry] | Miss:
-    """Reads, verifies and deserializes a key's entry; returns it loaded, or the Miss."""
-    try:
-        found = cache.read(key)
-    except SignatureError as error:
-        return Miss(f"refused entry: {error}", "bad_signatures", error.stat, warn=True)
-    except CorruptEntryError as error:
-        return Miss(f"corrupt entry ({error})", "corrupt", error.stat)
-    except UnreadableEntryError as error:
-        return Miss(f"{error}; compiling instead", "read_errors", None, publish=False, warn=True)
-    if found is None:
-        return Miss("no entry", None, None)
-    entry, stat = found
-    dead = cache.loads.dead(key) if cache.writable else []
-    if dead:
-        reason = f"{cache.loads.describe(dead)} died while loading it; quarantined"
-        return Miss(reason, "crashed_loads", stat, dead_loads=tuple(dead), warn=True)
-    try:
-        with cache.loads.loading(key) if cache.writable else contextlib.nullcontext():
-            executable = Executable.deserialize(entry.payload)
-    except (PjrtError, ValueError) as error:
-        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
-        return Miss(f"the plugin rejected the entry ({error})", "corrupt", stat)
-    executable.key = key
-    return executable, entry
-
-
-def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None) -> None:
-    """Counts and logs a miss, and removes the entry it judged bad; call under the key's lock."""
-    if miss.counter is not None:
-        cache.count(miss.counter)
-    what = f"cache miss for {name} ({key})" if name else f"cache entry {key}"
-    message = f"{what}: {miss.reason}"
-    if miss.warn:
-        logger.warning(message)
-    else:
-        logger.debug(message)
-    if cache.remove_if_unchanged(key, miss.stat):
-        logger.debug("removed the bad entry %s", key)
-    if miss.dead_loads:
-        cache.loads.clear(list(miss.dead_loads))
 
 
 def _load(
@@ -199,6 +108,10 @@ def _compile_and_publish(
             "compile_seconds": seconds,
             "created": time.time(),
         }
+        if get_runtime().platform == "cpu":
+            # The key holds only their digest: with the flags, a miss elsewhere
+            # can say which features that host lacks (worker.cache.key.differing_parts).
+            metadata["cpu_flags"] = list(host_cpu_flags())
         with phases.time("serialize"):
             payload = executable.serialize()
         with phases.time("publish"):
@@ -214,6 +127,7 @@ def compile_program(
     max_size: int | str | None = None,
     lock_timeout: float | None = None,
     compile_options: bytes | None = None,
+    never_compile: bool | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -232,6 +146,10 @@ def compile_program(
     replaces the default serialized CompileOptionsProto (and is part of the
     cache key); the plugin checks it, and malformed options can make it abort
     the process, which is why a Pool compiles in worker processes.
+    never_compile=True (default: PJRT_POOL_COMPILE=never in the environment)
+    makes a program that is not in the cache raise NeverCompileError, a
+    LookupError naming its key and how entries of it built elsewhere differ,
+    instead of compiling (see worker.compile_mode).
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
     A cache directory that someone other than this user (or, in a
     group-shared cache, its group) could write raises UntrustedCacheError;
@@ -245,15 +163,20 @@ def compile_program(
     else:
         raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
     bound = None if max_size is None else parse_size(max_size)
+    never = compile_mode.never_compile(never_compile)
+    # The cache first: loading the plugin reads (and fills) the default cache's
+    # records about plugin builds only if that cache exists (runtime._memos).
+    cache = open_cache(cache_dir) if disk_cache else None
     runtime = get_runtime(program.platform)
     warn_known_failures(runtime.location.path, cache_dir)
-    cache = open_cache(cache_dir) if disk_cache else None
     if cache is not None and not cache.usable:
         cache = None
     phases = Phases()
     with phases.time("key"):
         key, parts = program_key(program, runtime, cache, options)
     if cache is None:
+        if never:
+            raise compile_mode.refusal(program.name, key, None, parts)
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
         executable, seconds = _compile_and_publish(
             None, key, parts, program, bound, options, phases
@@ -263,7 +186,14 @@ def compile_program(
 
     start = time.perf_counter()
     with phases.time("lookup"):
-        executable, _ = _load(cache, key, program)
+        executable, miss = _load(cache, key, program)
+    if executable is None and never:
+        # No lock: waiting for another process's compile is what this mode forbids.
+        assert miss is not None
+        cache.count("misses")
+        logger.debug("cache miss for %s (%s): %s; not compiling", program.name, key, miss.reason)
+        reason = "" if miss.counter is None else miss.reason
+        raise compile_mode.refusal(program.name, key, cache, parts, reason)
     if executable is None:
         waiting = time.perf_counter()
         with cache.lock(key, lock_timeout):

@@ -10,6 +10,9 @@ from __future__ import annotations
 from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
+    "BundleError",
+    "NeverCompileError",
+    "NotInCacheError",
     "PjrtError",
     "PlatformMismatchError",
     "PluginLoadError",
@@ -23,3 +26,47 @@ class PluginNotFoundError(RuntimeError):
 
 class PlatformMismatchError(RuntimeError):
     """A program is for another platform than the plugin loaded in this process."""
+
+
+class NotInCacheError(LookupError):
+    """No usable executable for a program here: not in the disk cache (or bundle) asked.
+
+    Attributes: `program` (its name, when known), `key` (the cache key looked
+    for), `location` (the cache directory or bundle), and `differences`: when
+    an entry for the same program built elsewhere was found, the key parts in
+    which it differs from this process's, one per line (else "").
+    """
+
+    def __init__(
+        self,
+        message: str,
+        program: str = "",
+        key: str = "",
+        location: str = "",
+        differences: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.program = program
+        self.key = key
+        self.location = location
+        self.differences = differences
+
+
+class NeverCompileError(NotInCacheError):
+    """A program would have to be compiled, and this process must never compile.
+
+    Raised instead of compiling in never-compile mode (PJRT_POOL_COMPILE=never,
+    or never_compile=True): nothing was compiled. Warm the program on a
+    machine like this one, or see `differences` for why the entries found do
+    not fit here.
+    """
+
+
+class BundleError(ValueError):
+    """A bundle is not one, is damaged, or was changed after it was made.
+
+    The message names the file and what is wrong with it (a member added,
+    removed or swapped, a truncated file, a member that is not a regular
+    file or whose name leads outside the bundle); nothing was loaded or
+    imported from it.
+    """

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from worker import _pjrt
 from worker.arguments import prepare_arguments
@@ -16,6 +15,9 @@ from worker.kernels import ensure_kernels_for, explain_missing_handler
 from worker.records import ArrayType
 from worker.runtime import Runtime, get_runtime
 from worker.stamp import check_stamp, stamp
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike  # annotations only: importing it costs start-up time
 
 
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:

@@ -215,9 +215,16 @@ _runtime_lock = threading.Lock()
 
 
 def _memos() -> MemoStore | None:
-    """The default cache's records about plugin builds, if the cache is usable."""
-    from worker.cache import open_cache  # the cache imports the runtime
+    """The default cache's records about plugin builds, if that cache's directory exists.
 
+    The directory is never created here: a process that only loads (from a
+    bundle, on a read-only host) must write nothing, and compiling creates
+    the cache. An existing one gets its folders if it lacks them.
+    """
+    from worker.cache import default_cache_dir, open_cache  # the cache imports the runtime
+
+    if not default_cache_dir().is_dir():
+        return None
     try:
         cache = open_cache()
     except Exception:  # an untrusted or broken cache: compiling will say so

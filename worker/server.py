@@ -28,11 +28,12 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from worker import protocol, shm
-from worker.cache import process_counters
+from worker.cache import open_cache, process_counters
 from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.device_errors import fatal_device_error
 from worker.executable import Executable
+from worker.identity import runtime_key_parts
 from worker.phases import last_phases
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
@@ -145,12 +146,14 @@ class Server:
         arena_size: int,
         cache_dir: str | None,
         max_loaded: int,
+        never_compile: bool = False,
     ) -> None:
         self.sock = sock
         self.arena = arena  # arena_size bytes of data, then the control bytes
         self.arena_size = arena_size
         self.cache_dir = cache_dir
         self.max_loaded = max_loaded
+        self.never_compile = never_compile
         self.loaded: OrderedDict[str, Executable] = OrderedDict()
         # Each loaded executable's own input layout (None: types unknown), for check_run_inputs.
         self._layouts: dict[str, InputLayout | None] = {}
@@ -176,7 +179,9 @@ class Server:
             return executable, None, ()
         if program is not None:
             options = {} if compile_options is None else {"compile_options": compile_options}
-            executable, statistics = compile_program(program, cache_dir=self.cache_dir, **options)
+            executable, statistics = compile_program(
+                program, cache_dir=self.cache_dir, never_compile=self.never_compile, **options
+            )
         elif cache_key is not None:
             started = time.perf_counter()
             executable = load_cached_executable(cache_key, self.cache_dir)
@@ -373,8 +378,15 @@ def main(
     cache_dir: str | None,
     max_loaded: int,
     parent_pid: int | None = None,
+    never_compile: bool = False,
 ) -> int:
-    """Starts the worker on an inherited socket descriptor; returns the exit status."""
+    """Starts the worker on an inherited socket descriptor; returns the exit status.
+
+    In never-compile mode the worker loads what the disk cache holds and
+    refuses the rest (worker.compile_mode), and its Ready message carries
+    the key parts of its plugin and host, so that the parent can refuse
+    programs that are not in the cache before they reach a worker.
+    """
     started = time.perf_counter()
     parent_pid = os.getppid() if parent_pid is None else parent_pid
     _die_with_parent(parent_pid)
@@ -385,8 +397,13 @@ def main(
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
     arena_size = 0
     try:
+        # The cache before the plugin: loading it reads and fills the cache's
+        # records about plugin builds only if the cache exists (runtime._memos).
+        cache = open_cache(cache_dir)
         runtime = get_runtime(platform)
         plugin = runtime.describe()
+        if never_compile:
+            plugin["key_parts"] = runtime_key_parts(runtime, cache if cache.usable else None)
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:
             raise RuntimeError(f"expected Init with an arena first, got {request!r}")
@@ -402,5 +419,5 @@ def main(
     if error is not None:
         return 1
     sys.stdout.flush()
-    Server(sock, arena, arena_size, cache_dir, max_loaded).serve()
+    Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile).serve()
     return 0

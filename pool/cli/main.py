@@ -1,11 +1,13 @@
 """The ``pjrt-pool`` command line.
 
-Subcommands come from the modules in COMMAND_MODULES. Each has a function
+Subcommands come from the modules in COMMANDS. Each has a function
 ``register(subparsers)`` that adds its parser(s) and sets a default ``run``:
 a function of the parsed arguments that returns the exit code. To add a
-command, write such a module and list it here. Modules import JAX (or load a
-plugin) only inside ``run``, so that ``--help`` and commands that need
-neither start fast: ``pjrt-pool cache`` never imports JAX.
+command, write such a module and list it here. Only the module of the
+command named on the command line is imported (all of them for ``--help``),
+and modules import JAX (or load a plugin) only inside ``run``, so that
+commands that need neither start fast: ``pjrt-pool cache`` never imports
+JAX, and ``pjrt-pool run`` of a bundle imports no compiler.
 
 Exit codes, for every command:
 
@@ -28,32 +30,42 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
-COMMAND_MODULES = ("pool.cli.warm", "pool.cli.cache", "pool.cli.check")
-"""Modules with a register(subparsers) function, in the order of the help text."""
+COMMANDS = {
+    "warm": "pool.cli.warm",
+    "run": "pool.cli.warm",
+    "bundle": "pool.cli.bundle",
+    "cache": "pool.cli.cache",
+    "check-plugin": "pool.cli.check",
+}
+"""Each command and the module whose register(subparsers) adds it, in the order of the help."""
 
 
 class UsageError(Exception):
     """A user's mistake: what was wrong and what to do, printed as one line (exit 2)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Returns the parser with every registered subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Returns the parser with the command's subcommand, or with every one (None or unknown)."""
     parser = argparse.ArgumentParser(
         prog="pjrt-pool",
         description="Compile and run JAX programs on PJRT plugins in worker processes.",
         epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage error",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    # Only the command's module: a production job's ``pjrt-pool run`` need not import
+    # what the cache, bundle and check-plugin commands do.
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line and returns its exit code (see the module docstring)."""
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
     except SystemExit as exit_:  # argparse exits 2 on usage errors, 0 after --help
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     run = getattr(args, "run", None)

@@ -6,9 +6,10 @@ writes a manifest (``--manifest FILE``). Exit status: 0 when every program
 is in the cache, 1 when any failed (lowering error, compile error, worker
 crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
 
-run loads one program of a manifest from the warm cache and runs it, on
-inputs from an .npz file or on seeded random inputs, printing its outputs'
-types and checksums and how long loading and running took.
+run loads one program of a manifest from the warm cache (or of a bundle,
+from the bundle itself, writing nothing) and runs it, on inputs from an .npz
+file or on seeded random inputs, printing its outputs' types and checksums
+and how long loading and running took.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ def register(subparsers: Any) -> None:
 
     run = subparsers.add_parser(
         "run",
-        help="run one program of a manifest from the warm cache",
+        help="run one program of a manifest from the warm cache, or of a bundle",
         description=__doc__.split("\n\n")[2].replace("\n", " "),
     )
-    run.add_argument("manifest", metavar="MANIFEST")
+    run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
     run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
     run.add_argument("--inputs", metavar="NPZ", help=".npz file with arr_0, arr_1, ... as inputs")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -247,15 +248,17 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
     return inputs
 
 
-def _not_in_cache(name: str, error: Exception) -> UsageError:
+def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
+    if from_bundle:
+        return UsageError(f"{name}: {error}")
     return UsageError(
         f"{name}: {error} (if it was warmed into another directory, pass that as --cache-dir)"
     )
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pool.manifest import ManifestError, load_manifest
-    from worker.cached import NotInCacheError
+    from pool.manifest import BUNDLE_FOR_POOLS, ManifestError, load_manifest
+    from worker.errors import BundleError, NotInCacheError
 
     if args.workers < 0:
         raise UsageError(
@@ -270,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
             return EXIT_OK
         spec = manifest.spec(args.name)
+        if manifest.bundle is not None and args.workers:
+            raise ManifestError(f"--workers {args.workers}: {BUNDLE_FOR_POOLS}")
     except ManifestError as error:
         raise UsageError(str(error)) from None
     inputs = _inputs(args, spec)
@@ -288,8 +293,9 @@ def _run(args: argparse.Namespace) -> int:
             ready = time.perf_counter()
             outputs = manifest.run(args.name, inputs)
             done = time.perf_counter()
-    except NotInCacheError as error:
-        raise _not_in_cache(args.name, error) from None
+    except (NotInCacheError, BundleError) as error:
+        raise _not_in_cache(args.name, error, manifest.bundle is not None) from None
+    spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
         "key": spec.key,
@@ -311,7 +317,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         where = f"a pool of {args.workers}" if args.workers else "this process"
         print(
-            f"{args.name}: loaded from the cache in {result['load_seconds'] * 1000:.1f} ms "
+            f"{args.name}: loaded from the {'bundle' if manifest.bundle else 'cache'} in "
+            f"{result['load_seconds'] * 1000:.1f} ms "
             f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
         )
         for index, output in enumerate(result["outputs"]):

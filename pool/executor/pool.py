@@ -54,6 +54,7 @@ from pool.errors import (
 from pool.executor.compiling import CompileResult, CompilesMany
 from pool.executor.dispatch import close_all
 from pool.executor.manager import Manager
+from pool.executor.never import CachedOnly
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.executor.settings import (
     check_count,
@@ -65,10 +66,17 @@ from pool.executor.settings import (
     check_timeout,
     finite,
 )
-from pool.executor.tasks import ManagerThread, PoolFuture, Task, program_id, stage_inputs
+from pool.executor.tasks import (
+    ManagerThread,
+    PoolFuture,
+    Task,
+    program_id,
+    program_text_digest,
+    stage_inputs,
+)
 from pool.executor.watch import Watch
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
-from worker import protocol, shm
+from worker import compile_mode, protocol, shm
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters, check_cache_dir
 from worker.cache.key import check_key
@@ -125,7 +133,11 @@ class Pool(Manager, CompilesMany):
     and replaced. initializer(*initargs) runs in each worker after its
     plugin loads, for example to register custom calls; if it raises, the
     pool does not start. A program that crashes max_crashes workers is
-    quarantined. Each worker keeps max_loaded executables loaded. Up to
+    quarantined. never_compile=True (default: PJRT_POOL_COMPILE=never in the
+    environment) makes the pool load what its cache holds and never compile:
+    a program that is not there fails with NeverCompileError, a LookupError,
+    raised when it is submitted, before any worker is used (see
+    worker.compile_mode). Each worker keeps max_loaded executables loaded. Up to
     segment_cache_bytes of shared memory from finished large inputs and
     dropped results is kept for reuse (counting what live results will give
     back), since fresh shared memory is slow to fault in; a result's memory
@@ -159,6 +171,7 @@ class Pool(Manager, CompilesMany):
         stop_grace: float = 2.0,
         segment_cache_bytes: int = DEFAULT_CACHE_BYTES,
         segment_fds: int = DEFAULT_MAX_FDS,
+        never_compile: bool | None = None,
     ) -> None:
         self._pid = _pid  # first: every call compares it (see PoolForkedError)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -187,6 +200,8 @@ class Pool(Manager, CompilesMany):
         )
         self._initializer = pickle_initializer(initializer, check_initargs(initargs))
         check_cache_dir(self._cache_dir)  # fail fast on a cache directory others could write
+        self._never_compile = compile_mode.never_compile(never_compile)
+        self._cached_only: CachedOnly | None = None
 
         self._lock = threading.Lock()
         self._pending: collections.deque[Task] = collections.deque()
@@ -226,11 +241,19 @@ class Pool(Manager, CompilesMany):
             self.terminate()
             raise self._startup_error
         _live_pools.add(self)
+        if self._never_compile:
+            parts = self._workers[0].plugin.get("key_parts")
+            self._cached_only = CachedOnly(self._cache_dir, parts)
         warn_known_failures(self._workers[0].plugin.get("path"), self._cache_dir)
 
     def _spawn_worker(self, index: int) -> WorkerProcess:
         return WorkerProcess(
-            index, self._platform, self._cache_dir, self._max_loaded, self._initializer
+            index,
+            self._platform,
+            self._cache_dir,
+            self._max_loaded,
+            self._initializer,
+            self._never_compile,
         )
 
     # -- public API -------------------------------------------------------
@@ -555,7 +578,11 @@ class Pool(Manager, CompilesMany):
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key
         else:
-            identity, name, key = program_id(program, compile_options), name or program.name, None
+            identity = program_id(program, compile_options)
+            if self._cached_only is not None:
+                digest = program_text_digest(program)
+                self._cached_only.check(program, identity, digest, compile_options, name)
+            name, key = name or program.name, None
         return Task(
             id=next(self._task_ids),
             kind=kind,

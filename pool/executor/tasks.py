@@ -31,7 +31,7 @@ import numpy as np
 from pool.executor.segments import Segment, SegmentCache, writer
 from worker import protocol, shm
 from worker.arguments import types_of
-from worker.compiler import compile_options as default_compile_options
+from worker.identity import compile_options as default_compile_options
 from worker.records import ArrayType, DigestedProgram, LoweredProgram
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -83,11 +83,14 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     lower() carries its text's digest (DigestedProgram), so that its text is
     hashed once, however large it is.
     """
+    return _identity(program_text_digest(program), program.platform, compile_options)
+
+
+def program_text_digest(program: LoweredProgram) -> str:
+    """The SHA-256 of a program's text: the one lower() recorded, or computed (memoized)."""
     if isinstance(program, DigestedProgram):
-        digest = program.text_sha256
-    else:
-        digest = _text_digest(program.text)
-    return _identity(digest, program.platform, compile_options)
+        return program.text_sha256
+    return _text_digest(program.text)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -94,6 +94,7 @@ class WorkerProcess:
         cache_dir: str | None,
         max_loaded: int,
         initializer: bytes,
+        never_compile: bool = False,
     ) -> None:
         self.index = index
         self.max_loaded = max_loaded
@@ -123,6 +124,8 @@ class WorkerProcess:
             arguments += ["--platform", platform]
         if cache_dir:
             arguments += ["--cache-dir", str(cache_dir)]
+        if never_compile:
+            arguments.append("--never-compile")
         try:
             self.process = subprocess.Popen(
                 python_command("worker", *arguments),

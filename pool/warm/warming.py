@@ -30,6 +30,8 @@ from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache
+from worker.compile_mode import never_compile
+from worker.errors import NeverCompileError
 from worker.records import CompileStatistics, ProgramSpec
 
 
@@ -43,6 +45,8 @@ class Outcome(enum.Enum):
     WORKER_CRASH = "worker crash"
     TIMEOUT = "timeout"
     NOT_STORED = "not stored"
+    NOT_WARMED = "not warmed"
+    """Not in the cache, and never-compile mode forbade compiling it."""
     SKIPPED = "skipped"
 
     @property
@@ -146,6 +150,8 @@ class WarmReport:
 
 
 def _classify(error: BaseException) -> Outcome:
+    if isinstance(error, NeverCompileError):
+        return Outcome.NOT_WARMED
     if isinstance(error, TaskTimeoutError):
         return Outcome.TIMEOUT
     if isinstance(error, (WorkerCrashedError, ProgramQuarantinedError)):
@@ -213,9 +219,12 @@ def warm(
     compile. With fail_fast, the first failure stops the rest, which are
     reported as skipped. scheduler is a Dask scheduler address to compile on
     that cluster instead of locally ("local:N" starts a local cluster of N
-    workers); see pool.cluster.
+    workers); see pool.cluster. In never-compile mode (PJRT_POOL_COMPILE=never)
+    nothing is compiled: warming checks that every program is in the cache,
+    and stops at the first that is not (as with fail_fast).
     """
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
+    fail_fast = fail_fast or never_compile()
     initializer = spec.initializer if isinstance(spec, Spec) else None
     reports = [ProgramReport(p.name) for p in programs]
     started = time.monotonic()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,7 +86,9 @@ class PendingFile:
 
 def temp_name(name: str) -> str:
     """The name of a temporary file for `name`: TEMP_PREFIX, name, pid and random digits."""
-    return f"{TEMP_PREFIX}{name}.{os.getpid()}.{secrets.token_hex(4)}"
+    # os.urandom, not secrets: every process that loads an entry imports this
+    # module, and secrets brings random and base64 (a few ms) for one name.
+    return f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}"
 
 
 def is_temp_name(name: str, target: Callable[[str], bool]) -> bool:

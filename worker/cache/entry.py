@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from worker.bounded import parse_json
+from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
 
 MAGIC = b"PJRTPOOL"
@@ -307,4 +308,17 @@ def decode(data: bytes, expected_key: str | None = None, signer: Signer | None =
     entry = _verified_entry(verified, key, data[verified.payload_offset :])
     if signer is not None:
         check_signature(verified, signer)
+    return entry
+
+
+def verify(data: bytes, key: str, signer: Signer | None = None) -> Entry:
+    """Verifies the whole file of a key's entry, held in memory; raises CorruptEntryError.
+
+    Besides what decode checks, the key parts in the header must hash to the
+    key, so that an entry copied under another key's name is never loaded
+    (as DiskCache.read checks an entry it reads from the cache).
+    """
+    entry = decode(data, expected_key=key, signer=signer)
+    if key_of(entry.parts) != key:
+        raise CorruptEntryError("the key parts do not hash to the key")
     return entry

@@ -26,6 +26,7 @@ signed when entries are: see memos.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -202,26 +203,29 @@ def plugin_digest(path: str, memos: MemoStore | None) -> str:
     return memoized_by_file(path, memos, "sha256", lambda: _file_digest(path), is_key)
 
 
-_cpu_features: str | None = None
+@functools.cache
+def host_cpu_flags() -> tuple[str, ...]:
+    """Returns the host's CPU model flags, sorted (what XLA:CPU compiles for).
+
+    The key holds only their digest (host_cpu_features); entries record the
+    flags themselves so that a miss can say which features a host lacks.
+    """
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features", "isa"):
+                    return tuple(sorted(value.split()))
+    except OSError:
+        return (host_platform.processor(),)
+    return ()
 
 
+@functools.cache
 def host_cpu_features() -> str:
     """Returns a digest of the host's CPU model flags (what XLA:CPU compiles for)."""
-    global _cpu_features
-    if _cpu_features is None:
-        flags = ""
-        try:
-            with open("/proc/cpuinfo") as cpuinfo:
-                for line in cpuinfo:
-                    name, _, value = line.partition(":")
-                    if name.strip() in ("flags", "Features", "isa"):
-                        flags = " ".join(sorted(value.split()))
-                        break
-        except OSError:
-            flags = host_platform.processor()
-        text = f"{host_platform.machine()}|{flags}"
-        _cpu_features = hashlib.sha256(text.encode()).hexdigest()[:24]
-    return _cpu_features
+    text = f"{host_platform.machine()}|{' '.join(host_cpu_flags())}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def key_parts(
@@ -306,19 +310,58 @@ def check_key(value: object, where: str = "a cache key") -> str:
     )
 
 
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested parts as {dotted name: leaf value}, names sorted (an empty dict has no leaves)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for name in sorted(value):
+        flat.update(_flatten(f"{prefix}.{name}" if prefix else name, value[name]))
+    return flat
+
+
 def explain_key(parts: dict[str, Any], other: dict[str, Any] | None = None) -> str:
     """Returns a key's parts as readable lines; with `other`, marks the parts that differ."""
+    theirs = _flatten("", other) if other is not None else {}
     lines = []
-
-    def walk(prefix: str, value: Any, against: Any) -> None:
-        if isinstance(value, dict):
-            for name in sorted(value):
-                sub = against.get(name) if isinstance(against, dict) else None
-                walk(f"{prefix}{name}.", value[name], sub)
-            return
+    for name, value in _flatten("", parts).items():
+        against = theirs.get(name)
         mark = "" if other is None or against == value else f"   <- differs: {against!r}"
-        lines.append(f"{prefix[:-1]} = {value!r}{mark}")
-
-    walk("", parts, other if other is not None else {})
+        lines.append(f"{name} = {value!r}{mark}")
     lines.append(f"key = {key_of(parts)}")
     return "\n".join(lines)
+
+
+def differing_parts(
+    built: dict[str, Any], here: dict[str, Any], cpu_flags: list[str] | None = None
+) -> list[str]:
+    """Says, one line per part, where an entry's identity differs from this process's.
+
+    Only the identity parts count (the program's own parts are the same
+    program's, or not comparable): for example "plugin.sha256: built with
+    'ab12...', here 'cd34...'". A part one side lacks shows as None.
+    cpu_flags are the builder's CPU flags, when its entry recorded them: a
+    difference in CPU features then says which flags this host lacks.
+    """
+    lines = []
+    for section in IDENTITY_PARTS:
+        theirs = _flatten(section, built.get(section))
+        mine = _flatten(section, here.get(section))
+        for name in sorted(theirs.keys() | mine.keys()):
+            if theirs.get(name) != mine.get(name):
+                line = f"{name}: built with {theirs.get(name)!r}, here {mine.get(name)!r}"
+                if name == "host.cpu_features" and cpu_flags:
+                    line += _flag_difference(cpu_flags, host_cpu_flags())
+                lines.append(line)
+    return lines
+
+
+def _flag_difference(built: list[str], here: tuple[str, ...]) -> str:
+    lacks = sorted(set(built) - set(here))
+    extra = sorted(set(here) - set(built))
+    said = []
+    if lacks:
+        said.append(f"this host lacks {', '.join(lacks)}")
+    if extra:
+        said.append(f"has {', '.join(extra)}, which the builder had not")
+    return f" ({'; '.join(said)})" if said else ""

@@ -26,7 +26,6 @@ import hashlib
 import itertools
 import logging
 import os
-import socket
 from collections.abc import Iterator
 
 from worker.cache.folders import Folder
@@ -53,7 +52,7 @@ def host_id() -> str:
     if _host is None:
         facts = "|".join(
             (
-                socket.gethostname(),
+                os.uname().nodename,  # the host name, without importing socket
                 _read("/proc/sys/kernel/random/boot_id"),
                 _pid_namespace(),
             )

@@ -20,7 +20,6 @@ reads signed and unsigned entries alike (it checks digests, not MACs).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import stat
 from pathlib import Path
@@ -45,6 +44,11 @@ class Signer:
                 f"the cache signing secret from {source} is {len(secret)} bytes; use at least "
                 f"{MIN_SECRET_BYTES} random bytes ({_HOW_TO_MAKE})"
             )
+        # Imported here, when a secret is set: every process that reads an entry
+        # imports this module, and most sign nothing (hmac costs a few ms).
+        import hmac
+
+        self._hmac = hmac
         self._secret = secret
         self.source = source
         """Where the secret came from (an environment variable or a file), for messages."""
@@ -53,11 +57,11 @@ class Signer:
 
     def sign(self, data: bytes | memoryview) -> bytes:
         """Returns the MAC of data."""
-        return hmac.new(self._secret, data, hashlib.sha256).digest()
+        return self._hmac.new(self._secret, data, hashlib.sha256).digest()
 
     def verify(self, data: bytes | memoryview, mac: bytes | memoryview) -> bool:
         """Returns whether mac is data's MAC under this secret (in constant time)."""
-        return hmac.compare_digest(self.sign(data), bytes(mac))
+        return self._hmac.compare_digest(self.sign(data), bytes(mac))
 
     def __repr__(self) -> str:
         return f"<Signer key_id={self.key_id} from {self.source}>"

@@ -35,7 +35,6 @@ import errno
 import logging
 import math
 import os
-import shutil
 import stat as stat_module
 import time
 from dataclasses import dataclass
@@ -169,6 +168,10 @@ def remove_entry(entries: Folder, name: str, found: os.stat_result | None = None
     if found is None:
         found = os.stat(name, dir_fd=entries.fd, follow_symlinks=False)
     if stat_module.S_ISDIR(found.st_mode):
+        # Imported here: shutil brings zlib, bz2 and lzma (a few ms) into every
+        # process that reads the cache, for a directory no writer ever makes.
+        import shutil
+
         shutil.rmtree(name, dir_fd=entries.fd)
     else:
         os.unlink(name, dir_fd=entries.fd)

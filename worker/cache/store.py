@@ -347,7 +347,19 @@ class DiskCache:
         entry_name(key)  # refuses anything but a key before any work
         if not self.writable:
             return False
-        data = entry_format.encode(key, parts, metadata, payload, self.signer)
+        return self.publish_file(
+            key, entry_format.encode(key, parts, metadata, payload, self.signer), max_size
+        )
+
+    def publish_file(self, key: str, data: bytes, max_size: int | None = None) -> bool:
+        """Writes a key's entry file as given (verified by the caller); False if not stored.
+
+        For entries that arrive whole, such as a bundle's: their bytes, and so
+        their digests and signatures, stay as they were made.
+        """
+        entry_name(key)  # refuses anything but a key before any work
+        if not self.writable:
+            return False
         bound = self.max_size if max_size is None else max_size
         if len(data) > bound:
             logger.debug("entry %s (%d bytes) exceeds the cache bound; not stored", key, len(data))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 import struct
@@ -124,26 +125,28 @@ def check_directory(path: Path, found: os.stat_result, shared: bool, fd: int | N
         raise not_a_directory(path)
     mode = stat.S_IMODE(found.st_mode)
     me = os.geteuid()
-    where = _describe(path, found)
+    # Described only for a refusal: naming the owner and group looks them up
+    # (the passwd and group databases), which every cache open would pay.
+    where = functools.partial(_describe, path, found)
     fix_other = (
         "choose a cache directory of your own (--cache-dir, cache_dir= or PJRT_POOL_CACHE_DIR)"
     )
     if mode & stat.S_IWOTH:
         raise UntrustedCacheError(
-            f"{where}: anyone can write it, and so choose the machine code this process "
+            f"{where()}: anyone can write it, and so choose the machine code this process "
             f"would load; run 'chmod o-w {path}'"
             + (" (a shared cache trusts a group, never everyone)" if shared else "")
         )
     if not shared:
         if found.st_uid != me:
             raise UntrustedCacheError(
-                f"{where}, not by {_owner(me)}: its owner chooses the machine code this "
+                f"{where()}, not by {_owner(me)}: its owner chooses the machine code this "
                 f"process would load; {fix_other}, or set {SHARED_ENV}=1 if it is a cache "
                 "shared by your group"
             )
         if mode & stat.S_IWGRP:
             raise UntrustedCacheError(
-                f"{where}: its group can write it, and so choose the machine code this "
+                f"{where()}: its group can write it, and so choose the machine code this "
                 f"process would load; run 'chmod 700 {path}', or set {SHARED_ENV}=1 to "
                 "share the cache with that group on purpose"
             )
@@ -151,12 +154,12 @@ def check_directory(path: Path, found: os.stat_result, shared: bool, fd: int | N
     in_my_groups = found.st_gid in _my_groups()
     if mode & stat.S_IWGRP and not in_my_groups:
         raise UntrustedCacheError(
-            f"{where}: it is writable by a group this process is not in; run "
+            f"{where()}: it is writable by a group this process is not in; run "
             f"'chgrp GROUP {path}' with your shared group, or 'chmod g-w {path}'"
         )
     if found.st_uid not in (me, 0) and not in_my_groups:
         raise UntrustedCacheError(
-            f"{where}: neither this user nor a member of one of its groups owns it; {fix_other}"
+            f"{where()}: neither this user nor a member of one of its groups owns it; {fix_other}"
         )
     _check_acl(path, fd, shared)
 

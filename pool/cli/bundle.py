@@ -1,0 +1,269 @@
+"""``pjrt-pool bundle create | merge | import | check``: warmed programs in one file.
+
+create writes one bundle (an uncompressed tar: worker.bundle) of the
+programs of one or more manifests and their cache entries; merge writes one
+of several bundles, entries of a program built in different environments
+side by side; import checks a whole bundle and then publishes its entries
+into a cache (and, with --manifest, writes a manifest of this host's keys
+for Pools); check says for each program of a bundle, or of a manifest and
+its cache, whether it would load here, and for a miss how the entries found
+differ, without deserializing anything. Exit status: 0 when everything was
+done (check: every program would load), 1 when a program would miss or a
+bundle was refused, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.manifest import Manifest, ManifestError, load_manifest
+from worker.bundle.container import looks_like_archive
+from worker.bundle.importing import import_bundle
+from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
+from worker.bundle.reader import Bundle
+from worker.cache.location import format_size
+from worker.cache.store import DiskCache
+from worker.cache.trust import UntrustedCacheError
+from worker.errors import (
+    BundleError,
+    PjrtError,
+    PlatformMismatchError,
+    PluginLoadError,
+    PluginNotFoundError,
+)
+from worker.identity import runtime_key_parts
+
+if TYPE_CHECKING:
+    from worker.bundle.index import Index
+
+# The writer is imported by the commands that write bundles: with it comes
+# tarfile (and the compression modules it imports, ~15 ms), which neither
+# bundle check, the preflight a serving host runs before traffic, nor an
+# import needs.
+
+
+def register(subparsers: Any) -> None:
+    """Adds the ``bundle`` command and its subcommands."""
+    bundle = subparsers.add_parser(
+        "bundle",
+        help="ship warmed programs as one verified file, and check it on the target",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    bundle.set_defaults(run=_name_a_command, prog=bundle.prog)
+    commands = bundle.add_subparsers(title="bundle commands", metavar="COMMAND")
+
+    create = commands.add_parser("create", help="bundle the programs of manifests")
+    create.add_argument("manifests", metavar="MANIFEST", nargs="+")
+    create.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
+    create.add_argument(
+        "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
+    )
+    create.set_defaults(run=_create, prog=create.prog)
+
+    merge = commands.add_parser("merge", help="one bundle of several (for a mixed fleet)")
+    merge.add_argument("bundles", metavar="BUNDLE", nargs="+")
+    merge.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
+    merge.set_defaults(run=_merge, prog=merge.prog)
+
+    importing = commands.add_parser("import", help="check a bundle, then put it in a cache")
+    importing.add_argument("bundle", metavar="FILE")
+    importing.add_argument(
+        "--cache-dir", metavar="DIR", help="cache to import into (default: $PJRT_POOL_CACHE_DIR)"
+    )
+    importing.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="also write a manifest of the entries built for this host (for running "
+        "the programs through a Pool)",
+    )
+    importing.set_defaults(run=_import, prog=importing.prog)
+
+    check = commands.add_parser(
+        "check",
+        help="will each program load here? (exit 0 only if all would)",
+        description="Says for each program of a bundle, or of a manifest and its cache, "
+        "whether it would load on this machine, and for a miss which key parts differ. "
+        "Loads the plugin, deserializes nothing.",
+    )
+    check.add_argument("file", metavar="FILE", help="a bundle, or a manifest")
+    check.add_argument(
+        "--cache-dir", metavar="DIR", help="for a manifest: its cache (default: the manifest's)"
+    )
+    check.add_argument("--platform", help="the plugin to check with (default: the programs')")
+    check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    check.set_defaults(run=_check, prog=check.prog)
+
+
+def _name_a_command(_args: argparse.Namespace) -> int:
+    raise UsageError("name a bundle command: create, merge, import or check")
+
+
+def _output(path: str, inputs: list[str]) -> Path:
+    output = Path(path)
+    if output.is_dir():
+        raise UsageError(f"-o {path} is a directory; name the bundle file to write")
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {path}: the directory {output.parent} does not exist")
+    if any(output.resolve() == Path(item).resolve() for item in inputs):
+        raise UsageError(f"-o {path} is one of the inputs; write the bundle elsewhere")
+    return output
+
+
+def _describe(output: Path, index: Index) -> str:
+    with open(output, "rb") as file:
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    return (
+        f"bundle {output}: {len(index.programs)} programs, {len(index.entries)} entries built "
+        f"in {len(index.environments)} environment(s), {format_size(output.stat().st_size)}, "
+        f"sha256 {digest}"
+    )
+
+
+def _problem(error: Exception) -> int:
+    print(f"pjrt-pool bundle: error: {error}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+def _create(args: argparse.Namespace) -> int:
+    from worker.bundle.writer import create_bundle
+
+    output = _output(args.output, args.manifests)
+    programs = []
+    caches: dict[str | None, DiskCache] = {}
+    for path in args.manifests:
+        if looks_like_archive(path):
+            raise UsageError(f"{path} is a bundle; bundle create takes manifests (merge bundles)")
+        try:
+            manifest = load_manifest(path, args.cache_dir)
+        except ManifestError as error:
+            raise UsageError(str(error)) from None
+        cache = caches.get(manifest.cache_dir)
+        if cache is None:
+            try:
+                cache = caches[manifest.cache_dir] = DiskCache(manifest.cache_dir, create=False)
+            except (UntrustedCacheError, ValueError) as error:
+                return _problem(error)
+        if not cache.usable:
+            raise UsageError(
+                f"{path}: its cache {cache.directory} does not exist; pass the cache the "
+                "programs were warmed into (--cache-dir)"
+            )
+        programs += [(spec, cache, f" (from {path})") for spec in manifest.specs.values()]
+    try:
+        index = create_bundle(output, programs)
+    except (BundleError, ValueError, OSError) as error:
+        return _problem(error)
+    print(_describe(output, index))
+    return EXIT_OK
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from worker.bundle.writer import merge_bundles
+
+    output = _output(args.output, args.bundles)
+    try:
+        index = merge_bundles(output, args.bundles)
+    except (BundleError, ValueError, OSError) as error:
+        return _problem(error)
+    print(_describe(output, index))
+    return EXIT_OK
+
+
+def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
+    """Loads the plugin (nothing else) and returns this process's key parts."""
+    from worker.runtime import get_runtime
+
+    try:
+        return runtime_key_parts(get_runtime(platform), cache)
+    except (PluginNotFoundError, PluginLoadError, PlatformMismatchError, PjrtError) as error:
+        raise UsageError(f"platform {platform}: {error}") from None
+
+
+def _import(args: argparse.Namespace) -> int:
+    if args.manifest:
+        _output(args.manifest, [args.bundle])
+    try:
+        cache = DiskCache(args.cache_dir)
+        result = import_bundle(args.bundle, cache)
+    except (BundleError, UntrustedCacheError, ValueError) as error:
+        return _problem(error)
+    print(
+        f"imported {result.imported} entries ({format_size(result.bytes)}) into "
+        f"{cache.directory}; {result.present} were there already"
+        + (f"; {result.not_stored} could not be stored" if result.not_stored else "")
+    )
+    if result.not_stored:
+        return EXIT_PROBLEMS
+    if not args.manifest:
+        return EXIT_OK
+    with Bundle(args.bundle, cache.signer) as bundle:
+        programs = list(bundle.index.programs.values())
+        platform = programs[0].platform
+        here = _here(platform, cache)
+        verdicts = [judge(bundle.index, program, here) for program in programs]
+    specs = [
+        program.spec(verdict.key)
+        for program, verdict in zip(programs, verdicts, strict=True)
+        if verdict.loads
+    ]
+    Manifest(specs, str(cache.directory), platform).write(args.manifest)
+    print(f"manifest: {args.manifest} ({len(specs)} of {len(programs)} programs)")
+    for verdict in verdicts:
+        if not verdict.loads:
+            print(verdict.describe())
+    return EXIT_OK if len(specs) == len(programs) else EXIT_PROBLEMS
+
+
+def _check(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    try:
+        if looks_like_archive(args.file):
+            if args.cache_dir is not None:
+                raise UsageError("--cache-dir is for a manifest; a bundle carries its entries")
+            with Bundle(args.file) as bundle:
+                programs = list(bundle.index.programs.values())
+                platform = args.platform or (programs[0].platform if programs else "cpu")
+                verdicts = check_bundle(bundle, _here(platform, None), platform)
+        else:
+            manifest = load_manifest(args.file, args.cache_dir)
+            cache = DiskCache(manifest.cache_dir, create=False)
+            specs = list(manifest.specs.values())
+            platform = args.platform or (specs[0].platform if specs else "cpu")
+            here = _here(platform, cache if cache.usable else None)
+            verdicts = check_cached(specs, cache, here, platform)
+    except ManifestError as error:
+        raise UsageError(str(error)) from None
+    except (BundleError, UntrustedCacheError, ValueError) as error:
+        return _problem(error)
+    seconds = time.perf_counter() - started
+    _report(args, verdicts, seconds)
+    return EXIT_OK if all(verdict.loads for verdict in verdicts) else EXIT_PROBLEMS
+
+
+def _report(args: argparse.Namespace, verdicts: list[Verdict], seconds: float) -> None:
+    loads = sum(verdict.loads for verdict in verdicts)
+    if args.json:
+        document = {
+            "file": os.fspath(args.file),
+            "ok": loads == len(verdicts),
+            "loads": loads,
+            "would_miss": len(verdicts) - loads,
+            "seconds": round(seconds, 6),
+            "programs": [verdict.to_json() for verdict in verdicts],
+        }
+        print(json.dumps(document, indent=2))
+        return
+    for verdict in verdicts:
+        print(verdict.describe())
+    print(
+        f"{loads} of {len(verdicts)} programs would load here, {len(verdicts) - loads} would "
+        f"miss ({seconds * 1000:.0f} ms)"
+    )

@@ -1,0 +1,50 @@
+"""A never-compile Pool refuses programs that are not in its cache before they reach a worker.
+
+In never-compile mode each worker's Ready message carries the key parts of
+its plugin and host (worker.server.main), so the parent computes the key a
+program would have there and refuses it at submit, with the same
+NeverCompileError a worker would raise, when the pool's cache holds no entry
+under that key: no worker is claimed and no worker time is spent. A program
+that passes is remembered (one set lookup per later submit); a worker still
+refuses before compiling if the entry it finds is unusable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.cache.key import key_of
+from worker.cache.store import DiskCache
+from worker.compile_mode import refusal
+from worker.identity import compile_options as default_compile_options
+from worker.records import LoweredProgram
+
+
+class CachedOnly:
+    """The check (see the module docstring) for one pool's cache and workers."""
+
+    def __init__(self, cache_dir: str | None, parts: dict[str, Any] | None) -> None:
+        self._cache = DiskCache(cache_dir, create=False)
+        self._parts = parts
+        self._present: set[str] = set()
+
+    def check(
+        self,
+        program: LoweredProgram,
+        program_id: str,
+        text_digest: str,
+        compile_options: bytes | None,
+        name: str | None,
+    ) -> None:
+        """Raises NeverCompileError if the program's entry is not in the pool's cache."""
+        if program_id in self._present or self._parts is None:
+            return  # known to be there, or the workers did not say: they refuse themselves
+        if program.platform not in (None, self._parts.get("platform")):
+            return  # the worker refuses it for its platform, which says more
+        options = default_compile_options() if compile_options is None else compile_options
+        parts = {**self._parts, "program_sha256": text_digest, "compile_options": options.hex()}
+        key = key_of(parts)
+        if self._cache.usable and self._cache.path_of(key).is_file():
+            self._present.add(program_id)
+            return
+        raise refusal(name or program.name, key, self._cache if self._cache.usable else None, parts)

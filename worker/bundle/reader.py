@@ -1,0 +1,130 @@
+"""Opening a bundle: its members checked against its index, and its index's signature.
+
+Opening reads one header per member and the index, nothing else: it refuses
+a bundle whose members are not exactly those the index lists (a member
+added, removed, or of another size than the index says), one that holds
+anything but regular files named index.json, index.mac and
+entries/<key>.pjx, and, with a signing secret set (PJRT_POOL_CACHE_SECRET
+or PJRT_POOL_CACHE_KEY_FILE), one whose index is unsigned or signed with
+another secret. An entry is read only when asked for, and then checked as a
+cache entry is read: its SHA-256 against the index, its own digests, and its
+signature when a secret is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from worker.bundle.container import Archive, Member
+from worker.bundle.index import (
+    INDEX_NAME,
+    MAC_NAME,
+    MAX_INDEX_SIZE,
+    Index,
+    check_member_name,
+    check_signature,
+)
+from worker.cache import entry as entry_format
+from worker.cache.signing import Signer, signer_from_environment
+from worker.errors import BundleError
+
+_FROM_ENVIRONMENT: Any = object()
+_SHOWN_CHANGES = 6
+MAX_MAC_SIZE = 4096
+"""index.mac holds a MAC and a key id as JSON: about 120 bytes."""
+
+
+class Bundle:
+    """An opened, checked bundle (see the module docstring); close it, or use it in a with."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], signer: Signer | None = _FROM_ENVIRONMENT
+    ) -> None:
+        self.path = os.fspath(path)
+        self.signer: Signer | None = (
+            signer_from_environment() if signer is _FROM_ENVIRONMENT else signer
+        )
+        self.archive = Archive(self.path)
+        try:
+            self._members = {member.name: member for member in self.archive.members}
+            keys = {}
+            for name, member in self._members.items():
+                key = check_member_name(name, self.path)
+                if key is not None:
+                    keys[key] = member
+            self.index_bytes = self._index_bytes()
+            if self.signer is not None:
+                mac = self._members.get(MAC_NAME)
+                if mac is not None and mac.size > MAX_MAC_SIZE:
+                    raise BundleError(f"{self.path}: its {MAC_NAME} is {mac.size} bytes: not ours")
+                mac_bytes = None if mac is None else self.archive.read(mac)
+                check_signature(self.index_bytes, mac_bytes, self.signer, self.path)
+            self.index = Index.decode(self.index_bytes, self.path)
+            self._check_members(keys)
+            self._entries = keys
+        except BaseException:
+            self.archive.close()
+            raise
+
+    def close(self) -> None:
+        """Closes the bundle's file."""
+        self.archive.close()
+
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _index_bytes(self) -> bytes:
+        member = self._members.get(INDEX_NAME)
+        if member is None:
+            raise BundleError(f"{self.path} has no {INDEX_NAME}: it is not a pjrt-pool bundle")
+        if member.size > MAX_INDEX_SIZE:
+            raise BundleError(
+                f"{self.path}: its {INDEX_NAME} is {member.size} bytes, more than a bundle "
+                f"index may be ({MAX_INDEX_SIZE})"
+            )
+        return self.archive.read(member)
+
+    def _check_members(self, members: dict[str, Member]) -> None:
+        """Refuses a bundle whose entry members are not exactly the index's, naming each change."""
+        changes = []
+        for key in sorted(members.keys() - self.index.entries.keys()):
+            changes.append(f"{members[key].name} was added (the index does not list it)")
+        for key in sorted(self.index.entries.keys() - members.keys()):
+            changes.append(f"{self.index.entries[key].member} was removed (the index lists it)")
+        for key in sorted(members.keys() & self.index.entries.keys()):
+            expected, found = self.index.entries[key].size, members[key].size
+            if expected != found:
+                changes.append(
+                    f"{members[key].name} was swapped ({found} bytes, the index says {expected})"
+                )
+        if changes:
+            more = len(changes) - _SHOWN_CHANGES
+            shown = "; ".join(changes[:_SHOWN_CHANGES]) + (f"; and {more} more" if more > 0 else "")
+            raise BundleError(
+                f"{self.path} was changed after it was made, so none of it is used: {shown}"
+            )
+
+    def entry_bytes(self, key: str) -> bytes:
+        """Returns an entry member's bytes, checked against the index's SHA-256."""
+        record = self.index.entries[key]
+        data = self.archive.read(self._entries[key])
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != record.sha256:
+            raise BundleError(
+                f"{self.path}: {record.member} was swapped after the bundle was made (its "
+                f"SHA-256 is {digest}, the index says {record.sha256})"
+            )
+        return data
+
+    def entry(self, key: str) -> entry_format.Entry:
+        """Returns a verified entry: as entry_bytes, then checked as a cache entry is read."""
+        data = self.entry_bytes(key)
+        try:
+            return entry_format.verify(data, key, self.signer)
+        except entry_format.CorruptEntryError as error:
+            raise BundleError(f"{self.path}: entry {key} cannot be used: {error}") from None

@@ -1,0 +1,104 @@
+"""Never-compile mode: serving processes load warmed executables and never compile.
+
+With ``PJRT_POOL_COMPILE=never`` in the environment, or ``never_compile=True``
+on compile_program and Pool (which override the variable), a program that
+is not in the disk cache raises NeverCompileError, a LookupError, instead of
+compiling on the serving node for seconds to minutes: it names the program,
+its key, and, when the cache holds an entry for the same program built
+elsewhere (another plugin build, other CPU features, other XLA flags), the
+key parts in which that entry differs from this process's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from worker.cache.entry import CorruptEntryError
+from worker.cache.key import differing_parts
+from worker.cache.store import DiskCache
+from worker.errors import NeverCompileError
+
+COMPILE_ENV = "PJRT_POOL_COMPILE"
+"""never: load warmed executables only; allow (or unset): compile what is not cached."""
+
+_NEVER, _ALLOW = "never", "allow"
+_SCANNED_ENTRIES = 20_000
+"""At most this many entry headers are read to find the program built elsewhere."""
+_SHOWN = 3
+
+
+def never_compile(option: bool | None = None) -> bool:
+    """Returns whether this call must not compile: the option, else PJRT_POOL_COMPILE.
+
+    Raises TypeError for an option that is not a bool or None, and ValueError
+    for a value of the variable other than never or allow.
+    """
+    if option is not None:
+        if not isinstance(option, bool):
+            raise TypeError(f"never_compile must be True, False or None, not {option!r}")
+        return option
+    value = os.environ.get(COMPILE_ENV, "").strip().lower()
+    if value in ("", _ALLOW):
+        return False
+    if value == _NEVER:
+        return True
+    raise ValueError(
+        f"{COMPILE_ENV}={value!r}: set it to {_NEVER} (load warmed executables only) or "
+        f"{_ALLOW} (compile what is not in the cache, the default)"
+    )
+
+
+def built_elsewhere(cache: DiskCache, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Returns the cache's entries of the same program built elsewhere, and how each differs.
+
+    The same program: the same text and compile options under another key.
+    Only headers are read (at most _SCANNED_ENTRIES of them), never payloads.
+    """
+    found = []
+    for item in cache.list_entries()[-_SCANNED_ENTRIES:]:
+        try:
+            fields = cache.read_header(item.key).fields
+        except (OSError, CorruptEntryError):
+            continue
+        theirs = fields.get("parts", {})
+        if item.key == fields.get("key") and all(
+            theirs.get(name) == parts.get(name) for name in ("program_sha256", "compile_options")
+        ):
+            flags = fields.get("metadata", {}).get("cpu_flags")
+            flags = flags if isinstance(flags, list) else None
+            found.append((item.key, differing_parts(theirs, parts, flags)))
+    return found
+
+
+def refusal(
+    name: str, key: str, cache: DiskCache | None, parts: dict[str, Any], reason: str = ""
+) -> NeverCompileError:
+    """The NeverCompileError for a program without a usable entry in the cache.
+
+    reason says what was wrong with the entry that was found ("" for none).
+    """
+    where = "no disk cache" if cache is None else f"the cache {cache.directory}"
+    state = f"has no usable entry in {where} ({reason})" if reason else f"is not in {where}"
+    elsewhere = [] if cache is None or not cache.usable else built_elsewhere(cache, parts)
+    lines = [
+        f"entry {other}: " + "; ".join(diff or ["no part differs"]) for other, diff in elsewhere
+    ]
+    said = (
+        f" The cache holds it built elsewhere ({len(elsewhere)} entries): "
+        + " | ".join(lines[:_SHOWN])
+        + (" | ..." if len(lines) > _SHOWN else "")
+        + "."
+        if elsewhere
+        else ""
+    )
+    return NeverCompileError(
+        f"{name} (key {key}) {state}, and this process must not compile "
+        f"({COMPILE_ENV}=never or never_compile=True): nothing was compiled.{said} Warm it "
+        "with this plugin and host settings (pjrt-pool warm), or check a deployment first "
+        "(pjrt-pool bundle check)",
+        program=name,
+        key=key,
+        location="" if cache is None else str(cache.directory),
+        differences="\n".join(lines),
+    )

@@ -1,0 +1,56 @@
+"""What this process's plugin and host put into a cache key.
+
+Kept apart from the compiler so that a process that only loads executables
+(a production job running a bundle or a manifest) computes the key parts it
+matches entries against without importing the compiler, the cache's locking
+or the kernel libraries.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from worker.cache.key import key_parts, plugin_digest
+
+if TYPE_CHECKING:
+    from worker.cache.store import DiskCache
+    from worker.runtime import Runtime
+
+
+@functools.cache
+def compile_options() -> bytes:
+    """Returns the serialized CompileOptionsProto for one replica and one partition."""
+    # executable_build_options (field 3) { num_replicas (4): 1, num_partitions (5): 1 }
+    return bytes.fromhex("1a0420012801")
+
+
+def runtime_key_parts(
+    runtime: Runtime, cache: DiskCache | None, text: str = "", options: bytes | None = None
+) -> dict[str, Any]:
+    """Returns the key parts of a program text on this process's plugin and host.
+
+    With the default empty text, what is left describes the runtime alone
+    (plugin build, options, host), to compare with an entry's parts. options
+    are the serialized compile options (default: compile_options()). The
+    plugin's digest is memoized in the cache's plugins/ folder, or without a
+    cache in the default cache directory's, if that exists (see
+    Runtime.plugin_sha256).
+    """
+    client = runtime.client
+    digest = (
+        plugin_digest(runtime.location.path, cache.memos)
+        if cache is not None
+        else runtime.plugin_sha256()
+    )
+    return key_parts(
+        text=text,
+        platform=runtime.platform,
+        plugin_sha256=digest,
+        api_version=runtime.api_version,
+        platform_version=client.platform_version,
+        device_kind=client.device_kind,
+        compile_options=compile_options() if options is None else options,
+        client_options=runtime.client_options,
+        environment=runtime.codegen_environment,
+    )
