@@ -1,5 +1,6 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
-// (PjrtException -> PjrtError, PluginLoadException -> PluginLoadError, and
+// (PjrtException -> PjrtError, FfiVersionException -> HandlerVersionError,
+// PluginLoadException -> PluginLoadError, and
 // pybind11's own std::invalid_argument -> ValueError for bad inputs) and the
 // only place the GIL is released (around compile, deserialize and execute,
 // which can run for seconds).
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,8 +26,26 @@ namespace {
 
 // Raised for every failed PJRT call, with `code` (int) and `code_name` set.
 PyObject* g_pjrt_error = nullptr;
+// Raised when an FFI handler's XLA FFI version is one the plugin cannot take,
+// with `handler_version` and `plugin_version` set as (major, minor).
+PyObject* g_handler_version_error = nullptr;
 // Raised when a plugin library cannot be loaded or used.
 PyObject* g_plugin_load_error = nullptr;
+
+py::object VersionTuple(const std::optional<FfiVersion>& version) {
+  if (!version) return py::none();
+  return py::make_tuple(version->major, version->minor);
+}
+
+// Sets the Python exception of `type` for `e`, with code and code_name.
+py::object RaisePjrtError(PyObject* type, const PjrtException& e) {
+  py::object error =
+      py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
+  if (!error) return error;  // the call set its own exception
+  error.attr("code") = e.code();
+  error.attr("code_name") = ErrorCodeName(e.code());
+  return error;
+}
 
 std::string_view View(const py::buffer_info& info) {
   return {static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
@@ -54,7 +74,7 @@ void* HandlerPointer(const py::object& handler) {
     return reinterpret_cast<void*>(address);
   }
   throw py::type_error("an FFI handler must be a PyCapsule or an integer address, not " +
-                       std::string(py::str(handler.get_type().attr("__name__"))));
+                       std::string(py::str(py::type::handle_of(handler).attr("__name__"))));
 }
 
 py::object AttributeValue(const Attribute& attribute) {
@@ -124,7 +144,13 @@ PYBIND11_MODULE(_pjrt, m) {
       "worker._pjrt.PluginLoadError",
       "A PJRT plugin library could not be loaded or is not a usable PJRT plugin.",
       PyExc_OSError, nullptr);
+  g_handler_version_error = PyErr_NewExceptionWithDoc(
+      "worker._pjrt.HandlerVersionError",
+      "An FFI handler is built for an XLA FFI version the plugin's XLA cannot take. "
+      "`handler_version` and `plugin_version` are (major, minor).",
+      g_pjrt_error, nullptr);
   m.attr("PjrtError") = py::handle(g_pjrt_error);
+  m.attr("HandlerVersionError") = py::handle(g_handler_version_error);
   m.attr("PluginLoadError") = py::handle(g_plugin_load_error);
   m.attr("API_MAJOR") = PJRT_API_MAJOR;
   m.attr("API_MINOR") = PJRT_API_MINOR;
@@ -132,12 +158,15 @@ PYBIND11_MODULE(_pjrt, m) {
   py::register_exception_translator([](std::exception_ptr pointer) {
     try {
       if (pointer) std::rethrow_exception(pointer);
+    } catch (const FfiVersionException& e) {
+      py::object error = RaisePjrtError(g_handler_version_error, e);
+      if (!error) return;
+      error.attr("handler_version") = VersionTuple(e.handler());
+      error.attr("plugin_version") = VersionTuple(e.plugin());
+      PyErr_SetObject(g_handler_version_error, error.ptr());
     } catch (const PjrtException& e) {
-      py::object error = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(g_pjrt_error, "s", e.what()));
-      if (!error) return;  // the call set its own exception
-      error.attr("code") = e.code();
-      error.attr("code_name") = ErrorCodeName(e.code());
+      py::object error = RaisePjrtError(g_pjrt_error, e);
+      if (!error) return;
       PyErr_SetObject(g_pjrt_error, error.ptr());
     } catch (const PluginLoadException& e) {
       PyErr_SetString(g_plugin_load_error, e.what());
@@ -161,13 +190,36 @@ PYBIND11_MODULE(_pjrt, m) {
         }
         return result;
       }, "The plugin's PJRT_Plugin_Attributes as a dict.")
+      .def("ffi_api_version",
+           [](const Plugin& plugin, const std::string& platform) {
+             return VersionTuple(plugin.FfiApiVersion(platform));
+           },
+           py::arg("platform"),
+           "The (major, minor) XLA FFI API version of the plugin's XLA for an FFI platform "
+           "(\"Host\", \"CUDA\"), or None when the plugin does not show it.")
+      .def("handler_ffi_version",
+           [](const Plugin& plugin, const py::object& handler, const std::string& platform) {
+             return VersionTuple(plugin.HandlerFfiVersion(HandlerPointer(handler), platform));
+           },
+           py::arg("handler"), py::arg("platform"),
+           "The (major, minor) XLA FFI version an FFI handler reports to this plugin's XLA, "
+           "or None when the plugin's own version is unknown.")
       .def("register_ffi_handler",
            [](const Plugin& plugin, const std::string& target, const py::object& handler,
               const std::string& platform, uint32_t traits) {
-             plugin.RegisterFfiHandler(target, HandlerPointer(handler), platform, traits);
+             FfiRegistration registration =
+                 plugin.RegisterFfiHandler(target, HandlerPointer(handler), platform, traits);
+             py::dict result;
+             result["plugin_version"] = VersionTuple(registration.plugin);
+             result["handler_version"] = VersionTuple(registration.handler);
+             result["adapted"] = registration.adapted;
+             return result;
            },
            py::arg("target"), py::arg("handler"), py::arg("platform"), py::arg("traits") = 0,
-           "Registers a typed XLA FFI handler (PyCapsule or address) for a custom-call target.");
+           "Registers a typed XLA FFI handler (PyCapsule or address) for a custom-call target. "
+           "Returns the XLA FFI versions of plugin and handler and whether the handler runs "
+           "through an adapter; raises HandlerVersionError for a handler the plugin's XLA "
+           "cannot take.");
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client", "A PJRT client on one plugin.")
       .def(py::init([](std::shared_ptr<Plugin> plugin, const py::dict& options) {

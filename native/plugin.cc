@@ -119,8 +119,8 @@ std::shared_ptr<Plugin> Plugin::Load(const std::string& path) {
   return plugin;
 }
 
-void Plugin::RegisterFfiHandler(const std::string& target, void* handler,
-                                const std::string& platform, uint32_t traits) const {
+void Plugin::RegisterThroughExtension(const std::string& target, void* handler,
+                                      const std::string& platform, uint32_t traits) const {
   if (ffi_ == nullptr) {
     throw PjrtException(PJRT_Error_Code_UNIMPLEMENTED,
                         "the PJRT plugin " + path_ +
@@ -135,6 +135,67 @@ void Plugin::RegisterFfiHandler(const std::string& target, void* handler,
   args.platform_name_size = platform.size();
   args.traits = traits;
   Check(api_, ffi_->register_handler(&args), "PJRT_FFI_Register_Handler");
+}
+
+const std::optional<FfiRuntime>& Plugin::Runtime(const std::string& platform) const {
+  std::lock_guard<std::mutex> lock(ffi_mutex_);
+  auto it = ffi_runtimes_.find(platform);
+  if (it != ffi_runtimes_.end()) return it->second;
+  std::optional<FfiRuntime> runtime;
+  if (ffi_ != nullptr) {
+    // XLA asks the handler for its metadata inside the registration call,
+    // on this thread, passing the runtime's own XLA_FFI_Api.
+    FfiProbe probe;
+    try {
+      RegisterThroughExtension(FfiProbe::kTarget, FfiProbe::Handler(), platform, 0);
+      if (probe.known()) runtime = probe.runtime();
+    } catch (const PjrtException&) {
+      // Unknown then: a registration that fails for the same reason says why itself.
+    }
+  }
+  return ffi_runtimes_.emplace(platform, runtime).first->second;
+}
+
+std::optional<FfiVersion> Plugin::FfiApiVersion(const std::string& platform) const {
+  const std::optional<FfiRuntime>& runtime = Runtime(platform);
+  if (!runtime) return std::nullopt;
+  return runtime->version;
+}
+
+std::optional<FfiVersion> Plugin::HandlerFfiVersion(void* handler,
+                                                    const std::string& platform) const {
+  const std::optional<FfiRuntime>& runtime = Runtime(platform);
+  if (!runtime) return std::nullopt;
+  return HandlerVersion(*runtime, handler);
+}
+
+FfiRegistration Plugin::RegisterFfiHandler(const std::string& target, void* handler,
+                                           const std::string& platform,
+                                           uint32_t traits) const {
+  FfiRegistration registration;
+  const std::optional<FfiRuntime>& runtime = Runtime(platform);
+  if (runtime) {
+    const FfiVersion plugin = runtime->version;
+    const FfiVersion version = HandlerVersion(*runtime, handler);
+    registration.plugin = plugin;
+    registration.handler = version;
+    // XLA takes versions from 0.1 up to its own, of its major version.
+    const bool accepted =
+        version.major == plugin.major && !(plugin < version) && !(version < FfiVersion{0, 1});
+    if (!accepted) {
+      if (!Adaptable(plugin, version)) {
+        throw FfiVersionException(
+            version, plugin,
+            "the FFI handler for " + target + " is built for XLA FFI API " + version.str() +
+                ", but the XLA of the PJRT plugin " + path_ + " has XLA FFI API " +
+                plugin.str() + " and takes handlers of that version or older");
+      }
+      handler = Adapter(handler, plugin);
+      registration.adapted = true;
+    }
+  }
+  RegisterThroughExtension(target, handler, platform, traits);
+  return registration;
 }
 
 }  // namespace pjrt_pool

@@ -5,14 +5,27 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "ffi.h"
 #include "pjrt.h"
 
 namespace pjrt_pool {
+
+// What registering an FFI handler found: the XLA FFI versions of the plugin
+// and of the handler (unknown when the plugin's XLA does not show its own),
+// and whether the handler runs through an adapter (see ffi.h).
+struct FfiRegistration {
+  std::optional<FfiVersion> plugin;
+  std::optional<FfiVersion> handler;
+  bool adapted = false;
+};
 
 // One key-value pair from PJRT_Plugin_Attributes.
 // Also the form of client create options.
@@ -38,18 +51,38 @@ class Plugin {
   // Whether the plugin exposes PJRT_Extension_Type_FFI with register_handler.
   bool has_ffi_registration() const { return ffi_ != nullptr; }
 
+  // The XLA FFI API version of the plugin's XLA for `platform` ("Host" for
+  // CPU, "CUDA" for NVIDIA GPUs), or nullopt when its registration does not
+  // show it. Read once per platform, by registering FfiProbe's handler.
+  std::optional<FfiVersion> FfiApiVersion(const std::string& platform) const;
+
+  // The XLA FFI version `handler` reports to this plugin's XLA, or nullopt
+  // when the plugin's version is unknown (the handler is then not called).
+  std::optional<FfiVersion> HandlerFfiVersion(void* handler, const std::string& platform) const;
+
   // Registers a typed XLA FFI handler (an XLA_FFI_Handler*) for `target` on
-  // `platform` ("Host" for CPU, "CUDA" for NVIDIA GPUs).
-  void RegisterFfiHandler(const std::string& target, void* handler,
-                          const std::string& platform, uint32_t traits) const;
+  // `platform`. A handler built for a newer XLA FFI than the plugin's is
+  // registered through an adapter when ffi.h's Adaptable allows it and
+  // refused with FfiVersionException otherwise: XLA would drop it without a
+  // word.
+  FfiRegistration RegisterFfiHandler(const std::string& target, void* handler,
+                                     const std::string& platform, uint32_t traits) const;
 
  private:
   Plugin(std::string path, const PJRT_Api* api);
+
+  // Registers through the FFI extension, checking nothing.
+  void RegisterThroughExtension(const std::string& target, void* handler,
+                                const std::string& platform, uint32_t traits) const;
+  // The plugin's FFI runtime for `platform`, probed on first use.
+  const std::optional<FfiRuntime>& Runtime(const std::string& platform) const;
 
   std::string path_;
   const PJRT_Api* api_;
   std::vector<Attribute> attributes_;
   const FfiExtension* ffi_ = nullptr;
+  mutable std::mutex ffi_mutex_;
+  mutable std::map<std::string, std::optional<FfiRuntime>> ffi_runtimes_;
 };
 
 }  // namespace pjrt_pool

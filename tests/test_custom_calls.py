@@ -1,9 +1,15 @@
 """Third-party custom calls: typed XLA FFI handlers from a library built for the tests.
 
 The library (tests/ffi/handlers.cc, built once per session by the
-ffi_library fixture) exports ``add_one`` and ``null_deref``. Handlers are
-registered with this process's plugin under target names unique to each
-test, since a plugin's registry lasts as long as the process.
+ffi_library fixture) exports ``add_one`` and ``null_deref``, which report XLA
+FFI 0.1, and add_one reporting 0.5 and 0.9. Handlers are registered with this
+process's plugin under target names unique to each test, since a plugin's
+registry lasts as long as the process.
+
+Every registration is checked against the XLA FFI version of the plugin's
+XLA (issue 20): a handler newer than it would be dropped by XLA without an
+error, so it is refused, except an FFI 0.5 handler on an FFI 0.4 plugin,
+which runs through an adapter.
 """
 
 from __future__ import annotations
@@ -16,12 +22,20 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN, run_python
 
 import pool
-from pool import MissingCustomCallError, PjrtError, compile_program, lower, register_custom_call
+from pool import (
+    FfiVersionError,
+    MissingCustomCallError,
+    PjrtError,
+    compile_program,
+    lower,
+    register_custom_call,
+)
 
 
 def calls(target: str):
@@ -97,7 +111,7 @@ def test_a_handler_given_the_wrong_dtype_fails_at_run_time(ffi_library: Path):
     register_custom_call(target, address_of(ffi_library, "add_one"))
     program = lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.int32)], custom_calls=[target])
     executable, _ = compile_program(program)
-    with pytest.raises(PjrtError, match="Wrong buffer dtype: expected F32 but got S32"):
+    with pytest.raises(PjrtError, match="add_one: wrong buffer dtype: expected F32"):
         executable.run([np.arange(3)])
 
 
@@ -160,34 +174,122 @@ def test_null_deref_handler_kills_its_process(ffi_library: Path):
     assert done.stdout.split() == ["compiled"]
 
 
+def test_versions_are_read_from_the_plugin_and_from_each_handler(default_plugin, ffi_library: Path):
+    # The default CPU plugin is built from the XLA of jaxlib 0.11.2: XLA FFI 0.4.
+    assert default_plugin.plugin.ffi_api_version("Host") == (0, 4)
+    assert default_plugin.ffi_version == "0.4"
+    for symbol, version in [
+        ("add_one", (0, 1)),
+        ("add_one_reporting_0_5", (0, 5)),
+        ("add_one_reporting_0_9", (0, 9)),
+    ]:
+        handler = address_of(ffi_library, symbol)
+        assert default_plugin.plugin.handler_ffi_version(handler, "Host") == version
+
+
+def test_an_ffi_0_5_handler_runs_on_the_ffi_0_4_plugin_through_an_adapter(
+    default_plugin, ffi_library: Path
+):
+    target = "pjrt_pool_test_add_one_0_5"
+    handler = address_of(ffi_library, "add_one_reporting_0_5")
+    register_custom_call(target, handler)
+    program = lower(calls(target), [jax.ShapeDtypeStruct((4,), jnp.float32)], custom_calls=[target])
+    executable, _ = compile_program(program)
+    np.testing.assert_array_equal(executable.run([np.arange(4)])[0], np.arange(1, 5))
+    # The same handler under another name gets the same adapter; XLA accepts it.
+    registration = default_plugin.plugin.register_ffi_handler(target + "_again", handler, "Host")
+    assert registration == {"plugin_version": (0, 4), "handler_version": (0, 5), "adapted": True}
+
+
+# The XLA FFI version of jaxlib's handlers, by jaxlib's minor version.
+JAXLIB_FFI = {"0.10": (0, 3), "0.11": (0, 4), "0.12": (0, 5)}
+
+
+def test_jaxlibs_lapack_kernels_run_on_the_default_plugin_whatever_their_version(default_plugin):
+    # jaxlib 0.10's and 0.11's are no newer than the plugin's XLA FFI 0.4 and
+    # register as they are; jaxlib 0.12's are 0.5 and run through the adapter.
+    from jaxlib.cpu import _lapack
+
+    _lapack.initialize()
+    capsule = _lapack.registrations()["lapack_sgetrf_ffi"]
+    version = default_plugin.plugin.handler_ffi_version(capsule, "Host")
+    assert version == JAXLIB_FFI[".".join(jaxlib.__version__.split(".")[:2])]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 5)).astype(np.float32) + 5 * np.eye(5, dtype=np.float32)
+    b = rng.standard_normal((5, 2)).astype(np.float32)
+
+    def function(a, b):
+        return jnp.linalg.solve(a, b), jnp.linalg.eigh(a @ a.T)[0], jnp.linalg.svd(a)[1]
+
+    program = lower(function, [a, b])
+    executable, _ = compile_program(program)
+    for got, expected in zip(executable.run([a, b]), jax.jit(function)(a, b), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_handler_newer_than_the_plugins_xla_is_refused_when_registered(
+    default_plugin, ffi_library: Path
+):
+    target = "pjrt_pool_test_add_one_0_9"
+    with pytest.raises(FfiVersionError) as caught:
+        register_custom_call(target, address_of(ffi_library, "add_one_reporting_0_9"))
+    error = caught.value
+    message = str(error)
+    assert (error.handler_version, error.plugin_version) == ("0.9", "0.4")
+    assert isinstance(error, MissingCustomCallError) and error.code_name == "FAILED_PRECONDITION"
+    assert f"cannot take the handler for {target!r}: it is built for XLA FFI 0.9" in message
+    assert "takes handlers of XLA FFI 0.4 or older" in message
+    assert os.path.realpath(DEFAULT_PLUGIN) in message
+    assert f"installed jaxlib, {jaxlib.__version__}" in message
+    assert "lammps-jax-pjrt-cpu" not in message.split("cannot take")[1]  # never the loaded one
+    # Nothing was registered: a program calling the target says so, before or at compile.
+    program = lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.float32)], custom_calls=[target])
+    with pytest.raises(MissingCustomCallError, match="no handler for custom call"):
+        compile_program(program)
+
+
 @pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
-def test_the_older_plugin_dropping_a_registration_is_a_clear_error(ffi_library: Path):
-    # xla-cpu-pjrt (API 0.81) accepts the registration but its older XLA FFI
-    # drops it; compiling must say so and name the plugin.
+def test_on_the_older_plugin_the_suites_handlers_run_and_jaxlibs_are_refused(ffi_library: Path):
+    # xla-cpu-pjrt's XLA is FFI 0.2: the suite's handlers (0.1) run on it; jaxlib's
+    # LAPACK handlers (0.3 in jaxlib 0.10, 0.4 in 0.11, 0.5 in 0.12) and an FFI 0.5
+    # handler are refused when registered, where XLA would have dropped them.
     done = run_python(
         f"""
         import ctypes, json
         import jax, numpy as np
+        import jaxlib
         import pool
+        from jaxlib.cpu import _lapack
         library = ctypes.CDLL({str(ffi_library)!r})
-        pool.register_custom_call(
-            "add_one", ctypes.cast(library.add_one, ctypes.c_void_p).value)
+        address = lambda name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+        pool.register_custom_call("add_one", address("add_one"))
         f = lambda x: jax.ffi.ffi_call("add_one", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
         program = pool.lower(f, [jax.ShapeDtypeStruct((4,), np.float32)], custom_calls=["add_one"])
-        try:
-            pool.compile_program(program)
-            print(json.dumps({{"kind": None}}))
-        except Exception as error:
-            print(json.dumps({{"kind": type(error).__name__, "message": str(error)}}))
+        executable, _ = pool.compile_program(program)
+        result = {{"out": executable.run([np.arange(4)])[0].tolist(), "refused": {{}}}}
+        _lapack.initialize()
+        capsule = _lapack.registrations()["lapack_sgetrf_ffi"]
+        for name, handler in [("getrf", capsule), ("v05", address("add_one_reporting_0_5"))]:
+            try:
+                pool.register_custom_call("pjrt_pool_test_" + name, handler)
+            except pool.FfiVersionError as error:
+                result["refused"][name] = [error.handler_version, error.plugin_version, str(error)]
+        result["jaxlib"] = jaxlib.__version__
+        print(json.dumps(result))
         """,
         env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN},
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["kind"] == "MissingCustomCallError"
-    assert "'add_one' although one was registered" in result["message"]
-    assert "dropped the registration" in result["message"]
-    assert os.path.realpath(SECOND_PLUGIN) in result["message"]
-    assert "PJRT API 0.81" in result["message"]
+    assert result["out"] == [1.0, 2.0, 3.0, 4.0]
+    assert sorted(result["refused"]) == ["getrf", "v05"]
+    handler, plugin, message = result["refused"]["getrf"]
+    assert plugin == "0.2" and handler in ("0.3", "0.4", "0.5")
+    assert f"XLA FFI {handler}" in message and "XLA FFI 0.2 or older" in message
+    assert "PJRT API 0.81" in message and os.path.realpath(SECOND_PLUGIN) in message
+    assert f"installed jaxlib, {result['jaxlib']}" in message
+    # What to do names the default CPU plugin, which is not the one loaded.
+    assert "such as lammps-jax-pjrt-cpu ('pip install pjrt-pool[cpu]'" in message
+    assert result["refused"]["v05"][:2] == ["0.5", "0.2"]
 
 
 def test_pool_reexports_register_custom_call():

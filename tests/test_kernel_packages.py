@@ -98,7 +98,9 @@ def test_only_the_matching_package_registers_its_handlers(tmp_path: Path, ffi_li
 
         runtime = get_runtime("cpu")
         package = kernel_package("cuda", {str(plugin_path)!r}, "cuda 12.9")
-        registered = register_kernels(runtime.plugin, "Host", package, [("_prng", False)])
+        registration = register_kernels(runtime.plugin, "Host", package, [("_prng", False)])
+        registered = registration.registered
+        assert not registration.refused, registration.refused
         assert registered == {{"jax_cuda13_plugin._prng": ["pjrt_pool_kit_target_ffi"]}}, registered
         # (Checked before JAX is imported: JAX itself imports both packages' modules.)
         assert not [m for m in sys.modules if m.startswith("jax_cuda12")], sorted(sys.modules)
@@ -151,7 +153,9 @@ def test_the_installed_cuda_kernels_register_with_the_cuda_plugin():
 
         plugin = _pjrt.Plugin.load({path!r})
         cuda = next(library for library in _LIBRARIES if library.platform == "cuda")
-        registered = register_kernels(plugin, "CUDA", {package!r}, cuda.modules)
+        registration = register_kernels(plugin, "CUDA", {package!r}, cuda.modules)
+        assert not registration.refused, registration.refused
+        registered = registration.registered
         assert registered and all(m.startswith({package!r} + ".") for m in registered), registered
         assert "cu_lu_pivots_to_permutation" in registered[{package!r} + "._linalg"]
         other = [m for m in sys.modules if m.startswith("jax_cuda") and

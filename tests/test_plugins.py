@@ -107,6 +107,29 @@ def test_a_default_package_without_its_library_is_skipped(tmp_path: Path, no_plu
     }
 
 
+def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env):
+    # Both CPU packages shadowed by packages without their libraries: as if
+    # pjrt-pool were installed without the cpu extra.
+    for package in ("lammps_jax_pjrt_cpu", "xla_plugins/xla_cpu_pjrt"):
+        shadow = tmp_path / package
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text("")
+    done = run_python(
+        """
+        import worker
+        try:
+            worker.find_plugin("cpu")
+        except worker.PluginNotFoundError as error:
+            print(error)
+        """,
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+    )
+    message = done.stdout
+    assert "no PJRT plugin found for platform 'cpu'" in message
+    assert "'pip install pjrt-pool[cpu]' for lammps-jax-pjrt-cpu" in message
+    assert "PJRT_POOL_PLUGIN_CPU" in message
+
+
 def test_no_plugin_for_a_platform_says_what_to_set(no_plugin_env):
     with pytest.raises(PluginNotFoundError, match="no PJRT plugin found for platform 'rocm'") as e:
         find_plugin("rocm")
@@ -120,7 +143,10 @@ def test_no_plugin_for_cuda_says_what_to_install(no_plugin_env):
         message = str(error)
     else:
         pytest.skip("a CUDA plugin is installed here")
-    assert "'pip install jax-cuda13-pjrt' or 'pip install jax-cuda12-pjrt'" in message
+    assert (
+        "'pip install pjrt-pool[cuda13]' for jax-cuda13-pjrt or "
+        "'pip install pjrt-pool[cuda12]' for jax-cuda12-pjrt" in message
+    )
     assert "PJRT_POOL_PLUGIN_CUDA" in message
 
 

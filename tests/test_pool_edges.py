@@ -117,77 +117,91 @@ def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(hand
         logging.basicConfig(level=logging.WARNING)  # the pool's warnings, on stderr
         sleeper, program = sleep_program(), scale_program(2.0)
         x = np.ones(8, np.float32)
-        with Pool(workers=2, initializer=handler_initializer(handlers)) as pool:
-            pool.run(program, [x])
-            workers = sorted(w["pid"] for w in pool.worker_info)
-            busy = [pool.submit(sleeper, [milliseconds(600)]) for _ in range(3)]
-            # Another thread holds the pool's lock at the fork, as a busy pool's often do.
-            held, release = threading.Event(), threading.Event()
+        import atexit
 
-            def hold():
-                with pool._lock:
-                    held.set()
-                    release.wait()
+        parent = os.getpid()
+        try:
+            with Pool(workers=2, initializer=handler_initializer(handlers)) as pool:
+                pool.run(program, [x])
+                workers = sorted(w["pid"] for w in pool.worker_info)
+                busy = [pool.submit(sleeper, [milliseconds(600)]) for _ in range(3)]
+                # Another thread holds the pool's lock at the fork, as a busy pool's often do.
+                held, release = threading.Event(), threading.Event()
 
-            holder = threading.Thread(target=hold)
-            holder.start()
-            held.wait()
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: every call is refused at once, saying whose pool it is
-                os.close(read)
-                calls = {
-                    "run": lambda: pool.run(program, [x]),
-                    "submit": lambda: pool.submit(program, [x]),
-                    "compile": lambda: pool.compile(program),
-                    "compile_many": lambda: pool.compile_many([program]),
-                    "function": lambda: pool.function(lambda v: v + 1.0),
-                    "worker_info": lambda: pool.worker_info,
-                    "statistics": lambda: pool.statistics,
-                    "close": pool.close,
-                    "terminate": pool.terminate,
-                }
-                lines = []
-                for name, call in calls.items():
-                    outcome = []
+                def hold():
+                    with pool._lock:
+                        held.set()
+                        release.wait()
 
-                    def attempt():
-                        try:
-                            call()
-                            outcome.append("returned")
-                        except PoolForkedError as error:
-                            whose = f"process {os.getppid()}" in str(error)
-                            outcome.append("refused" if whose else f"unclear: {error}")
-                        except BaseException as error:
-                            outcome.append(repr(error))
+                holder = threading.Thread(target=hold)
+                holder.start()
+                held.wait()
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child: every call is refused at once, saying whose pool it is
+                    os.close(read)
+                    calls = {
+                        "run": lambda: pool.run(program, [x]),
+                        "submit": lambda: pool.submit(program, [x]),
+                        "compile": lambda: pool.compile(program),
+                        "compile_many": lambda: pool.compile_many([program]),
+                        "function": lambda: pool.function(lambda v: v + 1.0),
+                        "worker_info": lambda: pool.worker_info,
+                        "statistics": lambda: pool.statistics,
+                        "close": pool.close,
+                        "terminate": pool.terminate,
+                    }
+                    lines = []
+                    for name, call in calls.items():
+                        outcome = []
 
-                    thread = threading.Thread(target=attempt, daemon=True)
-                    thread.start()
-                    thread.join(10)
-                    lines.append(f"child {name}: {outcome[0] if outcome else 'hung'}")
-                os.write(write, "\\n".join(lines).encode())
+                        def attempt():
+                            try:
+                                call()
+                                outcome.append("returned")
+                            except PoolForkedError as error:
+                                whose = f"process {os.getppid()}" in str(error)
+                                outcome.append("refused" if whose else f"unclear: {error}")
+                            except BaseException as error:
+                                outcome.append(repr(error))
+
+                        thread = threading.Thread(target=attempt, daemon=True)
+                        thread.start()
+                        thread.join(10)
+                        lines.append(f"child {name}: {outcome[0] if outcome else 'hung'}")
+                    os.write(write, "\\n".join(lines).encode())
+                    os.close(write)
+                    # Leaves the parent's with block, then runs the atexit hooks (below):
+                    # neither may wait for the held lock or touch the parent's workers.
+                    sys.exit(0)
                 os.close(write)
-                # Leaves the parent's with block, then runs the atexit hook: neither
-                # may wait for the held lock or touch the parent's workers.
-                sys.exit(0)
-            os.close(write)
-            with os.fdopen(read) as answers:
-                print(answers.read(), flush=True)
-            deadline = time.monotonic() + 30
-            while not os.waitpid(pid, os.WNOHANG)[0]:
-                if time.monotonic() > deadline:
-                    print("child hung at exit", flush=True)
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    break
-                time.sleep(0.05)
-            else:
-                print("child exited", flush=True)
-            release.set()
-            holder.join()
-            print("busy:", [float(f.result(timeout=30)[0][0]) for f in busy], flush=True)
-            print("run:", pool.run(program, [x])[0][0], flush=True)
-            print("same workers:", sorted(w["pid"] for w in pool.worker_info) == workers)
+                with os.fdopen(read) as answers:
+                    print(answers.read(), flush=True)
+                deadline = time.monotonic() + 30
+                while not os.waitpid(pid, os.WNOHANG)[0]:
+                    if time.monotonic() > deadline:
+                        print("child hung at exit", flush=True)
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        break
+                    time.sleep(0.05)
+                else:
+                    print("child exited", flush=True)
+                release.set()
+                holder.join()
+                print("busy:", [float(f.result(timeout=30)[0][0]) for f in busy], flush=True)
+                print("run:", pool.run(program, [x])[0][0], flush=True)
+                print("same workers:", sorted(w["pid"] for w in pool.worker_info) == workers)
+        except SystemExit:
+            if os.getpid() == parent:
+                raise
+            # The child, out of the with block: the atexit hooks (the pool's among them),
+            # then out at once. What finalization would do next is JAX's teardown, whose
+            # CPU client waits for thread-pool threads that a forked child does not have
+            # (JAX warns at the fork that it may deadlock): that hangs now and then, on
+            # every Python version, whatever the pool does.
+            atexit._run_exitfuncs()
+            os._exit(0)
         """,
         handlers,
         timeout=120,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import ml_dtypes
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from pool import (
     ArrayType,
     CompileStatistics,
     Executable,
+    FfiVersionError,
     ForeignExecutableError,
     LoweredProgram,
     MissingCustomCallError,
@@ -114,6 +116,7 @@ WORKER_NAMES = (
     "PluginNotFoundError",
     "PlatformMismatchError",
     "MissingCustomCallError",
+    "FfiVersionError",
     "ForeignExecutableError",
 )
 
@@ -268,12 +271,17 @@ def test_linalg_needs_no_custom_call_entry():
     a = np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]], np.float32)
     b = np.array([1.0, 2.0, 3.0], np.float32)
     if ON_SECOND_PLUGIN:
-        with pytest.raises(MissingCustomCallError) as caught:
+        # jaxlib's LAPACK kernels (XLA FFI 0.3 and later) are newer than this
+        # plugin's XLA (0.2): refused before compiling, with one clear error.
+        with pytest.raises(FfiVersionError) as caught:
             compile_program(program)
         message = str(caught.value)
-        assert "lapack_" in message and "PJRT API 0.81" in message
-        assert "lammps-jax-pjrt-cpu" in message  # what to use instead
-        assert caught.value.code_name == "NOT_FOUND"
+        assert "lapack_" in message and "PJRT API 0.81, XLA FFI 0.2" in message
+        assert "takes handlers of XLA FFI 0.2 or older" in message
+        assert f"jaxlib {jaxlib.__version__}" in message
+        assert "such as lammps-jax-pjrt-cpu" in message  # what to use instead
+        assert caught.value.code_name == "FAILED_PRECONDITION"
+        assert isinstance(caught.value, MissingCustomCallError)
         return
     executable, _ = compile_program(program)
     x, chol = executable.run([a, b])

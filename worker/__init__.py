@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         PluginNotFoundError,
     )
     from worker.executable import Executable
-    from worker.kernels import MissingCustomCallError, register_custom_call
+    from worker.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
     from worker.plugins import PluginLocation, find_plugin
     from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
     from worker.runtime import get_runtime, loaded_runtime
@@ -46,6 +46,7 @@ _MODULES = {
     "PluginLoadError": "worker.errors",
     "PluginNotFoundError": "worker.errors",
     "Executable": "worker.executable",
+    "FfiVersionError": "worker.kernels",
     "MissingCustomCallError": "worker.kernels",
     "register_custom_call": "worker.kernels",
     "PluginLocation": "worker.plugins",
@@ -75,6 +76,7 @@ __all__ = [
     "CompileStatistics",
     "DiskCache",
     "Executable",
+    "FfiVersionError",
     "ForeignExecutableError",
     "LoweredProgram",
     "MissingCustomCallError",

@@ -9,6 +9,13 @@ registered through its FFI extension. Registration is done lazily, the first
 time a program that names the library's targets is compiled or loaded, so
 that workers that never run linalg do not import jaxlib's LAPACK (and SciPy,
 which it loads).
+
+Every registration is checked against the plugin's XLA FFI version first
+(native/ffi.h): XLA drops a handler built for a newer XLA FFI than its own
+without an error, so such a handler is refused with FfiVersionError instead,
+or, across the one step known to be safe (FFI 0.5 handlers on an FFI 0.4
+runtime, as jaxlib 0.12's on the XLA of jaxlib 0.11), runs through an
+adapter.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker import _pjrt
 from worker.errors import PjrtError
-from worker.plugins import cuda_major
+from worker.plugins import cuda_major, newer_plugin_hint, plugin_jax_version
 from worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("pjrt_pool.kernels")
@@ -96,6 +104,66 @@ class MissingCustomCallError(PjrtError):
     """A program calls a custom-call target that the loaded plugin has no handler for."""
 
 
+class FfiVersionError(MissingCustomCallError):
+    """An FFI handler is built for a newer XLA FFI API than the plugin's XLA takes.
+
+    Raised by register_custom_call for such a handler, and before compiling a
+    program that calls a kernel library's handler the plugin could not take.
+    `handler_version` and `plugin_version` are "major.minor".
+    """
+
+    handler_version: str
+    plugin_version: str
+
+
+def _version_text(version: tuple[int, int] | None) -> str:
+    return "unknown" if version is None else f"{version[0]}.{version[1]}"
+
+
+def _describe(runtime: Runtime) -> str:
+    ffi = runtime.ffi_version
+    return (
+        f"the {runtime.platform} plugin {runtime.location.path} (PJRT API "
+        f"{runtime.api_version}, XLA FFI {ffi if ffi is not None else 'not shown'})"
+    )
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A handler the plugin's XLA could not take: what FfiVersionError says, each time."""
+
+    text: str
+    code: int
+    code_name: str
+    handler_version: str
+    plugin_version: str
+
+    @classmethod
+    def of(cls, text: str, refusal: _pjrt.HandlerVersionError) -> _Refusal:
+        return cls(
+            text,
+            refusal.code,
+            refusal.code_name,
+            _version_text(refusal.handler_version),
+            _version_text(refusal.plugin_version),
+        )
+
+    def error(self) -> FfiVersionError:
+        error = FfiVersionError(self.text)
+        error.code, error.code_name = self.code, self.code_name
+        error.handler_version, error.plugin_version = self.handler_version, self.plugin_version
+        return error
+
+
+def _installed_version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
 def register_custom_call(
     name: str, handler: Any, platform: str | None = None, traits: int = 0
 ) -> None:
@@ -122,9 +190,37 @@ def register_custom_call(
                 f"custom-call target {name!r} already has another handler in this process; "
                 "XLA keeps the first registration, so register each target once"
             )
-        runtime.plugin.register_ffi_handler(name, handler, runtime.ffi_platform, traits)
+        try:
+            registration = runtime.plugin.register_ffi_handler(
+                name, handler, runtime.ffi_platform, traits
+            )
+        except _pjrt.HandlerVersionError as refusal:
+            raise _Refusal.of(_refused_handler(runtime, name, refusal), refusal).error() from None
+        _log_registration(name, registration)
         _user_handlers[name] = address
         runtime.registered_targets.add(name)
+
+
+def _refused_handler(runtime: Runtime, name: str, refusal: _pjrt.HandlerVersionError) -> str:
+    handler, plugin = (_version_text(v) for v in (refusal.handler_version, refusal.plugin_version))
+    return (
+        f"{_describe(runtime)} cannot take the handler for {name!r}: it is built for XLA FFI "
+        f"{handler}, and the plugin's XLA takes handlers of XLA FFI {plugin} or older (it would "
+        f"drop this one without an error). Build the handler against the XLA FFI headers of a "
+        f"jaxlib whose XLA has FFI {plugin} or older (jax.ffi.include_dir() gives those of the "
+        f"installed jaxlib, {_installed_version('jaxlib')}), or "
+        f"{newer_plugin_hint(runtime.location)}."
+    )
+
+
+def _log_registration(name: str, registration: dict[str, Any]) -> None:
+    if registration["adapted"]:
+        logger.debug(
+            "%s: an XLA FFI %s handler on an XLA FFI %s plugin, through an adapter",
+            name,
+            _version_text(registration["handler_version"]),
+            _version_text(registration["plugin_version"]),
+        )
 
 
 _user_handlers: dict[str, int] = {}
@@ -166,17 +262,29 @@ def _ffi_handlers(module_name: str, all_ffi: bool) -> dict[str, Any]:
     return handlers
 
 
+@dataclass
+class KernelRegistration:
+    """What registering a kernel package's handlers did."""
+
+    registered: dict[str, list[str]]
+    """The registered target names by module (a module that cannot be imported is left out)."""
+
+    refused: dict[str, _pjrt.HandlerVersionError]
+    """The targets the plugin's XLA cannot take, with the plugin's refusal."""
+
+
 def register_kernels(
     plugin: Any, ffi_platform: str, package: str, modules: Sequence[tuple[str, bool]]
-) -> dict[str, list[str]]:
+) -> KernelRegistration:
     """Registers the FFI handlers of a kernel package's modules with a plugin.
 
     modules are (module name within the package, whether all its targets are
-    FFI). Returns the registered target names by module; a module that
-    cannot be imported is left out (a program that needs it then fails to
-    compile, and explain_missing_handler says what to install).
+    FFI). A module that cannot be imported is left out (a program that needs
+    it then fails to compile, and explain_missing_handler says what to
+    install); a handler the plugin's XLA cannot take is left unregistered and
+    reported in `refused`.
     """
-    registered: dict[str, list[str]] = {}
+    result = KernelRegistration({}, {})
     for module, all_ffi in modules:
         module_name = f"{package}.{module}"
         try:
@@ -184,11 +292,18 @@ def register_kernels(
         except ImportError as error:
             logger.debug("no kernels from %s: %s", module_name, error)
             continue
+        names = []
         for name, capsule in handlers.items():
-            plugin.register_ffi_handler(name, capsule, ffi_platform, 0)
-        registered[module_name] = list(handlers)
-        logger.debug("registered %d handlers from %s", len(handlers), module_name)
-    return registered
+            try:
+                registration = plugin.register_ffi_handler(name, capsule, ffi_platform, 0)
+            except _pjrt.HandlerVersionError as refusal:
+                result.refused[name] = refusal
+                continue
+            _log_registration(name, registration)
+            names.append(name)
+        result.registered[module_name] = names
+        logger.debug("registered %d handlers from %s", len(names), module_name)
+    return result
 
 
 def _runtime_package(runtime: Runtime) -> str | None:
@@ -202,35 +317,71 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
     one package that matches the loaded plugin (kernel_package), never from
     another; registering it twice is avoided, and a library that cannot be
     imported is left to the compile error, which explain_missing_handler
-    then makes clear.
+    then makes clear. Raises FfiVersionError, before anything compiles, when
+    the bytes name a target whose handler the plugin's XLA could not take.
     """
     data = bytes(blob) if isinstance(blob, memoryview) else blob
     for library in _LIBRARIES:
-        if (
-            library.platform != runtime.platform
-            or library.description in runtime.registered_targets
-        ):
+        if library.platform != runtime.platform:
             continue
         if not any(marker in data for marker in library.markers):
             continue
-        with runtime.lock:
-            if library.description in runtime.registered_targets:
-                continue
-            package = _runtime_package(runtime)
-            if package is None:
-                logger.warning(
-                    "not registering %s: cannot tell which CUDA version the plugin %s was "
-                    "built for",
-                    library.description,
-                    runtime.location.path,
-                )
-            else:
-                registered = register_kernels(
-                    runtime.plugin, runtime.ffi_platform, package, library.modules
-                )
-                for names in registered.values():
-                    runtime.registered_targets.update(names)
-            runtime.registered_targets.add(library.description)
+        if library.description not in runtime.registered_targets:
+            with runtime.lock:
+                if library.description not in runtime.registered_targets:
+                    _register_library(runtime, library)
+        for target, refusal in runtime.refused_targets.items():
+            if target.encode() in data:
+                raise refusal.error()
+
+
+def _register_library(runtime: Runtime, library: _KernelLibrary) -> None:
+    package = _runtime_package(runtime)
+    if package is None:
+        logger.warning(
+            "not registering %s: cannot tell which CUDA version the plugin %s was built for",
+            library.description,
+            runtime.location.path,
+        )
+    else:
+        registration = register_kernels(
+            runtime.plugin, runtime.ffi_platform, package, library.modules
+        )
+        for names in registration.registered.values():
+            runtime.registered_targets.update(names)
+        if registration.refused:
+            text = _refused_library(runtime, library, package, registration.refused)
+            for target, refusal in registration.refused.items():
+                runtime.refused_targets[target] = _Refusal.of(text, refusal)
+            logger.warning("%s", text)
+    runtime.registered_targets.add(library.description)
+
+
+def _refused_library(
+    runtime: Runtime,
+    library: _KernelLibrary,
+    package: str,
+    refused: dict[str, _pjrt.HandlerVersionError],
+) -> str:
+    first = next(iter(refused.values()))
+    handler, plugin = (_version_text(v) for v in (first.handler_version, first.plugin_version))
+    distribution = _distribution(package)
+    version = _installed_version(distribution)
+    built_from = plugin_jax_version(runtime.location)
+    if built_from is not None:
+        older = (
+            f"install the {distribution} the plugin's XLA comes from, {built_from}, or an older "
+            f"one (\"pip install 'jax=={built_from}' '{distribution}=={built_from}'\"), or "
+        )
+    else:
+        older = f"install a {distribution} whose XLA has FFI {plugin} or older, or "
+    return (
+        f"{_describe(runtime)} cannot take {library.description} from {distribution} "
+        f"{version}: {len(refused)} of them are built for XLA FFI {handler} (for example "
+        f"{next(iter(refused))!r}), and the plugin's XLA takes handlers of XLA FFI {plugin} or "
+        f"older, so programs that call them (jnp.linalg) cannot compile on this plugin. To run "
+        f"them, {older}{newer_plugin_hint(runtime.location)}."
+    )
 
 
 def _library_for(runtime: Runtime, target: str) -> _KernelLibrary | None:
@@ -252,26 +403,22 @@ def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
     if marker not in message:
         return error
     target = message.split(marker, 1)[1].split()[0]
-    where = (
-        f"the {runtime.platform} plugin {runtime.location.path} (PJRT API {runtime.api_version})"
-    )
+    where = _describe(runtime)
     library = _library_for(runtime, target)
     package = _runtime_package(runtime)
+    if target in runtime.refused_targets:
+        return runtime.refused_targets[target].error()
     if target in runtime.registered_targets:
         text = (
             f"{where} has no handler for custom call {target!r} although one was registered: "
-            "the plugin dropped the registration, which happens when its XLA FFI is older "
-            "than the library that made the handler. "
+            "the plugin dropped the registration without an error. Its XLA does not show its "
+            "XLA FFI version, so the handler could not be checked against it; XLA drops "
+            "handlers built for a newer XLA FFI than its own."
         )
         if library is not None:
             text += (
-                f"Programs that use {library.description} (jnp.linalg) need a newer plugin"
-                + (
-                    " such as lammps-jax-pjrt-cpu, the default CPU plugin"
-                    if runtime.platform == "cpu"
-                    else ""
-                )
-                + "."
+                f" To run programs that use {library.description} (jnp.linalg), "
+                f"{newer_plugin_hint(runtime.location)}."
             )
     elif library is not None and package is None:
         text = (

@@ -5,8 +5,9 @@ A plugin is found, in order:
 1. at the path in the environment variable ``PJRT_POOL_PLUGIN_<PLATFORM>``
    (for example ``PJRT_POOL_PLUGIN_CPU=/opt/xla/pjrt_cpu.so``);
 2. in the first installed default package for the platform: for ``cpu``,
-   ``lammps-jax-pjrt-cpu`` and then ``xla-cpu-pjrt``; for ``cuda``,
-   ``jax-cuda13-pjrt`` and then ``jax-cuda12-pjrt``.
+   ``lammps-jax-pjrt-cpu`` (the extra ``pjrt-pool[cpu]``) and then
+   ``xla-cpu-pjrt``; for ``cuda``, ``jax-cuda13-pjrt`` and then
+   ``jax-cuda12-pjrt`` (``pjrt-pool[cuda13]``, ``pjrt-pool[cuda12]``).
 
 Packages are located without being imported, so finding a plugin costs no
 imports (the CUDA packages import JAX).
@@ -32,18 +33,43 @@ class _DefaultPlugin:
     distribution: str  # what to pip install
     package: str  # the import name of the directory holding the library
     library: str  # file name of the library in that directory
+    extra: str | None  # the pjrt-pool extra that installs it
+    # Whether the distribution's version is that of the jaxlib whose XLA it is built from.
+    versioned_as_jax: bool
 
 
 _DEFAULTS: dict[str, tuple[_DefaultPlugin, ...]] = {
     "cpu": (
-        _DefaultPlugin("lammps-jax-pjrt-cpu", "lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so"),
-        _DefaultPlugin("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so"),
+        _DefaultPlugin(
+            "lammps-jax-pjrt-cpu",
+            "lammps_jax_pjrt_cpu",
+            "pjrt_c_api_cpu_plugin.so",
+            "cpu",
+            versioned_as_jax=True,
+        ),
+        _DefaultPlugin("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so", None, False),
     ),
     "cuda": (
-        _DefaultPlugin("jax-cuda13-pjrt", "jax_plugins.xla_cuda13", "xla_cuda_plugin.so"),
-        _DefaultPlugin("jax-cuda12-pjrt", "jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
+        _DefaultPlugin(
+            "jax-cuda13-pjrt", "jax_plugins.xla_cuda13", "xla_cuda_plugin.so", "cuda13", True
+        ),
+        _DefaultPlugin(
+            "jax-cuda12-pjrt", "jax_plugins.xla_cuda12", "xla_cuda_plugin.so", "cuda12", True
+        ),
     ),
 }
+
+
+def _install_command(default: _DefaultPlugin) -> str:
+    """The pip command that installs a default plugin: its pjrt-pool extra, if it has one."""
+    if default.extra is None:
+        return f"'pip install {default.distribution}'"
+    return f"'pip install pjrt-pool[{default.extra}]'"
+
+
+def _install_hint(default: _DefaultPlugin) -> str:
+    command = _install_command(default)
+    return command if default.extra is None else f"{command} for {default.distribution}"
 
 
 # jax-cudaNN-pjrt installs its plugin as jax_plugins/xla_cudaNN/xla_cuda_plugin.so.
@@ -110,6 +136,11 @@ def _package_dir(package: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _library_of(default: _DefaultPlugin) -> Path | None:
+    directory = _package_dir(default.package)
+    return None if directory is None else directory / default.library
+
+
 def find_plugin(platform: str) -> PluginLocation:
     """Returns the plugin library for a platform.
 
@@ -129,16 +160,52 @@ def find_plugin(platform: str) -> PluginLocation:
 
     defaults = _DEFAULTS.get(platform, ())
     for default in defaults:
-        directory = _package_dir(default.package)
-        if directory is not None and (directory / default.library).is_file():
+        library = _library_of(default)
+        if library is not None and library.is_file():
             return PluginLocation(
-                platform,
-                str((directory / default.library).resolve()),
-                f"package {default.distribution}",
+                platform, str(library.resolve()), f"package {default.distribution}"
             )
     if defaults:
-        packages = " or ".join(f"'pip install {d.distribution}'" for d in defaults)
+        packages = " or ".join(_install_hint(d) for d in defaults)
         hint = f"install one ({packages}) or set {variable} to the plugin's .so"
     else:
         hint = f"set {variable} to the path of a PJRT plugin library for {platform!r}"
     raise PluginNotFoundError(f"no PJRT plugin found for platform {platform!r}: {hint}")
+
+
+def default_plugin_of(location: PluginLocation) -> _DefaultPlugin | None:
+    """The default package whose library a plugin is (however it was found), or None."""
+    for default in _DEFAULTS.get(location.platform, ()):
+        library = _library_of(default)
+        if library is not None and library.is_file() and str(library.resolve()) == location.path:
+            return default
+    return None
+
+
+def plugin_jax_version(location: PluginLocation) -> str | None:
+    """The jax version whose XLA a plugin is built from, when its package says, else None.
+
+    lammps-jax-pjrt-cpu and jax-cudaNN-pjrt carry the version of the jaxlib
+    whose XLA they are built from; a plugin named by its path says nothing.
+    """
+    from importlib import metadata
+
+    default = default_plugin_of(location)
+    if default is None or not default.versioned_as_jax:
+        return None
+    try:
+        return metadata.version(default.distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def newer_plugin_hint(location: PluginLocation) -> str:
+    """What to do for a plugin whose XLA is too old: another plugin, never the one loaded."""
+    first = next(iter(_DEFAULTS.get(location.platform, ())), None)
+    variable = env_var(location.platform)
+    if first is not None and default_plugin_of(location) is not first:
+        return (
+            f"use a plugin built from a newer XLA, such as {first.distribution} "
+            f"({_install_command(first)}; unset {variable} if it names another plugin)"
+        )
+    return f"use a plugin built from a newer XLA (set {variable} to its library)"

@@ -123,6 +123,10 @@ class Runtime:
     registered_targets: set[str] = field(default_factory=set)
     """Custom-call targets registered through this runtime."""
 
+    refused_targets: dict[str, Any] = field(default_factory=dict)
+    """Targets of kernel libraries the plugin's XLA cannot take, each with the refusal
+    (worker.kernels) whose FfiVersionError a program calling it raises."""
+
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serializes one-time registrations (kernel libraries) across threads."""
 
@@ -157,6 +161,12 @@ class Runtime:
     def ffi_platform(self) -> str:
         """The platform name XLA's FFI registry uses for this runtime ("Host", "CUDA")."""
         return _FFI_PLATFORMS.get(self.platform, self.platform.upper())
+
+    @property
+    def ffi_version(self) -> str | None:
+        """The XLA FFI API version of the plugin's XLA, "major.minor", or None if it does not
+        show it. Read on first use, by registering a probe handler."""
+        return _version(self.plugin.ffi_api_version(self.ffi_platform))
 
     def plugin_sha256(self) -> str:
         """The SHA-256 of the plugin library, memoized in memory and on disk.

@@ -20,6 +20,26 @@ def family_summary(report: CheckReport) -> dict[str, dict[str, int]]:
     return {family: {s: counts[s] for s in STATUSES} for family, counts in summary.items()}
 
 
+def headline(report: CheckReport) -> str:
+    """The verdict in one line: how many cases pass, fail and are skipped, and why skipped."""
+    total = len(report.results)
+    passed = sum(r.status == "pass" for r in report.results)
+    failed = len(report.failures)
+    skips = collections.Counter(
+        r.reason or "see above" for r in report.results if r.status == "skipped"
+    )
+    if failed:
+        verdict = f"{failed} case(s) FAILED, {passed} of {total} pass"
+    elif skips:
+        verdict = f"{passed} of {total} cases pass, none failed"
+    else:
+        verdict = f"all {total} cases pass"
+    if skips:
+        why = "; ".join(f"{count}: {reason}" for reason, count in skips.most_common())
+        verdict += f"; {sum(skips.values())} skipped ({why})"
+    return verdict
+
+
 def _number(value: float) -> str:
     if math.isinf(value):
         return "inf"
@@ -97,13 +117,8 @@ def format_report(report: CheckReport) -> str:
         lines.append(f"{family:<12} {sum(counts.values()):>5} {row}")
     row = " ".join(f"{totals[s]:>7}" for s in STATUSES)
     lines.append(f"{'total':<12} {sum(totals.values()):>5} {row}")
-    failed = len(report.failures)
-    verdict = "all cases pass" if report.ok else f"{failed} case(s) FAILED"
-    skipped = totals["skipped"]
-    if skipped:
-        verdict += f" ({skipped} skipped: the plugin cannot run them, see above)"
     lines.append(
-        f"\n{verdict}; {len(report.results)} cases in {report.seconds:.1f} s "
+        f"\n{headline(report)}; {len(report.results)} cases in {report.seconds:.1f} s "
         f"with {report.workers} worker(s)"
     )
     return "\n".join(lines)
@@ -133,6 +148,8 @@ def report_json(report: CheckReport) -> str:
         }
         if result.message:
             entry["message"] = result.message
+        if result.reason:
+            entry["reason"] = result.reason
         if result.status == "wrong":
             entry["outputs"] = [dataclasses.asdict(o) for o in result.outputs if not o.ok]
         cases.append(entry)
@@ -143,6 +160,7 @@ def report_json(report: CheckReport) -> str:
         "reference": report.jax_version,
         "workarounds": {"applied": list(report.workarounds), "off": list(report.workarounds_off)},
         "ok": report.ok,
+        "headline": headline(report),
         "seconds": report.seconds,
         "workers": report.workers,
         "summary": family_summary(report),

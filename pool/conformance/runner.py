@@ -37,7 +37,7 @@ from pool.errors import (
     WorkerCrashedError,
     describe_exit,
 )
-from worker.kernels import MissingCustomCallError
+from worker.kernels import FfiVersionError, MissingCustomCallError
 from worker.known_builds import WORKAROUNDS_ENV
 from worker.plugins import env_var, environment_variable, find_plugin
 from worker.runtime import default_platform, loaded_runtime
@@ -69,6 +69,9 @@ class CaseResult:
 
     message: str = ""
     """Why it failed or was skipped (errors, crashes, timeouts, skips)."""
+
+    reason: str = ""
+    """For a skipped case, why in a few words, the same for every case skipped so."""
 
     outputs: list[OutputComparison] = field(default_factory=list)
     """How each output compared (pass and wrong)."""
@@ -213,7 +216,12 @@ def _failed(case: Case, error: BaseException, started: float) -> CaseResult:
     seconds = time.perf_counter() - started
     if isinstance(error, MissingCustomCallError):
         message = f"the plugin cannot run this program's kernels: {_first_line(error)}"
-        return CaseResult(case.name, "skipped", message, seconds=seconds)
+        reason = (
+            "their kernels are built for a newer XLA FFI than the plugin's XLA takes"
+            if isinstance(error, FfiVersionError)
+            else "the plugin has no handler for their custom calls"
+        )
+        return CaseResult(case.name, "skipped", message, reason=reason, seconds=seconds)
     if isinstance(error, TaskTimeoutError):
         return CaseResult(case.name, "timeout", str(error), seconds=seconds)
     if isinstance(error, WorkerCrashedError):
@@ -279,7 +287,8 @@ def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | Case
             program = lower(case.function, inputs, platform=platform)
         except StableHLOVersionError as error:
             message = f"the plugin's StableHLO cannot express it: {_first_line(error)}"
-            return CaseResult(case.name, "skipped", message)
+            reason = "the plugin's StableHLO cannot express them"
+            return CaseResult(case.name, "skipped", message, reason=reason)
         except Exception as error:  # a bug in the battery: that case fails, the check goes on
             return CaseResult(case.name, "error", f"lowering: {_first_line(error)}")
         try:

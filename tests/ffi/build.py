@@ -1,9 +1,16 @@
 """Builds tests/ffi/handlers.cc into a shared library of typed XLA FFI handlers.
 
+The handlers are written against the project's declarations of the XLA FFI C
+API (native/xla_ffi.h) and report XLA FFI 0.1, which every XLA takes: built
+against jaxlib's headers they would be of the installed jaxlib's version,
+which a plugin built from an older XLA drops (jaxlib 0.12's FFI 0.5 on the FFI
+0.4 of the default CPU plugin).
+
 Test modules reuse it through the ``ffi_library`` fixture of conftest.py, or
 ``from ffi.build import build_handlers`` (pytest puts tests/ on sys.path). The library exports
 ``add_one`` (f32 in, out = in + 1), ``null_deref`` (SIGSEGV when run), ``sleep_ms``
-(out = in after sleeping in[0] ms) and ``device_error`` (fails as a lost CUDA device does).
+(out = in after sleeping in[0] ms), ``device_error`` (fails as a lost CUDA device does),
+and ``add_one_reporting_0_5`` and ``_0_9``, add_one reporting those XLA FFI versions.
 """
 
 from __future__ import annotations
@@ -15,18 +22,19 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().with_name("handlers.cc")
 
-HANDLERS = ("add_one", "null_deref", "sleep_ms", "device_error")
+HANDLERS = (
+    "add_one",
+    "null_deref",
+    "sleep_ms",
+    "device_error",
+    "add_one_reporting_0_5",
+    "add_one_reporting_0_9",
+)
 """The exported handler symbols."""
 
 
-def ffi_include_dir() -> Path:
-    """jaxlib's directory of XLA FFI headers (``xla/ffi/api/ffi.h``)."""
-    import jaxlib
-
-    include = Path(jaxlib.__file__).resolve().parent / "include"
-    if not (include / "xla" / "ffi" / "api" / "ffi.h").is_file():
-        raise FileNotFoundError(f"jaxlib has no XLA FFI headers under {include}")
-    return include
+ABI_HEADER = SOURCE.parent.parent.parent / "native" / "xla_ffi.h"
+"""The declarations of the XLA FFI C API the handlers are built against."""
 
 
 _built: dict[str, Path] = {}
@@ -40,8 +48,7 @@ def build_handlers(directory: str | Path) -> Path:
     another directory). Raises RuntimeError with the compiler's output when
     g++ fails or is missing.
     """
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + ABI_HEADER.read_bytes()).hexdigest()[:16]
     earlier = _built.get(digest)
     if earlier is not None and earlier.is_file():
         return earlier
@@ -61,7 +68,7 @@ def build_handlers(directory: str | Path) -> Path:
             "-fPIC",
             "-std=c++17",
             "-O1",
-            f"-I{ffi_include_dir()}",
+            f"-I{ABI_HEADER.parent}",
             str(SOURCE),
             "-o",
             str(partial),
