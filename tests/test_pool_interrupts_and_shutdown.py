@@ -1,4 +1,4 @@
-"""Review of the redesigned dispatch: reproductions of bugs found after issue 9.
+"""Ctrl-C at every point of dispatch, close and replacement, and what a stopping Pool leaves.
 
 Each test reproduces one defect with real workers and real signals. A
 scenario that hangs runs in a child process with a timeout, so that it fails

@@ -169,7 +169,7 @@ def _trace_context_function() -> Callable[[], Hashable]:
     more), and is private to JAX: where it is missing, the values of the
     public options known to change programs stand in.
     """
-    try:
+    try:  # private: imported here, so that a JAX that moved it falls back (below)
         from jax._src import config as jax_config
 
         context = jax_config.trace_context

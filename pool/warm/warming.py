@@ -183,6 +183,7 @@ def _compiler(
         ) as pool:
             yield pool
         return
+    # Here, not at the top: pool.cluster needs Dask's distributed, an optional extra.
     from pool.cluster import ClusterPool, connect
 
     with (
