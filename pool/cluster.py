@@ -140,6 +140,7 @@ def local_client(
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
+        client.wait_for_workers(n_workers, timeout=120)
         yield client
 
 
@@ -193,7 +194,10 @@ class ClusterPool:
         self._lock = threading.Lock()
 
     def _route(self, program: LoweredProgram) -> list[str]:
-        addresses = sorted(self.client.scheduler_info()["workers"])
+        # nthreads() asks the scheduler and returns its answer; scheduler_info()
+        # returns an attribute that the Client's periodic refresh overwrites with
+        # an identity of no workers, so another thread can read it empty.
+        addresses = sorted(self.client.nthreads())
         if not addresses:
             raise RuntimeError("the Dask cluster has no workers")
         return [addresses[int(program_id(program)[:16], 16) % len(addresses)]]

@@ -246,9 +246,13 @@ def _quick_case() -> Case:
 
 
 def _kill_busy_worker(sig: int) -> threading.Thread:
-    """Kills this process's pool worker once it has used 1.2 s of CPU: it is running the loop.
+    """Kills the pool worker this process starts next once it has run 1 s of CPU with its
+    plugin loaded: it is running the loop.
 
-    Starting (imports, loading the plugin) and compiling take a fraction of that.
+    Counting from the plugin's load leaves out the start-up (imports, hashing the
+    plugin), which on a loaded machine can take more than a second of CPU;
+    compiling the loop takes a fraction of that. Workers that ran before the
+    call are left alone.
     """
 
     def workers() -> list[int]:
@@ -267,12 +271,21 @@ def _kill_busy_worker(sig: int) -> threading.Thread:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
+    def plugin_loaded(pid: int) -> bool:
+        return "pjrt_c_api_cpu_plugin" in Path(f"/proc/{pid}/maps").read_text()
+
+    earlier = set(workers())
+    loaded_at: dict[int, float] = {}  # worker: its CPU seconds when its plugin was first seen
+
     def kill() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            for pid in workers():
+            for pid in set(workers()) - earlier:
                 try:
-                    if cpu_seconds(pid) > 1.2:
+                    if pid not in loaded_at:
+                        if plugin_loaded(pid):
+                            loaded_at[pid] = cpu_seconds(pid)
+                    elif cpu_seconds(pid) - loaded_at[pid] > 1.0:
                         os.kill(pid, sig)
                         return
                 except OSError:

@@ -39,7 +39,7 @@ def _good_and_crash(spec_programs):
 @pytest.mark.slow
 def test_warm_across_two_nodes_into_a_shared_cache(cluster, tmp_path: Path) -> None:
     programs = _good_and_crash(load_spec(SPEC).programs)
-    addresses_before = sorted(cluster.scheduler_info()["workers"])
+    addresses_before = sorted(cluster.nthreads())
     first = warm(programs, scheduler=cluster.scheduler.address, workers=1, cache_dir=tmp_path)
     outcomes = {p.name: p.outcome for p in first.programs}
     assert outcomes.pop("crash") is Outcome.WORKER_CRASH
@@ -50,7 +50,7 @@ def test_warm_across_two_nodes_into_a_shared_cache(cluster, tmp_path: Path) -> N
     crash = next(p for p in first.programs if p.name == "crash")
     assert "SIGABRT" in (crash.error or "")
     # The plugin crash killed a PJRT worker, not a Dask worker.
-    assert sorted(cluster.scheduler_info()["workers"]) == addresses_before
+    assert sorted(cluster.nthreads()) == addresses_before
 
     second = warm(programs, scheduler=cluster.scheduler.address, workers=1, cache_dir=tmp_path)
     assert second.statistics.compiled == 0 and second.statistics.loaded == 20
@@ -73,6 +73,22 @@ def test_both_nodes_take_part_and_routing_is_stable(cluster, tmp_path: Path) -> 
     with Pool(workers=1, cache_dir=tmp_path) as local:
         assert [s.key for s in local.compile_many(programs)] == [s.key for s in specs]
         assert local.statistics.compiled == 0
+
+
+def test_routing_never_sees_an_empty_cluster_while_the_client_refreshes(cluster) -> None:
+    # The Client refreshes its cached scheduler identity in the background with
+    # one that lists no workers; routing read that cache and, now and then,
+    # failed a compile with "the Dask cluster has no workers" (seen in CI).
+    import dask
+
+    programs = [scale_program(float(i)) for i in range(4)]
+    with (
+        dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}),
+        distributed.Client(cluster.scheduler.address) as client,
+    ):
+        remote = ClusterPool(client, workers_per_node=1)
+        routes = {remote._route(programs[i % 4])[0] for i in range(400)}
+        assert len(routes) == 2
 
 
 @pytest.mark.slow
