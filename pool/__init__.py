@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         WorkerCrashedError,
         WorkerStartupError,
     )
-    from pool.executor.compiling import CompileResult
+    from pool.executor.compile_many import CompileResult
     from pool.executor.pool import Pool
     from pool.lowering.lower import lower, lowering_platform
     from worker import (
@@ -92,7 +92,7 @@ _WORKER = (
 _MODULES = {
     **dict.fromkeys(_ERRORS, "pool.errors"),
     **dict.fromkeys(_WORKER, "worker"),
-    "CompileResult": "pool.executor.compiling",
+    "CompileResult": "pool.executor.compile_many",
     "Pool": "pool.executor.pool",
     "lower": "pool.lowering.lower",
     "lowering_platform": "pool.lowering.lower",

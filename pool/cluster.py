@@ -25,15 +25,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
-from pool.executor.compiling import CompileResult, CompilesMany
+from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.futures import adapt
 from pool.executor.pool import Pool
-from pool.executor.tasks import program_id
+from pool.executor.programs import program_id
 from worker.cache import CacheCounters
-from worker.cache.key import InvalidKeyError, check_key
-from worker.records import CompileStatistics, LoweredProgram
+from worker.cache.key import check_key
+from worker.records import CompileStatistics, LoweredProgram, check_program
 
 try:
     import distributed
@@ -158,7 +160,7 @@ def connect(scheduler: str) -> Iterator[distributed.Client]:
         yield client
 
 
-class ClusterPool(CompilesMany):
+class ClusterPool:
     """Compiles programs on a Dask cluster, a Pool per Dask worker, like Pool.compile_many.
 
     client is a connected distributed.Client. workers_per_node is each Dask
@@ -207,14 +209,13 @@ class ClusterPool(CompilesMany):
         name: str | None = None,
         timeout: float | None = None,
         compile_options: bytes | None = None,
-    ) -> distributed.Future:
+    ) -> Future[CompileResult]:
         """Compiles a program on the node its hash picks; the future's result is a CompileResult.
 
         A program's own failure (compile error, PJRT worker crash, timeout)
         is the future's exception, as with Pool.submit_compile.
         """
-        if not isinstance(program, LoweredProgram):
-            raise TypeError(f"ClusterPool compiles LoweredPrograms, not {type(program).__name__}")
+        program = check_program(program, "ClusterPool.submit_compile")
         remote = self.client.submit(
             _compile_task,
             program,
@@ -225,12 +226,40 @@ class ClusterPool(CompilesMany):
             allow_other_workers=True,
             pure=False,
         )
-        local: distributed.Future = _Unwrapped(remote, self._add)
-        return local
+        return adapt(remote, self._unwrap)
 
-    def _add(self, statistics: CompileStatistics) -> None:
+    def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
+        """A node's CompileResult, counted; raises the program's failure the node returned."""
+        if isinstance(value, BaseException):
+            raise value
+        # From another machine: its key goes into manifests and cache paths.
+        check_key(value.spec.key, "the key in a cluster node's result")
         with self._lock:
-            self._statistics = self._statistics.add(statistics)
+            self._statistics = self._statistics.add(value.statistics)
+        return value
+
+    def compile_many(
+        self,
+        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+        *,
+        timeout: float | None = None,
+        progress: bool | Progress | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Compiles programs across the cluster, as Pool.compile_many does across workers."""
+        return compile_many(
+            self.submit_compile,
+            programs,
+            timeout=timeout,
+            progress=progress,
+            return_exceptions=return_exceptions,
+        )
+
+    @property
+    def statistics(self) -> CompileStatistics:
+        """Compile and load time and counts, summed over every program so far."""
+        with self._lock:
+            return self._statistics
 
     @property
     def cache_counters(self) -> CacheCounters:
@@ -250,66 +279,3 @@ class ClusterPool(CompilesMany):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class _Unwrapped:
-    """A future for a program's CompileResult, built on a Dask future of result-or-exception.
-
-    It offers what warm() and compile_many use of concurrent.futures.Future:
-    result, exception, cancelled, done and add_done_callback.
-    """
-
-    def __init__(self, remote: distributed.Future, on_result: Callable[[CompileStatistics], None]):
-        self._remote = remote
-        self._on_result = on_result
-        self._value: Any = None
-        self._resolved = threading.Event()
-        self._callbacks: list[Callable[[Any], None]] = []
-        self._lock = threading.Lock()
-        remote.add_done_callback(self._settle)
-
-    def _settle(self, remote: distributed.Future) -> None:
-        try:
-            value = remote.result()
-        except BaseException as error:  # the Dask task itself failed (for example KilledWorker)
-            value = error
-        if isinstance(value, CompileResult):
-            try:  # from another machine: its key goes into manifests and cache paths
-                check_key(value.spec.key, "the key in a cluster node's result")
-            except InvalidKeyError as error:
-                value = error
-        if isinstance(value, CompileResult):
-            self._on_result(value.statistics)
-        with self._lock:
-            self._value = value
-            self._resolved.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        with self._lock:
-            if not self._resolved.is_set():
-                self._callbacks.append(callback)
-                return
-        callback(self)
-
-    def done(self) -> bool:
-        return self._resolved.is_set()
-
-    def cancelled(self) -> bool:
-        return self._remote.cancelled()
-
-    def cancel(self) -> bool:
-        return bool(self._remote.cancel())
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._resolved.wait(timeout):
-            raise TimeoutError("the compile did not finish in time")
-        return self._value if isinstance(self._value, BaseException) else None
-
-    def result(self, timeout: float | None = None) -> CompileResult:
-        error = self.exception(timeout)
-        if error is not None:
-            raise error
-        return self._value

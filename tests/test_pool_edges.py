@@ -1,4 +1,4 @@
-"""The Pool's edges (issue 18): Ctrl-C in submit, fork, freeing results, stops that say why.
+"""The Pool's edge cases: Ctrl-C in submit, fork, freeing results, stops that say why, settings.
 
 Each test reproduces one case with real workers and real signals. Scenarios
 that could hang run in a child process with a timeout (conftest.child).

@@ -443,7 +443,7 @@ def test_running_out_of_descriptors_is_a_clear_error() -> None:
 
 
 def test_dropped_programs_are_not_kept_alive_by_their_identity_memo() -> None:
-    from pool.executor.tasks import program_id
+    from pool.executor.programs import program_id
 
     tracemalloc.start()
     try:

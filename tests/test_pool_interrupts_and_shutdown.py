@@ -1,4 +1,4 @@
-"""Review of the redesigned dispatch: reproductions of bugs found after issue 9.
+"""Ctrl-C at every point of dispatch, close and replacement, and what a stopping Pool leaves.
 
 Each test reproduces one defect with real workers and real signals. A
 scenario that hangs runs in a child process with a timeout, so that it fails
@@ -194,13 +194,13 @@ def test_a_worker_that_could_not_be_replaced_is_replaced_later() -> None:
 @pytest.mark.parametrize(
     "where",
     [
-        # _send: the request went out (the signal is handled on entering
-        # _give_back, before it takes the lock).
-        ("submit", "Pool._give_back", "with self._lock:"),
+        # Dispatcher._send_claimed: the request went out (the signal is handled on
+        # entering Workers.give_back, before it takes the lock).
+        ("submit", "Workers.give_back", "with self._lock:"),
         # Pool.run: the worker is claimed, _run_directly not entered yet.
         ("run", "Pool.run", "self._run_directly(worker, task)"),
-        # _dispatch: claimed under the lock, _send not called yet.
-        ("submit", "Pool._dispatch", "self._send(worker, task)"),
+        # Dispatcher.dispatch: claimed under the lock, _send_claimed not called yet.
+        ("submit", "Dispatcher.dispatch", "self._send_claimed(worker, task)"),
     ],
     ids=["submit-after-send", "run-after-claim", "submit-after-claim"],
 )
@@ -213,6 +213,8 @@ def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) ->
     call, function, text = where
     done = interrupt_child(
         f"""
+        from pool.executor.dispatch import Dispatcher
+        from pool.executor.workers import Workers
         program = scale_program(2.0)
         x = np.ones(8, np.float32)
         pool = Pool(workers=1)
@@ -238,17 +240,17 @@ def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) ->
 
 
 def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> None:
-    # Interrupted in _finish after the worker went IDLE but before
-    # _give_back_locked: it stays held by the caller, out of the wait set.
-    # close() then waits HAND_BACK_SECONDS for it and leaves it unreaped.
+    # Interrupted in Dispatcher._finish after the worker went IDLE but before
+    # Workers.give_back_locked: it stays held by the caller, out of the wait
+    # set. close() then waits HAND_BACK_SECONDS for it and leaves it unreaped.
     done = interrupt_child(
         """
-        from pool.executor.pool import Pool as P
+        from pool.executor.workers import Workers
         program = scale_program(2.0)
         x = np.ones(8, np.float32)
         pool = Pool(workers=1)
         pool.run(program, [x])
-        interrupt_at(P._finish, "self._give_back_locked(worker)")
+        interrupt_at(Workers.free_locked, "self.give_back_locked(worker)")
         try:
             pool.run(program, [x])
         except KeyboardInterrupt:
@@ -282,8 +284,9 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
         pool.run(quick, [x])
         other = []
         # Another thread's task arrives while the worker is claimed by this run.
+        from pool.executor.dispatch import Dispatcher
         interrupt_at(
-            Pool._run_directly,
+            Dispatcher.send,
             "message, fds = self._request_for(task, worker)",
             before=lambda: other.append(pool.submit(quick, [x])),
         )
@@ -575,7 +578,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
     # function's entry, a loop's backward jump, right after a call returns
     # (unless it called a Python function directly: CPython runs that in the
     # same loop, and its return checks nothing). For every such point in
-    # pool/executor/ that the call passes, a fresh
+    # pool/executor/ (every module) that the call passes, a fresh
     # Pool(1) gets a real SIGINT there (raised under the exception handler of
     # that point). The pool must then run the next large task, hold no
     # descriptor reservation once no result is alive, close, and leave no
@@ -589,9 +592,13 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
         import gc
         import importlib
         import linecache
-        from pool.executor import dispatch, manager, segments, tasks, watch
-        from pool.executor import pool as pool_module
-        modules = [dispatch, manager, pool_module, segments, tasks, watch]
+        import pkgutil
+        import pool.executor
+        # Every module of the Pool's machinery.
+        modules = [
+            importlib.import_module(f"pool.executor.{{found.name}}")
+            for found in pkgutil.iter_modules(pool.executor.__path__)
+        ]
         modules += [importlib.import_module(name) for name in {extra!r}]
         sources = {{module.__file__ for module in modules}}
         program = scale_program(2.0)

@@ -13,7 +13,7 @@ from worker.exports import on_first_use
 
 if TYPE_CHECKING:
     from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
-    from worker.compiler import compile_options, compile_program, program_key
+    from worker.compiler import compile_program, program_key
     from worker.errors import (
         BundleError,
         NeverCompileError,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PluginNotFoundError,
     )
     from worker.executable import Executable
+    from worker.identity import compile_options
     from worker.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
     from worker.plugins import PluginLocation, find_plugin
     from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
@@ -35,7 +36,7 @@ _MODULES = {
     "DiskCache": "worker.cache",
     "UntrustedCacheError": "worker.cache",
     "explain_key": "worker.cache",
-    "compile_options": "worker.compiler",
+    "compile_options": "worker.identity",
     "compile_program": "worker.compiler",
     "program_key": "worker.compiler",
     "BundleError": "worker.errors",

@@ -35,22 +35,17 @@ from worker.cache.key import host_cpu_flags
 from worker.cached import Miss, load_entry, settle_miss
 from worker.conformance_memo import warn_known_failures
 from worker.executable import Executable
-from worker.identity import compile_options, runtime_key_parts
+from worker.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.phases import Phases
-from worker.records import CompileStatistics, LoweredProgram, types_to_json
+from worker.records import CompileStatistics, LoweredProgram, check_program, types_to_json
 from worker.runtime import Runtime, get_runtime
 from worker.slots import compile_slot
 
 logger = logging.getLogger("pjrt_pool.cache")
 
 
-_default_options = compile_options  # compile_program's keyword shadows the name
-
-
-def _check_program(program: Any) -> LoweredProgram:
-    if not isinstance(program, LoweredProgram):
-        kind = type(program).__name__
-        raise TypeError(f"compile_program takes a LoweredProgram (from pool.lower), not {kind}")
+def _check_code(program: LoweredProgram) -> LoweredProgram:
+    """Refuses a program without code or text (which compiling and its key need)."""
     if not isinstance(program.code, (bytes, bytearray)) or not program.code:
         raise ValueError("the program's code is empty or not bytes: lower the function again")
     if not isinstance(program.text, str) or not program.text:
@@ -155,13 +150,8 @@ def compile_program(
     group-shared cache, its group) could write raises UntrustedCacheError;
     see worker.cache.trust, and worker.cache.signing for signed entries.
     """
-    program = _check_program(program)
-    if compile_options is None:
-        options = _default_options()
-    elif isinstance(compile_options, bytes):
-        options = compile_options
-    else:
-        raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
+    program = _check_code(check_program(program, "compile_program"))
+    options = options_or_default(checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = compile_mode.never_compile(never_compile)
     # The cache first: loading the plugin reads (and fills) the default cache's

@@ -25,6 +25,18 @@ def compile_options() -> bytes:
     return bytes.fromhex("1a0420012801")
 
 
+def checked_compile_options(options: Any) -> bytes | None:
+    """Returns compile options as given (None: the default ones); refuses what is not bytes."""
+    if options is None or isinstance(options, bytes):
+        return options
+    raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
+
+
+def options_or_default(options: bytes | None) -> bytes:
+    """The serialized compile options to use: the given ones, else the default."""
+    return compile_options() if options is None else options
+
+
 def runtime_key_parts(
     runtime: Runtime, cache: DiskCache | None, text: str = "", options: bytes | None = None
 ) -> dict[str, Any]:
@@ -50,7 +62,7 @@ def runtime_key_parts(
         api_version=runtime.api_version,
         platform_version=client.platform_version,
         device_kind=client.device_kind,
-        compile_options=compile_options() if options is None else options,
+        compile_options=options_or_default(options),
         client_options=runtime.client_options,
         environment=runtime.codegen_environment,
     )

@@ -102,6 +102,15 @@ class LoweredProgram(NamedTuple):
         return "module"
 
 
+def check_program(program: Any, caller: str) -> LoweredProgram:
+    """Returns program if it is a LoweredProgram; else raises TypeError naming the caller."""
+    if not isinstance(program, LoweredProgram):
+        raise TypeError(
+            f"{caller} takes a LoweredProgram (from pool.lower), not {type(program).__name__}"
+        )
+    return program
+
+
 class DigestedProgram(LoweredProgram):
     """A LoweredProgram that remembers the SHA-256 of its text once computed (lower() makes these).
 

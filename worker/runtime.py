@@ -16,17 +16,17 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker import _pjrt
-from worker.cache.key import codegen_environment
+from worker.cache.key import codegen_environment, host_cpu_features, plugin_digest
+from worker.cache.location import default_cache_dir
+from worker.cache.memos import MemoStore
+from worker.cache.store import existing_memos, open_cache
 from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
 from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
 from worker.xla_flags import semantic_flags, xla_flags_added
-
-if TYPE_CHECKING:
-    from worker.cache.memos import MemoStore
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -176,16 +176,10 @@ class Runtime:
         records are used if that directory exists and passes the trust check
         (it is never created just for this).
         """
-        from worker.cache import default_cache_dir  # the cache imports nothing of the runtime
-        from worker.cache.key import plugin_digest
-        from worker.cache.store import existing_memos
-
         return plugin_digest(self.location.path, existing_memos(default_cache_dir()))
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""
-        from worker.cache.key import host_cpu_features
-
         identity: dict[str, Any] = {
             "platform": self.platform,
             "plugin_sha256": self.plugin_sha256(),
@@ -221,8 +215,6 @@ def _memos() -> MemoStore | None:
     bundle, on a read-only host) must write nothing, and compiling creates
     the cache. An existing one gets its folders if it lacks them.
     """
-    from worker.cache import default_cache_dir, open_cache  # the cache imports the runtime
-
     if not default_cache_dir().is_dir():
         return None
     try:

@@ -29,6 +29,7 @@ from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
+from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
 from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
@@ -40,6 +41,7 @@ from worker.errors import (
     PluginNotFoundError,
 )
 from worker.identity import runtime_key_parts
+from worker.runtime import get_runtime
 
 if TYPE_CHECKING:
     from worker.bundle.index import Index
@@ -133,8 +135,6 @@ def _problem(error: Exception) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from worker.bundle.writer import create_bundle
-
     output = _output(args.output, args.manifests)
     programs = []
     caches: dict[str | None, DiskCache] = {}
@@ -166,8 +166,6 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from worker.bundle.writer import merge_bundles
-
     output = _output(args.output, args.bundles)
     try:
         index = merge_bundles(output, args.bundles)
@@ -179,8 +177,6 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
     """Loads the plugin (nothing else) and returns this process's key parts."""
-    from worker.runtime import get_runtime
-
     try:
         return runtime_key_parts(get_runtime(platform), cache)
     except (PluginNotFoundError, PluginLoadError, PlatformMismatchError, PjrtError) as error:

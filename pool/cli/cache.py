@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
         "and clear change it. Exit codes: 0 success, 1 problems found (verify: bad entries), "
         "2 usage error.",
     )
-    cache.set_defaults(run=lambda _args: _usage(cache, "name a cache command"))
+    cache.set_defaults(run=_name_a_command, prog=cache.prog)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--cache-dir",
@@ -60,9 +60,9 @@ def register(subparsers: Any) -> None:
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 
     info = commands.add_parser("info", parents=[common], help="where the cache is and how full")
-    info.set_defaults(run=_refusing_untrusted(_info))
+    info.set_defaults(run=_refusing_untrusted(_info), prog=info.prog)
     listing = commands.add_parser("list", parents=[common], help="one line per entry")
-    listing.set_defaults(run=_refusing_untrusted(_list))
+    listing.set_defaults(run=_refusing_untrusted(_list), prog=listing.prog)
     verify = commands.add_parser(
         "verify",
         parents=[common],
@@ -72,17 +72,17 @@ def register(subparsers: Any) -> None:
         "plugin build or on another host are reported as such, not as bad.",
     )
     verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
-    verify.set_defaults(run=_refusing_untrusted(_verify))
+    verify.set_defaults(run=_refusing_untrusted(_verify), prog=verify.prog)
     prune = commands.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries down to a size"
     )
     prune.add_argument(
         "--max-size", required=True, type=_size, metavar="SIZE", help="for example 500M or 2G"
     )
-    prune.set_defaults(run=_refusing_untrusted(_prune))
+    prune.set_defaults(run=_refusing_untrusted(_prune), prog=prune.prog)
     clear = commands.add_parser("clear", parents=[common], help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    clear.set_defaults(run=_refusing_untrusted(_clear))
+    clear.set_defaults(run=_refusing_untrusted(_clear), prog=clear.prog)
 
 
 def _size(text: str) -> int:
@@ -92,10 +92,8 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _usage(parser: argparse.ArgumentParser, message: str) -> int:
-    parser.print_usage(sys.stderr)
-    print(f"{parser.prog}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+def _name_a_command(_args: argparse.Namespace) -> int:
+    raise UsageError("name a cache command: info, list, verify, prune or clear")
 
 
 def _open(args: argparse.Namespace) -> DiskCache:
@@ -367,12 +365,7 @@ def _clear(args: argparse.Namespace) -> int:
     entries = [entry for entry in cache.list_entries() if entry.regular]
     if entries and not args.yes:
         if not sys.stdin.isatty():
-            print(
-                "pjrt-pool cache clear: error: pass --yes to clear without a terminal to "
-                "confirm on",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+            raise UsageError("pass --yes to clear without a terminal to confirm on")
         size = format_size(sum(e.size for e in entries))
         answer = input(f"remove {len(entries)} entries ({size}) from {cache.directory}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):

@@ -19,7 +19,8 @@ import argparse
 import sys
 from typing import Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.progress import ProgressDisplay
 
 
 def register(subparsers: Any) -> None:
@@ -69,7 +70,7 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--list", action="store_true", help="list the selected cases and exit")
     check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    check.set_defaults(run=_check)
+    check.set_defaults(run=_check, prog=check.prog)
 
 
 def _patterns(values: list[str] | None) -> list[str] | None:
@@ -79,6 +80,12 @@ def _patterns(values: list[str] | None) -> list[str] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.workers < 1:  # before importing JAX: answers at once
+        raise UsageError("--workers must be at least 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    # Here, not at the top: the battery imports JAX (about a second), which
+    # `pjrt-pool --help` and a usage error should not wait for.
     from pool.conformance import (
         CheckError,
         PluginStartError,
@@ -88,19 +95,11 @@ def _check(args: argparse.Namespace) -> int:
         run_cases,
     )
     from pool.conformance.battery import select
-    from pool.progress import ProgressDisplay
 
-    if args.workers is not None and args.workers < 1:
-        print("pjrt-pool check-plugin: --workers must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
-    if args.timeout is not None and args.timeout <= 0:
-        print("pjrt-pool check-plugin: --timeout must be positive", file=sys.stderr)
-        return EXIT_USAGE
     try:
         cases = select(_patterns(args.cases))
     except ValueError as error:
-        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(error)) from None
     if args.list:
         for case in cases:
             print(f"{case.name}  (budget {case.budget.ulps:g} ULP{', x64' if case.x64 else ''})")
@@ -124,8 +123,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
         return EXIT_PROBLEMS
     except CheckError as error:
-        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(error)) from None
     finally:
         if progress is not None:
             progress.close()

@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
+from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
+from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
+from worker.errors import BundleError, NotInCacheError, PluginNotFoundError
+from worker.plugins import find_plugin
+from worker.runtime import default_platform
 
 
 def register(subparsers: Any) -> None:
@@ -139,9 +145,6 @@ def _check_manifest_path(path: Path) -> None:
 
 def _check_cache_dir(cache_dir: str | None) -> None:
     """A cache directory that cannot be used would only make the workers warn and not store."""
-    from worker.cache import CACHE_DIR_ENV
-    from worker.cache.location import resolve_cache_dir
-
     directory = resolve_cache_dir(cache_dir)
     named = f"--cache-dir {cache_dir}" if cache_dir else f"the cache directory {directory}"
     if cache_dir is None and os.environ.get(CACHE_DIR_ENV):
@@ -157,27 +160,16 @@ def _check_cache_dir(cache_dir: str | None) -> None:
 
 
 def _check_plugin(platform: str, option: str) -> None:
-    from worker import find_plugin
-    from worker.errors import PluginNotFoundError
-
     try:
         find_plugin(platform)
     except PluginNotFoundError as error:
         raise UsageError(f"{option} {platform}: {error}") from None
 
 
-def default_platform() -> str:
-    """The platform the workers load when none is named (PJRT_POOL_PLATFORM, else cpu)."""
-    from worker.runtime import default_platform as platform
-
-    return platform()
-
-
 def _warm(args: argparse.Namespace) -> int:
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
-
-    from pool.manifest import Manifest
-    from pool.progress import ProgressDisplay
+    # Here, not at the top: warming imports JAX (about a second), and the spec
+    # loader is of no use to `pjrt-pool run`, which this module also serves.
     from pool.warm.spec_file import SpecError, load_spec
     from pool.warm.warming import report_json, warm
 
@@ -257,9 +249,6 @@ def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pool.manifest import BUNDLE_FOR_POOLS, ManifestError, load_manifest
-    from worker.errors import BundleError, NotInCacheError
-
     if args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
@@ -282,6 +271,8 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if args.workers:
+            # Here, not at the top: the Pool's machinery (subprocess, cloudpickle, the
+            # wire: ~60 ms) is not needed to run in this process, the usual case.
             from pool.executor.pool import Pool
 
             with Pool(args.workers, platform=spec.platform, cache_dir=manifest.cache_dir) as pool:

@@ -1,5 +1,7 @@
 """Plugin conformance: does a PJRT plugin compute what JAX computes?
 
+Runs in the parent process (``pjrt-pool check-plugin``, or a user's script),
+which imports JAX; the plugin under test runs in the Pool's workers.
 A battery of a few hundred small programs (battery.py; one module per group
 of op families) runs on the plugin under test in a Pool and with jax.jit in
 this process, on the same seeded inputs, and each result is compared under

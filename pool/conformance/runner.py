@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
+import jaxlib
 import numpy as np
 
 from pool.conformance.case import Case
@@ -35,8 +37,18 @@ from pool.errors import (
     ProgramQuarantinedError,
     TaskTimeoutError,
     WorkerCrashedError,
+    WorkerStartupError,
     describe_exit,
 )
+from pool.executor.pool import Pool
+from pool.lowering.lower import lower
+from pool.lowering.plugin_info import PluginProbeError, plugin_info
+from pool.lowering.stablehlo import StableHLOVersionError
+from pool.lowering.workarounds import active_workarounds, build_workarounds
+from worker.cache import open_cache
+from worker.cache.key import plugin_digest
+from worker.conformance_memo import quiet
+from worker.errors import PluginNotFoundError
 from worker.kernels import FfiVersionError, MissingCustomCallError
 from worker.known_builds import WORKAROUNDS_ENV
 from worker.plugins import env_var, environment_variable, find_plugin
@@ -190,16 +202,12 @@ def _check_process_plugin(described: dict[str, Any]) -> None:
 
 
 def _reference(case: Case, inputs: Sequence[np.ndarray], device: Any) -> list[np.ndarray]:
-    import jax
-
     placed = [jax.device_put(a, device) for a in inputs]
     return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.jit(case.function)(*placed))]
 
 
 def _reference_device(platform: str) -> Any:
     """JAX's own device for the platform if it has one, else its CPU."""
-    import jax
-
     for name in (platform, "gpu") if platform in ("cuda", "rocm") else (platform,):
         with contextlib.suppress(RuntimeError):
             return jax.devices(name)[0]
@@ -275,10 +283,6 @@ def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | Case
     Returns the case in flight, or its result when it went no further
     (a program the plugin's StableHLO cannot express is skipped).
     """
-    import jax
-
-    from pool.lowering.lower import lower
-    from pool.lowering.stablehlo import StableHLOVersionError
 
     started = time.perf_counter()
     with jax.enable_x64(case.x64):
@@ -323,14 +327,6 @@ def run_cases(
     False. Raises CheckError when the check cannot run, and PluginStartError
     when the plugin's workers do not start.
     """
-    import jax
-
-    from pool.errors import WorkerStartupError
-    from pool.executor.pool import Pool
-    from pool.lowering.plugin_info import PluginProbeError, plugin_info
-    from pool.lowering.workarounds import active_workarounds, build_workarounds
-    from worker.conformance_memo import quiet
-    from worker.errors import PluginNotFoundError
 
     platform = platform or default_platform()
     started = time.perf_counter()
@@ -390,14 +386,9 @@ def run_cases(
 
 
 def _digest(path: str, cache_dir: str | os.PathLike[str] | None) -> str:
-    from worker.cache import open_cache
-    from worker.cache.key import plugin_digest
-
     cache = open_cache(cache_dir)
     return plugin_digest(path, cache.memos if cache.usable else None)
 
 
 def _jaxlib_version() -> str:
-    import jaxlib
-
     return str(getattr(jaxlib, "__version__", "unknown"))

@@ -1,9 +1,14 @@
 """The Pool: worker processes that compile and run programs, seen from the parent.
 
-Runs in the parent process (the user's, which may have imported JAX). pool.py
-is the public Pool; the rest is its machinery: tasks.py (task bookkeeping),
-workers.py (process bookkeeping), dispatch.py and manager.py (claiming
-workers, replies, the manager thread), segments.py (shared memory for large
-inputs and outputs), watch.py (the manager's one wait point) and
-compiling.py (compile_many and CompileResult, shared with ClusterPool).
+Runs in the parent process (the user's, which may import JAX), in the
+callers' threads and the pool's manager thread. pool.py is the public Pool,
+made of parts that each own their state (its docstring draws them):
+manager.py (the manager thread), dispatch.py (sending tasks, replies,
+settling), workers.py (process bookkeeping), tasks.py (task bookkeeping and
+the queue), quarantine.py, segments.py (shared memory for large inputs and
+outputs), watch.py (the manager's one wait point). Beside them: futures.py
+(the futures it hands out), inputs.py (staging a run's inputs), programs.py
+(a program's identity), settings.py (checking what a Pool is given),
+never.py (never-compile mode's check at submit) and compile_many.py
+(compile_many and CompileResult, shared with ClusterPool).
 """

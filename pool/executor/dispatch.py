@@ -1,263 +1,170 @@
-"""The Pool's dispatch: claiming workers, sending them tasks, reading replies, settling tasks.
+"""The Pool's dispatch: sending tasks to the workers claimed for them, reading replies, settling.
 
 Any thread runs this part of the Pool: the manager thread; a thread in
 Pool.run, which sends its request and reads the reply itself; a thread in
 submit, which sends queued tasks itself (waking the manager for that would
 cost a thread switch on every task). What keeps them apart:
 
-- A worker is claimed under the lock (IDLE -> BUSY, see pool.executor.workers) by
-  one thread, which alone sends to it. `holder` says which thread holds its
-  socket, and _give_back_locked returns it to the manager: after a caller
-  sent a request, after it handled its reply, or in Pool._recover after an
-  exception (a Ctrl-C can land at any call) anywhere in between.
-- A task is settled by _settle_locked, which flips `task.done` once under
-  the lock; only the thread that flipped it completes the task (resolves
-  its future, gives back its shared memory: _complete). A caller thread
-  completes no task but its own; any other it cannot send, or finds
-  cancelled, goes to the manager as an orphan, so that an interrupt there
-  never leaves another thread waiting or memory held. So do the queued
-  tasks a stop of the pool fails (_fail_queued_locked): every future but a
+- A worker is claimed under the lock (IDLE -> BUSY, see pool.executor.workers)
+  by one thread, which alone sends to it. `holder` says which thread holds
+  its socket, and Workers.give_back_locked returns it to the manager: after
+  a caller sent a request, after it handled its reply, or in Pool._recover
+  after an exception (a Ctrl-C can land at any call) anywhere in between.
+- A task is settled by Task.settle, which flips `task.done` once under the
+  lock; only the thread that flipped it completes the task (Task.complete).
+  A caller thread completes no task but its own; any other it cannot send,
+  or finds cancelled, goes to the manager as an orphan (Tasks.orphan_locked),
+  so that an interrupt there never leaves another thread waiting or memory
+  held. So do the queued tasks a stop of the pool fails: every future but a
   caller's own is completed on the manager thread, where its done-callbacks
   run. An interrupt between settling its own task and completing it leaves
   the caller's Pool._recover to give back the task's memory.
+
+One function does each step, whichever thread takes it: dispatch (claim
+queued tasks), send (a claimed task's request), receive (one message, with
+what can go wrong in reading it) and the reply's handling down to settling.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
+import enum
 import logging
-import os
 import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import CancelledError, InvalidStateError
-from typing import Any
+from concurrent.futures import CancelledError
+from typing import Any, Literal
 
-from pool.errors import (
-    DeviceFailureError,
-    PoolError,
-    ProgramQuarantinedError,
-    rebuild_error,
-)
-from pool.executor.compiling import CompileResult
+import numpy as np
+
+from pool.errors import DeviceFailureError, PoolError, rebuild_error
+from pool.executor.compile_many import CompileResult
+from pool.executor.quarantine import Quarantine
 from pool.executor.segments import Segment, SegmentCache, map_segment
-from pool.executor.tasks import Task
+from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.watch import Watch
-from pool.executor.workers import ARENA_SIZE, State, WorkerProcess
+from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
 from worker import protocol, shm
 from worker.cache.key import check_key
+from worker.fds import close_all
 from worker.records import ArrayType, CompileStatistics
 
 logger = logging.getLogger("pjrt_pool.pool")
 
-RESEND = object()
-"""A reply's outcome that puts its task back in the queue (the worker had unloaded it)."""
+
+class Outcome(enum.Enum):
+    """A reply's outcome that is neither a result nor an error."""
+
+    RESEND = "resend"  # the worker had unloaded the program: queue the task again, with it
 
 
-class Dispatch:
-    """Claiming, sending, replies and settling; mixed into Pool (see the module docstring)."""
+Result = list[np.ndarray] | CompileResult | BaseException | Literal[Outcome.RESEND]
+"""What handling a reply gives its task: outputs, a CompileResult, an error, or RESEND."""
 
-    _lock: threading.Lock
-    _pending: collections.deque[Task]
-    _workers: list[WorkerProcess]
-    _watch: Watch
-    _wake_w: int
-    _closing: bool
-    _broken: BaseException | None
-    _quarantined: dict[str, str]
-    _crashes: collections.Counter[str]
-    _max_crashes: int
-    _statistics: CompileStatistics
-    _output_types: dict[str, tuple[ArrayType, ...]]
-    _segments: SegmentCache
-    _orphans: list[tuple[Task, BaseException]]
-    _on_ready: Callable[[WorkerProcess, protocol.Ready], None]  # the Manager's
 
-    # -- workers: claim and give back ------------------------------------------
+class Dispatcher:
+    """Sending claimed tasks, reading replies and settling tasks (see the module docstring)."""
 
-    def _idle_worker_locked(self, program_key: str) -> WorkerProcess | None:
-        """An idle worker, one that has the program loaded if there is one."""
-        first = None
-        for worker in self._workers:
-            if worker.state is State.IDLE and worker.holder is None:
-                if program_key in worker.loaded:
-                    return worker
-                first = first or worker
-        return first
-
-    def _claim_locked(self, worker: WorkerProcess, task: Task, holder: int | None) -> None:
-        """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
-        # Plain stores first, then calls: an interrupt lands after a call,
-        # and by then this thread holds the worker, so Pool._recover finds it.
-        worker.task = task
-        worker.holder = holder
-        task.sending = False
-        task.deadline = None if task.timeout is None else time.monotonic() + task.timeout
-        worker.move(State.BUSY)
-        if holder is not None:
-            self._watch.remove(worker.sock.fileno())
-            if task.deadline is not None:
-                self._wake()  # the manager's wait must end at this deadline
-
-    def _give_back_locked(self, worker: WorkerProcess) -> None:
-        """Returns a caller-held worker to the manager: its socket into the wait set, then holder.
-
-        In that order, so that an interrupt between the two leaves the worker
-        held (and Pool._recover gives it back again; adding twice is fine).
-        """
-        if worker.holder is None:
-            return
-        if worker.state is not State.DEAD:
-            self._watch.add(worker.sock.fileno(), ("socket", worker))
-        worker.holder = None
-        if self._closing:
-            self._wake()  # close() waits for this worker to be free
-
-    def _give_back(self, worker: WorkerProcess) -> None:
-        with self._lock:
-            self._give_back_locked(worker)
-
-    def _unclaim_locked(self, worker: WorkerProcess) -> None:
-        """Nothing was sent: BUSY -> IDLE, without its task, back to the manager."""
-        worker.task = None
-        if worker.state is State.BUSY:
-            worker.move(State.IDLE)
-        self._give_back_locked(worker)
-
-    def _kill_locked(self, worker: WorkerProcess) -> None:
-        """Kills a worker: it becomes DYING, and its end of file finishes it (Manager)."""
-        if worker.state is State.DEAD:
-            return
-        if worker.state is not State.DYING:
-            worker.move(State.DYING)
-        worker.kill()
-
-    def _retire_locked(self, worker: WorkerProcess) -> None:
-        """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)
-        and gives it back to the manager, which reaps it."""
-        worker.killed_by_pool = True
-        self._kill_locked(worker)
-        self._give_back_locked(worker)
-
-    def _retire(self, worker: WorkerProcess) -> None:
-        with self._lock:
-            self._retire_locked(worker)
-
-    # -- tasks: settle and complete ----------------------------------------------
-
-    def _settle_locked(self, task: Task) -> bool:
-        """The one transition to DONE: True for the single caller that makes it."""
-        if task.done:
-            return False
-        task.done = True
-        return True
-
-    @staticmethod
-    def _complete(task: Task, outcome: Any) -> None:
-        """Resolves a settled task's future and gives back its shared memory (not locked)."""
-        task.release()
-        if isinstance(outcome, BaseException):
-            _fail(task.future, outcome)
-        else:
-            _resolve(task.future, outcome)
-
-    def _orphan_locked(self, task: Task, error: BaseException) -> None:
-        """Leaves the failing of a task the calling thread does not own to the manager."""
-        self._orphans.append((task, error))
-        self._wake()
-
-    def _fail_queued_locked(
-        self, kind: type[PoolError], message: str, cause: BaseException | None = None
+    def __init__(
+        self,
+        lock: threading.Lock,
+        tasks: Tasks,
+        workers: Workers,
+        quarantine: Quarantine,
+        segments: SegmentCache,
+        watch: Watch,
     ) -> None:
-        """Empties the queue: each task is left to the manager, to fail with kind(message).
-
-        The manager completes them, so that their done-callbacks run on it as
-        every other callback does; the message says why they never ran.
-        """
-        for task in self._pending:
-            error = kind(message)
-            error.__cause__ = cause
-            self._orphans.append((task, error))
-        self._pending.clear()
-        self._wake()
-
-    def _wake(self) -> None:
-        """Ends the manager's wait (called under the lock: the pipe is closed under it)."""
-        if self._wake_w >= 0:
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.write(self._wake_w, b"\0")
+        self._lock = lock  # the pool's: claims, the queue and settling happen under it
+        self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
+        self._workers = workers  # claimed, given back, freed and retired here
+        self._quarantine = quarantine  # refuses queued tasks; a device failure is a crash
+        self._segments = segments  # output segments offered to runs, and results' segments
+        self._watch = watch  # woken for what only the manager may complete
+        self.statistics = CompileStatistics()  # summed over every reply, under the lock
+        self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
 
     # -- dispatch ---------------------------------------------------------------
 
-    def _dispatch(self, holder: int | None) -> None:
+    def dispatch(self, holder: int | None) -> None:
         """Sends queued tasks to idle workers; holder is the calling thread (None: the manager)."""
+        tasks, workers = self._tasks, self._workers
         while True:
-            finished: Any = None
+            worker: WorkerProcess | None = None
+            error: BaseException | None = None
             with self._lock:
-                if self._broken is not None or not self._pending:
+                if tasks.broken is not None or not tasks.pending:
                     return
-                head = self._pending[0]
-                if head.program_id in self._quarantined and holder is not None:
-                    self._wake()  # the manager fails it (a caller completes only its own task)
-                    return
-                if head.program_id in self._quarantined:
-                    task = self._pending.popleft()
-                    if not self._settle_locked(task):
-                        continue  # stopped, and left to the manager (_fail_queued_locked)
-                    finished = ProgramQuarantinedError(self._quarantined[task.program_id])
+                head = tasks.pending[0]
+                refusal = self._quarantine.refusal_locked(head.program_id)
+                if refusal is not None:
+                    if holder is not None:
+                        self._watch.wake()  # the manager fails it (a caller completes its own only)
+                        return
+                    task = tasks.pending.popleft()
+                    if not task.settle():
+                        continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
+                    error = refusal
                 else:
-                    worker = self._idle_worker_locked(head.program_id)
+                    worker = workers.idle_locked(head.program_id)
                     if worker is None:
                         return
-                    task = self._pending.popleft()
+                    task = tasks.pending.popleft()
                     if task.done:
-                        continue  # stopped, and left to the manager (_fail_queued_locked)
+                        continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     if task.future.running() or task.future.set_running_or_notify_cancel():
-                        self._claim_locked(worker, task, holder)
+                        workers.claim_locked(worker, task, holder)
                     elif holder is not None:
                         # Cancelled while it waited: the manager gives back its memory
                         # (a caller completes only its own task).
-                        self._orphan_locked(task, CancelledError())
+                        tasks.orphan_locked(task, CancelledError())
                         continue
                     else:
-                        self._settle_locked(task)
-                        finished = _CANCELLED
-            if finished is _CANCELLED:
-                task.release()  # nobody waits for a cancelled future: only memory to give back
-            elif finished is not None:
-                self._complete(task, finished)
+                        task.settle()
+                        worker = None  # nobody waits for a cancelled future
+            if worker is not None:
+                self._send_claimed(worker, task)
+            elif error is not None:
+                task.complete(error)
             else:
-                self._send(worker, task)
+                task.release()  # cancelled: only its memory to give back
 
-    def _send(self, worker: WorkerProcess, task: Task) -> None:
-        """Sends a claimed worker its task; a caller then gives the worker to the manager."""
+    def _send_claimed(self, worker: WorkerProcess, task: Task) -> None:
+        """Sends a worker dispatch claimed its task; a caller then gives the worker back."""
         holder = worker.holder
         try:
-            message, fds = self._request_for(task, worker)
+            sent = self.send(worker, task)
         except Exception as error:  # shared memory could not be made: nothing was sent
             with self._lock:
-                self._unclaim_locked(worker)
+                self._workers.unclaim_locked(worker)
                 if holder is not None:
-                    self._orphan_locked(task, error)
-                settled = holder is None and self._settle_locked(task)
+                    self._tasks.orphan_locked(task, error)
+                settled = holder is None and task.settle()
             if settled:
-                self._complete(task, error)
+                task.complete(error)
             return
+        if sent and holder is not None:
+            self._workers.give_back(worker)
+
+    def send(self, worker: WorkerProcess, task: Task) -> bool:
+        """Sends a claimed worker its task; False when the worker is gone.
+
+        A worker that is gone (dead, or its stream broken) is retired: the
+        manager reaps it, and the task, which it cannot have started, goes to
+        another worker. What making the request raises (no shared memory)
+        comes out of here, with nothing sent.
+        """
+        message, fds = self._request_for(task, worker)
         task.sending = True
         try:
             worker.send(message, fds)
         except OSError:
-            # Dead, or its stream broken: the manager reaps it, and the task
-            # (which it cannot have started) goes to another worker.
-            self._retire(worker)
-            return
-        if holder is not None:
-            self._give_back(worker)
+            self._workers.retire(worker)
+            return False
+        return True
 
-    def _request_for(self, task: Task, worker: WorkerProcess) -> tuple[Any, tuple[int, ...]]:
+    def _request_for(
+        self, task: Task, worker: WorkerProcess
+    ) -> tuple[protocol.Compile | protocol.Run, tuple[int, ...]]:
         """The message (and descriptors) that give a task to the worker claimed for it."""
-        if task.kind == "run" and (task.output is None or task.output.fd < 0):
+        if task.kind is Kind.RUN and (task.output is None or task.output.fd < 0):
             self._offer_output_segment(task)
         return task.request(
             task.program_id in worker.loaded,
@@ -280,36 +187,61 @@ class Dispatch:
 
     # -- replies -------------------------------------------------------------------
 
-    def _on_message(
+    def receive(self, worker: WorkerProcess) -> bool:
+        """Reads one message from a worker and handles it; False when its connection ended.
+
+        A worker whose connection ended died: the caller gives it back, or (the
+        manager) reaps it. One that sends what is not a frame of ours broke the
+        protocol and is retired. A worker with a task always ends up given back.
+        """
+        fds: list[int] = []
+        try:
+            message, fds = worker.receive()
+        except protocol.DescriptorLimitError as error:
+            self._handle(worker, error.message, [], error)
+        except (protocol.ConnectionLostError, OSError):
+            return False
+        except Exception as error:  # not a frame of ours: the worker broke the protocol
+            logger.warning("worker %d sent garbage (%r): replacing it", worker.pid, error)
+            self._workers.retire(worker)
+        else:
+            try:
+                self._handle(worker, message, fds)
+            finally:
+                if fds:  # an interrupt at _handle's entry: it took none
+                    close_all(fds)
+        return True
+
+    def _handle(
         self,
         worker: WorkerProcess,
         message: Any,
         fds: list[int],
         dropped: BaseException | None = None,
     ) -> None:
-        """Handles one message from a worker; a worker with a task always ends up given back.
+        """Handles one message from a worker.
 
         dropped is the DescriptorLimitError of a reply whose descriptors the
         kernel dropped: the reply's task fails with it.
         """
         if isinstance(message, protocol.Ready):
             close_all(fds)
-            self._on_ready(worker, message)
+            self._workers.on_ready(worker, message)
             return
         task = worker.task
         if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
             close_all(fds)
             logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
-            self._retire(worker)
+            self._workers.retire(worker)
             return
-        outcome: Any = None
+        outcome: Result | None = None
         try:
             if message.statistics is not None or message.counters is not None:
                 with self._lock:
                     if message.counters is not None:
                         worker.counters = message.counters
                     if message.statistics is not None:
-                        self._statistics = self._statistics.add(message.statistics)
+                        self.statistics = self.statistics.add(message.statistics)
             if dropped is not None:
                 raise dropped
             outcome = self._outcome(worker, task, message, fds)
@@ -324,28 +256,23 @@ class Dispatch:
             finally:
                 close_all(fds)
 
-    def _finish(self, worker: WorkerProcess, task: Task, outcome: Any) -> None:
+    def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
         """A reply was handled: settle its task (or queue it again) and free the worker."""
         with self._lock:
-            if worker.task is task:
-                worker.task = None
-            if worker.state is State.BUSY:
-                worker.move(State.IDLE)
-            self._give_back_locked(worker)
-            if outcome is RESEND and task.kill_error is None and not task.done:
-                task.sending = False
-                self._pending.appendleft(task)
+            self._workers.free_locked(worker, task)
+            if outcome is Outcome.RESEND and task.kill_error is None and not task.done:
+                self._tasks.requeue_locked(task)
                 settled = False
             else:
-                if outcome is RESEND:  # too late to send it again: it is being stopped
+                if outcome is Outcome.RESEND:  # too late to send it again: it is being stopped
                     outcome = task.kill_error
-                settled = self._settle_locked(task)
+                settled = task.settle()
         if settled:
-            self._complete(task, outcome)
+            task.complete(outcome)
 
     def _outcome(
         self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]
-    ) -> Any:
+    ) -> Result:
         """Returns a reply's result (or RESEND to send the task again); raises its error."""
         if reply.error is not None:
             if reply.fatal:
@@ -356,10 +283,11 @@ class Dispatch:
                 # said otherwise: send it again, with the program this time.
                 worker.loaded.pop(task.program_id, None)
                 task.resend_program = True
-                return RESEND
+                return Outcome.RESEND
             raise rebuild_error(reply.error)
         worker.note_loaded(task.program_id, reply.evicted)
-        if task.kind == "compile":
+        if task.kind is Kind.COMPILE:
+            assert reply.spec is not None
             check_key(reply.spec.key, "the key in a worker's reply")  # it goes into manifests
             return CompileResult(reply.spec, reply.statistics or CompileStatistics(), reply.phases)
         types = reply.output_types
@@ -393,52 +321,13 @@ class Dispatch:
         self, worker: WorkerProcess, task: Task, remote: protocol.RemoteError
     ) -> DeviceFailureError:
         """A device error left the worker unusable: retire it and count a crash."""
-        self._retire(worker)
+        self._workers.retire(worker)
         message = (
             f"the device failed while the worker (pid {worker.pid}) ran program {task.name!r} "
-            f"({task.kind}): {remote.message}. Such an error leaves the process's device "
+            f"({task.kind.value}): {remote.message}. Such an error leaves the process's device "
             "context unusable, so the worker was replaced; only this task failed."
-            + self._count_crash(task)
+            + self._quarantine.count_crash(task.program_id, task.name)
         )
         error = DeviceFailureError(message, None, task.name, worker.output_tail())
         error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
         return error
-
-    def _count_crash(self, task: Task) -> str:
-        """Counts a crash of the task's program; returns what to add to its message."""
-        with self._lock:
-            self._crashes[task.program_id] += 1
-            crashes = self._crashes[task.program_id]
-            if crashes < self._max_crashes:
-                return ""
-            self._quarantined[task.program_id] = (
-                f"program {task.name!r} crashed {crashes} workers and is quarantined: "
-                "this pool will not run it again"
-            )
-        return f" It has now crashed {crashes} workers and is quarantined."
-
-
-_CANCELLED = object()
-"""A queued task whose future was cancelled (only its memory to give back)."""
-
-
-def close_all(fds: list[int]) -> None:
-    """Closes received descriptors that nothing took, each out of the list as it is closed."""
-    while fds:
-        fd = fds[-1]
-        del fds[-1]  # out of the list and closed with no call between
-        os.closerange(fd, fd + 1)  # never raises: no try, so no call before it
-
-
-def _resolve(future: Any, result: Any) -> None:
-    try:  # noqa: SIM105 (not contextlib.suppress: this is on every task's path)
-        future.set_result(result)
-    except InvalidStateError:
-        pass  # a cancelled Future drops its result
-
-
-def _fail(future: Any, error: BaseException) -> None:
-    try:  # noqa: SIM105 (as in _resolve)
-        future.set_exception(error)
-    except InvalidStateError:
-        pass

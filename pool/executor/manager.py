@@ -14,16 +14,16 @@ them all. Each turn of its loop:
     expire              kill workers whose task is past its deadline
     respawn due         replace workers that could not be started before
     wait                replies, deaths, output, wake-ups
+
+It uses the pool's parts and changes none of them but through their own
+methods; nothing below it calls back into it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable
 
 from pool.errors import (
     PoolClosedError,
@@ -33,74 +33,83 @@ from pool.errors import (
     describe_exit,
     likely_cause,
 )
-from pool.executor.dispatch import Dispatch
-from pool.executor.tasks import MAX_REQUEUES, Task
-from pool.executor.workers import State, WorkerProcess, stop_all
-from worker import protocol
-from worker.cache import CacheCounters
+from pool.executor.dispatch import Dispatcher
+from pool.executor.futures import ManagerThread
+from pool.executor.quarantine import Quarantine
+from pool.executor.segments import SegmentCache
+from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
+from pool.executor.watch import Watch
+from pool.executor.workers import Source, State, WorkerProcess, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")
-
-RESPAWN_BACKOFF_SECONDS = 0.5
-"""How long after a replacement worker failed to start the pool tries again; the wait
-doubles with each failure in a row, up to MAX_RESPAWN_BACKOFF_SECONDS."""
-
-MAX_RESPAWN_BACKOFF_SECONDS = 30.0
-
-FAILED_STARTS_TO_FAIL_QUEUE = 3
-"""Failed starts in a row after which, while no worker runs, queued tasks fail (the pool
-keeps trying to start workers for later tasks)."""
 
 HAND_BACK_SECONDS = 10.0
 """How long a stopping manager waits for callers to give back the workers they hold."""
 
 
-class Manager(Dispatch):
-    """The manager thread's part of the Pool (see the module docstring)."""
+class Manager(ManagerThread):
+    """The manager thread of one pool (see the module docstring)."""
 
-    _worker_count: int
-    _spawn_worker: Callable[[int], WorkerProcess]
-    _wake_r: int
-    _stop_grace: float
-    _started: threading.Event
-    _startup_error: BaseException | None
-    _startup_failures: int
-    _respawns: dict[int, float]
-    _retired_counters: CacheCounters
+    def __init__(
+        self,
+        lock: threading.Lock,
+        tasks: Tasks,
+        workers: Workers,
+        dispatcher: Dispatcher,
+        quarantine: Quarantine,
+        segments: SegmentCache,
+        watch: Watch,
+        stop_grace: float,
+    ) -> None:
+        super().__init__(name="pjrt-pool-manager", daemon=True)
+        # The pool's lock, under which every worker's state and the queue change.
+        self._lock = lock
+        # The queue it dispatches and whose orphans it completes; whether the pool is
+        # closing (it ends once nothing is queued or running) or broken.
+        self._tasks = tasks
+        # The workers it starts, replaces, kills at their deadline and reaps.
+        self._workers = workers
+        # Sends queued tasks and reads the replies of the workers it holds.
+        self._dispatcher = dispatcher
+        # Counts the crash when a worker dies running a task.
+        self._quarantine = quarantine
+        # The shared memory kept for reuse, closed when the pool ends.
+        self._segments = segments
+        # Its one wait point: replies, deaths, output, wake-ups.
+        self._watch = watch
+        # Seconds between the exit request, SIGTERM and SIGKILL when it stops the workers.
+        self._stop_grace = stop_grace
 
-    def _manage(self) -> None:
+    def run(self) -> None:
         try:
             try:
-                for index in range(self._worker_count):
-                    self._spawn(index)
+                self._workers.start()
             except Exception as error:
-                self._start_failed(0, WorkerStartupError(f"a worker could not start: {error}"))
+                self._workers.start_failed(
+                    0, WorkerStartupError(f"a worker could not start: {error}")
+                )
                 return
-            self._manage_loop()
+            self._loop()
         except BaseException as error:  # a bug here must fail tasks, never hang them
             logger.exception("the pool's manager thread failed")
             self._break(error)
         finally:
             self._stop_workers()
 
-    def _manage_loop(self) -> None:
+    def _loop(self) -> None:
+        tasks, workers = self._tasks, self._workers
         while True:
             self._complete_orphans()
-            self._dispatch(None)
+            self._dispatcher.dispatch(None)
             with self._lock:
-                busy = any(w.state in (State.BUSY, State.DYING) for w in self._workers)
-                done = not busy and (
-                    self._broken is not None or (self._closing and not self._pending)
+                done = not workers.busy_locked() and (
+                    tasks.broken is not None or (tasks.closing and not tasks.pending)
                 )
             if done:
                 return
-            timeout = _earliest(self._expire(), self._respawn_due())
-            for what in self._watch.wait(timeout):
-                if what is None:
-                    self._drain_wake()
-                    continue
-                kind, worker = what
-                if kind == "output":
+            timeout = _earliest(self._expire(), workers.respawn_due())
+            for source, worker in self._watch.wait(timeout):
+                if source is Source.OUTPUT:
                     if not worker.read_output():
                         self._watch.remove(worker.output_fd)
                     continue
@@ -108,10 +117,9 @@ class Manager(Dispatch):
 
     def _complete_orphans(self) -> None:
         with self._lock:
-            orphans, self._orphans = self._orphans, []
-            settled = [(task, error) for task, error in orphans if self._settle_locked(task)]
+            settled = self._tasks.take_orphans_locked()
         for task, error in settled:
-            self._complete(task, error)
+            task.complete(error)
 
     def _on_readable(self, worker: WorkerProcess) -> None:
         """A worker's socket has a message or its end of file."""
@@ -123,17 +131,8 @@ class Manager(Dispatch):
                 # protocol error). Keep it from being claimed while it is read.
                 worker.move(State.DYING)
                 worker.killed_by_pool = True
-        try:
-            message, fds = worker.receive()
-        except protocol.DescriptorLimitError as error:
-            self._on_message(worker, error.message, [], error)
-        except (protocol.ConnectionLostError, OSError):
+        if not self._dispatcher.receive(worker):
             self._on_worker_lost(worker)
-        except Exception as error:  # not a frame of ours: the worker broke the protocol
-            logger.warning("worker %d sent garbage (%r): replacing it", worker.pid, error)
-            self._retire(worker)
-        else:
-            self._on_message(worker, message, fds)
 
     def _expire(self) -> float | None:
         """Kills workers whose task is past its deadline; returns seconds to the next deadline."""
@@ -147,60 +146,16 @@ class Manager(Dispatch):
                 if now >= task.deadline:
                     task.kill_error = TaskTimeoutError(
                         f"program {task.name!r} did not finish within {task.timeout:g} s "
-                        f"({task.kind}); its worker (pid {worker.pid}) was killed and replaced"
+                        f"({task.kind.value}); its worker (pid {worker.pid}) was killed and "
+                        "replaced"
                     )
-                    self._kill_locked(worker)
+                    self._workers.kill_locked(worker)
                 else:
                     remaining = task.deadline - now
                     nearest = remaining if nearest is None else min(nearest, remaining)
         return nearest
 
-    # -- workers' lives ----------------------------------------------------------
-
-    def _spawn(self, index: int) -> None:
-        worker = self._spawn_worker(index)
-        with self._lock:
-            self._watch.add(worker.sock.fileno(), ("socket", worker))
-            self._watch.add(worker.output_fd, ("output", worker))
-            if index < len(self._workers):
-                self._workers[index] = worker
-            else:
-                self._workers.append(worker)
-
-    def _on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
-        if ready.error is not None:
-            error = WorkerStartupError(
-                f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
-            )
-            error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
-            with self._lock:
-                worker.startup_failure = error  # reported when its end is seen
-                self._kill_locked(worker)
-            return
-        with self._lock:
-            if worker.state is not State.STARTING:
-                return  # killed while starting (terminate)
-            worker.move(State.IDLE)
-            worker.plugin = ready.plugin
-            worker.startup_seconds = time.monotonic() - worker.started_at
-            self._startup_failures = 0
-            everyone = all(w.state is not State.STARTING for w in self._workers)
-        if everyone and not self._started.is_set():
-            self._started.set()
-
-    def _reap(self, worker: WorkerProcess) -> int | None:
-        """Unwatches a dead worker, reaps it and collects the rest of its output."""
-        self._watch.remove(worker.sock.fileno())
-        self._watch.remove(worker.output_fd)
-        returncode = worker.wait_exit(5.0)
-        if returncode is None:
-            worker.kill()
-            returncode = worker.wait_exit(10.0)
-        worker.close()
-        with self._lock:
-            self._retired_counters = self._retired_counters.add(CacheCounters(**worker.counters))
-            worker.counters = {}
-        return returncode
+    # -- deaths ------------------------------------------------------------------
 
     def _on_worker_lost(self, worker: WorkerProcess) -> None:
         """A worker's socket ended: reap it, settle or requeue its task, start a replacement."""
@@ -209,7 +164,7 @@ class Manager(Dispatch):
             task, worker.task = worker.task, None
             started = task is not None and worker.started(task.id)
             worker.move(State.DEAD)
-        returncode = self._reap(worker)
+        returncode = self._workers.reap(worker)
         tail = worker.output_tail()
         if task is not None:
             self._on_task_lost(task, worker, started, returncode, tail)
@@ -219,10 +174,7 @@ class Manager(Dispatch):
                 f"a worker {describe_exit(returncode)} while starting; its output ends "
                 f"with:\n{tail or '(nothing)'}"
             )
-        if failure is None:
-            self._respawn(worker.index)
-        else:
-            self._start_failed(worker.index, failure)
+        self._workers.replace(worker.index, failure)
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str
@@ -237,13 +189,13 @@ class Manager(Dispatch):
             elif worker.killed_by_pool or not started:
                 # Not the program's fault: the worker died before taking the task
                 # up, or was retired for another reason. Send it elsewhere.
-                if self._broken is not None:
-                    error = self._broken
+                if self._tasks.broken is not None:
+                    error = self._tasks.broken
                 elif task.requeues >= MAX_REQUEUES:
                     error = WorkerCrashedError(
-                        f"program {task.name!r} ({task.kind}) was given to {task.requeues + 1} "
-                        f"workers that each died before starting it; the last "
-                        f"{describe_exit(returncode)}. Its output ends with:\n"
+                        f"program {task.name!r} ({task.kind.value}) was given to "
+                        f"{task.requeues + 1} workers that each died before starting it; the "
+                        f"last {describe_exit(returncode)}. Its output ends with:\n"
                         f"{tail or '(nothing)'}",
                         returncode,
                         task.name,
@@ -251,141 +203,63 @@ class Manager(Dispatch):
                     )
                 else:
                     task.requeues += 1
-                    task.sending = False
-                    self._pending.appendleft(task)
+                    self._tasks.requeue_locked(task)
                     return
-            settled = self._settle_locked(task)
+            settled = task.settle()
         if not settled:
             return
         if error is None:
             message = (
-                f"the worker (pid {worker.pid}) running program {task.name!r} ({task.kind}) "
-                f"{describe_exit(returncode)}: {likely_cause(returncode)}. "
+                f"the worker (pid {worker.pid}) running program {task.name!r} "
+                f"({task.kind.value}) {describe_exit(returncode)}: {likely_cause(returncode)}. "
                 "Only this task failed; a replacement worker was started."
-                + self._count_crash(task)
+                + self._quarantine.count_crash(task.program_id, task.name)
                 + f"\nThe worker's output ends with:\n{tail or '(nothing)'}"
             )
             error = WorkerCrashedError(message, returncode, task.name, tail)
-        self._complete(task, error)
-
-    def _respawn(self, index: int) -> None:
-        """Starts a replacement worker (if that fails, _start_failed schedules another try).
-
-        Not after the pool broke, nor while closing with nothing left to run
-        (close() waits for queued tasks, which need workers).
-        """
-        with self._lock:
-            wanted = self._broken is None and (not self._closing or bool(self._pending))
-        if not wanted:
-            self._respawns.pop(index, None)
-            return
-        try:
-            self._spawn(index)
-        except Exception as error:
-            self._start_failed(index, WorkerStartupError(f"a worker could not start: {error}"))
-        else:
-            self._respawns.pop(index, None)
-
-    def _respawn_due(self) -> float | None:
-        """Retries the replacements that are due; returns seconds to the next one."""
-        now = time.monotonic()
-        for index, due in list(self._respawns.items()):
-            if due <= now:
-                self._respawn(index)
-        waits = [due - now for due in self._respawns.values()]
-        return max(0.0, min(waits)) if waits else None
-
-    def _start_failed(self, index: int, error: BaseException) -> None:
-        """A worker did not start: the pool's start fails, or the slot is tried again later.
-
-        After the pool started, each failure in a row doubles the wait before
-        the next try and is logged. While no worker runs, queued tasks
-        fail once FAILED_STARTS_TO_FAIL_QUEUE starts in a row have failed,
-        since nothing could run them; the pool itself goes on trying.
-        """
-        if not self._started.is_set():
-            self._startup_error = error
-            self._started.set()
-            return
-        self._startup_failures += 1
-        failures = self._startup_failures
-        delay = min(RESPAWN_BACKOFF_SECONDS * 2 ** (failures - 1), MAX_RESPAWN_BACKOFF_SECONDS)
-        self._respawns[index] = time.monotonic() + delay
-        logger.warning(
-            "a replacement worker failed to start (%d in a row); trying again in %.1f s: %s",
-            failures,
-            delay,
-            error,
-        )
-        with self._lock:
-            running = any(w.state in (State.IDLE, State.BUSY) for w in self._workers)
-            if not running and failures >= FAILED_STARTS_TO_FAIL_QUEUE:
-                self._fail_queued_locked(
-                    WorkerStartupError,
-                    f"no worker is running, and the last {failures} attempts to start one "
-                    f"failed ({error}); the pool tries again in {delay:.1f} s",
-                    error,
-                )
+        task.complete(error)
 
     def _break(self, error: BaseException) -> None:
         """A failure of the manager thread itself: no later task can run; the queued ones fail."""
         with self._lock:
-            if self._broken is None:
-                self._broken = PoolClosedError(f"the pool is broken: {error}")
-                self._broken.__cause__ = error
-            self._fail_queued_locked(PoolClosedError, str(self._broken), error)
+            broken = PoolClosedError(f"the pool is broken: {error}")
+            broken.__cause__ = error
+            self._tasks.break_locked(broken)
+            self._tasks.fail_queued_locked(PoolClosedError, str(self._tasks.broken), error)
 
     # -- the end ---------------------------------------------------------------
 
     def _stop_workers(self) -> None:
         """The manager's last act: stop every worker, fail what still runs, close what is ours."""
+        workers = self._workers
         deadline = time.monotonic() + HAND_BACK_SECONDS
         while True:  # only after a failure of this thread can a caller still hold a worker
             with self._lock:
-                held = [w for w in self._workers if w.holder is not None]
+                held = workers.held_locked()
                 for worker in held:
-                    self._kill_locked(worker)
+                    workers.kill_locked(worker)
             if not held or time.monotonic() > deadline:
                 break
             self._watch.wait(0.05)
-            self._drain_wake()
         closed = PoolClosedError("the pool was closed during the task")
         self._complete_orphans()
         with self._lock:
-            stopping = [w for w in self._workers if w.state is not State.DEAD]
+            stopping = [w for w in workers if w.state is not State.DEAD]
             unsettled = []
-            for worker in self._workers:
+            for worker in workers:
                 task, worker.task = worker.task, None
-                if task is not None and self._settle_locked(task):
+                if task is not None and task.settle():
                     unsettled.append(task)
-            self._fail_queued_locked(PoolClosedError, "the pool was closed before the task ran")
-        for worker in stopping:
-            self._watch.remove(worker.sock.fileno())
-            self._watch.remove(worker.output_fd)
-        # A worker a caller still holds (it never gave it back) is killed and
-        # reaped, but its socket stays open: that caller may still use it.
-        stop_all([w for w in stopping if w.holder is None], self._stop_grace)
-        for worker in stopping:
-            if worker.holder is not None:
-                worker.wait_exit(1.0)
-        with self._lock:
-            for worker in stopping:
-                worker.move(State.DEAD)
+            self._tasks.fail_queued_locked(
+                PoolClosedError, "the pool was closed before the task ran"
+            )
+        workers.stop(stopping, self._stop_grace)
         for task in unsettled:
-            self._complete(task, task.kill_error or self._broken or closed)
+            task.complete(task.kill_error or self._tasks.broken or closed)
         self._complete_orphans()
         self._segments.close()
-        with self._lock:  # _wake writes to the pipe under the lock: close it under the lock
+        with self._lock:  # wakes write to the pipe under the lock: close it under the lock
             self._watch.close()
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
-
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self._wake_r, 4096):
-                pass
 
 
 def _earliest(*seconds: float | None) -> float | None:

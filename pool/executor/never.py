@@ -16,7 +16,7 @@ from typing import Any
 from worker.cache.key import key_of
 from worker.cache.store import DiskCache
 from worker.compile_mode import refusal
-from worker.identity import compile_options as default_compile_options
+from worker.identity import options_or_default
 from worker.records import LoweredProgram
 
 
@@ -41,7 +41,7 @@ class CachedOnly:
             return  # known to be there, or the workers did not say: they refuse themselves
         if program.platform not in (None, self._parts.get("platform")):
             return  # the worker refuses it for its platform, which says more
-        options = default_compile_options() if compile_options is None else compile_options
+        options = options_or_default(compile_options)
         parts = {**self._parts, "program_sha256": text_digest, "compile_options": options.hex()}
         key = key_of(parts)
         if self._cache.usable and self._cache.path_of(key).is_file():

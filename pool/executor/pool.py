@@ -20,68 +20,62 @@ Data flow::
     run(program, args): claims an idle worker and does send + receive in the
     caller's thread (one thread switch less per call), then gives it back.
 
-The Pool is three parts: this module (what callers call: checking and
-staging arguments, the direct path of run, and putting right what an
-exception in a caller's call leaves, _recover), pool.executor.dispatch (claiming
-workers, sending, replies, settling tasks exactly once: any thread) and
-pool.executor.manager (the manager thread: deadlines, deaths, replacements). Every
-move of a worker between states is checked against the table in
-pool.executor.workers, under one lock.
+The Pool is made of parts, each owning its state, and calls go from here
+down, never back up:
+
+    Pool                 what callers call: checking and staging arguments, the
+     │                   direct path of run, putting right what an exception in a
+     │                   caller's call leaves (_recover), close and terminate
+     ├─ Manager          the manager thread: deadlines, deaths, replacements, the end
+     ├─ Dispatcher       sending claimed tasks, replies, settling (any thread)
+     ├─ Workers          the worker processes: claims, holders, start-up, reaping
+     ├─ Tasks            the queue, orphans, whether the pool takes tasks
+     ├─ Quarantine       crash counts, quarantined programs
+     ├─ SegmentCache     shared memory for large inputs and outputs, kept for reuse
+     └─ Watch            the manager's one wait point, and its wake-up
+
+(each above uses only those below it). One lock, the Pool's, guards the
+queue and every worker's state; every move of a worker between states is
+checked against the table in pool.executor.workers.
+
+The direct path of Pool.run, the hot path for small programs: run ->
+_new_task -> _stage -> _claim_for_caller -> _run_directly -> Dispatcher.send
+-> Dispatcher.receive (-> _handle -> _outcome -> _finish -> Task.complete).
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
-import itertools
 import os
 import threading
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.errors import (
-    PoolClosedError,
-    PoolError,
-    PoolForkedError,
-    ProgramQuarantinedError,
-    WorkerStartupError,
-)
-from pool.executor.compiling import CompileResult, CompilesMany
-from pool.executor.dispatch import close_all
+from pool.errors import PoolClosedError, PoolError, PoolForkedError, WorkerStartupError
+from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.dispatch import Dispatcher
+from pool.executor.futures import PoolFuture
+from pool.executor.inputs import Layouts, stage_inputs
 from pool.executor.manager import Manager
 from pool.executor.never import CachedOnly
+from pool.executor.programs import program_id, program_text_digest
+from pool.executor.quarantine import Quarantine
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.settings import (
-    check_count,
-    check_directory,
-    check_flag,
-    check_grace,
-    check_initargs,
-    check_platform,
-    check_timeout,
-    finite,
-)
-from pool.executor.tasks import (
-    ManagerThread,
-    PoolFuture,
-    Task,
-    program_id,
-    program_text_digest,
-    stage_inputs,
-)
+from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.watch import Watch
-from pool.executor.workers import ARENA_SIZE, WorkerProcess, pickle_initializer
-from worker import compile_mode, protocol, shm
+from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
+from worker import protocol
 from worker.arguments import prepare_arguments
-from worker.cache import CacheCounters, check_cache_dir
+from worker.cache import CacheCounters
 from worker.cache.key import check_key
 from worker.conformance_memo import warn_known_failures
-from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+from worker.identity import checked_compile_options
+from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 if TYPE_CHECKING:
     from pool.lowering.function import PoolFunction
@@ -98,7 +92,9 @@ copied out of the arena (cheaper than mapping a segment for a few KB). Larger
 outputs get a segment of their own that the returned arrays view, with no copy.
 """
 
-_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_live_pools: set[Pool] = set()
+"""Pools not closed yet: interpreter exit terminates them. (A pool's manager thread does
+not hold its Pool, so this set keeps an unclosed pool alive, as its thread once did.)"""
 
 _pid = os.getpid()
 """This process's id, renewed in a forked child: a pool made under another id is the parent's."""
@@ -122,7 +118,7 @@ def _terminate_live_pools() -> None:
         live.terminate()
 
 
-class Pool(Manager, CompilesMany):
+class Pool:
     """Worker processes that compile and run LoweredPrograms, each with its own plugin.
 
     workers is the number of processes (default: the CPU count). platform
@@ -175,86 +171,62 @@ class Pool(Manager, CompilesMany):
     ) -> None:
         self._pid = _pid  # first: every call compares it (see PoolForkedError)
         # Every setting is checked before anything starts (see pool.executor.settings).
-        self._worker_count = (
-            (os.cpu_count() or 1)
-            if workers is None
-            else check_count(workers, "workers", 1, "worker processes")
+        settings = self._settings = PoolSettings.check(
+            workers,
+            platform=platform,
+            cache_dir=cache_dir,
+            task_timeout=task_timeout,
+            start_timeout=start_timeout,
+            initializer=initializer,
+            initargs=initargs,
+            max_loaded=max_loaded,
+            max_crashes=max_crashes,
+            zero_copy=zero_copy,
+            stop_grace=stop_grace,
+            segment_cache_bytes=segment_cache_bytes,
+            segment_fds=segment_fds,
+            never_compile=never_compile,
         )
-        self._platform = check_platform(platform)
-        self._cache_dir = check_directory(cache_dir, "cache_dir")
-        self._task_timeout = finite(check_timeout(task_timeout, "task_timeout"))
-        start_limit = finite(check_timeout(start_timeout, "start_timeout"))
-        self._max_loaded = check_count(
-            max_loaded, "max_loaded", 1, "executables each worker keeps loaded"
+        # The parts of the pool (see the module docstring), each given what it uses.
+        lock = self._lock = threading.Lock()
+        watch = Watch()
+        self._tasks = Tasks(watch)
+        self._quarantine = Quarantine(lock, settings.max_crashes)
+        self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
+        self._workers = Workers(settings, lock, watch, self._tasks)
+        self._dispatcher = Dispatcher(
+            lock, self._tasks, self._workers, self._quarantine, self._segments, watch
         )
-        self._max_crashes = check_count(
-            max_crashes, "max_crashes", 1, "worker crashes that quarantine a program"
-        )
-        self._zero_copy = check_flag(zero_copy, "zero_copy")
-        self._stop_grace = check_grace(stop_grace, "stop_grace")
-        cache_bytes = check_count(
-            segment_cache_bytes, "segment_cache_bytes", 0, "bytes of shared memory kept for reuse"
-        )
-        segment_fds = check_count(
-            segment_fds, "segment_fds", 0, "descriptors kept for shared memory"
-        )
-        self._initializer = pickle_initializer(initializer, check_initargs(initargs))
-        check_cache_dir(self._cache_dir)  # fail fast on a cache directory others could write
-        self._never_compile = compile_mode.never_compile(never_compile)
+        self._watch = watch
+        self._layouts = Layouts()
         self._cached_only: CachedOnly | None = None
-
-        self._lock = threading.Lock()
-        self._pending: collections.deque[Task] = collections.deque()
-        self._closing = False
-        self._broken: BaseException | None = None
-        self._task_ids = itertools.count()
-        self._crashes: collections.Counter[str] = collections.Counter()
-        self._quarantined: dict[str, str] = {}
-        self._statistics = CompileStatistics()
-        self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
-        self._input_layouts: dict[str, tuple[tuple[ArrayType, ...], tuple[int, ...], int]] = {}
-        self._segments = SegmentCache(cache_bytes, segment_fds)
-        self._orphans: list[tuple[Task, BaseException]] = []
-        self._retired_counters = CacheCounters()
-        self._startup_failures = 0
-        self._respawns: dict[int, float] = {}  # worker index -> when to try starting it again
-        self._started = threading.Event()
-        self._startup_error: BaseException | None = None
-
-        self._watch = Watch()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._watch.add(self._wake_r, None)
-        self._workers: list[WorkerProcess] = []
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
-        self._manager = ManagerThread(target=self._manage, name="pjrt-pool-manager", daemon=True)
+        self._manager = Manager(
+            lock,
+            self._tasks,
+            self._workers,
+            self._dispatcher,
+            self._quarantine,
+            self._segments,
+            watch,
+            settings.stop_grace,
+        )
         self._manager.start()
-        if not self._started.wait(start_limit):
+        if not self._workers.started.wait(settings.start_timeout):
             self.terminate()
             raise WorkerStartupError(
-                f"the workers did not start within {start_timeout:.0f} s "
+                f"the workers did not start within {settings.start_timeout:.0f} s "
                 "(plugin loading hung?); raise start_timeout if plugins load slowly here"
             )
-        if self._startup_error is not None:
+        if self._workers.startup_error is not None:
             self.terminate()
-            raise self._startup_error
+            raise self._workers.startup_error
         _live_pools.add(self)
-        if self._never_compile:
-            parts = self._workers[0].plugin.get("key_parts")
-            self._cached_only = CachedOnly(self._cache_dir, parts)
-        warn_known_failures(self._workers[0].plugin.get("path"), self._cache_dir)
-
-    def _spawn_worker(self, index: int) -> WorkerProcess:
-        return WorkerProcess(
-            index,
-            self._platform,
-            self._cache_dir,
-            self._max_loaded,
-            self._initializer,
-            self._never_compile,
-        )
+        plugin = self._workers.plugin
+        if settings.never_compile:
+            self._cached_only = CachedOnly(settings.cache_dir, plugin.get("key_parts"))
+        warn_known_failures(plugin.get("path"), settings.cache_dir)
 
     # -- public API -------------------------------------------------------
 
@@ -279,7 +251,8 @@ class Pool(Manager, CompilesMany):
         compile_options compiles the program with other options than the
         default, as submit_compile does.
         """
-        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
+        program = check_program(program, "Pool.submit")
+        task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
         return self._submit(task, arguments, zero_copy)
 
     def run(
@@ -300,9 +273,10 @@ class Pool(Manager, CompilesMany):
         worker, if it had the task, is killed and replaced, and the pool goes on.
         """
         self._refuse_on_manager("Pool.run")
-        task = self._new_task("run", self._check_program(program), name, timeout, compile_options)
+        program = check_program(program, "Pool.run")
+        task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
         try:
-            self._staged(task, arguments, None, caller_waits=True)
+            self._stage(task, arguments, None, caller_waits=True)
             worker = self._claim_for_caller(task)
             if worker is None:
                 self._enqueue(task)
@@ -330,7 +304,7 @@ class Pool(Manager, CompilesMany):
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
-        task = self._new_task("run", None, spec.name, timeout, None, spec=spec)
+        task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec)
         return self._submit(task, arguments, None)
 
     def submit_compile(
@@ -350,9 +324,8 @@ class Pool(Manager, CompilesMany):
         checks it: malformed options can make the plugin abort, which fails
         only this task.
         """
-        task = self._new_task(
-            "compile", self._check_program(program), name, timeout, compile_options
-        )
+        program = check_program(program, "Pool.submit_compile")
+        task = self._new_task(Kind.COMPILE, program, name, timeout, compile_options)
         return self._submit(task, None, None)
 
     def compile(
@@ -361,6 +334,35 @@ class Pool(Manager, CompilesMany):
         """Compiles (or loads) a program in a worker and returns its ProgramSpec."""
         self._refuse_on_manager("Pool.compile")
         return self.submit_compile(program, name=name, timeout=timeout).result().spec
+
+    def compile_many(
+        self,
+        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+        *,
+        timeout: float | None = None,
+        progress: bool | Progress | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
+
+        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
+        return_exceptions, a program that failed has its exception in its
+        place (one the pool refused, or that a stop of the pool failed, too:
+        the programs compiled before keep their specs); otherwise the first
+        failure (in order) is raised after all have finished. progress=True
+        shows progress on stderr (a live bar on a terminal, a line per program
+        otherwise); a callable gets (done, total, spec or exception) as each
+        finishes.
+        """
+        self._refuse_in_child()
+        self._refuse_on_manager("compile_many")
+        return compile_many(
+            self.submit_compile,
+            programs,
+            timeout=timeout,
+            progress=progress,
+            return_exceptions=return_exceptions,
+        )
 
     def function(
         self,
@@ -400,6 +402,8 @@ class Pool(Manager, CompilesMany):
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
         """
+        # Here, not at the top: it imports JAX (about a second), which a pool that
+        # runs warmed programs (pool.manifest) never needs.
         from pool.lowering.function import PoolFunction
 
         self._refuse_in_child()
@@ -419,33 +423,21 @@ class Pool(Manager, CompilesMany):
         """Disk cache hits, misses, repairs and evictions, summed over every worker."""
         self._refuse_in_child()
         with self._lock:
-            total = self._retired_counters
-            for worker in self._workers:
-                total = total.add(CacheCounters(**worker.counters))
-            return total
+            return self._workers.counters_locked()
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
         self._refuse_in_child()
         with self._lock:
-            return [
-                {
-                    "pid": w.pid,
-                    "state": w.state.value,
-                    "startup_seconds": w.startup_seconds,
-                    "plugin": dict(w.plugin),
-                    "loaded": len(w.loaded),
-                    "task": None if w.task is None else w.task.name,
-                }
-                for w in self._workers
-            ]
+            return self._workers.info_locked()
 
     @property
     def statistics(self) -> CompileStatistics:
         """Compile and load time and counts, summed over every task so far."""
         self._refuse_in_child()
-        return super().statistics
+        with self._lock:
+            return self._dispatcher.statistics
 
     def close(self, cancel_pending: bool = False) -> None:
         """Waits for submitted tasks (or stops queued ones), then stops every worker.
@@ -497,28 +489,30 @@ class Pool(Manager, CompilesMany):
     def _close(self, stop_queued: str | None) -> None:
         """close(); with stop_queued (how the pool was stopped), queued tasks fail instead."""
         with self._lock:
-            self._closing = True
+            self._tasks.close_locked()
             if stop_queued is not None:
-                self._fail_queued_locked(
+                self._tasks.fail_queued_locked(
                     PoolClosedError, f"the pool was {stop_queued} before the task ran"
                 )
-            self._wake()
+            self._watch.wake()
         self._await_manager()
 
     def _terminate(self, how: str) -> None:
         """terminate(); `how` says how the pool was stopped, in the tasks' errors."""
         with self._lock:
-            self._closing = True
-            self._broken = self._broken or PoolClosedError(f"the pool was {how}")
-            self._fail_queued_locked(PoolClosedError, f"the pool was {how} before the task ran")
+            self._tasks.close_locked()
+            self._tasks.break_locked(PoolClosedError(f"the pool was {how}"))
+            self._tasks.fail_queued_locked(
+                PoolClosedError, f"the pool was {how} before the task ran"
+            )
             for worker in self._workers:
                 task = worker.task
                 if task is not None and not task.done and task.kill_error is None:
                     task.kill_error = PoolClosedError(
                         f"the pool was {how} during the task; its worker was killed"
                     )
-                self._kill_locked(worker)
-            self._wake()
+                self._workers.kill_locked(worker)
+            self._watch.wake()
         self._await_manager()
 
     def _await_manager(self) -> None:
@@ -529,12 +523,15 @@ class Pool(Manager, CompilesMany):
         had ended is completed here.
         """
         _live_pools.discard(self)
-        manager = getattr(self, "_manager", None)
+        manager = self._manager
         if threading.current_thread() is manager:
             return  # a done-callback stopped the pool: the manager's next turn does the rest
-        if manager is not None and manager.is_alive():
+        if manager.is_alive():
             manager.join()
-        self._complete_orphans()
+        with self._lock:
+            settled = self._tasks.take_orphans_locked()
+        for task, error in settled:
+            task.complete(error)
 
     def _refuse_in_child(self) -> None:
         """Raises PoolForkedError in a process forked from the one that made this pool."""
@@ -546,19 +543,20 @@ class Pool(Manager, CompilesMany):
                 "in this process instead."
             )
 
-    # -- tasks -------------------------------------------------------------
-
-    @staticmethod
-    def _check_program(program: Any) -> LoweredProgram:
-        if not isinstance(program, LoweredProgram):
-            raise TypeError(
-                f"the pool runs LoweredPrograms (from pool.lower), not {type(program).__name__}"
+    def _refuse_on_manager(self, what: str) -> None:
+        """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
+        if threading.current_thread() is self._manager:
+            raise PoolError(
+                f"{what} cannot wait inside a Future's done-callback: callbacks run on the "
+                "pool's manager thread, which must stay free to read the workers' replies; "
+                "call pool.submit there (and add_done_callback for its result)"
             )
-        return program
+
+    # -- tasks -------------------------------------------------------------
 
     def _new_task(
         self,
-        kind: str,
+        kind: Kind,
         program: LoweredProgram | None,
         name: str | None,
         timeout: float | None,
@@ -571,9 +569,8 @@ class Pool(Manager, CompilesMany):
         """
         if self._pid != _pid:
             self._refuse_in_child()
-        seconds = self._task_timeout if timeout is None else finite(check_timeout(timeout))
-        if compile_options is not None and not isinstance(compile_options, bytes):
-            raise TypeError("compile_options must be bytes (a serialized CompileOptionsProto)")
+        seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
+        compile_options = checked_compile_options(compile_options)
         if program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key
@@ -584,7 +581,7 @@ class Pool(Manager, CompilesMany):
                 self._cached_only.check(program, identity, digest, compile_options, name)
             name, key = name or program.name, None
         return Task(
-            id=next(self._task_ids),
+            id=self._tasks.next_id(),
             kind=kind,
             program=program,
             program_id=identity,
@@ -606,13 +603,13 @@ class Pool(Manager, CompilesMany):
         """
         try:
             if arguments is not None:
-                self._staged(task, arguments, zero_copy, caller_waits=False)
+                self._stage(task, arguments, zero_copy, caller_waits=False)
             return self._enqueue(task)
         except BaseException as error:
             self._recover(task, error)
             raise
 
-    def _staged(
+    def _stage(
         self,
         task: Task,
         arguments: Sequence[ArrayLike],
@@ -622,25 +619,13 @@ class Pool(Manager, CompilesMany):
         """Checks and converts a run task's arguments and stages them (see stage_inputs)."""
         types = task.program.input_types if task.program is not None else task.spec_types
         arrays = prepare_arguments(arguments, types)
-        task.zero_copy = self._zero_copy if zero_copy is None else zero_copy
+        task.zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
         # checks them against the executable's own (worker.server.check_run_inputs).
         task.declared_types = types is not None and task.cache_key is None
-        layout = self._input_layout(task.program_id, types) if task.declared_types else None
+        layout = self._layouts.of(task.program_id, types) if task.declared_types else None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
-
-    def _input_layout(
-        self, program_key: str, types: tuple[ArrayType, ...] | None
-    ) -> tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None:
-        """The shared-memory layout of a program's declared inputs, computed once."""
-        if types is None:
-            return None
-        layout = self._input_layouts.get(program_key)
-        if layout is None:
-            offsets, size = shm.layout(types)
-            layout = self._input_layouts[program_key] = (types, offsets, size)
-        return layout
 
     def _enqueue(self, task: Task) -> Future[Any]:
         """Queues a task and dispatches what is queued; the caller's except clause runs
@@ -648,45 +633,31 @@ class Pool(Manager, CompilesMany):
         with self._lock:
             refusal = self._refusal_locked(task)
             if refusal is None:
-                self._pending.append(task)
+                self._tasks.pending.append(task)
         if refusal is not None:
             raise refusal
         # Dispatch from the caller's thread: waking the manager thread for it
         # would cost a thread switch (and a GIL hand-off) on every task.
-        self._dispatch(threading.get_ident())
+        self._dispatcher.dispatch(threading.get_ident())
         return task.future
 
     def _refusal_locked(self, task: Task) -> BaseException | None:
-        if self._closing or self._broken is not None:
-            return self._broken or PoolClosedError("the pool is closed")
-        reason = self._quarantined.get(task.program_id)
-        return None if reason is None else ProgramQuarantinedError(reason)
-
-    def _refuse_on_manager(self, what: str) -> None:
-        """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
-        if threading.current_thread() is self._manager:
-            raise PoolError(
-                f"{what} cannot wait inside a Future's done-callback: callbacks run on the "
-                "pool's manager thread, which must stay free to read the workers' replies; "
-                "call pool.submit there (and add_done_callback for its result)"
-            )
-
-    def _before_waiting(self, what: str) -> None:  # CompilesMany's hook
-        self._refuse_in_child()
-        self._refuse_on_manager(what)
+        """Why the pool will not take a task now (closed, broken, quarantined); else None."""
+        refusal = self._tasks.refusal_locked()
+        return refusal or self._quarantine.refusal_locked(task.program_id)
 
     # -- the direct path of Pool.run -----------------------------------------
 
     def _claim_for_caller(self, task: Task) -> WorkerProcess | None:
         """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
         with self._lock:
-            if self._pending or self._refusal_locked(task) is not None:
+            if self._tasks.pending or self._refusal_locked(task) is not None:
                 return None  # the queue keeps the order, or reports the refusal
-            worker = self._idle_worker_locked(task.program_id)
+            worker = self._workers.idle_locked(task.program_id)
             if worker is None:
                 return None
             task.future.set_running_or_notify_cancel()
-            self._claim_locked(worker, task, threading.get_ident())
+            self._workers.claim_locked(worker, task, threading.get_ident())
         return worker
 
     def _run_directly(self, worker: WorkerProcess, task: Task) -> None:
@@ -697,31 +668,14 @@ class Pool(Manager, CompilesMany):
         task); one that breaks the protocol is retired. An exception of
         this thread's own is put right by Pool._recover.
         """
-        message, fds = self._request_for(task, worker)
-        task.sending = True
-        try:
-            worker.send(message, fds)
-        except OSError:
-            self._retire(worker)  # dead or broken; it cannot have started the task
-            return
+        dispatcher = self._dispatcher
+        if not dispatcher.send(worker, task):
+            return  # dead or broken, and retired: it cannot have started the task
         protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
-        reply_fds: list[int] = []
-        try:
-            reply, reply_fds = worker.receive()
-        except protocol.DescriptorLimitError as error:
-            self._on_message(worker, error.message, [], error)
-        except (protocol.ConnectionLostError, OSError):
-            self._give_back(worker)  # it died: the manager reaps it and settles the task
-        except Exception:
-            self._retire(worker)  # not a frame of ours: the worker broke the protocol
-        else:
-            try:
-                self._on_message(worker, reply, reply_fds)
-            finally:
-                if reply_fds:  # an interrupt at _on_message's entry: it took none
-                    close_all(reply_fds)
-        if self._pending:  # queued meanwhile, or the reply asked to send the task again
-            self._dispatch(threading.get_ident())
+        if not dispatcher.receive(worker):
+            self._workers.give_back(worker)  # it died: the manager reaps it and settles the task
+        if self._tasks.pending:  # queued meanwhile, or the reply asked to send the task again
+            dispatcher.dispatch(threading.get_ident())
 
     def _recover(self, own: Task, error: BaseException) -> None:
         """Puts right what an exception left in a caller's call: its workers and its task.
@@ -745,30 +699,28 @@ class Pool(Manager, CompilesMany):
             else PoolError(f"the call was interrupted ({type(error).__name__}); its task stopped")
         )
         settled = False
+        workers, tasks = self._workers, self._tasks
         with self._lock:
-            for worker in self._workers:
-                if worker.holder != me:
-                    continue
+            for worker in workers.held_by_locked(me):
                 held = worker.task
                 if held is not None and held.sending:
-                    self._retire_locked(worker)
+                    workers.retire_locked(worker)
                     continue
                 if held is not None and held is not own:
-                    held.sending = False
-                    self._pending.appendleft(held)
-                self._unclaim_locked(worker)
+                    tasks.requeue_locked(held)
+                workers.unclaim_locked(worker)
             if not own.done:
-                running = next((w for w in self._workers if w.task is own), None)
+                running = workers.running_locked(own)
                 if running is not None:
                     own.kill_error = own.kill_error or failure
-                    self._kill_locked(running)
+                    workers.kill_locked(running)
                 else:
-                    if own in self._pending:
-                        self._pending.remove(own)
-                    settled = self._settle_locked(own)
-            if self._pending:
-                self._wake()
+                    if own in tasks.pending:
+                        tasks.pending.remove(own)
+                    settled = own.settle()
+            if tasks.pending:
+                self._watch.wake()
         if settled:
-            self._complete(own, failure)
+            own.complete(failure)
         elif own.done:
             own.release()  # settled before, but the interrupt may have cut its completion short

@@ -2,7 +2,8 @@
 
 Everything is checked before any worker starts or any task is queued. A
 value of the wrong kind raises TypeError, one out of range ValueError; both
-name the argument, say what it must be and show what it was.
+name the argument, say what it must be and show what it was. PoolSettings
+holds the checked settings of one pool.
 """
 
 from __future__ import annotations
@@ -10,7 +11,94 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import cloudpickle
+
+from worker import compile_mode
+from worker.cache import check_cache_dir
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """A Pool's constructor arguments, checked (see Pool for what each means)."""
+
+    workers: int
+    platform: str | None
+    cache_dir: str | None
+    task_timeout: float | None  # None: no bound
+    start_timeout: float | None  # None: no bound
+    max_loaded: int
+    max_crashes: int
+    zero_copy: bool
+    stop_grace: float
+    segment_cache_bytes: int
+    segment_fds: int
+    initializer: bytes  # the initializer and its arguments, cloudpickled (b"" for none)
+    never_compile: bool
+
+    @classmethod
+    def check(
+        cls,
+        workers: Any,
+        *,
+        platform: Any,
+        cache_dir: Any,
+        task_timeout: Any,
+        start_timeout: Any,
+        initializer: Callable[..., Any] | None,
+        initargs: Sequence[Any],
+        max_loaded: Any,
+        max_crashes: Any,
+        zero_copy: Any,
+        stop_grace: Any,
+        segment_cache_bytes: Any,
+        segment_fds: Any,
+        never_compile: bool | None,
+    ) -> PoolSettings:
+        """Checks every setting, in the order Pool takes them; raises for the first bad one.
+
+        The cache directory is checked too: one that others could write fails
+        here (UntrustedCacheError), not in every task.
+        """
+        count = (
+            (os.cpu_count() or 1)
+            if workers is None
+            else check_count(workers, "workers", 1, "worker processes")
+        )
+        platform = check_platform(platform)
+        directory = check_directory(cache_dir, "cache_dir")
+        task_limit = finite(check_timeout(task_timeout, "task_timeout"))
+        start_limit = finite(check_timeout(start_timeout, "start_timeout"))
+        loaded = check_count(max_loaded, "max_loaded", 1, "executables each worker keeps loaded")
+        crashes = check_count(
+            max_crashes, "max_crashes", 1, "worker crashes that quarantine a program"
+        )
+        zero_copy = check_flag(zero_copy, "zero_copy")
+        grace = check_grace(stop_grace, "stop_grace")
+        cache_bytes = check_count(
+            segment_cache_bytes, "segment_cache_bytes", 0, "bytes of shared memory kept for reuse"
+        )
+        fds = check_count(segment_fds, "segment_fds", 0, "descriptors kept for shared memory")
+        pickled = pickle_initializer(initializer, check_initargs(initargs))
+        check_cache_dir(directory)
+        return cls(
+            workers=count,
+            platform=platform,
+            cache_dir=directory,
+            task_timeout=task_limit,
+            start_timeout=start_limit,
+            max_loaded=loaded,
+            max_crashes=crashes,
+            zero_copy=zero_copy,
+            stop_grace=grace,
+            segment_cache_bytes=cache_bytes,
+            segment_fds=fds,
+            initializer=pickled,
+            never_compile=compile_mode.never_compile(never_compile),
+        )
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:
@@ -97,3 +185,18 @@ def check_initargs(value: Any) -> tuple[Any, ...]:
             f"not {type(value).__name__} {value!r}"
         )
     return tuple(value)
+
+
+def pickle_initializer(initializer: Any, initargs: tuple[Any, ...]) -> bytes:
+    """Returns the initializer and its arguments as cloudpickle bytes (b"" for none)."""
+    if initializer is None:
+        return b""
+    if not callable(initializer):
+        raise TypeError(f"initializer must be callable, not {type(initializer).__name__}")
+    try:
+        return cloudpickle.dumps((initializer, tuple(initargs)))
+    except Exception as error:  # what pickling raises varies with what it met
+        raise TypeError(
+            "initializer and initargs go to each worker with cloudpickle, which "
+            f"cannot pickle them: {type(error).__name__}: {error}"
+        ) from error

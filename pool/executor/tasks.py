@@ -1,141 +1,47 @@
-"""Task bookkeeping: what was asked, its future, and what to send for it.
+"""Task bookkeeping: what was asked, its future and what to send for it; the queue.
 
-Kept apart from process bookkeeping (pool.executor.workers): a Task knows its program,
-its arguments and its future, never a process's state. The Pool moves tasks
-between its pending queue and the workers::
+Kept apart from process bookkeeping (pool.executor.workers): a Task knows its
+program, its inputs and its future, never a process's state. Tasks holds the
+tasks no worker has: the queue, and the orphans the manager is to fail. The
+Pool moves tasks between the queue and the workers::
 
     QUEUED --claimed with a worker--> RUNNING --settle()--> DONE   (exactly once)
     RUNNING --worker died before starting it, or was killed for
               another reason--> QUEUED again (at most MAX_REQUEUES times)
 
-A task is settled (its future resolved or failed, its shared memory given
-back) by exactly one thread: the one whose ``Dispatch._settle_locked`` call
-flips ``done`` under the pool's lock.
+A task is settled by exactly one thread: the one whose Task.settle() flips
+``done`` under the pool's lock; that thread alone completes it (resolves its
+future and gives back its shared memory: Task.complete).
 """
 
 from __future__ import annotations
 
 import collections
-import functools
-import hashlib
-import logging
+import enum
+import itertools
 import mmap
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pool.executor.segments import Segment, SegmentCache, writer
+from pool.errors import PoolClosedError, PoolError
+from pool.executor.futures import fail, resolve
+from pool.executor.segments import Segment, SegmentCache
+from pool.executor.watch import Watch
 from worker import protocol, shm
-from worker.arguments import types_of
-from worker.identity import compile_options as default_compile_options
-from worker.records import ArrayType, DigestedProgram, LoweredProgram
-
-logger = logging.getLogger("pjrt_pool.pool")
+from worker.records import ArrayType, LoweredProgram
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
 
-_MEMO_BYTES = 64 << 20
-"""Program text (in characters) that the program-identity memo may keep alive."""
 
-_text_digests: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
-_memo_size = 0
-_memo_lock = threading.Lock()
+class Kind(enum.Enum):
+    """What a task asks of a worker."""
 
-
-def _text_digest(text: str) -> str:
-    """The SHA-256 of a program text, memoized by the text object's identity.
-
-    The same program is usually submitted many times, and hashing a large
-    module costs more than a small program's whole round trip. The memo
-    keeps the texts it knows alive (to make their identity safe to reuse),
-    so it holds at most _MEMO_BYTES of them, the oldest going first.
-    """
-    global _memo_size
-    memo = _text_digests.get(id(text))  # one dict lookup: atomic, no lock needed
-    if memo is not None and memo[0] is text:
-        return memo[1]
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    if len(text) <= _MEMO_BYTES // 4:
-        with _memo_lock:
-            old = _text_digests.pop(id(text), None)
-            if old is not None:
-                _memo_size -= len(old[0])
-            _text_digests[id(text)] = (text, digest)
-            _memo_size += len(text)
-            while _memo_size > _MEMO_BYTES:
-                _, (dropped, _) = _text_digests.popitem(last=False)
-                _memo_size -= len(dropped)
-    return digest
-
-
-def program_id(program: LoweredProgram, compile_options: bytes | None = None) -> str:
-    """Identifies a program within a pool: platform, compile options and text.
-
-    Two programs with the same text compiled with different options are
-    different executables (fast math, for one, changes results), so the
-    options are part of the identity wherever the pool routes, caches or
-    quarantines a program. None means the default options. A program from
-    lower() carries its text's digest (DigestedProgram), so that its text is
-    hashed once, however large it is.
-    """
-    return _identity(program_text_digest(program), program.platform, compile_options)
-
-
-def program_text_digest(program: LoweredProgram) -> str:
-    """The SHA-256 of a program's text: the one lower() recorded, or computed (memoized)."""
-    if isinstance(program, DigestedProgram):
-        return program.text_sha256
-    return _text_digest(program.text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _identity(text_digest: str, platform: str | None, compile_options: bytes | None) -> str:
-    options = default_compile_options() if compile_options is None else compile_options
-    return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
-
-
-class ManagerThread(threading.Thread):
-    """A pool's manager thread (pool.executor.manager), where most futures are settled.
-
-    PoolFuture knows it by its class.
-    """
-
-
-class PoolFuture(Future):  # type: ignore[type-arg]
-    """A Future of a pool's task, whose done-callbacks cannot break the pool.
-
-    concurrent.futures logs an Exception from a done-callback, but lets a
-    BaseException (KeyboardInterrupt, SystemExit) out into the thread that
-    runs it: on the pool's manager thread, the callbacks after it never ran
-    and the pool stopped. There, such an exception is now logged (on
-    pjrt_pool.pool) and the other callbacks and the pool go on. Callbacks
-    that run elsewhere (cancel(), add_done_callback on a done future)
-    behave as concurrent.futures' do.
-    """
-
-    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
-        super().add_done_callback(functools.partial(_guarded, fn))
-
-
-def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> None:
-    try:
-        callback(future)
-    except Exception:
-        raise  # concurrent.futures logs it and goes on
-    except BaseException as error:
-        if not isinstance(threading.current_thread(), ManagerThread):
-            raise
-        logger.error(
-            "a done-callback (%r) raised %r on the pool's manager thread; the pool goes on",
-            callback,
-            error,
-            exc_info=True,
-        )
+    COMPILE = "compile"  # compile or load the program; the result is a CompileResult
+    RUN = "run"  # run it; the result is its outputs
 
 
 @dataclass(eq=False)
@@ -143,7 +49,7 @@ class Task:
     """One compile or run request and the future that receives its result."""
 
     id: int
-    kind: str  # "compile" or "run"
+    kind: Kind
     program: LoweredProgram | None
     program_id: str
     name: str
@@ -170,16 +76,34 @@ class Task:
     kill_error: BaseException | None = None  # what to fail with if the pool kills its worker
     requeues: int = 0
 
+    def settle(self) -> bool:
+        """The one transition to DONE, under the pool's lock: True for the single caller that
+        makes it, which then completes the task."""
+        if self.done:
+            return False
+        self.done = True
+        return True
+
+    def complete(self, outcome: Any) -> None:
+        """Resolves a settled task's future with its outcome (an exception fails it) and gives
+        back its shared memory; not under the lock (the future's callbacks run here)."""
+        self.release()
+        if isinstance(outcome, BaseException):
+            fail(self.future, outcome)
+        else:
+            resolve(self.future, outcome)
+
     def request(
         self, worker_has_program: bool, arena: mmap.mmap, want_output_types: bool
-    ) -> tuple[Any, tuple[int, ...]]:
+    ) -> tuple[protocol.Compile | protocol.Run, tuple[int, ...]]:
         """Returns the message for a worker and the descriptors to send with it.
 
         Small inputs are copied into the worker's arena here, which the caller
         has claimed along with the worker; large inputs staged in private
-        memory (see stage_inputs) go into a segment now.
+        memory (see pool.executor.inputs) go into a segment now.
         """
-        if self.kind == "compile":
+        if self.kind is Kind.COMPILE:
+            assert self.program is not None
             message = protocol.Compile(
                 self.id, self.program_id, self.program, self.name, self.compile_options
             )
@@ -194,7 +118,7 @@ class Task:
             self._packed_to_segment()
         include = self.cache_key is None and (self.resend_program or not worker_has_program)
         output = self.output
-        message = protocol.Run(
+        run = protocol.Run(
             self.id,
             self.program_id,
             self.program if include else None,
@@ -212,7 +136,7 @@ class Task:
         fds = () if in_arena else (self.input.fd,)  # type: ignore[union-attr]
         if output is not None and output.fd >= 0:
             fds += (output.fd,)
-        return message, fds
+        return run, fds
 
     def _packed_to_segment(self) -> None:
         """Moves large inputs staged in private memory into a segment, for sending.
@@ -236,47 +160,68 @@ class Task:
         self.arrays = self.packed = None
 
 
-def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytearray:
-    """Copies arrays into private memory laid out as they will be in shared memory."""
-    packed = bytearray(size)
-    shm.write(packed, arrays, offsets)  # type: ignore[arg-type]
-    return packed
+class Tasks:
+    """The tasks no worker has (the queue, the orphans) and whether the pool takes more.
 
-
-def stage_inputs(
-    task: Task,
-    arrays: list[np.ndarray],
-    arena_limit: int,
-    segments: SegmentCache,
-    layout: tuple[tuple[ArrayType, ...], tuple[int, ...], int] | None,
-    caller_waits: bool,
-) -> None:
-    """Prepares a task's inputs so that later changes to the caller's arrays do not reach it.
-
-    With caller_waits (Pool.run: the caller gets control back only when the
-    task is settled), small inputs stay by reference and are copied straight
-    into the worker's arena; otherwise they are copied here. Inputs larger
-    than arena_limit go into a segment of their own, made here in the
-    submitting thread so that the manager thread never copies much; when
-    the pool's descriptor budget is spent (many tasks queued), they are
-    copied into private memory instead and into a segment at dispatch.
-    `layout` gives the types, offsets and size when they are known.
+    Everything here is read and changed under the pool's lock (methods named
+    *_locked). An orphan is a task a thread settles but leaves to the manager
+    thread to complete, so that its done-callbacks run there as every other
+    callback does, and so that an interrupt in a caller's thread never
+    leaves another thread waiting: a task a caller cannot send or finds
+    cancelled, and the queued tasks a stop of the pool fails.
     """
-    if layout is not None:  # the program's declared types: computed once per program
-        task.input_types, task.input_offsets, task.input_size = layout
-    else:
-        task.input_types = types_of(arrays)
-        task.input_offsets, task.input_size = shm.layout(task.input_types)
-    if task.input_size <= arena_limit:
-        task.in_arena = True
-        if caller_waits:
-            task.arrays = arrays
-        else:
-            task.packed = pack(arrays, task.input_offsets, task.input_size)
-        return
-    task.segments = segments
-    task.input = Segment()
-    if segments.reserve(task.input):
-        segments.fill(task.input, task.input_size, writer(arrays, task.input_offsets))
-    else:
-        task.packed = pack(arrays, task.input_offsets, task.input_size)
+
+    def __init__(self, watch: Watch) -> None:
+        self._watch = watch  # woken when there are orphans or queued tasks for the manager
+        self._ids = itertools.count()
+        self.pending: collections.deque[Task] = collections.deque()
+        self._orphans: list[tuple[Task, BaseException]] = []
+        self.closing = False  # close() or terminate() began: no task is taken any more
+        self.broken: BaseException | None = None  # why no later task can run, once broken
+
+    def next_id(self) -> int:
+        """A new task's id: ids are never reused within a pool."""
+        return next(self._ids)
+
+    def refusal_locked(self) -> BaseException | None:
+        """Why a new task is refused: the pool is closed or broken; else None."""
+        if self.closing or self.broken is not None:
+            return self.broken or PoolClosedError("the pool is closed")
+        return None
+
+    def close_locked(self) -> None:
+        """No task is taken any more (close() and terminate())."""
+        self.closing = True
+
+    def break_locked(self, error: PoolClosedError) -> None:
+        """No later task can run: each fails with `error` (the first reason given stays)."""
+        self.broken = self.broken or error
+
+    def requeue_locked(self, task: Task) -> None:
+        """Puts a task back at the head of the queue, to be sent (again) to another worker."""
+        task.sending = False
+        self.pending.appendleft(task)
+
+    def orphan_locked(self, task: Task, error: BaseException) -> None:
+        """Leaves the failing of a task the calling thread does not own to the manager."""
+        self._orphans.append((task, error))
+        self._watch.wake()
+
+    def fail_queued_locked(
+        self, kind: type[PoolError], message: str, cause: BaseException | None = None
+    ) -> None:
+        """Empties the queue: each task is left to the manager, to fail with kind(message).
+
+        The message says why they never ran.
+        """
+        for task in self.pending:
+            error = kind(message)
+            error.__cause__ = cause
+            self._orphans.append((task, error))
+        self.pending.clear()
+        self._watch.wake()
+
+    def take_orphans_locked(self) -> list[tuple[Task, BaseException]]:
+        """The orphans this thread settled (an orphan settled before is dropped), to complete."""
+        orphans, self._orphans = self._orphans, []
+        return [(task, error) for task, error in orphans if task.settle()]

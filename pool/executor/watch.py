@@ -1,10 +1,10 @@
 """The manager thread's one wait point: an epoll set of descriptors and what each belongs to.
 
-Worker sockets, worker output pipes and the pool's wake-up pipe all go in one
-set, so that a single wait sees replies, deaths (end of file) and wake-ups
-alike. Caller threads add and remove descriptors while the manager waits:
-epoll takes such changes at once, and an event for a descriptor removed in
-the meantime is dropped by ``wait``. (selectors.EpollSelector does the same
+Worker sockets, worker output pipes and a wake-up pipe all go in one set, so
+that a single wait sees replies, deaths (end of file) and wake-ups alike.
+Caller threads add and remove descriptors while the manager waits: epoll
+takes such changes at once, and an event for a descriptor removed in the
+meantime is dropped by ``wait``. (selectors.EpollSelector does the same
 with a few microseconds more bookkeeping per change, and callers change the
 set on every task they dispatch.) Adding and removing are idempotent, and do
 nothing once the set is closed, so a late hand-back can never touch a
@@ -13,8 +13,12 @@ descriptor number that has been reused since.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 from typing import Any
+
+from worker.fds import close_quietly
 
 _MISSING = object()
 
@@ -30,12 +34,28 @@ class Watch:
     between the two): `add` records, then registers (an fd registered
     already is fine); `remove` forgets, then unregisters (an fd unregistered
     already is fine); and `wait` unregisters an fd it has no value for.
+    Any thread may `wake` the waiting one; `wait` empties the wake-up pipe
+    itself and returns only what was added.
     """
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._what: dict[int, Any] = {}
         self._closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._epoll.register(self._wake_r, select.EPOLLIN)
+
+    def wake(self) -> None:
+        """Ends the current wait, or the next one.
+
+        Callers hold the pool's lock, under which close() closes the pipe: a
+        wake after close writes nothing (never into a reused descriptor).
+        """
+        if self._wake_w >= 0:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"\0")
 
     def add(self, fd: int, what: Any) -> None:
         """Watches a descriptor; `wait` returns `what` when it is readable or at its end."""
@@ -62,6 +82,11 @@ class Watch:
         limit = MAX_WAIT_SECONDS if timeout is None else min(timeout, MAX_WAIT_SECONDS)
         found = []
         for fd, _ in self._epoll.poll(limit):
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while os.read(fd, 4096):
+                        pass
+                continue
             what = self._what.get(fd, _MISSING)
             if what is not _MISSING:
                 found.append(what)
@@ -73,7 +98,11 @@ class Watch:
         return found
 
     def close(self) -> None:
-        """Closes the epoll descriptor; later adds and removes do nothing."""
+        """Closes the epoll descriptor and the wake-up pipe; later adds, removes and wakes do
+        nothing. Called under the pool's lock (see wake)."""
         self._closed = True
         self._what.clear()
         self._epoll.close()
+        close_quietly(self._wake_r)
+        close_quietly(self._wake_w)
+        self._wake_r = self._wake_w = -1

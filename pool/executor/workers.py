@@ -30,9 +30,12 @@ of one caller thread, with the socket out of that set::
     caller  --request sent (submit), reply handled (run), or the caller
               failed or was interrupted (Pool._recover)--------------------> manager
 
-Only Dispatch._claim_locked and Dispatch._give_back_locked change it, so
-"the manager's wait set has the socket exactly when the manager holds it"
-holds everywhere else.
+Only Workers.claim_locked and Workers.give_back_locked change it, so "the
+manager's wait set has the socket exactly when the manager holds it" holds
+everywhere else. Workers (below) owns the list of a pool's workers and makes
+these moves; only the manager thread spawns and reaps workers, since their
+PR_SET_PDEATHSIG is tied to the thread that spawned them, which outlives
+them all.
 """
 
 from __future__ import annotations
@@ -46,15 +49,34 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import cloudpickle
-
+from pool.errors import WorkerStartupError
+from pool.executor.settings import PoolSettings
+from pool.executor.tasks import Task, Tasks
+from pool.executor.watch import Watch
 from pool.spawn import child_environment, python_command
 from worker import protocol, shm
+from worker.cache import CacheCounters
+from worker.fds import close_quietly
 
-logger = logging.getLogger("pjrt_pool.worker")
+output_log = logging.getLogger("pjrt_pool.worker")
+"""Where what workers print goes (at debug level)."""
+
+logger = logging.getLogger("pjrt_pool.pool")
+
+RESPAWN_BACKOFF_SECONDS = 0.5
+"""How long after a replacement worker failed to start the pool tries again; the wait
+doubles with each failure in a row, up to MAX_RESPAWN_BACKOFF_SECONDS."""
+
+MAX_RESPAWN_BACKOFF_SECONDS = 30.0
+
+FAILED_STARTS_TO_FAIL_QUEUE = 3
+"""Failed starts in a row after which, while no worker runs, queued tasks fail (the pool
+keeps trying to start workers for later tasks)."""
 
 STDERR_TAIL_BYTES = 8192
 """How much of a worker's output is kept for crash reports."""
@@ -100,7 +122,7 @@ class WorkerProcess:
         self.max_loaded = max_loaded
         self.state = State.STARTING
         self.holder: int | None = None  # the thread that holds the socket; None: the manager
-        self.task: Any = None
+        self.task: Task | None = None
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -116,7 +138,7 @@ class WorkerProcess:
         try:
             parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except BaseException:
-            os.close(arena_fd)
+            close_quietly(arena_fd)
             raise
         arguments = ["--fd", str(child_end.fileno()), "--max-loaded", str(max_loaded)]
         arguments += ["--parent-pid", str(os.getpid())]
@@ -139,7 +161,7 @@ class WorkerProcess:
                 start_new_session=True,
             )
         except BaseException:
-            os.close(arena_fd)
+            close_quietly(arena_fd)
             parent_end.close()
             raise
         finally:
@@ -152,7 +174,7 @@ class WorkerProcess:
         except OSError:
             pass  # the worker died at once; the pool sees the end of its socket
         finally:
-            os.close(arena_fd)
+            close_quietly(arena_fd)
 
     @property
     def pid(self) -> int:
@@ -184,7 +206,7 @@ class WorkerProcess:
         self._output += chunk
         del self._output[:-STDERR_TAIL_BYTES]
         for line in chunk.decode(errors="replace").splitlines():
-            logger.debug("worker %d: %s", self.pid, line)
+            output_log.debug("worker %d: %s", self.pid, line)
         return True
 
     def output_tail(self, lines: int = 20) -> str:
@@ -253,34 +275,326 @@ def stop_all(workers: list[WorkerProcess], grace: float) -> None:
     for worker in running:
         with contextlib.suppress(OSError):
             worker.send(protocol.Exit())
-    for escalate in (None, "terminate", "kill"):
-        if escalate == "terminate":
-            for worker in running:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.process.terminate()
-        elif escalate == "kill":
-            for worker in running:
-                worker.kill()
-        deadline = time.monotonic() + (grace if escalate != "kill" else 10.0)
-        for worker in running:
-            worker.wait_exit(max(0.0, deadline - time.monotonic()))
-        running = [w for w in running if w.process.poll() is None]
-        if not running:
-            break
+    running = _still_running(running, grace)
+    for worker in running:
+        with contextlib.suppress(ProcessLookupError):
+            worker.process.terminate()
+    running = _still_running(running, grace)
+    for worker in running:
+        worker.kill()
+    _still_running(running, 10.0)
     for worker in workers:
         worker.close()
 
 
-def pickle_initializer(initializer: Any, initargs: tuple[Any, ...]) -> bytes:
-    """Returns the initializer and its arguments as cloudpickle bytes (b"" for none)."""
-    if initializer is None:
-        return b""
-    if not callable(initializer):
-        raise TypeError(f"initializer must be callable, not {type(initializer).__name__}")
-    try:
-        return cloudpickle.dumps((initializer, tuple(initargs)))
-    except Exception as error:  # what pickling raises varies with what it met
-        raise TypeError(
-            "initializer and initargs go to each worker with cloudpickle, which "
-            f"cannot pickle them: {type(error).__name__}: {error}"
-        ) from error
+def _still_running(workers: list[WorkerProcess], seconds: float) -> list[WorkerProcess]:
+    """Waits up to `seconds` in all for workers to end; returns those that did not."""
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        worker.wait_exit(max(0.0, deadline - time.monotonic()))
+    return [w for w in workers if w.process.poll() is None]
+
+
+class Source(enum.Enum):
+    """What a worker's descriptor in the manager's wait set (pool.executor.watch) carries."""
+
+    SOCKET = "socket"  # its messages, and its end of file when it dies
+    OUTPUT = "output"  # what it prints on stdout and stderr
+
+
+class Workers:
+    """A pool's worker processes: starting and replacing them, who holds each, reaping them.
+
+    The list and every worker's state and holder are changed under the
+    pool's lock (methods named *_locked need it held). Claiming, giving back,
+    killing and retiring happen on any thread; starting, replacing and
+    reaping only on the manager thread (see the module docstring).
+    """
+
+    def __init__(
+        self, settings: PoolSettings, lock: threading.Lock, watch: Watch, tasks: Tasks
+    ) -> None:
+        self._settings = settings  # how many workers to keep, and what each starts with
+        self._lock = lock  # the pool's: every move of a worker between states is under it
+        self._watch = watch  # the manager's wait set: the sockets it holds, every output pipe
+        # The pool's tasks: whether it is closing (a worker given back then wakes the
+        # manager, which waits for every worker to be free), and the queue that fails
+        # when no worker can be started.
+        self._tasks = tasks
+        self._all: list[WorkerProcess] = []  # by index; a replacement takes its slot
+        self._retired_counters = CacheCounters()  # the disk cache counters of reaped workers
+        self.started = threading.Event()  # every first worker started, or the start failed
+        self.startup_error: BaseException | None = None  # why the pool could not start
+        self._failed_starts = 0  # replacements that failed to start, in a row
+        self._respawns: dict[int, float] = {}  # worker index -> when to try starting it again
+
+    def __iter__(self) -> Iterator[WorkerProcess]:
+        """Every worker, by index (under the lock)."""
+        return iter(self._all)
+
+    @property
+    def plugin(self) -> dict[str, Any]:
+        """What the first worker said of its plugin when it started (path, key parts, ...)."""
+        return self._all[0].plugin
+
+    # -- claiming and giving back (any thread) -------------------------------------------
+
+    def idle_locked(self, program_id: str) -> WorkerProcess | None:
+        """An idle worker, one that has the program loaded if there is one."""
+        first = None
+        for worker in self._all:
+            if worker.state is State.IDLE and worker.holder is None:
+                if program_id in worker.loaded:
+                    return worker
+                first = first or worker
+        return first
+
+    def claim_locked(self, worker: WorkerProcess, task: Task, holder: int | None) -> None:
+        """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
+        # Plain stores first, then calls: an interrupt lands after a call,
+        # and by then this thread holds the worker, so Pool._recover finds it.
+        worker.task = task
+        worker.holder = holder
+        task.sending = False
+        task.deadline = None if task.timeout is None else time.monotonic() + task.timeout
+        worker.move(State.BUSY)
+        if holder is not None:
+            self._watch.remove(worker.sock.fileno())
+            if task.deadline is not None:
+                self._watch.wake()  # the manager's wait must end at this deadline
+
+    def give_back_locked(self, worker: WorkerProcess) -> None:
+        """Returns a caller-held worker to the manager: its socket into the wait set, then holder.
+
+        In that order, so that an interrupt between the two leaves the worker
+        held (and Pool._recover gives it back again; adding twice is fine).
+        """
+        if worker.holder is None:
+            return
+        if worker.state is not State.DEAD:
+            self._watch.add(worker.sock.fileno(), (Source.SOCKET, worker))
+        worker.holder = None
+        if self._tasks.closing:
+            self._watch.wake()  # close() waits for this worker to be free
+
+    def give_back(self, worker: WorkerProcess) -> None:
+        """give_back_locked, taking the lock."""
+        with self._lock:
+            self.give_back_locked(worker)
+
+    def free_locked(self, worker: WorkerProcess, task: Task) -> None:
+        """A reply to `task` was handled: BUSY -> IDLE, without its task, back to the manager."""
+        if worker.task is task:
+            worker.task = None
+        if worker.state is State.BUSY:
+            worker.move(State.IDLE)
+        self.give_back_locked(worker)
+
+    def unclaim_locked(self, worker: WorkerProcess) -> None:
+        """Nothing was sent: BUSY -> IDLE, without its task, back to the manager."""
+        worker.task = None
+        if worker.state is State.BUSY:
+            worker.move(State.IDLE)
+        self.give_back_locked(worker)
+
+    def kill_locked(self, worker: WorkerProcess) -> None:
+        """Kills a worker: it becomes DYING, and its end of file finishes it (the manager)."""
+        if worker.state is State.DEAD:
+            return
+        if worker.state is not State.DYING:
+            worker.move(State.DYING)
+        worker.kill()
+
+    def retire_locked(self, worker: WorkerProcess) -> None:
+        """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)
+        and gives it back to the manager, which reaps it."""
+        worker.killed_by_pool = True
+        self.kill_locked(worker)
+        self.give_back_locked(worker)
+
+    def retire(self, worker: WorkerProcess) -> None:
+        """retire_locked, taking the lock."""
+        with self._lock:
+            self.retire_locked(worker)
+
+    def held_by_locked(self, holder: int) -> list[WorkerProcess]:
+        """The workers a caller's thread holds."""
+        return [w for w in self._all if w.holder == holder]
+
+    def held_locked(self) -> list[WorkerProcess]:
+        """The workers any caller's thread holds."""
+        return [w for w in self._all if w.holder is not None]
+
+    def running_locked(self, task: Task) -> WorkerProcess | None:
+        """The worker that has the task, if one has."""
+        return next((w for w in self._all if w.task is task), None)
+
+    def busy_locked(self) -> bool:
+        """Whether a worker has a task or is dying (its end settles or requeues its task)."""
+        return any(w.state in (State.BUSY, State.DYING) for w in self._all)
+
+    def counters_locked(self) -> CacheCounters:
+        """The disk cache counters of every worker, the reaped ones too."""
+        total = self._retired_counters
+        for worker in self._all:
+            total = total.add(CacheCounters(**worker.counters))
+        return total
+
+    def info_locked(self) -> list[dict[str, Any]]:
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
+        return [
+            {
+                "pid": w.pid,
+                "state": w.state.value,
+                "startup_seconds": w.startup_seconds,
+                "plugin": dict(w.plugin),
+                "loaded": len(w.loaded),
+                "task": None if w.task is None else w.task.name,
+            }
+            for w in self._all
+        ]
+
+    # -- starting, replacing, reaping (the manager thread) -------------------------------
+
+    def start(self) -> None:
+        """Spawns the pool's workers; raises what spawning one raised."""
+        for index in range(self._settings.workers):
+            self._spawn(index)
+
+    def _spawn(self, index: int) -> None:
+        settings = self._settings
+        worker = WorkerProcess(
+            index,
+            settings.platform,
+            settings.cache_dir,
+            settings.max_loaded,
+            settings.initializer,
+            settings.never_compile,
+        )
+        with self._lock:
+            self._watch.add(worker.sock.fileno(), (Source.SOCKET, worker))
+            self._watch.add(worker.output_fd, (Source.OUTPUT, worker))
+            if index < len(self._all):
+                self._all[index] = worker
+            else:
+                self._all.append(worker)
+
+    def on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
+        """A worker's start-up message: it is IDLE now, or (an error in it) is killed."""
+        if ready.error is not None:
+            error = WorkerStartupError(
+                f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
+            )
+            error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
+            with self._lock:
+                worker.startup_failure = error  # reported when its end is seen
+                self.kill_locked(worker)
+            return
+        with self._lock:
+            if worker.state is not State.STARTING:
+                return  # killed while starting (terminate)
+            worker.move(State.IDLE)
+            worker.plugin = ready.plugin
+            worker.startup_seconds = time.monotonic() - worker.started_at
+            self._failed_starts = 0
+            everyone = all(w.state is not State.STARTING for w in self._all)
+        if everyone and not self.started.is_set():
+            self.started.set()
+
+    def reap(self, worker: WorkerProcess) -> int | None:
+        """Unwatches a dead worker, reaps it and collects the rest of its output."""
+        self._watch.remove(worker.sock.fileno())
+        self._watch.remove(worker.output_fd)
+        returncode = worker.wait_exit(5.0)
+        if returncode is None:
+            worker.kill()
+            returncode = worker.wait_exit(10.0)
+        worker.close()
+        with self._lock:
+            self._retired_counters = self._retired_counters.add(CacheCounters(**worker.counters))
+            worker.counters = {}
+        return returncode
+
+    def replace(self, index: int, failure: BaseException | None) -> None:
+        """After a worker's end: start its replacement, or (it failed to start) see start_failed."""
+        if failure is None:
+            self._respawn(index)
+        else:
+            self.start_failed(index, failure)
+
+    def _respawn(self, index: int) -> None:
+        """Starts a replacement worker (if that fails, start_failed schedules another try).
+
+        Not after the pool broke, nor while closing with nothing left to run
+        (close() waits for queued tasks, which need workers).
+        """
+        with self._lock:
+            tasks = self._tasks
+            wanted = tasks.broken is None and (not tasks.closing or bool(tasks.pending))
+        if not wanted:
+            self._respawns.pop(index, None)
+            return
+        try:
+            self._spawn(index)
+        except Exception as error:
+            self.start_failed(index, WorkerStartupError(f"a worker could not start: {error}"))
+        else:
+            self._respawns.pop(index, None)
+
+    def respawn_due(self) -> float | None:
+        """Retries the replacements that are due; returns seconds to the next one."""
+        now = time.monotonic()
+        for index, due in list(self._respawns.items()):
+            if due <= now:
+                self._respawn(index)
+        waits = [due - now for due in self._respawns.values()]
+        return max(0.0, min(waits)) if waits else None
+
+    def start_failed(self, index: int, error: BaseException) -> None:
+        """A worker did not start: the pool's start fails, or the slot is tried again later.
+
+        After the pool started, each failure in a row doubles the wait before
+        the next try and is logged. While no worker runs, queued tasks
+        fail once FAILED_STARTS_TO_FAIL_QUEUE starts in a row have failed,
+        since nothing could run them; the pool itself goes on trying.
+        """
+        if not self.started.is_set():
+            self.startup_error = error
+            self.started.set()
+            return
+        self._failed_starts += 1
+        failures = self._failed_starts
+        delay = min(RESPAWN_BACKOFF_SECONDS * 2 ** (failures - 1), MAX_RESPAWN_BACKOFF_SECONDS)
+        self._respawns[index] = time.monotonic() + delay
+        logger.warning(
+            "a replacement worker failed to start (%d in a row); trying again in %.1f s: %s",
+            failures,
+            delay,
+            error,
+        )
+        with self._lock:
+            running = any(w.state in (State.IDLE, State.BUSY) for w in self._all)
+            if not running and failures >= FAILED_STARTS_TO_FAIL_QUEUE:
+                self._tasks.fail_queued_locked(
+                    WorkerStartupError,
+                    f"no worker is running, and the last {failures} attempts to start one "
+                    f"failed ({error}); the pool tries again in {delay:.1f} s",
+                    error,
+                )
+
+    def stop(self, stopping: list[WorkerProcess], grace: float) -> None:
+        """Stops and reaps the workers the pool's end stops (see stop_all); DEAD after.
+
+        A worker a caller still holds (it never gave it back) is killed and
+        reaped, but its socket stays open: that caller may still use it.
+        """
+        for worker in stopping:
+            self._watch.remove(worker.sock.fileno())
+            self._watch.remove(worker.output_fd)
+        stop_all([w for w in stopping if w.holder is None], grace)
+        for worker in stopping:
+            if worker.holder is not None:
+                worker.wait_exit(1.0)
+        with self._lock:
+            for worker in stopping:
+                worker.move(State.DEAD)

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from pool.errors import TracedPoolFunctionError
-from pool.executor.tasks import PoolFuture
+from pool.executor.futures import adapt
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
@@ -169,7 +169,7 @@ def _trace_context_function() -> Callable[[], Hashable]:
     more), and is private to JAX: where it is missing, the values of the
     public options known to change programs stand in.
     """
-    try:
+    try:  # private: imported here, so that a JAX that moved it falls back (below)
         from jax._src import config as jax_config
 
         context = jax_config.trace_context
@@ -269,7 +269,7 @@ class PoolFunction:
         """
         compiled, inputs = self._prepare(args, kwargs)
         future = self._pool.submit(compiled.tree.program, inputs, name=compiled.name)
-        return _Converted(future, functools.partial(_rebuild, compiled))
+        return adapt(future, functools.partial(_rebuild, compiled))
 
     def lower(self, *args: Any, **kwargs: Any) -> LoweredProgram:
         """Returns the LoweredProgram that a call with these arguments runs.
@@ -477,30 +477,3 @@ def _rebuild(compiled: _Compiled, outputs: list[np.ndarray]) -> Any:
         for index in tree.float0_outputs:
             outputs[index] = np.zeros(outputs[index].shape, jax.dtypes.float0)
     return jax.tree_util.tree_unflatten(tree.out_tree, outputs)
-
-
-class _Converted(PoolFuture):
-    """A Future of another Future's result, converted; cancelling it cancels the other."""
-
-    def __init__(self, inner: Future[Any], convert: Callable[[Any], Any]) -> None:
-        super().__init__()
-        self._inner = inner
-        self._convert = convert
-        inner.add_done_callback(self._settle)
-
-    def _settle(self, inner: Future[Any]) -> None:
-        if inner.cancelled():
-            super().cancel()
-            return
-        error = inner.exception()
-        if error is not None:
-            self.set_exception(error)
-            return
-        try:
-            self.set_result(self._convert(inner.result()))
-        except Exception as failure:  # rebuilding failed: the caller sees why
-            self.set_exception(failure)
-
-    def cancel(self) -> bool:
-        """Cancels the task if it has not started (as Future.cancel does)."""
-        return self._inner.cancel() and super().cancel()

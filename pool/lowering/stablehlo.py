@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jaxlib.mlir.dialects import stablehlo
+
 
 class StableHLOVersionError(RuntimeError):
     """The plugin and this jaxlib share no StableHLO version, or JAX moved its serializer."""
 
 
 def _private_api() -> tuple[Any, Any, Any]:
+    # Imported on first use, not at the top: a JAX that moved them raises the
+    # error below when a program is serialized, not when pjrt-pool is imported.
     try:
         from jax._src import xla_bridge
         from jax._src.interpreters import mlir as jax_mlir
@@ -47,8 +51,6 @@ def target_version(plugin_minimum: str | None, plugin_current: str | None) -> st
     """
     if plugin_current is None:
         return None
-    from jaxlib.mlir.dialects import stablehlo
-
     producer = stablehlo.get_current_version()
     target = min(plugin_current, producer, key=_parse)
     if plugin_minimum is not None and _parse(target) < _parse(plugin_minimum):
@@ -61,8 +63,6 @@ def target_version(plugin_minimum: str | None, plugin_current: str | None) -> st
 
 def _export_default_version() -> str:
     """The StableHLO version jax.export serializes at (about four weeks old)."""
-    from jaxlib.mlir.dialects import stablehlo
-
     return str(
         stablehlo.get_version_from_compatibility_requirement(
             stablehlo.StablehloCompatibilityRequirement.WEEK_4

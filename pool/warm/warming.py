@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
-from pool.executor.compiling import CompileResult
+from pool.executor.compile_many import CompileResult
 from pool.executor.pool import Pool
 from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
@@ -183,6 +183,7 @@ def _compiler(
         ) as pool:
             yield pool
         return
+    # Here, not at the top: pool.cluster needs Dask's distributed, an optional extra.
     from pool.cluster import ClusterPool, connect
 
     with (

@@ -12,5 +12,6 @@ Modules, one job each: container (reading the tar, strictly), index
 against the index), writer (create and merge), preflight (would each
 program load here, from key parts alone), loading (running straight from a
 bundle, read-only) and importing (into a cache, all checked first). None of
-them needs JAX.
+them needs JAX: they run in the parent (``pjrt-pool bundle``, Manifest) and
+in the workers that load a bundle's entries.
 """

@@ -1,5 +1,7 @@
 """The shared disk cache of compiled executables (see store.py for the design).
 
+Runs in every process that compiles or loads (the workers, a user's process
+in in-process use) and in ``pjrt-pool cache``; never imports JAX.
 Modules, one job each: location (where, how large), trust (who may write the
 directory), folders (the directories, held open and used through their
 descriptors), key (what identifies an executable, and the form of a key),

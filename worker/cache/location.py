@@ -19,6 +19,9 @@ MAX_SIZE_ENV = "PJRT_POOL_CACHE_MAX_SIZE"
 DEFAULT_MAX_SIZE = 4 << 30
 """4 GiB: thousands of typical executables (tens of KB to a few MB each)."""
 
+SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
+"""The directories under a cache directory, each checked as the directory itself is."""
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

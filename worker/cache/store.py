@@ -51,6 +51,7 @@ from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
     MAX_SIZE_ENV,
+    SUBDIRECTORIES,
     parse_size,
     resolve_cache_dir,
     resolve_max_size,
@@ -73,8 +74,6 @@ TOUCH_INTERVAL = 60.0
 # Errors that mean the directory cannot take writes at all (rather than one bad file).
 _UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
 
-SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
-"""The directories under a cache directory, each checked as the directory itself is."""
 SPACE_LOCK = "space.lock"
 
 _FROM_ENVIRONMENT: Any = object()

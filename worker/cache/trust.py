@@ -35,10 +35,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import grp
 import os
+import pwd
 import stat
 import struct
 from pathlib import Path
+
+from worker.cache.location import SUBDIRECTORIES, resolve_cache_dir
 
 SHARED_ENV = "PJRT_POOL_CACHE_SHARED"
 """Set to 1 to trust a cache directory's group (a group-shared cache)."""
@@ -75,19 +79,15 @@ def shared_mode(shared: bool | None = None) -> bool:
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
-
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
+    except KeyError:  # no such user (a file made in a container, say)
         return f"uid {uid}"
 
 
 def _group(gid: int) -> str:
     try:
-        import grp
-
         return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
-    except (ImportError, KeyError):
+    except KeyError:
         return f"gid {gid}"
 
 
@@ -270,9 +270,6 @@ def check_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> None:
     rather than in every task. A directory that does not exist yet passes
     (it is created private, or group-shared, when first used).
     """
-    from worker.cache.location import resolve_cache_dir
-    from worker.cache.store import SUBDIRECTORIES
-
     # Missing, or not a directory: the cache then degrades to compiling, with a warning.
     with contextlib.suppress(OSError):
         check_cache_directory(resolve_cache_dir(cache_dir), SUBDIRECTORIES)

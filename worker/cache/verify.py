@@ -26,9 +26,9 @@ from worker.cache.entry import CorruptEntryError, UnreadableEntryError
 from worker.cache.key import foreign_parts, is_key
 from worker.cache.report import UNREADABLE
 from worker.cache.store import DiskCache
-from worker.compiler import runtime_key_parts
 from worker.errors import PjrtError, PlatformMismatchError, PluginLoadError, PluginNotFoundError
 from worker.executable import Executable
+from worker.identity import runtime_key_parts
 from worker.runtime import get_runtime
 
 OTHER = "other plugin/host"
