@@ -12,7 +12,6 @@ that repeated runs skip even the disk cache.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -33,6 +32,7 @@ from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.device_errors import fatal_device_error
 from worker.executable import Executable
+from worker.fds import close_quietly
 from worker.identity import runtime_key_parts
 from worker.phases import last_phases
 from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
@@ -240,8 +240,7 @@ class Server:
         finally:
             for fd in (input_fd, given_fd):
                 if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+                    close_quietly(fd)
 
     def _run(
         self, request: Run, input_fd: int | None, given_fd: int | None

@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from worker.fds import close_quietly
+
 TEMP_PREFIX = ".tmp."
 """Temporary files start with this; anything older than a trim's grace is debris."""
 
@@ -77,8 +79,7 @@ class PendingFile:
     def discard(self) -> None:
         """Closes and removes the temporary file (never raises)."""
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
+            close_quietly(self._fd)
             self._fd = None
         with contextlib.suppress(OSError):
             os.unlink(self.temp, dir_fd=self.dir_fd)

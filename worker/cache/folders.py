@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker.cache import trust
+from worker.fds import close_quietly
 
 _DIRECTORY_FLAGS = (
     os.O_RDONLY
@@ -101,8 +102,7 @@ class Folder:
         """Closes the descriptor (the object is unusable afterwards)."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            close_quietly(fd)
 
     def __del__(self) -> None:
         self.close()

@@ -30,7 +30,6 @@ regular files with those names only, through the directory's descriptor
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import math
@@ -44,6 +43,7 @@ from worker.bounded import parse_json, read_file
 from worker.cache.atomic import is_temp_name
 from worker.cache.folders import Folder
 from worker.cache.key import check_key, is_key
+from worker.fds import close_quietly
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -301,8 +301,7 @@ class Ledger:
             os.pwrite(fd, text, 0)
             os.ftruncate(fd, len(text))
         finally:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            close_quietly(fd)
 
     def _replace_odd_file(self, flags: int) -> int:
         assert self.folder is not None
