@@ -10,6 +10,8 @@ import errno
 import logging
 import os
 import stat
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -36,6 +38,7 @@ from worker.cache import (
 from worker.cache import entry as entry_format
 from worker.cache import key as cache_key
 from worker.cache.atomic import TEMP_PREFIX, PendingFile
+from worker.cache.locking import try_acquire
 
 X = [0.5, 1.0, 1.5, 2.0]
 
@@ -352,6 +355,45 @@ def test_trim_to_a_size_and_files_vanishing_underneath(tmp_path):
     assert entries_size(cache.entries_dir) <= 2500
 
 
+PUBLISHER = """
+import os, sys
+from worker.cache import DiskCache, key_of
+cache = DiskCache(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    parts = {"name": f"published{i}"}
+    assert cache.publish(key_of(parts), parts, {}, os.urandom(100))
+"""
+
+
+def test_a_scan_under_the_space_lock_counts_what_writers_commit_meanwhile(tmp_path):
+    # A size bound rests on scans: a writer that finds the ledger over the bound
+    # scans, evicts, and sets the ledger to what it counted. Another process
+    # commits entries meanwhile. A scan that missed one (its rename moved it from
+    # a name the listing had not reached to one it had passed) let writers
+    # overfill the directory. Under the space lock, a scan counts what the
+    # ledger accounts, to the byte, however many writers commit.
+    cache = DiskCache(tmp_path)
+    for i in range(1000):  # enough names that a listing takes several reads
+        publish(cache, f"settled{i}", 100)
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, str(tmp_path), "1500"], stderr=subprocess.PIPE
+    )
+    seen = []
+    deadline = time.monotonic() + 120
+    while publisher.poll() is None and time.monotonic() < deadline:
+        lock = try_acquire(cache.locks_dir / "space.lock", 30)
+        try:
+            seen.append((space.scan(cache.folder("entries")).total, cache.ledger.read().bytes))
+        finally:
+            lock.release()
+        time.sleep(0.05)  # leaves the writer the lock most of the time
+    assert publisher.wait(timeout=10) == 0, publisher.stderr.read()
+    assert len(seen) >= 10
+    missed = [(counted, ledger) for counted, ledger in seen if counted != ledger]
+    assert not missed, f"{len(missed)} of {len(seen)} scans differ from the ledger: {missed[:3]}"
+    assert len(cache.list_entries()) == 2500
+
+
 def test_trim_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
     cache = DiskCache(tmp_path)
     dead, alive = "d" * 64, "a" * 64
@@ -370,7 +412,6 @@ def test_trim_removes_stale_temporary_files_and_keeps_fresh_ones(tmp_path):
 
 def test_trim_is_a_try_lock(tmp_path):
     cache = DiskCache(tmp_path)
-    from worker.cache.locking import try_acquire
 
     held = try_acquire(cache.locks_dir / "space.lock", 0)
     try:

@@ -41,6 +41,7 @@ class PendingFile:
         self.path = path
         self.dir_fd = dir_fd
         self.temp = path.with_name(temp_name(path.name))
+        self._written = False
         # O_EXCL: never opens an existing file, nor follows a symlink planted at the name.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         self._fd: int | None = os.open(self.temp, flags, mode, dir_fd=dir_fd)
@@ -60,8 +61,17 @@ class PendingFile:
 
     def commit(self, data: bytes) -> None:
         """Writes data, flushes it to disk and renames the file into place."""
+        self.write(data)
+        self.place()
+
+    def write(self, data: bytes) -> None:
+        """Writes data and flushes it to disk; place() then renames the file into place.
+
+        Two steps, so that a caller can make the rename, the only step that
+        changes what the directory's names show, under a lock of its own.
+        """
         if self._fd is None:
-            raise ValueError(f"{self.temp} was committed or discarded already")
+            raise ValueError(f"{self.temp} was written or discarded already")
         try:
             view = memoryview(data)
             written = 0
@@ -71,6 +81,17 @@ class PendingFile:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+            self._written = True
+        except BaseException:
+            self.discard()
+            raise
+
+    def place(self) -> None:
+        """Renames the written file over path (once; discards it if the rename fails)."""
+        if not self._written:
+            raise ValueError(f"{self.temp} was not written, or was placed or discarded already")
+        self._written = False
+        try:
             os.replace(self.temp, self.path, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
             self.discard()
@@ -78,6 +99,7 @@ class PendingFile:
 
     def discard(self) -> None:
         """Closes and removes the temporary file (never raises)."""
+        self._written = False
         if self._fd is not None:
             close_quietly(self._fd)
             self._fd = None

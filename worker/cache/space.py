@@ -7,7 +7,10 @@ accounted in a ledger, ``usage.json``, which only the holder of
 - A writer reserves its entry's size under that lock before writing: it
   creates the temporary file at full size there and adds the size to the
   ledger, then releases the lock and writes. So the lock is held for
-  microseconds, not for a write and an fsync.
+  microseconds, not for a write and an fsync. It takes the lock again for
+  the rename that puts the written file in place: names in entries/ appear
+  and change only under the lock (removals aside), so a scan, which counts
+  the directory by its names, never misses a file renamed under it.
 - If the reservation would pass the bound, or the ledger is missing or older
   than RESCAN_INTERVAL, the writer first scans the directory: it removes
   temporary files older than TEMP_GRACE (their writers died), evicts

@@ -371,18 +371,47 @@ class DiskCache:
         if pending is None:
             return False
         try:
-            pending.commit(data)
+            pending.write(data)
         except OSError as error:
+            self._write_failed(f"cache entry {key}", error)
+            return False
+        return self._place(key, pending)
+
+    def _place(self, key: str, pending: PendingFile) -> bool:
+        """Renames a written entry into place under the space lock; False if not stored.
+
+        Under the lock because a scan counts the directory by its names: a
+        rename during a scan can move a file from a name the listing has not
+        reached to one it has passed, the scan misses its bytes, and writers
+        that trust that scan then overfill the directory.
+        """
+        try:
+            lock = self._space_lock(key)
+            if lock is None:
+                pending.discard()
+                return False
+            try:
+                pending.place()
+            finally:
+                lock.release()
+        except OSError as error:
+            pending.discard()
             self._write_failed(f"cache entry {key}", error)
             return False
         return True
 
-    def _reserve(self, key: str, size: int, bound: int) -> PendingFile | None:
-        """Creates the entry's temporary file at full size if it fits; None if not."""
+    def _space_lock(self, key: str) -> HeldLock | None:
+        """The space lock for a write of key's entry; None (counted) if it stayed busy."""
         lock = self._try_lock(SPACE_LOCK, SPACE_LOCK_TIMEOUT)
         if lock is None:
             self.count("lock_timeouts")
             logger.debug("space lock busy for %.0f s; entry %s not stored", SPACE_LOCK_TIMEOUT, key)
+        return lock
+
+    def _reserve(self, key: str, size: int, bound: int) -> PendingFile | None:
+        """Creates the entry's temporary file at full size if it fits; None if not."""
+        lock = self._space_lock(key)
+        if lock is None:
             return None
         try:
             usage = self.ledger.read()
@@ -403,10 +432,12 @@ class DiskCache:
                 logger.debug("no room for entry %s (%d bytes) within the bound", key, size)
                 self.ledger.write(usage)
                 return None
-            entries = self._folders["entries"]
-            pending = PendingFile(Path(entry_name(key)), size, self.file_mode, dir_fd=entries.fd)
+            # The ledger first: a ledger that cannot be written leaves no file behind
+            # it, and a file that cannot be created leaves the ledger counting more
+            # than the directory holds, which only brings the next scan forward.
             self.ledger.write(Usage(usage.bytes + size, usage.scanned))
-            return pending
+            entries = self._folders["entries"]
+            return PendingFile(Path(entry_name(key)), size, self.file_mode, dir_fd=entries.fd)
         finally:
             lock.release()
 
