@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_pool.py [--workers N] [--calls N] [--repeat N] [--parts abcd]
+    python scripts/bench_pool.py [--workers N] [--calls N] [--repeat N] [--parts abcde]
 
 (a) Parallel compile. The example programs (examples, lowered first and
     outside every timer) are compiled with a Pool of --workers workers
@@ -12,9 +12,13 @@ Usage::
     Passes alternate which side goes first; medians over --repeat passes.
 
 (b) Round trip. pool.run on the tiny program (x + 1, float32[4]), sequential
-    calls after a warm-up, against Executable.run of the same program in this
-    process; and pool.submit(...).result(), whose reply the manager thread
-    reads. Per-call medians over batches. Target: pool median < 150 us.
+    calls after a warm-up, and pool.submit(...).result(), whose reply the
+    manager thread reads, against the floor of any design that runs the
+    program in another process and wakes both sides: a bare round trip of one
+    byte between two Python processes over a Unix socketpair (the other side
+    echoes it, both blocking in recv) plus Executable.run of the same program
+    in this process. All four alternate in batches; per-call medians.
+    Targets: run <= 2x the floor, submit + result <= 3x.
 
 (c) 64 MiB output. A program that returns a 64 MiB float32 array, run through
     the pool, against Executable.run in this process (target: <= 1.5x), and
@@ -25,6 +29,11 @@ Usage::
 (d) Worker start-up: spawn to Ready (plugin loaded, handshake done) for each
     worker of a fresh pool, and the whole Pool() construction. Target < 0.5 s.
 
+(e) Throughput. --tasks submits of the tiny program on a Pool(2), from one
+    thread and from 8 threads at once, then every result: tasks per second,
+    against the floor's rate (one bare round trip plus one in-process run
+    per task, as in (b)).
+
 Cache directories are fresh temporary ones; the user's cache is untouched.
 """
 
@@ -34,9 +43,12 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +116,67 @@ def round_trips(
     return times
 
 
+_ECHO = """
+import socket, sys
+peer = socket.socket(fileno=int(sys.argv[1]))
+while (byte := peer.recv(1)):
+    peer.sendall(byte)
+"""
+
+
+class Echo:
+    """Another Python process that echoes each byte sent to it over a socketpair."""
+
+    def __init__(self) -> None:
+        self.sock, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=[theirs.fileno()]
+        )
+        theirs.close()
+
+    def round_trips(self, calls: int) -> list[float]:
+        """Seconds per bare round trip of one byte, both sides blocking in recv."""
+        times = []
+        sock = self.sock
+        for _ in range(calls):
+            start = time.perf_counter()
+            sock.sendall(b"x")
+            sock.recv(1)
+            times.append(time.perf_counter() - start)
+        return times
+
+    def close(self) -> None:
+        self.sock.close()
+        self.process.wait()
+
+
+def throughput(
+    pool: Pool, program: LoweredProgram, x: np.ndarray, tasks: int, threads: int
+) -> float:
+    """Tasks per second: `tasks` submits split over `threads` threads, then every result."""
+
+    def submit_share(count: int, futures: list[Any]) -> None:
+        futures.extend(pool.submit(program, [x]) for _ in range(count))
+
+    shares: list[list[Any]] = [[] for _ in range(threads)]
+    start = time.perf_counter()
+    if threads == 1:
+        submit_share(tasks, shares[0])
+    else:
+        runners = [
+            threading.Thread(target=submit_share, args=(tasks // threads, share))
+            for share in shares
+        ]
+        for runner in runners:
+            runner.start()
+        for runner in runners:
+            runner.join()
+    for share in shares:
+        for future in share:
+            future.result()
+    return sum(len(share) for share in shares) / (time.perf_counter() - start)
+
+
 def in_process_runs(executable: Any, x: np.ndarray, calls: int) -> list[float]:
     times = []
     for _ in range(calls):
@@ -132,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--calls", type=int, default=2000, help="round trips per side in (b)")
     parser.add_argument("--repeat", type=int, default=3, help="passes in (a), runs in (c)")
+    parser.add_argument("--tasks", type=int, default=10_000, help="submits per case in (e)")
     parser.add_argument(
-        "--parts", default="abcd", help="which parts to run, e.g. b for the round trip only"
+        "--parts", default="abcde", help="which parts to run, e.g. b for the round trip only"
     )
     args = parser.parse_args(argv)
     print(f"pjrt-pool pool benchmark: {args.workers} workers, {os.cpu_count()} CPUs", flush=True)
@@ -178,31 +252,44 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
         )
 
-    if "b" in args.parts:
-        tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
-        x = np.ones(4, np.float32)
-        executable, _ = compile_program(tiny, disk_cache=False)
+    tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+    tiny_x = np.ones(4, np.float32)
+    tiny_executable, _ = compile_program(tiny, disk_cache=False)
+    floor_us = None
+    if "b" in args.parts or "e" in args.parts:
+        echo = Echo()
         with Pool(1, cache_dir=fresh_dir("b-")) as pool:
-            round_trips(pool, tiny, x, 200)
-            round_trips(pool, tiny, x, 200, submit=True)
-            in_process_runs(executable, x, 200)
-            pool_times, submit_times, local_times = [], [], []
-            for _ in range(4):
-                pool_times += round_trips(pool, tiny, x, args.calls // 4)
-                submit_times += round_trips(pool, tiny, x, args.calls // 4, submit=True)
-                local_times += in_process_runs(executable, x, args.calls // 4)
+            round_trips(pool, tiny, tiny_x, 200)
+            round_trips(pool, tiny, tiny_x, 200, submit=True)
+            in_process_runs(tiny_executable, tiny_x, 200)
+            echo.round_trips(200)
+            pool_times, submit_times, local_times, bare_times = [], [], [], []
+            for _ in range(8):
+                pool_times += round_trips(pool, tiny, tiny_x, args.calls // 8)
+                submit_times += round_trips(pool, tiny, tiny_x, args.calls // 8, submit=True)
+                local_times += in_process_runs(tiny_executable, tiny_x, args.calls // 8)
+                bare_times += echo.round_trips(args.calls // 8)
+        echo.close()
         rt = median(pool_times) * 1e6
+        submitted = median(submit_times) * 1e6
         local = median(local_times) * 1e6
+        bare = median(bare_times) * 1e6
+        floor_us = bare + local
+    if "b" in args.parts:
         print("\n(b) tiny program, sequential calls (median):")
-        print(
-            f"    pool round trip     {rt:7.1f} us   "
-            f"(p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)"
-        )
-        print(f"    submit + result     {median(submit_times) * 1e6:7.1f} us   (manager reads)")
+        print(f"    bare round trip     {bare:7.1f} us   (two processes, one byte, blocking recv)")
         print(f"    in-process run      {local:7.1f} us")
+        print(f"    floor               {floor_us:7.1f} us   (the two above)")
         print(
-            f"    ratio               {rt / local:7.1f}   target median < 150 us: "
-            f"{'met' if rt < 150 else 'NOT met'}"
+            f"    pool.run            {rt:7.1f} us   "
+            f"(p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)   "
+            f"{rt / floor_us:5.2f}x the floor, target <= 2: "
+            f"{'met' if rt <= 2 * floor_us else 'NOT met'}"
+        )
+        print(
+            f"    submit + result     {submitted:7.1f} us   (manager reads)   "
+            f"{submitted / floor_us:5.2f}x the floor, target <= 3: "
+            f"{'met' if submitted <= 3 * floor_us else 'NOT met'}"
         )
 
     if "c" in args.parts:
@@ -275,6 +362,26 @@ def main(argv: list[str] | None = None) -> int:
             f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
         )
         print(f"    Pool({args.workers}) ready     {median(constructions):7.3f} s")
+
+    if "e" in args.parts:
+        assert floor_us is not None
+        floor_rate = 1e6 / floor_us
+        with Pool(2, cache_dir=fresh_dir("e-")) as pool:
+            throughput(pool, tiny, tiny_x, 1000, 1)  # both workers load the program
+            throughput(pool, tiny, tiny_x, 1000, 8)
+            rates = {1: [], 8: []}
+            for _ in range(max(args.repeat, 3)):
+                for threads in rates:
+                    rates[threads].append(throughput(pool, tiny, tiny_x, args.tasks, threads))
+        print(f"\n(e) throughput, {args.tasks} submits on Pool(2), then every result (median):")
+        print(f"    floor               {floor_rate:9.0f} tasks/s   (a round trip + a run each)")
+        for threads, measured in rates.items():
+            rate = median(measured)
+            print(
+                f"    {threads} thread{'s' if threads > 1 else ' '}"
+                f"           {rate:9.0f} tasks/s   "
+                f"{rate / floor_rate:5.2f}x the floor's rate"
+            )
     return 0
 
 

@@ -4,16 +4,30 @@ Each worker has its own socketpair. A frame is::
 
     length   4 bytes, little-endian, of the payload
     nfds     1 byte, the number of file descriptors sent with the frame
-    payload  a pickled message (below)
+    format   1 byte: Format.PICKLE, Format.HOT_RUN or Format.HOT_REPLY
+    payload  a pickled message (below), or a hot message's fixed fields
+
+Every payload is at least MIN_PAYLOAD bytes (pickles are padded: unpickling
+stops at the pickle's end), so a reader takes the header and MIN_PAYLOAD
+bytes in one system call without ever reading into the next frame, and a hot
+message, which is exactly that long, arrives whole in that one call.
+
+The hot messages are the hot path of a small program: a run of an executable
+the worker has loaded, its inputs and outputs in the worker's arena where
+the worker laid them out before. The worker names such a program by a slot
+(the `hot_slot` of the Reply to a full Run); HotRun asks it to run the slot
+on what the arena holds, and HotReply says the outputs are where they were
+last time. Anything else that happens to a HotRun (an error, a program the
+worker unloaded) is answered by a pickled Reply, as for a Run.
 
 File descriptors (memfd shared-memory segments) travel as SCM_RIGHTS
 ancillary data on the frame's first byte. Pickle is safe here: both ends are
 the same user's processes, started by the parent for itself; nothing from the
 disk cache or the network is ever unpickled.
 
-Messages are small dataclasses. Parent to worker: Init, Compile, Run, Exit.
-Worker to parent: Ready once after start-up, then one Reply per request, in
-order.
+Messages are small dataclasses. Parent to worker: Init, Compile, Run,
+HotRun, Exit. Worker to parent: Ready once after start-up, then one Reply or
+HotReply per request, in order.
 
 Besides the frames, the worker's arena ends with CONTROL_BYTES that the
 worker writes and the parent reads: the id of the request the worker took
@@ -25,6 +39,7 @@ program) or not (the worker died idle: send the task elsewhere).
 from __future__ import annotations
 
 import array
+import enum
 import errno
 import os
 import pickle
@@ -35,12 +50,42 @@ import struct
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
-_HEADER = struct.Struct("<IB")
+_HEADER = struct.Struct("<IBB")
 MAX_FDS = 8
+MIN_PAYLOAD = 16
+"""The least bytes of any frame's payload: a hot message's size (see the module docstring)."""
+_FIRST_READ = _HEADER.size + MIN_PAYLOAD
+
+
+class Format(enum.IntEnum):
+    """How a frame's payload is written."""
+
+    PICKLE = 0  # a pickled message
+    HOT_RUN = 1  # HotRun's fields
+    HOT_REPLY = 2  # HotReply's fields
+
+
+class HotRun(NamedTuple):
+    """Run the executable in a hot slot on the inputs the arena holds (see the docstring)."""
+
+    task_id: int
+    slot: int
+    zero_copy: bool
+
+
+class HotReply(NamedTuple):
+    """The HotRun of this task ran: its outputs are where the slot's last ones were."""
+
+    task_id: int
+
+
+_HOT_RUN = struct.Struct("<IBBqiB3x")  # the header and HotRun's fields, MIN_PAYLOAD of them
+_HOT_REPLY = struct.Struct("<IBBq8x")  # the header and HotReply's field, padded likewise
+assert _HOT_RUN.size == _HOT_REPLY.size == _FIRST_READ
 
 CONTROL_BYTES = 64
 """Bytes after the arena's data: the id of the request the worker started last (int64)."""
@@ -84,11 +129,20 @@ def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> 
 
     A message goes on the wire as the tuple (kind, *fields): pickling a plain
     tuple takes a microsecond, a dataclass several, and small programs make
-    thousands of round trips a second.
+    thousands of round trips a second. A hot message goes as its fixed
+    fields, in one system call.
     """
+    if type(message) is HotRun:
+        sock.sendall(_HOT_RUN.pack(MIN_PAYLOAD, 0, Format.HOT_RUN, *message))
+        return
+    if type(message) is HotReply:
+        sock.sendall(_HOT_REPLY.pack(MIN_PAYLOAD, 0, Format.HOT_REPLY, *message))
+        return
     kind = _KINDS[type(message)]
     payload = pickle.dumps((kind, *vars(message).values()), protocol=pickle.HIGHEST_PROTOCOL)
-    data = _HEADER.pack(len(payload), len(fds)) + payload
+    if len(payload) < MIN_PAYLOAD:
+        payload += bytes(MIN_PAYLOAD - len(payload))
+    data = _HEADER.pack(len(payload), len(fds), Format.PICKLE) + payload
     if fds:
         # The descriptors ride on the first chunk; a stream socket may take
         # only part of a large frame per sendmsg, so send the rest plainly.
@@ -143,18 +197,17 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
     received = array.array("i")  # holds the descriptors from the moment they are parsed
     try:
         data, ancillary, flags, _ = sock.recvmsg(
-            _HEADER.size, socket.CMSG_SPACE(MAX_FDS * received.itemsize)
+            _FIRST_READ, socket.CMSG_SPACE(MAX_FDS * received.itemsize)
         )
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
         if not data:
             raise ConnectionLostError("connection closed")
-        if len(data) < _HEADER.size:
-            data += _recv_exactly(sock, _HEADER.size - len(data))
-        length, sent_fds = _HEADER.unpack(data)
-        kind, *fields = pickle.loads(_recv_exactly(sock, length))
-        message = _MESSAGES[kind](*fields)
+        if len(data) < _FIRST_READ:
+            data += _recv_exactly(sock, _FIRST_READ - len(data))
+        length, sent_fds, form = _HEADER.unpack_from(data)
+        message = _decode(sock, data, length, form)
         if flags & socket.MSG_CTRUNC or len(received) != sent_fds:
             # The kernel dropped descriptors this process had no room for.
             raise DescriptorLimitError("receiving shared memory from another process", message)
@@ -164,6 +217,22 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
             os.close(fd)
         raise
     return message, fds
+
+
+def _decode(sock: socket.socket, first: bytes, length: int, form: int) -> Any:
+    """The message of a frame whose first _FIRST_READ bytes were read; reads the rest."""
+    if form == Format.HOT_REPLY:
+        return HotReply(_HOT_REPLY.unpack(first)[3])
+    if form == Format.HOT_RUN:
+        _, _, _, task_id, slot, zero_copy = _HOT_RUN.unpack(first)
+        return HotRun(task_id, slot, bool(zero_copy))
+    if form != Format.PICKLE or length < MIN_PAYLOAD:
+        raise ValueError(f"not a frame of ours (format {form}, {length} bytes)")
+    payload = first[_HEADER.size :]
+    if length > MIN_PAYLOAD:
+        payload += _recv_exactly(sock, length - MIN_PAYLOAD)
+    kind, *fields = pickle.loads(payload)
+    return _MESSAGES[kind](*fields)
 
 
 # -- parent to worker --------------------------------------------------------
@@ -296,7 +365,8 @@ class Reply:
     to make room. `fatal` says the error left the device unusable (see
     worker.device_errors): the worker exits after this reply. `phases` are
     the seconds per phase of the compile or load a Compile request did
-    (worker.phases). Fields are
+    (worker.phases). `hot_slot` (not -1) names the run's program for HotRun
+    requests: its inputs and outputs lie in the arena as they did now. Fields are
     kept few and plain because every reply is pickled, and a small
     program's whole round trip is a few hundred microseconds.
     """
@@ -313,6 +383,7 @@ class Reply:
     evicted: tuple[str, ...] = ()
     fatal: bool = False
     phases: dict[str, float] | None = None
+    hot_slot: int = -1
 
 
 _MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply)

@@ -3,7 +3,12 @@
     parent ──Init/Compile/Run/Exit──▶ socket ──▶ serve() ──▶ compile_program
            ◀──────── Ready, Reply ────────          ◀──  Executable.run_into(shm)
 
-One request at a time, in order. Every failure of a request (a bad program,
+One request at a time, in order. A program run again and again with its
+inputs and outputs in the arena gets a hot slot: the parent then sends a
+HotRun of a few bytes for it, which serve() answers with a HotReply after
+little more than the run itself (no unpickling, checks or allocation: the
+slot holds the executable and its views of the arena, checked once).
+Every failure of a request (a bad program,
 wrong arguments, a plugin error) becomes an error Reply and the worker lives
 on; only a crash of the plugin itself ends the process, which the parent sees
 and reports as that request's failure. Executables stay loaded in an LRU so
@@ -35,7 +40,7 @@ from worker.executable import Executable
 from worker.fds import close_quietly
 from worker.identity import runtime_key_parts
 from worker.phases import last_phases
-from worker.protocol import Compile, Exit, Init, Ready, RemoteError, Reply, Run
+from worker.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
 from worker.runtime import get_runtime
 
@@ -128,12 +133,15 @@ def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, 
 
 
 class _ArenaViews(NamedTuple):
-    """A program's inputs and outputs as views of the worker's arena."""
+    """A program's inputs and outputs as views of the worker's arena, and its hot slot."""
 
+    program_id: str
+    executable: Executable
     inputs: list[Any]
     outputs: list[Any]
     output_offsets: tuple[int, ...]
     end: int
+    slot: int
 
 
 class Server:
@@ -161,6 +169,9 @@ class Server:
         # and again reuses them, skipping the views' construction and the
         # argument checks (the parent checked and converted the arguments).
         self._arena_views: dict[tuple[str, tuple[int, ...]], _ArenaViews] = {}
+        # The same views by hot slot, for HotRun (None: its program was unloaded).
+        # Slots are never reused, so a stale one can only miss, never run another program.
+        self._hot: list[_ArenaViews | None] = []
 
     def _load(
         self,
@@ -196,6 +207,9 @@ class Server:
             evicted.append(self.loaded.popitem(last=False)[0])
         if evicted:
             gone = set(evicted)
+            for views in self._arena_views.values():
+                if views.program_id in gone:
+                    self._hot[views.slot] = None
             self._arena_views = {k: v for k, v in self._arena_views.items() if k[0] not in gone}
             for program in gone:
                 self._layouts.pop(program, None)
@@ -223,12 +237,16 @@ class Server:
             if types is None or end > self.arena_size:
                 return None
             views = _ArenaViews(
+                request.program_id,
+                executable,
                 shm.views(self.arena, types, request.input_offsets),
                 shm.views(self.arena, executable.output_types, offsets),
                 offsets,
                 end,
+                len(self._hot),
             )
             self._arena_views[key] = views
+            self._hot.append(views)
         executable.run_into(views.inputs, views.outputs, request.zero_copy)
         return views
 
@@ -261,7 +279,10 @@ class Server:
             views = self._run_in_arena(request, executable)
             if views is not None:
                 return reply(
-                    output_offsets=views.output_offsets, output_size=views.end, output_place="arena"
+                    output_offsets=views.output_offsets,
+                    output_size=views.end,
+                    output_place="arena",
+                    hot_slot=views.slot,
                 ), ()
         # Mappings are released by reference counting, not close(): numpy views
         # of a segment may outlive this call in an exception's traceback.
@@ -295,10 +316,33 @@ class Server:
             raise
         return reply(output_offsets=offsets, output_size=end, output_place=place), out_fds
 
+    def run_hot(self, request: HotRun) -> None:
+        """Answers a HotRun: runs its slot's executable on the arena and says so.
+
+        The hot path: the slot's views and checks were made by the full Run
+        that gave it. Any failure is answered as a Run's would be.
+        """
+        protocol.STARTED.pack_into(self.arena, self.arena_size, request.task_id)
+        try:
+            views = self._hot[request.slot] if 0 <= request.slot < len(self._hot) else None
+            if views is None:
+                raise LookupError(f"hot slot {request.slot} is not loaded in this worker")
+            self.loaded.move_to_end(views.program_id)  # the LRU sees hot runs too
+            views.executable.run_into(views.inputs, views.outputs, request.zero_copy)
+        except Exception as error:  # as in handle: the request's failure is its reply
+            self._send(*self._failed(request.task_id, error))
+            return
+        protocol.send_frame(self.sock, protocol.HotReply(request.task_id))
+
     def handle(self, request: Any, fds: list[int]) -> bool:
         """Answers one request; returns False when the worker should exit."""
         if isinstance(request, Exit):
             return False
+        if type(request) is HotRun:
+            for fd in fds:  # a HotRun carries none: any that came are not ours to keep
+                os.close(fd)
+            self.run_hot(request)
+            return True
         task_id = getattr(request, "task_id", -1)
         # Before any work: if this process dies from here on, the parent
         # knows the task had started (see protocol.CONTROL_BYTES).
@@ -313,11 +357,21 @@ class Server:
             else:
                 raise TypeError(f"unknown request {type(request).__name__}")
         except Exception as error:  # every request failure is that request's reply
-            failure = fatal_device_error(error)
-            reply = Reply(task_id, error=RemoteError.of(error), fatal=failure is not None)
+            reply, failure = self._failed(task_id, error)
         finally:
             for fd in fds:
                 os.close(fd)
+        self._send(reply, failure, out_fds)
+        return True
+
+    @staticmethod
+    def _failed(task_id: int, error: Exception) -> tuple[Reply, str | None]:
+        """The reply of a request that failed, and the device failure that ends the worker."""
+        failure = fatal_device_error(error)
+        return Reply(task_id, error=RemoteError.of(error), fatal=failure is not None), failure
+
+    def _send(self, reply: Reply, failure: str | None, out_fds: tuple[int, ...] = ()) -> None:
+        """Sends a reply (and closes its descriptors); after a device failure, exits."""
         if reply.statistics is not None:
             reply = _with_counters(reply)
         try:
@@ -332,7 +386,6 @@ class Server:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(DEVICE_FAILURE_EXIT)
-        return True
 
     def serve(self) -> None:
         """Answers requests until Exit or until the parent closes the socket."""

@@ -41,7 +41,7 @@ from pool.executor.quarantine import Quarantine
 from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.watch import Watch
-from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
+from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess, Workers
 from worker import protocol, shm
 from worker.cache.key import check_key
 from worker.fds import close_all
@@ -162,8 +162,13 @@ class Dispatcher:
 
     def _request_for(
         self, task: Task, worker: WorkerProcess
-    ) -> tuple[protocol.Compile | protocol.Run, tuple[int, ...]]:
-        """The message (and descriptors) that give a task to the worker claimed for it."""
+    ) -> tuple[protocol.Compile | protocol.Run | protocol.HotRun, tuple[int, ...]]:
+        """The message (and descriptors) that give a task to the worker claimed for it:
+        a HotRun when the worker runs its program by hot slot, on inputs laid out as there."""
+        hot = _hot_program(worker, task)
+        if hot is not None:
+            task.write_to_arena(worker.arena, hot.inputs)
+            return protocol.HotRun(task.id, hot.slot, task.zero_copy), ()
         if task.kind is Kind.RUN and (task.output is None or task.output.fd < 0):
             self._offer_output_segment(task)
         return task.request(
@@ -224,11 +229,14 @@ class Dispatcher:
         dropped is the DescriptorLimitError of a reply whose descriptors the
         kernel dropped: the reply's task fails with it.
         """
+        task = worker.task
+        if type(message) is protocol.HotReply:
+            self._handle_hot(worker, task, message, fds)
+            return
         if isinstance(message, protocol.Ready):
             close_all(fds)
             self._workers.on_ready(worker, message)
             return
-        task = worker.task
         if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
             close_all(fds)
             logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
@@ -256,6 +264,26 @@ class Dispatcher:
             finally:
                 close_all(fds)
 
+    def _handle_hot(
+        self, worker: WorkerProcess, task: Task | None, reply: protocol.HotReply, fds: list[int]
+    ) -> None:
+        """Handles a HotReply: the task's outputs are in the arena where its hot slot has them."""
+        hot = None if task is None else worker.hot.get(task.program_id)
+        if task is None or hot is None or fds or reply.task_id != task.id:
+            close_all(fds)
+            logger.warning("worker %d sent an unexpected message %r", worker.pid, reply)
+            self._workers.retire(worker)
+            return
+        outcome: Result | None = None
+        try:
+            # The arena is reused by the next task: copy the (small) outputs out.
+            outcome = [view.copy() for view in hot.outputs]
+            worker.note_loaded(task.program_id, ())  # the mirror of its LRU sees the run
+        except Exception as error:  # no memory for the copies
+            outcome = error
+        finally:
+            self._finish(worker, task, outcome)
+
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
         """A reply was handled: settle its task (or queue it again) and free the worker."""
         with self._lock:
@@ -281,7 +309,7 @@ class Dispatcher:
             if lost and not task.resend_program:
                 # The worker unloaded the program although the parent's mirror
                 # said otherwise: send it again, with the program this time.
-                worker.loaded.pop(task.program_id, None)
+                worker.forget(task.program_id)
                 task.resend_program = True
                 return Outcome.RESEND
             raise rebuild_error(reply.error)
@@ -296,6 +324,13 @@ class Dispatcher:
         else:
             self._output_types[task.program_id] = types
         if reply.output_place == "arena":
+            if reply.hot_slot >= 0:
+                worker.note_hot(
+                    task.program_id,
+                    reply.hot_slot,
+                    (task.input_types, task.input_offsets),
+                    (types, reply.output_offsets),
+                )
             # The arena is reused by the next task: copy the (small) outputs out.
             return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
         if reply.output_place == "given":
@@ -331,3 +366,16 @@ class Dispatcher:
         error = DeviceFailureError(message, None, task.name, worker.output_tail())
         error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
         return error
+
+
+def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
+    """The worker's hot slot for a task, if the task can go as a HotRun: a run of a program
+    the worker runs by slot, on inputs laid out as that slot's, in the arena."""
+    if task.kind is not Kind.RUN or not task.in_arena or task.resend_program:
+        return None
+    if task.output is not None:  # offered a segment for outputs too large for the arena
+        return None
+    hot = worker.hot.get(task.program_id)
+    if hot is None or not hot.fits(task.input_types, task.input_offsets):
+        return None
+    return hot

@@ -110,10 +110,7 @@ class Task:
             return message, ()
         in_arena = self.in_arena
         if in_arena:
-            if self.packed is not None:
-                memoryview(arena)[: len(self.packed)] = self.packed
-            elif self.arrays is not None:
-                shm.write(arena, self.arrays, self.input_offsets)
+            self.write_to_arena(arena)
         elif self.packed is not None:
             self._packed_to_segment()
         include = self.cache_key is None and (self.resend_program or not worker_has_program)
@@ -137,6 +134,18 @@ class Task:
         if output is not None and output.fd >= 0:
             fds += (output.fd,)
         return run, fds
+
+    def write_to_arena(self, arena: mmap.mmap, views: list[np.ndarray] | None = None) -> None:
+        """Copies inputs that go through the arena into it; views are the arena's views of
+        them, where the caller has them (the hot path), which copy fastest."""
+        if self.packed is not None:
+            memoryview(arena)[: len(self.packed)] = self.packed
+        elif self.arrays is not None:
+            if views is None:
+                shm.write(arena, self.arrays, self.input_offsets)
+            else:
+                for view, array in zip(views, self.arrays, strict=True):
+                    np.copyto(view, array)
 
     def _packed_to_segment(self) -> None:
         """Moves large inputs staged in private memory into a segment, for sending.

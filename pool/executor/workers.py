@@ -52,7 +52,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from pool.errors import WorkerStartupError
 from pool.executor.settings import PoolSettings
@@ -62,6 +65,7 @@ from pool.spawn import child_environment, python_command
 from worker import protocol, shm
 from worker.cache import CacheCounters
 from worker.fds import close_quietly
+from worker.records import ArrayType
 
 output_log = logging.getLogger("pjrt_pool.worker")
 """Where what workers print goes (at debug level)."""
@@ -106,6 +110,22 @@ _MOVES: dict[State, frozenset[State]] = {
 }
 
 
+@dataclass(frozen=True)
+class HotProgram:
+    """A program the worker runs by hot slot (worker.protocol.HotRun), and the parent's
+    views of the worker's arena where its inputs and outputs lie."""
+
+    slot: int
+    input_types: tuple[ArrayType, ...]
+    input_offsets: tuple[int, ...]
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+
+    def fits(self, types: tuple[ArrayType, ...], offsets: tuple[int, ...]) -> bool:
+        """Whether inputs of these types, at these offsets, are the ones the slot runs on."""
+        return offsets == self.input_offsets and types == self.input_types
+
+
 class WorkerProcess:
     """One worker: a `python -m worker` subprocess and its socket."""
 
@@ -126,6 +146,7 @@ class WorkerProcess:
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.hot: dict[str, HotProgram] = {}  # the loaded programs it runs by hot slot
         self.plugin: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
         self.started_at = time.monotonic()
@@ -226,7 +247,30 @@ class WorkerProcess:
         self.loaded[program_id] = None
         self.loaded.move_to_end(program_id)
         for gone in evicted:
-            self.loaded.pop(gone, None)
+            self.forget(gone)
+
+    def forget(self, program_id: str) -> None:
+        """Records that the worker no longer holds a program (nor its hot slot)."""
+        self.loaded.pop(program_id, None)
+        self.hot.pop(program_id, None)
+
+    def note_hot(
+        self,
+        program_id: str,
+        slot: int,
+        inputs: tuple[tuple[ArrayType, ...], tuple[int, ...]],
+        outputs: tuple[tuple[ArrayType, ...], tuple[int, ...]],
+    ) -> None:
+        """Records the hot slot the worker gave a program, with its inputs' and outputs'
+        (types, offsets) in the arena."""
+        (input_types, input_offsets), (output_types, output_offsets) = inputs, outputs
+        self.hot[program_id] = HotProgram(
+            slot,
+            input_types,
+            input_offsets,
+            shm.views(self.arena, input_types, input_offsets),
+            shm.views(self.arena, output_types, output_offsets),
+        )
 
     # -- requests --------------------------------------------------------
 
@@ -256,6 +300,7 @@ class WorkerProcess:
     def close(self) -> None:
         """Closes the parent's ends of the socket and output pipe (after the process ended)."""
         self.sock.close()
+        self.hot.clear()  # its views of the arena would keep the arena mapped
         with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
             self.arena.close()
         if self.process.stdout is not None:
