@@ -41,6 +41,10 @@ checked against the table in pool.executor.workers.
 The direct path of Pool.run, the hot path for small programs: run ->
 _new_task -> _stage -> _claim_for_caller -> _run_directly -> Dispatcher.send
 -> Dispatcher.receive (-> _handle -> _outcome -> _finish -> Task.complete).
+After a program's first run in a worker, whose reply gives it a hot slot
+(WorkerProcess.hot), a run with its inputs and outputs in the arena goes as
+a HotRun frame of a few bytes and comes back as a HotReply
+(Dispatcher._handle_hot): see worker.protocol.
 """
 
 from __future__ import annotations
