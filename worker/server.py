@@ -1,18 +1,18 @@
 """The worker process: serve compile and run requests from the parent.
 
-    parent ──Init/Compile/Run/Exit──▶ socket ──▶ serve() ──▶ compile_program
-           ◀──────── Ready, Reply ────────          ◀──  Executable.run_into(shm)
+    parent ──Init/Compile/Run/HotRun/Exit──▶ socket ──▶ serve() ──▶ compile_program
+           ◀──────── Ready, Reply, HotReply ────────     ◀──  Executable.run_into(shm)
 
 One request at a time, in order. A program run again and again with its
 inputs and outputs in the arena gets a hot slot: the parent then sends a
 HotRun of a few bytes for it, which serve() answers with a HotReply after
 little more than the run itself (no unpickling, checks or allocation: the
 slot holds the executable and its views of the arena, checked once).
-Every failure of a request (a bad program,
-wrong arguments, a plugin error) becomes an error Reply and the worker lives
-on; only a crash of the plugin itself ends the process, which the parent sees
-and reports as that request's failure. Executables stay loaded in an LRU so
-that repeated runs skip even the disk cache.
+Every failure of a request (a bad program, wrong arguments, a plugin error)
+becomes an error Reply and the worker lives on; only a crash of the plugin
+itself ends the process, which the parent sees and reports as that request's
+failure. Executables stay loaded in an LRU so that repeated runs skip even
+the disk cache.
 """
 
 from __future__ import annotations
