@@ -66,9 +66,12 @@ def test_both_nodes_take_part_and_routing_is_stable(cluster, tmp_path: Path) -> 
         assert routes == [remote._route(p)[0] for p in programs]  # same node every time
         specs = remote.compile_many(programs)
         assert remote.statistics.compiled == 12
-        # Again: each program goes back to the node whose Pool still holds it.
+        # Again: each program goes back to the node whose Pool still holds it, and
+        # nothing compiles twice. Dask may still run a task on the other node
+        # (allow_other_workers, so that a busy or lost node never stalls it),
+        # which then loads it from the shared cache: a rare load, never most.
         assert [s.key for s in specs] == [s.key for s in remote.compile_many(programs)]
-        assert remote.statistics.compiled == 12 and remote.statistics.loaded == 0
+        assert remote.statistics.compiled == 12 and remote.statistics.loaded <= 2
     # The same keys as a local pool computes: one cache serves both.
     with Pool(workers=1, cache_dir=tmp_path) as local:
         assert [s.key for s in local.compile_many(programs)] == [s.key for s in specs]
