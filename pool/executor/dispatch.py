@@ -238,9 +238,7 @@ class Dispatcher:
             self._workers.on_ready(worker, message)
             return
         if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
-            close_all(fds)
-            logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
-            self._workers.retire(worker)
+            self._unexpected(worker, message, fds)
             return
         outcome: Result | None = None
         try:
@@ -270,9 +268,7 @@ class Dispatcher:
         """Handles a HotReply: the task's outputs are in the arena where its hot slot has them."""
         hot = None if task is None else worker.hot.get(task.program_id)
         if task is None or hot is None or fds or reply.task_id != task.id:
-            close_all(fds)
-            logger.warning("worker %d sent an unexpected message %r", worker.pid, reply)
-            self._workers.retire(worker)
+            self._unexpected(worker, reply, fds)
             return
         outcome: Result | None = None
         try:
@@ -281,8 +277,17 @@ class Dispatcher:
             worker.note_loaded(task.program_id, ())  # the mirror of its LRU sees the run
         except Exception as error:  # no memory for the copies
             outcome = error
+        except BaseException as error:  # interrupted while copying, as in _handle
+            outcome = PoolError(f"reading the task's outputs was interrupted ({error!r})")
+            raise
         finally:
             self._finish(worker, task, outcome)
+
+    def _unexpected(self, worker: WorkerProcess, message: Any, fds: list[int]) -> None:
+        """A message that answers no request of the worker's: it broke the protocol, retire it."""
+        close_all(fds)
+        logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
+        self._workers.retire(worker)
 
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
         """A reply was handled: settle its task (or queue it again) and free the worker."""
