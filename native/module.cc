@@ -1,21 +1,25 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
 // (PjrtException -> PjrtError, FfiVersionException -> HandlerVersionError,
-// PluginLoadException -> PluginLoadError, and
-// pybind11's own std::invalid_argument -> ValueError for bad inputs) and the
-// only place the GIL is released (around compile, deserialize and execute,
-// which can run for seconds).
+// PluginLoadException -> PluginLoadError, SocketException -> OSError of its
+// errno, and pybind11's own std::invalid_argument -> ValueError for bad
+// inputs) and the only place the GIL is released (around compile,
+// deserialize and execute, which can run for seconds, and the hot loop).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 #include <variant>
 
 #include "client.h"
+#include "hot_loop.h"
 #include "plugin.h"
 #include "status.h"
 
@@ -131,6 +135,42 @@ void Execute(const Executable& executable, const py::list& inputs,
   executable.Execute(host_inputs, host_outputs, zero_copy);
 }
 
+// The hot loop and the exported buffer of its arena, which stays mapped (and
+// its mapping unclosable) for as long as the loop can touch it.
+struct ArenaHotLoop {
+  py::buffer_info arena;
+  HotLoop loop;
+};
+
+std::unique_ptr<ArenaHotLoop> MakeHotLoop(int fd, const py::buffer& arena, size_t arena_size,
+                                          double spin_seconds) {
+  py::buffer_info info = arena.request(/*writable=*/true);
+  const size_t length = static_cast<size_t>(info.size * info.itemsize);
+  if (length < arena_size || length - arena_size < sizeof(int64_t)) {
+    throw py::value_error("the arena's buffer has " + std::to_string(length) +
+                          " bytes: it needs arena_size bytes and the control bytes after them");
+  }
+  auto* data = static_cast<uint8_t*>(info.ptr);
+  return std::unique_ptr<ArenaHotLoop>(
+      new ArenaHotLoop{std::move(info), HotLoop(fd, data, arena_size, spin_seconds)});
+}
+
+py::tuple Serve(ArenaHotLoop& self) {
+  while (true) {
+    Unanswered frame;
+    {
+      py::gil_scoped_release release;
+      frame = self.loop.Serve();
+    }
+    if (!frame.interrupted) {
+      return py::make_tuple(py::bytes(frame.first), py::cast(frame.fds), frame.truncated);
+    }
+    // A signal woke the loop before any byte came: its Python handler runs
+    // now, and what it raises (KeyboardInterrupt) ends the loop.
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_pjrt, m) {
@@ -170,6 +210,9 @@ PYBIND11_MODULE(_pjrt, m) {
       PyErr_SetObject(g_pjrt_error, error.ptr());
     } catch (const PluginLoadException& e) {
       PyErr_SetString(g_plugin_load_error, e.what());
+    } catch (const SocketException& e) {
+      errno = e.error();
+      PyErr_SetFromErrno(PyExc_OSError);
     }
   });
 
@@ -278,4 +321,53 @@ PYBIND11_MODULE(_pjrt, m) {
            "writes each output into the matching writable buffer. Raises ValueError, "
            "before the plugin sees anything, for an unknown element type or a buffer "
            "whose size is not its dims times the element size.");
+
+  py::class_<ArenaHotLoop>(m, "HotLoop",
+                           "A worker's loop that answers HotRuns of registered slots without "
+                           "Python (worker.server).")
+      .def(py::init(&MakeHotLoop), py::arg("fd"), py::arg("arena"), py::arg("arena_size"),
+           py::arg("spin_seconds"),
+           "Serves the socket fd (kept open by the caller) on the arena: a writable buffer of "
+           "arena_size data bytes, then the control bytes.")
+      .def("set_slot",
+           [](ArenaHotLoop& self, int64_t slot, std::shared_ptr<Executable> executable,
+              const std::vector<std::tuple<size_t, size_t, int, std::vector<int64_t>>>& inputs,
+              const std::vector<std::pair<size_t, size_t>>& outputs) {
+             std::vector<SlotInput> slot_inputs;
+             for (const auto& [offset, size, element_type, dims] : inputs) {
+               slot_inputs.push_back(SlotInput{offset, size, element_type, dims});
+             }
+             std::vector<SlotOutput> slot_outputs;
+             for (const auto& [offset, size] : outputs) {
+               slot_outputs.push_back(SlotOutput{offset, size});
+             }
+             self.loop.SetSlot(slot, std::move(executable), std::move(slot_inputs),
+                               std::move(slot_outputs));
+           },
+           py::arg("slot"), py::arg("executable"), py::arg("inputs"), py::arg("outputs"),
+           "Registers a slot: its executable, inputs as (offset, bytes, PJRT_Buffer_Type, dims) "
+           "and outputs as (offset, bytes) in the arena. Raises ValueError for a place outside "
+           "the arena or a size that does not fit its type.")
+      .def("drop_slot", [](ArenaHotLoop& self, int64_t slot) { self.loop.DropSlot(slot); },
+           py::arg("slot"), "Forgets a slot; an unknown one is ignored.")
+      .def("has_slot", [](const ArenaHotLoop& self, int64_t slot) {
+             return self.loop.HasSlot(slot);
+           }, py::arg("slot"))
+      .def("serve", &Serve,
+           "Answers HotRuns of registered slots until another frame comes; returns that "
+           "frame's first read as (bytes, descriptors, truncated), (b'', [], False) at the end "
+           "of the stream. A run's failure is raised (its task is last_task_id), a socket's "
+           "as OSError.")
+      .def("run",
+           [](ArenaHotLoop& self, int64_t task_id, int64_t slot, bool zero_copy) {
+             py::gil_scoped_release release;
+             self.loop.Run(task_id, slot, zero_copy);
+           },
+           py::arg("task_id"), py::arg("slot"), py::arg("zero_copy"),
+           "Runs a registered slot for a task as serve does, without the socket.")
+      .def_property_readonly("last_task_id", [](const ArenaHotLoop& self) {
+             return self.loop.last_task_id();
+           }, "The task of the last run begun, -1 before any.")
+      .def("take_used", [](ArenaHotLoop& self) { return self.loop.TakeUsed(); },
+           "The slots run since the last call, least recently run first.");
 }

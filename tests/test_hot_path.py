@@ -1,5 +1,6 @@
 """The hot path of a small program: after its first run in a worker, a program whose
-inputs and outputs fit the arena goes as a HotRun of a few bytes (worker.protocol).
+inputs and outputs fit the arena goes as a HotRun of a few bytes (worker.protocol),
+which the worker's native hot loop answers without Python (worker._pjrt.HotLoop).
 
 Every guarantee of a full run holds on it: right results, the LRU of loaded
 programs, deadlines, crash attribution, device failures, and the frames
@@ -8,7 +9,10 @@ themselves arrive whole, one per read, never more.
 
 from __future__ import annotations
 
+import mmap
+import signal
 import socket
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +20,16 @@ import numpy as np
 import pytest
 from pool_helpers import handler_initializer, milliseconds, scale_program, sds, sleep_program
 
-from pool import DeviceFailureError, Pool, TaskTimeoutError, WorkerCrashedError, lower
-from worker import protocol
+from pool import (
+    DeviceFailureError,
+    Pool,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    compile_program,
+    lower,
+)
+from worker import _pjrt, protocol, shm
+from worker.dtypes import code_of_dtype
 
 
 def hot_slots(pool: Pool) -> dict[str, int]:
@@ -126,3 +138,117 @@ def test_a_program_with_no_inputs_or_outputs_of_size_zero_runs_hot() -> None:
         for _ in range(3):
             doubled, empty = pool.run(program, [np.zeros(0, np.float32)])
             assert doubled.shape == (0,) and empty.shape == (0,)
+
+
+def test_hot_runs_keep_their_programs_loaded_in_the_workers_lru() -> None:
+    # The native loop runs A without Python: the worker's LRU must still see those
+    # runs, or loading C would unload A (used last) instead of B.
+    a, b, c = (scale_program(float(f)) for f in (2, 5, 7))
+    x = np.ones(8, np.float32)
+    with Pool(1, max_loaded=2) as pool:
+        pool.run(a, [x])
+        pool.run(b, [x])
+        for _ in range(5):
+            np.testing.assert_array_equal(pool.run(a, [x])[0], x * 2 + 1)
+        pool.run(c, [x])
+        before = pool.statistics
+        np.testing.assert_array_equal(pool.run(a, [x])[0], x * 2 + 1)
+        assert pool.statistics == before  # A stayed loaded: nothing compiled or loaded again
+
+
+class _Loop:
+    """A hot loop in this process on one end of a socketpair, the other end for the test."""
+
+    def __init__(self, program, arena_size: int = 4096) -> None:
+        self.executable, _ = compile_program(program, disk_cache=False)
+        self.ours, self.theirs = socket.socketpair()
+        self.arena_size = arena_size
+        self.arena = mmap.mmap(-1, arena_size + protocol.CONTROL_BYTES)
+        self.loop = _pjrt.HotLoop(self.theirs.fileno(), self.arena, arena_size, 0.0)
+        types = self.executable.input_types
+        self.input_offsets, end = shm.layout(types)
+        self.output_offsets, _ = shm.layout(self.executable.output_types, end)
+        self.inputs = shm.views(self.arena, types, self.input_offsets)
+        self.outputs = shm.views(self.arena, self.executable.output_types, self.output_offsets)
+
+    def register(self, slot: int) -> None:
+        types, outputs = self.executable.input_types, self.executable.output_types
+        inputs = [
+            (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
+            for t, offset in zip(types, self.input_offsets, strict=True)
+        ]
+        places = [(o, t.nbytes) for t, o in zip(outputs, self.output_offsets, strict=True)]
+        self.loop.set_slot(slot, self.executable.native, inputs, places)
+
+    def close(self) -> None:
+        del self.inputs, self.outputs
+        self.ours.close()
+        self.theirs.close()
+
+
+def test_the_native_loop_speaks_the_protocols_frames() -> None:
+    loop = _Loop(scale_program(3.0))
+    try:
+        loop.register(4)
+        # Sent by the protocol module, back to back: the loop answers both HotRuns
+        # itself and hands back the first frame that is not one, whole and unread past.
+        for step in range(2):
+            loop.inputs[0][:] = step
+            protocol.send_frame(loop.ours, protocol.HotRun(100 + step, 4, step == 0))
+            protocol.send_frame(loop.ours, protocol.HotRun(200 + step, 99, False))  # unknown
+            first, fds, truncated = loop.loop.serve()
+            assert protocol.recv_frame(loop.ours) == (protocol.HotReply(100 + step), [])
+            np.testing.assert_array_equal(loop.outputs[0], np.full(8, step * 3 + 1))
+            assert protocol.STARTED.unpack_from(loop.arena, loop.arena_size)[0] == 100 + step
+            assert loop.loop.last_task_id == 100 + step
+            message = protocol.finish_frame(loop.theirs, first, fds, truncated)
+            assert message == (protocol.HotRun(200 + step, 99, False), [])
+        assert loop.loop.take_used() == [4]
+        assert loop.loop.take_used() == []
+        protocol.send_frame(loop.ours, protocol.Exit())
+        assert protocol.finish_frame(loop.theirs, *loop.loop.serve()) == (protocol.Exit(), [])
+        loop.ours.shutdown(socket.SHUT_WR)
+        assert loop.loop.serve() == (b"", [], False)  # the end of the stream
+        loop.loop.drop_slot(4)
+        assert not loop.loop.has_slot(4)
+    finally:
+        loop.close()
+
+
+def test_the_native_loop_refuses_places_outside_its_arena() -> None:
+    loop = _Loop(scale_program(3.0), arena_size=256)
+    try:
+        native = loop.executable.native
+        f32 = code_of_dtype(np.dtype(np.float32))
+        good_in, good_out = (0, 32, f32, (8,)), (64, 32)
+        for inputs, outputs in [
+            ([(240, 32, f32, (8,))], [good_out]),  # runs past the arena's end
+            ([(2**64 - 16, 32, f32, (8,))], [good_out]),  # wraps around
+            ([(0, 16, f32, (8,))], [good_out]),  # not its type's size
+            ([(0, 32, 99, (8,))], [good_out]),  # no such element type
+            ([good_in], [(250, 32)]),
+            ([good_in], [(64, 16)]),  # not the output's size
+            ([good_in], []),  # not the program's output count
+        ]:
+            with pytest.raises(ValueError):
+                loop.loop.set_slot(1, native, inputs, outputs)
+        assert not loop.loop.has_slot(1)
+        with pytest.raises(ValueError, match="not registered"):
+            loop.loop.run(7, 1, False)
+        with pytest.raises(ValueError, match="control bytes"):
+            _pjrt.HotLoop(loop.theirs.fileno(), loop.arena, len(loop.arena), 0.0)
+    finally:
+        loop.close()
+
+
+def test_a_signal_wakes_the_native_loop_and_its_handler_runs() -> None:
+    loop = _Loop(scale_program(3.0))
+    main = threading.get_ident()
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            loop.loop.serve()  # blocked with nothing to read: only the signal ends it
+    finally:
+        timer.cancel()
+        loop.close()

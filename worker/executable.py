@@ -70,6 +70,11 @@ class Executable:
         self._input_codes = None if types is None else [code_of_dtype(t.dtype) for t in types]
 
     @property
+    def native(self) -> _pjrt.Executable:
+        """The native executable (what the worker's hot loop runs)."""
+        return self._native
+
+    @property
     def output_bytes(self) -> tuple[int, ...]:
         """The size in bytes of each output, which fills ProgramSpec.output_bytes."""
         return tuple(t.nbytes for t in self.output_types)

@@ -49,6 +49,7 @@ import socket
 import struct
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -202,21 +203,44 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-        if not data:
-            raise ConnectionLostError("connection closed")
-        if len(data) < _FIRST_READ:
-            data += _recv_exactly(sock, _FIRST_READ - len(data))
-        length, sent_fds, form = _HEADER.unpack_from(data)
-        message = _decode(sock, data, length, form)
-        if flags & socket.MSG_CTRUNC or len(received) != sent_fds:
-            # The kernel dropped descriptors this process had no room for.
-            raise DescriptorLimitError("receiving shared memory from another process", message)
-        fds = received.tolist()
+        return _finish(sock, data, received, bool(flags & socket.MSG_CTRUNC))
     except BaseException:
         for fd in received:
             os.close(fd)
         raise
-    return message, fds
+
+
+def finish_frame(
+    sock: socket.socket, first: bytes, fds: list[int], truncated: bool
+) -> tuple[Any, list[int]]:
+    """recv_frame for a frame whose first read was made elsewhere (the worker's hot loop).
+
+    first holds the bytes that read took (empty at the end of the stream),
+    fds the descriptors that came with them and truncated whether the kernel
+    dropped some (MSG_CTRUNC). Raises and closes them as recv_frame does.
+    """
+    try:
+        return _finish(sock, first, fds, truncated)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _finish(
+    sock: socket.socket, data: bytes, received: Sequence[int], truncated: bool
+) -> tuple[Any, list[int]]:
+    """The message of a frame whose first read gave data and descriptors; reads the rest."""
+    if not data:
+        raise ConnectionLostError("connection closed")
+    if len(data) < _FIRST_READ:
+        data += _recv_exactly(sock, _FIRST_READ - len(data))
+    length, sent_fds, form = _HEADER.unpack_from(data)
+    message = _decode(sock, data, length, form)
+    if truncated or len(received) != sent_fds:
+        # The kernel dropped descriptors this process had no room for.
+        raise DescriptorLimitError("receiving shared memory from another process", message)
+    return message, list(received)
 
 
 def _decode(sock: socket.socket, first: bytes, length: int, form: int) -> Any:

@@ -1,13 +1,19 @@
 """The worker process: serve compile and run requests from the parent.
 
-    parent ──Init/Compile/Run/HotRun/Exit──▶ socket ──▶ serve() ──▶ compile_program
-           ◀──────── Ready, Reply, HotReply ────────     ◀──  Executable.run_into(shm)
+    parent ──HotRun──────────────▶ socket ──▶ _pjrt.HotLoop ──▶ PJRT execute (arena)
+           ◀──HotReply─────────────        ◀──  (no Python, GIL released)
+                                                 │ any other frame
+                                                 ▼
+           ──Init/Compile/Run/Exit──▶         serve() ──▶ compile_program
+           ◀──Ready, Reply──────────          ◀──  Executable.run_into(shm)
 
 One request at a time, in order. A program run again and again with its
 inputs and outputs in the arena gets a hot slot: the parent then sends a
-HotRun of a few bytes for it, which serve() answers with a HotReply after
-little more than the run itself (no unpickling, checks or allocation: the
-slot holds the executable and its views of the arena, checked once).
+HotRun of a few bytes for it, which the native hot loop answers with a
+HotReply after little more than the run itself (no Python at all: the slot
+holds the executable and its places in the arena, checked once when the
+first full Run registered it). Every other frame, and a HotRun of a slot the
+loop does not know, comes back to serve(), which finishes reading it.
 Every failure of a request (a bad program, wrong arguments, a plugin error)
 becomes an error Reply and the worker lives on; only a crash of the plugin
 itself ends the process, which the parent sees and reports as that request's
@@ -29,13 +35,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from itertools import count
 from typing import Any, NamedTuple
 
-from worker import protocol, shm
+from worker import _pjrt, protocol, shm
 from worker.cache import open_cache, process_counters
 from worker.cached import load_cached_executable
 from worker.compiler import compile_program
 from worker.device_errors import fatal_device_error
+from worker.dtypes import code_of_dtype
 from worker.executable import Executable
 from worker.fds import close_quietly
 from worker.identity import runtime_key_parts
@@ -46,7 +54,8 @@ from worker.runtime import get_runtime
 
 PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
-"""How long a worker polls for the next request before sleeping (see spin_until_readable)."""
+"""How long a worker polls for the next request before sleeping (protocol.spin_until_readable
+explains why); the hot loop does the polling."""
 
 DEVICE_FAILURE_EXIT = 75
 """The exit status of a worker that stopped because its device became unusable."""
@@ -169,9 +178,11 @@ class Server:
         # and again reuses them, skipping the views' construction and the
         # argument checks (the parent checked and converted the arguments).
         self._arena_views: dict[tuple[str, tuple[int, ...]], _ArenaViews] = {}
-        # The same views by hot slot, for HotRun (None: its program was unloaded).
+        # The same views by hot slot, for HotRun; the hot loop holds each slot too.
         # Slots are never reused, so a stale one can only miss, never run another program.
-        self._hot: list[_ArenaViews | None] = []
+        self._hot: dict[int, _ArenaViews] = {}
+        self._slots = count()
+        self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
 
     def _load(
         self,
@@ -209,7 +220,8 @@ class Server:
             gone = set(evicted)
             for views in self._arena_views.values():
                 if views.program_id in gone:
-                    self._hot[views.slot] = None
+                    del self._hot[views.slot]
+                    self._hot_loop.drop_slot(views.slot)
             self._arena_views = {k: v for k, v in self._arena_views.items() if k[0] not in gone}
             for program in gone:
                 self._layouts.pop(program, None)
@@ -243,12 +255,28 @@ class Server:
                 shm.views(self.arena, executable.output_types, offsets),
                 offsets,
                 end,
-                len(self._hot),
+                next(self._slots),
             )
+            self._register_slot(views, types, request.input_offsets)
             self._arena_views[key] = views
-            self._hot.append(views)
+            self._hot[views.slot] = views
         executable.run_into(views.inputs, views.outputs, request.zero_copy)
         return views
+
+    def _register_slot(
+        self, views: _ArenaViews, types: tuple[ArrayType, ...], input_offsets: tuple[int, ...]
+    ) -> None:
+        """Gives the hot loop a slot's executable and the places of its arrays in the arena."""
+        executable = views.executable
+        inputs = [
+            (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
+            for t, offset in zip(types, input_offsets, strict=True)
+        ]
+        outputs = [
+            (offset, t.nbytes)
+            for t, offset in zip(executable.output_types, views.output_offsets, strict=True)
+        ]
+        self._hot_loop.set_slot(views.slot, executable.native, inputs, outputs)
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
         input_fd = None if request.in_arena else _pop(fds, "the input segment")
@@ -317,22 +345,31 @@ class Server:
         return reply(output_offsets=offsets, output_size=end, output_place=place), out_fds
 
     def run_hot(self, request: HotRun) -> None:
-        """Answers a HotRun: runs its slot's executable on the arena and says so.
+        """Answers a HotRun that the hot loop left to Python: runs its slot and says so.
 
-        The hot path: the slot's views and checks were made by the full Run
-        that gave it. Any failure is answered as a Run's would be.
+        The loop leaves a HotRun of a slot it does not know (its program was
+        unloaded: a LookupError, after which the parent sends the full Run)
+        and one that came with descriptors. Any failure is answered as a
+        Run's would be.
         """
         protocol.STARTED.pack_into(self.arena, self.arena_size, request.task_id)
         try:
-            views = self._hot[request.slot] if 0 <= request.slot < len(self._hot) else None
-            if views is None:
+            if request.slot not in self._hot:
                 raise LookupError(f"hot slot {request.slot} is not loaded in this worker")
-            self.loaded.move_to_end(views.program_id)  # the LRU sees hot runs too
-            views.executable.run_into(views.inputs, views.outputs, request.zero_copy)
+            self._hot_loop.run(request.task_id, request.slot, request.zero_copy)
         except Exception as error:  # as in handle: the request's failure is its reply
             self._send(*self._failed(request.task_id, error))
             return
+        finally:
+            self._note_hot_runs()
         protocol.send_frame(self.sock, protocol.HotReply(request.task_id))
+
+    def _note_hot_runs(self) -> None:
+        """Tells the LRU of loaded programs about the runs of the hot loop since the last call."""
+        for slot in self._hot_loop.take_used():
+            views = self._hot.get(slot)
+            if views is not None:
+                self.loaded.move_to_end(views.program_id)
 
     def handle(self, request: Any, fds: list[int]) -> bool:
         """Answers one request; returns False when the worker should exit."""
@@ -390,11 +427,8 @@ class Server:
     def serve(self) -> None:
         """Answers requests until Exit or until the parent closes the socket."""
         while True:
-            # A caller running programs one after another sends the next
-            # request at once: spin a little before sleeping on the socket.
-            protocol.spin_until_readable(self.sock, SPIN_SECONDS)
             try:
-                request, fds = protocol.recv_frame(self.sock)
+                request, fds = self._receive()
             except (protocol.ConnectionLostError, ConnectionResetError):
                 return
             except protocol.DescriptorLimitError as error:
@@ -404,6 +438,20 @@ class Server:
                 continue
             if not self.handle(request, fds):
                 return
+
+    def _receive(self) -> tuple[Any, list[int]]:
+        """The next request that the hot loop, answering HotRuns meanwhile, leaves to Python."""
+        while True:
+            try:
+                first, fds, truncated = self._hot_loop.serve()
+            except OSError:
+                raise  # the socket's: serve() ends or answers it
+            except Exception as error:  # a hot run failed: its reply says so, as handle's would
+                self._send(*self._failed(self._hot_loop.last_task_id, error))
+                continue
+            finally:
+                self._note_hot_runs()
+            return protocol.finish_frame(self.sock, first, fds, truncated)
 
 
 def _pop(fds: list[int], what: str) -> int:

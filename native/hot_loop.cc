@@ -1,0 +1,208 @@
+#include "hot_loop.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace pjrt_pool {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the frame fields are read as little-endian integers in place");
+
+// worker/protocol.py: a header "<IBB" (payload length, descriptor count,
+// format), then at least kMinPayload bytes of payload. A HotRun's payload is
+// "<qiB3x" (task id, slot, zero copy), a HotReply's "<q8x" (task id).
+constexpr size_t kHeaderSize = 6;
+constexpr size_t kMinPayload = 16;
+constexpr size_t kFirstRead = kHeaderSize + kMinPayload;
+constexpr uint8_t kFormatHotRun = 1;
+constexpr uint8_t kFormatHotReply = 2;
+constexpr size_t kMaxFds = 8;  // protocol.MAX_FDS
+
+template <typename T>
+T Field(const char* data, size_t offset) {
+  T value;
+  std::memcpy(&value, data + offset, sizeof(T));
+  return value;
+}
+
+double Now() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+// The place [offset, offset + size) lies inside an arena of arena_size bytes.
+bool Inside(size_t offset, size_t size, size_t arena_size) {
+  size_t end;
+  return !__builtin_add_overflow(offset, size, &end) && end <= arena_size;
+}
+
+size_t ArrayBytes(int element_type, const std::vector<int64_t>& dims) {
+  size_t bytes = ElementSize(element_type);
+  for (int64_t dim : dims) {
+    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<size_t>(dim), &bytes)) return 0;
+  }
+  return bytes;
+}
+
+// One recvmsg of a frame's first bytes into `frame`: the byte count, 0 at
+// the end of the stream, -1 when nothing is there (flags has MSG_DONTWAIT)
+// and -2 when a signal came first.
+ssize_t ReadFirst(int fd, int flags, Unanswered& frame) {
+  char data[kFirstRead];
+  iovec vector{data, sizeof(data)};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  msghdr message{};
+  message.msg_iov = &vector;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof(control);
+  ssize_t got = recvmsg(fd, &message, flags | MSG_CMSG_CLOEXEC);
+  if (got < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+    if (errno == EINTR) return -2;
+    throw SocketException(errno, "receiving a request");
+  }
+  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
+       header = CMSG_NXTHDR(&message, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const unsigned char* fds = CMSG_DATA(header);
+    for (size_t i = 0; i < count; ++i) {
+      frame.fds.push_back(Field<int>(reinterpret_cast<const char*>(fds), i * sizeof(int)));
+    }
+  }
+  frame.truncated = (message.msg_flags & MSG_CTRUNC) != 0;
+  frame.first.assign(data, static_cast<size_t>(got));
+  return got;
+}
+
+}  // namespace
+
+HotLoop::HotLoop(int fd, uint8_t* arena, size_t arena_size, double spin_seconds)
+    : fd_(fd), arena_(arena), arena_size_(arena_size), spin_seconds_(spin_seconds) {}
+
+void HotLoop::SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
+                      std::vector<SlotInput> inputs, std::vector<SlotOutput> outputs) {
+  const std::string which = "hot slot " + std::to_string(slot) + ": ";
+  Slot value;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const SlotInput& input = inputs[i];
+    if (!Inside(input.offset, input.size, arena_size_) ||
+        ArrayBytes(input.element_type, input.dims) != input.size ||
+        ElementSize(input.element_type) == 0) {
+      throw std::invalid_argument(which + "input " + std::to_string(i) +
+                                  " is not an array of its type inside the arena");
+    }
+    value.inputs.push_back(
+        HostInput{arena_ + input.offset, input.size, input.element_type, input.dims});
+  }
+  const std::vector<OutputType>& types = executable->output_types();
+  if (outputs.size() != types.size()) {
+    throw std::invalid_argument(which + "the program has " + std::to_string(types.size()) +
+                                " outputs, not " + std::to_string(outputs.size()));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const SlotOutput& output = outputs[i];
+    size_t expected = ArrayBytes(types[i].element_type, types[i].dims);
+    if (!Inside(output.offset, output.size, arena_size_) || output.size != expected ||
+        ElementSize(types[i].element_type) == 0) {
+      throw std::invalid_argument(which + "output " + std::to_string(i) +
+                                  " is not a place of its size inside the arena");
+    }
+    value.outputs.push_back(HostOutput{arena_ + output.offset, output.size});
+  }
+  value.executable = std::move(executable);
+  slots_[slot] = std::move(value);
+}
+
+void HotLoop::DropSlot(int64_t slot) { slots_.erase(slot); }
+
+void HotLoop::Run(int64_t task_id, int64_t slot, bool zero_copy) {
+  auto found = slots_.find(slot);
+  if (found == slots_.end()) {
+    throw std::invalid_argument("hot slot " + std::to_string(slot) + " is not registered");
+  }
+  // Before any work: if the process dies from here on, the parent knows the
+  // task had started (protocol.CONTROL_BYTES, protocol.STARTED).
+  last_task_id_ = task_id;
+  std::memcpy(arena_ + arena_size_, &task_id, sizeof(task_id));
+  found->second.last_use = ++clock_;
+  const Slot& value = found->second;
+  value.executable->Execute(value.inputs, value.outputs, zero_copy);
+}
+
+std::vector<int64_t> HotLoop::TakeUsed() {
+  std::vector<std::pair<uint64_t, int64_t>> used;
+  for (const auto& [slot, value] : slots_) {
+    if (value.last_use > taken_at_) used.emplace_back(value.last_use, slot);
+  }
+  taken_at_ = clock_;
+  std::sort(used.begin(), used.end());
+  std::vector<int64_t> slots;
+  slots.reserve(used.size());
+  for (const auto& entry : used) slots.push_back(entry.second);
+  return slots;
+}
+
+void HotLoop::SendReply(int64_t task_id) {
+  char data[kFirstRead] = {};
+  const uint32_t length = kMinPayload;
+  std::memcpy(data, &length, sizeof(length));
+  data[5] = static_cast<char>(kFormatHotReply);
+  std::memcpy(data + kHeaderSize, &task_id, sizeof(task_id));
+  size_t sent = 0;
+  while (sent < sizeof(data)) {
+    ssize_t count = send(fd_, data + sent, sizeof(data) - sent, MSG_NOSIGNAL);
+    if (count < 0) {
+      if (errno == EINTR) continue;  // a reply is never left half sent
+      throw SocketException(errno, "sending a reply");
+    }
+    sent += static_cast<size_t>(count);
+  }
+}
+
+Unanswered HotLoop::Serve() {
+  while (true) {
+    Unanswered frame;
+    ssize_t got = -1;
+    // A caller running programs one after another sends the next request at
+    // once: poll a little before sleeping, which costs a wake-up.
+    const double deadline = Now() + spin_seconds_;
+    do {
+      got = ReadFirst(fd_, MSG_DONTWAIT, frame);
+    } while (got == -1 && Now() < deadline);
+    while (got == -1) {  // sleep until readable (the socket may be non-blocking)
+      pollfd readable{fd_, POLLIN, 0};
+      if (poll(&readable, 1, -1) < 0) {
+        if (errno != EINTR) throw SocketException(errno, "waiting for a request");
+        got = -2;
+        break;
+      }
+      got = ReadFirst(fd_, MSG_DONTWAIT, frame);
+    }
+    if (got == -2) {
+      frame.interrupted = true;
+      return frame;
+    }
+    const char* data = frame.first.data();
+    const bool hot = static_cast<size_t>(got) == kFirstRead && frame.fds.empty() &&
+                     !frame.truncated && Field<uint32_t>(data, 0) == kMinPayload &&
+                     Field<uint8_t>(data, 4) == 0 && Field<uint8_t>(data, 5) == kFormatHotRun;
+    if (!hot) return frame;  // the caller reads the rest and answers it
+    const int64_t task_id = Field<int64_t>(data, 6);
+    const int64_t slot = Field<int32_t>(data, 14);
+    if (!HasSlot(slot)) return frame;  // the caller says it is not loaded
+    Run(task_id, slot, Field<uint8_t>(data, 18) != 0);
+    SendReply(task_id);
+  }
+}
+
+}  // namespace pjrt_pool

@@ -1,0 +1,108 @@
+// The worker's hot loop: receive a HotRun, run its slot's executable on the
+// arena, send the HotReply, all without Python. Python (worker.server) keeps
+// everything else: it registers a slot after a program's first full run, and
+// gets back each frame that is not a HotRun of a registered slot, to finish
+// reading and answer it. The frame layout mirrors worker/protocol.py (a test
+// sends and receives through both).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "client.h"
+
+namespace pjrt_pool {
+
+// A socket call failed with `error` (an errno value).
+class SocketException : public std::runtime_error {
+ public:
+  SocketException(int error, const std::string& what) : std::runtime_error(what), error_(error) {}
+  int error() const { return error_; }
+
+ private:
+  int error_;
+};
+
+// One input of a hot slot: its place in the arena and its type.
+struct SlotInput {
+  size_t offset;
+  size_t size;  // bytes
+  int element_type;  // PJRT_Buffer_Type
+  std::vector<int64_t> dims;
+};
+
+// One output of a hot slot: its place in the arena.
+struct SlotOutput {
+  size_t offset;
+  size_t size;  // bytes
+};
+
+// A frame the loop did not answer: the bytes of its first read and the
+// descriptors that came with them, for the caller to finish (and close).
+struct Unanswered {
+  std::string first;  // empty: the other end closed the socket
+  std::vector<int> fds;
+  bool truncated = false;  // MSG_CTRUNC: the kernel dropped descriptors
+  bool interrupted = false;  // a signal came before any byte: nothing was read
+};
+
+class HotLoop {
+ public:
+  // The loop reads and writes `fd` (the worker's socket, which the caller
+  // keeps open) and runs on `arena`, which holds arena_size data bytes and
+  // then the control bytes; both outlive the loop. Before it blocks, it
+  // polls for `spin_seconds` (a request that comes at once skips a wake-up).
+  HotLoop(int fd, uint8_t* arena, size_t arena_size, double spin_seconds);
+
+  // Registers (or replaces) a slot; throws std::invalid_argument for a place
+  // outside the arena or an input whose size is not its dims x element size.
+  void SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
+               std::vector<SlotInput> inputs, std::vector<SlotOutput> outputs);
+  // Forgets a slot (its program was unloaded); an unknown slot is ignored.
+  void DropSlot(int64_t slot);
+  bool HasSlot(int64_t slot) const { return slots_.count(slot) != 0; }
+
+  // Answers HotRuns of registered slots until a frame comes that is not one;
+  // returns that frame. A run's failure is thrown (what Execute throws), with
+  // its task in last_task_id(); a socket failure throws SocketException.
+  // Blocks; call without the GIL.
+  Unanswered Serve();
+
+  // Runs one slot for a task as Serve does, without the socket: writes the
+  // started id, runs. Throws std::invalid_argument for an unknown slot.
+  // Blocks; call without the GIL.
+  void Run(int64_t task_id, int64_t slot, bool zero_copy);
+
+  // The task of the last run begun (Serve's or Run's), -1 before any.
+  int64_t last_task_id() const { return last_task_id_; }
+
+  // The slots run since the last call, least recently run first (for the
+  // caller's LRU of loaded programs).
+  std::vector<int64_t> TakeUsed();
+
+ private:
+  struct Slot {
+    std::shared_ptr<Executable> executable;
+    std::vector<HostInput> inputs;
+    std::vector<HostOutput> outputs;
+    uint64_t last_use = 0;
+  };
+
+  void SendReply(int64_t task_id);
+
+  int fd_;
+  uint8_t* arena_;
+  size_t arena_size_;
+  double spin_seconds_;
+  std::unordered_map<int64_t, Slot> slots_;
+  uint64_t clock_ = 0;  // counts runs; a slot's last_use is the count at its last run
+  uint64_t taken_at_ = 0;  // clock_ at the last TakeUsed
+  int64_t last_task_id_ = -1;
+};
+
+}  // namespace pjrt_pool
