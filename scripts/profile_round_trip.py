@@ -1,94 +1,174 @@
-"""Where a small program's round trip through the Pool goes, step by step, on both sides.
+"""Where a small program's round trip through the Pool goes, step by step.
 
 Usage::
 
     python scripts/profile_round_trip.py [--calls N]
 
 Runs the tiny program (x + 1, float32[4]) --calls times with Pool(1).run
-after a warm-up and prints the mean microseconds per call of each step:
-in the parent, Pool.run's own steps (new task, staging, claiming, sending,
-waiting, receiving, handling the reply); in the worker, the wait for the
-next request, its receive, its handling and, within that, the run itself.
-Each step is timed by a wrapper (time.perf_counter_ns), which adds about a
-microsecond per wrapped call; the worker's are installed by the pool's
-initializer. Both sides spin before they sleep, so one side's waiting is
-the other's work plus two socket hops. Functions a version of the pool does
-not have are left out, so the same script profiles older trees too.
+after a warm-up and prints the median microseconds of:
+
+- the call's segments, split at the three socket steps of the direct path
+  (timestamps around protocol.send_frame, spin_until_readable and
+  recv_frame): the parent's work before sending, the send, the wait for the
+  reply (the worker's receive, run and reply, which the worker's native hot
+  loop does without Python, plus two socket hops), the receive, and the
+  parent's work after it;
+- each of Pool.run's own steps, timed alone (a time.perf_counter_ns wrapper
+  each, which adds about a microsecond to what it wraps);
+- the worker's part without the socket: the same program's hot slot run by
+  a HotLoop in this process (HotLoop.run), and Executable.run beside it.
+
+Functions a version of the pool does not have are left out, so the same
+script profiles older trees too.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import mmap
 import os
+import socket
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-REPORT = Path(tempfile.mkdtemp(prefix="profile-round-trip-")) / "worker.txt"
-os.environ["PJRT_POOL_CACHE_DIR"] = str(REPORT.parent / "cache")
+os.environ["PJRT_POOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile-round-trip-")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from pool import Pool, lower  # noqa: E402
-from pool.executor import dispatch  # noqa: E402
-from pool.executor import pool as pool_module  # noqa: E402
-from worker import protocol  # noqa: E402
+from pool import Pool, compile_program, lower
+from pool.executor import dispatch
+from pool.executor import pool as pool_module
+from worker import _pjrt, protocol, shm
+from worker.dtypes import code_of_dtype
 
-Totals = collections.defaultdict[str, int]
+Samples = collections.defaultdict[str, list[int]]
+_now = time.perf_counter_ns
 
 
-def wrap(owner: Any, name: str, totals: Totals, label: str | None = None) -> None:
-    """Replaces owner.name with a wrapper that adds its nanoseconds to totals[label]."""
+def median_us(values: list[int]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] / 1000
+
+
+def wrap(owner: Any, name: str, samples: Samples, recording: list[bool]) -> None:
+    """Replaces owner.name with a wrapper that records its nanoseconds per call."""
     original = getattr(owner, name, None)
     if original is None:
         return
-    key = label or name
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter_ns()
+        start = _now()
         try:
             return original(*args, **kwargs)
         finally:
-            totals[key] += time.perf_counter_ns() - start
+            if recording[0]:
+                samples[name].append(_now() - start)
 
     setattr(owner, name, timed)
 
 
-def per_call(totals: Totals, calls: int) -> str:
-    return "  ".join(
-        f"{name} {nanoseconds / calls / 1000:.1f}" for name, nanoseconds in totals.items()
-    )
+def mark(owner: Any, name: str, marks: dict[str, int]) -> None:
+    """Replaces owner.name with a wrapper that notes when it starts and ends."""
+    original = getattr(owner, name)
 
-
-def time_the_worker(report: str, every: int) -> None:
-    """The pool's initializer: wraps the worker's steps, and writes their means to `report`."""
-    # Here: this runs in the worker, which imports these itself.
-    import worker.server as server
-    from worker.executable import Executable
-
-    totals: Totals = collections.defaultdict(int)
-    handled = [0]
-    wrap(protocol, "spin_until_readable", totals, "waiting")
-    wrap(protocol, "recv_frame", totals)
-    wrap(Executable, "run_into", totals, "run_into (XLA)")
-    handle = server.Server.handle
-
-    def timed_handle(self: Any, request: Any, fds: list[int]) -> bool:
-        start = time.perf_counter_ns()
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        marks[name + " start"] = _now()
         try:
-            return handle(self, request, fds)
+            return original(*args, **kwargs)
         finally:
-            totals["handle"] += time.perf_counter_ns() - start
-            handled[0] += 1
-            if handled[0] % every == 0:
-                Path(report).write_text(per_call(totals, handled[0]))
+            marks[name + " end"] = _now()
 
-    server.Server.handle = timed_handle  # type: ignore[method-assign]
+    setattr(owner, name, marked)
+
+
+def segments(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> dict[str, list[int]]:
+    """The direct path's segments per call, split at its three socket steps."""
+    marks: dict[str, int] = {}
+    originals = {
+        name: getattr(protocol, name)
+        for name in ("send_frame", "spin_until_readable", "recv_frame")
+    }
+    for name in originals:
+        mark(protocol, name, marks)
+    found: dict[str, list[int]] = collections.defaultdict(list)
+    try:
+        for _ in range(calls):
+            marks.clear()
+            start = _now()
+            pool.run(tiny, [x])
+            end = _now()
+            if len(marks) != 6:
+                continue  # a call that did not take the direct path
+            points = [
+                ("before sending", start, marks["send_frame start"]),
+                ("send_frame", marks["send_frame start"], marks["send_frame end"]),
+                (
+                    "waiting: the worker",
+                    marks["spin_until_readable start"],
+                    marks["spin_until_readable end"],
+                ),
+                ("recv_frame", marks["recv_frame start"], marks["recv_frame end"]),
+                ("after receiving", marks["recv_frame end"], end),
+                ("the whole call", start, end),
+            ]
+            for name, begin, finish in points:
+                found[name].append(finish - begin)
+    finally:
+        for name, original in originals.items():
+            setattr(protocol, name, original)
+    return found
+
+
+def steps(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> Samples:
+    """Each of Pool.run's steps, timed alone."""
+    samples: Samples = collections.defaultdict(list)
+    recording = [False]
+    for name in ("_new_task", "_stage", "_claim_for_caller"):
+        wrap(pool_module.Pool, name, samples, recording)
+    for name in ("_request_for", "send", "receive", "_handle_hot", "_finish"):
+        wrap(dispatch.Dispatcher, name, samples, recording)
+    recording[0] = True
+    for _ in range(calls):
+        pool.run(tiny, [x])
+    recording[0] = False
+    return samples
+
+
+def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[int]]:
+    """The hot slot run by a HotLoop in this process, and Executable.run, per call."""
+    executable, _ = compile_program(tiny, disk_cache=False)
+    arena_size = 4096
+    arena = mmap.mmap(-1, arena_size + protocol.CONTROL_BYTES)
+    ours, theirs = socket.socketpair()
+    loop = _pjrt.HotLoop(theirs.fileno(), arena, arena_size, 0.0)
+    types = executable.input_types
+    input_offsets, end = shm.layout(types)
+    output_offsets, _ = shm.layout(executable.output_types, end)
+    loop.set_slot(
+        0,
+        executable.native,
+        [
+            (o, t.nbytes, code_of_dtype(t.dtype), t.shape)
+            for t, o in zip(types, input_offsets, strict=True)
+        ],
+        [(o, t.nbytes) for t, o in zip(executable.output_types, output_offsets, strict=True)],
+    )
+    hot, full = [], []
+    for _ in range(calls):
+        start = _now()
+        loop.run(0, 0, True)
+        middle = _now()
+        executable.run([x])
+        hot.append(middle - start)
+        full.append(_now() - middle)
+    ours.close()
+    theirs.close()
+    return hot, full
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,28 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
     x = np.ones(4, np.float32)
-    warm_up = 1000
-    with Pool(1, initializer=time_the_worker, initargs=(str(REPORT), warm_up + args.calls)) as pool:
-        for _ in range(warm_up):
+    with Pool(1) as pool:
+        for _ in range(1000):
             pool.run(tiny, [x])
-        totals: Totals = collections.defaultdict(int)
-        for name in ("run", "_new_task", "_stage", "_claim_for_caller"):
-            wrap(pool_module.Pool, name, totals)
-        for name in ("send", "_request_for", "receive", "_handle", "_handle_hot", "_finish"):
-            wrap(dispatch.Dispatcher, name, totals)
-        wrap(protocol, "spin_until_readable", totals, "waiting")
-        wrap(protocol, "recv_frame", totals)
-        wrap(protocol, "send_frame", totals)
-        started = time.perf_counter()
-        for _ in range(args.calls):
-            pool.run(tiny, [x])
-        wall = (time.perf_counter() - started) / args.calls * 1e6
-        deadline = time.monotonic() + 10
-        while not REPORT.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-    print(f"Pool(1).run of the tiny program, {args.calls} calls: {wall:.1f} us per call (timed)")
-    print(f"parent (us per call): {per_call(totals, args.calls)}")
-    print(f"worker (us per call): {REPORT.read_text() if REPORT.exists() else '(no report)'}")
+        split = segments(pool, tiny, x, args.calls)
+        timed = steps(pool, tiny, x, args.calls)
+    hot, full = native_runs(tiny, x, args.calls)
+    print(f"Pool(1).run of the tiny program, {args.calls} calls, medians in us")
+    print("the call, split at its socket steps:")
+    for name, values in split.items():
+        print(f"    {name:22s} {median_us(values):7.1f}")
+    print("Pool.run's steps, each timed alone:")
+    for name, values in timed.items():
+        print(
+            f"    {name:22s} {median_us(values):7.1f}   ({len(values) / args.calls:.1f} per call)"
+        )
+    print("the worker's part, in this process:")
+    print(f"    {'HotLoop.run':22s} {median_us(hot):7.1f}   (what the worker's hot loop runs)")
+    print(f"    {'Executable.run':22s} {median_us(full):7.1f}")
     return 0
 
 

@@ -116,7 +116,7 @@ class DigestedProgram(LoweredProgram):
 
     A Pool identifies a program by that digest on every call, and a module
     with large constants has a text of hundreds of MB, whose hash costs more
-    than running the program. The digest lives on the object, so it goes
+    than running the program. The digest (and the name) live on the object, so they go
     when the program does; a program made with _replace is a new object and
     computes its own. It travels to workers as a plain LoweredProgram.
     """
@@ -125,6 +125,11 @@ class DigestedProgram(LoweredProgram):
     def text_sha256(self) -> str:
         """The hex SHA-256 of the text (UTF-8), computed on first use."""
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @functools.cached_property
+    def name(self) -> str:
+        """LoweredProgram.name, read from the text once (a task of the program names it)."""
+        return LoweredProgram.name.fget(self)  # type: ignore[attr-defined]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (LoweredProgram, tuple(self))
