@@ -139,9 +139,12 @@ def steps(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> Samples:
     return samples
 
 
-def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[int]]:
-    """The hot slot run by a HotLoop in this process, and Executable.run, per call."""
+def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[int]] | None:
+    """The hot slot run by a HotLoop in this process, and Executable.run, per call
+    (None for a tree without a native hot loop)."""
     executable, _ = compile_program(tiny, disk_cache=False)
+    if not hasattr(executable, "native") or not hasattr(_pjrt, "HotLoop"):
+        return None
     arena_size = 4096
     arena = mmap.mmap(-1, arena_size + protocol.CONTROL_BYTES)
     ours, theirs = socket.socketpair()
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.run(tiny, [x])
         split = segments(pool, tiny, x, args.calls)
         timed = steps(pool, tiny, x, args.calls)
-    hot, full = native_runs(tiny, x, args.calls)
+    runs = native_runs(tiny, x, args.calls)
     print(f"Pool(1).run of the tiny program, {args.calls} calls, medians in us")
     print("the call, split at its socket steps:")
     for name, values in split.items():
@@ -192,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"    {name:22s} {median_us(values):7.1f}   ({len(values) / args.calls:.1f} per call)"
         )
+    if runs is None:
+        return 0
+    hot, full = runs
     print("the worker's part, in this process:")
     print(f"    {'HotLoop.run':22s} {median_us(hot):7.1f}   (what the worker's hot loop runs)")
     print(f"    {'Executable.run':22s} {median_us(full):7.1f}")
