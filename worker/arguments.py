@@ -37,7 +37,9 @@ def prepare_arguments(
     TypeError for a wrong number of arguments or a value that does not
     convert to its input type, and ValueError for a wrong shape.
     """
-    if isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence):
+    if type(arguments) not in (list, tuple) and (
+        isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence)
+    ):  # lists and tuples first: the Sequence check (an ABC's) costs a microsecond
         raise TypeError(
             "arguments must be a sequence with one array per program input, "
             f"not {type(arguments).__name__}"

@@ -60,6 +60,7 @@ MAX_FDS = 8
 MIN_PAYLOAD = 16
 """The least bytes of any frame's payload: a hot message's size (see the module docstring)."""
 _FIRST_READ = _HEADER.size + MIN_PAYLOAD
+_CTRUNC = int(socket.MSG_CTRUNC)  # an IntFlag, whose & with an int runs in Python (3 us)
 
 
 class Format(enum.IntEnum):
@@ -154,8 +155,11 @@ def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> 
         sock.sendall(data)
 
 
-def spin_until_readable(sock: socket.socket, seconds: float) -> bool:
-    """Polls a socket for up to `seconds` without sleeping; returns whether it is readable.
+def spin_until_readable(poller: select.poll, seconds: float) -> bool:
+    """Polls for up to `seconds` without sleeping; returns whether the socket is readable.
+
+    poller has the socket registered for POLLIN (kept with the socket: making
+    one per call costs more than a small program's run).
 
     Blocking puts the thread (on a virtual machine, the whole virtual CPU) to
     sleep, and waking it costs tens of microseconds per message: more than a
@@ -165,8 +169,6 @@ def spin_until_readable(sock: socket.socket, seconds: float) -> bool:
     if seconds <= 0:
         return False
     deadline = time.perf_counter() + seconds
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
     while True:
         if poller.poll(0):
             return True
@@ -203,7 +205,7 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-        return _finish(sock, data, received, bool(flags & socket.MSG_CTRUNC))
+        return _finish(sock, data, received, bool(flags & _CTRUNC))
     except BaseException:
         for fd in received:
             os.close(fd)

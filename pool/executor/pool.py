@@ -549,7 +549,7 @@ class Pool:
 
     def _refuse_on_manager(self, what: str) -> None:
         """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
-        if threading.current_thread() is self._manager:
+        if threading.get_ident() == self._manager.ident:
             raise PoolError(
                 f"{what} cannot wait inside a Future's done-callback: callbacks run on the "
                 "pool's manager thread, which must stay free to read the workers' replies; "
@@ -660,7 +660,8 @@ class Pool:
             worker = self._workers.idle_locked(task.program_id)
             if worker is None:
                 return None
-            task.future.set_running_or_notify_cancel()
+            # No set_running_or_notify_cancel: Pool.run's future is its own, so
+            # nothing can cancel it, and a pending future settles as well.
             self._workers.claim_locked(worker, task, threading.get_ident())
         return worker
 
@@ -675,7 +676,7 @@ class Pool:
         dispatcher = self._dispatcher
         if not dispatcher.send(worker, task):
             return  # dead or broken, and retired: it cannot have started the task
-        protocol.spin_until_readable(worker.sock, DIRECT_SPIN_SECONDS)
+        protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
         if not dispatcher.receive(worker):
             self._workers.give_back(worker)  # it died: the manager reaps it and settles the task
         if self._tasks.pending:  # queued meanwhile, or the reply asked to send the task again

@@ -46,6 +46,7 @@ import enum
 import logging
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -99,6 +100,10 @@ class State(enum.Enum):
     BUSY = "busy"
     DYING = "dying"
     DEAD = "dead"
+
+    # Members are singletons: hashing by identity is right, and C-fast (Enum's own
+    # hash runs in Python), for the state table checked on every move.
+    __hash__ = object.__hash__
 
 
 _MOVES: dict[State, frozenset[State]] = {
@@ -188,6 +193,8 @@ class WorkerProcess:
         finally:
             child_end.close()
         self.sock = parent_end
+        self.poller = select.poll()  # the socket, for Pool.run's spin (spin_until_readable)
+        self.poller.register(parent_end, select.POLLIN)
         self.output_fd = self.process.stdout.fileno() if self.process.stdout else -1
         os.set_blocking(self.output_fd, False)
         try:
@@ -299,6 +306,8 @@ class WorkerProcess:
 
     def close(self) -> None:
         """Closes the parent's ends of the socket and output pipe (after the process ended)."""
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(self.sock)  # its number may be reused once closed
         self.sock.close()
         self.hot.clear()  # its views of the arena would keep the arena mapped
         with contextlib.suppress(BufferError):  # a view still alive keeps it mapped
