@@ -13,6 +13,8 @@ after a warm-up and prints the median microseconds of:
   reply (the worker's receive, run and reply, which the worker's native hot
   loop does without Python, plus two socket hops), the receive, and the
   parent's work after it;
+- a bare exchange with the same worker in the fewest Python calls (no
+  task, future, claim or settling): what the bookkeeping costs on top;
 - each of Pool.run's own steps, timed alone (a time.perf_counter_ns wrapper
   each, which adds about a microsecond to what it wraps);
 - the worker's part without the socket: the same program's hot slot run by
@@ -28,7 +30,9 @@ import argparse
 import collections
 import mmap
 import os
+import select
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -43,6 +47,7 @@ import numpy as np
 from pool import Pool, compile_program, lower
 from pool.executor import dispatch
 from pool.executor import pool as pool_module
+from pool.executor.workers import Source
 from worker import _pjrt, protocol, shm
 from worker.dtypes import code_of_dtype
 
@@ -174,6 +179,40 @@ def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[i
     return hot, full
 
 
+def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
+    """The same exchange with the pool's worker in the fewest Python calls: the bound.
+
+    Inputs copied into the arena, a packed HotRun sent, a poll spin, the
+    HotReply read into a buffer, outputs copied out; no task, future, claim
+    or settling. The worker is taken out of the manager's wait set meanwhile.
+    """
+    (worker,) = list(pool._workers)
+    hot = next(iter(worker.hot.values()))
+    sock = worker.sock
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    frame = struct.Struct("<IBBqiB3x")  # protocol's HotRun frame
+    reply = bytearray(frame.size)
+    watch = pool._workers._watch
+    with pool._lock:
+        watch.remove(sock.fileno())
+    times = []
+    try:
+        for task_id in range(1 << 40, (1 << 40) + calls):
+            start = _now()
+            hot.inputs[0][...] = x
+            sock.sendall(frame.pack(16, 0, 1, task_id, hot.slot, 1))
+            while not poller.poll(0):
+                pass
+            sock.recv_into(reply)
+            hot.outputs[0].copy()
+            times.append(_now() - start)
+    finally:
+        with pool._lock:
+            watch.add(sock.fileno(), (Source.SOCKET, worker))
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
@@ -184,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(1000):
             pool.run(tiny, [x])
         split = segments(pool, tiny, x, args.calls)
+        bare = bare_exchanges(pool, x, args.calls)
         timed = steps(pool, tiny, x, args.calls)
     runs = native_runs(tiny, x, args.calls)
     print(f"Pool(1).run of the tiny program, {args.calls} calls, medians in us")
     print("the call, split at its socket steps:")
     for name, values in split.items():
         print(f"    {name:22s} {median_us(values):7.1f}")
+    print(f"    {'a bare exchange':22s} {median_us(bare):7.1f}   (the same, without bookkeeping)")
     print("Pool.run's steps, each timed alone:")
     for name, values in timed.items():
         print(
