@@ -445,7 +445,7 @@ class Server:
             try:
                 first, fds, truncated = self._hot_loop.serve()
             except OSError:
-                raise  # the socket's: serve() ends or answers it
+                raise  # the socket's, not a run's: serve() returns at a reset
             except Exception as error:  # a hot run failed: its reply says so, as handle's would
                 self._send(*self._failed(self._hot_loop.last_task_id, error))
                 continue

@@ -549,7 +549,9 @@ class Pool:
 
     def _refuse_on_manager(self, what: str) -> None:
         """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
-        if threading.get_ident() == self._manager.ident:
+        # The id first (cheap); a thread that ended may leave its id to another.
+        manager = self._manager
+        if threading.get_ident() == manager.ident and threading.current_thread() is manager:
             raise PoolError(
                 f"{what} cannot wait inside a Future's done-callback: callbacks run on the "
                 "pool's manager thread, which must stay free to read the workers' replies; "
