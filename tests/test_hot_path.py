@@ -9,7 +9,9 @@ themselves arrive whole, one per read, never more.
 
 from __future__ import annotations
 
+import array
 import mmap
+import os
 import signal
 import socket
 import threading
@@ -205,6 +207,22 @@ def test_the_native_loop_speaks_the_protocols_frames() -> None:
             assert message == (protocol.HotRun(200 + step, 99, False), [])
         assert loop.loop.take_used() == [4]
         assert loop.loop.take_used() == []
+        # A HotRun that comes with a descriptor is not the loop's to run: it comes
+        # back with the descriptor, which the caller closes (the worker does).
+        read_end, write_end = os.pipe()
+        try:
+            data = protocol._HOT_RUN.pack(16, 1, protocol.Format.HOT_RUN, 300, 4, 0)
+            loop.ours.sendmsg(
+                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))]
+            )
+            first, fds, truncated = loop.loop.serve()
+            message, fds = protocol.finish_frame(loop.theirs, first, fds, truncated)
+            assert message == protocol.HotRun(300, 4, False) and len(fds) == 1
+            assert loop.loop.take_used() == []  # it did not run
+            os.close(fds[0])
+        finally:
+            os.close(read_end)
+            os.close(write_end)
         protocol.send_frame(loop.ours, protocol.Exit())
         assert protocol.finish_frame(loop.theirs, *loop.loop.serve()) == (protocol.Exit(), [])
         loop.ours.shutdown(socket.SHUT_WR)
