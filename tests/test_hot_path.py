@@ -260,13 +260,27 @@ def test_the_native_loop_refuses_places_outside_its_arena() -> None:
 
 
 def test_a_signal_wakes_the_native_loop_and_its_handler_runs() -> None:
+    # Its own handler, not SIGINT's: a shell starts background jobs with SIGINT
+    # ignored, and then Python installs no handler for it.
+    class WokenError(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise WokenError
+
     loop = _Loop(scale_program(3.0))
     main = threading.get_ident()
-    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGUSR1))
+    # If the signal never ended the wait, a frame ends it: the test fails, never hangs.
+    rescue = threading.Timer(20.0, protocol.send_frame, (loop.ours, protocol.Exit()))
     try:
         timer.start()
-        with pytest.raises(KeyboardInterrupt):
+        rescue.start()
+        with pytest.raises(WokenError):
             loop.loop.serve()  # blocked with nothing to read: only the signal ends it
     finally:
         timer.cancel()
+        rescue.cancel()
+        signal.signal(signal.SIGUSR1, previous)
         loop.close()
