@@ -8,6 +8,7 @@ in a child with run_python.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests of Ctrl-C send real SIGINTs, here and in children. A shell that starts
+# the suite as a background job hands it SIGINT ignored, and Python then keeps
+# it ignored: give it Python's own handler, which children inherit as the
+# default (a handler is reset at exec, an ignored signal stays ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 # The example programs (scripts/examples.py) are shared by tests and scripts.
 sys.path.insert(0, str(REPO / "scripts"))
 
