@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,10 @@ struct OutputType {
 // Bytes per element of a PJRT_Buffer_Type with a byte-sized host layout; 0 for
 // any other code (INVALID, TOKEN, packed sub-byte types, unknown codes).
 size_t ElementSize(int element_type);
+
+// Bytes of a dense array of `element_type` with `dims`; nullopt for an
+// element type ElementSize does not know, a negative dim or an overflow.
+std::optional<size_t> ArrayBytes(int element_type, const std::vector<int64_t>& dims);
 
 // One argument in host memory: dense, row-major.
 struct HostInput {

@@ -72,12 +72,11 @@ void CheckInput(const HostInput& input, size_t index) {
         ", which is not a PJRT_Buffer_Type with a byte-sized host layout that pjrt-pool "
         "supports (codes 1-20 and 26-28)");
   }
-  size_t expected = element_size;
-  for (int64_t dim : input.dims) {
-    if (dim < 0 || __builtin_mul_overflow(expected, static_cast<size_t>(dim), &expected)) {
-      throw std::invalid_argument(which + " has invalid dimensions " + DimsText(input.dims));
-    }
+  const std::optional<size_t> bytes = ArrayBytes(input.element_type, input.dims);
+  if (!bytes) {
+    throw std::invalid_argument(which + " has invalid dimensions " + DimsText(input.dims));
   }
+  const size_t expected = *bytes;
   if (expected != input.size) {
     throw std::invalid_argument(
         which + " has dimensions " + DimsText(input.dims) + " of element type " +
@@ -218,6 +217,17 @@ size_t ElementSize(int element_type) {
     default:  // INVALID, TOKEN, the packed sub-byte types, and codes unknown here
       return 0;
   }
+}
+
+std::optional<size_t> ArrayBytes(int element_type, const std::vector<int64_t>& dims) {
+  size_t bytes = ElementSize(element_type);
+  if (bytes == 0) return std::nullopt;
+  for (int64_t dim : dims) {
+    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<size_t>(dim), &bytes)) {
+      return std::nullopt;
+    }
+  }
+  return bytes;
 }
 
 Executable::Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable)

@@ -44,14 +44,6 @@ bool Inside(size_t offset, size_t size, size_t arena_size) {
   return !__builtin_add_overflow(offset, size, &end) && end <= arena_size;
 }
 
-size_t ArrayBytes(int element_type, const std::vector<int64_t>& dims) {
-  size_t bytes = ElementSize(element_type);
-  for (int64_t dim : dims) {
-    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<size_t>(dim), &bytes)) return 0;
-  }
-  return bytes;
-}
-
 // One recvmsg of a frame's first bytes into `frame`: the byte count, 0 at
 // the end of the stream, -1 when nothing is there (flags has MSG_DONTWAIT)
 // and -2 when a signal came first.
@@ -96,8 +88,7 @@ void HotLoop::SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
   for (size_t i = 0; i < inputs.size(); ++i) {
     const SlotInput& input = inputs[i];
     if (!Inside(input.offset, input.size, arena_size_) ||
-        ArrayBytes(input.element_type, input.dims) != input.size ||
-        ElementSize(input.element_type) == 0) {
+        ArrayBytes(input.element_type, input.dims) != input.size) {
       throw std::invalid_argument(which + "input " + std::to_string(i) +
                                   " is not an array of its type inside the arena");
     }
@@ -111,9 +102,8 @@ void HotLoop::SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const SlotOutput& output = outputs[i];
-    size_t expected = ArrayBytes(types[i].element_type, types[i].dims);
-    if (!Inside(output.offset, output.size, arena_size_) || output.size != expected ||
-        ElementSize(types[i].element_type) == 0) {
+    if (!Inside(output.offset, output.size, arena_size_) ||
+        ArrayBytes(types[i].element_type, types[i].dims) != output.size) {
       throw std::invalid_argument(which + "output " + std::to_string(i) +
                                   " is not a place of its size inside the arena");
     }
