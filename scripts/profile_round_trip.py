@@ -32,7 +32,6 @@ import mmap
 import os
 import select
 import socket
-import struct
 import sys
 import tempfile
 import time
@@ -48,8 +47,7 @@ from pool import Pool, compile_program, lower
 from pool.executor import dispatch
 from pool.executor import pool as pool_module
 from pool.executor.workers import Source
-from worker import _pjrt, protocol, shm
-from worker.dtypes import code_of_dtype
+from worker import _pjrt, protocol, server, shm
 
 Samples = collections.defaultdict[str, list[int]]
 _now = time.perf_counter_ns
@@ -148,7 +146,8 @@ def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[i
     """The hot slot run by a HotLoop in this process, and Executable.run, per call
     (None for a tree without a native hot loop)."""
     executable, _ = compile_program(tiny, disk_cache=False)
-    if not hasattr(executable, "native") or not hasattr(_pjrt, "HotLoop"):
+    register_slot = getattr(server, "register_slot", None)
+    if register_slot is None:
         return None
     arena_size = 4096
     arena = mmap.mmap(-1, arena_size + protocol.CONTROL_BYTES)
@@ -157,15 +156,7 @@ def native_runs(tiny: Any, x: np.ndarray, calls: int) -> tuple[list[int], list[i
     types = executable.input_types
     input_offsets, end = shm.layout(types)
     output_offsets, _ = shm.layout(executable.output_types, end)
-    loop.set_slot(
-        0,
-        executable.native,
-        [
-            (o, t.nbytes, code_of_dtype(t.dtype), t.shape)
-            for t, o in zip(types, input_offsets, strict=True)
-        ],
-        [(o, t.nbytes) for t, o in zip(executable.output_types, output_offsets, strict=True)],
-    )
+    register_slot(loop, 0, executable, types, input_offsets, output_offsets)
     hot, full = [], []
     for _ in range(calls):
         start = _now()
@@ -191,7 +182,7 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
     sock = worker.sock
     poller = select.poll()
     poller.register(sock, select.POLLIN)
-    frame = struct.Struct("<IBBqiB3x")  # protocol's HotRun frame
+    frame = protocol._HOT_RUN  # the header and HotRun's fields
     reply = bytearray(frame.size)
     watch = pool._workers._watch
     with pool._lock:
@@ -201,7 +192,9 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
         for task_id in range(1 << 40, (1 << 40) + calls):
             start = _now()
             hot.inputs[0][...] = x
-            sock.sendall(frame.pack(16, 0, 1, task_id, hot.slot, 1))
+            sock.sendall(
+                frame.pack(protocol.MIN_PAYLOAD, 0, protocol.Format.HOT_RUN, task_id, hot.slot, 1)
+            )
             while not poller.poll(0):
                 pass
             sock.recv_into(reply)

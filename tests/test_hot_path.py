@@ -32,6 +32,7 @@ from pool import (
 )
 from worker import _pjrt, protocol, shm
 from worker.dtypes import code_of_dtype
+from worker.server import register_slot
 
 
 def hot_slots(pool: Pool) -> dict[str, int]:
@@ -174,13 +175,10 @@ class _Loop:
         self.outputs = shm.views(self.arena, self.executable.output_types, self.output_offsets)
 
     def register(self, slot: int) -> None:
-        types, outputs = self.executable.input_types, self.executable.output_types
-        inputs = [
-            (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
-            for t, offset in zip(types, self.input_offsets, strict=True)
-        ]
-        places = [(o, t.nbytes) for t, o in zip(outputs, self.output_offsets, strict=True)]
-        self.loop.set_slot(slot, self.executable.native, inputs, places)
+        types = self.executable.input_types
+        register_slot(
+            self.loop, slot, self.executable, types, self.input_offsets, self.output_offsets
+        )
 
     def close(self) -> None:
         del self.inputs, self.outputs

@@ -141,6 +141,26 @@ def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, 
     return given
 
 
+def register_slot(
+    loop: _pjrt.HotLoop,
+    slot: int,
+    executable: Executable,
+    input_types: tuple[ArrayType, ...],
+    input_offsets: tuple[int, ...],
+    output_offsets: tuple[int, ...],
+) -> None:
+    """Gives a hot loop a slot: the executable and the places of its arrays in the arena."""
+    inputs = [
+        (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
+        for t, offset in zip(input_types, input_offsets, strict=True)
+    ]
+    outputs = [
+        (offset, t.nbytes)
+        for t, offset in zip(executable.output_types, output_offsets, strict=True)
+    ]
+    loop.set_slot(slot, executable.native, inputs, outputs)
+
+
 class _ArenaViews(NamedTuple):
     """A program's inputs and outputs as views of the worker's arena, and its hot slot."""
 
@@ -257,26 +277,13 @@ class Server:
                 end,
                 next(self._slots),
             )
-            self._register_slot(views, types, request.input_offsets)
+            register_slot(
+                self._hot_loop, views.slot, executable, types, request.input_offsets, offsets
+            )
             self._arena_views[key] = views
             self._hot[views.slot] = views
         executable.run_into(views.inputs, views.outputs, request.zero_copy)
         return views
-
-    def _register_slot(
-        self, views: _ArenaViews, types: tuple[ArrayType, ...], input_offsets: tuple[int, ...]
-    ) -> None:
-        """Gives the hot loop a slot's executable and the places of its arrays in the arena."""
-        executable = views.executable
-        inputs = [
-            (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
-            for t, offset in zip(types, input_offsets, strict=True)
-        ]
-        outputs = [
-            (offset, t.nbytes)
-            for t, offset in zip(executable.output_types, views.output_offsets, strict=True)
-        ]
-        self._hot_loop.set_slot(views.slot, executable.native, inputs, outputs)
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
         input_fd = None if request.in_arena else _pop(fds, "the input segment")
