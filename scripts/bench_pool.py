@@ -13,7 +13,8 @@ Usage::
 
 (b) Round trip. pool.run on the tiny program (x + 1, float32[4]), sequential
     calls after a warm-up, and pool.submit(...).result(), whose reply the
-    manager thread reads, against the floor of any design that runs the
+    waiting thread reads (as run does; the manager reads it when the reply
+    comes first), against the floor of any design that runs the
     program in another process and wakes both sides: a bare round trip of one
     byte between two Python processes over a Unix socketpair (the other side
     echoes it, both blocking in recv) plus Executable.run of the same program
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if rt <= 2 * floor_us else 'NOT met'}"
         )
         print(
-            f"    submit + result     {submitted:7.1f} us   (manager reads)   "
+            f"    submit + result     {submitted:7.1f} us   (result() reads)  "
             f"{submitted / floor_us:5.2f}x the floor, target <= 3: "
             f"{'met' if submitted <= 3 * floor_us else 'NOT met'}"
         )

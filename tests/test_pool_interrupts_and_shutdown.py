@@ -562,6 +562,9 @@ SWEEPS = {
     # name: (the call that is interrupted, extra source files whose points count)
     "run": ("pool.run(program, [x])", ()),
     "submit": ("pool.submit(program, [x])", ()),
+    # The caller waits for the result and reads the reply itself (futures.TaskFuture):
+    # the task sleeps, so that the reply comes after the (traced, slow) caller waits.
+    "submit-result": ("waited(pool.submit(sleeper, [milliseconds(200)]))", ()),
     # Inputs and outputs past the arena: segments made, recycled and given back.
     "run-large": ("pool.run(large, [big])", ()),
     "submit-large": ("pool.submit(large, [big])", ()),
@@ -573,7 +576,9 @@ SWEEPS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sweep", list(SWEEPS))
-def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep: str) -> None:
+def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
+    sweep: str, handlers: str
+) -> None:
     # CPython runs a signal's handler only at certain instructions: a
     # function's entry, a loop's backward jump, right after a call returns
     # (unless it called a Python function directly: CPython runs that in the
@@ -601,7 +606,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
         ]
         modules += [importlib.import_module(name) for name in {extra!r}]
         sources = {{module.__file__ for module in modules}}
-        program = scale_program(2.0)
+        program, sleeper = scale_program(2.0), sleep_program()
         x = np.ones(8, np.float32)
         large = lower(lambda v: v * 2.0, [sds(1 << 19)])  # 2 MiB in and out: segments
         big = np.ones(1 << 19, np.float32)
@@ -609,9 +614,16 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
 
         def prepare(pool):
             pool.run(program, [x])
+            pool.run(sleeper, [milliseconds(1)])
             for _ in range(2):
                 pool.run(large, [big])  # dropped at once: its segment comes back
             held[:] = pool.run(large, [big])
+
+        waiting = []  # futures whose result() was interrupted: each must settle
+
+        def waited(future):
+            waiting.append(future)
+            return future.result()
 
         def call(pool):
             return {action}
@@ -718,6 +730,12 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
             # The pool runs the next large task, and once no result is alive it
             # holds no descriptor reservation (a lost one shrinks its bound).
             held.clear()
+            for future in waiting:
+                try:
+                    future.exception(timeout=10)
+                except TimeoutError:
+                    return "the interrupted result's future never settled"
+            waiting.clear()
             try:
                 pool.run(large, [big])
             except Exception as error:
@@ -726,7 +744,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
             lent = pool._segments.lent
             return None if lent == 0 else f"{{lent}} descriptors still lent"
 
-        pool = Pool(workers=1)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
         prepare(pool)
         points = points_of(lambda: call(pool))
         held.clear()
@@ -734,7 +752,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
         me, known = os.getpid(), set()
         interrupted = 0
         for code, offset in points:
-            pool = Pool(workers=1)
+            pool = Pool(workers=1, initializer=handler_initializer(handlers))
             prepare(pool)
             arm(code, offset)
             try:
@@ -762,10 +780,14 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(sweep
                     flush=True,
                 )
         print("swept", len(points), "points, interrupted", interrupted, flush=True)
+        print("in", sorted({{code.co_name for code, _ in points}}), flush=True)
         os._exit(0)
         """,
+        handlers,
         timeout=3000,
     )
     failures = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert "swept" in done.stdout, done.stdout + done.stderr[-3000:]
     assert failures == [], "\n".join(failures)
+    if sweep == "submit-result":  # the waiting thread read the reply (Pool._read_reply)
+        assert "'_receive_directly'" in done.stdout, done.stdout

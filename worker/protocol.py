@@ -41,6 +41,7 @@ from __future__ import annotations
 import array
 import enum
 import errno
+import math
 import os
 import pickle
 import resource
@@ -60,6 +61,7 @@ MAX_FDS = 8
 MIN_PAYLOAD = 16
 """The least bytes of any frame's payload: a hot message's size (see the module docstring)."""
 _FIRST_READ = _HEADER.size + MIN_PAYLOAD
+_MAX_POLL_MS = 2**31 - 1  # poll's limit; a longer wait ends early and is reported as not readable
 _CTRUNC = int(socket.MSG_CTRUNC)  # an IntFlag, whose & with an int runs in Python (3 us)
 
 
@@ -174,6 +176,20 @@ def spin_until_readable(poller: select.poll, seconds: float) -> bool:
             return True
         if time.perf_counter() >= deadline:
             return False
+
+
+def wait_until_readable(poller: select.poll, spin_seconds: float, timeout: float | None) -> bool:
+    """Spins as spin_until_readable does, then sleeps until the socket is readable or
+    `timeout` seconds have passed since the call (None: no limit); returns whether it is."""
+    started = time.perf_counter()
+    spin = spin_seconds if timeout is None else min(spin_seconds, timeout)
+    if spin_until_readable(poller, spin):
+        return True
+    if timeout is None:
+        return bool(poller.poll())
+    left = timeout - (time.perf_counter() - started)
+    # poll takes whole milliseconds: round up, so that it never returns early for good.
+    return left > 0 and bool(poller.poll(min(math.ceil(left * 1000), _MAX_POLL_MS)))
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:

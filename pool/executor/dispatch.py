@@ -140,6 +140,9 @@ class Dispatcher:
             if settled:
                 task.complete(error)
             return
+        finally:
+            if holder is None:  # the manager's send is over: a waiting caller may read the reply
+                worker.manager_using = False
         if sent and holder is not None:
             self._workers.give_back(worker)
 

@@ -1,7 +1,10 @@
 """The futures a Pool hands out: callbacks that cannot break it, and futures of other futures.
 
-A task's future is a PoolFuture. Most are settled on the pool's manager
-thread, whose identity (ManagerThread) the future's callback guard checks.
+A task's future is a PoolFuture; a run's is a TaskFuture, whose result()
+reads the task's reply itself where it can (see TaskFuture). Their
+done-callbacks run on the pool's manager thread, whose identity
+(ManagerThread) the future's callback guard checks: a caller's thread that
+completes a future by reading its reply relays the callbacks there.
 `adapt` makes a future of another future's result, converted: Pool.function
 turns a task's outputs into the function's result with it, and ClusterPool a
 Dask future's value into a CompileResult.
@@ -12,11 +15,30 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
 logger = logging.getLogger("pjrt_pool.pool")
+
+ReadReply = Callable[["TaskFuture", "float | None"], "float | None"]
+"""Reads the reply of a future's task in the calling thread, waiting up to the timeout
+(seconds; None: no limit) if the reply is not there yet, when it can; returns the timeout
+left for the future's own wait (pool.executor.pool.Pool._read_reply)."""
+
+Relay = Callable[[Callable[[], object]], bool]
+"""Has the pool's manager thread make a call soon; False when that thread has ended."""
+
+
+class _Relaying(threading.local):
+    """Per thread: where the done-callbacks of the future this thread is reading the reply
+    of go (TaskFuture.result), or None."""
+
+    to: Relay | None = None
+
+
+_relaying = _Relaying()
 
 
 class ManagerThread(threading.Thread):
@@ -42,7 +64,67 @@ class PoolFuture(Future):  # type: ignore[type-arg]
         super().add_done_callback(functools.partial(_guarded, fn))
 
 
+class TaskFuture(PoolFuture):
+    """The future of a pool's run task: result() reads the reply itself when it can.
+
+    A thread waiting in result() for a task that a worker runs takes that
+    worker's socket from the manager thread and reads the reply there,
+    as Pool.run does: the result costs no wake-up of the manager and then
+    of this thread. It does so only when the manager is not reading the
+    reply already; otherwise, and on the manager thread, it waits as
+    concurrent.futures does. The future's done-callbacks still run on the
+    manager thread (relayed there). A Ctrl-C while the reply is awaited
+    leaves the task running, as a plain Future's wait does; one while the
+    reply is being read stops the task (the reply is half read), which
+    then fails with PoolError.
+    """
+
+    def __init__(self, read_reply: ReadReply, relay: Relay) -> None:
+        super().__init__()
+        # The pool's, until the future is done (then they would only keep the pool alive).
+        self._through: tuple[ReadReply, Relay] | None = (read_reply, relay)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's outputs (see concurrent.futures.Future.result); reads its reply here
+        when it can (see the class docstring)."""
+        through = self._through
+        if through is not None and not self.done():
+            read_reply, relay = through
+            before = _relaying.to
+            _relaying.to = relay
+            try:
+                timeout = read_reply(self, timeout)
+            finally:
+                _relaying.to = before
+        return super().result(timeout)
+
+    def set_result(self, result: Any) -> None:
+        """As Future's; the pool is no longer needed."""
+        self._through = None
+        super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """As Future's; the pool is no longer needed."""
+        self._through = None
+        super().set_exception(exception)
+
+    def cancel(self) -> bool:
+        """As Future's; a cancelled future no longer needs the pool."""
+        cancelled = super().cancel()
+        if cancelled:
+            self._through = None
+        return cancelled
+
+
+def remaining(timeout: float | None, since: float) -> float | None:
+    """What is left of a timeout (seconds; None: no limit) that began at `since` (monotonic)."""
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - since))
+
+
 def _guarded(callback: Callable[[Future[Any]], object], future: Future[Any]) -> None:
+    relay = _relaying.to
+    if relay is not None and relay(functools.partial(_guarded, callback, future)):
+        return  # this thread read the future's reply: the callback runs on the manager thread
     try:
         callback(future)
     except Exception:

@@ -8,7 +8,8 @@ due) bounds the wait. Only this thread spawns and reaps workers: their
 PR_SET_PDEATHSIG is tied to the thread that spawned them, which outlives
 them all. Each turn of its loop:
 
-    complete orphans    tasks a caller thread settled but left to it
+    complete orphans    tasks a caller thread settled but left to it, and the
+                        done-callbacks relayed to it (futures.TaskFuture)
     dispatch            queued tasks to idle workers
     finished?           closing with nothing queued or running, or broken
     expire              kill workers whose task is past its deadline
@@ -22,6 +23,7 @@ methods; nothing below it calls back into it.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -42,6 +44,8 @@ from pool.executor.watch import Watch
 from pool.executor.workers import Source, State, WorkerProcess, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")
+
+_PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: IntFlag's | runs in Python
 
 HAND_BACK_SECONDS = 10.0
 """How long a stopping manager waits for callers to give back the workers they hold."""
@@ -115,23 +119,36 @@ class Manager(ManagerThread):
                     continue
                 self._on_readable(worker)
 
-    def _complete_orphans(self) -> None:
+    def _complete_orphans(self, last: bool = False) -> None:
+        """Completes the orphans and makes the relayed calls; last: the manager is ending."""
         with self._lock:
             settled = self._tasks.take_orphans_locked()
+            relayed = self._tasks.take_relayed_locked(last)
         for task, error in settled:
             task.complete(error)
+        for call in relayed:
+            call()
 
     def _on_readable(self, worker: WorkerProcess) -> None:
         """A worker's socket has a message or its end of file."""
         with self._lock:
             if worker.state is State.DEAD or worker.holder is not None:
                 return  # a caller holds it: it is the caller's to read (or give back)
+            if not _has_input(worker):
+                # The wait saw a reply that a caller took the socket for and read
+                # before this turn (futures.TaskFuture): nothing is there now.
+                return
             if worker.state is State.IDLE:
                 # An idle worker sends nothing: this is its end of file (or a
                 # protocol error). Keep it from being claimed while it is read.
                 worker.move(State.DYING)
                 worker.killed_by_pool = True
-        if not self._dispatcher.receive(worker):
+            worker.manager_using = True  # no caller takes the socket over meanwhile
+        try:
+            alive = self._dispatcher.receive(worker)
+        finally:
+            worker.manager_using = False
+        if not alive:
             self._on_worker_lost(worker)
 
     def _expire(self) -> float | None:
@@ -260,6 +277,18 @@ class Manager(ManagerThread):
         self._segments.close()
         with self._lock:  # wakes write to the pipe under the lock: close it under the lock
             self._watch.close()
+        self._complete_orphans(last=True)  # callbacks relayed since, and no more after
+
+
+def _has_input(worker: WorkerProcess) -> bool:
+    """Whether a worker's socket has a message or its end of file (without reading it)."""
+    try:
+        worker.sock.recv(1, _PEEK)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # an error to read: receiving reports it
+    return True
 
 
 def _earliest(*seconds: float | None) -> float | None:

@@ -12,6 +12,7 @@ Data flow::
                                                                    run: PJRT reads the
                                     reply + output memfd  ◀─────── inputs, writes outputs
     Future.result() ◀── numpy views of the output memfd             into shared memory
+      (the waiting thread reads the reply itself when it can: TaskFuture)
                                     worker died? ──▶ its task failed (it had started:
                                                      signal, program, output tail) or
                                                      sent again (it had not); respawn
@@ -52,6 +53,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -62,7 +64,7 @@ from numpy.typing import ArrayLike
 from pool.errors import PoolClosedError, PoolError, PoolForkedError, WorkerStartupError
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.dispatch import Dispatcher
-from pool.executor.futures import PoolFuture
+from pool.executor.futures import PoolFuture, TaskFuture, remaining
 from pool.executor.inputs import Layouts, stage_inputs
 from pool.executor.manager import Manager
 from pool.executor.never import CachedOnly
@@ -253,7 +255,10 @@ class Pool:
         (large ones view shared memory, freed when the arrays are).
         timeout (seconds; inf for none) overrides the pool's task_timeout.
         compile_options compiles the program with other options than the
-        default, as submit_compile does.
+        default, as submit_compile does. A thread that waits in the Future's
+        result() reads the worker's reply itself when it can, as run does
+        (its done-callbacks still run on the manager thread); a Ctrl-C there
+        while the reply is awaited leaves the task running.
         """
         program = check_program(program, "Pool.submit")
         task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
@@ -592,7 +597,9 @@ class Pool:
             program=program,
             program_id=identity,
             name=name,
-            future=PoolFuture(),
+            future=(
+                TaskFuture(self._read_reply, self._relay) if kind is Kind.RUN else PoolFuture()
+            ),
             timeout=seconds,
             cache_key=key,
             spec_types=None if spec is None else spec.input_types,
@@ -675,14 +682,69 @@ class Pool:
         task); one that breaks the protocol is retired. An exception of
         this thread's own is put right by Pool._recover.
         """
-        dispatcher = self._dispatcher
-        if not dispatcher.send(worker, task):
+        if not self._dispatcher.send(worker, task):
             return  # dead or broken, and retired: it cannot have started the task
         protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
-        if not dispatcher.receive(worker):
+        self._receive_directly(worker)
+
+    def _receive_directly(self, worker: WorkerProcess) -> None:
+        """Reads and handles the reply of a worker the caller's thread holds, which handling
+        gives back; then dispatches what was queued meanwhile."""
+        if not self._dispatcher.receive(worker):
             self._workers.give_back(worker)  # it died: the manager reaps it and settles the task
         if self._tasks.pending:  # queued meanwhile, or the reply asked to send the task again
-            dispatcher.dispatch(threading.get_ident())
+            self._dispatcher.dispatch(threading.get_ident())
+
+    # -- a caller waiting for a future reads its reply (TaskFuture.result) ----------
+
+    def _read_reply(self, future: TaskFuture, timeout: float | None) -> float | None:
+        """Reads the reply of a future's task in the caller's thread, if a worker runs the
+        task and the manager is not reading its reply; returns the timeout left.
+
+        The caller takes the worker's socket over (Workers.take_over_locked),
+        waits for the reply as Pool.run does (a spin, then a sleep up to the
+        timeout) and reads it: the task is settled here, with no wake-up of
+        the manager thread and then of this one. Nothing within the timeout,
+        or an exception while waiting (a Ctrl-C), gives the socket back with
+        the task still running; an exception while reading stops the task
+        (Pool._recover), as in Pool.run.
+        """
+        me = threading.get_ident()
+        if me == self._manager.ident or self._pid != _pid:
+            return timeout  # the manager reads every reply it holds; a forked child none
+        since = time.monotonic()
+        task = None
+        try:
+            with self._lock:
+                worker = self._workers.take_over_locked(future, me)
+            if worker is None:
+                return timeout
+            task = worker.task
+            if not protocol.wait_until_readable(worker.poller, DIRECT_SPIN_SECONDS, timeout):
+                self._workers.give_back(worker)
+                return remaining(timeout, since)
+        except BaseException:
+            self._give_back_held(me)  # nothing was read: the task runs on
+            raise
+        try:
+            self._receive_directly(worker)
+        except BaseException as error:
+            assert task is not None
+            self._recover(task, error)
+            raise
+        return remaining(timeout, since)
+
+    def _relay(self, call: Callable[[], object]) -> bool:
+        """Has the manager thread make a call (a done-callback, see TaskFuture); False once
+        the manager has ended."""
+        with self._lock:
+            return self._tasks.relay_locked(call)
+
+    def _give_back_held(self, me: int) -> None:
+        """Gives every worker this thread holds back to the manager, as they are."""
+        with self._lock:
+            for worker in self._workers.held_by_locked(me):
+                self._workers.give_back_locked(worker)
 
     def _recover(self, own: Task, error: BaseException) -> None:
         """Puts right what an exception left in a caller's call: its workers and its task.
@@ -730,4 +792,6 @@ class Pool:
         if settled:
             own.complete(failure)
         elif own.done:
-            own.release()  # settled before, but the interrupt may have cut its completion short
+            # Settled before, but the interrupt may have cut its completion short: its
+            # memory goes back, and a future left pending fails (nothing changes a done one).
+            own.complete(failure)

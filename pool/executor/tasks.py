@@ -20,6 +20,7 @@ import collections
 import enum
 import itertools
 import mmap
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -177,7 +178,9 @@ class Tasks:
     thread to complete, so that its done-callbacks run there as every other
     callback does, and so that an interrupt in a caller's thread never
     leaves another thread waiting: a task a caller cannot send or finds
-    cancelled, and the queued tasks a stop of the pool fails.
+    cancelled, and the queued tasks a stop of the pool fails. The manager also
+    makes the calls relayed to it: the done-callbacks of futures a caller's
+    thread completed (pool.executor.futures.TaskFuture).
     """
 
     def __init__(self, watch: Watch) -> None:
@@ -185,6 +188,8 @@ class Tasks:
         self._ids = itertools.count()
         self.pending: collections.deque[Task] = collections.deque()
         self._orphans: list[tuple[Task, BaseException]] = []
+        self._relayed: list[Callable[[], object]] = []  # calls for the manager to make
+        self._relaying = True  # the manager takes relayed calls (until it ends)
         self.closing = False  # close() or terminate() began: no task is taken any more
         self.broken: BaseException | None = None  # why no later task can run, once broken
 
@@ -229,6 +234,22 @@ class Tasks:
             self._orphans.append((task, error))
         self.pending.clear()
         self._watch.wake()
+
+    def relay_locked(self, call: Callable[[], object]) -> bool:
+        """Leaves a call to the manager thread; False once that thread has ended."""
+        if not self._relaying:
+            return False
+        self._relayed.append(call)
+        self._watch.wake()
+        return True
+
+    def take_relayed_locked(self, last: bool = False) -> list[Callable[[], object]]:
+        """The calls relayed to the manager, for it to make; with last, the manager is ending
+        and takes no more."""
+        if last:
+            self._relaying = False
+        relayed, self._relayed = self._relayed, []
+        return relayed
 
     def take_orphans_locked(self) -> list[tuple[Task, BaseException]]:
         """The orphans this thread settled (an orphan settled before is dropped), to complete."""

@@ -27,13 +27,20 @@ manager thread, whose wait set (pool.executor.watch) has the socket then, or the
 of one caller thread, with the socket out of that set::
 
     manager --claimed by a caller (Pool.run; a submit that dispatches)--> caller
-    caller  --request sent (submit), reply handled (run), or the caller
-              failed or was interrupted (Pool._recover)--------------------> manager
+    manager --taken over by the caller waiting for its BUSY worker's
+              reply (TaskFuture.result), unless the manager reads it------> caller
+    caller  --request sent (submit), reply handled (run, result), nothing
+              came within the caller's timeout, or the caller failed or
+              was interrupted (Pool._recover)------------------------------> manager
 
-Only Workers.claim_locked and Workers.give_back_locked change it, so "the
-manager's wait set has the socket exactly when the manager holds it" holds
-everywhere else. Workers (below) owns the list of a pool's workers and makes
-these moves; only the manager thread spawns and reaps workers, since their
+Only Workers.claim_locked, Workers.take_over_locked and
+Workers.give_back_locked change it, so "the manager's wait set has the
+socket exactly when the manager holds it" holds everywhere else. A wait
+of the manager's may still report a reply that a caller took the socket
+over for and read meanwhile: the manager looks before it reads.
+
+Workers (below) owns the list of a pool's workers and makes these moves;
+only the manager thread spawns and reaps workers, since their
 PR_SET_PDEATHSIG is tied to the thread that spawned them, which outlives
 them all.
 """
@@ -147,6 +154,9 @@ class WorkerProcess:
         self.max_loaded = max_loaded
         self.state = State.STARTING
         self.holder: int | None = None  # the thread that holds the socket; None: the manager
+        # The manager is sending to the socket or reading from it (set under the lock):
+        # no caller takes it over meanwhile (Workers.take_over_locked).
+        self.manager_using = False
         self.task: Task | None = None
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.startup_failure: BaseException | None = None  # why it was killed while starting
@@ -409,6 +419,7 @@ class Workers:
         # and by then this thread holds the worker, so Pool._recover finds it.
         worker.task = task
         worker.holder = holder
+        worker.manager_using = holder is None  # until the manager has sent the request
         task.sending = False
         task.deadline = None if task.timeout is None else time.monotonic() + task.timeout
         worker.move(State.BUSY)
@@ -416,6 +427,23 @@ class Workers:
             self._watch.remove(worker.sock.fileno())
             if task.deadline is not None:
                 self._watch.wake()  # the manager's wait must end at this deadline
+
+    def take_over_locked(self, future: object, holder: int) -> WorkerProcess | None:
+        """manager -> caller: the BUSY worker whose task has `future`, for the caller waiting
+        for its reply; None if no worker has that task, or the manager is reading its reply,
+        or another caller holds the worker."""
+        for worker in self._all:
+            task = worker.task
+            if task is None or task.future is not future:
+                continue
+            if worker.state is not State.BUSY or worker.holder is not None:
+                return None
+            if worker.manager_using:
+                return None
+            worker.holder = holder  # first, as in claim_locked
+            self._watch.remove(worker.sock.fileno())
+            return worker
+        return None
 
     def give_back_locked(self, worker: WorkerProcess) -> None:
         """Returns a caller-held worker to the manager: its socket into the wait set, then holder.

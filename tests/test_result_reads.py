@@ -1,0 +1,199 @@
+"""A thread waiting in a run's Future.result() reads the task's reply itself.
+
+pool.executor.futures.TaskFuture: the waiting thread takes the worker's socket
+over from the manager thread and reads the reply, as Pool.run does, so the
+result costs no wake-up of the manager and then of the waiting thread. What
+users rely on stays: done-callbacks run on the manager thread, a timeout or a
+Ctrl-C while waiting leaves the task running, and the manager never mistakes a
+reply that a caller read for a worker's end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeoutError
+
+import numpy as np
+import pytest
+from conftest import child
+from pool_helpers import handler_initializer, milliseconds, scale_program, sleep_program
+
+from pool import Pool
+
+
+def pids(pool: Pool) -> list[int]:
+    return [info["pid"] for info in pool.worker_info]
+
+
+def test_result_reads_the_reply_in_the_waiting_thread_and_callbacks_run_on_the_manager(
+    handlers: str,
+) -> None:
+    # Each task sleeps 30 ms, so every result() is called before the reply comes
+    # (when it comes first, the manager may rightly read it).
+    sleeper = sleep_program()
+    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+        pool.run(sleeper, [milliseconds(1)])
+        readers: list[str] = []
+        receive = pool._dispatcher.receive
+
+        def recording_receive(worker):  # the real receive, noting the thread that reads
+            readers.append(threading.current_thread().name)
+            return receive(worker)
+
+        pool._dispatcher.receive = recording_receive  # type: ignore[method-assign]
+        callback_threads: list[str] = []
+        for step in range(20):
+            x = milliseconds(30 + step % 2)
+            future = pool.submit(sleeper, [x])
+            future.add_done_callback(
+                lambda f: callback_threads.append(threading.current_thread().name)
+            )
+            np.testing.assert_array_equal(future.result()[0], x)
+        deadline = time.monotonic() + 10
+        while len(callback_threads) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # Before TaskFuture, the manager thread read every reply of a submitted task.
+    assert readers == ["MainThread"] * 20, readers
+    assert callback_threads == ["pjrt-pool-manager"] * 20, callback_threads
+
+
+def test_a_result_timeout_gives_the_worker_back_and_the_task_runs_on(handlers: str) -> None:
+    sleeper, quick = sleep_program(), scale_program(2.0)
+    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+        pool.run(sleeper, [milliseconds(1)])
+        before = pids(pool)
+        future = pool.submit(sleeper, [milliseconds(1500)])
+        started = time.monotonic()
+        with pytest.raises(FutureTimeoutError):
+            future.result(timeout=0.2)
+        waited = time.monotonic() - started
+        assert 0.2 <= waited < 1.2, waited
+        # Another thread waits too; the first reader's timeout left the socket to whoever
+        # comes next, and both see the one result.
+        other: list[object] = []
+        helper = threading.Thread(target=lambda: other.append(future.result(timeout=30)))
+        helper.start()
+        assert future.result(timeout=30)[0].shape == (1,)
+        helper.join(30)
+        assert len(other) == 1
+        quick_result = pool.submit(quick, [np.ones(8)]).result()[0]
+        np.testing.assert_array_equal(quick_result, np.full(8, 3.0))
+        assert pids(pool) == before  # nobody killed the worker
+
+
+def test_ctrl_c_while_waiting_for_a_result_leaves_the_task_running(handlers: str) -> None:
+    done = child(
+        """
+        sleeper = sleep_program()
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(sleeper, [milliseconds(1)])
+        before = [info["pid"] for info in pool.worker_info]
+        main = threading.get_ident()
+        future = pool.submit(sleeper, [milliseconds(1500)])
+        threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+        try:
+            future.result()
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted, done:", future.done(), flush=True)
+        print("then:", future.result(timeout=30)[0].shape, flush=True)
+        print("same worker:", [info["pid"] for info in pool.worker_info] == before, flush=True)
+        print("next:", pool.submit(sleeper, [milliseconds(1)]).result(timeout=30)[0].shape)
+        pool.close()
+        """,
+        handlers,
+        timeout=90,
+    )
+    assert "interrupted, done: False" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "then: (1,)" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "same worker: True" in done.stdout, done.stdout
+    assert "next: (1,)" in done.stdout, done.stdout
+
+
+def test_a_reply_the_waiting_thread_read_first_is_not_taken_for_the_workers_end() -> None:
+    # The manager's wait reports a reply; before the manager turns to it, the thread
+    # waiting for the result takes the socket over and reads it, and the worker is
+    # idle again. The manager then took the report for an idle worker's end of file
+    # and retired the worker. Here the manager sleeps at that moment (a trace on its
+    # thread), so that the waiting thread reads first every time.
+    from pool.executor.manager import Manager
+
+    code, armed = Manager._on_readable.__code__, threading.Event()
+
+    def trace(frame, event, arg):
+        if frame.f_code is code and event == "call" and armed.is_set():
+            armed.clear()
+            time.sleep(0.2)  # the GIL is free: the waiting thread reads the reply meanwhile
+        return None
+
+    program = scale_program(2.0)
+    threading.settrace(trace)  # the manager thread, started next, runs it
+    try:
+        pool = Pool(1)
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    try:
+        pool.run(program, [np.ones(8, np.float32)])
+        before = pids(pool)
+        for step in range(3):
+            armed.set()
+            future = pool.submit(program, [np.full(8, step, np.float32)])
+            time.sleep(0.05)  # the reply comes and the manager's wait reports it
+            assert future.result(timeout=30)[0][0] == step * 2.0 + 1.0
+            time.sleep(0.3)  # the manager wakes and turns to the report
+            # It was: dying, and the manager blocked for good reading the idle worker.
+            assert pool.worker_info[0]["state"] == "idle", f"round {step}"
+            assert pids(pool) == before, f"the worker was replaced after round {step}"
+        pool.close()
+    finally:
+        pool.terminate()  # kills the workers: a manager stuck reading one reads its end
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_replies_read_by_waiting_threads_never_look_like_a_dead_worker(workers: int) -> None:
+    # The manager's wait can report a reply that a waiting thread then takes the
+    # socket over for and reads; if the manager then took the worker, now idle, for
+    # one that sent its end of file, it retired it (and its replacement cost 0.4 s).
+    program = scale_program(2.0)
+    with Pool(workers) as pool:
+        for _ in range(workers):
+            pool.run(program, [np.ones(8, np.float32)])
+        before = sorted(pids(pool))
+        wrong: list[str] = []
+        deadline = time.monotonic() + 60
+
+        def calls(first: int) -> None:
+            for step in range(first, first + 200):
+                x = np.full(8, step, np.float32)
+                future = pool.submit(program, [x])
+                if step % 3 == 0:
+                    future.add_done_callback(lambda f: None)
+                try:
+                    got = future.result(timeout=max(0.0, deadline - time.monotonic()))[0]
+                except Exception as error:
+                    wrong.append(f"{step}: {error!r}")
+                    return
+                if not np.array_equal(got, x * 2.0 + 1.0):
+                    wrong.append(f"{step}: {got}")
+
+        threads = [threading.Thread(target=calls, args=(1000 * i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()) + 5)
+        assert wrong == []
+        assert sorted(pids(pool)) == before  # no worker was retired or replaced
+        assert [info["state"] for info in pool.worker_info] == ["idle"] * workers
+
+
+def test_callbacks_of_results_read_just_before_close_run_before_it_returns() -> None:
+    program = scale_program(2.0)
+    for _ in range(5):
+        ran: list[str] = []
+        pool = Pool(1)
+        future = pool.submit(program, [np.ones(8, np.float32)])
+        future.add_done_callback(lambda f, ran=ran: ran.append(threading.current_thread().name))
+        future.result(timeout=30)
+        pool.close()
+        assert ran == ["pjrt-pool-manager"], ran
