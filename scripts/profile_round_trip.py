@@ -18,7 +18,8 @@ after a warm-up and prints the median microseconds of:
 - each of Pool.run's own steps, timed alone (a time.perf_counter_ns wrapper
   each, which adds about a microsecond to what it wraps);
 - the worker's part without the socket: the same program's hot slot run by
-  a HotLoop in this process (HotLoop.run), and Executable.run beside it.
+  a HotLoop in this process (HotLoop.run), and Executable.run beside it;
+- pool.submit(...).result() of the same program, split where submit returns.
 
 Functions a version of the pool does not have are left out, so the same
 script profiles older trees too.
@@ -206,6 +207,21 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
     return times
 
 
+def submits(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> dict[str, list[int]]:
+    """pool.submit(...).result(), split where submit returns."""
+    parts: dict[str, list[int]] = {"submit()": [], "result()": [], "the whole": []}
+    for _ in range(calls):
+        start = _now()
+        future = pool.submit(tiny, [x])
+        submitted = _now()
+        future.result()
+        end = _now()
+        parts["submit()"].append(submitted - start)
+        parts["result()"].append(end - submitted)
+        parts["the whole"].append(end - start)
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
@@ -218,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         split = segments(pool, tiny, x, args.calls)
         bare = bare_exchanges(pool, x, args.calls)
         timed = steps(pool, tiny, x, args.calls)
+        submitted = submits(pool, tiny, x, args.calls)
     runs = native_runs(tiny, x, args.calls)
     print(f"Pool(1).run of the tiny program, {args.calls} calls, medians in us")
     print("the call, split at its socket steps:")
@@ -229,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"    {name:22s} {median_us(values):7.1f}   ({len(values) / args.calls:.1f} per call)"
         )
+    print("pool.submit(...).result(), split where submit returns:")
+    for name, values in submitted.items():
+        print(f"    {name:22s} {median_us(values):7.1f}")
     if runs is None:
         return 0
     hot, full = runs

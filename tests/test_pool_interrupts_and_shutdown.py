@@ -11,6 +11,8 @@ arriving at that moment would.
 from __future__ import annotations
 
 import os
+import re
+import sys
 import tempfile
 import textwrap
 
@@ -590,6 +592,11 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
     # worker process, no memfd descriptor and no memfd mapping behind.
     # Before each call, two large results were made and dropped, so that the
     # call takes in returned segments and reuses them.
+    if sweep == "free-result" and sys.version_info >= (3, 12):
+        # Found when the sweep began to check that it swept anything: on 3.12 and
+        # 3.13 its tracing finds no point in what freeing runs (it passed, sweeping
+        # nothing). Python 3.11 sweeps it.
+        pytest.skip("on Python 3.12+ the sweep's tracing sees no point in freeing a result")
     action, extra = SWEEPS[sweep]
     done = interrupt_child(
         f"""
@@ -665,6 +672,17 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
                 checked[code] = (always, after_call, calls)
             return checked[code]
 
+        def trace_opcodes(frame, trace):
+            # Opcode events for this frame. Python 3.12 takes f_trace_opcodes set in a
+            # trace function only when tracing is set again, and 3.13 only when it is
+            # set again at a later event; 3.11 at once. (Without this, the sweep swept
+            # nothing on 3.12 and little on 3.13, and passed.)
+            if sys.version_info[:2] != (3, 12):
+                frame.f_trace_opcodes = True
+            elif not frame.f_trace_opcodes:
+                frame.f_trace_opcodes = True
+                sys.settrace(trace)
+
         def points_of(action):
             seen = []
             last_call = {{}}  # frame -> [offset of its last call, did it call Python directly]
@@ -681,7 +699,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
                         last_call[caller][1] = True
                 if frame.f_code.co_filename not in sources:
                     return None
-                frame.f_trace_opcodes = True
+                trace_opcodes(frame, trace)
                 if event == "opcode":
                     calling[0] = None
                     offset = frame.f_lasti
@@ -710,7 +728,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
             def trace(frame, event, arg):
                 if frame.f_code is not code:
                     return None
-                frame.f_trace_opcodes = True
+                trace_opcodes(frame, trace)
                 if event == "opcode" and frame.f_lasti == offset:
                     sys.settrace(None)
                     signal.raise_signal(signal.SIGINT)
@@ -789,5 +807,7 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
     failures = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert "swept" in done.stdout, done.stdout + done.stderr[-3000:]
     assert failures == [], "\n".join(failures)
+    swept = re.search(r"swept (\d+) points, interrupted (\d+)", done.stdout)
+    assert swept is not None and int(swept[1]) > 0 and int(swept[2]) > 0, done.stdout
     if sweep == "submit-result":  # the waiting thread read the reply (Pool._read_reply)
         assert "'_receive_directly'" in done.stdout, done.stdout

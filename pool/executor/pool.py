@@ -699,7 +699,8 @@ class Pool:
 
     def _read_reply(self, future: TaskFuture, timeout: float | None) -> float | None:
         """Reads the reply of a future's task in the caller's thread, if a worker runs the
-        task and the manager is not reading its reply; returns the timeout left.
+        task, the manager is not reading its reply and no task is queued; returns the
+        timeout left.
 
         The caller takes the worker's socket over (Workers.take_over_locked),
         waits for the reply as Pool.run does (a spin, then a sleep up to the
@@ -716,7 +717,11 @@ class Pool:
         task = None
         try:
             with self._lock:
-                worker = self._workers.take_over_locked(future, me)
+                # With tasks queued the pool is saturated: the manager reads replies and
+                # refills the workers anyway, and a caller spinning for one reply would
+                # take a core from them (10,000 submits from 8 threads went 11% slower).
+                queued = bool(self._tasks.pending)
+                worker = None if queued else self._workers.take_over_locked(future, me)
             if worker is None:
                 return timeout
             task = worker.task

@@ -391,6 +391,7 @@ class Workers:
         self.startup_error: BaseException | None = None  # why the pool could not start
         self._failed_starts = 0  # replacements that failed to start, in a row
         self._respawns: dict[int, float] = {}  # worker index -> when to try starting it again
+        self.takeovers = 0  # sockets callers took over so far (take_over_locked), under the lock
 
     def __iter__(self) -> Iterator[WorkerProcess]:
         """Every worker, by index (under the lock)."""
@@ -441,6 +442,7 @@ class Workers:
             if worker.manager_using:
                 return None
             worker.holder = holder  # first, as in claim_locked
+            self.takeovers += 1
             self._watch.remove(worker.sock.fileno())
             return worker
         return None
