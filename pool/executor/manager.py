@@ -139,8 +139,8 @@ class Manager(ManagerThread):
             if self._workers.takeovers != takeovers and not _has_input(worker):
                 # The wait saw a reply that a caller took the socket over for and read
                 # before this turn (futures.TaskFuture): nothing is there now. (Only
-                # then can a report be stale, so only then is the socket looked at:
-                # that costs 10% of the throughput of a busy pool.)
+                # then can a report be stale, so only then is the socket looked at: a
+                # peek per reply looked costly in one throughput run, unconfirmed.)
                 return
             if worker.state is State.IDLE:
                 # An idle worker sends nothing: this is its end of file (or a

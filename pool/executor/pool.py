@@ -719,7 +719,8 @@ class Pool:
             with self._lock:
                 # With tasks queued the pool is saturated: the manager reads replies and
                 # refills the workers anyway, and a caller spinning for one reply would
-                # take a core from them (10,000 submits from 8 threads went 11% slower).
+                # take a core from them (a guess from 8-thread throughput runs; this
+                # rule alone did not bring their figure back, see issue 22's note).
                 queued = bool(self._tasks.pending)
                 worker = None if queued else self._workers.take_over_locked(future, me)
             if worker is None:
