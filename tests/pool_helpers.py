@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pool import LoweredProgram, lower
+from pool import LoweredProgram, Pool, lower
 
 F32 = jnp.float32
 
@@ -25,11 +26,33 @@ def scale_program(factor: float, size: int = 8) -> LoweredProgram:
 
 
 def spin_program() -> LoweredProgram:
-    """A program that runs for minutes: a loop XLA cannot shorten."""
-    return lower(
-        lambda x: jax.lax.fori_loop(0, 2_000_000_000, lambda i, v: jnp.sin(v) + 1e-3, x),
-        [sds(1)],
-    )
+    """A program that runs for hours: loops XLA cannot shorten.
+
+    One loop of 2e9 steps finishes in 10-20 s on a CPU, so a test that
+    expects its task to be killed would see it end (with the loop's fixed
+    point, 0.1818...) if the kill missed; the outer loop makes that a hang
+    the test's timeout reports instead.
+    """
+
+    def steps(_: object, v: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, 2_000_000_000, lambda i, u: jnp.sin(u) + 1e-3, v)
+
+    return lower(lambda x: jax.lax.fori_loop(0, 1000, steps, x), [sds(1)])
+
+
+def wait_until_started(pool: Pool, task: str, seconds: float = 60.0) -> int:
+    """The pid of the worker that has begun the task named `task`, once one has.
+
+    A worker is given a task (worker_info's "task") before it begins it
+    ("started"); one killed in between sends the task to another worker.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        for info in pool.worker_info:
+            if info["task"] == task and info["started"]:
+                return info["pid"]
+        assert time.monotonic() < deadline, f"no worker began task {task!r} in {seconds:g} s"
+        time.sleep(0.005)
 
 
 def custom_call_program(target: str) -> LoweredProgram:

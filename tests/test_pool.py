@@ -22,6 +22,7 @@ from pool_helpers import (
     scale_program,
     shm_entries,
     spin_program,
+    wait_until_started,
 )
 
 from pool import (
@@ -183,14 +184,7 @@ def test_sigkill_mid_task_fails_only_that_task(programs: list[LoweredProgram]) -
     with Pool(workers=2) as pool:
         pool.compile(spin)
         doomed = pool.submit(spin, [np.ones(1)])
-        deadline = time.monotonic() + 30
-        while not any(w["state"] == "busy" for w in pool.worker_info):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        busy = next(w["pid"] for w in pool.worker_info if w["state"] == "busy")
-        # Busy in the parent's books is not yet started in the worker: a worker
-        # killed before it takes a task up gives the task to another worker.
-        time.sleep(0.5)
+        busy = wait_until_started(pool, spin.name)
         others = [pool.submit(programs[i], [np.ones(8)]) for i in range(6)]
         os.kill(busy, signal.SIGKILL)
         with pytest.raises(WorkerCrashedError) as caught:
@@ -315,11 +309,8 @@ def test_fifty_mixed_tasks_with_three_kinds_of_crash(
                 futures.append(("segfault", pool.submit(crasher, [x])))
             if i == 30:
                 futures.append(("kill", pool.submit(spin, [np.ones(1)], name="spin")))
-        deadline = time.monotonic() + 60
-        while not any(w["task"] == "spin" for w in pool.worker_info):
-            assert time.monotonic() < deadline, "the spinning task never started"
-            time.sleep(0.01)
-        os.kill(next(w["pid"] for w in pool.worker_info if w["task"] == "spin"), signal.SIGKILL)
+        # Killed once it has begun: one killed before that gives the task to another worker.
+        os.kill(wait_until_started(pool, "spin"), signal.SIGKILL)
 
         failed = {}
         correct = 0

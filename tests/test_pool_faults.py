@@ -332,6 +332,23 @@ def test_a_worker_killed_while_idle_is_not_blamed_on_the_next_task() -> None:
             np.testing.assert_array_equal(pool.submit(program, [x]).result(timeout=60)[0], x + 1)
 
 
+def test_a_worker_killed_before_it_began_its_task_sends_the_task_elsewhere() -> None:
+    program = lower(lambda x: x * 3.0, [sds(4)])
+    x = np.arange(4, dtype=np.float32)
+    with Pool(workers=1, max_crashes=1) as pool:
+        pool.run(program, [x])
+        pid = pool.worker_info[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # it cannot take up what it is sent
+        future = pool.submit(program, [x])
+        (info,) = pool.worker_info
+        assert (info["task"], info["started"]) == (program.name, False)
+        os.kill(pid, signal.SIGKILL)
+        # Not the program's fault: a replacement runs it (and nothing is quarantined).
+        np.testing.assert_array_equal(future.result(timeout=60)[0], x * 3)
+        assert pool.worker_info[0]["pid"] != pid
+        np.testing.assert_array_equal(pool.run(program, [x])[0], x * 3)
+
+
 # -- 10. a stopped worker does not outlive its parent ----------------------------
 
 

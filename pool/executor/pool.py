@@ -436,7 +436,13 @@ class Pool:
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
-        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task.
+
+        "task" names the task a worker was given, from the moment it is
+        claimed for it; "started" says whether the worker has begun it. Until
+        then the task is not yet the worker's: if the worker dies first, the
+        task goes to another worker instead of failing.
+        """
         self._refuse_in_child()
         with self._lock:
             return self._workers.info_locked()

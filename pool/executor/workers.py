@@ -525,7 +525,8 @@ class Workers:
         return total
 
     def info_locked(self) -> list[dict[str, Any]]:
-        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task."""
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
+        and whether it has begun that task (see Pool.worker_info)."""
         return [
             {
                 "pid": w.pid,
@@ -534,6 +535,8 @@ class Workers:
                 "plugin": dict(w.plugin),
                 "loaded": len(w.loaded),
                 "task": None if w.task is None else w.task.name,
+                # A dead worker has no task (its arena is closed by then).
+                "started": w.task is not None and w.started(w.task.id),
             }
             for w in self._all
         ]
