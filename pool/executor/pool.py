@@ -284,7 +284,7 @@ class Pool:
         """
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
-        task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
+        task = self._new_task(Kind.RUN, program, name, timeout, compile_options, handed_out=False)
         try:
             self._stage(task, arguments, None, caller_waits=True)
             worker = self._claim_for_caller(task)
@@ -580,10 +580,14 @@ class Pool:
         timeout: float | None,
         compile_options: bytes | None,
         spec: ProgramSpec | None = None,
+        handed_out: bool = True,
     ) -> Task:
         """A task for a program, or (program None) for the executable a ProgramSpec names.
 
         Everything a caller gives is checked here, before any worker is claimed.
+        A run whose future is handed out gets a TaskFuture, whose result() reads
+        the reply; Pool.run's own (handed_out False) is read once the reply was
+        handled, or waits for the manager as a queued task's did before TaskFuture.
         """
         if self._pid != _pid:
             self._refuse_in_child()
@@ -604,7 +608,9 @@ class Pool:
             program=program,
             program_id=identity,
             name=name,
-            future=(TaskFuture(self._reply_path) if kind is Kind.RUN else PoolFuture()),
+            future=(
+                TaskFuture(self._reply_path) if handed_out and kind is Kind.RUN else PoolFuture()
+            ),
             timeout=seconds,
             cache_key=key,
             spec_types=None if spec is None else spec.input_types,
