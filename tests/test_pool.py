@@ -183,7 +183,8 @@ def test_sigkill_mid_task_fails_only_that_task(programs: list[LoweredProgram]) -
     spin = spin_program()
     with Pool(workers=2) as pool:
         pool.compile(spin)
-        doomed = pool.submit(spin, [np.ones(1)])
+        # The deadline only bounds a failed test: it is killed long before.
+        doomed = pool.submit(spin, [np.ones(1)], timeout=120)
         busy = wait_until_started(pool, spin.name)
         others = [pool.submit(programs[i], [np.ones(8)]) for i in range(6)]
         os.kill(busy, signal.SIGKILL)
@@ -308,7 +309,9 @@ def test_fifty_mixed_tasks_with_three_kinds_of_crash(
             if i == 20:
                 futures.append(("segfault", pool.submit(crasher, [x])))
             if i == 30:
-                futures.append(("kill", pool.submit(spin, [np.ones(1)], name="spin")))
+                # The deadline only bounds a failed test (close() waits for the spin).
+                spun = pool.submit(spin, [np.ones(1)], name="spin", timeout=120)
+                futures.append(("kill", spun))
         # Killed once it has begun: one killed before that gives the task to another worker.
         os.kill(wait_until_started(pool, "spin"), signal.SIGKILL)
 

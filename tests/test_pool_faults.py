@@ -339,10 +339,12 @@ def test_a_worker_killed_before_it_began_its_task_sends_the_task_elsewhere() -> 
         pool.run(program, [x])
         pid = pool.worker_info[0]["pid"]
         os.kill(pid, signal.SIGSTOP)  # it cannot take up what it is sent
-        future = pool.submit(program, [x])
-        (info,) = pool.worker_info
-        assert (info["task"], info["started"]) == (program.name, False)
-        os.kill(pid, signal.SIGKILL)
+        try:
+            future = pool.submit(program, [x])
+            (info,) = pool.worker_info
+        finally:
+            os.kill(pid, signal.SIGKILL)  # even if the lines above fail: close() would wait
+        assert (info["task"], info.get("started")) == (program.name, False)
         # Not the program's fault: a replacement runs it (and nothing is quarantined).
         np.testing.assert_array_equal(future.result(timeout=60)[0], x * 3)
         assert pool.worker_info[0]["pid"] != pid
