@@ -324,7 +324,7 @@ PYBIND11_MODULE(_pjrt, m) {
 
   py::class_<ArenaHotLoop>(m, "HotLoop",
                            "A worker's loop that answers HotRuns of registered slots without "
-                           "Python (worker.server).")
+                           "Python (worker.serve.server).")
       .def(py::init(&MakeHotLoop), py::arg("fd"), py::arg("arena"), py::arg("arena_size"),
            py::arg("spin_seconds"),
            "Serves the socket fd (kept open by the caller) on the arena: a writable buffer of "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from worker.exports import on_first_use
+from worker.lazy_names import on_first_use
 
 if TYPE_CHECKING:
     from pool.errors import (
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
         WorkerStartupError,
     )
     from pool.executor.compile_many import CompileResult
-    from pool.executor.pool import Pool
     from pool.lowering.lower import lower, lowering_platform
+    from pool.lowering.pool import Pool
     from worker import (
         ArrayType,
         CompileStatistics,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     )
     from worker.cache.key import InvalidKeyError
     from worker.errors import BundleError, NeverCompileError, NotInCacheError
-    from worker.protocol import DescriptorLimitError
+    from worker.serve.protocol import DescriptorLimitError
 
 _ERRORS = (
     "DeviceFailureError",
@@ -93,13 +93,13 @@ _MODULES = {
     **dict.fromkeys(_ERRORS, "pool.errors"),
     **dict.fromkeys(_WORKER, "worker"),
     "CompileResult": "pool.executor.compile_many",
-    "Pool": "pool.executor.pool",
+    "Pool": "pool.lowering.pool",
     "lower": "pool.lowering.lower",
     "lowering_platform": "pool.lowering.lower",
     "BundleError": "worker.errors",
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
-    "DescriptorLimitError": "worker.protocol",
+    "DescriptorLimitError": "worker.serve.protocol",
     "InvalidKeyError": "worker.cache.key",
 }
 

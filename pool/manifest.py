@@ -30,21 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worker.bounded import parse_json, read_file
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
 from worker.cache.atomic import write_atomically
 from worker.cache.key import InvalidKeyError, check_key
-from worker.cached import load_cached_executable
+from worker.compile.by_key import load_cached_executable
 from worker.errors import BundleError
 from worker.records import ProgramSpec
+from worker.untrusted import parse_json, read_file
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
     from pool.executor.pool import Pool
-    from worker.executable import Executable
+    from worker.compile.executable import Executable
 
 MANIFEST_FORMAT = 1
 MAX_MANIFEST_SIZE = 256 << 20

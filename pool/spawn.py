@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import worker
-from worker.startup import SPAWNED_AT_ENV
+from worker.plugin.startup import SPAWNED_AT_ENV
 
 
 def python_command(module: str, *args: str) -> list[str]:

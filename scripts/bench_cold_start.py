@@ -187,7 +187,7 @@ def _setup(root: Path, name: str) -> dict[str, Any]:
     from worker import _pjrt
     from worker.cache.entry import decode
     from worker.dtypes import code_of_dtype
-    from worker.runtime import get_runtime
+    from worker.plugin.runtime import get_runtime
 
     entry = decode((cache / "entries" / f"{spec.key}.pjx").read_bytes())
     (root / "payload.bin").write_bytes(entry.payload)

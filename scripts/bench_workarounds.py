@@ -6,7 +6,7 @@ Usage::
 
 On the default CPU plugin, lower() puts the divisor of every stablehlo.atan2
 that XLA might see as a constant through an optimization barrier
-(worker.known_builds: the plugin miscompiles atan2(x, 1.0), which is
+(worker.plugin.known_builds: the plugin miscompiles atan2(x, 1.0), which is
 jnp.arctan). Each program below is lowered twice in this process, with the
 workaround and with PJRT_POOL_WORKAROUNDS=off, compiled in process and run
 alternately in batches of about --seconds each; the figures are the medians
@@ -40,8 +40,8 @@ from pool import compile_program, lower
 from pool.conformance.compare import ulp_distance
 from pool.lowering.plugin_info import plugin_info
 from pool.lowering.workarounds import build_workarounds
-from worker.conformance_memo import KnownPluginFailuresWarning
-from worker.known_builds import WORKAROUNDS_ENV
+from worker.plugin.conformance_records import KnownPluginFailuresWarning
+from worker.plugin.known_builds import WORKAROUNDS_ENV
 
 
 def _scan_arctan(x: jax.Array) -> jax.Array:

@@ -69,9 +69,9 @@ from examples import example_inputs, example_programs  # noqa: E402
 
 from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
+from worker.compile.slots import SLOTS_ENV, compile_slots  # noqa: E402
 from worker.phases import PHASE_LOG_ENV  # noqa: E402
-from worker.runtime import loaded_runtime  # noqa: E402
-from worker.slots import SLOTS_ENV, compile_slots  # noqa: E402
+from worker.plugin.runtime import loaded_runtime  # noqa: E402
 
 Program = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
 

@@ -48,7 +48,8 @@ from pool import Pool, compile_program, lower
 from pool.executor import dispatch
 from pool.executor import pool as pool_module
 from pool.executor.workers import Source
-from worker import _pjrt, protocol, server, shm
+from worker import _pjrt
+from worker.serve import protocol, server, shm
 
 Samples = collections.defaultdict[str, list[int]]
 _now = time.perf_counter_ns

@@ -240,7 +240,7 @@ def corrupt(path: Path, how: str, other: Path | None = None) -> None:
     "foreign stamp" keeps the executable but stamps it with another plugin build.
     """
     from worker.cache import entry as entry_format
-    from worker.stamp import stamp
+    from worker.compile.stamp import stamp
 
     data = path.read_bytes()
     if how == "truncated":
@@ -295,7 +295,7 @@ def without_compile_options(payload: bytes) -> bytes:
     Both CPU plugins abort the process deserializing it ("Check failed:
     replica_count > 0"): a real entry that crashes every loader.
     """
-    from worker.stamp import _read_varint
+    from worker.compile.stamp import _read_varint
 
     kept = bytearray()
     offset = 0

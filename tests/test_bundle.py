@@ -151,7 +151,9 @@ print(json.dumps({
     "out": out.tolist(),
     "key": manifest.spec("p1").key,
     "jax": sorted(m for m in sys.modules if m == "jax" or m.startswith("jax.")),
-    "compiler": sorted(m for m in ("worker.compiler", "worker.slots") if m in sys.modules),
+    "compiler": sorted(
+        m for m in ("worker.compile.compiler", "worker.compile.slots") if m in sys.modules
+    ),
 }))
 """
 

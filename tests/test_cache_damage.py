@@ -158,7 +158,7 @@ def test_an_entry_that_crashes_its_loader_kills_one_process_only(tmp_path, cache
 
 LOAD_BY_KEY = r"""
 import sys
-from worker.cached import NotInCacheError, load_cached_executable
+from worker.compile.by_key import NotInCacheError, load_cached_executable
 try:
     load_cached_executable(sys.argv[1])
 except NotInCacheError as error:

@@ -22,7 +22,7 @@ from pool import Pool, compile_program, lower
 from pool.cli.main import main
 from pool.conformance import Case, battery, remember, run_cases, select
 from pool.conformance.budgets import ELEMENTARY
-from worker.conformance_memo import failing_cases, read_memo
+from worker.plugin.conformance_records import failing_cases, read_memo
 
 ARCTAN = ["elementwise/arctan/float32/n64", "elementwise/atan2_const1/float32/n64"]
 """The default plugin miscompiles atan2(x, 1.0), which jnp.arctan lowers to, from ~50 elements
@@ -167,7 +167,7 @@ def test_exit_codes_and_usage_errors(cache_dir, capsys, tmp_path):
 _WARN_CHECK = """
 import warnings, numpy as np, jax.numpy as jnp
 from pool import Pool, compile_program, lower
-from worker.conformance_memo import KnownPluginFailuresWarning
+from worker.plugin.conformance_records import KnownPluginFailuresWarning
 program = lower(jnp.sin, [np.zeros(4, np.float32)])
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -184,8 +184,8 @@ POOL = "lambda: Pool(1).close()"
 
 @pytest.mark.slow
 def test_known_failures_warn_once_per_process(cache_dir):
-    from worker.conformance_memo import write_memo
-    from worker.plugins import find_plugin
+    from worker.plugin.conformance_records import write_memo
+    from worker.plugin.locate import find_plugin
 
     # No record yet: no warning (the known failures of the default build are worked around),
     # and the parent of a Pool does not hash the plugin (lower() does, for its workarounds).
@@ -223,7 +223,7 @@ def test_known_failures_warn_once_per_process(cache_dir):
 
 
 def test_memo_merges_runs_and_forgets_fixed_cases(cache_dir):
-    from worker.conformance_memo import write_memo
+    from worker.plugin.conformance_records import write_memo
 
     digest = "ab" * 32
     names = frozenset({"a/b/c/d", "a/b/c/e"})
@@ -343,7 +343,11 @@ def test_a_process_holding_another_plugin_is_told_to_use_a_fresh_one():
 def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
     import hashlib
 
-    from worker.conformance_memo import KnownPluginFailuresWarning, warn_known_failures, write_memo
+    from worker.plugin.conformance_records import (
+        KnownPluginFailuresWarning,
+        warn_known_failures,
+        write_memo,
+    )
 
     library = tmp_path / "plugin.so"
     library.write_bytes(b"a plugin build")

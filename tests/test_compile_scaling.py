@@ -1,8 +1,8 @@
 """What makes parallel compiles measurable and scalable on a GPU host (issue 11, items 2 and 4).
 
 Per-phase timing of compiles and start-ups (worker.phases), a machine-wide
-cap on concurrent compiles (worker.slots) and XLA's per-fusion autotune
-results shared through the cache directory (worker.startup). The GPU effects
+cap on concurrent compiles (worker.compile.slots) and XLA's per-fusion autotune
+results shared through the cache directory (worker.plugin.startup). The GPU effects
 are measured by scripts/device_check.py; here the mechanisms run on the CPU
 plugin, with real processes, files and locks.
 """
@@ -25,9 +25,9 @@ import pytest
 from conftest import DEFAULT_PLUGIN, REPO, run_python
 
 from pool import Pool, compile_program, lower
+from worker.compile.slots import SLOTS_ENV, compile_slots, slots_dir
 from worker.phases import PHASE_LOG_ENV, last_phases, process_phases
-from worker.slots import SLOTS_ENV, compile_slots, slots_dir
-from worker.startup import AUTOTUNE_FLAG, share_autotune_results
+from worker.plugin.startup import AUTOTUNE_FLAG, share_autotune_results
 
 
 def _records(path: Path, kind: str | None = None) -> list[dict]:
@@ -105,7 +105,7 @@ def test_a_bad_slot_count_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, valu
 
 _HOLD_A_SLOT = """
     import sys
-    from worker.slots import compile_slot
+    from worker.compile.slots import compile_slot
 
     with compile_slot("cpu"):
         print("held", flush=True)

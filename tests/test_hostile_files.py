@@ -32,7 +32,7 @@ from worker.cache import (
 )
 from worker.cache.key import InvalidKeyError, memoized_by_file, plugin_digest
 from worker.cache.signing import Signer
-from worker.cached import load_cached_executable
+from worker.compile.by_key import load_cached_executable
 
 SECRET = "a-secret-only-the-team-holds-0123456789"
 X = [0.5, 1.0, 1.5, 2.0]
@@ -267,8 +267,8 @@ def test_a_spec_whose_types_do_not_fit_its_entry_is_refused_by_the_worker(cache_
 
 
 def test_check_run_inputs_compares_the_request_with_the_executables_layout():
-    from worker.protocol import Run
-    from worker.server import InputLayout, check_run_inputs
+    from worker.serve.protocol import Run
+    from worker.serve.server import InputLayout, check_run_inputs
 
     f32 = np.dtype("float32")
     own = InputLayout.of((ArrayType(f32, (64, 64)),))

@@ -1,7 +1,7 @@
 """Results equal JAX's where a plugin's defaults differ: max and min propagate NaN.
 
 Both CPU plugins default to XLA's fast min/max, which returns x for
-max(x, NaN) where JAX returns NaN; worker.xla_flags turns it off while the
+max(x, NaN) where JAX returns NaN; worker.plugin.xla_flags turns it off while the
 plugin loads. Each case runs in a fresh process, since a plugin reads its
 flags once, when it loads.
 """

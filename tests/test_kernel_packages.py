@@ -17,8 +17,8 @@ import pytest
 from conftest import DEFAULT_PLUGIN, run_python
 
 from worker.errors import PluginNotFoundError
-from worker.kernels import _LIBRARIES, kernel_package
-from worker.plugins import cuda_major, find_plugin
+from worker.plugin.kernels import _LIBRARIES, kernel_package
+from worker.plugin.locate import cuda_major, find_plugin
 
 
 def _plugin_file(root: Path, directory: str) -> Path:
@@ -94,7 +94,7 @@ def test_only_the_matching_package_registers_its_handlers(tmp_path: Path, ffi_li
     code = f"""
         import sys
         from worker import get_runtime
-        from worker.kernels import register_kernels, kernel_package
+        from worker.plugin.kernels import register_kernels, kernel_package
 
         runtime = get_runtime("cpu")
         package = kernel_package("cuda", {str(plugin_path)!r}, "cuda 12.9")
@@ -149,7 +149,7 @@ def test_the_installed_cuda_kernels_register_with_the_cuda_plugin():
     code = f"""
         import sys
         from worker import _pjrt
-        from worker.kernels import _LIBRARIES, register_kernels
+        from worker.plugin.kernels import _LIBRARIES, register_kernels
 
         plugin = _pjrt.Plugin.load({path!r})
         cuda = next(library for library in _LIBRARIES if library.platform == "cuda")

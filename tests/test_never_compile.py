@@ -20,7 +20,7 @@ from test_warm import pjrt_pool
 from pool import Pool
 from worker import compile_program
 from worker.cache import DiskCache, open_cache
-from worker.compile_mode import never_compile
+from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 
 X = np.linspace(-1, 1, 4, dtype=np.float32)
@@ -64,7 +64,7 @@ def test_compile_program_refuses_and_says_what_the_cache_holds_instead(cache_dir
     with pytest.raises(ValueError, match="PJRT_POOL_COMPILE='sometimes'"):
         compile_program(program)
     with pytest.raises(TypeError, match="never_compile"):
-        never_compile("yes")  # type: ignore[arg-type]
+        never_compile_on("yes")  # type: ignore[arg-type]
 
 
 def test_without_a_disk_cache_never_compile_refuses_at_once(cache_dir):

@@ -17,7 +17,7 @@ from conftest import DEFAULT_PLUGIN, REPO, SECOND_PLUGIN, run_python
 
 import pool
 from worker import PluginNotFoundError, find_plugin
-from worker.plugins import env_var
+from worker.plugin.locate import env_var
 
 needs_both = pytest.mark.skipif(
     DEFAULT_PLUGIN is None or SECOND_PLUGIN is None, reason="needs both CPU plugins installed"

@@ -292,7 +292,7 @@ def exit_after_each_reply():
     def initialize() -> None:
         import os as worker_os
 
-        from worker import server
+        from worker.serve import server
 
         send = server.protocol.send_frame
 

@@ -322,7 +322,7 @@ def test_an_idle_worker_that_breaks_the_protocol_is_replaced() -> None:
     done = child(
         """
         def reply_twice():  # the worker sends every reply twice: a protocol violation
-            from worker import server
+            from worker.serve import server
 
             send = server.protocol.send_frame
 
@@ -473,7 +473,7 @@ def test_a_malformed_reply_fails_its_task_and_the_pool_goes_on(tmp_path) -> None
     done = child(
         f"""
         def garble_first_reply():  # the first reply of this pool's workers is garbage
-            from worker import server
+            from worker.serve import server
 
             send = server.protocol.send_frame
 

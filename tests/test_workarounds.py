@@ -1,4 +1,4 @@
-"""lower()'s workarounds for plugin builds known to miscompile: worker.known_builds, applied.
+"""lower()'s workarounds for plugin builds known to miscompile: worker.plugin.known_builds, applied.
 
 The default CPU plugin (lammps-jax-pjrt-cpu 0.11.2) computes atan2(x, 1.0),
 which jnp.arctan lowers to, wrong from about 50 elements; lower() puts the
@@ -23,12 +23,12 @@ from pool.conformance import battery
 from pool.conformance.budgets import ELEMENTARY
 from pool.conformance.compare import ulp_distance
 from pool.lowering.workarounds import REWRITES
-from worker.known_builds import KNOWN_BUILDS, WORKAROUNDS_ENV, may_have_uncovered_failures
+from worker.plugin.known_builds import KNOWN_BUILDS, WORKAROUNDS_ENV, may_have_uncovered_failures
 
 # Tests here turn the workarounds off in this process on purpose: the warning that then
 # names the default plugin's known failures is expected (its own tests run in children).
 pytestmark = pytest.mark.filterwarnings(
-    "ignore::worker.conformance_memo.KnownPluginFailuresWarning"
+    "ignore::worker.plugin.conformance_records.KnownPluginFailuresWarning"
 )
 
 
@@ -288,7 +288,7 @@ def test_each_reproduction_fails_without_its_workaround_and_passes_with_it(tmp_p
 _WARNS = """
 import warnings, numpy as np, jax.numpy as jnp
 from pool import Pool, compile_program, lower
-from worker.conformance_memo import KnownPluginFailuresWarning
+from worker.plugin.conformance_records import KnownPluginFailuresWarning
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     {call}

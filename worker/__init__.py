@@ -1,19 +1,43 @@
 """pjrt-pool, worker side: compile and run StableHLO on a PJRT plugin, without JAX.
 
-Everything here runs in any process that holds a plugin: a pool worker, or
-the user's own process for in-process use. It never imports JAX, so that a
-worker starts in a fraction of a second.
+Everything here runs in any process that holds a plugin: a pool worker
+(``python -m worker``), or the user's own process for in-process use. It
+never imports JAX, so that a worker starts in a fraction of a second. Where
+each thing lives, and so where plugin loading ends and serving begins::
+
+    records.py, arguments.py, dtypes.py, errors.py, phases.py
+                  the shared records: ArrayType, LoweredProgram, ProgramSpec,
+                  CompileStatistics; converting arguments; the dtypes the runtime
+                  takes; the errors; seconds per phase of compiles and start-ups
+    untrusted.py  reading files someone else may have written: bounded, then parsed
+    fds.py        closing file descriptors in cleanup
+    lazy_names.py package namespaces whose names import on first use
+    plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
+                  device errors, known builds and check-plugin's records
+    compile/      compile_program, loading by key, never-compile mode, Executable,
+                  the key parts of this process, executable stamps, compile slots
+    cache/        the shared disk cache of executables (DiskCache)
+    bundle/       bundles: warmed programs in one file, checked and loaded read-only
+    serve/        a pool worker: the wire protocol, shared memory, the worker's loop
+    _pjrt         the native module (native/): plugins, clients, executables, the hot loop
+
+plugin/ uses cache/ (records about plugin builds), compile/ uses plugin/ and
+cache/, bundle/ uses compile/, and serve/ uses them all; nothing uses serve/
+but the worker's entry point and the parent, which speaks its protocol.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from worker.exports import on_first_use
+from worker.lazy_names import on_first_use
 
 if TYPE_CHECKING:
     from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
-    from worker.compiler import compile_program, program_key
+    from worker.compile.compiler import compile_program, program_key
+    from worker.compile.executable import Executable
+    from worker.compile.identity import compile_options
+    from worker.compile.stamp import ForeignExecutableError
     from worker.errors import (
         BundleError,
         NeverCompileError,
@@ -23,22 +47,19 @@ if TYPE_CHECKING:
         PluginLoadError,
         PluginNotFoundError,
     )
-    from worker.executable import Executable
-    from worker.identity import compile_options
-    from worker.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
-    from worker.plugins import PluginLocation, find_plugin
+    from worker.plugin.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
+    from worker.plugin.locate import PluginLocation, find_plugin
+    from worker.plugin.runtime import get_runtime, loaded_runtime
     from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
-    from worker.runtime import get_runtime, loaded_runtime
-    from worker.stamp import ForeignExecutableError
 
 _MODULES = {
     "CacheCounters": "worker.cache",
     "DiskCache": "worker.cache",
     "UntrustedCacheError": "worker.cache",
     "explain_key": "worker.cache",
-    "compile_options": "worker.identity",
-    "compile_program": "worker.compiler",
-    "program_key": "worker.compiler",
+    "compile_options": "worker.compile.identity",
+    "compile_program": "worker.compile.compiler",
+    "program_key": "worker.compile.compiler",
     "BundleError": "worker.errors",
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
@@ -46,19 +67,19 @@ _MODULES = {
     "PlatformMismatchError": "worker.errors",
     "PluginLoadError": "worker.errors",
     "PluginNotFoundError": "worker.errors",
-    "Executable": "worker.executable",
-    "FfiVersionError": "worker.kernels",
-    "MissingCustomCallError": "worker.kernels",
-    "register_custom_call": "worker.kernels",
-    "PluginLocation": "worker.plugins",
-    "find_plugin": "worker.plugins",
+    "Executable": "worker.compile.executable",
+    "FfiVersionError": "worker.plugin.kernels",
+    "MissingCustomCallError": "worker.plugin.kernels",
+    "register_custom_call": "worker.plugin.kernels",
+    "PluginLocation": "worker.plugin.locate",
+    "find_plugin": "worker.plugin.locate",
     "ArrayType": "worker.records",
     "CompileStatistics": "worker.records",
     "LoweredProgram": "worker.records",
     "ProgramSpec": "worker.records",
-    "get_runtime": "worker.runtime",
-    "loaded_runtime": "worker.runtime",
-    "ForeignExecutableError": "worker.stamp",
+    "get_runtime": "worker.plugin.runtime",
+    "loaded_runtime": "worker.plugin.runtime",
+    "ForeignExecutableError": "worker.compile.stamp",
 }
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from worker.runtime import default_platform
-from worker.server import main
-from worker.startup import prepare_worker
+from worker.plugin.runtime import default_platform
+from worker.plugin.startup import prepare_worker
+from worker.serve.server import main
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

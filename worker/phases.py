@@ -5,7 +5,7 @@ compile_program times its phases:
     key        hashing the program text and the plugin build
     lookup     reading and deserializing a cache entry (a hit, or a miss's check)
     lock_wait  waiting for another process's compile of the same program
-    slot_wait  waiting for a compile slot (see worker.slots)
+    slot_wait  waiting for a compile slot (see worker.compile.slots)
     compile    the plugin's compile: parsing the StableHLO, XLA's passes,
                autotuning and code generation, which PJRT does in one call
     serialize  the executable to bytes

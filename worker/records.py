@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from worker.bounded import parse_json
 from worker.cache.key import InvalidKeyError, check_key
 from worker.dtypes import code_of_dtype
+from worker.untrusted import parse_json
 
 
 class ArrayType(NamedTuple):

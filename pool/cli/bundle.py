@@ -33,6 +33,7 @@ from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
 from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
+from worker.compile.identity import runtime_key_parts
 from worker.errors import (
     BundleError,
     PjrtError,
@@ -40,8 +41,7 @@ from worker.errors import (
     PluginLoadError,
     PluginNotFoundError,
 )
-from worker.identity import runtime_key_parts
-from worker.runtime import get_runtime
+from worker.plugin.runtime import get_runtime
 
 if TYPE_CHECKING:
     from worker.bundle.index import Index

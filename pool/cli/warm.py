@@ -30,8 +30,8 @@ from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 from worker.errors import BundleError, NotInCacheError, PluginNotFoundError
-from worker.plugins import find_plugin
-from worker.runtime import default_platform
+from worker.plugin.locate import find_plugin
+from worker.plugin.runtime import default_platform
 
 
 def register(subparsers: Any) -> None:

@@ -7,11 +7,11 @@ of op families) runs on the plugin under test in a Pool and with jax.jit in
 this process, on the same seeded inputs, and each result is compared under
 the case's error budget (budgets.py, compare.py). runner.py runs the cases,
 report.py formats what they found, and remember() records it per plugin
-build (worker.conformance_memo), so that processes that later load a build
+build (worker.plugin.conformance_records), so that processes that later load a build
 with failing cases warn about them. The programs are those lower() writes,
 with its workarounds for builds known to miscompile something. The list of
 those builds, their failures (each with a reproduction) and the workarounds
-is worker.known_builds: in worker/ rather than here because processes that
+is worker.plugin.known_builds: in worker/ rather than here because processes that
 never import JAX (workers, manifest runs) warn from it. ``pjrt-pool
 check-plugin`` is the command line (pool.cli.check).
 """
@@ -32,7 +32,7 @@ from pool.conformance.runner import (
     PluginStartError,
     run_cases,
 )
-from worker.conformance_memo import write_memo
+from worker.plugin.conformance_records import write_memo
 
 
 def remember(report: CheckReport, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
@@ -41,7 +41,7 @@ def remember(report: CheckReport, cache_dir: str | os.PathLike[str] | None = Non
     The record says how the build computes the programs lower() writes for
     it, so a check with the build's workarounds off (report.workarounds_off)
     is not recorded: what it finds without them is known already
-    (worker.known_builds). Returns None then, and when the cache directory
+    (worker.plugin.known_builds). Returns None then, and when the cache directory
     cannot be written (the check's report is unaffected).
     """
     if report.workarounds_off:

@@ -42,7 +42,7 @@ float32 and rounds, so correct builds differ by one rounding at most.
 
 A miscompile that a budget catches and that pjrt-pool works around for a
 particular build is listed, with its cases, reproduction and workaround, in
-worker.known_builds (the one list; importable without JAX, for the warning
+worker.plugin.known_builds (the one list; importable without JAX, for the warning
 workers and manifest runs give).
 """
 

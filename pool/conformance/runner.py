@@ -47,12 +47,12 @@ from pool.lowering.stablehlo import StableHLOVersionError
 from pool.lowering.workarounds import active_workarounds, build_workarounds
 from worker.cache import open_cache
 from worker.cache.key import plugin_digest
-from worker.conformance_memo import quiet
 from worker.errors import PluginNotFoundError
-from worker.kernels import FfiVersionError, MissingCustomCallError
-from worker.known_builds import WORKAROUNDS_ENV
-from worker.plugins import env_var, environment_variable, find_plugin
-from worker.runtime import default_platform, loaded_runtime
+from worker.plugin.conformance_records import quiet
+from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
+from worker.plugin.known_builds import WORKAROUNDS_ENV
+from worker.plugin.locate import env_var, environment_variable, find_plugin
+from worker.plugin.runtime import default_platform, loaded_runtime
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a case may take in a worker (compile and run) before it counts as a hang."""

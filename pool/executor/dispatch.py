@@ -40,12 +40,12 @@ from pool.executor.compile_many import CompileResult
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Kind, Task, Tasks
-from pool.executor.watch import Watch
+from pool.executor.wait_set import Watch
 from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess, Workers
-from worker import protocol, shm
 from worker.cache.key import check_key
 from worker.fds import close_all
 from worker.records import ArrayType, CompileStatistics
+from worker.serve import protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
 

@@ -13,9 +13,9 @@ import numpy as np
 
 from pool.executor.segments import Segment, SegmentCache, writer
 from pool.executor.tasks import Task
-from worker import shm
 from worker.arguments import types_of
 from worker.records import ArrayType
+from worker.serve import shm
 
 Layout = tuple[tuple[ArrayType, ...], tuple[int, ...], int]
 """Input types, their byte offsets in shared memory, and the size they take."""

@@ -1,6 +1,6 @@
 """The Pool's manager thread: it watches the workers, their deadlines and their deaths.
 
-One thread waits on one epoll set (pool.executor.watch) holding the socket and output
+One thread waits on one epoll set (pool.executor.wait_set) holding the socket and output
 pipe of every worker it holds, plus a wake-up pipe: a worker's death shows
 as end of file on its socket, so a single wait point sees replies, deaths,
 output and wake-ups alike, and the nearest task deadline (or replacement
@@ -40,7 +40,7 @@ from pool.executor.futures import ManagerThread
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
 from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
-from pool.executor.watch import Watch
+from pool.executor.wait_set import Watch
 from pool.executor.workers import Source, State, WorkerProcess, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")

@@ -45,7 +45,7 @@ _new_task -> _stage -> _claim_for_caller -> _run_directly -> Dispatcher.send
 After a program's first run in a worker, whose reply gives it a hot slot
 (WorkerProcess.hot), a run with its inputs and outputs in the arena goes as
 a HotRun frame of a few bytes and comes back as a HotReply
-(Dispatcher._handle_hot): see worker.protocol.
+(Dispatcher._handle_hot): see worker.serve.protocol.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -67,25 +67,21 @@ from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import PoolFuture, ReplyPath, TaskFuture, remaining
 from pool.executor.inputs import Layouts, stage_inputs
 from pool.executor.manager import Manager
-from pool.executor.never import CachedOnly
+from pool.executor.never_compile_check import CachedOnly
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.executor.settings import PoolSettings, check_timeout, finite
 from pool.executor.tasks import Kind, Task, Tasks
-from pool.executor.watch import Watch
+from pool.executor.wait_set import Watch
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
-from worker import protocol
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
-from worker.conformance_memo import warn_known_failures
-from worker.identity import checked_compile_options
+from worker.compile.identity import checked_compile_options
+from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
-
-if TYPE_CHECKING:
-    from pool.lowering.function import PoolFunction
-
+from worker.serve import protocol
 
 DIRECT_SPIN_SECONDS = 500e-6
 """How long Pool.run polls for a worker's reply before sleeping (protocol.spin_until_readable)."""
@@ -139,7 +135,7 @@ class Pool:
     environment) makes the pool load what its cache holds and never compile:
     a program that is not there fails with NeverCompileError, a LookupError,
     raised when it is submitted, before any worker is used (see
-    worker.compile_mode). Each worker keeps max_loaded executables loaded. Up to
+    worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
     segment_cache_bytes of shared memory from finished large inputs and
     dropped results is kept for reuse (counting what live results will give
     back), since fresh shared memory is slow to fault in; a result's memory
@@ -374,59 +370,10 @@ class Pool:
             return_exceptions=return_exceptions,
         )
 
-    def function(
-        self,
-        function: Callable[..., Any],
-        *,
-        static_argnums: int | Sequence[int] = (),
-        donate_argnums: int | Sequence[int] = (),
-        platform: str | None = None,
-        custom_calls: Sequence[str] = (),
-        name: str | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-    ) -> PoolFunction:
-        """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
-
-        Calling it lowers the function in this process once per signature (the
-        arguments' tree structure, shapes, dtypes and weak types, the static
-        arguments' types and values, and JAX's trace context: the config that
-        changes programs, such as jax_enable_x64, numpy_rank_promotion and
-        threefry_partitionable, as jax.jit caches), then runs the program with
-        Pool.run: a worker compiles it or loads it from the disk cache. It
-        returns the result in the structure jax.jit(function)(*args) returns,
-        with numpy arrays as leaves; typed PRNG keys come back as keys and
-        float0 results as float0 arrays. Arguments are pytrees of numpy
-        arrays, JAX arrays, Python scalars (weakly typed, as in jax.jit) and
-        typed keys. static_argnums, static_argnames and custom_calls mean what
-        they mean for jax.jit and lower (a static argument a call leaves out
-        takes the function's default; other keyword arguments are dynamic);
-        platform is the one to lower for (default: that of this pool's
-        plugin); name names the tasks (default: the program's name). Its
-        submit method returns a Future of the result and its lower method the
-        LoweredProgram a call runs. Crash isolation, timeouts and quarantine
-        are those of submit. It runs in another process, so it cannot be
-        traced: jax.grad, jax.vmap or jax.jit of it raise TypeError (make the
-        PoolFunction of the transformed function instead).
-
-        donate_argnums is accepted and ignored, with a warning: arguments are
-        copied into shared memory for the worker, so donated arrays stay
-        valid and no memory is saved.
-        """
-        # Here, not at the top: it imports JAX (about a second), which a pool that
-        # runs warmed programs (pool.manifest) never needs.
-        from pool.lowering.function import PoolFunction
-
-        self._refuse_in_child()
-        return PoolFunction(
-            self,
-            function,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            platform=platform,
-            custom_calls=custom_calls,
-            name=name,
-        )
+    @property
+    def platform(self) -> str | None:
+        """The platform of the workers' plugin ("cpu", "cuda", ...): the programs it runs."""
+        return self._workers.plugin.get("platform") or self._settings.platform
 
     @property
     def cache_counters(self) -> CacheCounters:
@@ -646,7 +593,7 @@ class Pool:
         task.zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
-        # checks them against the executable's own (worker.server.check_run_inputs).
+        # checks them against the executable's own (worker.serve.server.check_run_inputs).
         task.declared_types = types is not None and task.cache_key is None
         layout = self._layouts.of(task.program_id, types) if task.declared_types else None
         stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import threading
 
-from worker.identity import options_or_default
+from worker.compile.identity import options_or_default
 from worker.records import DigestedProgram, LoweredProgram
 
 _MEMO_BYTES = 64 << 20

@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 
-from worker import compile_mode
 from worker.cache import check_cache_dir
+from worker.compile.never_compile import never_compile_on
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class PoolSettings:
             segment_cache_bytes=cache_bytes,
             segment_fds=fds,
             initializer=pickled,
-            never_compile=compile_mode.never_compile(never_compile),
+            never_compile=never_compile_on(never_compile),
         )
 
 

@@ -30,9 +30,9 @@ import numpy as np
 from pool.errors import PoolClosedError, PoolError
 from pool.executor.futures import fail, resolve
 from pool.executor.segments import Segment, SegmentCache
-from pool.executor.watch import Watch
-from worker import protocol, shm
+from pool.executor.wait_set import Watch
 from worker.records import ArrayType, LoweredProgram
+from worker.serve import protocol, shm
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""

@@ -23,7 +23,7 @@ Worker states and why each move happens::
     STARTING, IDLE --stopped--------> DEAD      close(): an exit request, then signals
 
 Who holds the socket is `holder`, a second fact: None for the pool's
-manager thread, whose wait set (pool.executor.watch) has the socket then, or the id
+manager thread, whose wait set (pool.executor.wait_set) has the socket then, or the id
 of one caller thread, with the socket out of that set::
 
     manager --claimed by a caller (Pool.run; a submit that dispatches)--> caller
@@ -68,12 +68,12 @@ import numpy as np
 from pool.errors import WorkerStartupError
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Task, Tasks
-from pool.executor.watch import Watch
+from pool.executor.wait_set import Watch
 from pool.spawn import child_environment, python_command
-from worker import protocol, shm
 from worker.cache import CacheCounters
 from worker.fds import close_quietly
 from worker.records import ArrayType
+from worker.serve import protocol, shm
 
 output_log = logging.getLogger("pjrt_pool.worker")
 """Where what workers print goes (at debug level)."""
@@ -124,7 +124,7 @@ _MOVES: dict[State, frozenset[State]] = {
 
 @dataclass(frozen=True)
 class HotProgram:
-    """A program the worker runs by hot slot (worker.protocol.HotRun), and the parent's
+    """A program the worker runs by hot slot (worker.serve.protocol.HotRun), and the parent's
     views of the worker's arena where its inputs and outputs lie."""
 
     slot: int
@@ -360,7 +360,7 @@ def _still_running(workers: list[WorkerProcess], seconds: float) -> list[WorkerP
 
 
 class Source(enum.Enum):
-    """What a worker's descriptor in the manager's wait set (pool.executor.watch) carries."""
+    """What a worker's descriptor in the manager's wait set (pool.executor.wait_set) carries."""
 
     SOCKET = "socket"  # its messages, and its end of file when it dies
     OUTPUT = "output"  # what it prints on stdout and stderr

@@ -32,7 +32,7 @@ import threading
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -42,8 +42,26 @@ from pool.executor.futures import adapt
 from pool.lowering.lower import TreeProgram, function_name, lower_tree
 from worker.records import LoweredProgram
 
-if TYPE_CHECKING:
-    from pool.executor.pool import Pool
+
+class Runner(Protocol):
+    """What a PoolFunction runs its programs through: a Pool (or a ClusterPool)."""
+
+    @property
+    def platform(self) -> str | None:
+        """The platform whose plugin runs the programs (None: not known yet)."""
+        ...
+
+    def run(
+        self, program: LoweredProgram, arguments: Sequence[Any], *, name: str | None = None
+    ) -> list[np.ndarray]:
+        """Runs a program and returns its outputs."""
+        ...
+
+    def submit(
+        self, program: LoweredProgram, arguments: Sequence[Any], *, name: str | None = None
+    ) -> Future[list[np.ndarray]]:
+        """Runs a program; returns a Future of its outputs."""
+        ...
 
 LeafType = tuple[tuple[int, ...], Any, bool]
 """What the program depends on for one argument leaf: shape, dtype, weak type."""
@@ -213,7 +231,7 @@ class PoolFunction:
 
     def __init__(
         self,
-        pool: Pool,
+        pool: Runner,
         function: Callable[..., Any],
         *,
         static_argnums: int | Sequence[int] = (),
@@ -404,12 +422,9 @@ class PoolFunction:
         )
 
     def _pool_platform(self) -> str | None:
-        """The platform of the pool's plugin: the only one its workers can run programs for."""
-        for info in self._pool.worker_info:
-            platform = info.get("plugin", {}).get("platform")
-            if platform:
-                return str(platform)
-        return None  # not known yet: lower's default (JAX's default device)
+        """The platform of the pool's plugin: the only one its workers can run programs for
+        (None, not known yet: lower's default, JAX's default device)."""
+        return self._pool.platform
 
     def _not_an_array(
         self, dynamic: tuple[Any, ...], kwargs: dict[str, Any], statics: Statics

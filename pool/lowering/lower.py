@@ -318,7 +318,7 @@ def lower(
     The bytecode is serialized at the newest StableHLO version that both this
     jaxlib and the platform's plugin read, so it loads on that plugin.
 
-    For a plugin build known to miscompile some programs (worker.known_builds
+    For a plugin build known to miscompile some programs (worker.plugin.known_builds
     lists them by SHA-256), the program is changed so that it does not hit
     the bug, and so its text and cache key differ from the miscompiled form;
     for example, jnp.arctan on the default CPU plugin. Programs for other

@@ -3,11 +3,11 @@
 lower() must serialize StableHLO that the plugin will read, so it needs the
 plugin's StableHLO window. If this process has the plugin loaded (in-process
 compile_program), that plugin answers; otherwise a child process probes it
-(``python -m worker.probe``), and the answer is memoized in memory and in the
+(``python -m worker.plugin.probe``), and the answer is memoized in memory and in the
 cache directory's ``plugins/`` folder by the library's path, size, mtime and
 inode, so a machine probes each plugin build once. lower() also needs the
 library's SHA-256, which says whether it is a build known to miscompile
-something (worker.known_builds): it is the digest the cache keys use,
+something (worker.plugin.known_builds): it is the digest the cache keys use,
 memoized the same way, so the parent and the workers hash a build once
 between them.
 """
@@ -35,7 +35,7 @@ class PluginProbeError(RuntimeError):
 def _probe(platform: str, path: str) -> dict[str, Any]:
     try:
         done = subprocess.run(
-            python_command("worker.probe", platform),
+            python_command("worker.plugin.probe", platform),
             env=child_environment({f"PJRT_POOL_PLUGIN_{platform.upper()}": path}),
             capture_output=True,
             text=True,

@@ -1,6 +1,6 @@
 """The workarounds lower() applies to programs for plugin builds known to miscompile them.
 
-worker.known_builds lists the builds (by the SHA-256 that plugin_info
+worker.plugin.known_builds lists the builds (by the SHA-256 that plugin_info
 reports), what each gets wrong and which workaround covers it; here each
 workaround is a rewrite of the StableHLO module. It runs on the module
 jax.export produced, inside the MLIR context stablehlo.reserialize opens,
@@ -19,7 +19,12 @@ from typing import Any
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from worker.known_builds import ATAN2_DIVISOR_BARRIER, Workaround, known_build, workarounds_enabled
+from worker.plugin.known_builds import (
+    ATAN2_DIVISOR_BARRIER,
+    Workaround,
+    known_build,
+    workarounds_enabled,
+)
 
 Rewrite = Callable[[Any], int]
 """Changes an MLIR module in place; returns how many places it changed."""
@@ -223,7 +228,7 @@ def _barrier_atan2_divisors(module: Any) -> int:
 
 
 REWRITES: dict[str, Rewrite] = {ATAN2_DIVISOR_BARRIER.name: _barrier_atan2_divisors}
-"""Each workaround of worker.known_builds, by name."""
+"""Each workaround of worker.plugin.known_builds, by name."""
 
 
 def build_workarounds(info: dict[str, Any] | None) -> tuple[Workaround, ...]:

@@ -30,7 +30,7 @@ from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache
-from worker.compile_mode import never_compile
+from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.records import CompileStatistics, ProgramSpec
 
@@ -225,7 +225,7 @@ def warm(
     and stops at the first that is not (as with fail_fast).
     """
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
-    fail_fast = fail_fast or never_compile()
+    fail_fast = fail_fast or never_compile_on()
     initializer = spec.initializer if isinstance(spec, Spec) else None
     reports = [ProgramReport(p.name) for p in programs]
     started = time.monotonic()

@@ -31,12 +31,12 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from worker.bounded import parse_json
 from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
 from worker.cache.signing import Signer
 from worker.cache.space import ENTRY_SUFFIX
 from worker.errors import BundleError
 from worker.records import ProgramSpec, types_to_json
+from worker.untrusted import parse_json
 
 INDEX_FORMAT = 1
 INDEX_NAME = "index.json"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from worker.bundle.preflight import judge
 from worker.bundle.reader import Bundle
+from worker.compile.executable import Executable
+from worker.compile.identity import runtime_key_parts
 from worker.errors import NotInCacheError, PjrtError
-from worker.executable import Executable
-from worker.identity import runtime_key_parts
+from worker.plugin.runtime import get_runtime
 from worker.records import ProgramSpec
-from worker.runtime import get_runtime
 
 
 def load_from_bundle(bundle: Bundle, name: str) -> tuple[Executable, ProgramSpec]:

@@ -36,9 +36,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from worker.bounded import parse_json
 from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
+from worker.untrusted import parse_json
 
 MAGIC = b"PJRTPOOL"
 FORMAT_VERSION = 2

@@ -10,7 +10,7 @@ protections entries get:
 - The folder is opened once and checked like ``entries/`` (folders.py), and
   a record is read only from a regular file of at most MEMO_LIMIT bytes,
   never through a symlink, and parsed with bounded nesting
-  (worker.bounded). A record that fails any of this is ignored: its value is
+  (worker.untrusted). A record that fails any of this is ignored: its value is
   computed again.
 - With a signing secret (signing.py), every record written carries an
   HMAC-SHA256 of its name and content (the ``mac`` field), and a record
@@ -28,10 +28,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from worker.bounded import parse_json, read_file
 from worker.cache.atomic import write_atomically
 from worker.cache.folders import Folder
 from worker.cache.signing import Signer
+from worker.untrusted import parse_json, read_file
 
 logger = logging.getLogger("pjrt_pool.cache")
 

@@ -24,7 +24,7 @@ import os
 import stat
 from pathlib import Path
 
-from worker.bounded import read_file
+from worker.untrusted import read_file
 
 SECRET_ENV = "PJRT_POOL_CACHE_SECRET"
 """The signing secret itself (at least MIN_SECRET_BYTES bytes)."""

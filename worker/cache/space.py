@@ -42,11 +42,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.bounded import parse_json, read_file
 from worker.cache.atomic import is_temp_name
 from worker.cache.folders import Folder
 from worker.cache.key import check_key, is_key
 from worker.fds import close_quietly
+from worker.untrusted import parse_json, read_file
 
 logger = logging.getLogger("pjrt_pool.cache")
 

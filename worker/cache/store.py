@@ -21,7 +21,7 @@ plugins/ are signed and checked (signing.py, memos.py).
 Reads take no lock: an entry is published by an atomic rename and verified
 when read, so a reader sees a whole entry or none. Writers of one key
 serialize on the key's lock so that one process compiles and the others load
-(see worker.compiler); correctness never depends on that lock. Access times
+(see worker.compile.compiler); correctness never depends on that lock. Access times
 are the files' mtimes, refreshed at most once per TOUCH_INTERVAL, and order
 least-recently-used eviction (see space.py for the size bound).
 """

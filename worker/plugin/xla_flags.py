@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
-from worker.plugins import environment_variable
+from worker.plugin.locate import environment_variable
 
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore

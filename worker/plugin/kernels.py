@@ -30,8 +30,8 @@ from typing import Any
 
 from worker import _pjrt
 from worker.errors import PjrtError
-from worker.plugins import cuda_major, newer_plugin_hint, plugin_jax_version
-from worker.runtime import Runtime, get_runtime
+from worker.plugin.locate import cuda_major, newer_plugin_hint, plugin_jax_version
+from worker.plugin.runtime import Runtime, get_runtime
 
 logger = logging.getLogger("pjrt_pool.kernels")
 

@@ -9,12 +9,12 @@ import numpy as np
 
 from worker import _pjrt
 from worker.arguments import prepare_arguments
+from worker.compile.stamp import check_stamp, stamp
 from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
 from worker.errors import PjrtError
-from worker.kernels import ensure_kernels_for, explain_missing_handler
+from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
+from worker.plugin.runtime import Runtime, get_runtime
 from worker.records import ArrayType
-from worker.runtime import Runtime, get_runtime
-from worker.stamp import check_stamp, stamp
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike  # annotations only: importing it costs start-up time

@@ -1,4 +1,4 @@
-"""``python -m worker.probe PLATFORM``: print the platform's plugin identity as JSON.
+"""``python -m worker.plugin.probe PLATFORM``: print the platform's plugin identity as JSON.
 
 The parent runs this once per plugin build (the result is memoized on disk)
 to learn which StableHLO versions the plugin reads, without loading the
@@ -13,7 +13,7 @@ import sys
 
 from worker import _pjrt
 from worker.errors import PluginNotFoundError
-from worker.plugins import find_plugin
+from worker.plugin.locate import find_plugin
 
 
 def _version(value: object) -> str | None:
@@ -23,7 +23,7 @@ def _version(value: object) -> str | None:
 def main(argv: list[str]) -> int:
     """Prints {"path", "api_version", "stablehlo_minimum_version", ...} or {"error"}."""
     if len(argv) != 1:
-        print("usage: python -m worker.probe PLATFORM", file=sys.stderr)
+        print("usage: python -m worker.plugin.probe PLATFORM", file=sys.stderr)
         return 2
     try:
         location = find_plugin(argv[0])

@@ -15,7 +15,7 @@ from worker.cache.key import key_parts, plugin_digest
 
 if TYPE_CHECKING:
     from worker.cache.store import DiskCache
-    from worker.runtime import Runtime
+    from worker.plugin.runtime import Runtime
 
 
 @functools.cache

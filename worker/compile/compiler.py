@@ -29,17 +29,17 @@ import os
 import time
 from typing import Any
 
-from worker import compile_mode
 from worker.cache import DiskCache, key_of, open_cache, parse_size
 from worker.cache.key import host_cpu_flags
-from worker.cached import Miss, load_entry, settle_miss
-from worker.conformance_memo import warn_known_failures
-from worker.executable import Executable
-from worker.identity import checked_compile_options, options_or_default, runtime_key_parts
+from worker.compile.by_key import Miss, load_entry, settle_miss
+from worker.compile.executable import Executable
+from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
+from worker.compile.never_compile import never_compile_on, refusal
+from worker.compile.slots import compile_slot
 from worker.phases import Phases
+from worker.plugin.conformance_records import warn_known_failures
+from worker.plugin.runtime import Runtime, get_runtime
 from worker.records import CompileStatistics, LoweredProgram, check_program, types_to_json
-from worker.runtime import Runtime, get_runtime
-from worker.slots import compile_slot
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -144,7 +144,7 @@ def compile_program(
     never_compile=True (default: PJRT_POOL_COMPILE=never in the environment)
     makes a program that is not in the cache raise NeverCompileError, a
     LookupError naming its key and how entries of it built elsewhere differ,
-    instead of compiling (see worker.compile_mode).
+    instead of compiling (see worker.compile.never_compile).
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
     A cache directory that someone other than this user (or, in a
     group-shared cache, its group) could write raises UntrustedCacheError;
@@ -153,7 +153,7 @@ def compile_program(
     program = _check_code(check_program(program, "compile_program"))
     options = options_or_default(checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
-    never = compile_mode.never_compile(never_compile)
+    never = never_compile_on(never_compile)
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._memos).
     cache = open_cache(cache_dir) if disk_cache else None
@@ -166,7 +166,7 @@ def compile_program(
         key, parts = program_key(program, runtime, cache, options)
     if cache is None:
         if never:
-            raise compile_mode.refusal(program.name, key, None, parts)
+            raise refusal(program.name, key, None, parts)
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
         executable, seconds = _compile_and_publish(
             None, key, parts, program, bound, options, phases
@@ -183,7 +183,7 @@ def compile_program(
         cache.count("misses")
         logger.debug("cache miss for %s (%s): %s; not compiling", program.name, key, miss.reason)
         reason = "" if miss.counter is None else miss.reason
-        raise compile_mode.refusal(program.name, key, cache, parts, reason)
+        raise refusal(program.name, key, cache, parts, reason)
     if executable is None:
         waiting = time.perf_counter()
         with cache.lock(key, lock_timeout):

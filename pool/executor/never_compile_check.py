@@ -1,7 +1,7 @@
 """A never-compile Pool refuses programs that are not in its cache before they reach a worker.
 
 In never-compile mode each worker's Ready message carries the key parts of
-its plugin and host (worker.server.main), so the parent computes the key a
+its plugin and host (worker.serve.server.main), so the parent computes the key a
 program would have there and refuses it at submit, with the same
 NeverCompileError a worker would raise, when the pool's cache holds no entry
 under that key: no worker is claimed and no worker time is spent. A program
@@ -15,8 +15,8 @@ from typing import Any
 
 from worker.cache.key import key_of
 from worker.cache.store import DiskCache
-from worker.compile_mode import refusal
-from worker.identity import options_or_default
+from worker.compile.identity import options_or_default
+from worker.compile.never_compile import refusal
 from worker.records import LoweredProgram
 
 

@@ -7,7 +7,7 @@ plugin build, whatever its path. compile_program and Pool call
 warn_known_failures, which warns once per process and plugin build when the
 loaded build has failing cases that nothing fixes, naming them and the
 command that shows the details: cases failing in the build's record, and
-the failures pjrt-pool ships knowledge of (worker.known_builds) that no
+the failures pjrt-pool ships knowledge of (worker.plugin.known_builds) that no
 workaround of lower() covers, so that a known build warns in a fresh
 environment too.
 
@@ -40,7 +40,7 @@ from worker.cache.key import check_key, plugin_digest
 from worker.cache.location import resolve_cache_dir
 from worker.cache.store import existing_memos, open_cache
 from worker.cache.trust import UntrustedCacheError
-from worker.known_builds import (
+from worker.plugin.known_builds import (
     WORKAROUNDS_ENV,
     KnownBuild,
     known_build,
@@ -48,7 +48,7 @@ from worker.known_builds import (
     uncovered_failures,
     workarounds_enabled,
 )
-from worker.plugins import env_var
+from worker.plugin.locate import env_var
 
 MEMO_FORMAT = 2
 """Bumped whenever the record's layout or meaning changes; records of another format are

@@ -30,8 +30,8 @@ from pathlib import Path
 from worker.cache import CACHE_DIR_ENV, open_cache
 from worker.errors import PluginNotFoundError
 from worker.phases import STARTUP
-from worker.plugins import find_plugin
-from worker.xla_flags import plugin_knows_flag
+from worker.plugin.locate import find_plugin
+from worker.plugin.xla_flags import plugin_knows_flag
 
 SPAWNED_AT_ENV = "PJRT_POOL_SPAWNED_AT"
 """The time.time() at which the parent spawned this process (set by pool.spawn)."""

@@ -10,7 +10,7 @@ workaround, by name, as a rewrite of the StableHLO module. A plugin not on
 the list gets its programs unchanged.
 
 The list ships with the package, so that compile_program and Pool warn about
-a known failure that no workaround covers (worker.conformance_memo) in a
+a known failure that no workaround covers (worker.plugin.conformance_records) in a
 fresh environment, before anyone has run check-plugin. Workarounds are on
 unless PJRT_POOL_WORKAROUNDS=off, which makes lower() write the programs as
 JAX does (to see or measure the plugin's own behaviour); the known failures

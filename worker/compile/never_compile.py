@@ -28,7 +28,7 @@ _SCANNED_ENTRIES = 20_000
 _SHOWN = 3
 
 
-def never_compile(option: bool | None = None) -> bool:
+def never_compile_on(option: bool | None = None) -> bool:
     """Returns whether this call must not compile: the option, else PJRT_POOL_COMPILE.
 
     Raises TypeError for an option that is not a bool or None, and ValueError

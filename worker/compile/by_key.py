@@ -16,8 +16,8 @@ from typing import NamedTuple
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import check_key
 from worker.cache.store import DiskCache, open_cache
+from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
-from worker.executable import Executable
 from worker.records import ArrayType
 
 __all__ = ["Miss", "NotInCacheError", "load_cached_executable", "load_entry", "settle_miss"]

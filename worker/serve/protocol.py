@@ -405,7 +405,7 @@ class Reply:
     counters, both only when the request compiled or loaded something (None
     otherwise: nothing changed); `evicted` lists programs the worker unloaded
     to make room. `fatal` says the error left the device unusable (see
-    worker.device_errors): the worker exits after this reply. `phases` are
+    worker.plugin.device_errors): the worker exits after this reply. `phases` are
     the seconds per phase of the compile or load a Compile request did
     (worker.phases). `hot_slot` (not -1) names the run's program for HotRun
     requests: its inputs and outputs lie in the arena as they did now. Fields are

@@ -38,19 +38,20 @@ from collections import OrderedDict
 from itertools import count
 from typing import Any, NamedTuple
 
-from worker import _pjrt, protocol, shm
+from worker import _pjrt
 from worker.cache import open_cache, process_counters
-from worker.cached import load_cached_executable
-from worker.compiler import compile_program
-from worker.device_errors import fatal_device_error
+from worker.compile.by_key import load_cached_executable
+from worker.compile.compiler import compile_program
+from worker.compile.executable import Executable
+from worker.compile.identity import runtime_key_parts
 from worker.dtypes import code_of_dtype
-from worker.executable import Executable
 from worker.fds import close_quietly
-from worker.identity import runtime_key_parts
 from worker.phases import last_phases
-from worker.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
+from worker.plugin.device_errors import fatal_device_error
+from worker.plugin.runtime import get_runtime
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
-from worker.runtime import get_runtime
+from worker.serve import protocol, shm
+from worker.serve.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
 
 PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
@@ -490,7 +491,7 @@ def main(
     """Starts the worker on an inherited socket descriptor; returns the exit status.
 
     In never-compile mode the worker loads what the disk cache holds and
-    refuses the rest (worker.compile_mode), and its Ready message carries
+    refuses the rest (worker.compile.never_compile), and its Ready message carries
     the key parts of its plugin and host, so that the parent can refuse
     programs that are not in the cache before they reach a worker.
     """

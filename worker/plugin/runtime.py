@@ -25,8 +25,8 @@ from worker.cache.memos import MemoStore
 from worker.cache.store import existing_memos, open_cache
 from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
-from worker.plugins import PluginLocation, cuda_major, env_var, find_plugin
-from worker.xla_flags import semantic_flags, xla_flags_added
+from worker.plugin.locate import PluginLocation, cuda_major, env_var, find_plugin
+from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -125,7 +125,7 @@ class Runtime:
 
     refused_targets: dict[str, Any] = field(default_factory=dict)
     """Targets of kernel libraries the plugin's XLA cannot take, each with the refusal
-    (worker.kernels) whose FfiVersionError a program calling it raises."""
+    (worker.plugin.kernels) whose FfiVersionError a program calling it raises."""
 
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Serializes one-time registrations (kernel libraries) across threads."""
@@ -262,7 +262,7 @@ def get_runtime(platform: str | None = None) -> Runtime:
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
-        # then (worker.xla_flags), and the key sees the value the plugin saw.
+        # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
         with xla_flags_added(semantic_flags(platform, location.path, _memos())):
             environment = codegen_environment()
             try:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from worker.protocol import DescriptorLimitError
 from worker.records import ArrayType
+from worker.serve.protocol import DescriptorLimitError
 
 ALIGNMENT = 64
 

@@ -1,0 +1,15 @@
+"""The process's PJRT plugin: finding it, loading it, and what it needs around it.
+
+Runs in every process that holds a plugin (a pool worker, a user's process
+in in-process use, the probe the parent starts) and never imports JAX.
+
+    locate.py               which plugin library serves a platform (environment, packages)
+    startup.py              what a pool worker sets up before its plugin loads
+    xla_flags.py            the XLA flags a plugin loads with (JAX's semantics)
+    runtime.py              the one Runtime of the process: plugin, client, identity
+    kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
+    device_errors.py        which errors leave a device context unusable
+    probe.py                ``python -m worker.plugin.probe``: a plugin's identity, unloaded here
+    known_builds.py         plugin builds known to miscompile, and the workarounds
+    conformance_records.py  check-plugin's recorded outcomes, and the warning they give
+"""
