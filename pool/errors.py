@@ -100,14 +100,26 @@ class RemoteWorkerError(PoolError):
     """An exception from a worker whose class cannot be rebuilt in the parent."""
 
 
+REBUILT_MODULES = ("builtins", "worker", "pool")
+"""Where a worker's exception class may come from to be rebuilt in the parent: Python's own
+exceptions and the project's. Anything else becomes a RemoteWorkerError carrying its text,
+so that a reply never makes the parent import a module it names."""
+
+
 def rebuild_error(remote: RemoteError) -> BaseException:
     """Returns an exception of the worker's class, message and simple attributes.
 
-    The worker's traceback is attached as a note, so the parent's traceback
-    shows where in the worker the error was raised.
+    Only the classes of REBUILT_MODULES are rebuilt, and only public
+    attributes of plain values are set on them; any other class comes back
+    as a RemoteWorkerError that names it. The worker's traceback is attached
+    as a note, so the parent's traceback shows where in the worker the error
+    was raised.
     """
     error: BaseException
     try:
+        top = str(remote.module).partition(".")[0]
+        if top not in REBUILT_MODULES:
+            raise LookupError(remote.module)
         module = importlib.import_module(remote.module)
         cls: Any = module
         for part in remote.qualname.split("."):
@@ -116,10 +128,12 @@ def rebuild_error(remote: RemoteError) -> BaseException:
             raise TypeError(remote.qualname)
         error = cls(remote.message)
         for name, value in remote.attributes.items():
-            setattr(error, name, value)
+            if isinstance(name, str) and not name.startswith("_"):
+                if isinstance(value, (int, float, str, bool, type(None))):
+                    setattr(error, name, value)
     except Exception:  # a class that needs other arguments, or does not import here
         error = RemoteWorkerError(f"{remote.module}.{remote.qualname}: {remote.message}")
-    error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
+    error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback!s}")
     return error
 
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pool import Pool, compile_program, lower
-from pool.executor import dispatch
+from pool.executor import caller, dispatch, requests
 from pool.executor import pool as pool_module
 from pool.executor.workers import Source
 from worker import _pjrt
@@ -133,9 +133,11 @@ def steps(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> Samples:
     """Each of Pool.run's steps, timed alone."""
     samples: Samples = collections.defaultdict(list)
     recording = [False]
-    for name in ("_new_task", "_stage", "_claim_for_caller"):
+    for name in ("_new_task", "_stage"):
         wrap(pool_module.Pool, name, samples, recording)
-    for name in ("_request_for", "send", "receive", "_handle_hot", "_finish"):
+    wrap(caller.CallerPath, "claim", samples, recording)
+    wrap(requests.Requests, "build", samples, recording)
+    for name in ("send", "receive", "_handle_hot", "_finish"):
         wrap(dispatch.Dispatcher, name, samples, recording)
     recording[0] = True
     for _ in range(calls):
@@ -186,9 +188,9 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
     poller.register(sock, select.POLLIN)
     frame = protocol._HOT_RUN  # the header and HotRun's fields
     reply = bytearray(frame.size)
-    watch = pool._workers._watch
+    wait_set = pool._wait_set
     with pool._lock:
-        watch.remove(sock.fileno())
+        wait_set.remove(sock.fileno())
     times = []
     try:
         for task_id in range(1 << 40, (1 << 40) + calls):
@@ -204,7 +206,7 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
             times.append(_now() - start)
     finally:
         with pool._lock:
-            watch.add(sock.fileno(), (Source.SOCKET, worker))
+            wait_set.add(sock.fileno(), (Source.SOCKET, worker))
     return times
 
 

@@ -159,3 +159,19 @@ def test_every_dtype_round_trips_through_a_pool_which_refuses_what_does_not_fit(
             assert_same_bits(out, argument), name
         with pytest.raises(TypeError, match="argument 0 does not fit int8"):
             workers.submit(programs["int8"], [np.full((3, 5), 1000)])
+
+
+def test_every_entry_point_refuses_arguments_that_are_not_a_sequence():
+    # Pool.submit(program, None) raised AttributeError: 'NoneType' object has no
+    # attribute 'fd' (an internal error) where Pool.run raised a clear TypeError.
+    program = pool.lower(lambda x: x + 1.0, [jax.ShapeDtypeStruct((4,), np.float32)])
+    with Pool(1) as workers:
+        spec = workers.compile(program)
+        for call in (
+            lambda: workers.run(program, None),
+            lambda: workers.submit(program, None),
+            lambda: workers.submit_spec(spec, None),
+        ):
+            with pytest.raises(TypeError, match="arguments must be a sequence"):
+                call()
+        assert workers.run(program, [np.zeros(4, np.float32)])[0].tolist() == [1.0] * 4

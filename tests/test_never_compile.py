@@ -161,3 +161,16 @@ def test_warm_in_never_compile_mode_stops_at_the_first_miss(tmp_path):
     assert again.returncode == 0, again.stdout[-2000:]
     statistics = json.loads(again.stdout)["statistics"]
     assert statistics["compiled"] == 0 and statistics["loaded"] == 3
+
+
+def test_compile_many_returns_never_compile_errors_in_place(cache_dir):
+    # compile_many(return_exceptions=True) raised the first NeverCompileError
+    # (a LookupError raised at submit) instead of returning it in its place.
+    warmed, missing = lowered(11), lowered(12)
+    compile_program(warmed)
+    with Pool(1, never_compile=True) as pool:
+        results = pool.compile_many([warmed, missing], return_exceptions=True)
+        assert results[0].name == warmed.name
+        assert isinstance(results[1], NeverCompileError)
+        with pytest.raises(NeverCompileError):
+            pool.compile_many([warmed, missing])

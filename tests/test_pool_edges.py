@@ -343,6 +343,34 @@ def test_a_done_callback_that_raises_is_logged_and_the_pool_goes_on() -> None:
     assert "raised KeyboardInterrupt()" in done.stderr and "raised SystemExit(3)" in done.stderr
 
 
+def test_a_done_callback_that_raises_an_exception_is_logged_and_the_pool_goes_on() -> None:
+    # The waiting caller read the reply itself and relayed the callbacks to the
+    # manager, which ran them outside Future's own guard: a ZeroDivisionError
+    # broke the pool ("PoolClosedError: the pool is broken: division by zero").
+    done = child(
+        """
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        program = scale_program(2.0)
+        ran = []
+        with Pool(2) as pool:
+            future = pool.submit(program, [np.ones(8, np.float32)])
+            future.add_done_callback(lambda f: 1 / 0)
+            future.add_done_callback(lambda f: ran.append("after"))
+            future.result(timeout=10)
+            time.sleep(0.2)  # the relayed callbacks run on the manager thread
+            print("next:", pool.run(program, [np.zeros(8, np.float32)])[0].tolist(), flush=True)
+            queued = pool.submit(program, [np.ones(8, np.float32)])
+            queued.add_done_callback(lambda f: 1 / 0)
+            print("again:", float(queued.result(timeout=10)[0][0]), ran, flush=True)
+        """,
+        timeout=120,
+    )
+    assert "next: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]" in done.stdout, done.stderr
+    assert "again: 3.0 ['after']" in done.stdout, done.stdout
+    assert "raised ZeroDivisionError" in done.stderr, done.stderr
+
+
 def test_replacements_killed_while_starting_are_tried_again_with_backoff() -> None:
     # After three replacements failed to start the pool broke for good: every
     # later task failed with PoolClosedError. Now each try waits twice as long

@@ -198,8 +198,8 @@ def test_a_worker_that_could_not_be_replaced_is_replaced_later() -> None:
         # Dispatcher._send_claimed: the request went out (the signal is handled on
         # entering Workers.give_back, before it takes the lock).
         ("submit", "Workers.give_back", "with self._lock:"),
-        # Pool.run: the worker is claimed, _run_directly not entered yet.
-        ("run", "Pool.run", "self._run_directly(worker, task)"),
+        # Pool.run: the worker is claimed, CallerPath.run_directly not entered yet.
+        ("run", "Pool.run", "caller.run_directly(worker, task)"),
         # Dispatcher.dispatch: claimed under the lock, _send_claimed not called yet.
         ("submit", "Dispatcher.dispatch", "self._send_claimed(worker, task)"),
     ],
@@ -288,7 +288,7 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
         from pool.executor.dispatch import Dispatcher
         interrupt_at(
             Dispatcher.send,
-            "message, fds = self._request_for(task, worker)",
+            "message, fds = self._requests.build(task, worker)",
             before=lambda: other.append(pool.submit(quick, [x])),
         )
         try:
@@ -808,5 +808,5 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
         # and it passed, sweeping nothing. Said, not passed.
         pytest.skip("the sweep's tracing found no point in freeing a result")
     assert swept is not None and int(swept[1]) > 0 and int(swept[2]) > 0, done.stdout
-    if sweep == "submit-result":  # the waiting thread read the reply (Pool._read_reply)
-        assert "'_receive_directly'" in done.stdout, done.stdout
+    if sweep == "submit-result":  # the waiting thread read the reply (CallerPath.read_reply)
+        assert "'receive_directly'" in done.stdout, done.stdout

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from pool.errors import PoolError
 from pool.progress import ProgressDisplay
+from worker.errors import NeverCompileError
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
 Progress = Callable[[int, int, "ProgramSpec | BaseException"], None]
@@ -41,8 +42,9 @@ def compile_many(
     """Compiles programs with submit_compile (a Pool's or a ClusterPool's); see Pool.compile_many.
 
     submit_compile(program, name=, timeout=) returns a future of a
-    CompileResult; a PoolError it raises (closed, quarantined) stands for
-    that program's outcome.
+    CompileResult; a PoolError (closed, quarantined) or NeverCompileError
+    (never-compile mode, and not in the cache) it raises stands for that
+    program's outcome, as a failed compile's does.
     """
     names, futures = [], []
     for item in programs:
@@ -51,7 +53,7 @@ def compile_many(
         names.append(name or program.name)
         try:
             future = submit_compile(program, name=name, timeout=timeout)
-        except PoolError as refused:  # closed, terminated meanwhile, quarantined
+        except (PoolError, NeverCompileError) as refused:  # closed, quarantined, not cached
             future = Future()
             future.set_exception(refused)
         futures.append(future)

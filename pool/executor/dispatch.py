@@ -8,21 +8,23 @@ cost a thread switch on every task). What keeps them apart:
 - A worker is claimed under the lock (IDLE -> BUSY, see pool.executor.workers)
   by one thread, which alone sends to it. `holder` says which thread holds
   its socket, and Workers.give_back_locked returns it to the manager: after
-  a caller sent a request, after it handled its reply, or in Pool._recover
-  after an exception (a Ctrl-C can land at any call) anywhere in between.
-- A task is settled by Task.settle, which flips `task.done` once under the
-  lock; only the thread that flipped it completes the task (Task.complete).
+  a caller sent a request, after it handled its reply, or in
+  CallerPath.recover after an exception (a Ctrl-C can land at any call)
+  anywhere in between.
+- A task is settled by Task.settle, its one move to DONE, under the lock;
+  only the thread that made it completes the task (Task.complete).
   A caller thread completes no task but its own; any other it cannot send,
   or finds cancelled, goes to the manager as an orphan (Tasks.orphan_locked),
   so that an interrupt there never leaves another thread waiting or memory
   held. So do the queued tasks a stop of the pool fails: every future but a
   caller's own is completed on the manager thread, where its done-callbacks
   run. An interrupt between settling its own task and completing it leaves
-  the caller's Pool._recover to give back the task's memory.
+  the caller's CallerPath.recover to give back the task's memory.
 
 One function does each step, whichever thread takes it: dispatch (claim
-queued tasks), send (a claimed task's request), receive (one message, with
-what can go wrong in reading it) and the reply's handling down to settling.
+queued tasks), send (a claimed task's request, built by
+pool.executor.requests), receive (one message, with what can go wrong in
+reading it) and the reply's handling down to settling.
 """
 
 from __future__ import annotations
@@ -38,26 +40,28 @@ import numpy as np
 from pool.errors import DeviceFailureError, PoolError, rebuild_error
 from pool.executor.compile_many import CompileResult
 from pool.executor.quarantine import Quarantine
+from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Kind, Task, Tasks
-from pool.executor.wait_set import Watch
-from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess, Workers
+from pool.executor.wait_set import WaitSet
+from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
 from worker.cache.key import check_key
 from worker.fds import close_all
-from worker.records import ArrayType, CompileStatistics
+from worker.records import CompileStatistics
 from worker.serve import protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
 
 
-class Outcome(enum.Enum):
-    """A reply's outcome that is neither a result nor an error."""
+class Resend(enum.Enum):
+    """The outcome of a reply that asks for the task to be sent again (neither a result nor
+    an error): the worker had unloaded the program, so the task is queued again, with it."""
 
-    RESEND = "resend"  # the worker had unloaded the program: queue the task again, with it
+    WITH_PROGRAM = "with program"
 
 
-Result = list[np.ndarray] | CompileResult | BaseException | Literal[Outcome.RESEND]
-"""What handling a reply gives its task: outputs, a CompileResult, an error, or RESEND."""
+Result = list[np.ndarray] | CompileResult | BaseException | Literal[Resend.WITH_PROGRAM]
+"""What handling a reply gives its task: outputs, a CompileResult, an error, or a resend."""
 
 
 class Dispatcher:
@@ -70,16 +74,17 @@ class Dispatcher:
         workers: Workers,
         quarantine: Quarantine,
         segments: SegmentCache,
-        watch: Watch,
+        requests: Requests,
+        wait_set: WaitSet,
     ) -> None:
         self._lock = lock  # the pool's: claims, the queue and settling happen under it
         self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
         self._workers = workers  # claimed, given back, freed and retired here
         self._quarantine = quarantine  # refuses queued tasks; a device failure is a crash
-        self._segments = segments  # output segments offered to runs, and results' segments
-        self._watch = watch  # woken for what only the manager may complete
+        self._segments = segments  # the segments results' arrays view
+        self._requests = requests  # builds each request; learns programs' output types
+        self._wait_set = wait_set  # woken for what only the manager may complete
         self.statistics = CompileStatistics()  # summed over every reply, under the lock
-        self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -90,23 +95,24 @@ class Dispatcher:
             worker: WorkerProcess | None = None
             error: BaseException | None = None
             with self._lock:
-                if tasks.broken is not None or not tasks.pending:
+                head = tasks.head_locked()
+                if tasks.broken is not None or head is None:
                     return
-                head = tasks.pending[0]
-                refusal = self._quarantine.refusal_locked(head.program_id)
+                program_id = head.request.program_id
+                refusal = self._quarantine.refusal_locked(program_id)
                 if refusal is not None:
                     if holder is not None:
-                        self._watch.wake()  # the manager fails it (a caller completes its own only)
+                        self._wait_set.wake()  # the manager fails it (a caller completes its own)
                         return
-                    task = tasks.pending.popleft()
+                    task = tasks.pop_head_locked()
                     if not task.settle():
                         continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     error = refusal
                 else:
-                    worker = workers.idle_locked(head.program_id)
+                    worker = workers.idle_locked(program_id)
                     if worker is None:
                         return
-                    task = tasks.pending.popleft()
+                    task = tasks.pop_head_locked()
                     if task.done:
                         continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     if task.future.running() or task.future.set_running_or_notify_cancel():
@@ -142,7 +148,7 @@ class Dispatcher:
             return
         finally:
             if holder is None:  # the manager's send is over: a waiting caller may read the reply
-                worker.manager_using = False
+                self._workers.manager_done(worker)
         if sent and holder is not None:
             self._workers.give_back(worker)
 
@@ -154,44 +160,14 @@ class Dispatcher:
         another worker. What making the request raises (no shared memory)
         comes out of here, with nothing sent.
         """
-        message, fds = self._request_for(task, worker)
-        task.sending = True
+        message, fds = self._requests.build(task, worker)
+        task.sending()
         try:
             worker.send(message, fds)
         except OSError:
             self._workers.retire(worker)
             return False
         return True
-
-    def _request_for(
-        self, task: Task, worker: WorkerProcess
-    ) -> tuple[protocol.Compile | protocol.Run | protocol.HotRun, tuple[int, ...]]:
-        """The message (and descriptors) that give a task to the worker claimed for it:
-        a HotRun when the worker runs its program by hot slot, on inputs laid out as there."""
-        hot = _hot_program(worker, task)
-        if hot is not None:
-            task.write_to_arena(worker.arena, hot.inputs)
-            return protocol.HotRun(task.id, hot.slot, task.zero_copy), ()
-        if task.kind is Kind.RUN and (task.output is None or task.output.fd < 0):
-            self._offer_output_segment(task)
-        return task.request(
-            task.program_id in worker.loaded,
-            worker.arena,
-            want_output_types=task.program_id not in self._output_types,
-        )
-
-    def _offer_output_segment(self, task: Task) -> None:
-        """Gives a run whose outputs will not fit the arena a recycled segment, if one fits."""
-        types = self._output_types.get(task.program_id)
-        if types is None:
-            return  # the first run of a program: its output size is not known yet
-        start = shm.aligned(task.input_size) if task.in_arena else 0
-        if shm.layout(types, start)[1] <= ARENA_SIZE:
-            return
-        task.segments = self._segments
-        if task.output is None:
-            task.output = Segment()
-        self._segments.take(task.output, shm.layout(types)[1])
 
     # -- replies -------------------------------------------------------------------
 
@@ -240,7 +216,11 @@ class Dispatcher:
             close_all(fds)
             self._workers.on_ready(worker, message)
             return
-        if not isinstance(message, protocol.Reply) or task is None or message.task_id != task.id:
+        if (
+            not isinstance(message, protocol.Reply)
+            or task is None
+            or message.task_id != task.request.id
+        ):
             self._unexpected(worker, message, fds)
             return
         outcome: Result | None = None
@@ -248,7 +228,7 @@ class Dispatcher:
             if message.statistics is not None or message.counters is not None:
                 with self._lock:
                     if message.counters is not None:
-                        worker.counters = message.counters
+                        self._workers.note_counters_locked(worker, message.counters)
                     if message.statistics is not None:
                         self.statistics = self.statistics.add(message.statistics)
             if dropped is not None:
@@ -269,15 +249,16 @@ class Dispatcher:
         self, worker: WorkerProcess, task: Task | None, reply: protocol.HotReply, fds: list[int]
     ) -> None:
         """Handles a HotReply: the task's outputs are in the arena where its hot slot has them."""
-        hot = None if task is None else worker.hot.get(task.program_id)
-        if task is None or hot is None or fds or reply.task_id != task.id:
+        program_id = None if task is None else task.request.program_id
+        hot = None if program_id is None else worker.hot.get(program_id)
+        if task is None or hot is None or fds or reply.task_id != task.request.id:
             self._unexpected(worker, reply, fds)
             return
         outcome: Result | None = None
         try:
             # The arena is reused by the next task: copy the (small) outputs out.
             outcome = [view.copy() for view in hot.outputs]
-            worker.note_loaded(task.program_id, ())  # the mirror of its LRU sees the run
+            worker.note_loaded(program_id, ())  # the mirror of its LRU sees the run
         except Exception as error:  # no memory for the copies
             outcome = error
         except BaseException as error:  # interrupted while copying, as in _handle
@@ -296,11 +277,11 @@ class Dispatcher:
         """A reply was handled: settle its task (or queue it again) and free the worker."""
         with self._lock:
             self._workers.free_locked(worker, task)
-            if outcome is Outcome.RESEND and task.kill_error is None and not task.done:
+            if outcome is Resend.WITH_PROGRAM and task.kill_error is None and not task.done:
                 self._tasks.requeue_locked(task)
                 settled = False
             else:
-                if outcome is Outcome.RESEND:  # too late to send it again: it is being stopped
+                if outcome is Resend.WITH_PROGRAM:  # too late to send it again: it is stopping
                     outcome = task.kill_error
                 settled = task.settle()
         if settled:
@@ -309,42 +290,63 @@ class Dispatcher:
     def _outcome(
         self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]
     ) -> Result:
-        """Returns a reply's result (or RESEND to send the task again); raises its error."""
+        """Returns a reply's result (or a Resend to send the task again); raises its error."""
+        request = task.request
+        program_id = request.program_id
         if reply.error is not None:
             if reply.fatal:
                 raise self._device_failure(worker, task, reply.error)
-            lost = reply.error.qualname == "LookupError" and task.program is not None
+            lost = reply.error.qualname == "LookupError" and request.program is not None
             if lost and not task.resend_program:
                 # The worker unloaded the program although the parent's mirror
                 # said otherwise: send it again, with the program this time.
-                worker.forget(task.program_id)
-                task.resend_program = True
-                return Outcome.RESEND
+                worker.forget(program_id)
+                task.resend_with_program()
+                return Resend.WITH_PROGRAM
             raise rebuild_error(reply.error)
-        worker.note_loaded(task.program_id, reply.evicted)
-        if task.kind is Kind.COMPILE:
+        worker.note_loaded(program_id, reply.evicted)
+        if request.kind is Kind.COMPILE:
             assert reply.spec is not None
             check_key(reply.spec.key, "the key in a worker's reply")  # it goes into manifests
             return CompileResult(reply.spec, reply.statistics or CompileStatistics(), reply.phases)
+        memory = task.memory
+        assert memory is not None, "a run's reply answers a staged run"
         types = reply.output_types
         if types is None:
-            types = self._output_types[task.program_id]
-        else:
-            self._output_types[task.program_id] = types
-        if reply.output_place == "arena":
+            types = self._requests.output_types(program_id)
+        place, offsets = reply.output_place, reply.output_offsets
+        # Nothing the reply says is mapped or viewed before it is checked against what
+        # the parent knows: a wrong size or offset would fault (SIGBUS) in this process.
+        try:
+            if place == "arena":
+                shm.check_layout(types, offsets, ARENA_SIZE, "the worker's arena")
+            elif place == "given":
+                given = memory.output
+                if given is None or given.fd < 0:
+                    raise ValueError("it wrote into an output segment it was not given")
+                shm.check_layout(types, offsets, given.capacity, "the output segment given")
+            elif place == "new" and len(fds) == 1:
+                shm.check_layout(types, offsets, reply.output_size, "its output segment")
+                shm.check_received(fds[0], reply.output_size, "its output segment")
+            else:
+                raise ValueError(f"outputs in {place!r} with {len(fds)} descriptors")
+        except (ValueError, TypeError, AttributeError) as problem:
+            raise self._broken_reply(worker, task, problem) from None
+        if reply.output_types is not None:
+            self._requests.note_output_types(program_id, types)
+        if place == "arena":
             if reply.hot_slot >= 0:
                 worker.note_hot(
-                    task.program_id,
+                    program_id,
                     reply.hot_slot,
-                    (task.input_types, task.input_offsets),
-                    (types, reply.output_offsets),
+                    (memory.types, memory.offsets),
+                    (types, offsets),
                 )
             # The arena is reused by the next task: copy the (small) outputs out.
-            return [view.copy() for view in shm.views(worker.arena, types, reply.output_offsets)]
-        if reply.output_place == "given":
-            segment = task.output  # the one offered with the request (see _offer_output_segment)
-            if segment is None or segment.fd < 0:
-                raise RuntimeError("the worker wrote into an output segment it was not given")
+            return [view.copy() for view in shm.views(worker.arena, types, offsets)]
+        if place == "given":
+            segment = memory.output  # the one offered with the request (pool.executor.requests)
+            assert segment is not None
         else:
             segment = Segment()
             segment.capacity = reply.output_size
@@ -355,35 +357,35 @@ class Dispatcher:
             # The arrays view the mapping; the cache gets the segment back after them.
             self._segments.adopt(segment, mapping)
         except BaseException:
-            if segment is not task.output:  # the task's own goes back with the task
+            if segment is not memory.output:  # the task's own goes back with the task
                 self._segments.give(segment)
             raise
-        return shm.views(mapping, types, reply.output_offsets)
+        return shm.views(mapping, types, offsets)
+
+    def _broken_reply(self, worker: WorkerProcess, task: Task, problem: Exception) -> PoolError:
+        """A reply that cannot be true (outputs outside their memory): the worker broke the
+        protocol, so it is retired, and only its task fails."""
+        self._workers.retire(worker)
+        request = task.request
+        return PoolError(
+            f"the worker (pid {worker.pid}) running program {request.name!r} gave a reply "
+            f"that does not fit its shared memory ({problem}); it was replaced, and only this "
+            "task failed"
+        )
 
     def _device_failure(
         self, worker: WorkerProcess, task: Task, remote: protocol.RemoteError
     ) -> DeviceFailureError:
         """A device error left the worker unusable: retire it and count a crash."""
         self._workers.retire(worker)
+        request = task.request
         message = (
-            f"the device failed while the worker (pid {worker.pid}) ran program {task.name!r} "
-            f"({task.kind.value}): {remote.message}. Such an error leaves the process's device "
-            "context unusable, so the worker was replaced; only this task failed."
-            + self._quarantine.count_crash(task.program_id, task.name)
+            f"the device failed while the worker (pid {worker.pid}) ran program "
+            f"{request.name!r} ({request.kind.value}): {remote.message}. Such an error leaves "
+            "the process's device context unusable, so the worker was replaced; only this "
+            "task failed." + self._quarantine.count_crash(request.program_id, request.name)
         )
-        error = DeviceFailureError(message, None, task.name, worker.output_tail())
+        error = DeviceFailureError(message, None, request.name, worker.output_tail())
         error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
         return error
 
-
-def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
-    """The worker's hot slot for a task, if the task can go as a HotRun: a run of a program
-    the worker runs by slot, on inputs laid out as that slot's, in the arena."""
-    if task.kind is not Kind.RUN or not task.in_arena or task.resend_program:
-        return None
-    if task.output is not None:  # offered a segment for outputs too large for the arena
-        return None
-    hot = worker.hot.get(task.program_id)
-    if hot is None or not hot.fits(task.input_types, task.input_offsets):
-        return None
-    return hot

@@ -40,7 +40,7 @@ from pool.executor.futures import ManagerThread
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
 from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
-from pool.executor.wait_set import Watch
+from pool.executor.wait_set import WaitSet
 from pool.executor.workers import Source, State, WorkerProcess, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -62,7 +62,7 @@ class Manager(ManagerThread):
         dispatcher: Dispatcher,
         quarantine: Quarantine,
         segments: SegmentCache,
-        watch: Watch,
+        wait_set: WaitSet,
         stop_grace: float,
     ) -> None:
         super().__init__(name="pjrt-pool-manager", daemon=True)
@@ -80,7 +80,7 @@ class Manager(ManagerThread):
         # The shared memory kept for reuse, closed when the pool ends.
         self._segments = segments
         # Its one wait point: replies, deaths, output, wake-ups.
-        self._watch = watch
+        self._wait_set = wait_set
         # Seconds between the exit request, SIGTERM and SIGKILL when it stops the workers.
         self._stop_grace = stop_grace
 
@@ -107,16 +107,16 @@ class Manager(ManagerThread):
             self._dispatcher.dispatch(None)
             with self._lock:
                 done = not workers.busy_locked() and (
-                    tasks.broken is not None or (tasks.closing and not tasks.pending)
+                    tasks.broken is not None or (tasks.closing and not tasks.queued)
                 )
             if done:
                 return
             timeout = _earliest(self._expire(), workers.respawn_due())
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
-            for source, worker in self._watch.wait(timeout):
+            for source, worker in self._wait_set.wait(timeout):
                 if source is Source.OUTPUT:
                     if not worker.read_output():
-                        self._watch.remove(worker.output_fd)
+                        self._wait_set.remove(worker.output_fd)
                     continue
                 self._on_readable(worker, takeovers)
 
@@ -133,25 +133,22 @@ class Manager(ManagerThread):
     def _on_readable(self, worker: WorkerProcess, takeovers: int) -> None:
         """A worker's socket has a message or its end of file, as a wait that began when
         the workers had seen `takeovers` take-overs reported."""
+        workers = self._workers
         with self._lock:
             if worker.state is State.DEAD or worker.holder is not None:
                 return  # a caller holds it: it is the caller's to read (or give back)
-            if self._workers.takeovers != takeovers and not _has_input(worker):
+            if workers.takeovers != takeovers and not _has_input(worker):
                 # The wait saw a reply that a caller took the socket over for and read
-                # before this turn (futures.TaskFuture): nothing is there now. (Only
-                # then can a report be stale, so only then is the socket looked at: a
-                # peek per reply looked costly in one throughput run, unconfirmed.)
+                # before this turn (futures.TaskFuture): nothing is there now. Only
+                # then can a report be stale, so only then is the socket peeked at,
+                # which keeps a system call off every other reply.
                 return
-            if worker.state is State.IDLE:
-                # An idle worker sends nothing: this is its end of file (or a
-                # protocol error). Keep it from being claimed while it is read.
-                worker.move(State.DYING)
-                worker.killed_by_pool = True
-            worker.manager_using = True  # no caller takes the socket over meanwhile
+            if not workers.manager_reads_locked(worker):
+                return
         try:
             alive = self._dispatcher.receive(worker)
         finally:
-            worker.manager_using = False
+            workers.manager_done(worker)
         if not alive:
             self._on_worker_lost(worker)
 
@@ -165,12 +162,13 @@ class Manager(ManagerThread):
                 if worker.state is not State.BUSY or task is None or task.deadline is None:
                     continue
                 if now >= task.deadline:
-                    task.kill_error = TaskTimeoutError(
-                        f"program {task.name!r} did not finish within {task.timeout:g} s "
-                        f"({task.kind.value}); its worker (pid {worker.pid}) was killed and "
+                    request = task.request
+                    timed_out = TaskTimeoutError(
+                        f"program {request.name!r} did not finish within {request.timeout:g} s "
+                        f"({request.kind.value}); its worker (pid {worker.pid}) was killed and "
                         "replaced"
                     )
-                    self._workers.kill_locked(worker)
+                    self._workers.kill_task_locked(worker, timed_out)
                 else:
                     remaining = task.deadline - now
                     nearest = remaining if nearest is None else min(nearest, remaining)
@@ -181,10 +179,7 @@ class Manager(ManagerThread):
     def _on_worker_lost(self, worker: WorkerProcess) -> None:
         """A worker's socket ended: reap it, settle or requeue its task, start a replacement."""
         with self._lock:
-            was_starting = worker.state is State.STARTING
-            task, worker.task = worker.task, None
-            started = task is not None and worker.started(task.id)
-            worker.move(State.DEAD)
+            task, started, was_starting = self._workers.lose_locked(worker)
         returncode = self._workers.reap(worker)
         tail = worker.output_tail()
         if task is not None:
@@ -202,6 +197,7 @@ class Manager(ManagerThread):
     ) -> None:
         """Decides the fate of a task whose worker ended before it replied."""
         error: BaseException | None = None
+        request = task.request
         with self._lock:
             if task.done:
                 return
@@ -214,30 +210,29 @@ class Manager(ManagerThread):
                     error = self._tasks.broken
                 elif task.requeues >= MAX_REQUEUES:
                     error = WorkerCrashedError(
-                        f"program {task.name!r} ({task.kind.value}) was given to "
+                        f"program {request.name!r} ({request.kind.value}) was given to "
                         f"{task.requeues + 1} workers that each died before starting it; the "
                         f"last {describe_exit(returncode)}. Its output ends with:\n"
                         f"{tail or '(nothing)'}",
                         returncode,
-                        task.name,
+                        request.name,
                         tail,
                     )
                 else:
-                    task.requeues += 1
-                    self._tasks.requeue_locked(task)
+                    self._tasks.requeue_locked(task, lost_worker=True)
                     return
             settled = task.settle()
         if not settled:
             return
         if error is None:
             message = (
-                f"the worker (pid {worker.pid}) running program {task.name!r} "
-                f"({task.kind.value}) {describe_exit(returncode)}: {likely_cause(returncode)}. "
+                f"the worker (pid {worker.pid}) running program {request.name!r} "
+                f"({request.kind.value}) {describe_exit(returncode)}: {likely_cause(returncode)}. "
                 "Only this task failed; a replacement worker was started."
-                + self._quarantine.count_crash(task.program_id, task.name)
+                + self._quarantine.count_crash(request.program_id, request.name)
                 + f"\nThe worker's output ends with:\n{tail or '(nothing)'}"
             )
-            error = WorkerCrashedError(message, returncode, task.name, tail)
+            error = WorkerCrashedError(message, returncode, request.name, tail)
         task.complete(error)
 
     def _break(self, error: BaseException) -> None:
@@ -261,14 +256,14 @@ class Manager(ManagerThread):
                     workers.kill_locked(worker)
             if not held or time.monotonic() > deadline:
                 break
-            self._watch.wait(0.05)
+            self._wait_set.wait(0.05)
         closed = PoolClosedError("the pool was closed during the task")
         self._complete_orphans()
         with self._lock:
             stopping = [w for w in workers if w.state is not State.DEAD]
             unsettled = []
             for worker in workers:
-                task, worker.task = worker.task, None
+                task = workers.take_task_locked(worker)
                 if task is not None and task.settle():
                     unsettled.append(task)
             self._tasks.fail_queued_locked(
@@ -280,7 +275,7 @@ class Manager(ManagerThread):
         self._complete_orphans()
         self._segments.close()
         with self._lock:  # wakes write to the pipe under the lock: close it under the lock
-            self._watch.close()
+            self._wait_set.close()
         self._complete_orphans(last=True)  # callbacks relayed since, and no more after
 
 

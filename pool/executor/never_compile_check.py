@@ -20,7 +20,7 @@ from worker.compile.never_compile import refusal
 from worker.records import LoweredProgram
 
 
-class CachedOnly:
+class NeverCompileCheck:
     """The check (see the module docstring) for one pool's cache and workers."""
 
     def __init__(self, cache_dir: str | None, parts: dict[str, Any] | None) -> None:

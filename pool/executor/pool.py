@@ -21,31 +21,35 @@ Data flow::
     run(program, args): claims an idle worker and does send + receive in the
     caller's thread (one thread switch less per call), then gives it back.
 
-The Pool is made of parts, each owning its state, and calls go from here
-down, never back up:
+The Pool is the front: it checks what callers give, makes and stages their
+tasks, and stops the pool. The work is done by parts, each owning its
+state, and calls go from here down, never back up:
 
-    Pool                 what callers call: checking and staging arguments, the
-     │                   direct path of run, putting right what an exception in a
-     │                   caller's call leaves (_recover), close and terminate
+    Pool                 what callers call: checks, tasks, staging, close, terminate
+     ├─ CallerPath       what a caller's thread does itself: queueing, the direct
+     │                   run, reading a waited-for reply, relaying callbacks, and
+     │                   putting right what an exception in a caller's call leaves
      ├─ Manager          the manager thread: deadlines, deaths, replacements, the end
      ├─ Dispatcher       sending claimed tasks, replies, settling (any thread)
+     ├─ Requests         each task's message for its worker; programs' output types
      ├─ Workers          the worker processes: claims, holders, start-up, reaping
      ├─ Tasks            the queue, orphans, whether the pool takes tasks
      ├─ Quarantine       crash counts, quarantined programs
      ├─ SegmentCache     shared memory for large inputs and outputs, kept for reuse
-     └─ Watch            the manager's one wait point, and its wake-up
+     └─ WaitSet          the manager's one wait point, and its wake-up
 
 (each above uses only those below it). One lock, the Pool's, guards the
-queue and every worker's state; every move of a worker between states is
-checked against the table in pool.executor.workers.
+queue and every worker's and task's state; every move of a worker or a task
+between states is checked against a table (pool.executor.workers,
+pool.executor.tasks), and each record is changed only by its owner's methods.
 
 The direct path of Pool.run, the hot path for small programs: run ->
-_new_task -> _stage -> _claim_for_caller -> _run_directly -> Dispatcher.send
--> Dispatcher.receive (-> _handle -> _outcome -> _finish -> Task.complete).
-After a program's first run in a worker, whose reply gives it a hot slot
-(WorkerProcess.hot), a run with its inputs and outputs in the arena goes as
-a HotRun frame of a few bytes and comes back as a HotReply
-(Dispatcher._handle_hot): see worker.serve.protocol.
+_new_task -> _stage -> CallerPath.claim -> CallerPath.run_directly ->
+Dispatcher.send (-> Requests.build) -> Dispatcher.receive (-> _handle ->
+_outcome -> _finish -> Task.complete). After a program's first run in a
+worker, whose reply gives it a hot slot (WorkerProcess.hot), a run with its
+inputs and outputs in the arena goes as a HotRun frame of a few bytes and
+comes back as a HotReply (Dispatcher._handle_hot): see worker.serve.protocol.
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -61,30 +64,29 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.errors import PoolClosedError, PoolError, PoolForkedError, WorkerStartupError
+from pool.errors import PoolClosedError, PoolError, WorkerStartupError
+from pool.executor import forks
+from pool.executor.caller import CallerPath
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.dispatch import Dispatcher
-from pool.executor.futures import PoolFuture, ReplyPath, TaskFuture, remaining
-from pool.executor.inputs import Layouts, stage_inputs
+from pool.executor.futures import PoolFuture, TaskFuture
+from pool.executor.inputs import Layouts, TaskMemory
 from pool.executor.manager import Manager
-from pool.executor.never_compile_check import CachedOnly
+from pool.executor.never_compile_check import NeverCompileCheck
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
+from pool.executor.requests import Requests
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.executor.settings import PoolSettings, check_timeout, finite
-from pool.executor.tasks import Kind, Task, Tasks
-from pool.executor.wait_set import Watch
-from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
+from pool.executor.tasks import Kind, Request, Task, Tasks
+from pool.executor.wait_set import WaitSet
+from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
-from worker.serve import protocol
-
-DIRECT_SPIN_SECONDS = 500e-6
-"""How long Pool.run polls for a worker's reply before sleeping (protocol.spin_until_readable)."""
 
 ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 """Inputs up to this many bytes go through the worker's arena; outputs use the rest.
@@ -96,22 +98,12 @@ outputs get a segment of their own that the returned arrays view, with no copy.
 
 _live_pools: set[Pool] = set()
 """Pools not closed yet: interpreter exit terminates them. (A pool's manager thread does
-not hold its Pool, so this set keeps an unclosed pool alive, as its thread once did.)"""
+not hold its Pool, so this set is what keeps an unclosed pool alive until then.)"""
 
-_pid = os.getpid()
-"""This process's id, renewed in a forked child: a pool made under another id is the parent's."""
-
-
-def _after_fork_in_child() -> None:
-    # The child has its parent's pools but none of their threads, and a lock
-    # another thread held at the fork stays held here: nothing of them may
-    # run in the child, not even at exit. So no lock is taken here.
-    global _pid
-    _pid = os.getpid()
-    _live_pools.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# A forked child has its parent's pools but none of their threads, and a lock
+# another thread held at the fork stays held there: nothing of them may run
+# in the child, not even at exit (see pool.executor.forks).
+os.register_at_fork(after_in_child=_live_pools.clear)
 
 
 @atexit.register
@@ -171,7 +163,7 @@ class Pool:
         segment_fds: int = DEFAULT_MAX_FDS,
         never_compile: bool | None = None,
     ) -> None:
-        self._pid = _pid  # first: every call compares it (see PoolForkedError)
+        self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
         settings = self._settings = PoolSettings.check(
             workers,
@@ -191,18 +183,22 @@ class Pool:
         )
         # The parts of the pool (see the module docstring), each given what it uses.
         lock = self._lock = threading.Lock()
-        watch = Watch()
-        self._tasks = Tasks(watch)
+        wait_set = self._wait_set = WaitSet()
+        self._tasks = Tasks(wait_set)
         self._quarantine = Quarantine(lock, settings.max_crashes)
         self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
-        self._workers = Workers(settings, lock, watch, self._tasks)
+        self._workers = Workers(settings, lock, wait_set, self._tasks)
         self._dispatcher = Dispatcher(
-            lock, self._tasks, self._workers, self._quarantine, self._segments, watch
+            lock,
+            self._tasks,
+            self._workers,
+            self._quarantine,
+            self._segments,
+            Requests(self._segments),
+            wait_set,
         )
-        self._watch = watch
         self._layouts = Layouts()
-        self._cached_only: CachedOnly | None = None
-        self._reply_path: ReplyPath = (self._read_reply, self._relay)  # for TaskFuture
+        self._never_compile_check: NeverCompileCheck | None = None
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
         self._manager = Manager(
@@ -212,8 +208,18 @@ class Pool:
             self._dispatcher,
             self._quarantine,
             self._segments,
-            watch,
+            wait_set,
             settings.stop_grace,
+        )
+        self._caller = CallerPath(
+            lock,
+            self._tasks,
+            self._workers,
+            self._dispatcher,
+            self._quarantine,
+            wait_set,
+            self._manager,
+            self._pid,
         )
         self._manager.start()
         if not self._workers.started.wait(settings.start_timeout):
@@ -228,7 +234,9 @@ class Pool:
         _live_pools.add(self)
         plugin = self._workers.plugin
         if settings.never_compile:
-            self._cached_only = CachedOnly(settings.cache_dir, plugin.get("key_parts"))
+            self._never_compile_check = NeverCompileCheck(
+                settings.cache_dir, plugin.get("key_parts")
+            )
         warn_known_failures(plugin.get("path"), settings.cache_dir)
 
     # -- public API -------------------------------------------------------
@@ -281,16 +289,17 @@ class Pool:
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
         task = self._new_task(Kind.RUN, program, name, timeout, compile_options, handed_out=False)
+        caller = self._caller
         try:
             self._stage(task, arguments, None, caller_waits=True)
-            worker = self._claim_for_caller(task)
+            worker = caller.claim(task)
             if worker is None:
-                self._enqueue(task)
+                caller.enqueue(task)
             else:
-                self._run_directly(worker, task)
+                caller.run_directly(worker, task)
             return task.future.result()
         except BaseException as error:
-            self._recover(task, error)
+            caller.recover(task, error)
             raise
 
     def submit_spec(
@@ -432,7 +441,7 @@ class Pool:
         """Leaving the block closes the pool; by an exception, queued tasks fail instead of
         running, and by KeyboardInterrupt the pool terminates. A forked child leaves
         its parent's pool alone."""
-        if self._pid != _pid:
+        if self._pid != forks.pid:
             return
         if isinstance(value, KeyboardInterrupt):
             self._terminate(f"terminated (its with block was interrupted by {value!r})")
@@ -457,7 +466,7 @@ class Pool:
                 self._tasks.fail_queued_locked(
                     PoolClosedError, f"the pool was {stop_queued} before the task ran"
                 )
-            self._watch.wake()
+            self._wait_set.wake()
         self._await_manager()
 
     def _terminate(self, how: str) -> None:
@@ -468,14 +477,10 @@ class Pool:
             self._tasks.fail_queued_locked(
                 PoolClosedError, f"the pool was {how} before the task ran"
             )
+            killed = f"the pool was {how} during the task; its worker was killed"
             for worker in self._workers:
-                task = worker.task
-                if task is not None and not task.done and task.kill_error is None:
-                    task.kill_error = PoolClosedError(
-                        f"the pool was {how} during the task; its worker was killed"
-                    )
-                self._workers.kill_locked(worker)
-            self._watch.wake()
+                self._workers.kill_task_locked(worker, PoolClosedError(killed))
+            self._wait_set.wake()
         self._await_manager()
 
     def _await_manager(self) -> None:
@@ -498,13 +503,7 @@ class Pool:
 
     def _refuse_in_child(self) -> None:
         """Raises PoolForkedError in a process forked from the one that made this pool."""
-        if self._pid != _pid:
-            raise PoolForkedError(
-                f"this Pool belongs to process {self._pid}, which this process ({os.getpid()}) "
-                "was forked from: a forked child cannot use its parent's workers (it has none "
-                "of the parent's threads, and a lock one of them held stays held). Make a Pool "
-                "in this process instead."
-            )
+        forks.refuse_in_child(self._pid)
 
     def _refuse_on_manager(self, what: str) -> None:
         """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
@@ -534,9 +533,9 @@ class Pool:
         Everything a caller gives is checked here, before any worker is claimed.
         A run whose future is handed out gets a TaskFuture, whose result() reads
         the reply; Pool.run's own (handed_out False) is read once the reply was
-        handled, or waits for the manager as a queued task's did before TaskFuture.
+        handled, or waits for the manager when the task was queued.
         """
-        if self._pid != _pid:
+        if self._pid != forks.pid:
             self._refuse_in_child()
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
@@ -545,24 +544,23 @@ class Pool:
             identity, name, key = spec.key, name or spec.name, spec.key
         else:
             identity = program_id(program, compile_options)
-            if self._cached_only is not None:
+            if self._never_compile_check is not None:
                 digest = program_text_digest(program)
-                self._cached_only.check(program, identity, digest, compile_options, name)
+                self._never_compile_check.check(program, identity, digest, compile_options, name)
             name, key = name or program.name, None
-        return Task(
-            id=self._tasks.next_id(),
-            kind=kind,
-            program=program,
-            program_id=identity,
-            name=name,
-            future=(
-                TaskFuture(self._reply_path) if handed_out and kind is Kind.RUN else PoolFuture()
-            ),
-            timeout=seconds,
-            cache_key=key,
-            spec_types=None if spec is None else spec.input_types,
-            compile_options=compile_options,
+        request = Request(
+            self._tasks.next_id(),
+            kind,
+            program,
+            identity,
+            name,
+            seconds,
+            key,
+            None if spec is None else spec.input_types,
+            compile_options,
         )
+        future = TaskFuture(self._caller) if handed_out and kind is Kind.RUN else PoolFuture()
+        return Task(request, future)
 
     def _submit(
         self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
@@ -570,196 +568,33 @@ class Pool:
         """Stages a task's arguments (for a run) and queues it; returns its future.
 
         Whatever cuts this short (bad arguments, a closed pool, a Ctrl-C at
-        any step), Pool._recover stops the task and gives back its shared memory.
+        any step), CallerPath.recover stops the task and gives back its shared memory.
         """
         try:
-            if arguments is not None:
+            if task.request.kind is Kind.RUN:  # checked as Pool.run checks them, None too
                 self._stage(task, arguments, zero_copy, caller_waits=False)
-            return self._enqueue(task)
+            return self._caller.enqueue(task)
         except BaseException as error:
-            self._recover(task, error)
+            self._caller.recover(task, error)
             raise
 
     def _stage(
         self,
         task: Task,
-        arguments: Sequence[ArrayLike],
+        arguments: Sequence[ArrayLike] | None,
         zero_copy: bool | None,
         caller_waits: bool,
     ) -> None:
-        """Checks and converts a run task's arguments and stages them (see stage_inputs)."""
-        types = task.program.input_types if task.program is not None else task.spec_types
+        """Checks and converts a run task's arguments and stages them (TaskMemory.stage)."""
+        request = task.request
+        types = request.program.input_types if request.program is not None else request.spec_types
         arrays = prepare_arguments(arguments, types)
-        task.zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
         # checks them against the executable's own (worker.serve.server.check_run_inputs).
-        task.declared_types = types is not None and task.cache_key is None
-        layout = self._layouts.of(task.program_id, types) if task.declared_types else None
-        stage_inputs(task, arrays, ARENA_INPUT_LIMIT, self._segments, layout, caller_waits)
-
-    def _enqueue(self, task: Task) -> Future[Any]:
-        """Queues a task and dispatches what is queued; the caller's except clause runs
-        Pool._recover for whatever raises here."""
-        with self._lock:
-            refusal = self._refusal_locked(task)
-            if refusal is None:
-                self._tasks.pending.append(task)
-        if refusal is not None:
-            raise refusal
-        # Dispatch from the caller's thread: waking the manager thread for it
-        # would cost a thread switch (and a GIL hand-off) on every task.
-        self._dispatcher.dispatch(threading.get_ident())
-        return task.future
-
-    def _refusal_locked(self, task: Task) -> BaseException | None:
-        """Why the pool will not take a task now (closed, broken, quarantined); else None."""
-        refusal = self._tasks.refusal_locked()
-        return refusal or self._quarantine.refusal_locked(task.program_id)
-
-    # -- the direct path of Pool.run -----------------------------------------
-
-    def _claim_for_caller(self, task: Task) -> WorkerProcess | None:
-        """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
-        with self._lock:
-            if self._tasks.pending or self._refusal_locked(task) is not None:
-                return None  # the queue keeps the order, or reports the refusal
-            worker = self._workers.idle_locked(task.program_id)
-            if worker is None:
-                return None
-            # No set_running_or_notify_cancel: Pool.run's future is its own, so
-            # nothing can cancel it, and a pending future settles as well.
-            self._workers.claim_locked(worker, task, threading.get_ident())
-        return worker
-
-    def _run_directly(self, worker: WorkerProcess, task: Task) -> None:
-        """Sends a claimed worker its task and reads the reply in the caller's thread.
-
-        Handling the reply gives the worker back (idle); a dead worker is
-        given back for the manager to reap (which fails or requeues the
-        task); one that breaks the protocol is retired. An exception of
-        this thread's own is put right by Pool._recover.
-        """
-        if not self._dispatcher.send(worker, task):
-            return  # dead or broken, and retired: it cannot have started the task
-        protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
-        self._receive_directly(worker)
-
-    def _receive_directly(self, worker: WorkerProcess) -> None:
-        """Reads and handles the reply of a worker the caller's thread holds, which handling
-        gives back; then dispatches what was queued meanwhile."""
-        if not self._dispatcher.receive(worker):
-            self._workers.give_back(worker)  # it died: the manager reaps it and settles the task
-        if self._tasks.pending:  # queued meanwhile, or the reply asked to send the task again
-            self._dispatcher.dispatch(threading.get_ident())
-
-    # -- a caller waiting for a future reads its reply (TaskFuture.result) ----------
-
-    def _read_reply(self, future: TaskFuture, timeout: float | None) -> float | None:
-        """Reads the reply of a future's task in the caller's thread, if a worker runs the
-        task, the manager is not reading its reply and no task is queued; returns the
-        timeout left.
-
-        The caller takes the worker's socket over (Workers.take_over_locked),
-        waits for the reply as Pool.run does (a spin, then a sleep up to the
-        timeout) and reads it: the task is settled here, with no wake-up of
-        the manager thread and then of this one. Nothing within the timeout,
-        or an exception while waiting (a Ctrl-C), gives the socket back with
-        the task still running; an exception while reading stops the task
-        (Pool._recover), as in Pool.run.
-        """
-        # With tasks queued the pool is saturated: the manager reads replies and
-        # refills the workers anyway, and a caller spinning for one reply would take
-        # a core from them. The queue is read here without the lock, as a hint, and
-        # again under it before a take-over: taking the lock on every result() of a
-        # saturated pool went with 8-14% less throughput than the tree before
-        # TaskFuture in alternating runs (0.89-1.02x of it with the hint).
-        if self._tasks.pending:
-            return timeout
-        me = threading.get_ident()
-        if me == self._manager.ident or self._pid != _pid:
-            return timeout  # the manager reads every reply it holds; a forked child none
-        since = time.monotonic()
-        task = None
-        try:
-            with self._lock:
-                queued = bool(self._tasks.pending)  # the hint above may be stale
-                worker = None if queued else self._workers.take_over_locked(future, me)
-            if worker is None:
-                return timeout
-            task = worker.task
-            if not protocol.wait_until_readable(worker.poller, DIRECT_SPIN_SECONDS, timeout):
-                self._workers.give_back(worker)
-                return remaining(timeout, since)
-        except BaseException:
-            self._give_back_held(me)  # nothing was read: the task runs on
-            raise
-        try:
-            self._receive_directly(worker)
-        except BaseException as error:
-            assert task is not None
-            self._recover(task, error)
-            raise
-        return remaining(timeout, since)
-
-    def _relay(self, call: Callable[[], object]) -> bool:
-        """Has the manager thread make a call (a done-callback, see TaskFuture); False once
-        the manager has ended."""
-        with self._lock:
-            return self._tasks.relay_locked(call)
-
-    def _give_back_held(self, me: int) -> None:
-        """Gives every worker this thread holds back to the manager, as they are."""
-        with self._lock:
-            for worker in self._workers.held_by_locked(me):
-                self._workers.give_back_locked(worker)
-
-    def _recover(self, own: Task, error: BaseException) -> None:
-        """Puts right what an exception left in a caller's call: its workers and its task.
-
-        Runs in the except clause of every call that may claim a worker (run,
-        and _submit for the submits), so that an exception (a Ctrl-C lands
-        at any call) anywhere between claiming a worker and giving it back
-        leaves the pool as it should be. A worker this thread still holds
-        goes back to the manager: killed and replaced if its request may be
-        out or cut short (another thread's task then goes to another worker),
-        idle if nothing was sent (another thread's task back to the queue).
-        The caller's own task is stopped: failed with the error, or with a
-        PoolError for an interruption; a task settled already gets its shared
-        memory back (giving back twice is harmless). Cheap and harmless when
-        nothing is held, as after the task's own error.
-        """
-        me = threading.get_ident()
-        failure = (
-            error
-            if isinstance(error, Exception)
-            else PoolError(f"the call was interrupted ({type(error).__name__}); its task stopped")
-        )
-        settled = False
-        workers, tasks = self._workers, self._tasks
-        with self._lock:
-            for worker in workers.held_by_locked(me):
-                held = worker.task
-                if held is not None and held.sending:
-                    workers.retire_locked(worker)
-                    continue
-                if held is not None and held is not own:
-                    tasks.requeue_locked(held)
-                workers.unclaim_locked(worker)
-            if not own.done:
-                running = workers.running_locked(own)
-                if running is not None:
-                    own.kill_error = own.kill_error or failure
-                    workers.kill_locked(running)
-                else:
-                    if own in tasks.pending:
-                        tasks.pending.remove(own)
-                    settled = own.settle()
-            if tasks.pending:
-                self._watch.wake()
-        if settled:
-            own.complete(failure)
-        elif own.done:
-            # Settled before, but the interrupt may have cut its completion short: its
-            # memory goes back, and a future left pending fails (nothing changes a done one).
-            own.complete(failure)
+        declared = types is not None and request.cache_key is None
+        layout = self._layouts.of(request.program_id, types) if declared else None
+        zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
+        memory = TaskMemory.of(arrays, layout, zero_copy, declared)
+        task.stage(memory)  # first: what copy_in takes goes back with the task
+        memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)

@@ -1,17 +1,34 @@
-"""Task bookkeeping: what was asked, its future and what to send for it; the queue.
+"""Task bookkeeping: what was asked, how far it got, and the queue of tasks no worker has.
 
 Kept apart from process bookkeeping (pool.executor.workers): a Task knows its
-program, its inputs and its future, never a process's state. Tasks holds the
-tasks no worker has: the queue, and the orphans the manager is to fail. The
-Pool moves tasks between the queue and the workers::
+request, its staged inputs and its future, never a process's state. A task
+is three things, each with one writer:
 
-    QUEUED --claimed with a worker--> RUNNING --settle()--> DONE   (exactly once)
-    RUNNING --worker died before starting it, or was killed for
-              another reason--> QUEUED again (at most MAX_REQUEUES times)
+    request   what the caller asked (Request): checked once, never changed
+    memory    its inputs as staged at submit and the shared memory it holds
+              (pool.executor.inputs.TaskMemory), changed only by its own methods
+    progress  its state and what its life has shown (a kill's error, requeues,
+              a deadline), changed only by the Task's methods, under the pool's lock
 
-A task is settled by exactly one thread: the one whose Task.settle() flips
-``done`` under the pool's lock; that thread alone completes it (resolves its
-future and gives back its shared memory: Task.complete).
+Every move between states is checked against a table, as workers' are, so a
+bookkeeping bug surfaces at once instead of hanging a caller::
+
+    NEW     --queued (submit, or Pool.run found no idle worker)--> QUEUED
+    NEW     --claimed with a worker by its caller (Pool.run)-----> CLAIMED
+    QUEUED  --claimed with a worker (dispatch)-------------------> CLAIMED
+    CLAIMED --its request is being sent--------------------------> SENT
+    CLAIMED --its claimer failed or was interrupted before
+              sending; SENT --its worker died before starting it,
+              or had unloaded its program-------------------------> QUEUED
+                                                                  (at most MAX_REQUEUES
+                                                                  times for deaths)
+    any but DONE --settled: a reply, an error, a stop------------> DONE    (exactly once)
+
+A task is settled by exactly one thread: the one whose Task.settle() makes
+the move to DONE under the pool's lock; that thread alone completes it
+(resolves its future and gives back its shared memory: Task.complete).
+Tasks holds the tasks no worker has: the queue, and the orphans the manager
+is to fail.
 """
 
 from __future__ import annotations
@@ -19,20 +36,18 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-import mmap
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pool.errors import PoolClosedError, PoolError
 from pool.executor.futures import fail, resolve
-from pool.executor.segments import Segment, SegmentCache
-from pool.executor.wait_set import Watch
+from pool.executor.wait_set import WaitSet
 from worker.records import ArrayType, LoweredProgram
-from worker.serve import protocol, shm
+
+if TYPE_CHECKING:
+    from pool.executor.inputs import TaskMemory
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
@@ -45,45 +60,131 @@ class Kind(enum.Enum):
     RUN = "run"  # run it; the result is its outputs
 
 
-@dataclass(eq=False)
-class Task:
-    """One compile or run request and the future that receives its result."""
+class Request(NamedTuple):
+    """What a caller asked of the pool, checked once: a task's part that never changes."""
 
     id: int
+    """The task's id, never reused within a pool."""
     kind: Kind
     program: LoweredProgram | None
+    """The program, or None for a run by ProgramSpec (cache_key names its executable)."""
     program_id: str
+    """Its identity within the pool (pool.executor.programs.program_id), or the spec's key."""
     name: str
-    future: Future[Any]
     timeout: float | None
-    input_types: tuple[ArrayType, ...] = ()
-    input_offsets: tuple[int, ...] = ()
-    input_size: int = 0
-    input: Segment | None = None  # the segment holding large inputs
-    in_arena: bool = False  # the inputs go through the worker's arena
-    output: Segment | None = None  # a recycled segment offered for large outputs
-    arrays: list[np.ndarray] | None = None  # the caller's arrays, while the caller waits (run)
-    packed: bytearray | None = None  # the inputs copied at submit, laid out as in shared memory
-    segments: SegmentCache | None = None  # where released segments go (set before they come)
-    zero_copy: bool = True
-    resend_program: bool = False
-    deadline: float | None = None
-    cache_key: str | None = None  # a run by ProgramSpec: load this key, no program
-    spec_types: tuple[ArrayType, ...] | None = None  # that ProgramSpec's input types
+    """Seconds it may take in a worker; None: no bound."""
+    cache_key: str | None = None
+    """A run by ProgramSpec: the worker loads this key, with no program."""
+    spec_types: tuple[ArrayType, ...] | None = None
+    """That ProgramSpec's input types."""
     compile_options: bytes | None = None
-    declared_types: bool = True  # the inputs have the program's declared types
-    done: bool = False  # settled: flipped once, under the pool's lock
-    sending: bool = False  # its request went (or may have gone) to its current worker
-    kill_error: BaseException | None = None  # what to fail with if the pool kills its worker
-    requeues: int = 0
+
+
+class TaskState(enum.Enum):
+    """Where a task is in its life (see the module docstring)."""
+
+    NEW = "new"
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    SENT = "sent"
+    DONE = "done"
+
+    # Members are singletons: hashing by identity is right, and C-fast (Enum's own
+    # hash runs in Python), for the table checked on every move.
+    __hash__ = object.__hash__
+
+
+_MOVES: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.NEW: frozenset({TaskState.QUEUED, TaskState.CLAIMED, TaskState.DONE}),
+    TaskState.QUEUED: frozenset({TaskState.CLAIMED, TaskState.DONE}),
+    TaskState.CLAIMED: frozenset({TaskState.SENT, TaskState.QUEUED, TaskState.DONE}),
+    TaskState.SENT: frozenset({TaskState.QUEUED, TaskState.DONE}),
+    TaskState.DONE: frozenset(),
+}
+
+
+class Task:
+    """One compile or run request, its staged inputs, its progress and its future."""
+
+    __slots__ = (
+        "deadline",
+        "future",
+        "kill_error",
+        "memory",
+        "request",
+        "requeues",
+        "resend_program",
+        "state",
+    )
+
+    def __init__(self, request: Request, future: Future[Any]) -> None:
+        self.request = request
+        self.future = future
+        self.memory: TaskMemory | None = None  # a run's, once staged
+        self.state = TaskState.NEW
+        self.kill_error: BaseException | None = None  # what to fail with if its worker is killed
+        self.requeues = 0  # workers that died before starting it
+        self.resend_program = False  # send the program with the next request (it was unloaded)
+        self.deadline: float | None = None  # monotonic; set when a worker is claimed for it
+
+    @property
+    def done(self) -> bool:
+        """Whether the task is settled."""
+        return self.state is TaskState.DONE
+
+    @property
+    def sent(self) -> bool:
+        """Whether its request went (or may have gone) to its current worker."""
+        return self.state is TaskState.SENT
+
+    def _move(self, to: TaskState) -> None:
+        if to not in _MOVES[self.state]:
+            raise RuntimeError(
+                f"pjrt-pool bug: task {self.request.id} ({self.request.name!r}) cannot go "
+                f"{self.state} -> {to}"
+            )
+        self.state = to
+
+    # -- moves, each under the pool's lock ----------------------------------------
+
+    def stage(self, memory: TaskMemory) -> None:
+        """Takes a run's staged inputs (before it is queued or claimed)."""
+        self.memory = memory
+
+    def queued(self, lost_worker: bool = False) -> None:
+        """Into the queue; lost_worker counts a worker that died before starting it."""
+        self._move(TaskState.QUEUED)
+        if lost_worker:
+            self.requeues += 1
+
+    def claimed(self) -> None:
+        """A worker was claimed for it: its deadline starts now."""
+        self._move(TaskState.CLAIMED)
+        timeout = self.request.timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def sending(self) -> None:
+        """Its request is about to go to its worker (from here on it may have gone)."""
+        self._move(TaskState.SENT)
+
+    def resend_with_program(self) -> None:
+        """Its worker had unloaded the program: the next request carries it."""
+        self.resend_program = True
+
+    def kill_with(self, error: BaseException) -> None:
+        """The pool is killing its worker: it fails with `error` (the first reason stays)."""
+        if self.kill_error is None:
+            self.kill_error = error
 
     def settle(self) -> bool:
-        """The one transition to DONE, under the pool's lock: True for the single caller that
-        makes it, which then completes the task."""
-        if self.done:
+        """The one move to DONE: True for the single caller that makes it, which then
+        completes the task."""
+        if self.state is TaskState.DONE:
             return False
-        self.done = True
+        self._move(TaskState.DONE)
         return True
+
+    # -- completion, not under the lock -----------------------------------------
 
     def complete(self, outcome: Any) -> None:
         """Resolves a settled task's future with its outcome (an exception fails it) and gives
@@ -94,80 +195,11 @@ class Task:
         else:
             resolve(self.future, outcome)
 
-    def request(
-        self, worker_has_program: bool, arena: mmap.mmap, want_output_types: bool
-    ) -> tuple[protocol.Compile | protocol.Run, tuple[int, ...]]:
-        """Returns the message for a worker and the descriptors to send with it.
-
-        Small inputs are copied into the worker's arena here, which the caller
-        has claimed along with the worker; large inputs staged in private
-        memory (see pool.executor.inputs) go into a segment now.
-        """
-        if self.kind is Kind.COMPILE:
-            assert self.program is not None
-            message = protocol.Compile(
-                self.id, self.program_id, self.program, self.name, self.compile_options
-            )
-            return message, ()
-        in_arena = self.in_arena
-        if in_arena:
-            self.write_to_arena(arena)
-        elif self.packed is not None:
-            self._packed_to_segment()
-        include = self.cache_key is None and (self.resend_program or not worker_has_program)
-        output = self.output
-        run = protocol.Run(
-            self.id,
-            self.program_id,
-            self.program if include else None,
-            self.name,
-            None if self.declared_types else self.input_types,
-            self.input_offsets,
-            self.input_size,
-            self.zero_copy,
-            in_arena=in_arena,
-            cache_key=self.cache_key,
-            want_output_types=want_output_types,
-            output_capacity=output.capacity if output is not None and output.fd >= 0 else 0,
-            compile_options=self.compile_options if include else None,
-        )
-        fds = () if in_arena else (self.input.fd,)  # type: ignore[union-attr]
-        if output is not None and output.fd >= 0:
-            fds += (output.fd,)
-        return run, fds
-
-    def write_to_arena(self, arena: mmap.mmap, views: list[np.ndarray] | None = None) -> None:
-        """Copies inputs that go through the arena into it; views are the arena's views of
-        them, where the caller has them (the hot path), which copy fastest."""
-        if self.packed is not None:
-            memoryview(arena)[: len(self.packed)] = self.packed
-        elif self.arrays is not None:
-            if views is None:
-                shm.write(arena, self.arrays, self.input_offsets)
-            else:
-                for view, array in zip(views, self.arrays, strict=True):
-                    view[...] = array  # same dtype and shape: a plain copy, 6x np.copyto's speed
-
-    def _packed_to_segment(self) -> None:
-        """Moves large inputs staged in private memory into a segment, for sending.
-
-        packed goes only once the segment holds them all: if this is cut
-        short, the next attempt writes them again.
-        """
-        assert self.segments is not None and self.input is not None and self.packed is not None
-        packed = self.packed
-
-        def write(memory: Any) -> None:
-            memoryview(memory)[: len(packed)] = packed
-
-        self.segments.fill(self.input, self.input_size, write)
-        self.packed = None
-
     def release(self) -> None:
-        """Gives the task's segments back for reuse once the worker is done with them."""
-        if self.segments is not None:
-            self.segments.give(self.input, self.output)
-        self.arrays = self.packed = None
+        """Gives the task's shared memory back once the worker is done with it."""
+        memory = self.memory
+        if memory is not None:
+            memory.release()
 
 
 class Tasks:
@@ -183,10 +215,10 @@ class Tasks:
     thread completed (pool.executor.futures.TaskFuture).
     """
 
-    def __init__(self, watch: Watch) -> None:
-        self._watch = watch  # woken when there are orphans or queued tasks for the manager
+    def __init__(self, wait_set: WaitSet) -> None:
+        self._wait_set = wait_set  # woken when there are orphans or queued tasks for the manager
         self._ids = itertools.count()
-        self.pending: collections.deque[Task] = collections.deque()
+        self._pending: collections.deque[Task] = collections.deque()
         self._orphans: list[tuple[Task, BaseException]] = []
         self._relayed: list[Callable[[], object]] = []  # calls for the manager to make
         self._relaying = True  # the manager takes relayed calls (until it ends)
@@ -196,6 +228,43 @@ class Tasks:
     def next_id(self) -> int:
         """A new task's id: ids are never reused within a pool."""
         return next(self._ids)
+
+    # -- the queue ------------------------------------------------------------------
+
+    @property
+    def queued(self) -> bool:
+        """Whether any task is queued. Read without the lock it is a hint, which may be
+        stale by the time the caller acts on it."""
+        return bool(self._pending)
+
+    def push_locked(self, task: Task) -> None:
+        """Queues a new task at the tail."""
+        task.queued()
+        self._pending.append(task)
+
+    def requeue_locked(self, task: Task, lost_worker: bool = False) -> None:
+        """Puts a task back at the head of the queue, to be sent (again) to another worker;
+        lost_worker counts a worker that died before starting it."""
+        task.queued(lost_worker)
+        self._pending.appendleft(task)
+
+    def head_locked(self) -> Task | None:
+        """The task at the head of the queue, left there; None when none is queued."""
+        return self._pending[0] if self._pending else None
+
+    def pop_head_locked(self) -> Task:
+        """Takes the task at the head of the queue (the caller moves it on)."""
+        return self._pending.popleft()
+
+    def unqueue_locked(self, task: Task) -> bool:
+        """Takes a task out of the queue wherever it is; False when it is not queued."""
+        try:
+            self._pending.remove(task)
+        except ValueError:
+            return False
+        return True
+
+    # -- whether tasks are taken --------------------------------------------------------
 
     def refusal_locked(self) -> BaseException | None:
         """Why a new task is refused: the pool is closed or broken; else None."""
@@ -211,15 +280,12 @@ class Tasks:
         """No later task can run: each fails with `error` (the first reason given stays)."""
         self.broken = self.broken or error
 
-    def requeue_locked(self, task: Task) -> None:
-        """Puts a task back at the head of the queue, to be sent (again) to another worker."""
-        task.sending = False
-        self.pending.appendleft(task)
+    # -- orphans and relayed calls, for the manager ---------------------------------------
 
     def orphan_locked(self, task: Task, error: BaseException) -> None:
         """Leaves the failing of a task the calling thread does not own to the manager."""
         self._orphans.append((task, error))
-        self._watch.wake()
+        self._wait_set.wake()
 
     def fail_queued_locked(
         self, kind: type[PoolError], message: str, cause: BaseException | None = None
@@ -228,19 +294,19 @@ class Tasks:
 
         The message says why they never ran.
         """
-        for task in self.pending:
+        for task in self._pending:
             error = kind(message)
             error.__cause__ = cause
             self._orphans.append((task, error))
-        self.pending.clear()
-        self._watch.wake()
+        self._pending.clear()
+        self._wait_set.wake()
 
     def relay_locked(self, call: Callable[[], object]) -> bool:
         """Leaves a call to the manager thread; False once that thread has ended."""
         if not self._relaying:
             return False
         self._relayed.append(call)
-        self._watch.wake()
+        self._wait_set.wake()
         return True
 
     def take_relayed_locked(self, last: bool = False) -> list[Callable[[], object]]:

@@ -26,7 +26,7 @@ MAX_WAIT_SECONDS = 3600.0
 """The longest single wait: epoll takes at most 2**31 - 1 ms, and callers simply wait again."""
 
 
-class Watch:
+class WaitSet:
     """Descriptors to wait on for reading, each with the value `wait` returns for it.
 
     The table of values and the epoll set are changed in an order that

@@ -3,8 +3,9 @@
 A WorkerProcess knows its subprocess, its socket, the tail of its output,
 which programs it has loaded and where it is in its life (below); it knows
 nothing of futures or queues (that is pool.executor.tasks). The Pool moves workers
-between states, always under its lock, with ``move``; a move the table does
-not allow raises, so a bookkeeping bug surfaces at once instead of hanging.
+between states, always under its lock, through Workers' methods, which
+change a WorkerProcess only through its own; a move the table does not
+allow raises, so a bookkeeping bug surfaces at once instead of hanging.
 
 Worker states and why each move happens::
 
@@ -13,6 +14,7 @@ Worker states and why each move happens::
     IDLE     --claim(task)----------> BUSY      a thread took it for one task
     IDLE     --readable socket------> DYING     an idle worker only ever shows end of
                                                 file (or breaks the protocol): retire it
+                                                (Workers.mark_dying_locked)
     BUSY     --reply handled--------> IDLE      its task is settled or queued again
     BUSY     --nothing was sent-----> IDLE      its claimer failed or was interrupted
                                                 before sending the request
@@ -31,7 +33,7 @@ of one caller thread, with the socket out of that set::
               reply (TaskFuture.result), unless the manager reads it------> caller
     caller  --request sent (submit), reply handled (run, result), nothing
               came within the caller's timeout, or the caller failed or
-              was interrupted (Pool._recover)------------------------------> manager
+              was interrupted (CallerPath.recover)------------------------> manager
 
 Only Workers.claim_locked, Workers.take_over_locked and
 Workers.give_back_locked change it, so "the manager's wait set has the
@@ -68,7 +70,7 @@ import numpy as np
 from pool.errors import WorkerStartupError
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Task, Tasks
-from pool.executor.wait_set import Watch
+from pool.executor.wait_set import WaitSet
 from pool.spawn import child_environment, python_command
 from worker.cache import CacheCounters
 from worker.fds import close_quietly
@@ -225,6 +227,55 @@ class WorkerProcess:
             raise RuntimeError(f"pjrt-pool bug: worker {self.pid} cannot go {self.state} -> {to}")
         self.state = to
 
+    # -- its record, changed by Workers under the pool's lock ------------------------
+
+    def claimed(self, task: Task, holder: int | None) -> None:
+        """IDLE -> BUSY with a task, its socket held by `holder` (None: the manager)."""
+        # Plain stores first, then the move: an interrupt lands after a call,
+        # and by then this thread holds the worker, so CallerPath.recover finds it.
+        self.task = task
+        self.holder = holder
+        self.manager_using = holder is None  # until the manager has sent the request
+        self.move(State.BUSY)
+
+    def held_by(self, holder: int | None) -> None:
+        """Who holds the socket now: a caller's thread id, or None for the manager."""
+        self.holder = holder
+
+    def manager_use(self, using: bool) -> None:
+        """Whether the manager is sending to the socket or reading it (no take-over then)."""
+        self.manager_using = using
+
+    def take_task(self, task: Task | None = None) -> Task | None:
+        """Drops the worker's task (only if it is `task`, when given) and returns what it had."""
+        held = self.task
+        if task is None or held is task:
+            self.task = None
+        return held
+
+    def killed_for_the_pool(self) -> None:
+        """The pool kills it for a reason that is not its task's fault (the task goes elsewhere)."""
+        self.killed_by_pool = True
+
+    def failed_to_start(self, error: BaseException) -> None:
+        """Why its start failed, reported when its end is seen."""
+        self.startup_failure = error
+
+    def became_ready(self, plugin: dict[str, Any]) -> None:
+        """STARTING -> IDLE, with what it said of its plugin."""
+        self.move(State.IDLE)
+        self.plugin = plugin
+        self.startup_seconds = time.monotonic() - self.started_at
+
+    def note_counters(self, counters: dict[str, int]) -> None:
+        """The disk cache counters its last reply gave."""
+        self.counters = counters
+
+    def take_counters(self) -> CacheCounters:
+        """Its disk cache counters, which it no longer holds (it was reaped)."""
+        counters, self.counters = CacheCounters(**self.counters), {}
+        return counters
+
     def started(self, task_id: int) -> bool:
         """Whether the worker took up the task: it writes a task's id before working on it."""
         return protocol.STARTED.unpack_from(self.arena, ARENA_SIZE)[0] == task_id
@@ -376,11 +427,11 @@ class Workers:
     """
 
     def __init__(
-        self, settings: PoolSettings, lock: threading.Lock, watch: Watch, tasks: Tasks
+        self, settings: PoolSettings, lock: threading.Lock, wait_set: WaitSet, tasks: Tasks
     ) -> None:
         self._settings = settings  # how many workers to keep, and what each starts with
         self._lock = lock  # the pool's: every move of a worker between states is under it
-        self._watch = watch  # the manager's wait set: the sockets it holds, every output pipe
+        self._wait_set = wait_set  # the manager's: the sockets it holds, every output pipe
         # The pool's tasks: whether it is closing (a worker given back then wakes the
         # manager, which waits for every worker to be free), and the queue that fails
         # when no worker can be started.
@@ -416,18 +467,12 @@ class Workers:
 
     def claim_locked(self, worker: WorkerProcess, task: Task, holder: int | None) -> None:
         """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
-        # Plain stores first, then calls: an interrupt lands after a call,
-        # and by then this thread holds the worker, so Pool._recover finds it.
-        worker.task = task
-        worker.holder = holder
-        worker.manager_using = holder is None  # until the manager has sent the request
-        task.sending = False
-        task.deadline = None if task.timeout is None else time.monotonic() + task.timeout
-        worker.move(State.BUSY)
+        worker.claimed(task, holder)
+        task.claimed()
         if holder is not None:
-            self._watch.remove(worker.sock.fileno())
+            self._wait_set.remove(worker.sock.fileno())
             if task.deadline is not None:
-                self._watch.wake()  # the manager's wait must end at this deadline
+                self._wait_set.wake()  # the manager's wait must end at this deadline
 
     def take_over_locked(self, future: object, holder: int) -> WorkerProcess | None:
         """manager -> caller: the BUSY worker whose task has `future`, for the caller waiting
@@ -441,9 +486,9 @@ class Workers:
                 return None
             if worker.manager_using:
                 return None
-            worker.holder = holder  # first, as in claim_locked
+            worker.held_by(holder)  # first, as in claim_locked
             self.takeovers += 1
-            self._watch.remove(worker.sock.fileno())
+            self._wait_set.remove(worker.sock.fileno())
             return worker
         return None
 
@@ -451,15 +496,15 @@ class Workers:
         """Returns a caller-held worker to the manager: its socket into the wait set, then holder.
 
         In that order, so that an interrupt between the two leaves the worker
-        held (and Pool._recover gives it back again; adding twice is fine).
+        held (and CallerPath.recover gives it back again; adding twice is fine).
         """
         if worker.holder is None:
             return
         if worker.state is not State.DEAD:
-            self._watch.add(worker.sock.fileno(), (Source.SOCKET, worker))
-        worker.holder = None
+            self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
+        worker.held_by(None)
         if self._tasks.closing:
-            self._watch.wake()  # close() waits for this worker to be free
+            self._wait_set.wake()  # close() waits for this worker to be free
 
     def give_back(self, worker: WorkerProcess) -> None:
         """give_back_locked, taking the lock."""
@@ -468,15 +513,14 @@ class Workers:
 
     def free_locked(self, worker: WorkerProcess, task: Task) -> None:
         """A reply to `task` was handled: BUSY -> IDLE, without its task, back to the manager."""
-        if worker.task is task:
-            worker.task = None
+        worker.take_task(task)
         if worker.state is State.BUSY:
             worker.move(State.IDLE)
         self.give_back_locked(worker)
 
     def unclaim_locked(self, worker: WorkerProcess) -> None:
         """Nothing was sent: BUSY -> IDLE, without its task, back to the manager."""
-        worker.task = None
+        worker.take_task()
         if worker.state is State.BUSY:
             worker.move(State.IDLE)
         self.give_back_locked(worker)
@@ -489,12 +533,57 @@ class Workers:
             worker.move(State.DYING)
         worker.kill()
 
+    def kill_task_locked(self, worker: WorkerProcess, error: BaseException) -> None:
+        """Kills a worker for its task, which fails with `error` (the first reason given stays)."""
+        task = worker.task
+        if task is not None and not task.done:
+            task.kill_with(error)
+        self.kill_locked(worker)
+
     def retire_locked(self, worker: WorkerProcess) -> None:
         """Kills a worker for a reason that is not its task's fault (the task goes elsewhere)
         and gives it back to the manager, which reaps it."""
-        worker.killed_by_pool = True
+        worker.killed_for_the_pool()
         self.kill_locked(worker)
         self.give_back_locked(worker)
+
+    def mark_dying_locked(self, worker: WorkerProcess) -> None:
+        """An idle worker's socket is readable: that is its end of file (or a protocol error),
+        so it is retired, and no one claims it while the manager reads it."""
+        worker.move(State.DYING)
+        worker.killed_for_the_pool()
+
+    def manager_reads_locked(self, worker: WorkerProcess) -> bool:
+        """The manager is to read a worker's readable socket: False when a caller holds it or
+        it is dead (nothing for the manager then); an idle one is marked dying."""
+        if worker.state is State.DEAD or worker.holder is not None:
+            return False
+        if worker.state is State.IDLE:
+            self.mark_dying_locked(worker)
+        worker.manager_use(True)  # no caller takes the socket over meanwhile
+        return True
+
+    def manager_done(self, worker: WorkerProcess) -> None:
+        """The manager's send to, or read from, a worker is over: a waiting caller may take its
+        socket over. A plain store, made without the lock as a claim's is read under it."""
+        worker.manager_use(False)
+
+    def lose_locked(self, worker: WorkerProcess) -> tuple[Task | None, bool, bool]:
+        """A worker's socket ended: it is DEAD. Returns the task it had, whether it had begun
+        that task, and whether it was still starting."""
+        was_starting = worker.state is State.STARTING
+        task = worker.take_task()
+        started = task is not None and worker.started(task.request.id)
+        worker.move(State.DEAD)
+        return task, started, was_starting
+
+    def take_task_locked(self, worker: WorkerProcess) -> Task | None:
+        """Takes a worker's task from it (the pool is ending: the caller settles it)."""
+        return worker.take_task()
+
+    def note_counters_locked(self, worker: WorkerProcess, counters: dict[str, int]) -> None:
+        """Records the disk cache counters a worker's reply gave."""
+        worker.note_counters(counters)
 
     def retire(self, worker: WorkerProcess) -> None:
         """retire_locked, taking the lock."""
@@ -534,9 +623,9 @@ class Workers:
                 "startup_seconds": w.startup_seconds,
                 "plugin": dict(w.plugin),
                 "loaded": len(w.loaded),
-                "task": None if w.task is None else w.task.name,
+                "task": None if w.task is None else w.task.request.name,
                 # A dead worker has no task (its arena is closed by then).
-                "started": w.task is not None and w.started(w.task.id),
+                "started": w.task is not None and w.started(w.task.request.id),
             }
             for w in self._all
         ]
@@ -559,8 +648,8 @@ class Workers:
             settings.never_compile,
         )
         with self._lock:
-            self._watch.add(worker.sock.fileno(), (Source.SOCKET, worker))
-            self._watch.add(worker.output_fd, (Source.OUTPUT, worker))
+            self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
+            self._wait_set.add(worker.output_fd, (Source.OUTPUT, worker))
             if index < len(self._all):
                 self._all[index] = worker
             else:
@@ -574,15 +663,13 @@ class Workers:
             )
             error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
             with self._lock:
-                worker.startup_failure = error  # reported when its end is seen
+                worker.failed_to_start(error)
                 self.kill_locked(worker)
             return
         with self._lock:
             if worker.state is not State.STARTING:
                 return  # killed while starting (terminate)
-            worker.move(State.IDLE)
-            worker.plugin = ready.plugin
-            worker.startup_seconds = time.monotonic() - worker.started_at
+            worker.became_ready(ready.plugin)
             self._failed_starts = 0
             everyone = all(w.state is not State.STARTING for w in self._all)
         if everyone and not self.started.is_set():
@@ -590,16 +677,15 @@ class Workers:
 
     def reap(self, worker: WorkerProcess) -> int | None:
         """Unwatches a dead worker, reaps it and collects the rest of its output."""
-        self._watch.remove(worker.sock.fileno())
-        self._watch.remove(worker.output_fd)
+        self._wait_set.remove(worker.sock.fileno())
+        self._wait_set.remove(worker.output_fd)
         returncode = worker.wait_exit(5.0)
         if returncode is None:
             worker.kill()
             returncode = worker.wait_exit(10.0)
         worker.close()
         with self._lock:
-            self._retired_counters = self._retired_counters.add(CacheCounters(**worker.counters))
-            worker.counters = {}
+            self._retired_counters = self._retired_counters.add(worker.take_counters())
         return returncode
 
     def replace(self, index: int, failure: BaseException | None) -> None:
@@ -617,7 +703,7 @@ class Workers:
         """
         with self._lock:
             tasks = self._tasks
-            wanted = tasks.broken is None and (not tasks.closing or bool(tasks.pending))
+            wanted = tasks.broken is None and (not tasks.closing or tasks.queued)
         if not wanted:
             self._respawns.pop(index, None)
             return
@@ -676,8 +762,8 @@ class Workers:
         reaped, but its socket stays open: that caller may still use it.
         """
         for worker in stopping:
-            self._watch.remove(worker.sock.fileno())
-            self._watch.remove(worker.output_fd)
+            self._wait_set.remove(worker.sock.fileno())
+            self._wait_set.remove(worker.output_fd)
         stop_all([w for w in stopping if w.holder is None], grace)
         for worker in stopping:
             if worker.holder is not None:

@@ -11,6 +11,7 @@ it is 64-byte aligned, and mmap returns page-aligned memory.
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import mmap
 import os
@@ -48,8 +49,14 @@ def _map(fd: int, size: int, populate: bool) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=flags)
 
 
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""The seals of every segment: its size is final, so that no process holding it can shrink
+it under the other's mappings (whose next access would then fault, SIGBUS), and no seal
+can be added or removed later."""
+
+
 def new_segment(size: int, name: str = "pjrt-pool") -> int:
-    """Creates a memfd segment of `size` bytes; returns its descriptor.
+    """Creates a memfd segment of `size` bytes, sealed at that size; returns its descriptor.
 
     Running out of descriptors raises DescriptorLimitError, which names the
     limit. Each segment's name is unique in its process (`name-N`): that is
@@ -57,7 +64,7 @@ def new_segment(size: int, name: str = "pjrt-pool") -> int:
     """
     unique = f"{name}-{next(_serials)}"
     try:
-        fd = os.memfd_create(unique, os.MFD_CLOEXEC)
+        fd = os.memfd_create(unique, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except OSError as error:
         if error.errno in (errno.EMFILE, errno.ENFILE):
             raise DescriptorLimitError("creating a shared-memory segment") from error
@@ -69,10 +76,42 @@ def new_segment(size: int, name: str = "pjrt-pool") -> int:
         raise
     try:
         os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def check_received(fd: int, size: int, what: str) -> None:
+    """Refuses (ValueError) a segment from another process that is not a sealed memfd of at
+    least `size` bytes: mapping it for more than it holds, or one its sender could still
+    shrink, would make this process's next access fault (SIGBUS) instead of raise."""
+    try:
+        length = os.fstat(fd).st_size
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as error:  # not a memfd (EINVAL), or not a descriptor at all
+        raise ValueError(f"{what} is not a shared-memory segment ({error})") from None
+    if length < size:
+        raise ValueError(f"{what} holds {length} bytes, not the {size} the reply names")
+    if seals & SEALS != SEALS:
+        raise ValueError(f"{what} is not sealed at its size (seals {seals:#x})")
+
+
+def check_layout(
+    types: Sequence[ArrayType], offsets: Sequence[int], size: int, what: str
+) -> None:
+    """Refuses (ValueError) arrays that do not lie, aligned, within `size` bytes of `what`."""
+    if len(types) != len(offsets):
+        raise ValueError(f"{len(offsets)} offsets for {len(types)} arrays in {what}")
+    for array_type, offset in zip(types, offsets, strict=True):
+        if type(offset) is not int or offset < 0 or offset % ALIGNMENT:
+            raise ValueError(f"an array at offset {offset!r} in {what}")
+        if offset + array_type.nbytes > size:
+            raise ValueError(
+                f"an array of {array_type.nbytes} bytes at offset {offset} overruns the "
+                f"{size} bytes of {what}"
+            )
 
 
 def _close_named(name: str) -> None:

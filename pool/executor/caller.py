@@ -1,0 +1,232 @@
+"""The caller's path: what a calling thread does with the workers itself.
+
+Most tasks a caller's thread hands to the pool never need the manager
+thread: waking it and then the caller again costs two thread switches,
+which is most of a small program's round trip. So the calling thread does
+the work itself where it can, and this part is everything it does:
+
+    enqueue          queue a task and dispatch from the caller's thread
+    claim            an idle worker for the caller's own run (Pool.run)
+    run_directly     send that worker the task and read its reply here
+    read_reply       a caller waiting in TaskFuture.result() takes the socket of
+                     the worker running its task over and reads the reply itself
+    relay            the done-callbacks of futures a caller completed go to the
+                     manager thread, where every callback runs
+    recover          after an exception in a caller's call (a Ctrl-C lands at
+                     any call): give back the workers it holds, stop its task
+
+Every change it makes to tasks and workers goes through their owners'
+methods (pool.executor.tasks, pool.executor.workers) under the pool's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from pool.errors import PoolError
+from pool.executor import forks
+from pool.executor.dispatch import Dispatcher
+from pool.executor.futures import TaskFuture, remaining
+from pool.executor.quarantine import Quarantine
+from pool.executor.tasks import Task, Tasks
+from pool.executor.wait_set import WaitSet
+from pool.executor.workers import WorkerProcess, Workers
+from worker.serve import protocol
+
+DIRECT_SPIN_SECONDS = 500e-6
+"""How long a caller polls for a worker's reply before sleeping (protocol.spin_until_readable)."""
+
+
+class CallerPath:
+    """What a calling thread does with the pool's workers itself (see the module docstring)."""
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        tasks: Tasks,
+        workers: Workers,
+        dispatcher: Dispatcher,
+        quarantine: Quarantine,
+        wait_set: WaitSet,
+        manager: threading.Thread,
+        owner: int,
+    ) -> None:
+        self._lock = lock  # the pool's: claims, take-overs and settling happen under it
+        self._tasks = tasks  # the queue its tasks join, the relayed calls, settling
+        self._workers = workers  # claimed, taken over, given back, killed here
+        self._dispatcher = dispatcher  # sends requests and handles replies on this thread
+        self._quarantine = quarantine  # refuses a quarantined program's task
+        self._wait_set = wait_set  # woken for what only the manager may do
+        self._manager = manager  # reads every reply it holds: its own calls read none here
+        self._owner = owner  # the process that made the pool (see pool.executor.forks)
+
+    # -- queueing ---------------------------------------------------------------
+
+    def enqueue(self, task: Task) -> Future[Any]:
+        """Queues a task and dispatches what is queued; the caller's except clause runs
+        recover for whatever raises here."""
+        with self._lock:
+            refusal = self.refusal_locked(task)
+            if refusal is None:
+                self._tasks.push_locked(task)
+        if refusal is not None:
+            raise refusal
+        # Dispatch from the caller's thread: waking the manager thread for it
+        # would cost a thread switch (and a GIL hand-off) on every task.
+        self._dispatcher.dispatch(threading.get_ident())
+        return task.future
+
+    def refusal_locked(self, task: Task) -> BaseException | None:
+        """Why the pool will not take a task now (closed, broken, quarantined); else None."""
+        refusal = self._tasks.refusal_locked()
+        return refusal or self._quarantine.refusal_locked(task.request.program_id)
+
+    # -- the direct path of Pool.run -----------------------------------------
+
+    def claim(self, task: Task) -> WorkerProcess | None:
+        """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
+        with self._lock:
+            if self._tasks.queued or self.refusal_locked(task) is not None:
+                return None  # the queue keeps the order, or reports the refusal
+            worker = self._workers.idle_locked(task.request.program_id)
+            if worker is None:
+                return None
+            # No set_running_or_notify_cancel: Pool.run's future is its own, so
+            # nothing can cancel it, and a pending future settles as well.
+            self._workers.claim_locked(worker, task, threading.get_ident())
+        return worker
+
+    def run_directly(self, worker: WorkerProcess, task: Task) -> None:
+        """Sends a claimed worker its task and reads the reply in the caller's thread.
+
+        Handling the reply gives the worker back (idle); a dead worker is
+        given back for the manager to reap (which fails or requeues the
+        task); one that breaks the protocol is retired. An exception of
+        this thread's own is put right by recover.
+        """
+        if not self._dispatcher.send(worker, task):
+            return  # dead or broken, and retired: it cannot have started the task
+        protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
+        self.receive_directly(worker)
+
+    def receive_directly(self, worker: WorkerProcess) -> None:
+        """Reads and handles the reply of a worker the caller's thread holds, which handling
+        gives back; then dispatches what was queued meanwhile."""
+        if not self._dispatcher.receive(worker):
+            self._workers.give_back(worker)  # it died: the manager reaps it and settles the task
+        if self._tasks.queued:  # queued meanwhile, or the reply asked to send the task again
+            self._dispatcher.dispatch(threading.get_ident())
+
+    # -- a caller waiting for a future reads its reply (TaskFuture.result) ----------
+
+    def read_reply(self, future: TaskFuture, timeout: float | None) -> float | None:
+        """Reads the reply of a future's task in the caller's thread, if a worker runs the
+        task, the manager is not reading its reply and no task is queued; returns the
+        timeout left.
+
+        The caller takes the worker's socket over (Workers.take_over_locked),
+        waits for the reply as Pool.run does (a spin, then a sleep up to the
+        timeout) and reads it: the task is settled here, with no wake-up of
+        the manager thread and then of this one. Nothing within the timeout,
+        or an exception while waiting (a Ctrl-C), gives the socket back with
+        the task still running; an exception while reading stops the task
+        (recover), as in Pool.run.
+        """
+        # With tasks queued the pool is saturated: the manager reads replies and
+        # refills the workers anyway, and a caller spinning for one reply would take
+        # a core from them. The queue is read here without the lock, as a hint, and
+        # again under it before a take-over: the lock on every result() of a
+        # saturated pool cost 8-14% of its throughput in alternating runs.
+        if self._tasks.queued:
+            return timeout
+        me = threading.get_ident()
+        if me == self._manager.ident or self._owner != forks.pid:
+            return timeout  # the manager reads every reply it holds; a forked child none
+        since = time.monotonic()
+        task = None
+        try:
+            with self._lock:
+                queued = self._tasks.queued  # the hint above may be stale
+                worker = None if queued else self._workers.take_over_locked(future, me)
+            if worker is None:
+                return timeout
+            task = worker.task
+            if not protocol.wait_until_readable(worker.poller, DIRECT_SPIN_SECONDS, timeout):
+                self._workers.give_back(worker)
+                return remaining(timeout, since)
+        except BaseException:
+            self.give_back_held(me)  # nothing was read: the task runs on
+            raise
+        try:
+            self.receive_directly(worker)
+        except BaseException as error:
+            assert task is not None
+            self.recover(task, error)
+            raise
+        return remaining(timeout, since)
+
+    def relay(self, call: Callable[[], object]) -> bool:
+        """Has the manager thread make a call (a done-callback, see TaskFuture); False once
+        the manager has ended."""
+        with self._lock:
+            return self._tasks.relay_locked(call)
+
+    # -- putting right what an exception left ----------------------------------------
+
+    def give_back_held(self, me: int) -> None:
+        """Gives every worker this thread holds back to the manager, as they are."""
+        with self._lock:
+            for worker in self._workers.held_by_locked(me):
+                self._workers.give_back_locked(worker)
+
+    def recover(self, own: Task, error: BaseException) -> None:
+        """Puts right what an exception left in a caller's call: its workers and its task.
+
+        Runs in the except clause of every call that may claim a worker (run,
+        and the submits), so that an exception (a Ctrl-C lands at any call)
+        anywhere between claiming a worker and giving it back leaves the pool
+        as it should be. A worker this thread still holds goes back to the
+        manager: killed and replaced if its request may be out or cut short
+        (another thread's task then goes to another worker), idle if nothing
+        was sent (another thread's task back to the queue). The caller's own
+        task is stopped: failed with the error, or with a PoolError for an
+        interruption; a task settled already gets its shared memory back
+        (giving back twice is harmless). Cheap and harmless when nothing is
+        held, as after the task's own error.
+        """
+        me = threading.get_ident()
+        failure = (
+            error
+            if isinstance(error, Exception)
+            else PoolError(f"the call was interrupted ({type(error).__name__}); its task stopped")
+        )
+        settled = False
+        workers, tasks = self._workers, self._tasks
+        with self._lock:
+            for worker in workers.held_by_locked(me):
+                held = worker.task
+                if held is not None and held.sent:
+                    workers.retire_locked(worker)
+                    continue
+                if held is not None and held is not own:
+                    tasks.requeue_locked(held)
+                workers.unclaim_locked(worker)
+            if not own.done:
+                running = workers.running_locked(own)
+                if running is not None:
+                    workers.kill_task_locked(running, failure)
+                else:
+                    tasks.unqueue_locked(own)
+                    settled = own.settle()
+            if tasks.queued:
+                self._wait_set.wake()
+        if settled:
+            own.complete(failure)
+        elif own.done:
+            # Settled before, but the interrupt may have cut its completion short: its
+            # memory goes back, and a future left pending fails (nothing changes a done one).
+            own.complete(failure)

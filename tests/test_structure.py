@@ -1,0 +1,283 @@
+"""The layout stays a map: records with one writer each, and no import cycles.
+
+Two checks read the source (ast), not the running code:
+
+- Every record the Pool's parts share (Task, WorkerProcess, Tasks) is
+  changed only by its own class: no store to one of its attributes, no
+  mutating call on one of its attributes' containers, and no use of its
+  private attributes, from anywhere else in the executor (pool/executor,
+  the only code that holds these records).
+- No import cycle among the modules of pool/ and worker/, counting every
+  import: at module level, inside functions, and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pool", "worker")
+EXECUTOR = "pool.executor"
+NATIVE = ("worker._pjrt",)
+"""Extension modules: imported like modules, with no source to read."""
+
+OWNED = {
+    "Task": "pool/executor/tasks.py",
+    "Tasks": "pool/executor/tasks.py",
+    "WorkerProcess": "pool/executor/workers.py",
+}
+"""The records whose attributes only their own class may change, and where each is defined."""
+
+_MUTATING = frozenset(
+    {
+        "add",
+        "append",
+        "appendleft",
+        "clear",
+        "discard",
+        "extend",
+        "extendleft",
+        "insert",
+        "move_to_end",
+        "pop",
+        "popitem",
+        "popleft",
+        "remove",
+        "setdefault",
+        "update",
+    }
+)
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            yield ".".join(parts), path
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _attributes_of(tree: ast.Module, name: str) -> set[str]:
+    """The attributes a class defines: class-level names (dataclass fields, slots) and every
+    self.NAME it stores in its methods."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and node.name == name):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                found.add(item.target.id)
+            elif isinstance(item, ast.Assign):
+                found.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                for target in targets:
+                    for leaf in ast.walk(target):
+                        if (
+                            isinstance(leaf, ast.Attribute)
+                            and isinstance(leaf.value, ast.Name)
+                            and leaf.value.id == "self"
+                        ):
+                            found.add(leaf.attr)
+    return found - {"__slots__", "__hash__"}
+
+
+def _owned_attributes() -> dict[str, set[str]]:
+    return {name: _attributes_of(_parse(ROOT / path), name) for name, path in OWNED.items()}
+
+
+class _Writes(ast.NodeVisitor):
+    """Finds stores to, and mutating calls on, attributes named in `watched` whose receiver
+    is not `self` (or that are private and read through another object), outside the
+    classes that own them."""
+
+    def __init__(self, module: str, watched: dict[str, set[str]]) -> None:
+        self.module = module
+        self.watched = watched
+        self.classes: list[str] = []
+        self.found: list[str] = []
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.classes.append(node.name)
+        self.generic_visit(node)
+        self.classes.pop()
+
+    def _owners(self, attribute: str) -> list[str]:
+        return [name for name, attributes in self.watched.items() if attribute in attributes]
+
+    def _report(self, node: ast.AST, what: str, attribute: str) -> None:
+        owners = self._owners(attribute)
+        inside = self.classes[-1] if self.classes else None
+        if owners and inside not in owners:
+            where = f"{self.module}:{node.lineno}"  # type: ignore[attr-defined]
+            self.found.append(f"{where}: {what} {attribute!r} of {'/'.join(owners)}")
+
+    def _check_target(self, target: ast.AST, node: ast.AST) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self._check_target(element, node)
+        elif isinstance(target, ast.Starred):
+            self._check_target(target.value, node)
+        elif isinstance(target, ast.Attribute) and not _is_self(target.value):
+            self._report(node, "stores", target.attr)
+        elif (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.value, ast.Attribute)
+            and not _is_self(target.value.value)
+        ):
+            self._report(node, "stores an item of", target.value.attr)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._check_target(target, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_target(node.target, node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_target(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._check_target(target, node)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        function = node.func
+        if (
+            isinstance(function, ast.Attribute)
+            and function.attr in _MUTATING
+            and isinstance(function.value, ast.Attribute)
+            and not _is_self(function.value.value)
+        ):
+            self._report(node, f"calls {function.attr}() on", function.value.attr)
+        if (
+            isinstance(function, ast.Name)
+            and function.id in ("setattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            self._report(node, f"{function.id}s", str(node.args[1].value))
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        private = node.attr.startswith("_") and not node.attr.startswith("__")
+        if private and not _is_self(node.value) and not _is_module_like(node.value):
+            self._report(node, "uses the private", node.attr)
+        self.generic_visit(node)
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _is_module_like(node: ast.AST) -> bool:
+    # A module's private name (os._exit, sys._getframe) is no record's.
+    return isinstance(node, ast.Name) and node.id in ("os", "sys", "threading")
+
+
+def test_the_records_of_the_pool_have_one_writer_each():
+    watched = _owned_attributes()
+    assert watched["Task"] and watched["WorkerProcess"] and watched["Tasks"]
+    found = []
+    for module, path in _modules():
+        if not module.startswith(EXECUTOR):
+            continue
+        visitor = _Writes(module, watched)
+        visitor.visit(_parse(path))
+        found += visitor.found
+    assert found == [], "\n".join(found)
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that a module imports anywhere in its source."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    edges: set[str] = set()
+    for node in ast.walk(_parse(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from package import name` imports the submodule when there is one.
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            ]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                edges.add(name)
+    return edges
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as a list of modules (its first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                return [*stack[stack.index(successor) :], successor]
+            if successor not in state:
+                cycle = visit(successor)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_cycles_in_pool_and_worker():
+    modules = dict(_modules())
+    known = set(modules) | set(NATIVE)
+    graph = {module: _imports(module, path, known) for module, path in modules.items()}
+    graph.update((name, set()) for name in NATIVE)
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_worker_side_never_imports_jax():
+    for module, path in _modules():
+        if module.startswith("worker"):
+            tree = _parse(path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                for name in names:
+                    assert name.split(".")[0] not in ("jax", "jaxlib"), f"{module} imports {name}"
