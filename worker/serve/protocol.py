@@ -254,10 +254,11 @@ def _finish(
     if len(data) < _FIRST_READ:
         data += _recv_exactly(sock, _FIRST_READ - len(data))
     length, sent_fds, form = _HEADER.unpack_from(data)
-    if form != Format.PICKLE and (length != MIN_PAYLOAD or sent_fds):
-        # A hot frame is exactly its fields and carries no descriptor: with any
-        # other length, what follows would be read as the next frame.
-        raise ValueError(f"not a frame of ours (format {form}, {length} bytes, {sent_fds} fds)")
+    if form != Format.PICKLE and length != MIN_PAYLOAD:
+        # A hot frame is exactly its fields: with any other length, what follows
+        # would be read as the next frame. Descriptors sent with one come back to
+        # the caller, which closes them (the worker does).
+        raise ValueError(f"not a frame of ours (format {form}, {length} bytes)")
     message = _decode(sock, data, length, form)
     if truncated or len(received) != sent_fds:
         # The kernel dropped descriptors this process had no room for.
