@@ -12,6 +12,8 @@ implementation, and a key the function returns leaves as key data.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -216,16 +218,40 @@ def _where(equation: Any) -> str:
         return ""
 
 
+def _from_equinox(equation: Any) -> bool:
+    """Whether a callback was made by equinox (its runtime checks, eqx.error_if and the like)."""
+    module = sys.modules.get("equinox")
+    if module is None or not getattr(module, "__file__", None):
+        return False
+    try:  # private, and only for the message: no hint if it moved
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(equation.source_info.traceback)
+    except Exception:
+        return False
+    package = os.path.dirname(module.__file__) + os.sep
+    return frame is not None and frame.file_name.startswith(package)
+
+
 def _host_callback_error(found: list[Any]) -> ValueError:
     """The error for a function whose program calls back into Python, naming the callback."""
     first = found[0]
     what = _CALLBACKS.get(first.primitive.name, first.primitive.name) + _where(first)
     if len(found) > 1:
         what += f", and {len(found) - 1} more"
+    hint = "Remove the callback, or return the value as an output instead"
+    if any(_from_equinox(equation) for equation in found):
+        # Equinox's checks are callbacks unless EQX_ON_ERROR, read when equinox is
+        # imported, turns them into NaN outputs, which a standalone program can carry.
+        hint = (
+            "The callback is one of equinox's runtime checks (diffrax, lineax and optimistix "
+            "make them too): set the environment variable EQX_ON_ERROR=nan before equinox is "
+            "imported, so that a failed check gives NaN instead of calling back. " + hint
+        )
     return ValueError(
         f"the function calls back into Python ({what}), which a standalone program cannot "
         "do: it runs in a worker process, or later from the disk cache, with no Python "
-        "caller to call. Remove the callback, or return the value as an output instead"
+        f"caller to call. {hint}"
     )
 
 
