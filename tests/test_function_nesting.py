@@ -69,3 +69,17 @@ def test_a_pool_function_traced_outside_any_lowering_is_still_refused(pool) -> N
     with pytest.raises(TracedPoolFunctionError):
         jax.vmap(inner)(x)
     np.testing.assert_array_equal(inner(x), 2 * x)
+
+
+def test_a_nested_pool_functions_custom_calls_are_allowed_in_the_outer_program(pool) -> None:
+    target = "pjrt_pool_test_nested_target"
+
+    def call(x):
+        return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    inner = pool.function(call, custom_calls=[target])
+    outer = pool.function(lambda x: inner(x) * 2)  # names no custom calls itself
+    program = outer.lower(np.ones(3, np.float32))
+    assert target in program.text
+    with pytest.raises(ValueError, match=target):
+        pool.function(lambda x: call(x) * 2).lower(np.ones(3, np.float32))
