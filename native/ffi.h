@@ -95,8 +95,11 @@ bool Adaptable(FfiVersion runtime, FfiVersion handler);
 
 // An XLA_FFI_Handler that forwards every call to `handler` and reports
 // `version` as its own in the metadata stage. The same handler and version
-// always get the same adapter (XLA accepts a target registered twice only with
-// the same address). Throws PjrtException when every adapter is taken.
+// always get the same adapter, so that registering a handler under several
+// targets takes one adapter. (The plugin's XLA keeps the first handler of a
+// target and reports success for any other, so Plugin::RegisterFfiHandler
+// refuses a second handler for a target before any adapter is taken.)
+// Throws PjrtException when every adapter is taken.
 void* Adapter(void* handler, FfiVersion version);
 
 }  // namespace pjrt_pool

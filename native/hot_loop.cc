@@ -110,31 +110,61 @@ void HotLoop::SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
     value.outputs.push_back(HostOutput{arena_ + output.offset, output.size});
   }
   value.executable = std::move(executable);
-  slots_[slot] = std::move(value);
+  auto shared = std::make_shared<const Slot>(std::move(value));
+  std::shared_ptr<const Slot> replaced;  // released after the lock, if no run holds it
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry& entry = slots_[slot];
+  replaced = std::move(entry.slot);
+  entry.slot = std::move(shared);
 }
 
-void HotLoop::DropSlot(int64_t slot) { slots_.erase(slot); }
+void HotLoop::DropSlot(int64_t slot) {
+  std::shared_ptr<const Slot> dropped;  // released after the lock, if no run holds it
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = slots_.find(slot);
+  if (found == slots_.end()) return;
+  dropped = std::move(found->second.slot);
+  slots_.erase(found);
+}
+
+bool HotLoop::HasSlot(int64_t slot) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slots_.count(slot) != 0;
+}
+
+std::shared_ptr<const HotLoop::Slot> HotLoop::Take(int64_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = slots_.find(slot);
+  if (found == slots_.end()) return nullptr;
+  found->second.last_use = ++clock_;
+  return found->second.slot;
+}
 
 void HotLoop::Run(int64_t task_id, int64_t slot, bool zero_copy) {
-  auto found = slots_.find(slot);
-  if (found == slots_.end()) {
+  std::shared_ptr<const Slot> value = Take(slot);
+  if (value == nullptr) {
     throw std::invalid_argument("hot slot " + std::to_string(slot) + " is not registered");
   }
+  RunSlot(task_id, *value, zero_copy);
+}
+
+void HotLoop::RunSlot(int64_t task_id, const Slot& value, bool zero_copy) {
   // Before any work: if the process dies from here on, the parent knows the
   // task had started (protocol.CONTROL_BYTES, protocol.STARTED).
-  last_task_id_ = task_id;
+  last_task_id_.store(task_id, std::memory_order_release);
   std::memcpy(arena_ + arena_size_, &task_id, sizeof(task_id));
-  found->second.last_use = ++clock_;
-  const Slot& value = found->second;
   value.executable->Execute(value.inputs, value.outputs, zero_copy);
 }
 
 std::vector<int64_t> HotLoop::TakeUsed() {
   std::vector<std::pair<uint64_t, int64_t>> used;
-  for (const auto& [slot, value] : slots_) {
-    if (value.last_use > taken_at_) used.emplace_back(value.last_use, slot);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [slot, value] : slots_) {
+      if (value.last_use > taken_at_) used.emplace_back(value.last_use, slot);
+    }
+    taken_at_ = clock_;
   }
-  taken_at_ = clock_;
   std::sort(used.begin(), used.end());
   std::vector<int64_t> slots;
   slots.reserve(used.size());
@@ -189,8 +219,9 @@ Unanswered HotLoop::Serve() {
     if (!hot) return frame;  // the caller reads the rest and answers it
     const int64_t task_id = Field<int64_t>(data, 6);
     const int64_t slot = Field<int32_t>(data, 14);
-    if (!HasSlot(slot)) return frame;  // the caller says it is not loaded
-    Run(task_id, slot, Field<uint8_t>(data, 18) != 0);
+    std::shared_ptr<const Slot> value = Take(slot);
+    if (value == nullptr) return frame;  // the caller says it is not loaded
+    RunSlot(task_id, *value, Field<uint8_t>(data, 18) != 0);
     SendReply(task_id);
   }
 }

@@ -6,9 +6,11 @@
 // sends and receives through both).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -51,6 +53,9 @@ struct Unanswered {
   bool interrupted = false;  // a signal came before any byte: nothing was read
 };
 
+// Every method may be called from any thread, at any time: a slot set or
+// dropped while Serve or Run runs it is replaced or forgotten for the next
+// run, and the run under way keeps the slot it began with.
 class HotLoop {
  public:
   // The loop reads and writes `fd` (the worker's socket, which the caller
@@ -65,7 +70,7 @@ class HotLoop {
                std::vector<SlotInput> inputs, std::vector<SlotOutput> outputs);
   // Forgets a slot (its program was unloaded); an unknown slot is ignored.
   void DropSlot(int64_t slot);
-  bool HasSlot(int64_t slot) const { return slots_.count(slot) != 0; }
+  bool HasSlot(int64_t slot) const;
 
   // Answers HotRuns of registered slots until a frame comes that is not one;
   // returns that frame. A run's failure is thrown (what Execute throws), with
@@ -79,7 +84,7 @@ class HotLoop {
   void Run(int64_t task_id, int64_t slot, bool zero_copy);
 
   // The task of the last run begun (Serve's or Run's), -1 before any.
-  int64_t last_task_id() const { return last_task_id_; }
+  int64_t last_task_id() const { return last_task_id_.load(std::memory_order_acquire); }
 
   // The slots run since the last call, least recently run first (for the
   // caller's LRU of loaded programs).
@@ -90,19 +95,28 @@ class HotLoop {
     std::shared_ptr<Executable> executable;
     std::vector<HostInput> inputs;
     std::vector<HostOutput> outputs;
+  };
+  struct Entry {
+    // Shared with a run under way, which holds it until its Execute returns.
+    std::shared_ptr<const Slot> slot;
     uint64_t last_use = 0;
   };
 
+  // The slot a run of `slot` uses now (marked used), or null when none is set.
+  std::shared_ptr<const Slot> Take(int64_t slot);
+  void RunSlot(int64_t task_id, const Slot& value, bool zero_copy);
   void SendReply(int64_t task_id);
 
   int fd_;
   uint8_t* arena_;
   size_t arena_size_;
   double spin_seconds_;
-  std::unordered_map<int64_t, Slot> slots_;
+  // Guards slots_, clock_ and taken_at_; never held while a program runs.
+  mutable std::mutex mutex_;
+  std::unordered_map<int64_t, Entry> slots_;
   uint64_t clock_ = 0;  // counts runs; a slot's last_use is the count at its last run
   uint64_t taken_at_ = 0;  // clock_ at the last TakeUsed
-  int64_t last_task_id_ = -1;
+  std::atomic<int64_t> last_task_id_{-1};
 };
 
 }  // namespace pjrt_pool

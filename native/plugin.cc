@@ -2,8 +2,11 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -169,9 +172,49 @@ std::optional<FfiVersion> Plugin::HandlerFfiVersion(void* handler,
   return HandlerVersion(*runtime, handler);
 }
 
+namespace {
+
+// XLA's FFI registry keys handlers by canonical platform name: case aside,
+// "cpu" is "host".
+std::string CanonicalPlatform(const std::string& platform) {
+  std::string lower = platform;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower == "cpu" ? "host" : lower;
+}
+
+// A handler's address, with its symbol and library where the dynamic linker knows them.
+std::string DescribeHandler(void* handler) {
+  std::ostringstream out;
+  out << handler;
+  Dl_info info{};
+  if (dladdr(handler, &info) != 0 && info.dli_fname != nullptr) {
+    out << " (";
+    if (info.dli_sname != nullptr && info.dli_saddr == handler) out << info.dli_sname << " in ";
+    out << info.dli_fname << ")";
+  }
+  return out.str();
+}
+
+}  // namespace
+
 FfiRegistration Plugin::RegisterFfiHandler(const std::string& target, void* handler,
                                            const std::string& platform,
                                            uint32_t traits) const {
+  std::lock_guard<std::mutex> lock(registry_mutex_);
+  void* const own = handler;  // an adapter may take its place below
+  const auto key = std::make_pair(CanonicalPlatform(platform), target);
+  auto found = registered_.find(key);
+  if (found != registered_.end()) {
+    if (found->second.handler == handler) return found->second.registration;
+    throw PjrtException(
+        PJRT_Error_Code_ALREADY_EXISTS,
+        "the FFI target " + target + " is registered already on " + platform + " with the " +
+            "handler at " + DescribeHandler(found->second.handler) +
+            ": the handler at " + DescribeHandler(handler) + " cannot replace it (the " +
+            "plugin's XLA keeps the first handler of a target); register each target once, " +
+            "or this handler under another target name");
+  }
   FfiRegistration registration;
   const std::optional<FfiRuntime>& runtime = Runtime(platform);
   if (runtime) {
@@ -195,6 +238,7 @@ FfiRegistration Plugin::RegisterFfiHandler(const std::string& target, void* hand
     }
   }
   RegisterThroughExtension(target, handler, platform, traits);
+  registered_.emplace(key, Registered{own, registration});
   return registration;
 }
 

@@ -64,7 +64,11 @@ class Plugin {
   // `platform`. A handler built for a newer XLA FFI than the plugin's is
   // registered through an adapter when ffi.h's Adaptable allows it and
   // refused with FfiVersionException otherwise: XLA would drop it without a
-  // word.
+  // word. A target registered already (on the same platform) with the same
+  // handler gets its first registration back, with no call into XLA and no
+  // adapter taken; with a different handler it is refused with a
+  // PjrtException (ALREADY_EXISTS) naming both, since the plugin's XLA keeps
+  // the first handler and reports success for the second.
   FfiRegistration RegisterFfiHandler(const std::string& target, void* handler,
                                      const std::string& platform, uint32_t traits) const;
 
@@ -83,6 +87,17 @@ class Plugin {
   const FfiExtension* ffi_ = nullptr;
   mutable std::mutex ffi_mutex_;
   mutable std::map<std::string, std::optional<FfiRuntime>> ffi_runtimes_;
+
+  // The handlers this process registered, by (canonical platform, target): the
+  // handler's own address (not its adapter's) and what its registration found.
+  struct Registered {
+    void* handler;
+    FfiRegistration registration;
+  };
+  // Held for a whole registration, so that two threads registering one target
+  // cannot both find it free.
+  mutable std::mutex registry_mutex_;
+  mutable std::map<std::pair<std::string, std::string>, Registered> registered_;
 };
 
 }  // namespace pjrt_pool

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_python
 from test_warm import pjrt_pool
 
-from pool import Pool
+from pool import Pool, lower
 
 optax = pytest.importorskip("optax")
 eqx = pytest.importorskip("equinox")
@@ -97,3 +98,36 @@ def test_warm_lowers_here_an_equinox_program_that_a_lowering_process_cannot(tmp_
     (program,) = json.loads(done.stdout)["programs"]
     assert program["outcome"] == "compiled"
     assert program["note"].startswith("could not be sent to a lowering process")
+
+
+def checked_double(x):
+    """An equinox runtime check, as diffrax, lineax and optimistix make them."""
+    return eqx.error_if(x, x < 0, "x must not be negative") * 2
+
+
+def test_an_equinox_check_is_refused_with_what_makes_it_lower() -> None:
+    with pytest.raises(ValueError, match="calls back into Python") as caught:
+        lower(checked_double, [jax.ShapeDtypeStruct((3,), jnp.float32)])
+    message = str(caught.value)
+    assert "equinox" in message
+    assert "EQX_ON_ERROR=nan before equinox is imported" in message
+
+
+def test_with_eqx_on_error_nan_an_equinox_check_lowers_and_runs_as_under_jax_jit() -> None:
+    done = run_python(
+        """
+        import jax, jax.numpy as jnp, numpy as np, equinox as eqx
+        from pool import Pool
+        def checked_double(x):
+            return eqx.error_if(x, x < 0, "x must not be negative") * 2
+        with Pool(workers=1) as pool:
+            ours = pool.function(checked_double)
+            for x in ([1.0, 2.0, 3.0], [1.0, -1.0, 3.0]):
+                x = np.asarray(x, np.float32)
+                print(ours(x).tolist(), np.asarray(jax.jit(checked_double)(x)).tolist())
+        """,
+        env={"EQX_ON_ERROR": "nan"},
+    )
+    good, bad = done.stdout.splitlines()
+    assert good == "[2.0, 4.0, 6.0] [2.0, 4.0, 6.0]"
+    assert bad == "[nan, nan, nan] [nan, nan, nan]"

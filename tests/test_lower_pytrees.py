@@ -132,15 +132,49 @@ def test_host_callbacks_are_refused_by_name(function, named: str) -> None:
     message = str(caught.value)
     assert named in message and "test_lower_pytrees.py" in message
     assert "standalone program cannot" in message and "NotImplementedError" not in message
+    assert "EQX_ON_ERROR" not in message  # a callback of the user's own, not equinox's
 
 
 @pytest.mark.parametrize(
     ("value", "where"),
-    [(3, r"shapes\[1\]"), ("relu", r"shapes\[1\]\['activation'\]")],
-    ids=["int", "str-in-a-dict"],
+    [("relu", r"shapes\[1\]"), ({"activation": "relu"}, r"shapes\[1\]\['activation'\]")],
+    ids=["str", "str-in-a-dict"],
 )
 def test_a_value_that_is_not_an_array_suggests_static_argnums(value, where: str) -> None:
-    argument = value if isinstance(value, int) else {"activation": value}
     with pytest.raises(TypeError, match=where) as caught:
-        lower(lambda x, n: x, [sds(2), argument])
-    assert "static_argnums" in str(caught.value) and "functools.partial" in str(caught.value)
+        lower(lambda x, n: x, [sds(2), value])
+    message = str(caught.value)
+    assert "static_argnums" in message and "functools.partial" in message
+    assert "jnp.asarray(x)" in message
+
+
+def gymnax_like_step(params: dict, state: jax.Array) -> jax.Array:
+    """gymnax's pattern: environment parameters that are plain Python floats and ints."""
+    return state * params["gravity"] + params["steps"] + jnp.where(params["done"], 1, 0)
+
+
+def test_python_scalars_in_pytrees_are_weakly_typed_inputs_as_in_jax_jit() -> None:
+    params = {"gravity": 9.8, "steps": 3, "done": True}
+    state = np.arange(3, dtype=np.float32).astype(jnp.bfloat16)
+    program = lower(gymnax_like_step, [params, state])
+    # Leaves in JAX's order: done, gravity, steps, then the state.
+    assert [str(t) for t in program.input_types] == [
+        "bool[]",
+        "float32[]",
+        "int32[]",
+        "bfloat16[3]",
+    ]
+    executable, _ = compile_program(program)
+    (got,) = executable.run(jax.tree_util.tree_leaves([params, state]))
+    want = jax.jit(gymnax_like_step)(params, state)
+    # The weak float keeps the result bfloat16, as under jax.jit; a strong float32 would not.
+    assert got.dtype == want.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, want)
+    assert str(lower(lambda x: x * 1.5, [1.0]).input_types[0]) == "float32[]"
+
+
+def test_a_python_int_that_jax_cannot_trace_is_refused_as_jax_jit_refuses_it() -> None:
+    with pytest.raises(OverflowError):
+        jax.jit(lambda x: x)(2**40)
+    with pytest.raises(TypeError, match=r"shapes\[0\]\['n'\].*too large"):
+        lower(lambda p: p["n"], [{"n": 2**40}])

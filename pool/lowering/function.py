@@ -21,7 +21,11 @@ constants costs a dictionary lookup per call, not a hash of its text.
 A PoolFunction cannot be traced: jax.grad, jax.vmap or jax.jit of it (or a
 call of it inside a function they trace) is refused with a TypeError that
 says so, since its program runs in another process, where JAX's tracers
-cannot follow.
+cannot follow. Inside a lowering (lower_tree, and so any PoolFunction's
+first call of a signature) it is different: the whole traced program runs in
+a worker, so a call with tracers traces into the function, as a nested
+jax.jit does, and recursion through PoolFunctions lowers as it does through
+jax.jit.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ import numpy as np
 
 from pool.errors import TracedPoolFunctionError
 from pool.executor.futures import adapt
-from pool.lowering.lower import TreeProgram, function_name, lower_tree
+from pool.lowering.lower import (
+    TreeProgram,
+    allow_custom_calls,
+    function_name,
+    lower_tree,
+    lowering_here,
+)
 from worker.records import LoweredProgram
 
 
@@ -62,6 +72,7 @@ class Runner(Protocol):
     ) -> Future[list[np.ndarray]]:
         """Runs a program; returns a Future of its outputs."""
         ...
+
 
 LeafType = tuple[tuple[int, ...], Any, bool]
 """What the program depends on for one argument leaf: shape, dtype, weak type."""
@@ -215,14 +226,6 @@ _PROGRAM_OPTIONS = (
 trace_context = _trace_context_function()
 
 
-class _LoweringHere(threading.local):
-    depth = 0
-    """How many lowerings this thread is inside (a function traced calls PoolFunctions)."""
-
-
-_lowering_here = _LoweringHere()
-
-
 class PoolFunction:
     """A function lowered once per signature and run in a Pool's workers, like jax.jit's.
 
@@ -274,10 +277,29 @@ class PoolFunction:
     # -- calls ------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the function in a worker and returns its result as jax.jit would (numpy leaves)."""
-        compiled, inputs = self._prepare(args, kwargs)
+        """Runs the function in a worker and returns its result as jax.jit would (numpy leaves).
+
+        Called with tracers while this thread lowers a program, it traces into
+        the function as a nested jax.jit does (the outer program runs it).
+        """
+        try:
+            compiled, inputs = self._prepare(args, kwargs)
+        except TracedPoolFunctionError:
+            if not lowering_here():
+                raise
+            allow_custom_calls(self._custom_calls)
+            return self._nested(*args, **kwargs)
         outputs = self._pool.run(compiled.tree.program, inputs, name=compiled.name)
         return _rebuild(compiled, outputs)
+
+    @functools.cached_property
+    def _nested(self) -> Callable[..., Any]:
+        """The function as jax.jit, with this PoolFunction's statics: what a nested call traces."""
+        return jax.jit(
+            self._function,
+            static_argnums=self._static,
+            static_argnames=tuple(sorted(self._static_names)),
+        )
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Starts the function in a worker; returns a Future of the result __call__ returns.
@@ -367,18 +389,16 @@ class PoolFunction:
                 if compiled is not None:
                     return compiled
                 busy = self._lowering.get(signature)
-                if busy is None or _lowering_here.depth:
+                if busy is None or lowering_here():
                     done = self._lowering.setdefault(signature, threading.Event())
                     break
             busy.wait()  # the other thread's lowering failed if nothing is there now
-        _lowering_here.depth += 1
         try:
             compiled = self._lower(tree, types, statics)
             with self._lock:
                 compiled = self._compiled.setdefault(signature, compiled)
             return compiled
         finally:
-            _lowering_here.depth -= 1
             if busy is None:  # this thread's entry: take it away and wake the waiters
                 with self._lock:
                     self._lowering.pop(signature, None)

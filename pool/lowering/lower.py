@@ -12,6 +12,9 @@ implementation, and a key the function returns leaves as key data.
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -100,10 +103,20 @@ def key_dtype_of(dtype: Any) -> KeyDtype | None:
         return None
 
 
+_PYTHON_SCALARS = (bool, int, float, complex)
+"""The Python scalars jax.jit traces as weakly typed 0-d arrays (bool is strongly typed)."""
+
+
 def _leaf_shape(label: str, value: Any) -> tuple[jax.ShapeDtypeStruct, KeyDtype | None]:
     """One argument leaf as the ShapeDtypeStruct the program takes, and its key dtype if a key."""
     if isinstance(value, jax.ShapeDtypeStruct):
         shape = value
+    elif type(value) in _PYTHON_SCALARS:
+        try:
+            aval = jax.typeof(value)
+        except OverflowError as error:  # an int that does not fit the default integer type
+            raise TypeError(f"{label}: {error}") from None
+        shape = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     elif hasattr(value, "shape") and hasattr(value, "dtype"):
         shape = jax.ShapeDtypeStruct(
             value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False))
@@ -111,9 +124,10 @@ def _leaf_shape(label: str, value: Any) -> tuple[jax.ShapeDtypeStruct, KeyDtype 
     else:
         kind = type(value).__name__
         raise TypeError(
-            f"{label} must be a jax.ShapeDtypeStruct or an array, not {kind}: a program takes "
-            "arrays only. Make a value that is not an array static (static_argnums in "
-            "Pool.function) or bind it with functools.partial before lowering"
+            f"{label} must be a jax.ShapeDtypeStruct, an array or a Python scalar, not {kind}: "
+            "a program takes arrays only. Convert a value that is array-like with "
+            "jnp.asarray(x); make one that is not static (static_argnums in Pool.function) "
+            "or bind it with functools.partial before lowering"
         )
     if any(not isinstance(n, int) for n in shape.shape):
         raise TypeError(f"{label} has a symbolic shape {shape.shape}; give concrete sizes")
@@ -204,17 +218,67 @@ def _where(equation: Any) -> str:
         return ""
 
 
+def _from_equinox(equation: Any) -> bool:
+    """Whether a callback was made by equinox (its runtime checks, eqx.error_if and the like)."""
+    module = sys.modules.get("equinox")
+    if module is None or not getattr(module, "__file__", None):
+        return False
+    try:  # private, and only for the message: no hint if it moved
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(equation.source_info.traceback)
+    except Exception:
+        return False
+    package = os.path.dirname(module.__file__) + os.sep
+    return frame is not None and frame.file_name.startswith(package)
+
+
 def _host_callback_error(found: list[Any]) -> ValueError:
     """The error for a function whose program calls back into Python, naming the callback."""
     first = found[0]
     what = _CALLBACKS.get(first.primitive.name, first.primitive.name) + _where(first)
     if len(found) > 1:
         what += f", and {len(found) - 1} more"
+    hint = "Remove the callback, or return the value as an output instead"
+    if any(_from_equinox(equation) for equation in found):
+        # Equinox's checks are callbacks unless EQX_ON_ERROR, read when equinox is
+        # imported, turns them into NaN outputs, which a standalone program can carry.
+        hint = (
+            "The callback is one of equinox's runtime checks (diffrax, lineax and optimistix "
+            "make them too): set the environment variable EQX_ON_ERROR=nan before equinox is "
+            "imported, so that a failed check gives NaN instead of calling back. " + hint
+        )
     return ValueError(
         f"the function calls back into Python ({what}), which a standalone program cannot "
         "do: it runs in a worker process, or later from the disk cache, with no Python "
-        "caller to call. Remove the callback, or return the value as an output instead"
+        f"caller to call. {hint}"
     )
+
+
+class _Lowerings(threading.local):
+    """The lowerings this thread is inside, innermost last (a traced function may lower)."""
+
+    def __init__(self) -> None:
+        self.custom_calls: list[set[str]] = []
+        """Per lowering: the custom-call targets its program may call."""
+
+
+_lowerings = _Lowerings()
+
+
+def lowering_here() -> bool:
+    """Whether this thread is tracing a function that lower_tree is lowering."""
+    return bool(_lowerings.custom_calls)
+
+
+def allow_custom_calls(targets: Sequence[str]) -> None:
+    """Lets the program this thread is lowering call these custom-call targets too.
+
+    A PoolFunction traced into the program of another lowering (as a nested
+    jax.jit is) brings the targets it was made with.
+    """
+    if _lowerings.custom_calls:
+        _lowerings.custom_calls[-1].update(targets)
 
 
 def lower_tree(
@@ -251,16 +315,23 @@ def lower_tree(
     results: list[tuple[Any, tuple[KeyDtype | None, ...]]] = []
     flat = _flat_function(function, in_tree, tuple(input_keys), results)
     jitted = jax.jit(flat, keep_unused=True)
-    # Traced once: export reuses this trace. Callbacks are found in the program
-    # itself, never guessed from an error's text (the function's own errors pass).
-    callbacks = list(_callback_equations(jitted.trace(*arguments).jaxpr.jaxpr))
-    if callbacks:
-        raise _host_callback_error(callbacks)
-    exported = jax.export.export(
-        jitted,
-        platforms=[platform],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in custom_calls],
-    )(*arguments)
+    targets = set(custom_calls)
+    _lowerings.custom_calls.append(targets)
+    try:
+        # Traced once: export reuses this trace. Callbacks are found in the program
+        # itself, never guessed from an error's text (the function's own errors pass).
+        callbacks = list(_callback_equations(jitted.trace(*arguments).jaxpr.jaxpr))
+        if callbacks:
+            raise _host_callback_error(callbacks)
+        exported = jax.export.export(
+            jitted,
+            platforms=[platform],
+            disabled_checks=[
+                jax.export.DisabledSafetyCheck.custom_call(t) for t in sorted(targets)
+            ],
+        )(*arguments)
+    finally:
+        _lowerings.custom_calls.pop()
     if exported.ordered_effects:
         raise ValueError(
             f"the function has ordered side effects ({exported.ordered_effects}), which a "
@@ -290,7 +361,9 @@ def lower(
 ) -> LoweredProgram:
     """Lowers a function to StableHLO for a platform, which by default follows JAX.
 
-    shapes are the arguments as shapes, or as arrays. Their placement and the
+    shapes are the arguments as shapes, or as arrays; a Python scalar leaf
+    (a float in a dict of parameters, say) is a weakly typed 0-d input, as
+    jax.jit traces it, and is passed as the value at run time. Their placement and the
     default device of JAX choose the platform as lowering_platform describes,
     unless platform names one. The program records the platform, and
     compile_program loads the plugin for it.

@@ -53,7 +53,9 @@ class Pool(executor.Pool):
         LoweredProgram a call runs. Crash isolation, timeouts and quarantine
         are those of submit. It runs in another process, so it cannot be
         traced: jax.grad, jax.vmap or jax.jit of it raise TypeError (make the
-        PoolFunction of the transformed function instead).
+        PoolFunction of the transformed function instead). Called with tracers
+        while a PoolFunction (or lower) is lowering, it traces into its
+        function as a nested jax.jit does, so that the outer program runs it.
 
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
