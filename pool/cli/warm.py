@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manife
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
-from worker.errors import BundleError, NotInCacheError, PluginNotFoundError
+from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
@@ -284,8 +285,13 @@ def _run(args: argparse.Namespace) -> int:
             ready = time.perf_counter()
             outputs = manifest.run(args.name, inputs)
             done = time.perf_counter()
-    except (NotInCacheError, BundleError) as error:
+    except NotInCacheError as error:
         raise _not_in_cache(args.name, error, manifest.bundle is not None) from None
+    except (BundleError, PjrtError) as error:
+        # The files were refused, or the plugin failed to load or run them: a failed
+        # operation (exit 1), said in one line.
+        print(f"{args.prog}: error: {args.name}: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_PROBLEMS
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,

@@ -26,6 +26,7 @@ from worker.bundle.index import (
     check_member_name,
     check_signature,
 )
+from worker.bundle.signatures import type_mismatch
 from worker.cache import entry as entry_format
 from worker.cache.signing import Signer, signer_from_environment
 from worker.errors import BundleError
@@ -122,9 +123,23 @@ class Bundle:
         return data
 
     def entry(self, key: str) -> entry_format.Entry:
-        """Returns a verified entry: as entry_bytes, then checked as a cache entry is read."""
+        """Returns a verified entry: as entry_bytes, then checked as a cache entry is read.
+
+        The types the index gives each program of the entry must be those the
+        entry records (signatures.py): an index whose types were changed is
+        refused, naming the program and both sets of types.
+        """
         data = self.entry_bytes(key)
         try:
-            return entry_format.verify(data, key, self.signer)
+            entry = entry_format.verify(data, key, self.signer)
         except entry_format.CorruptEntryError as error:
             raise BundleError(f"{self.path}: entry {key} cannot be used: {error}") from None
+        for program in self.index.programs.values():
+            if key in program.keys:
+                mismatch = type_mismatch(program.spec(key), entry.metadata)
+                if mismatch is not None:
+                    raise BundleError(
+                        f"{self.path}: its index gives program {program.name!r} {mismatch} "
+                        "(the index was changed after the bundle was made): make the bundle again"
+                    )
+        return entry

@@ -31,6 +31,7 @@ from worker.bundle.index import (
     signature,
 )
 from worker.bundle.reader import Bundle
+from worker.bundle.signatures import type_mismatch
 from worker.cache import entry as entry_format
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import entry_name
@@ -170,6 +171,12 @@ def create_bundle(
                 f"{spec.name}{where}: its cache entry {spec.key} in {cache.directory} cannot "
                 f"be used ({error}): warm it again"
             ) from None
+        mismatch = type_mismatch(spec, entry.metadata)
+        if mismatch is not None:
+            raise BundleError(
+                f"{spec.name}{where}: the manifest gives it {mismatch}: the manifest was "
+                "edited or is stale; write it again (pjrt-pool warm --manifest)"
+            )
         digest = hashlib.sha256(data).hexdigest()
         flags = entry.metadata.get("cpu_flags")
         flags = (
