@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.paths import input_file, output_file
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import import_bundle
@@ -108,10 +109,13 @@ def _name_a_command(_args: argparse.Namespace) -> int:
     raise UsageError("name a bundle command: create, merge, import or check")
 
 
-def _output(path: str, inputs: list[str]) -> Path:
+def _output(path: str, inputs: list[str], flag: str = "-o") -> Path:
     output = Path(path)
     if output.is_dir():
-        raise UsageError(f"-o {path} is a directory; name the bundle file to write")
+        raise UsageError(f"{flag} {path} is a directory; name the file to write")
+    output_file(output, flag)
+    for item in inputs:
+        input_file(item, "the input")
     if not output.parent.is_dir():
         raise UsageError(f"-o {path}: the directory {output.parent} does not exist")
     if any(output.resolve() == Path(item).resolve() for item in inputs):
@@ -184,8 +188,9 @@ def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
 
 
 def _import(args: argparse.Namespace) -> int:
+    input_file(args.bundle, "the bundle")
     if args.manifest:
-        _output(args.manifest, [args.bundle])
+        _output(args.manifest, [args.bundle], "--manifest")
     try:
         cache = DiskCache(args.cache_dir)
         result = import_bundle(args.bundle, cache)
@@ -220,6 +225,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    input_file(args.file, "the file")
     try:
         if looks_like_archive(args.file):
             if args.cache_dir is not None:

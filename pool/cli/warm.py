@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.paths import input_file
 from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
@@ -212,6 +213,7 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
             raise UsageError(f"{spec.name} has unknown input types: give --inputs")
         return random_inputs(spec.input_types, args.seed)
     types = ", ".join(map(str, spec.input_types or ()))
+    input_file(args.inputs, "--inputs")
     try:
         data = np.load(args.inputs)
     except (OSError, ValueError) as error:
@@ -254,6 +256,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
+    input_file(args.manifest, "the manifest")
     try:
         manifest = load_manifest(args.manifest, args.cache_dir)
         if args.name is None:

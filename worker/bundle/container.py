@@ -177,9 +177,26 @@ def _parse_header(header: bytes, offset: int, path: str) -> tuple[str, int]:
 
 
 def looks_like_archive(path: str | os.PathLike[str]) -> bool:
-    """Whether a file starts with a POSIX ustar header (a bundle, or an attempt at one)."""
+    """Whether a file is a bundle, or an attempt at one (damaged included), not a manifest.
+
+    A file starting with a ustar header is one; so is a regular file whose
+    first block holds a NUL byte, which no JSON text does: a bundle whose
+    header was damaged is then reported as a damaged bundle by its reader,
+    not as a manifest that fails to decode. The file is opened without
+    blocking and only a regular file is read (a FIFO would wait for a writer
+    forever): anything else is not an archive, and its reader refuses it.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as file:
-            return file.read(BLOCK)[257:265] == _USTAR_MAGIC
+        fd = os.open(path, flags)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        first = os.pread(fd, BLOCK, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return first[257:265] == _USTAR_MAGIC or b"\x00" in first

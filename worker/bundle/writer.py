@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import io
 import os
+import stat
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ def write_archive(path: Path, sources: Sequence[Source], mode: int = 0o644) -> N
     names = [source.name for source in sources]
     if len(set(names)) != len(names):
         raise BundleError(f"{path}: two members would have the same name")
+    with contextlib.suppress(FileNotFoundError):
+        # The bundle is renamed over path: a device node or FIFO there would be replaced.
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise BundleError(
+                f"{path} exists and is not a regular file: write the bundle elsewhere"
+            )
     temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
