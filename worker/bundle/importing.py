@@ -53,14 +53,14 @@ def import_bundle(path: str | os.PathLike[str], cache: DiskCache) -> ImportResul
         keys = sorted(bundle.index.entries)
         total = 0
         for key in keys:
-            bundle.index.parts_of(key)  # the index's parts hash to the key
-            bundle.entry(key)  # and the entry passes every check a cache read makes
-            size = bundle.index.entries[key].size
+            size = bundle.index.entries[key].size  # the member's, checked as the bundle opened
             if size > cache.max_size:
                 raise BundleError(
                     f"{bundle.path}: entry {key} is {format_size(size)}, more than the cache's "
                     f"size bound ({format_size(cache.max_size)}); raise PJRT_POOL_CACHE_MAX_SIZE"
                 )
+            bundle.index.parts_of(key)  # the index's parts hash to the key
+            bundle.entry(key, cache.max_size)  # and it passes every check a cache read makes
             total += size
         if total > cache.max_size:
             raise BundleError(
@@ -73,7 +73,7 @@ def import_bundle(path: str | os.PathLike[str], cache: DiskCache) -> ImportResul
                 present += 1
                 continue
             # Read and checked again: the file may have changed since it was verified.
-            data = bundle.entry_bytes(key)
+            data = bundle.entry_bytes(key, cache.max_size)
             if cache.publish_file(key, data):
                 imported += 1
                 written += len(data)
