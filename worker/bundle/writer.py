@@ -34,6 +34,7 @@ from worker.bundle.index import (
 from worker.bundle.reader import Bundle
 from worker.bundle.signatures import type_mismatch
 from worker.cache import entry as entry_format
+from worker.cache.atomic import sync_directory
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
@@ -88,6 +89,7 @@ def write_archive(path: Path, sources: Sequence[Source], mode: int = 0o644) -> N
             os.fsync(file.fileno())
         os.chmod(temp, mode)  # exactly: the umask must not change what is shipped
         os.replace(temp, path)
+        sync_directory(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
