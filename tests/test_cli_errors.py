@@ -148,3 +148,12 @@ def test_run_says_which_key_is_missing_and_how_to_warm_it(tiny: dict, tmp_path: 
     # The real manifest still runs.
     done = pjrt_pool("run", str(tiny["manifest"]), "add", "--json")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_bad_compile_mode_is_a_usage_error_for_warm_and_run(tiny):
+    """PJRT_POOL_COMPILE=bogus: one line, exit 2, before anything is loaded (issue 29, F)."""
+    bogus = {"PJRT_POOL_COMPILE": "bogus"}
+    warm = pjrt_pool("warm", str(tiny["spec"]), "--cache-dir", str(tiny["cache"]), env=bogus)
+    assert_usage_error(warm, "PJRT_POOL_COMPILE='bogus'", "never", "allow")
+    run = pjrt_pool("run", str(tiny["manifest"]), "add", env=bogus)
+    assert_usage_error(run, "PJRT_POOL_COMPILE='bogus'")

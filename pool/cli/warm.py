@@ -31,6 +31,7 @@ from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manife
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
+from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
@@ -168,7 +169,16 @@ def _check_plugin(platform: str, option: str) -> None:
         raise UsageError(f"{option} {platform}: {error}") from None
 
 
+def _compile_mode() -> None:
+    """Raises UsageError for a PJRT_POOL_COMPILE that is neither never nor allow."""
+    try:
+        never_compile_on()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _warm(args: argparse.Namespace) -> int:
+    _compile_mode()
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
@@ -256,6 +266,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
+    _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     input_file(args.manifest, "the manifest")
     try:
         manifest = load_manifest(args.manifest, args.cache_dir)
