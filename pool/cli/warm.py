@@ -15,11 +15,13 @@ and how long loading and running took.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +171,26 @@ def _check_plugin(platform: str, option: str) -> None:
         raise UsageError(f"{option} {platform}: {error}") from None
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Sends whatever is written to stdout meanwhile to stderr, at the descriptor.
+
+    A spec's imports and functions may print (``import brax.envs`` does), and
+    so may the processes started meanwhile (lowering workers, which inherit
+    the descriptor): stdout is the report's alone, so that ``--json`` output
+    parses.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _compile_mode() -> None:
     """Raises UsageError for a PJRT_POOL_COMPILE that is neither never nor allow."""
     try:
@@ -185,22 +207,23 @@ def _warm(args: argparse.Namespace) -> int:
     from pool.warm.spec_file import SpecError, load_spec
     from pool.warm.warming import report_json, warm
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as error:
-        raise UsageError(str(error)) from None
-    progress = ProgressDisplay(len(spec.programs))
-    report = warm(
-        spec,
-        workers=args.workers,
-        platform=args.platform,
-        cache_dir=args.cache_dir,
-        timeout=args.timeout,
-        fail_fast=args.fail_fast,
-        lower_workers=args.lower_workers,
-        progress=progress,
-        scheduler=args.scheduler,
-    )
+    with _stdout_to_stderr():
+        try:
+            spec = load_spec(args.spec)
+        except SpecError as error:
+            raise UsageError(str(error)) from None
+        progress = ProgressDisplay(len(spec.programs))
+        report = warm(
+            spec,
+            workers=args.workers,
+            platform=args.platform,
+            cache_dir=args.cache_dir,
+            timeout=args.timeout,
+            fail_fast=args.fail_fast,
+            lower_workers=args.lower_workers,
+            progress=progress,
+            scheduler=args.scheduler,
+        )
     if args.manifest:
         cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
         specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
