@@ -157,3 +157,14 @@ def test_a_bad_compile_mode_is_a_usage_error_for_warm_and_run(tiny):
     assert_usage_error(warm, "PJRT_POOL_COMPILE='bogus'", "never", "allow")
     run = pjrt_pool("run", str(tiny["manifest"]), "add", env=bogus)
     assert_usage_error(run, "PJRT_POOL_COMPILE='bogus'")
+
+
+def test_run_json_is_json_when_an_output_sum_is_nan(tiny, tmp_path):
+    """JSON has no NaN: a sum that is not finite is null (issue 29, Also)."""
+    inputs = tmp_path / "nan.npz"
+    np.savez(inputs, np.array([np.nan, 1, 2, 3], np.float32), np.ones(4, np.float32))
+    done = pjrt_pool("run", str(tiny["manifest"]), "add", "--inputs", str(inputs), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "NaN" not in done.stdout
+    (output,) = json.loads(done.stdout)["outputs"]
+    assert output["sum"] is None and output["shape"] == [4]

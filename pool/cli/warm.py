@@ -110,7 +110,12 @@ def register(subparsers: Any) -> None:
         default=0,
         help="run through a pool of N workers (default 0: in this process)",
     )
-    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON (an output's sum that is not finite, NaN or "
+        "infinite, is null: JSON has no NaN)",
+    )
     run.set_defaults(run=_run, prog=run.prog)
 
 
@@ -276,6 +281,18 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
     return inputs
 
 
+def _finite_sums(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each sum that is NaN or infinite as None: JSON has no NaN (null)."""
+    outputs = [
+        {
+            **output,
+            "sum": output["sum"] if output["sum"] is None or math.isfinite(output["sum"]) else None,
+        }
+        for output in result["outputs"]
+    ]
+    return {**result, "outputs": outputs}
+
+
 def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
     if from_bundle:
         return UsageError(f"{name}: {error}")
@@ -347,7 +364,7 @@ def _run(args: argparse.Namespace) -> int:
         ],
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(_finite_sums(result), indent=2, allow_nan=False))
     else:
         where = f"a pool of {args.workers}" if args.workers else "this process"
         print(
