@@ -27,7 +27,7 @@ from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from pool.cli.paths import input_file, output_file
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker.bundle.container import looks_like_archive
-from worker.bundle.importing import import_bundle
+from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
 from worker.bundle.writer import create_bundle, merge_bundles
@@ -192,6 +192,12 @@ def _import(args: argparse.Namespace) -> int:
     if args.manifest:
         _output(args.manifest, [args.bundle], "--manifest")
     try:
+        existing = DiskCache(args.cache_dir, create=False)
+        if not existing.usable:
+            # No cache there yet: the bundle is checked before one is made, so that a
+            # refused bundle leaves no empty cache behind.
+            with Bundle(args.bundle, existing.signer) as bundle:
+                check_for_import(bundle, existing.max_size)
         cache = DiskCache(args.cache_dir)
         result = import_bundle(args.bundle, cache)
     except (BundleError, UntrustedCacheError, ValueError) as error:
