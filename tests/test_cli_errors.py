@@ -148,3 +148,23 @@ def test_run_says_which_key_is_missing_and_how_to_warm_it(tiny: dict, tmp_path: 
     # The real manifest still runs.
     done = pjrt_pool("run", str(tiny["manifest"]), "add", "--json")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_bad_compile_mode_is_a_usage_error_for_warm_and_run(tiny):
+    """PJRT_POOL_COMPILE=bogus: one line, exit 2, before anything is loaded (issue 29, F)."""
+    bogus = {"PJRT_POOL_COMPILE": "bogus"}
+    warm = pjrt_pool("warm", str(tiny["spec"]), "--cache-dir", str(tiny["cache"]), env=bogus)
+    assert_usage_error(warm, "PJRT_POOL_COMPILE='bogus'", "never", "allow")
+    run = pjrt_pool("run", str(tiny["manifest"]), "add", env=bogus)
+    assert_usage_error(run, "PJRT_POOL_COMPILE='bogus'")
+
+
+def test_run_json_is_json_when_an_output_sum_is_nan(tiny, tmp_path):
+    """JSON has no NaN: a sum that is not finite is null (issue 29, Also)."""
+    inputs = tmp_path / "nan.npz"
+    np.savez(inputs, np.array([np.nan, 1, 2, 3], np.float32), np.ones(4, np.float32))
+    done = pjrt_pool("run", str(tiny["manifest"]), "add", "--inputs", str(inputs), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "NaN" not in done.stdout
+    (output,) = json.loads(done.stdout)["outputs"]
+    assert output["sum"] is None and output["shape"] == [4]

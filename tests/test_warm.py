@@ -274,3 +274,37 @@ def test_warm_reports_programs_the_cache_did_not_store(tmp_path: Path) -> None:
     assert "could not be written" in program.error
     good = warm(programs, workers=1, cache_dir=tmp_path / "cache")
     assert good.ok and good.programs[0].outcome is Outcome.COMPILED
+
+
+PRINTING_SPEC = """
+import jax, jax.numpy as jnp
+print("Failed to import warp: a library that prints when imported")
+
+def double(x):
+    print("tracing double")
+    return x * 2
+
+def programs():
+    print("building the programs")
+    return [("double", double, [jax.ShapeDtypeStruct((4,), jnp.float32)])]
+"""
+
+
+@pytest.mark.parametrize("lower_workers", ["0", "1"])
+def test_warm_json_stdout_is_the_report_alone_when_the_spec_prints(tmp_path, lower_workers):
+    """A spec's own prints go to stderr, from this process or a lowering worker (issue 29, 15)."""
+    spec = tmp_path / "printing.py"
+    spec.write_text(PRINTING_SPEC)
+    done = pjrt_pool(
+        "warm",
+        str(spec),
+        "--json",
+        "--lower-workers",
+        lower_workers,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)  # nothing but the report
+    assert report["programs"][0]["name"] == "double"
+    assert "Failed to import warp" in done.stderr and "tracing double" in done.stderr

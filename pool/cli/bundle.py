@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.paths import input_file, output_file
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker.bundle.container import looks_like_archive
-from worker.bundle.importing import import_bundle
+from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
 from worker.bundle.writer import create_bundle, merge_bundles
@@ -108,10 +109,13 @@ def _name_a_command(_args: argparse.Namespace) -> int:
     raise UsageError("name a bundle command: create, merge, import or check")
 
 
-def _output(path: str, inputs: list[str]) -> Path:
+def _output(path: str, inputs: list[str], flag: str = "-o") -> Path:
     output = Path(path)
     if output.is_dir():
-        raise UsageError(f"-o {path} is a directory; name the bundle file to write")
+        raise UsageError(f"{flag} {path} is a directory; name the file to write")
+    output_file(output, flag)
+    for item in inputs:
+        input_file(item, "the input")
     if not output.parent.is_dir():
         raise UsageError(f"-o {path}: the directory {output.parent} does not exist")
     if any(output.resolve() == Path(item).resolve() for item in inputs):
@@ -184,9 +188,16 @@ def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
 
 
 def _import(args: argparse.Namespace) -> int:
+    input_file(args.bundle, "the bundle")
     if args.manifest:
-        _output(args.manifest, [args.bundle])
+        _output(args.manifest, [args.bundle], "--manifest")
     try:
+        existing = DiskCache(args.cache_dir, create=False)
+        if not existing.usable:
+            # No cache there yet: the bundle is checked before one is made, so that a
+            # refused bundle leaves no empty cache behind.
+            with Bundle(args.bundle, existing.signer) as bundle:
+                check_for_import(bundle, existing.max_size)
         cache = DiskCache(args.cache_dir)
         result = import_bundle(args.bundle, cache)
     except (BundleError, UntrustedCacheError, ValueError) as error:
@@ -220,6 +231,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    input_file(args.file, "the file")
     try:
         if looks_like_archive(args.file):
             if args.cache_dir is not None:

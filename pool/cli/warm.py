@@ -15,21 +15,26 @@ and how long loading and running took.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.paths import input_file
 from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
-from worker.errors import BundleError, NotInCacheError, PluginNotFoundError
+from worker.compile.never_compile import never_compile_on
+from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
@@ -105,7 +110,12 @@ def register(subparsers: Any) -> None:
         default=0,
         help="run through a pool of N workers (default 0: in this process)",
     )
-    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON (an output's sum that is not finite, NaN or "
+        "infinite, is null: JSON has no NaN)",
+    )
     run.set_defaults(run=_run, prog=run.prog)
 
 
@@ -166,29 +176,59 @@ def _check_plugin(platform: str, option: str) -> None:
         raise UsageError(f"{option} {platform}: {error}") from None
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Sends whatever is written to stdout meanwhile to stderr, at the descriptor.
+
+    A spec's imports and functions may print (``import brax.envs`` does), and
+    so may the processes started meanwhile (lowering workers, which inherit
+    the descriptor): stdout is the report's alone, so that ``--json`` output
+    parses.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _compile_mode() -> None:
+    """Raises UsageError for a PJRT_POOL_COMPILE that is neither never nor allow."""
+    try:
+        never_compile_on()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _warm(args: argparse.Namespace) -> int:
+    _compile_mode()
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
     from pool.warm.spec_file import SpecError, load_spec
     from pool.warm.warming import report_json, warm
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as error:
-        raise UsageError(str(error)) from None
-    progress = ProgressDisplay(len(spec.programs))
-    report = warm(
-        spec,
-        workers=args.workers,
-        platform=args.platform,
-        cache_dir=args.cache_dir,
-        timeout=args.timeout,
-        fail_fast=args.fail_fast,
-        lower_workers=args.lower_workers,
-        progress=progress,
-        scheduler=args.scheduler,
-    )
+    with _stdout_to_stderr():
+        try:
+            spec = load_spec(args.spec)
+        except SpecError as error:
+            raise UsageError(str(error)) from None
+        progress = ProgressDisplay(len(spec.programs))
+        report = warm(
+            spec,
+            workers=args.workers,
+            platform=args.platform,
+            cache_dir=args.cache_dir,
+            timeout=args.timeout,
+            fail_fast=args.fail_fast,
+            lower_workers=args.lower_workers,
+            progress=progress,
+            scheduler=args.scheduler,
+        )
     if args.manifest:
         cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
         specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
@@ -211,6 +251,7 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
             raise UsageError(f"{spec.name} has unknown input types: give --inputs")
         return random_inputs(spec.input_types, args.seed)
     types = ", ".join(map(str, spec.input_types or ()))
+    input_file(args.inputs, "--inputs")
     try:
         data = np.load(args.inputs)
     except (OSError, ValueError) as error:
@@ -240,6 +281,18 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
     return inputs
 
 
+def _finite_sums(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each sum that is NaN or infinite as None: JSON has no NaN (null)."""
+    outputs = [
+        {
+            **output,
+            "sum": output["sum"] if output["sum"] is None or math.isfinite(output["sum"]) else None,
+        }
+        for output in result["outputs"]
+    ]
+    return {**result, "outputs": outputs}
+
+
 def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
     if from_bundle:
         return UsageError(f"{name}: {error}")
@@ -253,6 +306,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
+    _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
+    input_file(args.manifest, "the manifest")
     try:
         manifest = load_manifest(args.manifest, args.cache_dir)
         if args.name is None:
@@ -284,8 +339,13 @@ def _run(args: argparse.Namespace) -> int:
             ready = time.perf_counter()
             outputs = manifest.run(args.name, inputs)
             done = time.perf_counter()
-    except (NotInCacheError, BundleError) as error:
+    except NotInCacheError as error:
         raise _not_in_cache(args.name, error, manifest.bundle is not None) from None
+    except (BundleError, PjrtError) as error:
+        # The files were refused, or the plugin failed to load or run them: a failed
+        # operation (exit 1), said in one line.
+        print(f"{args.prog}: error: {args.name}: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_PROBLEMS
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
@@ -304,7 +364,7 @@ def _run(args: argparse.Namespace) -> int:
         ],
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(_finite_sums(result), indent=2, allow_nan=False))
     else:
         where = f"a pool of {args.workers}" if args.workers else "this process"
         print(

@@ -11,6 +11,7 @@ reads one header per member and nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from typing import NamedTuple
@@ -21,6 +22,8 @@ BLOCK = 512
 MAX_MEMBERS = 1 << 17
 """More members than this is no bundle pjrt-pool wrote (a program has one entry per
 environment): refused before the listing grows without bound."""
+_CHUNK = 1 << 24
+"""Bytes read per call when a member is read whole or hashed."""
 MAX_TRAILER = 1 << 16
 """tar pads the archive with zeros after its end marker (to 10240 bytes); more is refused."""
 
@@ -90,12 +93,41 @@ class Archive:
             raise BundleError(f"{self.path}: {member.name} is truncated (the file changed?)")
         return data
 
+    def read_part(self, member: Member, start: int, size: int) -> bytes:
+        """Returns up to size bytes of a member's data from start (fewer at its end)."""
+        size = max(0, min(size, member.size - start))
+        return self._read_at(member.offset + start, size)
+
+    def read_into(self, member: Member, buffer: bytearray) -> None:
+        """Reads a member's data into a buffer of its size; raises BundleError if truncated."""
+        if self._fd < 0:
+            raise ValueError(f"bundle {self.path} is closed")
+        view = memoryview(buffer)
+        done = 0
+        while done < member.size:
+            count = os.preadv(self._fd, [view[done : done + _CHUNK]], member.offset + done)
+            if not count:
+                raise BundleError(f"{self.path}: {member.name} is truncated (the file changed?)")
+            done += count
+
+    def digest(self, member: Member) -> str:
+        """Returns the SHA-256 of a member's data, read in chunks (never held whole)."""
+        digest = hashlib.sha256()
+        done = 0
+        while done < member.size:
+            chunk = self._read_at(member.offset + done, min(_CHUNK, member.size - done))
+            if not chunk:
+                break
+            digest.update(chunk)
+            done += len(chunk)
+        return digest.hexdigest()
+
     def _read_at(self, offset: int, size: int) -> bytes:
         if self._fd < 0:
             raise ValueError(f"bundle {self.path} is closed")
         chunks = []
         while size > 0:
-            chunk = os.pread(self._fd, min(size, 1 << 26), offset)
+            chunk = os.pread(self._fd, min(size, _CHUNK), offset)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -177,9 +209,26 @@ def _parse_header(header: bytes, offset: int, path: str) -> tuple[str, int]:
 
 
 def looks_like_archive(path: str | os.PathLike[str]) -> bool:
-    """Whether a file starts with a POSIX ustar header (a bundle, or an attempt at one)."""
+    """Whether a file is a bundle, or an attempt at one (damaged included), not a manifest.
+
+    A file starting with a ustar header is one; so is a regular file whose
+    first block holds a NUL byte, which no JSON text does: a bundle whose
+    header was damaged is then reported as a damaged bundle by its reader,
+    not as a manifest that fails to decode. The file is opened without
+    blocking and only a regular file is read (a FIFO would wait for a writer
+    forever): anything else is not an archive, and its reader refuses it.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "rb") as file:
-            return file.read(BLOCK)[257:265] == _USTAR_MAGIC
+        fd = os.open(path, flags)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        first = os.pread(fd, BLOCK, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return first[257:265] == _USTAR_MAGIC or b"\x00" in first

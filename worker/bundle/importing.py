@@ -50,36 +50,47 @@ def import_bundle(path: str | os.PathLike[str], cache: DiskCache) -> ImportResul
             f"cannot import {os.fspath(path)}: the cache {cache.directory} cannot be written"
         )
     with Bundle(path, cache.signer) as bundle:
-        keys = sorted(bundle.index.entries)
-        total = 0
-        for key in keys:
-            bundle.index.parts_of(key)  # the index's parts hash to the key
-            bundle.entry(key)  # and the entry passes every check a cache read makes
-            size = bundle.index.entries[key].size
-            if size > cache.max_size:
-                raise BundleError(
-                    f"{bundle.path}: entry {key} is {format_size(size)}, more than the cache's "
-                    f"size bound ({format_size(cache.max_size)}); raise PJRT_POOL_CACHE_MAX_SIZE"
-                )
-            total += size
-        if total > cache.max_size:
-            raise BundleError(
-                f"{bundle.path}: its entries take {format_size(total)}, more than the cache's size "
-                f"bound ({format_size(cache.max_size)}); raise PJRT_POOL_CACHE_MAX_SIZE"
-            )
+        keys = check_for_import(bundle, cache.max_size)
         imported = present = not_stored = written = 0
         for key in keys:
             if _intact(cache, key):
                 present += 1
                 continue
             # Read and checked again: the file may have changed since it was verified.
-            data = bundle.entry_bytes(key)
+            data = bundle.entry_bytes(key, cache.max_size)
             if cache.publish_file(key, data):
                 imported += 1
                 written += len(data)
             else:
                 not_stored += 1
     return ImportResult(imported, present, not_stored, written)
+
+
+def check_for_import(bundle: Bundle, max_size: int) -> list[str]:
+    """Checks every entry of an opened bundle as importing does; returns the keys, sorted.
+
+    Raises BundleError for an entry that fails any check a cache read makes,
+    or that does not fit a cache of max_size bytes (alone or with the rest).
+    Reads the bundle only: a caller may check before a cache directory exists.
+    """
+    keys = sorted(bundle.index.entries)
+    total = 0
+    for key in keys:
+        size = bundle.index.entries[key].size  # the member's, checked as the bundle opened
+        if size > max_size:
+            raise BundleError(
+                f"{bundle.path}: entry {key} is {format_size(size)}, more than the cache's "
+                f"size bound ({format_size(max_size)}); raise PJRT_POOL_CACHE_MAX_SIZE"
+            )
+        bundle.index.parts_of(key)  # the index's parts hash to the key
+        bundle.entry(key, max_size)  # and it passes every check a cache read makes
+        total += size
+    if total > max_size:
+        raise BundleError(
+            f"{bundle.path}: its entries take {format_size(total)}, more than the cache's size "
+            f"bound ({format_size(max_size)}); raise PJRT_POOL_CACHE_MAX_SIZE"
+        )
+    return keys
 
 
 def _intact(cache: DiskCache, key: str) -> bool:

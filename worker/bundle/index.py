@@ -366,6 +366,8 @@ class IndexBuilder:
 
     def __init__(self) -> None:
         self.index = Index({}, {}, {})
+        self._where: dict[str, str] = {}
+        """Where each entry came from, by key (for messages)."""
 
     def add(
         self,
@@ -379,7 +381,9 @@ class IndexBuilder:
         """Adds one entry of a program; returns whether the entry is new to the bundle.
 
         Raises BundleError when a program of the same name has another
-        signature (its types differ): names must mean one program.
+        signature (its types differ), or another entry built for the same
+        environment (another program, or other compile options): names must
+        mean one program, and a loader serves one entry per environment.
         """
         program_parts, env_parts = split_parts(parts)
         eid = environment_id(env_parts)
@@ -395,8 +399,24 @@ class IndexBuilder:
                 f"name already in the bundle ({_signature(fields)} vs "
                 f"{_signature(program.spec_json)}): give one of them another name"
             )
+        for other in () if program is None else program.keys:
+            known_entry = self.index.entries[other]
+            if other != spec.key and known_entry.environment == eid:
+                what = (
+                    f"program_sha256 {program_parts['program_sha256'][:16]}... vs "
+                    f"{known_entry.program_sha256[:16]}..."
+                    if program_parts["program_sha256"] != known_entry.program_sha256
+                    else "the same program with other compile options"
+                )
+                raise BundleError(
+                    f"program {spec.name!r}{where} and program {spec.name!r}"
+                    f"{self._where[other]} are different programs built for one environment "
+                    f"({what}), and a loader would serve only one: give one of them another "
+                    "name, or leave the one that is out of date out"
+                )
         new = spec.key not in self.index.entries
         if new:
+            self._where[spec.key] = where
             self.index.entries[spec.key] = IndexEntry(
                 key=spec.key,
                 environment=eid,

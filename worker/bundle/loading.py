@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from worker.bundle.preflight import judge
 from worker.bundle.reader import Bundle
+from worker.bundle.signatures import recorded_types
 from worker.compile.executable import Executable
 from worker.compile.identity import runtime_key_parts
 from worker.errors import NotInCacheError, PjrtError
@@ -52,7 +53,7 @@ def load_from_bundle(bundle: Bundle, name: str) -> tuple[Executable, ProgramSpec
             key=verdict.key,
             location=bundle.path,
         ) from None
-    spec = program.spec(verdict.key)
+    spec = program.spec(verdict.key)  # its types are the entry's: Bundle.entry checked them
     executable.key = verdict.key
-    executable.input_types = spec.input_types
+    executable.input_types = recorded_types(entry.metadata)[0]
     return executable, spec

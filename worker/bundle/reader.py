@@ -23,10 +23,13 @@ from worker.bundle.index import (
     MAC_NAME,
     MAX_INDEX_SIZE,
     Index,
+    IndexEntry,
     check_member_name,
     check_signature,
 )
+from worker.bundle.signatures import type_mismatch
 from worker.cache import entry as entry_format
+from worker.cache.location import resolve_max_size
 from worker.cache.signing import Signer, signer_from_environment
 from worker.errors import BundleError
 
@@ -109,22 +112,67 @@ class Bundle:
                 f"{self.path} was changed after it was made, so none of it is used: {shown}"
             )
 
-    def entry_bytes(self, key: str) -> bytes:
-        """Returns an entry member's bytes, checked against the index's SHA-256."""
+    def entry_bytes(self, key: str, max_payload: int | None = None) -> bytearray:
+        """Returns an entry member's bytes, checked against the index's SHA-256.
+
+        Nothing but the entry's header is read before its header is verified
+        (its digest, and its MAC with a secret, checked before it is parsed)
+        and its payload size found to be what the member holds and at most
+        max_payload (default: the cache's bound, PJRT_POOL_CACHE_MAX_SIZE);
+        then the member is read once, into one buffer. Raises BundleError.
+        """
+        return self._read_entry(key, max_payload)[1]
+
+    def _read_entry(
+        self, key: str, max_payload: int | None
+    ) -> tuple[entry_format.Header, bytearray]:
         record = self.index.entries[key]
-        data = self.archive.read(self._entries[key])
-        digest = hashlib.sha256(data).hexdigest()
+        member = self._entries[key]
+        bound = resolve_max_size(None) if max_payload is None else max_payload
+        try:
+            prefix = self.archive.read_part(member, 0, entry_format.PREFIX_SIZE)
+            length = entry_format.header_length(prefix)
+            if length > member.size:
+                raise entry_format.CorruptEntryError("truncated inside the header")
+            head = self.archive.read_part(member, 0, length)
+            header = entry_format.decode_header(head, self.signer)
+            entry_format.payload_size(header, member.size, bound)
+        except entry_format.CorruptEntryError as error:
+            self._check_digest(record, self.archive.digest(member))  # swapped: say so
+            raise BundleError(f"{self.path}: entry {key} cannot be used: {error}") from None
+        data = bytearray(member.size)
+        self.archive.read_into(member, data)
+        self._check_digest(record, hashlib.sha256(data).hexdigest())
+        if data[:length] != head:  # the file changed between the two reads
+            raise BundleError(f"{self.path}: {record.member} changed while it was read")
+        return header, data
+
+    def _check_digest(self, record: IndexEntry, digest: str) -> None:
         if digest != record.sha256:
             raise BundleError(
                 f"{self.path}: {record.member} was swapped after the bundle was made (its "
                 f"SHA-256 is {digest}, the index says {record.sha256})"
             )
-        return data
 
-    def entry(self, key: str) -> entry_format.Entry:
-        """Returns a verified entry: as entry_bytes, then checked as a cache entry is read."""
-        data = self.entry_bytes(key)
+    def entry(self, key: str, max_payload: int | None = None) -> entry_format.Entry:
+        """Returns a verified entry: read as entry_bytes reads it, checked as a cache read checks.
+
+        The types the index gives each program of the entry must be those the
+        entry records (signatures.py): an index whose types were changed is
+        refused, naming the program and both sets of types.
+        """
+        header, data = self._read_entry(key, max_payload)
+        del data[: header.payload_offset]  # the payload, without a copy
         try:
-            return entry_format.verify(data, key, self.signer)
+            entry = entry_format.verified_entry(header, key, data)
         except entry_format.CorruptEntryError as error:
             raise BundleError(f"{self.path}: entry {key} cannot be used: {error}") from None
+        for program in self.index.programs.values():
+            if key in program.keys:
+                mismatch = type_mismatch(program.spec(key), entry.metadata)
+                if mismatch is not None:
+                    raise BundleError(
+                        f"{self.path}: its index gives program {program.name!r} {mismatch} "
+                        "(the index was changed after the bundle was made): make the bundle again"
+                    )
+        return entry

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import io
 import os
+import stat
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from worker.bundle.index import (
     signature,
 )
 from worker.bundle.reader import Bundle
+from worker.bundle.signatures import type_mismatch
 from worker.cache import entry as entry_format
+from worker.cache.atomic import sync_directory
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
@@ -63,6 +66,12 @@ def write_archive(path: Path, sources: Sequence[Source], mode: int = 0o644) -> N
     names = [source.name for source in sources]
     if len(set(names)) != len(names):
         raise BundleError(f"{path}: two members would have the same name")
+    with contextlib.suppress(FileNotFoundError):
+        # The bundle is renamed over path: a device node or FIFO there would be replaced.
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise BundleError(
+                f"{path} exists and is not a regular file: write the bundle elsewhere"
+            )
     temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -80,6 +89,7 @@ def write_archive(path: Path, sources: Sequence[Source], mode: int = 0o644) -> N
             os.fsync(file.fileno())
         os.chmod(temp, mode)  # exactly: the umask must not change what is shipped
         os.replace(temp, path)
+        sync_directory(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
@@ -170,6 +180,12 @@ def create_bundle(
                 f"{spec.name}{where}: its cache entry {spec.key} in {cache.directory} cannot "
                 f"be used ({error}): warm it again"
             ) from None
+        mismatch = type_mismatch(spec, entry.metadata)
+        if mismatch is not None:
+            raise BundleError(
+                f"{spec.name}{where}: the manifest gives it {mismatch}: the manifest was "
+                "edited or is stale; write it again (pjrt-pool warm --manifest)"
+            )
         digest = hashlib.sha256(data).hexdigest()
         flags = entry.metadata.get("cpu_flags")
         flags = (

@@ -1,7 +1,8 @@
 """Atomic publication of files in a shared directory.
 
 Readers never see a partial file: data goes to a temporary file in the same
-directory, is flushed to disk, and is renamed over the target in one step.
+directory, is flushed to disk, and is renamed over the target in one step;
+then the directory is flushed, so that the rename survives a power loss.
 A writer killed midway leaves only a temporary file, which is invisible to
 readers and removed later by the cache's trim (see TEMP_PREFIX).
 """
@@ -86,8 +87,12 @@ class PendingFile:
             self.discard()
             raise
 
-    def place(self) -> None:
-        """Renames the written file over path (once; discards it if the rename fails)."""
+    def place(self, *, sync: bool = True) -> None:
+        """Renames the written file over path (once; discards it if the rename fails).
+
+        Then, with sync, flushes the directory (sync_directory); sync=False
+        leaves that to the caller (who may rename under a lock and flush after).
+        """
         if not self._written:
             raise ValueError(f"{self.temp} was not written, or was placed or discarded already")
         self._written = False
@@ -96,6 +101,12 @@ class PendingFile:
         except BaseException:
             self.discard()
             raise
+        if sync:
+            self.sync()
+
+    def sync(self) -> None:
+        """Flushes the directory that holds path, so that a placed file survives a power loss."""
+        sync_directory(self.path.parent, dir_fd=self.dir_fd)
 
     def discard(self) -> None:
         """Closes and removes the temporary file (never raises)."""
@@ -105,6 +116,25 @@ class PendingFile:
             self._fd = None
         with contextlib.suppress(OSError):
             os.unlink(self.temp, dir_fd=self.dir_fd)
+
+
+def sync_directory(directory: Path, *, dir_fd: int | None = None) -> None:
+    """fsyncs a directory (the one dir_fd holds, when given), making renames in it durable.
+
+    A rename is atomic but lives in the directory's own data: until that is
+    flushed, a power loss can undo it (the file then is lost, never torn).
+    Never raises: the rename is done and visible either way, and some file
+    systems refuse to sync a directory.
+    """
+    with contextlib.suppress(OSError):
+        if dir_fd is not None:
+            os.fsync(dir_fd)
+            return
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def temp_name(name: str) -> str:

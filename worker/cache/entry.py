@@ -18,8 +18,8 @@ the file is executable: JSON and opaque bytes only, never pickle, so that
 whoever can write the cache directory cannot run code in a reader.
 
 A reader bounds what it reads before it has checked it: the header's length
-(at most MAX_HEADER_SIZE) before reading the header, the header's nesting
-before parsing it, the MAC (when signing) before reading the payload, and
+(at most MAX_HEADER_SIZE) before reading the header, the MAC (when signing)
+over the header's raw bytes before parsing it, its nesting while parsing, and
 the payload's size against the file's size and the cache's bound before
 reading the payload. A file that fails any of these is corrupt, never a
 reason to run out of memory or stack.
@@ -31,6 +31,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -122,10 +123,35 @@ class Header:
     mac: bytes | None
 
 
-def decode_header(data: bytes) -> Header:
-    """Verifies an entry's header digest and returns the header.
+def header_length(prefix: bytes) -> int:
+    """Returns how many bytes an entry's prefix, header, digest and MAC take, from its prefix.
 
-    Needs only the bytes up to the payload; raises CorruptEntryError.
+    prefix is the file's first PREFIX_SIZE bytes; a header longer than
+    MAX_HEADER_SIZE raises CorruptEntryError, before any of it is read.
+    """
+    if len(prefix) < _PREFIX.size:
+        raise CorruptEntryError(f"truncated: {len(prefix)} bytes is shorter than the file prefix")
+    _, _, flags, length = _PREFIX.unpack_from(prefix)
+    if length > MAX_HEADER_SIZE:
+        raise CorruptEntryError(f"header length {length} is implausible")
+    return _PREFIX.size + length + _DIGEST_SIZE + (MAC_SIZE if flags & SIGNED else 0)
+
+
+PREFIX_SIZE = _PREFIX.size
+"""Bytes of the fixed prefix (magic, version, flags, header length)."""
+
+# The header's signer field as encode writes it (json.dumps, sort_keys): read from the raw
+# bytes of a header whose MAC failed, which is never parsed.
+_SIGNER_FIELD = re.compile(rb'"signer": "([0-9a-f]{1,64})"')
+
+
+def decode_header(data: bytes | memoryview, signer: Signer | None = None) -> Header:
+    """Verifies an entry's header digest (and MAC, with a signer) and returns the header.
+
+    Needs only the bytes up to the payload; raises CorruptEntryError, and
+    SignatureError with a signer. With a signer, the MAC is checked over the
+    raw bytes before the header's JSON is parsed: a header from whoever lacks
+    the secret is never parsed.
     """
     if len(data) < _PREFIX.size:
         raise CorruptEntryError(f"truncated: {len(data)} bytes is shorter than the file prefix")
@@ -143,33 +169,40 @@ def decode_header(data: bytes) -> Header:
     signed_part = bytes(data[:end])
     if hashlib.sha256(signed_part).digest() != data[end : end + _DIGEST_SIZE]:
         raise CorruptEntryError("header digest mismatch")
+    offset = end + _DIGEST_SIZE
+    mac = bytes(data[offset : offset + mac_size]) if mac_size else None
+    if signer is not None:
+        _check_mac(signed_part, mac, signer)
     try:
-        header = parse_json(bytes(data[_PREFIX.size : end]))
+        header = parse_json(signed_part[_PREFIX.size :])
     except ValueError as error:  # only a crafted file: the digest matched
         raise CorruptEntryError(f"header is not JSON: {error}") from None
     if not isinstance(header, dict) or not isinstance(header.get("parts", {}), dict):
         raise CorruptEntryError("header is not a JSON object with key parts")
     if not isinstance(header.get("metadata", {}), dict):
         raise CorruptEntryError("the header's metadata is not a JSON object")
-    offset = end + _DIGEST_SIZE
-    mac = bytes(data[offset : offset + mac_size]) if mac_size else None
     return Header(header, offset + mac_size, signed_part, mac)
 
 
-def check_signature(header: Header, signer: Signer) -> None:
-    """Raises SignatureError unless the header carries signer's MAC."""
-    if header.mac is None:
+def _check_mac(signed_part: bytes, mac: bytes | None, signer: Signer) -> None:
+    if mac is None:
         raise SignatureError(
             f"unsigned, and this process signs entries (secret from {signer.source})"
         )
-    if not signer.verify(header.signed_part, header.mac):
-        other = header.fields.get("signer")
+    if not signer.verify(signed_part, mac):
+        found = _SIGNER_FIELD.search(signed_part, _PREFIX.size)
+        other = None if found is None else found.group(1).decode()
         why = (
             f"signed with another secret (key id {other}, this process's is {signer.key_id})"
             if other != signer.key_id
             else "its signature does not match: it was changed after signing"
         )
         raise SignatureError(why)
+
+
+def check_signature(header: Header, signer: Signer) -> None:
+    """Raises SignatureError unless the header carries signer's MAC."""
+    _check_mac(header.signed_part, header.mac, signer)
 
 
 def _not_an_entry(message: str, found: os.stat_result | None) -> CorruptEntryError:
@@ -229,11 +262,7 @@ def _read_header_bytes(file: BinaryIO) -> bytes:
     prefix = file.read(_PREFIX.size)
     if len(prefix) < _PREFIX.size:
         return prefix  # decode_header says how short it is
-    _, _, flags, length = _PREFIX.unpack(prefix)
-    if length > MAX_HEADER_SIZE:
-        raise CorruptEntryError(f"header length {length} is implausible")
-    mac_size = MAC_SIZE if flags & SIGNED else 0
-    return prefix + file.read(length + _DIGEST_SIZE + mac_size)
+    return prefix + file.read(header_length(prefix) - _PREFIX.size)
 
 
 def read_header(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Header:
@@ -260,14 +289,21 @@ def read_entry(
     after the header. So a huge or sparse file costs a header's read, not
     its size in memory.
     """
-    verified = decode_header(_read_header_bytes(file))
-    header = verified.fields
-    key = header.get("key")
+    verified = decode_header(_read_header_bytes(file), signer)
+    key = verified.fields.get("key")
     if expected_key is not None and key != expected_key:
         raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
-    if signer is not None:
-        check_signature(verified, signer)
-    size = header.get("payload_size")
+    size = payload_size(verified, file_size, max_payload)
+    return _verified_entry(verified, key, _read_exactly(file, size, "payload"))
+
+
+def payload_size(verified: Header, file_size: int, max_payload: int) -> int:
+    """Returns the payload size a verified header gives, checked before the payload is read.
+
+    Raises CorruptEntryError unless it is a byte count of at most max_payload
+    and the file (of file_size bytes) holds exactly that much after the header.
+    """
+    size = verified.fields.get("payload_size")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise CorruptEntryError(f"the header's payload size {size!r} is not a byte count")
     if size > max_payload:
@@ -278,7 +314,21 @@ def read_entry(
         raise CorruptEntryError(
             f"payload is {file_size - verified.payload_offset} bytes, the header says {size}"
         )
-    return _verified_entry(verified, key, _read_exactly(file, size, "payload"))
+    return size
+
+
+def verified_entry(verified: Header, expected_key: str, payload: bytes | bytearray) -> Entry:
+    """Returns the entry of a verified header (decode_header) and its payload, read apart.
+
+    Checks what verify checks but the header: the key, that the key parts
+    hash to it, and the payload's size and digest. Raises CorruptEntryError.
+    """
+    key = verified.fields.get("key")
+    if key != expected_key:
+        raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
+    if key_of(verified.fields.get("parts", {})) != key:
+        raise CorruptEntryError("the key parts do not hash to the key")
+    return _verified_entry(verified, key, payload)
 
 
 def _verified_entry(verified: Header, key: Any, payload: bytes) -> Entry:
@@ -301,14 +351,11 @@ def decode(data: bytes, expected_key: str | None = None, signer: Signer | None =
     over this one) is corrupt too. With a signer, an entry without its MAC
     raises SignatureError.
     """
-    verified = decode_header(data)
+    verified = decode_header(data, signer)
     key = verified.fields.get("key")
     if expected_key is not None and key != expected_key:
         raise CorruptEntryError(f"entry is for key {key}, not {expected_key}")
-    entry = _verified_entry(verified, key, data[verified.payload_offset :])
-    if signer is not None:
-        check_signature(verified, signer)
-    return entry
+    return _verified_entry(verified, key, data[verified.payload_offset :])
 
 
 def verify(data: bytes, key: str, signer: Signer | None = None) -> Entry:

@@ -7,7 +7,8 @@ same path, and two processes would hold "the" lock at once.
 Lock files are opened relative to the descriptor of the cache's ``locks/``
 directory (see folders.py), without following a symlink, and must be regular
 files: a lock directory swapped for a symlink, or a FIFO planted at a lock's
-name, is never used. Each acquisition opens the file anew, so two threads of
+name, is never used; nor is one with another hard link (its other name may be
+anyone's file). Each acquisition opens the file anew, so two threads of
 one process exclude each other as two processes do (flock locks belong to an
 open file). A filesystem without flock gets no locking (OSError): since
 correctness never depends on the locks, at worst duplicate compiles.
@@ -64,6 +65,10 @@ def try_acquire(
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
             raise OSError(errno.EINVAL, "not a regular file, so not a lock file", name)
+        if found.st_nlink != 1:
+            # A hard link planted at the lock's name: its other name may be anyone's file,
+            # which the fchmod below would open up. Never used as a lock.
+            raise OSError(errno.EMLINK, "a lock file with other hard links, so not ours", name)
         if mode & 0o077 and found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
             os.fchmod(fd, mode)  # group members must open it for writing too
         deadline = time.monotonic() + max(timeout, 0.0)

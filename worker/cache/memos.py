@@ -13,9 +13,11 @@ protections entries get:
   (worker.untrusted). A record that fails any of this is ignored: its value is
   computed again.
 - With a signing secret (signing.py), every record written carries an
-  HMAC-SHA256 of its name and content (the ``mac`` field), and a record
-  without the right one is ignored, so that whoever can write the cache but
-  lacks the secret cannot change what a reader computes. Without a secret,
+  HMAC-SHA256 of its name and content (the ``mac`` field, first in the
+  file), and a record without the right one is ignored, so that whoever can
+  write the cache but lacks the secret cannot change what a reader computes.
+  The MAC is checked over the raw bytes that follow it before they are
+  parsed: a record from whoever lacks the secret is never parsed. Without a secret,
   records are read as they are (the directory checks are then all there is,
   as for entries).
 """
@@ -49,9 +51,14 @@ def check_memo_name(name: str) -> str:
     return name
 
 
-def _signed_bytes(name: str, record: dict[str, Any]) -> bytes:
-    content = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return f"pjrt-pool record\0{name}\0{content}".encode()
+def _signed_bytes(name: str, content: bytes) -> bytes:
+    return b"pjrt-pool record\0" + name.encode() + b"\0" + content
+
+
+# A signed record's file starts with its MAC, so that the MAC is checked over the raw bytes
+# that follow before any of them is parsed: '{"mac": "<hex>", ' then the record's own JSON
+# (without its opening brace, which the MAC covers as the record's first byte).
+_SIGNED_START = re.compile(rb'\{"mac": "([0-9a-f]{64})", ')
 
 
 class MemoStore:
@@ -73,6 +80,10 @@ class MemoStore:
             return None
         try:
             data = read_file(name, MEMO_LIMIT, dir_fd=self.folder.fd, what="record")
+            if self.signer is not None:
+                data = self._signed_content(name, data, self.signer)
+                if data is None:
+                    return None
             record = parse_json(data)
         except (OSError, ValueError) as error:
             if not isinstance(error, FileNotFoundError):
@@ -80,24 +91,28 @@ class MemoStore:
             return None
         if not isinstance(record, dict):
             return None
-        mac = record.pop(MAC_FIELD, None)
-        if self.signer is not None:
-            if not isinstance(mac, str) or not _is_hex(mac):
-                logger.warning(
-                    "ignoring the unsigned record %s: this process signs the cache (secret "
-                    "from %s)",
-                    self.folder.file(name),
-                    self.signer.source,
-                )
-                return None
-            if not self.signer.verify(_signed_bytes(name, record), bytes.fromhex(mac)):
-                logger.warning(
-                    "ignoring the record %s: its signature does not match (changed, or signed "
-                    "with another secret)",
-                    self.folder.file(name),
-                )
-                return None
+        record.pop(MAC_FIELD, None)
         return record
+
+    def _signed_content(self, name: str, data: bytes, signer: Signer) -> bytes | None:
+        """The record's JSON after its MAC, if the MAC over those raw bytes is right."""
+        start = _SIGNED_START.match(data)
+        if start is None:
+            logger.warning(
+                "ignoring the unsigned record %s: this process signs the cache (secret from %s)",
+                self.folder.file(name) if self.folder else name,
+                signer.source,
+            )
+            return None
+        content = b"{" + data[start.end() :]
+        if not signer.verify(_signed_bytes(name, content), bytes.fromhex(start.group(1).decode())):
+            logger.warning(
+                "ignoring the record %s: its signature does not match (changed, or signed "
+                "with another secret)",
+                self.folder.file(name) if self.folder else name,
+            )
+            return None
+        return content
 
     def write(self, name: str, record: dict[str, Any]) -> None:
         """Stores a JSON-ready record under name atomically, signed when there is a signer.
@@ -108,11 +123,13 @@ class MemoStore:
         check_memo_name(name)
         if self.folder is None:
             raise FileNotFoundError(f"the cache has no plugins/ folder for {name}")
-        stored = dict(record)
-        stored.pop(MAC_FIELD, None)
-        if self.signer is not None:
-            stored[MAC_FIELD] = self.signer.sign(_signed_bytes(name, stored)).hex()
+        stored = {field: value for field, value in record.items() if field != MAC_FIELD}
+        if not stored:
+            raise ValueError(f"an empty record for {name}: a record holds at least one field")
         data = json.dumps(stored, indent=1, sort_keys=True).encode()
+        if self.signer is not None:
+            mac = self.signer.sign(_signed_bytes(name, data)).hex()
+            data = b'{"' + MAC_FIELD.encode() + b'": "' + mac.encode() + b'", ' + data[1:]
         write_atomically(Path(name), data, self.mode, dir_fd=self.folder.fd)
 
     def names(self) -> list[str]:

@@ -279,14 +279,21 @@ class Ledger:
     def write(self, usage: Usage) -> None:
         """Records usage in place (no rename or fsync: a lost update only forces a scan).
 
-        Something other than a regular file in its place (a symlink, which is
-        never followed, or a FIFO) is removed and the ledger written afresh.
+        Something other than a regular file of one link in its place (a
+        symlink, which is never followed, a FIFO, a hard link to another file)
+        is removed (the name, never what it links to) and the ledger written afresh.
         Raises OSError.
         """
         if self.folder is None:
             raise FileNotFoundError(errno.ENOENT, "the cache has no ledger", LEDGER_NAME)
         text = f'{{"bytes": {int(usage.bytes)}, "scanned": {float(usage.scanned)!r}}}'.encode()
-        flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+        flags = (
+            os.O_WRONLY
+            | os.O_CREAT
+            | _NOFOLLOW
+            | getattr(os, "O_NONBLOCK", 0)
+            | getattr(os, "O_CLOEXEC", 0)  # said, though os.open adds it anyway (PEP 446)
+        )
         try:
             fd = os.open(LEDGER_NAME, flags, self.mode, dir_fd=self.folder.fd)
         except OSError as error:
@@ -295,7 +302,9 @@ class Ledger:
             fd = self._replace_odd_file(flags)
         try:
             found = os.fstat(fd)
-            if not stat_module.S_ISREG(found.st_mode):
+            # Not a regular file, or a hard link planted at its name (whose other name may be
+            # anyone's file, which writing would overwrite): replaced, never written through.
+            if not stat_module.S_ISREG(found.st_mode) or found.st_nlink != 1:
                 os.close(fd)
                 fd = self._replace_odd_file(flags)
                 found = os.fstat(fd)
@@ -308,7 +317,7 @@ class Ledger:
 
     def _replace_odd_file(self, flags: int) -> int:
         assert self.folder is not None
-        logger.warning("replacing %s, which is not a regular file", self.path)
+        logger.warning("replacing %s, which is not a regular file of its own", self.path)
         found = os.stat(LEDGER_NAME, dir_fd=self.folder.fd, follow_symlinks=False)
         if stat_module.S_ISDIR(found.st_mode):
             raise IsADirectoryError(errno.EISDIR, "a directory in the ledger's place", LEDGER_NAME)

@@ -391,13 +391,14 @@ class DiskCache:
                 pending.discard()
                 return False
             try:
-                pending.place()
+                pending.place(sync=False)
             finally:
                 lock.release()
         except OSError as error:
             pending.discard()
             self._write_failed(f"cache entry {key}", error)
             return False
+        pending.sync()  # after the lock: other writers need not wait for the disk
         return True
 
     def _space_lock(self, key: str) -> HeldLock | None:

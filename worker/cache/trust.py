@@ -302,14 +302,27 @@ def make_parents(directory: Path, shared: bool) -> None:
 def make_directory(path: Path, shared: bool) -> bool:
     """Creates one cache directory with the mode of the sharing mode; False if it exists.
 
-    The mode is set exactly (the umask would otherwise take the group bits
-    a shared cache needs); the caller checks directories that existed.
+    The parents are checked first (UntrustedCacheError if anyone could
+    replace what is made inside them). The mode is set exactly (the umask
+    would otherwise take the group bits a shared cache needs) through a
+    descriptor of the directory made, opened without following a symlink:
+    a racer who swaps it for a link gets ELOOP, never a chmod of the link's
+    target. Raises OSError when what lies at path afterwards is not a
+    directory this process owns. The caller checks directories that existed.
     """
+    _check_ancestors(Path(os.path.realpath(path.parent)) / path.name)
     mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
     try:
         os.mkdir(path, mode & 0o777)
     except FileExistsError:
         return False
     if shared:
-        os.chmod(path, mode)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags)
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise OSError(errno.EPERM, "replaced by another user's directory", str(path))
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
     return True
