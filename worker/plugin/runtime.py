@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from worker import _pjrt
-from worker.cache.key import codegen_environment, host_cpu_features, plugin_digest
+from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
 from worker.cache.memos import MemoStore
 from worker.cache.store import existing_memos, open_cache
 from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
+from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.locate import PluginLocation, cuda_major, env_var, find_plugin
 from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 
@@ -169,14 +170,14 @@ class Runtime:
         return _version(self.plugin.ffi_api_version(self.ffi_platform))
 
     def plugin_sha256(self) -> str:
-        """The SHA-256 of the plugin library, memoized in memory and on disk.
+        """The SHA-256 of the plugin library (worker.plugin.build_identity).
 
-        compile_program hashes through its own cache directory first, which
-        fills the in-memory memo; otherwise the default cache directory's
-        records are used if that directory exists and passes the trust check
-        (it is never created just for this).
+        From the installed package's RECORD when that vouches for the file;
+        else hashed, memoized in memory and in the default cache directory's
+        records if that directory exists and passes the trust check (it is
+        never created just for this).
         """
-        return plugin_digest(self.location.path, existing_memos(default_cache_dir()))
+        return plugin_build_sha256(self.location.path, lambda: existing_memos(default_cache_dir()))
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""
