@@ -76,6 +76,8 @@ class Manifest:
         cache_dir: str | None = None,
         platform: str | None = None,
         bundle: Bundle | None = None,
+        *,
+        prime: bool = False,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -88,7 +90,11 @@ class Manifest:
         self.platform = platform
         self.bundle = bundle
         """The bundle the executables come from, or None: the cache directory."""
+        self.prime_on_load = prime
+        """Whether each program runs once on zeros as it loads (Executable.prime), so that
+        its first real run is at the warm speed."""
         self._executables: dict[str, Executable] = {}
+        self._primed: dict[str, bool] = {}  # whether its priming run ran, once tried
         self._lock = threading.Lock()
 
     @property
@@ -119,8 +125,29 @@ class Manifest:
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
                     executable = load_cached_executable(spec.key, self.cache_dir)
+                if self.prime_on_load:
+                    self._primed[name] = executable.prime()
                 self._executables[name] = executable
             return executable
+
+    def prime(self, names: Iterable[str] | None = None) -> list[str]:
+        """Loads programs (default: all) into this process and primes each once; returns
+        the names whose priming run ran.
+
+        Priming runs a program once on zeros of its input types
+        (Executable.prime says which programs it skips, and what a program
+        can notice of it). Raises what executable() raises, for the first
+        program that does not load.
+        """
+        ran = []
+        for name in self.names if names is None else list(names):
+            executable = self.executable(name)
+            with self._lock:
+                if name not in self._primed:
+                    self._primed[name] = executable.prime()
+                if self._primed[name]:
+                    ran.append(name)
+        return ran
 
     def run(
         self, name: str, arguments: Sequence[ArrayLike], pool: Pool | None = None
@@ -153,15 +180,21 @@ class Manifest:
         write_atomically(Path(path), data, mode=0o644)
 
 
-def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) -> Manifest:
+def load_manifest(
+    path: str | os.PathLike[str], cache_dir: str | None = None, *, prime: bool = False
+) -> Manifest:
     """Reads a manifest, or opens a bundle; cache_dir overrides the directory a manifest records.
+
+    With prime, each program runs once on zeros as it loads (Manifest.prime_on_load),
+    so that its first real run is at the warm speed; programs still load when
+    first used, or all at once with Manifest.prime().
 
     A bundle is checked as it opens (worker.bundle.reader): one that was
     changed after it was made, is damaged or is not a bundle raises
     ManifestError saying what is wrong.
     """
     if looks_like_archive(path):
-        return _open_bundle(path, cache_dir)
+        return _open_bundle(path, cache_dir, prime)
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
@@ -177,10 +210,10 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
     for field in ("cache_dir", "platform"):
         if not isinstance(data.get(field), (str, type(None))):
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
-    return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"))
+    return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"), prime=prime)
 
 
-def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifest:
+def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: bool) -> Manifest:
     if cache_dir is not None:
         raise ManifestError(
             f"{path} is a bundle, which carries its executables: leave the cache directory "
@@ -192,4 +225,4 @@ def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifes
         raise ManifestError(str(error)) from None
     programs = list(bundle.index.programs.values())
     specs = [program.spec(program.keys[0]) for program in programs]
-    return Manifest(specs, None, programs[0].platform if programs else None, bundle)
+    return Manifest(specs, None, programs[0].platform if programs else None, bundle, prime=prime)
