@@ -33,9 +33,7 @@ import numpy as np
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
-from worker.cache.atomic import write_atomically
 from worker.cache.key import InvalidKeyError, check_key
-from worker.compile.by_key import load_cached_executable
 from worker.errors import BundleError
 from worker.records import ProgramSpec
 from worker.untrusted import parse_json, read_file
@@ -124,6 +122,9 @@ class Manifest:
                 if self.bundle is not None:
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
+                    # Here: a bundle's reader has no use for the cache's store and locks.
+                    from worker.compile.by_key import load_cached_executable
+
                     executable = load_cached_executable(spec.key, self.cache_dir)
                 if self.prime_on_load:
                     self._primed[name] = executable.prime()
@@ -176,6 +177,8 @@ class Manifest:
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Writes the manifest atomically (readers see the old file or the new one)."""
+        from worker.cache.atomic import write_atomically  # writers only
+
         data = json.dumps(self.to_json(), indent=2, sort_keys=True).encode()
         write_atomically(Path(path), data, mode=0o644)
 

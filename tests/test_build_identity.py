@@ -166,3 +166,44 @@ def test_two_dist_infos_of_the_distribution_vouch_for_nothing(tmp_path):
     assert dist_info_of(site, "lammps-jax-pjrt-cpu") is None
     found = _identity(tmp_path, str(library), site)
     assert found["hashed"] == 1
+
+
+def test_a_known_builds_flags_are_not_read_from_its_library(tmp_path):
+    """A known build that its RECORD vouches for loads with JAX's flags, reading no 200 MB."""
+    code = """
+import json
+import worker.cache.key as key
+import worker.plugin.xla_flags as xla_flags
+
+scans = []
+real_memo = xla_flags.memoized_by_file
+xla_flags.memoized_by_file = lambda *args, **kw: scans.append(args[2]) or real_memo(*args, **kw)
+hashed = []
+real_digest = key._file_digest
+key._file_digest = lambda path: hashed.append(path) or real_digest(path)
+from worker.plugin.runtime import get_runtime
+
+runtime = get_runtime("cpu")
+runtime.identity()
+print(json.dumps({"scans": scans, "hashed": len(hashed),
+                  "flags": runtime.codegen_environment["xla_flags"]}))
+"""
+    home = tmp_path / "home"
+    home.mkdir()
+    found = json.loads(run_python(code, env=_no_cache_env(home)).stdout.splitlines()[-1])
+    assert found["scans"] == [] and found["hashed"] == 0
+    assert "xla_cpu_enable_fast_min_max=false" in found["flags"]  # normalized
+
+
+def test_the_known_builds_flags_are_in_their_libraries():
+    """KnownBuild.flags says what reading the library would find."""
+    import mmap
+
+    build = KNOWN_BUILDS[0]
+    assert _file_digest(DEFAULT_PLUGIN) == build.sha256
+    with (
+        open(DEFAULT_PLUGIN, "rb") as file,
+        mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image,
+    ):
+        for flag in build.flags:
+            assert image.find(flag.encode()) >= 0, flag

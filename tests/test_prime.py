@@ -147,3 +147,12 @@ def test_run_prime_with_workers_is_a_usage_error(tmp_path):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--prime" in lines[0] and "--workers" in lines[0], done.stderr
+
+
+def test_the_cli_called_as_a_function_returns(tmp_path, capsys):
+    """Only the command line ends without the plugin's teardown: main(argv) returns."""
+    from pool.cli.main import main
+
+    path = _manifest(tmp_path, {"mlp": (_mlp, MLP_TYPES)})
+    assert main(["run", str(path), "mlp", "--prime"]) == 0
+    assert "mlp: loaded and primed from the cache" in capsys.readouterr().out

@@ -112,7 +112,7 @@ def register(subparsers: Any) -> None:
         "timed run is at the warm speed",
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
-    run.set_defaults(run=_run, prog=run.prog)
+    run.set_defaults(run=_run, prog=run.prog, exit_at_once=True)
 
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
@@ -255,6 +255,9 @@ def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # A pool's workers and shared memory are cleaned up at exit: only a run in this
+    # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
+    args.exit_at_once = not args.workers
     if args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
