@@ -51,6 +51,13 @@ def _timed(command: list[str], env: dict[str, str], report: bool) -> tuple[float
     return wall, [float(value) for value in done.stdout.split()] if report else []
 
 
+# Runs a child's code from another tree of pool/ and worker/ (--before) instead of the
+# installed (editable) one, whose finder comes first on sys.meta_path otherwise.
+FROM_TREE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path.insert(0, {tree!r})
+"""
+
 PRIMED = RUN.replace("load_manifest(sys.argv[1])", "load_manifest(sys.argv[1], prime=True)")
 CLI = "import sys; from pool.cli.main import main; sys.exit(main())"
 
@@ -60,14 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--program", default="transformer")
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also run the manifest, bundle and bundle-ro kinds from this tree of pool/ and "
+        "worker/ (git archive COMMIT pool worker | tar -x -C DIR, with the native module "
+        "copied into DIR/worker/), interleaved with the others",
+    )
     args = parser.parse_args(argv)
     import os
 
     import pool
     import worker
 
-    for package in (pool, worker):
-        compileall.compile_dir(str(Path(package.__file__).parent), quiet=1)
+    trees = [Path(package.__file__).parent for package in (pool, worker)]
+    if args.before:
+        trees += [Path(args.before) / "pool", Path(args.before) / "worker"]
+    for tree in trees:
+        compileall.compile_dir(str(tree), quiet=1)
     root = Path(tempfile.mkdtemp(prefix="pjrt-pool-start-"))
     try:
         made = _setup(root, args.program)
@@ -88,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             "primed": ([python, "-c", PRIMED, bundle, name], no_cache),
             "cli": ([python, "-c", CLI, "run", bundle, name], no_cache),
         }
+        if args.before:
+            before = FROM_TREE.format(tree=str(Path(args.before).resolve()))
+            for kind in ("manifest", "bundle", "bundle-ro"):
+                command, env = kinds[kind]
+                kinds[f"{kind} before"] = ([python, "-c", before + RUN, *command[3:]], env)
         results: dict[str, list[tuple[float, list[float]]]] = {kind: [] for kind in kinds}
         for kind, (command, env) in kinds.items():  # page the plugin in, fill the OS's caches
             _timed(command, env, kind != "cli")
@@ -114,7 +136,7 @@ def report(results: dict[str, list[tuple[float, list[float]]]], program: str, ro
     )
     least_plain = min(wall for wall, _ in results["plain"])
     print(
-        "  kind        wall ms  x plain  goal   x plain of the fastest  "
+        "  kind               wall ms  x plain  goal   x plain of the fastest  "
         "(inside: imports, load, first run, warm run ms)"
     )
     goals = {"manifest": 1.05, "bundle": 1.05, "bundle-ro": 1.10}
