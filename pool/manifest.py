@@ -33,9 +33,7 @@ import numpy as np
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
-from worker.cache.atomic import write_atomically
 from worker.cache.key import InvalidKeyError, check_key
-from worker.compile.by_key import load_cached_executable
 from worker.errors import BundleError
 from worker.records import ProgramSpec
 from worker.untrusted import parse_json, read_file
@@ -76,6 +74,8 @@ class Manifest:
         cache_dir: str | None = None,
         platform: str | None = None,
         bundle: Bundle | None = None,
+        *,
+        prime: bool = False,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -88,7 +88,11 @@ class Manifest:
         self.platform = platform
         self.bundle = bundle
         """The bundle the executables come from, or None: the cache directory."""
+        self.prime_on_load = prime
+        """Whether each program runs once on zeros as it loads (Executable.prime), so that
+        its first real run is at the warm speed."""
         self._executables: dict[str, Executable] = {}
+        self._primed: dict[str, bool] = {}  # whether its priming run ran, once tried
         self._lock = threading.Lock()
 
     @property
@@ -118,9 +122,33 @@ class Manifest:
                 if self.bundle is not None:
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
+                    # Here: a bundle's reader has no use for the cache's store and locks.
+                    from worker.compile.by_key import load_cached_executable
+
                     executable = load_cached_executable(spec.key, self.cache_dir)
+                if self.prime_on_load:
+                    self._primed[name] = executable.prime()
                 self._executables[name] = executable
             return executable
+
+    def prime(self, names: Iterable[str] | None = None) -> list[str]:
+        """Loads programs (default: all) into this process and primes each once; returns
+        the names whose priming run ran.
+
+        Priming runs a program once on zeros of its input types
+        (Executable.prime says which programs it skips, and what a program
+        can notice of it). Raises what executable() raises, for the first
+        program that does not load.
+        """
+        ran = []
+        for name in self.names if names is None else list(names):
+            executable = self.executable(name)
+            with self._lock:
+                if name not in self._primed:
+                    self._primed[name] = executable.prime()
+                if self._primed[name]:
+                    ran.append(name)
+        return ran
 
     def run(
         self, name: str, arguments: Sequence[ArrayLike], pool: Pool | None = None
@@ -149,19 +177,27 @@ class Manifest:
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Writes the manifest atomically (readers see the old file or the new one)."""
+        from worker.cache.atomic import write_atomically  # writers only
+
         data = json.dumps(self.to_json(), indent=2, sort_keys=True).encode()
         write_atomically(Path(path), data, mode=0o644)
 
 
-def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) -> Manifest:
+def load_manifest(
+    path: str | os.PathLike[str], cache_dir: str | None = None, *, prime: bool = False
+) -> Manifest:
     """Reads a manifest, or opens a bundle; cache_dir overrides the directory a manifest records.
+
+    With prime, each program runs once on zeros as it loads (Manifest.prime_on_load),
+    so that its first real run is at the warm speed; programs still load when
+    first used, or all at once with Manifest.prime().
 
     A bundle is checked as it opens (worker.bundle.reader): one that was
     changed after it was made, is damaged or is not a bundle raises
     ManifestError saying what is wrong.
     """
     if looks_like_archive(path):
-        return _open_bundle(path, cache_dir)
+        return _open_bundle(path, cache_dir, prime)
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
@@ -177,10 +213,10 @@ def load_manifest(path: str | os.PathLike[str], cache_dir: str | None = None) ->
     for field in ("cache_dir", "platform"):
         if not isinstance(data.get(field), (str, type(None))):
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
-    return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"))
+    return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"), prime=prime)
 
 
-def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifest:
+def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: bool) -> Manifest:
     if cache_dir is not None:
         raise ManifestError(
             f"{path} is a bundle, which carries its executables: leave the cache directory "
@@ -192,4 +228,4 @@ def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None) -> Manifes
         raise ManifestError(str(error)) from None
     programs = list(bundle.index.programs.values())
     specs = [program.spec(program.keys[0]) for program in programs]
-    return Manifest(specs, None, programs[0].platform if programs else None, bundle)
+    return Manifest(specs, None, programs[0].platform if programs else None, bundle, prime=prime)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -112,15 +113,23 @@ def _max_program(tmp_path: Path) -> str:
     return str(save_program(program, tmp_path / "max.json"))
 
 
-def _max_in_child(program: str) -> float:
-    env = {"PJRT_POOL_CACHE_SECRET": SECRET, "PJRT_POOL_CACHE_KEY_FILE": ""}
+def _max_in_child(program: str, plugin: str = "") -> float:
+    env = {
+        "PJRT_POOL_CACHE_SECRET": SECRET,
+        "PJRT_POOL_CACHE_KEY_FILE": "",
+        "PJRT_POOL_PLUGIN_CPU": plugin,
+    }
     report = compile_in_child({"programs": [program], "inputs": [[1.0, 2.0], [np.nan, 1.0]]}, env)
     return report["outputs"][0][0][0]  # max(1, NaN)
 
 
 def test_a_tampered_flag_memo_does_not_undo_signing(tmp_path, cache_dir):
     program = _max_program(tmp_path)
-    assert np.isnan(_max_in_child(program))  # with the flag that makes max propagate NaN
+    # A copy of the plugin that no installed RECORD vouches for: the flag is read from the
+    # library and memoized (a known build's installed library needs no memo: KnownBuild.flags).
+    plugin = str(tmp_path / "plugin.so")
+    shutil.copyfile(worker.get_runtime("cpu").location.path, plugin)
+    assert np.isnan(_max_in_child(program, plugin))  # the flag makes max propagate NaN
     (memo,) = (cache_dir / "plugins").glob("flag-xla_cpu_enable_fast_min_max-*.json")
     record = json.loads(memo.read_text())
     assert record["value"] is True
@@ -129,7 +138,7 @@ def test_a_tampered_flag_memo_does_not_undo_signing(tmp_path, cache_dir):
     unsigned = {"identity": record["identity"], "value": False}
     for forged in ({**record, "value": False}, unsigned):
         memo.write_text(json.dumps(forged))
-        assert np.isnan(_max_in_child(program)), forged  # fast min/max would give 1.0
+        assert np.isnan(_max_in_child(program, plugin)), forged  # fast min/max would give 1.0
         assert json.loads(memo.read_text()) == record  # computed again, and signed again
     assert "mac" in record  # signed, as the entries are
 

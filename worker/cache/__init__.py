@@ -11,29 +11,74 @@ plugin builds in plugins/, signed too), atomic (publishing files), locking
 process), space (the size bound and eviction), counters, store (DiskCache,
 tying them together), report and verify (inspection for ``pjrt-pool
 cache``).
+
+The names below are imported on first use (worker.lazy_names): a process
+that only reads a bundle needs key, entry and signing, not the store's
+locking, eviction and trust checks.
 """
 
-from worker.cache.counters import CacheCounters
-from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
-from worker.cache.key import InvalidKeyError, check_key, explain_key, is_key, key_of, key_parts
-from worker.cache.location import (
-    CACHE_DIR_ENV,
-    DEFAULT_MAX_SIZE,
-    MAX_SIZE_ENV,
-    default_cache_dir,
-    format_size,
-    parse_size,
-)
-from worker.cache.signing import KEY_FILE_ENV, SECRET_ENV, Signer, signer_from_environment
-from worker.cache.space import EntryFile
-from worker.cache.store import (
-    CacheUnavailableWarning,
-    DiskCache,
-    TrimResult,
-    open_cache,
-    process_counters,
-)
-from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from worker.lazy_names import on_first_use
+
+if TYPE_CHECKING:
+    from worker.cache.counters import CacheCounters
+    from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
+    from worker.cache.key import InvalidKeyError, check_key, explain_key, is_key, key_of, key_parts
+    from worker.cache.location import (
+        CACHE_DIR_ENV,
+        DEFAULT_MAX_SIZE,
+        MAX_SIZE_ENV,
+        default_cache_dir,
+        format_size,
+        parse_size,
+    )
+    from worker.cache.signing import KEY_FILE_ENV, SECRET_ENV, Signer, signer_from_environment
+    from worker.cache.space import EntryFile
+    from worker.cache.store import (
+        CacheUnavailableWarning,
+        DiskCache,
+        TrimResult,
+        open_cache,
+        process_counters,
+    )
+    from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
+
+_MODULES = {
+    "CacheCounters": "worker.cache.counters",
+    "CorruptEntryError": "worker.cache.entry",
+    "SignatureError": "worker.cache.entry",
+    "UnreadableEntryError": "worker.cache.entry",
+    "InvalidKeyError": "worker.cache.key",
+    "check_key": "worker.cache.key",
+    "explain_key": "worker.cache.key",
+    "is_key": "worker.cache.key",
+    "key_of": "worker.cache.key",
+    "key_parts": "worker.cache.key",
+    "CACHE_DIR_ENV": "worker.cache.location",
+    "DEFAULT_MAX_SIZE": "worker.cache.location",
+    "MAX_SIZE_ENV": "worker.cache.location",
+    "default_cache_dir": "worker.cache.location",
+    "format_size": "worker.cache.location",
+    "parse_size": "worker.cache.location",
+    "KEY_FILE_ENV": "worker.cache.signing",
+    "SECRET_ENV": "worker.cache.signing",
+    "Signer": "worker.cache.signing",
+    "signer_from_environment": "worker.cache.signing",
+    "EntryFile": "worker.cache.space",
+    "CacheUnavailableWarning": "worker.cache.store",
+    "DiskCache": "worker.cache.store",
+    "TrimResult": "worker.cache.store",
+    "open_cache": "worker.cache.store",
+    "process_counters": "worker.cache.store",
+    "SHARED_ENV": "worker.cache.trust",
+    "UntrustedCacheError": "worker.cache.trust",
+    "check_cache_dir": "worker.cache.trust",
+}
+
+__getattr__, __dir__ = on_first_use(__name__, _MODULES)
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from worker.cache.key import key_parts, plugin_digest
+from worker.cache.key import key_parts
+from worker.plugin.build_identity import plugin_build_sha256
 
 if TYPE_CHECKING:
     from worker.cache.store import DiskCache
@@ -45,13 +46,13 @@ def runtime_key_parts(
     With the default empty text, what is left describes the runtime alone
     (plugin build, options, host), to compare with an entry's parts. options
     are the serialized compile options (default: compile_options()). The
-    plugin's digest is memoized in the cache's plugins/ folder, or without a
-    cache in the default cache directory's, if that exists (see
-    Runtime.plugin_sha256).
+    plugin's digest comes from its installed RECORD, or is hashed and
+    memoized in the cache's plugins/ folder, or without a cache in the
+    default cache directory's, if that exists (Runtime.plugin_sha256).
     """
     client = runtime.client
     digest = (
-        plugin_digest(runtime.location.path, cache.memos)
+        plugin_build_sha256(runtime.location.path, lambda: cache.memos)
         if cache is not None
         else runtime.plugin_sha256()
     )

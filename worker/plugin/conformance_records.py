@@ -36,10 +36,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.cache.key import check_key, plugin_digest
+from worker.cache.key import check_key
 from worker.cache.location import resolve_cache_dir
 from worker.cache.store import existing_memos, open_cache
 from worker.cache.trust import UntrustedCacheError
+from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.known_builds import (
     WORKAROUNDS_ENV,
     KnownBuild,
@@ -255,7 +256,7 @@ def _known_failures(plugin_path: str, directory: Path) -> tuple[str, str] | None
     if not recorded and not may_have_uncovered_failures(plugin_path):
         return None  # nothing to warn about, whatever its digest: do not hash it for nothing
     # Never creates the cache directory: a Pool's parent warns before any worker made it.
-    digest = plugin_digest(plugin_path, existing_memos(directory))
+    digest = plugin_build_sha256(plugin_path, lambda: existing_memos(directory))
     record = read_memo(directory, digest) if recorded else None
     message = failures_message(plugin_path, digest, record, known_build(digest))
     return None if message is None else (digest, message)

@@ -67,6 +67,10 @@ class KnownBuild(NamedTuple):
     platform: str
     failures: tuple[KnownFailure, ...]
 
+    flags: tuple[str, ...] = ()
+    """XLA flags whose names the library contains (what xla_flags.plugin_knows_flag finds
+    by reading it), so that a process that knows the build need not read 200 MB for them."""
+
     @property
     def workarounds(self) -> tuple[Workaround, ...]:
         """Every workaround for this build's failures, each once, in order."""
@@ -114,6 +118,7 @@ KNOWN_BUILDS = (
         "lammps-jax-pjrt-cpu 0.11.2",  # its only wheel: py3-none-manylinux_2_27_x86_64
         "cpu",
         (ATAN2_BY_ONE,),
+        ("xla_cpu_enable_fast_min_max", "xla_gpu_per_fusion_autotune_cache_dir"),
     ),
 )
 """Every known build. The default CPU plugin's failures were found by check-plugin

@@ -209,3 +209,19 @@ def newer_plugin_hint(location: PluginLocation) -> str:
             f"({_install_command(first)}; unset {variable} if it names another plugin)"
         )
     return f"use a plugin built from a newer XLA (set {variable} to its library)"
+
+
+def installed_default_library(path: str) -> tuple[Path, Path, str] | None:
+    """Which default package's library a plugin file is, if any: (its library path as the
+    package has it, the site directory holding the package, the distribution's name)."""
+    real = os.path.realpath(path)
+    for defaults in _DEFAULTS.values():
+        for default in defaults:
+            if default.library != os.path.basename(real):
+                continue  # not this package's file: its package is not even looked for
+            library = _library_of(default)
+            if library is None or os.path.realpath(library) != real:
+                continue
+            site = library.parents[len(default.package.split("."))]
+            return library, site, default.distribution
+    return None

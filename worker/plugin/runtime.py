@@ -16,17 +16,19 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker import _pjrt
-from worker.cache.key import codegen_environment, host_cpu_features, plugin_digest
+from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
-from worker.cache.memos import MemoStore
-from worker.cache.store import existing_memos, open_cache
 from worker.errors import PlatformMismatchError
 from worker.phases import STARTUP
+from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.locate import PluginLocation, cuda_major, env_var, find_plugin
 from worker.plugin.xla_flags import semantic_flags, xla_flags_added
+
+if TYPE_CHECKING:
+    from worker.cache.memos import MemoStore
 
 logger = logging.getLogger("pjrt_pool.runtime")
 
@@ -169,14 +171,14 @@ class Runtime:
         return _version(self.plugin.ffi_api_version(self.ffi_platform))
 
     def plugin_sha256(self) -> str:
-        """The SHA-256 of the plugin library, memoized in memory and on disk.
+        """The SHA-256 of the plugin library (worker.plugin.build_identity).
 
-        compile_program hashes through its own cache directory first, which
-        fills the in-memory memo; otherwise the default cache directory's
-        records are used if that directory exists and passes the trust check
-        (it is never created just for this).
+        From the installed package's RECORD when that vouches for the file;
+        else hashed, memoized in memory and in the default cache directory's
+        records if that directory exists and passes the trust check (it is
+        never created just for this).
         """
-        return plugin_digest(self.location.path, existing_memos(default_cache_dir()))
+        return plugin_build_sha256(self.location.path, _existing_memos)
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""
@@ -208,6 +210,15 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+def _existing_memos() -> MemoStore | None:
+    """The default cache directory's records, if it exists and passes the trust check."""
+    # Imported here: a process whose plugin's RECORD vouches for it (worker.plugin.build_identity)
+    # never opens a cache, and a loader from a bundle then never imports the store.
+    from worker.cache.store import existing_memos
+
+    return existing_memos(default_cache_dir())
+
+
 def _memos() -> MemoStore | None:
     """The default cache's records about plugin builds, if that cache's directory exists.
 
@@ -217,6 +228,8 @@ def _memos() -> MemoStore | None:
     """
     if not default_cache_dir().is_dir():
         return None
+    from worker.cache.store import open_cache  # see _existing_memos
+
     try:
         cache = open_cache()
     except Exception:  # an untrusted or broken cache: compiling will say so
@@ -263,7 +276,7 @@ def get_runtime(platform: str | None = None) -> Runtime:
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
-        with xla_flags_added(semantic_flags(platform, location.path, _memos())):
+        with xla_flags_added(semantic_flags(platform, location.path, _memos)):
             environment = codegen_environment()
             try:
                 with STARTUP.time("plugin_load"):

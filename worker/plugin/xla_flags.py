@@ -24,10 +24,12 @@ import contextlib
 import logging
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
+from worker.plugin.build_identity import installed_sha256
+from worker.plugin.known_builds import known_build
 from worker.plugin.locate import environment_variable
 
 if TYPE_CHECKING:
@@ -42,9 +44,13 @@ JAX_SEMANTICS: dict[str, dict[str, str]] = {"cpu": {"xla_cpu_enable_fast_min_max
 def plugin_knows_flag(plugin_path: str, flag: str, memos: MemoStore | None = None) -> bool:
     """Whether a plugin library contains an XLA flag's name (a flag it does not know aborts it).
 
-    Memoized per plugin build, in memory and in a cache's records when given
-    (signed when the cache signs: the answer decides what the plugin computes).
+    Known without reading the library for a known build that its installed
+    RECORD vouches for (KnownBuild.flags); otherwise memoized per plugin
+    build, in memory and in a cache's records when given (signed when the
+    cache signs: the answer decides what the plugin computes).
     """
+    if _known_to_name(plugin_path, flag):
+        return True
 
     def scan() -> bool:
         with (
@@ -56,12 +62,24 @@ def plugin_knows_flag(plugin_path: str, flag: str, memos: MemoStore | None = Non
     return bool(memoized_by_file(plugin_path, memos, f"flag-{flag}", scan, _is_bool))
 
 
+def _known_to_name(plugin_path: str, flag: str) -> bool:
+    """Whether the library is a known build (by its installed RECORD) that names the flag."""
+    build = known_build(installed_sha256(plugin_path))
+    return build is not None and flag in build.flags
+
+
 def _is_bool(value: object) -> bool:
     return isinstance(value, bool)
 
 
-def semantic_flags(platform: str, plugin_path: str, memos: MemoStore | None = None) -> list[str]:
-    """The flags to add to XLA_FLAGS while this platform's plugin loads (see the module)."""
+def semantic_flags(
+    platform: str, plugin_path: str, memos: Callable[[], MemoStore | None] = lambda: None
+) -> list[str]:
+    """The flags to add to XLA_FLAGS while this platform's plugin loads (see the module).
+
+    memos() gives the records to memoize a scan of the library in; it is
+    called only when the library must be read.
+    """
     wanted = JAX_SEMANTICS.get(platform)
     current = os.environ.get(XLA_FLAGS_ENV, "")
     if not wanted or (current.strip() and not current.lstrip().startswith("-")):
@@ -72,7 +90,9 @@ def semantic_flags(platform: str, plugin_path: str, memos: MemoStore | None = No
         if name in named:
             continue
         try:
-            known = plugin_knows_flag(plugin_path, name, memos)
+            known = _known_to_name(plugin_path, name) or plugin_knows_flag(
+                plugin_path, name, memos()
+            )
         except OSError as error:
             logger.debug("cannot read %s to look for --%s: %s", plugin_path, name, error)
             known = False
