@@ -11,16 +11,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import check_key
+from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
 from worker.records import ArrayType
 
-__all__ = ["Miss", "NotInCacheError", "load_cached_executable", "load_entry", "settle_miss"]
+if TYPE_CHECKING:
+    from worker.cache.remote import RemoteCache
+
+__all__ = [
+    "Miss",
+    "NotInCacheError",
+    "load_cached_executable",
+    "load_entry",
+    "load_remote_entry",
+    "settle_miss",
+]
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -83,6 +94,37 @@ def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None)
         logger.debug("removed the bad entry %s", key)
     if miss.dead_loads:
         cache.loads.clear(list(miss.dead_loads))
+
+
+def load_remote_entry(
+    cache: DiskCache | None, remote: RemoteCache, key: str
+) -> tuple[Executable, Entry] | None:
+    """Fetches a key's entry from the remote tier and loads it; None for a miss of any kind.
+
+    The verified entry file is published into the local cache first and
+    loaded from there (so the next load on this host is local); without a
+    writable local cache it is loaded from memory. An entry the plugin
+    rejects is refused by the remote for the rest of the process (and
+    removed locally). Call with the key's lock held when there is a cache.
+    """
+    fetched = remote.fetch(key, cache.max_size if cache is not None else DEFAULT_MAX_SIZE)
+    if fetched is None:
+        return None
+    data, entry = fetched
+    if cache is not None and cache.writable and cache.publish_file(key, data):
+        loaded = load_entry(cache, key)
+        if isinstance(loaded, Miss):
+            settle_miss(cache, key, loaded)
+            remote.refuse(key, loaded.reason)
+            return None
+        return loaded
+    try:
+        executable = Executable.deserialize(entry.payload)
+    except (PjrtError, ValueError) as error:
+        remote.refuse(key, f"the plugin rejected the entry ({error})")
+        return None
+    executable.key = key
+    return executable, entry
 
 
 def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:
