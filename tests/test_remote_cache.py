@@ -322,9 +322,145 @@ def test_a_dead_remote_costs_one_deadline(tmp_path, fault):
     ] == [True] * 3
     assert report["remote"]["errors"] == 1  # one lookup failed; the others never asked
     assert report["remote_seconds"] < 2.5, report
+    if fault == "hang":
+        assert report["remote_seconds"] > 1.5  # it did wait, for the deadline
     off = [w for w in report["warnings"] if "switched off" in w]
     assert len(off) == 1 and "s3://fleet/prefix" in off[0], report["warnings"]
     assert "SECRET-TOKEN" not in json.dumps(report)
+
+
+class FaultProxy:
+    """An HTTP proxy on the loopback in front of the S3 server that answers some requests itself.
+
+    faults: (method, status) pairs, each answered once, in order, to the
+    next request of that method (status "always" entries: see always);
+    every other request goes to the server. seen counts requests by method.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.faults: list[tuple[str, int]] = []
+        self.always: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+        self.answered: list[tuple[str, int]] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _any(self) -> None:
+                method = self.command
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.seen[method] = proxy.seen.get(method, 0) + 1
+                status = proxy.always.get(method)
+                for i, (m, s) in enumerate(proxy.faults):
+                    if status is None and m == method:
+                        status = s
+                        del proxy.faults[i]
+                        break
+                if status is not None:
+                    proxy.answered.append((method, status))
+                    code = {403: "AccessDenied", 429: "SlowDown", 503: "ServiceUnavailable"}
+                    text = f"<Error><Code>{code.get(status, 'Fault')}</Code></Error>".encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                    return
+                import http.client
+
+                upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                upstream.request(method, self.path, body=body or None, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def s3_proxy(s3_endpoint, monkeypatch) -> Iterator[tuple[FaultProxy, Remote]]:
+    """A fresh bucket on the moto server, reached through a FaultProxy."""
+    import boto3
+
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    proxy = FaultProxy(s3_endpoint)
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": proxy.url}
+    yield proxy, Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
+    proxy.close()
+
+
+@pytest.mark.slow
+def test_throttling_is_retried_with_backoff(tmp_path, s3_proxy):
+    proxy, remote = s3_proxy
+    (p,) = programs(tmp_path, 11)
+    proxy.faults = [("GET", 503), ("GET", 429), ("PUT", 503), ("PUT", 429)]
+    a = host(tmp_path, "a", [p], remote.env)
+    assert proxy.faults == [] and len(proxy.answered) == 4
+    assert a["remote"]["errors"] == 0 and a["remote"]["published"] == 1
+    assert a["warnings"] == []
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
+
+
+@pytest.mark.slow
+def test_a_refused_write_makes_the_process_read_only(tmp_path, s3_proxy):
+    proxy, remote = s3_proxy
+    p, q = programs(tmp_path, 12, 13)
+    proxy.always = {"PUT": 403}
+    a = host(tmp_path, "a", [p, q], remote.env)
+    assert [s["compiled"] for s in a["stats"]] == [1, 1]
+    assert proxy.seen.get("PUT") == 1  # q's entry was never offered: read-only after p's 403
+    assert a["remote"]["errors"] == 1 and a["remote"]["published"] == 0
+    assert a["remote"]["misses"] == 2  # still read
+    (warning,) = [w for w in a["warnings"] if "refused a write" in w]
+    assert "reading it only" in warning and remote.url in warning
+    assert remote.names() == []
+
+
+@pytest.mark.slow
+def test_a_key_is_loaded_from_the_remote_without_its_program(tmp_path, remote):
+    (p,) = programs(tmp_path, 14)
+    a = host(tmp_path, "a", [p], remote.env)
+    (record,) = [n for n in remote.names() if n.startswith("records/")]
+    key = record.split("/")[1]
+    code = f"""
+import json, sys
+from worker.cache.remote import remote_counters
+from worker.compile.by_key import load_cached_executable
+executable = load_cached_executable({key!r}, {str(tmp_path / "cache-k")!r})
+out = executable.run([{X!r}])[0].tolist()
+print(json.dumps({{"out": out, "remote": remote_counters()._asdict()}}))
+"""
+    from conftest import run_python
+
+    done = run_python(code, env=remote.env)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["remote"]["hits"] == 1 and report["out"] == a["outputs"][0][0]
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

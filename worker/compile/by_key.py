@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import check_key
@@ -96,6 +96,12 @@ def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None)
         cache.loads.clear(list(miss.dead_loads))
 
 
+def _open_remote(remote: str | Literal[False] | None) -> RemoteCache | None:
+    from worker.cache.remote import open_remote
+
+    return open_remote(remote)
+
+
 def load_remote_entry(
     cache: DiskCache | None, remote: RemoteCache, key: str
 ) -> tuple[Executable, Entry] | None:
@@ -127,7 +133,12 @@ def load_remote_entry(
     return executable, entry
 
 
-def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:
+def load_cached_executable(
+    key: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    remote: str | Literal[False] | None = None,
+) -> Executable:
     """Returns the executable stored under `key`; raises NotInCacheError if there is none.
 
     A missing, corrupt, rejected, wrongly signed or unreadable entry, or one
@@ -136,19 +147,29 @@ def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = 
     without the program there is nothing to compile again: warm the cache
     again (or compile the program) to fill it. A key that is not a cache key
     (64 hex digits) raises InvalidKeyError, a ValueError, before any file is
-    touched.
+    touched. remote (default PJRT_POOL_CACHE_REMOTE; False: none) is asked
+    when the local cache has no usable entry (see load_remote_entry).
     """
     check_key(key)
     cache = open_cache(cache_dir)
     loaded = load_entry(cache, key)
-    if isinstance(loaded, Miss):
-        if loaded.counter is None:
-            raise NotInCacheError(
-                f"no executable with key {key} in {cache.directory}: warm the cache "
-                "(pjrt-pool warm) with this plugin and cache directory first"
-            )
+    settled = False
+    tier = _open_remote(remote) if isinstance(loaded, Miss) else None
+    if isinstance(loaded, Miss) and tier is not None:
         with cache.lock(key):
             settle_miss(cache, key, loaded)
+            settled = True
+            loaded = load_remote_entry(cache if cache.usable else None, tier, key) or loaded
+    if isinstance(loaded, Miss):
+        if loaded.counter is None:
+            where = f"{cache.directory} or {tier.location.shown}" if tier else cache.directory
+            raise NotInCacheError(
+                f"no executable with key {key} in {where}: warm the cache "
+                "(pjrt-pool warm) with this plugin and cache directory first"
+            )
+        if not settled:
+            with cache.lock(key):
+                settle_miss(cache, key, loaded)
         raise NotInCacheError(
             f"the cache entry {key} in {cache.directory} cannot be used ({loaded.reason}); "
             "warm the cache again"
