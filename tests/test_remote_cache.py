@@ -347,6 +347,7 @@ class FaultProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (40 ms)
 
             def log_message(self, *args) -> None:
                 pass
