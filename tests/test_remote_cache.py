@@ -539,3 +539,20 @@ def test_the_remote_package_imports_no_client():
         "print('obstore' in sys.modules, 'cryptography' in sys.modules)"
     )
     assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_pool_workers_publish_through_the_environment(tmp_path, remote, monkeypatch, cache_dir):
+    """A Pool's workers inherit PJRT_POOL_CACHE_REMOTE: what they compile reaches other hosts."""
+    from pool import Pool
+
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    with Pool(workers=1) as workers:
+        spec = workers.compile(lowered(15))
+    assert [n for n in remote.names() if n.startswith("records/")] == [
+        f"records/{spec.key}/unsigned.json"
+    ]
+    (p,) = programs(tmp_path, 15)
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
