@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,11 @@ from worker.cache.remote import remote_counters
 from worker.phases import process_phases
 
 programs = [load_program(p) for p in spec["programs"]]
+worker.get_runtime("cpu")  # loaded (and hashed) before the barrier: hosts then miss together
+if spec.get("ready"):
+    open(spec["ready"], "w").close()
+    while spec["barrier"] and not os.path.exists(spec["barrier"]):
+        time.sleep(0.002)
 start = time.perf_counter()
 stats, outputs = [], []
 for program in programs:
@@ -144,12 +150,15 @@ def remote(request, tmp_path, monkeypatch) -> Remote:
     return Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
 
 
+def host_spec(tmp_path: Path, name: str, programs: list[str]) -> dict:
+    return {"programs": programs, "cache_dir": str(tmp_path / f"cache-{name}"), "x": X}
+
+
 def host(
     tmp_path: Path, name: str, programs: list[str], env: dict[str, str], timeout: float = 120
 ) -> dict:
     """Runs one host: a child with its own local cache that compiles (or fetches) programs."""
-    spec = {"programs": programs, "cache_dir": str(tmp_path / f"cache-{name}"), "x": X}
-    return finish(start(spec, env, code=HOST), timeout)
+    return finish(start(host_spec(tmp_path, name, programs), env, code=HOST), timeout)
 
 
 def programs(tmp_path: Path, *variants: int) -> list[str]:
@@ -556,3 +565,79 @@ def test_pool_workers_publish_through_the_environment(tmp_path, remote, monkeypa
     (p,) = programs(tmp_path, 15)
     b = host(tmp_path, "b", [p], remote.env)
     assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
+
+
+@pytest.mark.slow
+def test_three_hosts_missing_one_program_compile_it_once(tmp_path):
+    """file://: its create-only write is atomic (a hard link), so the race is real here."""
+    from cache_helpers import wait_for
+
+    (p,) = programs(tmp_path, 16)
+    env = {"PJRT_POOL_CACHE_REMOTE": f"file://{tmp_path / 'remote'}"}
+    barrier = tmp_path / "go"
+    children = []
+    for name in "abc":
+        spec = {**host_spec(tmp_path, name, [p]), "ready": str(tmp_path / f"ready-{name}")}
+        spec["barrier"] = str(barrier)
+        children.append(start(spec, env, code=HOST))
+    for name, child in zip("abc", children, strict=True):
+        wait_for(tmp_path / f"ready-{name}", child)
+    barrier.touch()
+    reports = [finish(child) for child in children]
+    # Each of the others either waited on the lease or came after the publish.
+    assert sum(r["stats"][0]["compiled"] for r in reports) == 1, reports
+    assert sum(r["remote"]["hits"] for r in reports) == 2
+    assert all(close(r["outputs"][0][0], expected(16)) for r in reports)
+    assert not (tmp_path / "remote" / "leases").exists() or not list(
+        (tmp_path / "remote" / "leases").iterdir()
+    )
+
+
+@pytest.mark.slow
+def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    p, q = programs(tmp_path, 17, 18)
+    from cache_helpers import load_program
+
+    import worker
+
+    runtime = worker.get_runtime("cpu")
+    key_p, key_q = (worker.program_key(load_program(x), runtime, None)[0] for x in (p, q))
+    # p: a lease standing 2 s more, of a host that died; q: one that expired an hour ago.
+    remote.write(lease_name(key_p), Lease(key_p, "dead:1:0", time.time() + 2).encode())
+    remote.write(lease_name(key_q), Lease(key_q, "dead:2:0", time.time() - 3600).encode())
+    b = host(tmp_path, "b", [p, q], remote.env)
+    assert [s["compiled"] for s in b["stats"]] == [1, 1]
+    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 1  # q's, taken over
+    assert 1.5 < b["remote_seconds"] < 10, b
+    assert b["remote"]["published"] == 2
+    leases = [n for n in remote.names() if n.startswith("leases/")]
+    assert leases == [lease_name(key_p)]  # p's dead lease stays until someone takes it over
+
+
+@pytest.mark.slow
+def test_a_host_waits_for_the_lease_holder_instead_of_compiling(tmp_path, remote):
+    from cache_helpers import load_program, wait_for
+
+    import worker
+    from worker.cache.remote.lease import Lease, lease_name
+
+    (p,) = programs(tmp_path, 19)
+    staging = tmp_path / "staging"
+    host(tmp_path, "x", [p], {"PJRT_POOL_CACHE_REMOTE": f"file://{staging}"})
+    key = worker.program_key(load_program(p), worker.get_runtime("cpu"), None)[0]
+    # A live host holds p's lease (for 60 s) and is compiling it.
+    remote.write(lease_name(key), Lease(key, "busy:1:0", time.time() + 60).encode())
+    spec = {**host_spec(tmp_path, "b", [p]), "ready": str(tmp_path / "ready"), "barrier": ""}
+    child = start(spec, remote.env, code=HOST)
+    wait_for(tmp_path / "ready", child)
+    time.sleep(1.0)
+    assert child.poll() is None  # waiting, not compiling
+    # The holder publishes: blob first, then the record.
+    for path in sorted(staging.rglob("*.pjx")) + sorted(staging.rglob("*.json")):
+        remote.write(str(path.relative_to(staging)), path.read_bytes())
+    b = finish(child)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["waited"] == 1
+    assert b["remote"]["leases"] == 0 and b["remote_seconds"] < 10
+    assert close(b["outputs"][0][0], expected(19))

@@ -103,7 +103,7 @@ def _open_remote(remote: str | Literal[False] | None) -> RemoteCache | None:
 
 
 def load_remote_entry(
-    cache: DiskCache | None, remote: RemoteCache, key: str
+    cache: DiskCache | None, remote: RemoteCache, key: str, *, lead: bool = False
 ) -> tuple[Executable, Entry] | None:
     """Fetches a key's entry from the remote tier and loads it; None for a miss of any kind.
 
@@ -112,8 +112,11 @@ def load_remote_entry(
     writable local cache it is loaded from memory. An entry the plugin
     rejects is refused by the remote for the rest of the process (and
     removed locally). Call with the key's lock held when there is a cache.
+    lead=True, for a caller that compiles on a miss: a miss takes the key's
+    remote lease, or waits for the host that holds it (see remote/lease.py).
     """
-    fetched = remote.fetch(key, cache.max_size if cache is not None else DEFAULT_MAX_SIZE)
+    bound = cache.max_size if cache is not None else DEFAULT_MAX_SIZE
+    fetched = remote.fetch_or_lead(key, bound) if lead else remote.fetch(key, bound)
     if fetched is None:
         return None
     data, entry = fetched

@@ -90,11 +90,16 @@ def _compile_and_publish(
     remote: RemoteCache | None = None,
 ) -> tuple[Executable, float]:
     waiting = time.perf_counter()
-    with compile_slot(get_runtime().platform):
-        start = time.perf_counter()
-        phases.add("slot_wait", start - waiting)
-        executable = Executable.compile(program.code, options)
-        seconds = time.perf_counter() - start
+    try:
+        with compile_slot(get_runtime().platform):
+            start = time.perf_counter()
+            phases.add("slot_wait", start - waiting)
+            executable = Executable.compile(program.code, options)
+            seconds = time.perf_counter() - start
+    except BaseException:
+        if remote is not None:  # hosts waiting on this process's lease compile themselves
+            remote.release(key)
+        raise
     phases.add("compile", seconds)
     executable.input_types = program.input_types
     executable.key = key
@@ -133,12 +138,17 @@ def _from_remote(
     program: LoweredProgram,
     phases: Phases,
     start: float,
+    lead: bool = True,
 ) -> tuple[Executable, CompileStatistics] | None:
-    """A remote hit, loaded (through the local cache when there is one); None otherwise."""
+    """A remote hit, loaded (through the local cache when there is one); None otherwise.
+
+    lead: a miss takes the key's remote lease (this process compiles next),
+    or waits for the host that holds it.
+    """
     if remote is None:
         return None
     with phases.time("remote"):
-        loaded = load_remote_entry(cache, remote, key)
+        loaded = load_remote_entry(cache, remote, key, lead=lead)
     if loaded is None:
         return None
     executable = loaded[0]
@@ -207,7 +217,7 @@ def compile_program(
     with phases.time("key"):
         key, parts = program_key(program, runtime, cache, options)
     if cache is None:
-        fetched = _from_remote(tier, None, key, program, phases, time.perf_counter())
+        fetched = _from_remote(tier, None, key, program, phases, time.perf_counter(), not never)
         if fetched is not None:
             return fetched
         if never:
@@ -225,7 +235,7 @@ def compile_program(
     if executable is None and never:
         # No lock: waiting for another process's compile is what this mode forbids.
         assert miss is not None
-        fetched = _from_remote(tier, cache, key, program, phases, start)
+        fetched = _from_remote(tier, cache, key, program, phases, start, lead=False)
         if fetched is not None:
             return fetched
         cache.count("misses")

@@ -16,6 +16,7 @@ dropped connections with backoff.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import os
@@ -183,6 +184,22 @@ class ObjectClient:
             raise
         except Exception as error:
             raise _classified(error, f"writing {path}") from None
+
+    def delete(self, path: str, deadline: float) -> None:
+        """Removes an object (none there is no error); raises RemoteError."""
+        store = self._open()
+        import obstore
+
+        def call() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                obstore.delete(store, path)
+
+        try:
+            self._bounded(call, deadline, f"removing {path}")
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, f"removing {path}") from None
 
 
 def _classified(error: Exception, what: str) -> RemoteError:

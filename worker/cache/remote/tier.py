@@ -12,6 +12,9 @@ create-only (layout.py). What can go wrong, and what follows:
   costs a process one deadline;
 - a write answered 401/403: the process goes on read-only, with one warning.
 
+A miss that will be compiled takes the key's lease (lease.py), or waits for
+the host that holds it.
+
 Nothing here raises for the remote's sake: the caller compiles instead.
 """
 
@@ -34,6 +37,17 @@ from worker.cache.remote.layout import (
     Record,
     blob_name,
     record_name,
+)
+from worker.cache.remote.lease import (
+    MAX_LEASE_SIZE,
+    POLL_FIRST,
+    POLL_MAX,
+    Claim,
+    Lease,
+    decode_lease,
+    holder_name,
+    lease_name,
+    lease_seconds,
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.verify import RefusedObjectError, checked_entry, checked_record
@@ -62,6 +76,10 @@ class RemoteCounters(NamedTuple):
     """Entries this process wrote (blob and record)."""
     already_there: int = 0
     """Publishes that found the record written already (by another host): nothing written."""
+    leases: int = 0
+    """Leases this process took: keys it compiled while other hosts waited for it."""
+    waited: int = 0
+    """Compiles saved: entries fetched after waiting for another host's lease."""
 
     def add(self, other: RemoteCounters) -> RemoteCounters:
         """Returns the sum of two counters."""
@@ -89,6 +107,10 @@ class RemoteCache:
         self.client = ObjectClient(location, self.limits)
         self._counts = dict.fromkeys(RemoteCounters._fields, 0)
         self._refused: set[str] = set()
+        self._held: set[str] = set()
+        self._holder = holder_name()
+        self.lease_seconds = lease_seconds()
+        """How long a lease this process takes stands (PJRT_POOL_CACHE_REMOTE_LEASE)."""
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self.state: State = "on"
@@ -149,7 +171,9 @@ class RemoteCache:
             "compiling instead",
         )
 
-    def fetch(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+    def fetch(
+        self, key: str, max_size: int, *, count_miss: bool = True
+    ) -> tuple[bytes, entry_format.Entry] | None:
         """Returns a key's verified entry file and entry, or None (a miss of any kind)."""
         if self.state == "off" or key in self._refused:
             return None
@@ -158,7 +182,8 @@ class RemoteCache:
         try:
             data = self.client.get(name, MAX_RECORD_SIZE, deadline)
             if data is None:
-                self._count("misses")
+                if count_miss:
+                    self._count("misses")
                 return None
             record = checked_record(data, key, self.signer, self.keys)
             if record.size > max_size:
@@ -181,6 +206,88 @@ class RemoteCache:
         self._count("hits")
         return blob, entry
 
+    def fetch_or_lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder."""
+        fetched = self.fetch(key, max_size)
+        if fetched is not None or self.state == "off" or key in self._refused:
+            return fetched
+        claim = self.claim(key)
+        if claim == "mine":
+            # The record may have been published between the miss and the lease,
+            # by a holder that released its lease since.
+            fetched = self.fetch(key, max_size, count_miss=False)
+            if fetched is not None:
+                self.release(key)
+            return fetched
+        return self._wait(key, max_size) if claim == "theirs" else None
+
+    def _take(self, key: str, deadline: float) -> bool:
+        lease = Lease(key, self._holder, time.time() + self.lease_seconds)
+        if not self.client.put_new(lease_name(key), lease.encode(), deadline):
+            return False
+        with self._lock:
+            self._held.add(key)
+        self._count("leases")
+        return True
+
+    def _standing(self, key: str, deadline: float) -> Lease | None:
+        """The key's lease if one stands (a malformed one does not)."""
+        data = self.client.get(lease_name(key), MAX_LEASE_SIZE, deadline)
+        found = None if data is None else decode_lease(data, key)
+        return found if found is not None and not found.expired() else None
+
+    def claim(self, key: str) -> Claim:
+        """Takes a key's lease, or finds another's standing (see lease.py); never raises."""
+        if self.state == "off":
+            return "none"
+        deadline = time.monotonic() + self.limits.deadline
+        try:
+            if self.state == "on" and self._take(key, deadline):
+                return "mine"
+            if self._standing(key, deadline) is not None:
+                return "theirs"
+            if self.state != "on":
+                return "none"
+            # Gone, expired (its holder died) or malformed: removed, then taken afresh.
+            self.client.delete(lease_name(key), deadline)
+            return "mine" if self._take(key, deadline) else "theirs"
+        except RemoteError as error:
+            if error.failure is not Failure.TOO_LARGE:
+                self._failed(error, writing=True)
+            return "none"
+
+    def _wait(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """Polls for the record while another host's lease stands; None: compile here."""
+        pause = POLL_FIRST
+        give_up = time.monotonic() + self.lease_seconds
+        while time.monotonic() < give_up:
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)
+            fetched = self.fetch(key, max_size, count_miss=False)
+            if fetched is not None:
+                self._count("waited")
+                return fetched
+            if self.state == "off" or key in self._refused:
+                return None
+            try:
+                if self._standing(key, time.monotonic() + self.limits.deadline) is None:
+                    return None
+            except RemoteError as error:
+                self._failed(error, writing=False)
+                return None
+        return None
+
+    def release(self, key: str) -> None:
+        """Removes this process's lease of key, if it holds one (never raises)."""
+        with self._lock:
+            if key not in self._held:
+                return
+            self._held.discard(key)
+        try:
+            self.client.delete(lease_name(key), time.monotonic() + self.limits.deadline)
+        except RemoteError as error:  # it expires on its own
+            logger.debug("could not remove the lease of %s: %s", key, error)
+
     def refuse(self, key: str, why: str) -> None:
         """Marks a fetched entry as unusable (the plugin rejected it): never fetched again."""
         self._refuse(key, why)
@@ -193,6 +300,7 @@ class RemoteCache:
         warned about, see the module docstring).
         """
         if self.state != "on":
+            self.release(key)
             return False
         deadline = time.monotonic() + self.limits.deadline
         sha256 = hashlib.sha256(data).hexdigest()
@@ -204,8 +312,10 @@ class RemoteCache:
             written = self.client.put_new(record_name(key, self.signer), record.encode(), deadline)
         except RemoteError as error:
             self._failed(error, writing=True)
+            self.release(key)
             return False
         self._count("published" if written else "already_there")
+        self.release(key)
         return written
 
 
