@@ -5,7 +5,8 @@ remote hit is verified and published into the local cache before it is
 loaded, and a compile publishes to both. Modules, one job each: location
 (the URL, read-only mode, time limits), client (the object store: sized
 gets, create-only puts, a deadline), layout (object names and records),
-keys (Ed25519 signatures of records), verify (what a reader checks), tier
+keys (Ed25519 signatures of records), verify (what a reader checks), lease
+(one compile per key across hosts), tier
 (RemoteCache: lookups, publishes, counters, switching off), lookup (what
 compile_program calls). Importing this package imports no client library.
 """
