@@ -6,9 +6,9 @@ loaded, and a compile publishes to both. Modules, one job each: location
 (the URL, read-only mode, time limits), client (the object store: sized
 gets, create-only puts, a deadline), layout (object names and records),
 keys (Ed25519 signatures of records), verify (what a reader checks), lease
-(one compile per key across hosts), tier
-(RemoteCache: lookups, publishes, counters, switching off), lookup (what
-compile_program calls). Importing this package imports no client library.
+(one compile per key across hosts), tier (RemoteCache: lookups, publishes,
+counters, switching off); worker.compile.by_key.load_remote_entry loads what
+it fetches. Importing this package imports no client library.
 """
 
 from worker.cache.remote.keys import PRIVATE_KEY_FILE_ENV, PUBLIC_KEY_ENV, generate_private_key
