@@ -11,16 +11,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
 from worker.cache.key import check_key
+from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
 from worker.records import ArrayType
 
-__all__ = ["Miss", "NotInCacheError", "load_cached_executable", "load_entry", "settle_miss"]
+if TYPE_CHECKING:
+    from worker.cache.remote import RemoteCache
+
+__all__ = [
+    "Miss",
+    "NotInCacheError",
+    "load_cached_executable",
+    "load_entry",
+    "load_remote_entry",
+    "settle_miss",
+]
 
 logger = logging.getLogger("pjrt_pool.cache")
 
@@ -85,7 +96,52 @@ def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None)
         cache.loads.clear(list(miss.dead_loads))
 
 
-def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Executable:
+def _open_remote(remote: str | Literal[False] | None) -> RemoteCache | None:
+    from worker.cache.remote import open_remote
+
+    return open_remote(remote)
+
+
+def load_remote_entry(
+    cache: DiskCache | None, remote: RemoteCache, key: str, *, lead: bool = False
+) -> tuple[Executable, Entry] | None:
+    """Fetches a key's entry from the remote tier and loads it; None for a miss of any kind.
+
+    The verified entry file is published into the local cache first and
+    loaded from there (so the next load on this host is local); without a
+    writable local cache it is loaded from memory. An entry the plugin
+    rejects is refused by the remote for the rest of the process (and
+    removed locally). Call with the key's lock held when there is a cache.
+    lead=True, for a caller that compiles on a miss: a miss takes the key's
+    remote lease, or waits for the host that holds it (see remote/lease.py).
+    """
+    bound = cache.max_size if cache is not None else DEFAULT_MAX_SIZE
+    fetched = remote.fetch_or_lead(key, bound) if lead else remote.fetch(key, bound)
+    if fetched is None:
+        return None
+    data, entry = fetched
+    if cache is not None and cache.writable and cache.publish_file(key, data):
+        loaded = load_entry(cache, key)
+        if isinstance(loaded, Miss):
+            settle_miss(cache, key, loaded)
+            remote.refuse(key, loaded.reason)
+            return None
+        return loaded
+    try:
+        executable = Executable.deserialize(entry.payload)
+    except (PjrtError, ValueError) as error:
+        remote.refuse(key, f"the plugin rejected the entry ({error})")
+        return None
+    executable.key = key
+    return executable, entry
+
+
+def load_cached_executable(
+    key: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    remote: str | Literal[False] | None = None,
+) -> Executable:
     """Returns the executable stored under `key`; raises NotInCacheError if there is none.
 
     A missing, corrupt, rejected, wrongly signed or unreadable entry, or one
@@ -94,19 +150,29 @@ def load_cached_executable(key: str, cache_dir: str | os.PathLike[str] | None = 
     without the program there is nothing to compile again: warm the cache
     again (or compile the program) to fill it. A key that is not a cache key
     (64 hex digits) raises InvalidKeyError, a ValueError, before any file is
-    touched.
+    touched. remote (default PJRT_POOL_CACHE_REMOTE; False: none) is asked
+    when the local cache has no usable entry (see load_remote_entry).
     """
     check_key(key)
     cache = open_cache(cache_dir)
     loaded = load_entry(cache, key)
-    if isinstance(loaded, Miss):
-        if loaded.counter is None:
-            raise NotInCacheError(
-                f"no executable with key {key} in {cache.directory}: warm the cache "
-                "(pjrt-pool warm) with this plugin and cache directory first"
-            )
+    settled = False
+    tier = _open_remote(remote) if isinstance(loaded, Miss) else None
+    if isinstance(loaded, Miss) and tier is not None:
         with cache.lock(key):
             settle_miss(cache, key, loaded)
+            settled = True
+            loaded = load_remote_entry(cache if cache.usable else None, tier, key) or loaded
+    if isinstance(loaded, Miss):
+        if loaded.counter is None:
+            where = f"{cache.directory} or {tier.location.shown}" if tier else cache.directory
+            raise NotInCacheError(
+                f"no executable with key {key} in {where}: warm the cache "
+                "(pjrt-pool warm) with this plugin and cache directory first"
+            )
+        if not settled:
+            with cache.lock(key):
+                settle_miss(cache, key, loaded)
         raise NotInCacheError(
             f"the cache entry {key} in {cache.directory} cannot be used ({loaded.reason}); "
             "warm the cache again"

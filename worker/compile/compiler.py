@@ -27,11 +27,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 from worker.cache import DiskCache, key_of, open_cache, parse_size
+from worker.cache import entry as entry_format
 from worker.cache.key import host_cpu_flags
-from worker.compile.by_key import Miss, load_entry, settle_miss
+from worker.cache.remote import RemoteCache, open_remote
+from worker.cache.signing import signer_from_environment
+from worker.compile.by_key import Miss, load_entry, load_remote_entry, settle_miss
 from worker.compile.executable import Executable
 from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.compile.never_compile import never_compile_on, refusal
@@ -84,17 +87,24 @@ def _compile_and_publish(
     max_size: int | None,
     options: bytes,
     phases: Phases,
+    remote: RemoteCache | None = None,
 ) -> tuple[Executable, float]:
     waiting = time.perf_counter()
-    with compile_slot(get_runtime().platform):
-        start = time.perf_counter()
-        phases.add("slot_wait", start - waiting)
-        executable = Executable.compile(program.code, options)
-        seconds = time.perf_counter() - start
+    try:
+        with compile_slot(get_runtime().platform):
+            start = time.perf_counter()
+            phases.add("slot_wait", start - waiting)
+            executable = Executable.compile(program.code, options)
+            seconds = time.perf_counter() - start
+    except BaseException:
+        if remote is not None:  # hosts waiting on this process's lease compile themselves
+            remote.release(key)
+        raise
     phases.add("compile", seconds)
     executable.input_types = program.input_types
     executable.key = key
-    if cache is not None and cache.writable:
+    local = cache is not None and cache.writable
+    if local or (remote is not None and remote.state == "on"):
         metadata = {
             "name": program.name,
             "platform": program.platform,
@@ -109,9 +119,43 @@ def _compile_and_publish(
             metadata["cpu_flags"] = list(host_cpu_flags())
         with phases.time("serialize"):
             payload = executable.serialize()
+        signer = cache.signer if cache is not None else signer_from_environment()
+        data = entry_format.encode(key, parts, metadata, payload, signer)
         with phases.time("publish"):
-            cache.publish(key, parts, metadata, payload, max_size)
+            if local:
+                assert cache is not None
+                cache.publish_file(key, data, max_size)
+        if remote is not None:
+            with phases.time("remote"):
+                remote.publish(key, parts, data)
     return executable, seconds
+
+
+def _from_remote(
+    remote: RemoteCache | None,
+    cache: DiskCache | None,
+    key: str,
+    program: LoweredProgram,
+    phases: Phases,
+    start: float,
+    lead: bool = True,
+) -> tuple[Executable, CompileStatistics] | None:
+    """A remote hit, loaded (through the local cache when there is one); None otherwise.
+
+    lead: a miss takes the key's remote lease (this process compiles next),
+    or waits for the host that holds it.
+    """
+    if remote is None:
+        return None
+    with phases.time("remote"):
+        loaded = load_remote_entry(cache, remote, key, lead=lead)
+    if loaded is None:
+        return None
+    executable = loaded[0]
+    executable.input_types = program.input_types
+    logger.debug("remote cache hit for %s (%s)", program.name, key)
+    phases.record("compile", program=program.name, cache_key=key, outcome="fetched")
+    return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)
 
 
 def compile_program(
@@ -123,6 +167,7 @@ def compile_program(
     lock_timeout: float | None = None,
     compile_options: bytes | None = None,
     never_compile: bool | None = None,
+    remote: str | Literal[False] | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -145,7 +190,13 @@ def compile_program(
     makes a program that is not in the cache raise NeverCompileError, a
     LookupError naming its key and how entries of it built elsewhere differ,
     instead of compiling (see worker.compile.never_compile).
-    ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did.
+    remote names a remote tier behind the disk cache (default:
+    PJRT_POOL_CACHE_REMOTE; False: none), a URL such as s3://bucket/prefix:
+    a local miss looks there, a verified remote entry is published into the
+    local cache and loaded, and a compile is published there too (see
+    worker.cache.remote); a failing remote only means compiling.
+    ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did,
+    ``worker.cache.remote.open_remote(remote).counters`` what the remote did.
     A cache directory that someone other than this user (or, in a
     group-shared cache, its group) could write raises UntrustedCacheError;
     see worker.cache.trust, and worker.cache.signing for signed entries.
@@ -154,6 +205,7 @@ def compile_program(
     options = options_or_default(checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
+    tier = open_remote(remote)
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._memos).
     cache = open_cache(cache_dir) if disk_cache else None
@@ -165,11 +217,14 @@ def compile_program(
     with phases.time("key"):
         key, parts = program_key(program, runtime, cache, options)
     if cache is None:
+        fetched = _from_remote(tier, None, key, program, phases, time.perf_counter(), not never)
+        if fetched is not None:
+            return fetched
         if never:
             raise refusal(program.name, key, None, parts)
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
         executable, seconds = _compile_and_publish(
-            None, key, parts, program, bound, options, phases
+            None, key, parts, program, bound, options, phases, tier
         )
         phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
@@ -180,6 +235,9 @@ def compile_program(
     if executable is None and never:
         # No lock: waiting for another process's compile is what this mode forbids.
         assert miss is not None
+        fetched = _from_remote(tier, cache, key, program, phases, start, lead=False)
+        if fetched is not None:
+            return fetched
         cache.count("misses")
         logger.debug("cache miss for %s (%s): %s; not compiling", program.name, key, miss.reason)
         reason = "" if miss.counter is None else miss.reason
@@ -193,10 +251,20 @@ def compile_program(
             with phases.time("lookup"):
                 executable, miss = _load(cache, key, program)
             if miss is not None:
-                cache.count("misses")
                 settle_miss(cache, key, miss, program.name)
+                fetched = _from_remote(tier, cache, key, program, phases, start)
+                if fetched is not None:
+                    return fetched
+                cache.count("misses")
                 executable, seconds = _compile_and_publish(
-                    cache if miss.publish else None, key, parts, program, bound, options, phases
+                    cache if miss.publish else None,
+                    key,
+                    parts,
+                    program,
+                    bound,
+                    options,
+                    phases,
+                    tier,
                 )
                 phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
                 return executable, CompileStatistics(compile_seconds=seconds, compiled=1)

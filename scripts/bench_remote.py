@@ -1,0 +1,189 @@
+"""Benchmark a remote-cache hit against a local-cache hit, in the same run.
+
+Usage::
+
+    python scripts/bench_remote.py [--programs 12] [--size 128] [--latency-ms 20]
+
+The parent lowers --programs small programs (a matmul and a sin, of
+--size), then compiles them once with a remote tier, which publishes each
+entry there. Then, for each remote (moto's S3 server on the loopback, the
+same server behind a proxy adding --latency-ms to every request, and a
+file:// directory), it times per program:
+
+- local hit: compile_program with the warm local cache directory;
+- remote hit: compile_program with another local cache directory (made
+  beforehand, without the entry), so the entry comes from the remote
+  (record, then entry file: two requests), is verified, published into the
+  local cache (written and fsynced) and loaded from it;
+- transfer: the two raw gets of that record and entry file with the same
+  client, without verifying or loading.
+
+and prints medians and the ratios remote / local and remote / (local +
+transfer): the issue's bound is that a remote hit costs at most the local
+load plus one transfer of its bytes plus one round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import http.server
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
+
+
+class DelayProxy:
+    """Forwards HTTP requests to upstream after sleeping `delay` seconds (a distant store)."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        target = upstream.removeprefix("http://")
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (40 ms)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay)
+                connection = http.client.HTTPConnection(target, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                connection.request(self.command, self.path, body=body or None, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_PUT = do_HEAD = forward  # noqa: N815 (http.server's names)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def lowered_programs(count: int, size: int) -> list:
+    """count distinct small programs, lowered once."""
+    import jax
+    import jax.numpy as jnp
+
+    import pool
+    import worker
+
+    worker.get_runtime("cpu")
+    shape = [jax.ShapeDtypeStruct((size, size), jnp.float32)]
+    return [pool.lower(lambda x, k=k: jnp.sin(x @ x) * (k + 2.0), shape) for k in range(count)]
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+def measure(name: str, url: str, programs: list, scratch: Path) -> dict[str, float]:
+    """Warms the remote at url, then times local hits, remote hits and raw transfers."""
+    import worker
+    from worker.cache import open_cache
+    from worker.cache.remote import open_remote
+    from worker.cache.remote.layout import MAX_RECORD_SIZE, blob_name, record_name
+    from worker.cache.remote.verify import checked_record
+
+    remote = open_remote(url)
+    assert remote is not None
+    warm = scratch / f"{name}-warm"
+    keys = []
+    for program in programs:
+        executable, stats = worker.compile_program(program, cache_dir=warm, remote=url)
+        keys.append(executable.key)
+    local, fetched, transfer, sizes = [], [], [], []
+    for i, program in enumerate(programs):
+        start = time.perf_counter()
+        _, stats = worker.compile_program(program, cache_dir=warm, remote=url)
+        local.append(time.perf_counter() - start)
+        assert stats.loaded == 1
+        hits = remote.counters.hits
+        fresh = scratch / f"{name}-{i}"
+        open_cache(fresh)  # made beforehand: a host's cache directory exists, without the entry
+        start = time.perf_counter()
+        _, stats = worker.compile_program(program, cache_dir=fresh, remote=url)
+        fetched.append(time.perf_counter() - start)
+        assert stats.loaded == 1 and remote.counters.hits == hits + 1, remote.counters
+        start = time.perf_counter()
+        deadline = time.monotonic() + 30
+        data = remote.client.get(record_name(keys[i], remote.signer), MAX_RECORD_SIZE, deadline)
+        assert data is not None
+        record = checked_record(data, keys[i], remote.signer, remote.keys)
+        blob = remote.client.get(blob_name(record.sha256), record.size, deadline)
+        transfer.append(time.perf_counter() - start)
+        assert blob is not None
+        sizes.append(len(blob))
+    row = {
+        "local_ms": median_ms(local),
+        "remote_ms": median_ms(fetched),
+        "transfer_ms": median_ms(transfer),
+        "entry_kib": statistics.median(sizes) / 1024,
+    }
+    row["remote/local"] = row["remote_ms"] / row["local_ms"]
+    row["remote/(local+transfer)"] = row["remote_ms"] / (row["local_ms"] + row["transfer_ms"])
+    return row
+
+
+def main() -> None:
+    """Runs the benchmark and prints one line per remote."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=int, default=12)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    os.environ.update(S3_ENV)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+    proxy = DelayProxy(endpoint, args.latency_ms / 1e3)
+    programs = lowered_programs(args.programs, args.size)
+    print(f"{args.programs} programs, {args.size}x{args.size} f32; medians per program")
+    with tempfile.TemporaryDirectory() as scratch:
+        remotes = [
+            ("s3 loopback", endpoint, "s3://bench/loopback"),
+            (f"s3 +{args.latency_ms:g} ms", proxy.url, "s3://bench/delayed"),
+            ("file://", None, f"file://{scratch}/remote"),
+        ]
+        for name, url_endpoint, url in remotes:
+            if url_endpoint is not None:
+                os.environ["AWS_ENDPOINT_URL"] = url_endpoint
+            row = measure(f"remote{len(name)}", url, programs, Path(scratch))
+            print(
+                f"{name:14s} local hit {row['local_ms']:7.2f} ms"
+                f"  remote hit {row['remote_ms']:7.2f} ms"
+                f"  raw transfer {row['transfer_ms']:7.2f} ms  entry {row['entry_kib']:6.1f} KiB"
+                f"  remote/local {row['remote/local']:6.2f}"
+                f"  remote/(local+transfer) {row['remote/(local+transfer)']:5.2f}"
+            )
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

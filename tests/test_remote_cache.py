@@ -1,0 +1,643 @@
+"""The remote cache tier (worker.cache.remote), end to end in real processes.
+
+Every "host" is a child process (no JAX) with its own local cache directory
+and the same remote: moto's S3 server (ThreadedMotoServer, started here on
+127.0.0.1 at a random port) or a file:// directory, for the same tests.
+The test process plays the attacker who can write the bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cache_helpers import finish, lowered, save_program, start
+
+from worker.cache.key import key_of
+from worker.cache.remote import parse_remote
+from worker.cache.remote.layout import BadRecordError, Record, decode_record, record_name
+from worker.cache.remote.location import redact, redact_text
+
+X = [0.5, 1.0, 1.5, 2.0]
+
+HOST = r"""
+import json, os, sys, time, warnings
+spec = json.loads(sys.argv[1])
+warnings.simplefilter("always")
+caught = warnings.catch_warnings(record=True)
+seen = caught.__enter__()
+sys.path.insert(0, spec["tests"])
+from cache_helpers import load_program
+import worker
+from worker.cache import CacheUnavailableWarning, open_cache
+from worker.cache.remote import remote_counters
+from worker.phases import process_phases
+
+programs = [load_program(p) for p in spec["programs"]]
+worker.get_runtime("cpu")  # loaded (and hashed) before the barrier: hosts then miss together
+if spec.get("ready"):
+    open(spec["ready"], "w").close()
+    while spec["barrier"] and not os.path.exists(spec["barrier"]):
+        time.sleep(0.002)
+start = time.perf_counter()
+stats, outputs = [], []
+for program in programs:
+    executable, statistics = worker.compile_program(program, cache_dir=spec["cache_dir"])
+    stats.append(statistics._asdict())
+    outputs.append([o.tolist() for o in executable.run([spec["x"]])])
+print(json.dumps({
+    "stats": stats,
+    "outputs": outputs,
+    "seconds": time.perf_counter() - start,
+    "remote_seconds": process_phases().get("remote", 0.0),
+    "counters": open_cache(spec["cache_dir"]).counters._asdict(),
+    "remote": remote_counters()._asdict(),
+    "client_imported": "obstore" in sys.modules,
+    "crypto_imported": "cryptography" in sys.modules,
+    "warnings": [str(w.message) for w in seen if issubclass(w.category, CacheUnavailableWarning)],
+}))
+"""
+
+
+def expected(variant: int) -> list[float]:
+    scale = variant + 2.0
+    return (np.sin(np.array(X, np.float32)) * scale + scale).tolist()
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return np.allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-6)
+
+
+class Remote:
+    """A remote under test: its URL, the environment that reaches it, and raw object access."""
+
+    def __init__(self, url: str, env: dict[str, str], root: Path | None, s3=None, bucket=""):
+        self.url = url
+        self.env = {"PJRT_POOL_CACHE_REMOTE": url, **env}
+        self.root = root
+        self.s3 = s3
+        self.bucket = bucket
+
+    def read(self, name: str) -> bytes:
+        if self.root is not None:
+            return (self.root / name).read_bytes()
+        return self.s3.get_object(Bucket=self.bucket, Key=f"fleet/{name}")["Body"].read()
+
+    def write(self, name: str, data: bytes) -> None:
+        """Writes over an object, as an attacker who can write the bucket could."""
+        if self.root is not None:
+            path = self.root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        else:
+            self.s3.put_object(Bucket=self.bucket, Key=f"fleet/{name}", Body=data)
+
+    def names(self) -> list[str]:
+        if self.root is not None:
+            return sorted(
+                str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file()
+            )
+        listed = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
+        return sorted(item["Key"].removeprefix("fleet/") for item in listed)
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on the loopback at a random port, for this module."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(params=["s3", "file"])
+def remote(request, tmp_path, monkeypatch) -> Remote:
+    """A fresh, empty remote: a bucket on the moto server, or a directory."""
+    if request.param == "file":
+        root = tmp_path / "remote"
+        return Remote(f"file://{root}/fleet", {}, root / "fleet")
+    import boto3
+
+    endpoint = request.getfixturevalue("s3_endpoint")
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
+    return Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
+
+
+def host_spec(tmp_path: Path, name: str, programs: list[str]) -> dict:
+    return {"programs": programs, "cache_dir": str(tmp_path / f"cache-{name}"), "x": X}
+
+
+def host(
+    tmp_path: Path, name: str, programs: list[str], env: dict[str, str], timeout: float = 120
+) -> dict:
+    """Runs one host: a child with its own local cache that compiles (or fetches) programs."""
+    return finish(start(host_spec(tmp_path, name, programs), env, code=HOST), timeout)
+
+
+def programs(tmp_path: Path, *variants: int) -> list[str]:
+    return [str(save_program(lowered(v), tmp_path / f"p{v}.json")) for v in variants]
+
+
+@pytest.mark.slow
+def test_host_b_fetches_what_host_a_compiled(tmp_path, remote):
+    (p,) = programs(tmp_path, 0)
+    a = host(tmp_path, "a", [p], remote.env)
+    assert a["stats"][0]["compiled"] == 1
+    assert a["remote"]["published"] == 1 and a["remote"]["misses"] == 1
+    names = remote.names()
+    assert len([n for n in names if n.startswith("blobs/")]) == 1
+    assert len([n for n in names if n.startswith("records/")]) == 1
+
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 0 and b["stats"][0]["loaded"] == 1
+    assert b["remote"]["hits"] == 1 and b["remote"]["published"] == 0
+    assert close(b["outputs"][0][0], expected(0)) and b["outputs"] == a["outputs"]
+    assert (tmp_path / "cache-b" / "entries").glob("*.pjx")  # published locally
+
+    # The second load on host B is local: the remote is never asked, its client never imported.
+    again = host(tmp_path, "b", [p], remote.env)
+    assert again["stats"][0]["loaded"] == 1 and again["counters"]["hits"] == 1
+    assert again["remote"] == dict.fromkeys(again["remote"], 0)
+    assert again["client_imported"] is False and again["crypto_imported"] is False
+
+
+def _published(tmp_path: Path, remote: Remote, program: str) -> tuple[str, str, bytes]:
+    """Publishes a program from host A; returns its record's and blob's names and the blob."""
+    host(tmp_path, "a", [program], remote.env)
+    (record,) = [n for n in remote.names() if n.startswith("records/")]
+    (blob,) = [n for n in remote.names() if n.startswith("blobs/")]
+    return record, blob, remote.read(blob)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "oversized", "foreign_record"])
+def test_a_damaged_remote_object_is_refused_and_recompiled(tmp_path, remote, damage):
+    (p,) = programs(tmp_path, 1)
+    record_path, blob_path, blob = _published(tmp_path, remote, p)
+    if damage == "flipped":
+        remote.write(blob_path, blob[:-5] + bytes([blob[-5] ^ 1]) + blob[-4:])
+    elif damage == "truncated":
+        remote.write(blob_path, blob[: len(blob) // 2])
+    elif damage == "oversized":
+        remote.write(blob_path, blob + os.urandom(1 << 20))
+    else:  # a record that names the entry but claims it for other key parts
+        fields = json.loads(remote.read(record_path))
+        fields["parts"]["platform"] = "elsewhere"
+        remote.write(record_path, json.dumps(fields).encode())
+
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 1
+    assert b["remote"]["refused"] == 1 and b["remote"]["hits"] == 0
+    assert close(b["outputs"][0][0], expected(1))
+    refused = [w for w in b["warnings"] if "refused the entry" in w]
+    assert len(refused) == 1, b["warnings"]
+    # The damage stays (nothing overwrites), and is refused again, never loaded.
+    assert b["remote"]["already_there"] == 1 and b["remote"]["published"] == 0
+
+
+@pytest.mark.slow
+def test_an_entry_over_the_local_bound_is_not_fetched(tmp_path, remote):
+    (p,) = programs(tmp_path, 2)
+    _published(tmp_path, remote, p)
+    b = host(tmp_path, "b", [p], {**remote.env, "PJRT_POOL_CACHE_MAX_SIZE": "1K"})
+    assert b["stats"][0]["compiled"] == 1 and b["remote"]["refused"] == 1
+    assert any("over this cache's bound" in w for w in b["warnings"])
+
+
+def _keypair(tmp_path: Path, name: str) -> tuple[str, str]:
+    from worker.cache.remote import generate_private_key
+
+    path = tmp_path / f"{name}.pem"
+    return str(path), generate_private_key(path)
+
+
+@pytest.mark.slow
+def test_signed_records_verify_with_the_public_key_only(tmp_path, remote):
+    p, q, r = programs(tmp_path, 3, 4, 5)
+    private, public = _keypair(tmp_path, "ci")
+    ci = {**remote.env, "PJRT_POOL_CACHE_PRIVATE_KEY_FILE": private}
+    serving = {**remote.env, "PJRT_POOL_CACHE_PUBLIC_KEY": public}
+
+    signed = host(tmp_path, "ci", [p], ci)
+    assert signed["remote"]["published"] == 1
+    (record_path,) = [n for n in remote.names() if n.startswith("records/")]
+    assert record_path.endswith(
+        f"/ed25519-{hashlib.sha256(bytes.fromhex(public)).hexdigest()[:16]}.json"
+    )
+
+    # A serving host verifies with the public key alone; it never writes (q stays local).
+    b = host(tmp_path, "b", [p, q], serving)
+    assert [s["compiled"] for s in b["stats"]] == [0, 1]
+    assert b["remote"]["hits"] == 1 and b["remote"]["published"] == 0
+    assert close(b["outputs"][0][0], expected(3)) and close(b["outputs"][1][0], expected(4))
+    assert len([n for n in remote.names() if n.startswith("records/")]) == 1
+
+    # An attacker who can write the bucket but holds no private key forges r's record.
+    unsigned = host(tmp_path, "mallory", [r], remote.env)  # publishes an unsigned record
+    assert unsigned["remote"]["published"] == 1
+    (forged_from,) = [
+        n for n in remote.names() if n.startswith("records/") and n.endswith("/unsigned.json")
+    ]
+    key = forged_from.split("/")[1]
+    fields = json.loads(remote.read(forged_from))
+    _, other_public = _keypair(tmp_path, "mallory")
+    fields["signer"] = record_path.rsplit("/", 1)[1].removesuffix(".json")
+    fields["signature"] = "00" * 64
+    remote.write(record_name(key, fields["signer"]), json.dumps(fields).encode())
+    c = host(tmp_path, "c", [r], serving)
+    assert c["stats"][0]["compiled"] == 1 and c["remote"]["refused"] == 1
+    assert any("signature" in w for w in c["warnings"])
+
+    # Another public key names other records: nothing of CI's is taken for its own.
+    d = host(tmp_path, "d", [p], {**remote.env, "PJRT_POOL_CACHE_PUBLIC_KEY": other_public})
+    assert d["stats"][0]["compiled"] == 1 and d["remote"]["misses"] == 1
+
+
+class _Hang(threading.Thread):
+    """A server on the loopback that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.held: list[socket.socket] = []
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.held.append(self.socket.accept()[0])
+            except OSError:
+                return
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["refused", "hang"])
+def test_a_dead_remote_costs_one_deadline(tmp_path, fault):
+    progs = programs(tmp_path, 6, 7, 8)
+    hang = None
+    if fault == "hang":
+        hang = _Hang()
+        hang.start()
+        port = hang.port
+    else:
+        port = _closed_port()
+    env = {
+        **S3_ENV,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "PJRT_POOL_CACHE_REMOTE": "s3://fleet/prefix?token=SECRET-TOKEN",
+        "PJRT_POOL_CACHE_REMOTE_TIMEOUT": "1",
+        "PJRT_POOL_CACHE_REMOTE_DEADLINE": "2",
+    }
+    try:
+        report = host(tmp_path, "a", progs, env)
+    finally:
+        if hang is not None:
+            hang.socket.close()
+    assert [s["compiled"] for s in report["stats"]] == [1, 1, 1]
+    assert [
+        close(o[0], expected(v)) for o, v in zip(report["outputs"], (6, 7, 8), strict=True)
+    ] == [True] * 3
+    assert report["remote"]["errors"] == 1  # one lookup failed; the others never asked
+    assert report["remote_seconds"] < 2.5, report
+    if fault == "hang":
+        assert report["remote_seconds"] > 1.5  # it did wait, for the deadline
+    off = [w for w in report["warnings"] if "switched off" in w]
+    assert len(off) == 1 and "s3://fleet/prefix" in off[0], report["warnings"]
+    assert "SECRET-TOKEN" not in json.dumps(report)
+
+
+class FaultProxy:
+    """An HTTP proxy on the loopback in front of the S3 server that answers some requests itself.
+
+    faults: (method, status) pairs, each answered once, in order, to the
+    next request of that method (status "always" entries: see always);
+    every other request goes to the server. seen counts requests by method.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.faults: list[tuple[str, int]] = []
+        self.always: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+        self.answered: list[tuple[str, int]] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (40 ms)
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _any(self) -> None:
+                method = self.command
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.seen[method] = proxy.seen.get(method, 0) + 1
+                status = proxy.always.get(method)
+                for i, (m, s) in enumerate(proxy.faults):
+                    if status is None and m == method:
+                        status = s
+                        del proxy.faults[i]
+                        break
+                if status is not None:
+                    proxy.answered.append((method, status))
+                    code = {403: "AccessDenied", 429: "SlowDown", 503: "ServiceUnavailable"}
+                    text = f"<Error><Code>{code.get(status, 'Fault')}</Code></Error>".encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                    return
+                import http.client
+
+                upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                upstream.request(method, self.path, body=body or None, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def s3_proxy(s3_endpoint, monkeypatch) -> Iterator[tuple[FaultProxy, Remote]]:
+    """A fresh bucket on the moto server, reached through a FaultProxy."""
+    import boto3
+
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    proxy = FaultProxy(s3_endpoint)
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": proxy.url}
+    yield proxy, Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
+    proxy.close()
+
+
+@pytest.mark.slow
+def test_throttling_is_retried_with_backoff(tmp_path, s3_proxy):
+    proxy, remote = s3_proxy
+    (p,) = programs(tmp_path, 11)
+    proxy.faults = [("GET", 503), ("GET", 429), ("PUT", 503), ("PUT", 429)]
+    a = host(tmp_path, "a", [p], remote.env)
+    assert proxy.faults == [] and len(proxy.answered) == 4
+    assert a["remote"]["errors"] == 0 and a["remote"]["published"] == 1
+    assert a["warnings"] == []
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
+
+
+@pytest.mark.slow
+def test_a_refused_write_makes_the_process_read_only(tmp_path, s3_proxy):
+    proxy, remote = s3_proxy
+    p, q = programs(tmp_path, 12, 13)
+    proxy.always = {"PUT": 403}
+    a = host(tmp_path, "a", [p, q], remote.env)
+    assert [s["compiled"] for s in a["stats"]] == [1, 1]
+    assert proxy.seen.get("PUT") == 1  # q's entry was never offered: read-only after p's 403
+    assert a["remote"]["errors"] == 1 and a["remote"]["published"] == 0
+    assert a["remote"]["misses"] == 2  # still read
+    (warning,) = [w for w in a["warnings"] if "refused a write" in w]
+    assert "reading it only" in warning and remote.url in warning
+    assert remote.names() == []
+
+
+@pytest.mark.slow
+def test_a_key_is_loaded_from_the_remote_without_its_program(tmp_path, remote):
+    (p,) = programs(tmp_path, 14)
+    a = host(tmp_path, "a", [p], remote.env)
+    (record,) = [n for n in remote.names() if n.startswith("records/")]
+    key = record.split("/")[1]
+    code = f"""
+import json, sys
+from worker.cache.remote import remote_counters
+from worker.compile.by_key import load_cached_executable
+executable = load_cached_executable({key!r}, {str(tmp_path / "cache-k")!r})
+out = executable.run([{X!r}])[0].tolist()
+print(json.dumps({{"out": out, "remote": remote_counters()._asdict()}}))
+"""
+    from conftest import run_python
+
+    done = run_python(code, env=remote.env)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["remote"]["hits"] == 1 and report["out"] == a["outputs"][0][0]
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_an_http_remote_is_read_only(tmp_path):
+    (p, q) = programs(tmp_path, 9, 10)
+    root = tmp_path / "served"
+    host(tmp_path, "a", [p], {"PJRT_POOL_CACHE_REMOTE": f"file://{root}"})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: _Quiet(*a, directory=str(root))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    before = sorted(str(x) for x in root.rglob("*"))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        b = host(tmp_path, "b", [p, q], {"PJRT_POOL_CACHE_REMOTE": url})
+    finally:
+        server.shutdown()
+    assert [s["compiled"] for s in b["stats"]] == [0, 1]
+    assert b["remote"]["hits"] == 1 and b["remote"]["misses"] == 1
+    assert b["remote"]["published"] == 0 and b["remote"]["errors"] == 0
+    assert sorted(str(x) for x in root.rglob("*")) == before
+
+
+def test_remote_urls_are_checked_and_shown_without_credentials():
+    assert parse_remote("s3://bucket/prefix").scheme == "s3"
+    assert parse_remote("https://host/x").read_only
+    assert not parse_remote("file:///srv/cache").read_only
+    for bad, says in [
+        ("", "empty"),
+        ("ftp://host/x", "scheme"),
+        ("s3:///prefix", "no bucket"),
+        ("file://relative/x", "absolute"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            parse_remote(bad)
+    assert redact("https://user:pw@host:8443/p?sig=abc#f") == "https://host:8443/p"
+    assert "abc" not in redact_text("GET https://u:pw@host/p?X-Amz-Signature=abc failed")
+
+
+def test_a_record_is_refused_unless_it_is_what_its_name_says():
+    parts = {"a": 1}
+    key = key_of(parts)
+    good = Record(key, parts, "ab" * 32, 10).encode()
+    assert decode_record(good, key, "unsigned").size == 10
+    for data, says in [
+        (b"[" * 100 + b"]" * 100, "not JSON"),
+        (b"x" * (300 << 10), "over"),
+        (good, "not the"),
+    ]:
+        with pytest.raises(BadRecordError, match=says):
+            decode_record(data, key, "ed25519-0000000000000000" if data is good else "unsigned")
+    bad_size = json.loads(good)
+    bad_size["size"] = -1
+    with pytest.raises(BadRecordError, match="byte count"):
+        decode_record(json.dumps(bad_size).encode(), key, "unsigned")
+
+
+def test_compile_program_refuses_a_malformed_remote(tmp_path):
+    import worker
+
+    with pytest.raises(ValueError, match="scheme"):
+        worker.compile_program(lowered(0), cache_dir=tmp_path / "c", remote="ftp://x/y")
+
+
+def test_the_remote_package_imports_no_client():
+    from conftest import run_python
+
+    done = run_python(
+        "import sys, worker.compile.compiler, worker.cache.remote\n"
+        "print('obstore' in sys.modules, 'cryptography' in sys.modules)"
+    )
+    assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_pool_workers_publish_through_the_environment(tmp_path, remote, monkeypatch, cache_dir):
+    """A Pool's workers inherit PJRT_POOL_CACHE_REMOTE: what they compile reaches other hosts."""
+    from pool import Pool
+
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    with Pool(workers=1) as workers:
+        spec = workers.compile(lowered(15))
+    assert [n for n in remote.names() if n.startswith("records/")] == [
+        f"records/{spec.key}/unsigned.json"
+    ]
+    (p,) = programs(tmp_path, 15)
+    b = host(tmp_path, "b", [p], remote.env)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
+
+
+@pytest.mark.slow
+def test_three_hosts_missing_one_program_compile_it_once(tmp_path):
+    """file://: its create-only write is atomic (a hard link), so the race is real here."""
+    from cache_helpers import wait_for
+
+    (p,) = programs(tmp_path, 16)
+    env = {"PJRT_POOL_CACHE_REMOTE": f"file://{tmp_path / 'remote'}"}
+    barrier = tmp_path / "go"
+    children = []
+    for name in "abc":
+        spec = {**host_spec(tmp_path, name, [p]), "ready": str(tmp_path / f"ready-{name}")}
+        spec["barrier"] = str(barrier)
+        children.append(start(spec, env, code=HOST))
+    for name, child in zip("abc", children, strict=True):
+        wait_for(tmp_path / f"ready-{name}", child)
+    barrier.touch()
+    reports = [finish(child) for child in children]
+    # Each of the others either waited on the lease or came after the publish.
+    assert sum(r["stats"][0]["compiled"] for r in reports) == 1, reports
+    assert sum(r["remote"]["hits"] for r in reports) == 2
+    assert all(close(r["outputs"][0][0], expected(16)) for r in reports)
+    assert not (tmp_path / "remote" / "leases").exists() or not list(
+        (tmp_path / "remote" / "leases").iterdir()
+    )
+
+
+@pytest.mark.slow
+def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    p, q = programs(tmp_path, 17, 18)
+    from cache_helpers import load_program
+
+    import worker
+
+    runtime = worker.get_runtime("cpu")
+    key_p, key_q = (worker.program_key(load_program(x), runtime, None)[0] for x in (p, q))
+    # p: a lease standing 2 s more, of a host that died; q: one that expired an hour ago.
+    remote.write(lease_name(key_p), Lease(key_p, "dead:1:0", time.time() + 2).encode())
+    remote.write(lease_name(key_q), Lease(key_q, "dead:2:0", time.time() - 3600).encode())
+    b = host(tmp_path, "b", [p, q], remote.env)
+    assert [s["compiled"] for s in b["stats"]] == [1, 1]
+    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 1  # q's, taken over
+    assert 1.5 < b["remote_seconds"] < 10, b
+    assert b["remote"]["published"] == 2
+    leases = [n for n in remote.names() if n.startswith("leases/")]
+    assert leases == [lease_name(key_p)]  # p's dead lease stays until someone takes it over
+
+
+@pytest.mark.slow
+def test_a_host_waits_for_the_lease_holder_instead_of_compiling(tmp_path, remote):
+    from cache_helpers import load_program, wait_for
+
+    import worker
+    from worker.cache.remote.lease import Lease, lease_name
+
+    (p,) = programs(tmp_path, 19)
+    staging = tmp_path / "staging"
+    host(tmp_path, "x", [p], {"PJRT_POOL_CACHE_REMOTE": f"file://{staging}"})
+    key = worker.program_key(load_program(p), worker.get_runtime("cpu"), None)[0]
+    # A live host holds p's lease (for 60 s) and is compiling it.
+    remote.write(lease_name(key), Lease(key, "busy:1:0", time.time() + 60).encode())
+    spec = {**host_spec(tmp_path, "b", [p]), "ready": str(tmp_path / "ready"), "barrier": ""}
+    child = start(spec, remote.env, code=HOST)
+    wait_for(tmp_path / "ready", child)
+    time.sleep(1.0)
+    assert child.poll() is None  # waiting, not compiling
+    # The holder publishes: blob first, then the record.
+    for path in sorted(staging.rglob("*.pjx")) + sorted(staging.rglob("*.json")):
+        remote.write(str(path.relative_to(staging)), path.read_bytes())
+    b = finish(child)
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["waited"] == 1
+    assert b["remote"]["leases"] == 0 and b["remote_seconds"] < 10
+    assert close(b["outputs"][0][0], expected(19))

@@ -1,0 +1,48 @@
+"""The remote tier of the cache: entries shared by a fleet through an object store.
+
+Behind the local disk cache (worker.cache): a local miss asks the remote, a
+remote hit is verified and published into the local cache before it is
+loaded, and a compile publishes to both. Modules, one job each: location
+(the URL, read-only mode, time limits), client (the object store: sized
+gets, create-only puts, a deadline), layout (object names and records),
+keys (Ed25519 signatures of records), verify (what a reader checks), lease
+(one compile per key across hosts), tier (RemoteCache: lookups, publishes,
+counters, switching off); worker.compile.by_key.load_remote_entry loads what
+it fetches. Importing this package imports no client library.
+"""
+
+from worker.cache.remote.keys import PRIVATE_KEY_FILE_ENV, PUBLIC_KEY_ENV, generate_private_key
+from worker.cache.remote.location import (
+    DEADLINE_ENV,
+    READ_ONLY_ENV,
+    REMOTE_ENV,
+    TIMEOUT_ENV,
+    Limits,
+    RemoteLocation,
+    parse_remote,
+)
+from worker.cache.remote.tier import (
+    RemoteCache,
+    RemoteCacheWarning,
+    RemoteCounters,
+    open_remote,
+    remote_counters,
+)
+
+__all__ = [
+    "DEADLINE_ENV",
+    "PRIVATE_KEY_FILE_ENV",
+    "PUBLIC_KEY_ENV",
+    "READ_ONLY_ENV",
+    "REMOTE_ENV",
+    "TIMEOUT_ENV",
+    "Limits",
+    "RemoteCache",
+    "RemoteCacheWarning",
+    "RemoteCounters",
+    "RemoteLocation",
+    "generate_private_key",
+    "open_remote",
+    "parse_remote",
+    "remote_counters",
+]

@@ -1,0 +1,148 @@
+"""Where the remote tier lives, and how long a process gives it.
+
+The remote comes from an argument, else ``PJRT_POOL_CACHE_REMOTE``; an empty
+value (or False) turns it off. Its URL names the store and a prefix inside
+it: ``s3://bucket/prefix`` (S3-compatible servers through AWS_ENDPOINT_URL),
+``gs://bucket/prefix``, ``az://container/prefix``, ``file:///path`` (an NFS
+mount, a local directory) and ``http(s)://host/path`` (read-only).
+Credentials never come from here: each store reads its own standard
+environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_*).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+REMOTE_ENV = "PJRT_POOL_CACHE_REMOTE"
+"""The remote tier's URL; unset or empty: no remote."""
+READ_ONLY_ENV = "PJRT_POOL_CACHE_REMOTE_READ_ONLY"
+"""1: this process reads the remote and never writes it (serving hosts)."""
+TIMEOUT_ENV = "PJRT_POOL_CACHE_REMOTE_TIMEOUT"
+"""Seconds one request to the remote may take (default DEFAULT_TIMEOUT)."""
+DEADLINE_ENV = "PJRT_POOL_CACHE_REMOTE_DEADLINE"
+"""Seconds one whole lookup or publish may take, retries included (default DEFAULT_DEADLINE)."""
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_DEADLINE = 30.0
+DEFAULT_RETRIES = 3
+"""Retries of one request on throttling (429), 5xx answers and dropped connections."""
+
+Scheme = Literal["s3", "gs", "az", "file", "http", "https"]
+SCHEMES: tuple[Scheme, ...] = ("s3", "gs", "az", "file", "http", "https")
+READ_ONLY_SCHEMES = frozenset({"http", "https"})
+"""Plain HTTP servers take no conditional writes: the tier only reads them."""
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class RemoteLocation:
+    """A parsed remote URL: the store's scheme and the URL the client opens."""
+
+    url: str
+    """The URL as given (it may hold a token in its query: never print it, see shown)."""
+    scheme: Scheme
+    read_only: bool
+    """Whether this process never writes it (explicit, or the scheme takes no writes)."""
+
+    @property
+    def shown(self) -> str:
+        """The URL for messages: without user information, query or fragment."""
+        return redact(self.url)
+
+
+def redact(url: str) -> str:
+    """Returns url without what may carry a credential (user:password@, ?query, #fragment)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def redact_text(text: str) -> str:
+    """Removes query strings and user information from every URL in an error's text."""
+    text = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/\s@]*@", r"\1", text, flags=re.IGNORECASE)
+    return re.sub(r"\?[^\s\"'<>]*", "?...", text)
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r}: write 1 or 0")
+
+
+def parse_remote(url: str, read_only: bool | None = None) -> RemoteLocation:
+    """Checks a remote URL and returns its location; raises ValueError saying what is wrong.
+
+    read_only None reads PJRT_POOL_CACHE_REMOTE_READ_ONLY.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"the remote cache URL {url!r} is empty: give s3://bucket/prefix or alike")
+    url = url.strip()
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"the remote cache URL {redact(url)!r} has scheme {scheme!r}; use one of "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    parts = urlsplit(url)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ValueError(f"{redact(url)!r}: a file URL names an absolute path, file:///dir")
+    elif not parts.netloc:
+        raise ValueError(f"{redact(url)!r} names no bucket, container or host")
+    explicit = _flag(READ_ONLY_ENV) if read_only is None else read_only
+    return RemoteLocation(url, scheme, explicit or scheme in READ_ONLY_SCHEMES)  # type: ignore[arg-type]
+
+
+def resolve_remote(remote: str | Literal[False] | None) -> RemoteLocation | None:
+    """The remote an argument names: a URL, False (none), or None (PJRT_POOL_CACHE_REMOTE)."""
+    if remote is False:
+        return None
+    if remote is None:
+        remote = os.environ.get(REMOTE_ENV, "")
+        if not remote.strip():
+            return None
+        try:
+            return parse_remote(remote)
+        except ValueError as error:
+            raise ValueError(f"{REMOTE_ENV}: {error}") from None
+    return parse_remote(remote)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name}={text!r}: give a number of seconds above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long the remote may take: one request, and one whole lookup or publish."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    deadline: float = DEFAULT_DEADLINE
+    retries: int = DEFAULT_RETRIES
+
+    @classmethod
+    def from_environment(cls) -> Limits:
+        """Reads PJRT_POOL_CACHE_REMOTE_TIMEOUT and _DEADLINE; raises ValueError if malformed."""
+        timeout = _seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+        deadline = _seconds(DEADLINE_ENV, max(DEFAULT_DEADLINE, timeout))
+        return cls(timeout=min(timeout, deadline), deadline=deadline)
