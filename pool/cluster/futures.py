@@ -1,0 +1,87 @@
+"""The futures ClusterPool hands out: concurrent.futures' Futures that follow Dask's.
+
+ClusterPool.submit returns a ClusterFuture, a concurrent.futures.Future
+whose result is fetched to this process when the run ends; its dask_future
+attribute is Dask's own future of the same run, to chain Dask work on (pass
+it to client.submit, or as the inputs of another ClusterPool run), whose
+outputs stay in the node's memory while it is referenced. Dask's future
+gives a ClusterFuture back with ClusterPool.follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import distributed
+
+from pool.errors import PoolError
+from pool.executor.futures import fail, resolve
+
+
+class NodeLostError(PoolError):
+    """The Dask worker running a task was lost, and the task was not run again.
+
+    With ClusterPool(retry_lost=False) this is the first loss; otherwise Dask
+    ran it again on other workers until its allowed-failures were used up.
+    """
+
+
+class ClusterFuture(Future):  # type: ignore[type-arg]
+    """A Future of a task on the cluster; dask_future is Dask's own (see the module docstring).
+
+    Its result is convert(the Dask task's value), fetched in Dask's callback
+    thread once the task is done; the task's error (the node Pool's
+    exception, unchanged) is its exception. done(), if given, is called once
+    the task has ended, whatever the outcome. Cancelling it cancels the Dask
+    task.
+    """
+
+    def __init__(
+        self,
+        dask_future: distributed.Future,
+        convert: Callable[[Any], Any] | None = None,
+        done: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__()
+        self.dask_future = dask_future
+        self._convert = convert
+        self._on_done = done
+        dask_future.add_done_callback(self._settle)
+
+    def _settle(self, remote: distributed.Future) -> None:
+        try:
+            status = remote.status
+            if status == "finished":
+                value = remote.result()
+                resolve(self, value if self._convert is None else self._convert(value))
+            elif status == "cancelled":
+                super().cancel()
+            else:
+                fail(self, _as_pool_error(remote.exception()))
+        except Exception as error:  # fetching or converting failed: the caller sees why
+            fail(self, _as_pool_error(error))
+        finally:
+            if self._on_done is not None:
+                self._on_done()
+
+    def cancel(self) -> bool:
+        """Cancels the Dask task (if it has not run, it never will); True once cancelled."""
+        if self.done():
+            return False
+        self.dask_future.cancel()
+        return super().cancel()
+
+
+def _as_pool_error(error: BaseException | None) -> BaseException:
+    """The exception a caller sees: a lost Dask worker as NodeLostError, others unchanged."""
+    if isinstance(error, distributed.scheduler.KilledWorker):
+        lost = NodeLostError(
+            f"the Dask worker running task {error.task!r} was lost and the task was not "
+            f"run again ({error}); its run is a pure function of its inputs: submit it again, "
+            "or keep ClusterPool's retry_lost=True to let Dask run it elsewhere"
+        )
+        lost.__cause__ = error
+        return lost
+    return error if error is not None else PoolError("the Dask task failed without an error")
