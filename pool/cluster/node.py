@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pool.cluster.run_once import begin_once
 from pool.executor.compile_many import CompileResult
 from pool.executor.pool import Pool
 from worker.records import LoweredProgram, ProgramSpec
@@ -116,16 +117,18 @@ def run_task(
     compile_options: bytes | None,
 ) -> list[np.ndarray]:
     """Runs a program in this node's Pool and returns its outputs (see the module docstring)."""
-    return node_pool().run(
-        program, arguments, name=name, timeout=timeout, compile_options=compile_options
-    )
+    pool = node_pool()
+    begin_once()
+    return pool.run(program, arguments, name=name, timeout=timeout, compile_options=compile_options)
 
 
 def run_spec_task(
     spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
 ) -> list[np.ndarray]:
     """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
-    return node_pool().submit_spec(spec, arguments, timeout=timeout).result()
+    pool = node_pool()
+    begin_once()
+    return pool.submit_spec(spec, arguments, timeout=timeout).result()
 
 
 def compile_task(

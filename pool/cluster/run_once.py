@@ -3,23 +3,28 @@
 A run is a pure function of its program and inputs, so by default Dask runs
 a task again elsewhere when the worker running it is lost (up to the
 scheduler's allowed-failures). For ClusterPool(retry_lost=False) the task's
-key starts with ONCE_PREFIX, and this plugin marks such a task, as it
-starts on a worker, as having used up its allowed failures
-(TaskState.suspicious): the scheduler then fails it with KilledWorker at the
-first loss, which the client reports as NodeLostError, instead of running
-it again.
+key starts with ONCE_PREFIX; such a task tells the scheduler, through this
+plugin's handler, as it begins (before its node's Pool gets the run), and
+the plugin marks it as having used up its allowed failures
+(TaskState.suspicious). Lost after that, it fails with KilledWorker, which
+the client reports as NodeLostError; lost before, while it waited in the
+node's queue, it had not begun, so Dask runs it elsewhere.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import distributed
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils import sync
 
 ONCE_PREFIX = "pjrt-once-"
 """The key prefix of the tasks that run at most once."""
 
 RUN_ONCE_NAME = "pjrt-pool-run-once"
+_BEGIN = "pjrt_pool_run_begins"
+"""The scheduler handler a run-once task calls as it begins."""
 
 
 class RunOnce(SchedulerPlugin):
@@ -31,13 +36,26 @@ class RunOnce(SchedulerPlugin):
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
-        """Keeps the scheduler, whose task states transition() marks."""
+        """Adds the handler that run-once tasks call as they begin."""
         self.scheduler = scheduler
+        scheduler.handlers[_BEGIN] = self.begins
 
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        """Marks a run-once task that begins processing (see the module docstring)."""
-        if finish != "processing" or not isinstance(key, str) or not key.startswith(ONCE_PREFIX):
-            return
+    async def close(self) -> None:
+        """Takes the handler away again."""
+        if self.scheduler is not None:
+            self.scheduler.handlers.pop(_BEGIN, None)
+
+    def begins(self, key: str) -> None:
+        """A run-once task begins: a loss of its worker from now on fails it."""
         task = self.scheduler.tasks.get(key)
         if task is not None:
             task.suspicious = max(task.suspicious, self.scheduler.allowed_failures)
+
+
+def begin_once() -> None:
+    """Called by a run task on its Dask worker: tells the scheduler a run-once task begins
+    (one round trip, and only for run-once tasks)."""
+    worker = distributed.get_worker()
+    key = worker.get_current_task()
+    if isinstance(key, str) and key.startswith(ONCE_PREFIX):
+        sync(worker.loop, getattr(worker.scheduler, _BEGIN), key=key)
