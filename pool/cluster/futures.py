@@ -1,7 +1,7 @@
 """The futures ClusterPool hands out: concurrent.futures' Futures that follow Dask's.
 
 ClusterPool.submit returns a ClusterFuture, a concurrent.futures.Future
-whose result is fetched to this process when the run ends; its dask_future
+whose result is fetched to this process when it is first read; its dask_future
 attribute is Dask's own future of the same run, to chain Dask work on (pass
 it to client.submit, or as the inputs of another ClusterPool run), whose
 outputs stay in the node's memory while it is referenced. Dask's future
@@ -10,6 +10,7 @@ gives a ClusterFuture back with ClusterPool.follow.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -31,11 +32,13 @@ class NodeLostError(PoolError):
 class ClusterFuture(Future):  # type: ignore[type-arg]
     """A Future of a task on the cluster; dask_future is Dask's own (see the module docstring).
 
-    Its result is convert(the Dask task's value), fetched in Dask's callback
-    thread once the task is done; the task's error (the node Pool's
-    exception, unchanged) is its exception. done(), if given, is called once
-    the task has ended, whatever the outcome. Cancelling it cancels the Dask
-    task.
+    It is done when the Dask task is. Its result, convert(the task's value),
+    is fetched from the node by the first call of result() (in the calling
+    thread, so that many results come in parallel and a run whose
+    dask_future is passed on is never fetched here); the task's error (the
+    node Pool's exception, unchanged; a lost worker as NodeLostError) is
+    its exception. done(), if given, is called once the task has ended,
+    whatever the outcome. Cancelling it cancels the Dask task.
     """
 
     def __init__(
@@ -48,23 +51,54 @@ class ClusterFuture(Future):  # type: ignore[type-arg]
         self.dask_future = dask_future
         self._convert = convert
         self._on_done = done
+        self._fetch = threading.Lock()
+        self._fetched = False
         dask_future.add_done_callback(self._settle)
 
     def _settle(self, remote: distributed.Future) -> None:
         try:
             status = remote.status
             if status == "finished":
-                value = remote.result()
-                resolve(self, value if self._convert is None else self._convert(value))
+                resolve(self, _NOT_FETCHED)
             elif status == "cancelled":
                 super().cancel()
             else:
                 fail(self, _as_pool_error(remote.exception()))
-        except Exception as error:  # fetching or converting failed: the caller sees why
+        except Exception as error:  # reading the task's state failed: the caller sees why
             fail(self, _as_pool_error(error))
         finally:
             if self._on_done is not None:
                 self._on_done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's value (see the class docstring), fetched here on the first call."""
+        value = super().result(timeout)
+        if value is not _NOT_FETCHED:
+            return value
+        with self._fetch:
+            if not self._fetched:
+                try:
+                    value = self.dask_future.result()
+                    if self._convert is not None:
+                        value = self._convert(value)
+                except Exception as error:  # fetching or converting failed
+                    self._result, self._exception = None, _as_pool_error(error)
+                else:
+                    self._result = value
+                self._fetched = True
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The task's exception, or one fetching or converting its value raised; else None."""
+        error = super().exception(timeout)
+        if error is None and not self._fetched:
+            try:
+                self.result()
+            except Exception as failure:
+                return failure
+        return self._exception
 
     def cancel(self) -> bool:
         """Cancels the Dask task (if it has not run, it never will); True once cancelled."""
@@ -72,6 +106,10 @@ class ClusterFuture(Future):  # type: ignore[type-arg]
             return False
         self.dask_future.cancel()
         return super().cancel()
+
+
+_NOT_FETCHED = object()
+"""A done ClusterFuture's result until result() fetches the value."""
 
 
 def _as_pool_error(error: BaseException | None) -> BaseException:
