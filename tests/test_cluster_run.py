@@ -33,6 +33,8 @@ from pool.manifest import Manifest  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+MAIN = "import sys; from pool.cli.main import main; sys.exit(main())"
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -229,3 +231,45 @@ def test_with_retry_lost_off_only_the_run_on_the_lost_worker_fails(
                     future.result(timeout=300)
             else:  # queued on the lost worker or on the other one: never begun, so run
                 assert float(future.result(timeout=300)[0][0]) == 600.0 + i
+
+
+def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    program = lower(lambda x, y: (x * y, jnp.sum(x)), [f32(4), f32(4)])
+    (spec,) = remote.compile_many([("product", program)])
+    manifest = tmp_path / "m.json"
+    Manifest([spec], str(tmp_path / "cache")).write(manifest)
+    files = []
+    for i in range(3):
+        files.append(str(tmp_path / f"in{i}.npz"))
+        np.savez(files[-1], np.full(4, i, np.float32), np.full(4, 2, np.float32))
+    environment = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def command(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", MAIN, "run", str(manifest), "product", *words],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=environment,
+            check=False,
+        )
+
+    address = cluster.scheduler.address
+    done = command("--scheduler", address, "--batch", *files, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"ran": 3, "failed": 0}
+    assert [run["outputs"][0]["sum"] for run in report["runs"]] == [0.0, 8.0, 16.0]
+    assert [run["outputs"][1]["sum"] for run in report["runs"]] == [0.0, 4.0, 8.0]
+    once = command("--scheduler", address, "--inputs", files[2], "--json")
+    assert once.returncode == 0, once.stderr[-3000:]
+    assert json.loads(once.stdout)["outputs"][0]["sum"] == 16.0
+    # Bad usage answers in one line with status 2, before anything runs.
+    bad = command("--batch", *files)
+    assert bad.returncode == 2 and "give --scheduler" in bad.stderr

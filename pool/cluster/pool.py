@@ -12,6 +12,7 @@ holds it to the node that runs, never through this process.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -185,52 +186,43 @@ class ClusterPool:
 
     def map(
         self,
-        program: LoweredProgram,
+        program: LoweredProgram | ProgramSpec,
         batches: Iterable[Sequence[Any]],
         *,
         name: str | None = None,
         timeout: float | None = None,
         compile_options: bytes | None = None,
         max_in_flight: int | None = None,
-    ) -> Iterator[list[np.ndarray]]:
-        """Runs a program on each inputs of batches; yields the outputs in order.
+        return_exceptions: bool = False,
+    ) -> Iterator[Any]:
+        """Runs a program (or a ProgramSpec's executable) on each inputs of batches; yields
+        the outputs in order.
 
         Runs are submitted as the iterator is read, at most max_in_flight
         (default: four per thread of the cluster) ahead of the one it waits
         for, so a long or endless iterable of batches never floods the
         cluster nor this process's memory. A run's failure raises when its
-        turn comes; leaving the iterator early cancels the runs not yet done.
+        turn comes (with return_exceptions, the exception is yielded in its
+        place and the runs go on); leaving the iterator early cancels the
+        runs not yet done.
         """
         if max_in_flight is None:
             max_in_flight = 4 * max(1, sum(self.client.nthreads().values()))
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
-        return self._map(program, batches, name, timeout, compile_options, max_in_flight)
+        if isinstance(program, ProgramSpec):
+            spec = program
 
-    def _map(
-        self,
-        program: LoweredProgram,
-        batches: Iterable[Sequence[Any]],
-        name: str | None,
-        timeout: float | None,
-        compile_options: bytes | None,
-        max_in_flight: int,
-    ) -> Iterator[list[np.ndarray]]:
-        pending: collections.deque[ClusterFuture] = collections.deque()
-        try:
-            for inputs in batches:
-                pending.append(
-                    self.submit(
-                        program, inputs, name=name, timeout=timeout, compile_options=compile_options
-                    )
+            def submit(inputs: Sequence[Any]) -> ClusterFuture:
+                return self.submit_spec(spec, inputs, timeout=timeout)
+        else:
+
+            def submit(inputs: Sequence[Any]) -> ClusterFuture:
+                return self.submit(
+                    program, inputs, name=name, timeout=timeout, compile_options=compile_options
                 )
-                if len(pending) >= max_in_flight:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+
+        return _bounded(submit, batches, max_in_flight, return_exceptions)
 
     def function(
         self,
@@ -433,12 +425,18 @@ class ClusterPool:
         return total
 
     def close(self, cancel_pending: bool = False) -> None:
-        """Closes every node's Pool (the client and cluster stay as they are)."""
+        """Closes every node's Pool (the client and cluster stay as they are).
+
+        A plugin another ClusterPool on the cluster unregistered (or replaced
+        and closed) is gone already: that is not an error.
+        """
         with self._lock:
             self._held.clear()
-        self.client.unregister_worker_plugin(PLUGIN_NAME)
+        with contextlib.suppress(ValueError):  # "the worker plugin ... does not exist"
+            self.client.unregister_worker_plugin(PLUGIN_NAME)
         if self._run_once:
-            self.client.unregister_scheduler_plugin(RUN_ONCE_NAME)
+            with contextlib.suppress(ValueError):
+                self.client.unregister_scheduler_plugin(RUN_ONCE_NAME)
 
     def __enter__(self) -> ClusterPool:
         return self
@@ -467,3 +465,33 @@ def _arguments(
             for i, x in enumerate(inputs)
         ]
     return prepare_arguments(inputs, types)
+
+
+def _bounded(
+    submit: Callable[[Sequence[Any]], ClusterFuture],
+    batches: Iterable[Sequence[Any]],
+    max_in_flight: int,
+    return_exceptions: bool,
+) -> Iterator[Any]:
+    """Yields submit(inputs)'s results in order, at most max_in_flight submitted ahead."""
+    pending: collections.deque[ClusterFuture] = collections.deque()
+
+    def take() -> Any:
+        future = pending.popleft()
+        if not return_exceptions:
+            return future.result()
+        try:
+            return future.result()
+        except Exception as error:
+            return error
+
+    try:
+        for inputs in batches:
+            pending.append(submit(inputs))
+            if len(pending) >= max_in_flight:
+                yield take()
+        while pending:
+            yield take()
+    finally:
+        for future in pending:
+            future.cancel()
