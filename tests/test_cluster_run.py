@@ -26,7 +26,13 @@ from pool_helpers import (  # noqa: E402
     sleep_program,
 )
 
-from pool import ClusterPool, NeverCompileError, WorkerCrashedError, lower  # noqa: E402
+from pool import (  # noqa: E402
+    ClusterPool,
+    NeverCompileError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    lower,
+)
 from pool.cluster import NodeLostError, local_client  # noqa: E402
 from pool.cluster.node import node_statistics, run_task  # noqa: E402
 from pool.manifest import Manifest  # noqa: E402
@@ -156,6 +162,12 @@ def test_a_crash_fails_only_its_run_and_its_node_keeps_serving(remote, cluster) 
         run_task, good, [x], "after", None, None, workers=[node], allow_other_workers=False
     )
     np.testing.assert_array_equal(again.result(timeout=120)[0], x + 1.0)
+    # A run past its timeout fails with the Pool's TaskTimeoutError; the next one runs.
+    sleeper = sleep_program(1)
+    with pytest.raises(TaskTimeoutError):
+        remote.run(sleeper, [milliseconds(5000)], timeout=0.5)
+    assert remote.run(sleeper, [milliseconds(1)])[0][0] == 1.0
+    assert cluster.run(os.getpid) == pids
 
 
 def _identity(program) -> str:

@@ -10,6 +10,7 @@ gives a ClusterFuture back with ClusterPool.follow.
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,6 +28,43 @@ class NodeLostError(PoolError):
     With ClusterPool(retry_lost=False) this is the first loss; otherwise Dask
     ran it again on other workers until its allowed-failures were used up.
     """
+
+
+class CarriedError(Exception):
+    """A node Pool's exception on its way to the client, pickled with the standard pickle.
+
+    Dask pickles a task's exception with tblib, which cannot rebuild
+    exceptions of two bases (TaskTimeoutError is a PoolError and a
+    TimeoutError): the client got a bare Exception of its text. So a node's
+    task raises (or returns) this instead, and the client raises the
+    original (uncarry). Dask's own future of such a task shows this, whose
+    text names the original.
+    """
+
+    def __init__(self, payload: bytes, text: str) -> None:
+        super().__init__(payload, text)
+        self.payload = payload
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+    @classmethod
+    def of(cls, error: BaseException) -> CarriedError:
+        """Carries an exception (one that does not pickle travels as a PoolError of its text)."""
+        text = f"{type(error).__name__}: {error}"
+        try:
+            payload = pickle.dumps(error)
+            pickle.loads(payload)
+        except Exception:
+            payload = pickle.dumps(PoolError(text))
+        return cls(payload, text)
+
+
+def uncarry(error: BaseException) -> BaseException:
+    """The exception a CarriedError carries; any other exception as it is."""
+    if isinstance(error, CarriedError):
+        return pickle.loads(error.payload)  # from the cluster's nodes, as all Dask data is
+    return error
 
 
 class ClusterFuture(Future):  # type: ignore[type-arg]
@@ -113,7 +151,10 @@ _NOT_FETCHED = object()
 
 
 def _as_pool_error(error: BaseException | None) -> BaseException:
-    """The exception a caller sees: a lost Dask worker as NodeLostError, others unchanged."""
+    """The exception a caller sees: a lost Dask worker as NodeLostError, a carried one as
+    the original, others unchanged."""
+    if isinstance(error, CarriedError):
+        return uncarry(error)
     if isinstance(error, distributed.scheduler.KilledWorker):
         lost = NodeLostError(
             f"the Dask worker running task {error.task!r} was lost and the task was not "

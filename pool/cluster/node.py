@@ -4,8 +4,8 @@ Every task goes through the node's Pool by its public API (run,
 submit_spec, submit_compile), so a plugin crash, a hang past the timeout or
 a quarantined program fails that task with the Pool's own exception
 (WorkerCrashedError, TaskTimeoutError, ProgramQuarantinedError, ...), which
-Dask sends to the client as the task's error: the Dask worker itself never
-runs a plugin and goes on serving.
+goes to the client as the task's error, in a CarriedError (see there): the
+Dask worker itself never runs a plugin and goes on serving.
 
 A run's outputs are returned to Dask as the Pool gives them. Large ones are
 numpy views of a shared-memory mapping that the arrays themselves keep
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pool.cluster.futures import CarriedError
 from pool.cluster.run_once import begin_once
 from pool.executor.compile_many import CompileResult
 from pool.executor.pool import Pool
@@ -119,7 +120,13 @@ def run_task(
     """Runs a program in this node's Pool and returns its outputs (see the module docstring)."""
     pool = node_pool()
     begin_once()
-    return pool.run(program, arguments, name=name, timeout=timeout, compile_options=compile_options)
+    try:
+        return pool.run(
+            program, arguments, name=name, timeout=timeout, compile_options=compile_options
+        )
+    except Exception as error:
+        carried = CarriedError.of(error)
+    raise carried  # outside the except: no __context__, which Dask would pickle with tblib
 
 
 def run_spec_task(
@@ -128,12 +135,16 @@ def run_spec_task(
     """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
     pool = node_pool()
     begin_once()
-    return pool.submit_spec(spec, arguments, timeout=timeout).result()
+    try:
+        return pool.submit_spec(spec, arguments, timeout=timeout).result()
+    except Exception as error:
+        carried = CarriedError.of(error)
+    raise carried  # outside the except (see run_task)
 
 
 def compile_task(
     program: LoweredProgram, name: str, timeout: float | None, compile_options: bytes | None
-) -> CompileResult | BaseException:
+) -> CompileResult | CarriedError:
     """Compiles in this node's Pool; a program's failure is returned, not raised.
 
     Returning the exception keeps a compile error or a PJRT worker crash a
@@ -147,7 +158,7 @@ def compile_task(
             .result()
         )
     except Exception as error:
-        return error
+        return CarriedError.of(error)
 
 
 def node_counters(dask_worker: distributed.Worker) -> dict[str, int]:

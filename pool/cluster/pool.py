@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import distributed
 import numpy as np
 
-from pool.cluster.futures import ClusterFuture
+from pool.cluster.futures import ClusterFuture, uncarry
 from pool.cluster.node import (
     PLUGIN_NAME,
     PoolPlugin,
@@ -324,6 +324,7 @@ class ClusterPool:
             allow_other_workers=True,
             pure=False,
         ).result()
+        outcome = uncarry(outcome) if isinstance(outcome, BaseException) else outcome
         if isinstance(outcome, NeverCompileError):
             raise outcome
         self._in_cache.add(identity)
@@ -385,7 +386,7 @@ class ClusterPool:
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""
         if isinstance(value, BaseException):
-            raise value
+            raise uncarry(value)
         # From another machine: its key goes into manifests and cache paths.
         check_key(value.spec.key, "the key in a cluster node's result")
         with self._lock:
