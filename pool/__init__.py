@@ -11,7 +11,7 @@ Programs API imports from here. What the folders hold:
     cli/          the pjrt-pool command line, one module per command
     conformance/  the check-plugin battery
     manifest.py   running warmed programs by name (production jobs)
-    cluster.py    compiling on a Dask cluster
+    cluster/      compiling and running on a Dask cluster (ClusterPool)
     errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
 """
 
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from worker.lazy_names import on_first_use
 
 if TYPE_CHECKING:
+    from pool.cluster import ClusterPool
     from pool.errors import (
         DeviceFailureError,
         PoolClosedError,
@@ -92,6 +93,7 @@ _WORKER = (
 _MODULES = {
     **dict.fromkeys(_ERRORS, "pool.errors"),
     **dict.fromkeys(_WORKER, "worker"),
+    "ClusterPool": "pool.cluster",
     "CompileResult": "pool.executor.compile_many",
     "Pool": "pool.lowering.pool",
     "lower": "pool.lowering.lower",
@@ -115,6 +117,7 @@ __getattr__, __dir__ = on_first_use(__name__, _MODULES)
 __all__ = [
     "ArrayType",
     "BundleError",
+    "ClusterPool",
     "CompileResult",
     "CompileStatistics",
     "DescriptorLimitError",

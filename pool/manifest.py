@@ -41,6 +41,7 @@ from worker.untrusted import parse_json, read_file
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from pool.cluster import ClusterPool
     from pool.executor.pool import Pool
     from worker.compile.executable import Executable
 
@@ -151,9 +152,10 @@ class Manifest:
         return ran
 
     def run(
-        self, name: str, arguments: Sequence[ArrayLike], pool: Pool | None = None
+        self, name: str, arguments: Sequence[ArrayLike], pool: Pool | ClusterPool | None = None
     ) -> list[np.ndarray]:
-        """Runs a program by name: through `pool` if given, else in this process.
+        """Runs a program by name: through `pool` (a Pool, or a ClusterPool, whose nodes
+        load it from their cache) if given, else in this process.
 
         A Pool's workers load from its cache directory: to serve a bundle's
         programs through one, import the bundle there first (see

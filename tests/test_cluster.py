@@ -164,3 +164,23 @@ def test_a_lost_dask_worker_s_programs_run_elsewhere_and_are_reported_once(tmp_p
         results = [future.result(timeout=300) for future in futures]
         assert [r.spec.name for r in results] == [f"m{i}" for i in range(8)]
         assert len({r.spec.key for r in results}) == 8
+
+
+def test_runs_stay_on_a_program_s_nodes_until_their_queue_is_long() -> None:
+    from pool.cluster.routing import Router, home_of
+
+    nodes = ["tcp://a:1", "tcp://b:1", "tcp://c:1"]
+    router = Router(lambda: list(nodes), spread_at=2)
+    identity = "f" * 64
+    home = home_of(identity, sorted(nodes))
+    assert [router.choose(identity) for _ in range(2)] == [home, home]
+    spread = router.choose(identity)  # home has 2 in flight, the others none
+    assert spread != home and router.holders(identity) == [home, spread]
+    assert router.in_flight() == {home: 2, spread: 1}
+    for address in (home, home, spread):
+        router.done(address)
+    # Idle again: the runs go to the nodes holding the program, not to the third.
+    assert {router.choose(identity) for _ in range(2)} <= {home, spread}
+    assert len(router.holders(identity)) == 2
+    with pytest.raises(ValueError, match="spread_at"):
+        Router(lambda: nodes, spread_at=0)

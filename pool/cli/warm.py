@@ -9,7 +9,8 @@ crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
 run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
 file or on seeded random inputs, printing its outputs' types and checksums
-and how long loading and running took.
+and how long loading and running took; with --scheduler it runs on a Dask
+cluster, once or once per --batch file (pool.cli.cluster_run).
 """
 
 from __future__ import annotations
@@ -115,6 +116,20 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run the program once on zeros as it loads (timed with loading), so that the "
         "timed run is at the warm speed",
+    )
+    run.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="run on the Dask cluster at ADDRESS (or local:N), each node loading from its cache; "
+        "see pool.cli.cluster_run",
+    )
+    run.add_argument(
+        "--batch",
+        metavar="NPZ",
+        nargs="+",
+        default=None,
+        help="with --scheduler: run once per .npz file, with progress and a report",
     )
     run.add_argument(
         "--json",
@@ -256,24 +271,27 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
         if spec.input_types is None:
             raise UsageError(f"{spec.name} has unknown input types: give --inputs")
         return random_inputs(spec.input_types, args.seed)
+    return _read_inputs(args.inputs, spec, "--inputs")
+
+
+def _read_inputs(path: str, spec: Any, option: str) -> list[np.ndarray]:
+    """A program's inputs from an .npz file (arr_0, arr_1, ...), checked against its types."""
     types = ", ".join(map(str, spec.input_types or ()))
-    input_file(args.inputs, "--inputs")
+    input_file(path, option)
     try:
-        data = np.load(args.inputs)
+        data = np.load(path)
     except (OSError, ValueError) as error:
-        raise UsageError(
-            f"--inputs {args.inputs}: cannot read it as an .npz file ({error})"
-        ) from None
+        raise UsageError(f"{option} {path}: cannot read it as an .npz file ({error})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise UsageError(
-            f"--inputs {args.inputs} is not an .npz file; save the inputs with "
+            f"{option} {path} is not an .npz file; save the inputs with "
             f"np.savez(file, *arrays): {types}"
         )
     with data:
         names = [f"arr_{i}" for i in range(len(data.files))]
         if sorted(data.files) != sorted(names):
             raise UsageError(
-                f"--inputs {args.inputs} holds {', '.join(data.files)}; save the inputs in "
+                f"{option} {path} holds {', '.join(data.files)}; save the inputs in "
                 f"order as arr_0, arr_1, ... (np.savez(file, *arrays)): {types}"
             )
         inputs = [data[name] for name in names]
@@ -281,9 +299,7 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
         try:
             prepare_arguments(inputs, spec.input_types)
         except (TypeError, ValueError) as error:
-            raise UsageError(
-                f"--inputs {args.inputs}: {error}; {spec.name} takes {types}"
-            ) from None
+            raise UsageError(f"{option} {path}: {error}; {spec.name} takes {types}") from None
     return inputs
 
 
@@ -299,6 +315,18 @@ def _finite_sums(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "outputs": outputs}
 
 
+def _describe(outputs: list[np.ndarray]) -> list[dict[str, Any]]:
+    """Each output's dtype, shape and (for numbers) sum, as run prints and reports them."""
+    return [
+        {
+            "dtype": str(o.dtype),
+            "shape": list(o.shape),
+            "sum": float(np.asarray(o, dtype=np.float64).sum()) if o.dtype.kind in "biuf" else None,
+        }
+        for o in outputs
+    ]
+
+
 def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
     if from_bundle:
         return UsageError(f"{name}: {error}")
@@ -310,14 +338,15 @@ def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
 def _run(args: argparse.Namespace) -> int:
     # A pool's workers and shared memory are cleaned up at exit: only a run in this
     # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
-    args.exit_at_once = not args.workers
+    args.exit_at_once = not args.workers and not args.scheduler
     if args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
-    if args.prime and args.workers:
+    if args.prime and (args.workers or args.scheduler):
         raise UsageError(
-            "--prime primes the program in this process: leave out --workers to use it"
+            "--prime primes the program in this process: leave out --workers and --scheduler "
+            "to use it"
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     input_file(args.manifest, "the manifest")
@@ -330,15 +359,33 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
             return EXIT_OK
         spec = manifest.spec(args.name)
-        if manifest.bundle is not None and args.workers:
-            raise ManifestError(f"--workers {args.workers}: {BUNDLE_FOR_POOLS}")
+        if manifest.bundle is not None and (args.workers or args.scheduler):
+            option = f"--workers {args.workers}" if args.workers else "--scheduler"
+            raise ManifestError(f"{option}: {BUNDLE_FOR_POOLS}")
     except ManifestError as error:
         raise UsageError(str(error)) from None
+    if args.batch and not args.scheduler:
+        raise UsageError("--batch runs on a cluster: give --scheduler ADDRESS (or local:N)")
+    if args.batch and args.inputs:
+        raise UsageError("--batch names the inputs of each run: leave --inputs out")
+    if args.scheduler:  # the cluster's nodes have their own plugins
+        from pool.cli.cluster_run import cluster_pool, run_batch
+
+        if args.batch:
+            return run_batch(
+                args, manifest, spec, lambda path: _read_inputs(path, spec, "--batch"), _describe
+            )
+    else:
+        _check_plugin(spec.platform, "the manifest's platform")
     inputs = _inputs(args, spec)
-    _check_plugin(spec.platform, "the manifest's platform")
     started = time.perf_counter()
     try:
-        if args.workers:
+        if args.scheduler:
+            with cluster_pool(args, manifest, spec) as cluster:
+                ready = time.perf_counter()
+                outputs = manifest.run(args.name, inputs, pool=cluster)
+                done = time.perf_counter()
+        elif args.workers:
             # Here, not at the top: the Pool's machinery (subprocess, cloudpickle, the
             # wire: ~60 ms) is not needed to run in this process, the usual case.
             from pool.executor.pool import Pool
@@ -366,21 +413,14 @@ def _run(args: argparse.Namespace) -> int:
         "load_seconds": ready - started,
         "primed": args.prime and args.name in manifest.prime([args.name]),
         "run_seconds": done - ready,
-        "outputs": [
-            {
-                "dtype": str(o.dtype),
-                "shape": list(o.shape),
-                "sum": float(np.asarray(o, dtype=np.float64).sum())
-                if o.dtype.kind in "biuf"
-                else None,
-            }
-            for o in outputs
-        ],
+        "outputs": _describe(outputs),
     }
     if args.json:
         print(json.dumps(_finite_sums(result), indent=2, allow_nan=False))
     else:
         where = f"a pool of {args.workers}" if args.workers else "this process"
+        if args.scheduler:
+            where = f"the cluster at {args.scheduler}"
         print(
             f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
             f"{'bundle' if manifest.bundle else 'cache'} in "

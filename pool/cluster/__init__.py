@@ -1,0 +1,46 @@
+"""Compiling and running on a Dask cluster: one pjrt-pool Pool per Dask worker.
+
+    client (this process)                     Dask worker (each node)
+    ─────────────────────                     ───────────────────────
+    ClusterPool.run / submit / map /          PoolPlugin: a Pool of PJRT worker
+      function / submit_spec / compile          processes, started on first use
+    route each task by its program  ──task──▶ task: pool.run(program, inputs)
+      (routing: nodes holding it loaded,        (or submit_spec, submit_compile)
+       spread when their queues are long)     → compiled, or loaded from the
+    ClusterFuture (+ its dask_future) ◀──── node's (or a shared) disk cache
+                                              a plugin crash fails the task with
+                                              the Pool's error, not the Dask worker
+
+A plugin crash kills a PJRT worker process inside the Dask worker's Pool,
+never the Dask worker itself: the task fails with the Pool's exception
+(WorkerCrashedError, TaskTimeoutError, ProgramQuarantinedError), and the
+node goes on serving. A lost Dask worker's task is run again elsewhere by
+Dask (runs are pure), or fails with NodeLostError with retry_lost=False;
+each future settles once. Compiling routes each program by its hash to one
+node, so nodes with separate cache directories still compile it once each
+across repeated runs; with one shared directory (a shared filesystem) any
+node can load what another compiled.
+
+The modules: pool (ClusterPool), node (the Dask worker's side), routing,
+futures (ClusterFuture, NodeLostError), run_once (the retry_lost=False
+scheduler plugin), connect (clients: local_client, connect).
+
+Needs the ``distributed`` extra: ``pip install 'pjrt-pool[cluster]'``.
+"""
+
+from __future__ import annotations
+
+from pool.cluster.connect import connect, local_client
+from pool.cluster.futures import ClusterFuture, NodeLostError
+from pool.cluster.node import PLUGIN_NAME, PoolPlugin
+from pool.cluster.pool import ClusterPool
+
+__all__ = [
+    "PLUGIN_NAME",
+    "ClusterFuture",
+    "ClusterPool",
+    "NodeLostError",
+    "PoolPlugin",
+    "connect",
+    "local_client",
+]
