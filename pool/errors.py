@@ -128,9 +128,12 @@ def rebuild_error(remote: RemoteError) -> BaseException:
             raise TypeError(remote.qualname)
         error = cls(remote.message)
         for name, value in remote.attributes.items():
-            if isinstance(name, str) and not name.startswith("_"):
-                if isinstance(value, (int, float, str, bool, type(None))):
-                    setattr(error, name, value)
+            if (
+                isinstance(name, str)
+                and not name.startswith("_")
+                and isinstance(value, (int, float, str, bool, type(None)))
+            ):
+                setattr(error, name, value)
     except Exception:  # a class that needs other arguments, or does not import here
         error = RemoteWorkerError(f"{remote.module}.{remote.qualname}: {remote.message}")
     error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback!s}")

@@ -151,9 +151,7 @@ def test_errors_are_rebuilt_only_from_pythons_and_the_projects_classes() -> None
     private = rebuild_error(remote("builtins", "ValueError", {"_secret": 1, "__class__": 2}))
     assert type(private) is ValueError and not hasattr(private, "_secret")
     other = rebuild_error(remote("numpy.exceptions", "AxisError"))
-    assert isinstance(other, RemoteWorkerError) and "numpy.exceptions.AxisError: boom" in str(
-        other
-    )
+    assert isinstance(other, RemoteWorkerError) and "numpy.exceptions.AxisError: boom" in str(other)
 
 
 def test_an_error_naming_a_module_does_not_make_the_parent_import_it() -> None:

@@ -388,4 +388,3 @@ class Dispatcher:
         error = DeviceFailureError(message, None, request.name, worker.output_tail())
         error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")
         return error
-

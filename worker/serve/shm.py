@@ -98,9 +98,7 @@ def check_received(fd: int, size: int, what: str) -> None:
         raise ValueError(f"{what} is not sealed at its size (seals {seals:#x})")
 
 
-def check_layout(
-    types: Sequence[ArrayType], offsets: Sequence[int], size: int, what: str
-) -> None:
+def check_layout(types: Sequence[ArrayType], offsets: Sequence[int], size: int, what: str) -> None:
     """Refuses (ValueError) arrays that do not lie, aligned, within `size` bytes of `what`."""
     if len(types) != len(offsets):
         raise ValueError(f"{len(offsets)} offsets for {len(types)} arrays in {what}")
