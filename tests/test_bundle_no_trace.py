@@ -6,8 +6,13 @@ empty cache there.
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
 from test_bundle_types import edit_index, flipped_shape, one  # noqa: F401 (one: a fixture)
 from test_warm import pjrt_pool
+
+from worker.plugin.locate import env_var, find_plugin
 
 
 def test_a_refused_import_makes_no_cache(one, tmp_path):  # noqa: F811
@@ -19,3 +24,28 @@ def test_a_refused_import_makes_no_cache(one, tmp_path):  # noqa: F811
     good = pjrt_pool("bundle", "import", str(one["bundle"]), "--cache-dir", str(cache))
     assert good.returncode == 0, good.stderr
     assert len(list((cache / "entries").iterdir())) == 1
+
+
+@pytest.mark.parametrize("plugin", ["installed", "a copy"])
+def test_a_run_from_a_bundle_creates_nothing_in_an_existing_default_cache(
+    one,  # noqa: F811
+    tmp_path,
+    plugin,
+):
+    # The host has a default cache directory already (another tool warmed it, or
+    # an earlier compile): running from a bundle reads the bundle and at most the
+    # plugin's memos there, and makes no folders of its own. A copy of the plugin
+    # is no installed file that its RECORD vouches for, so its library is read
+    # (and the reading memoized) as it loads.
+    home = tmp_path / "home"
+    default = home / ".cache" / "pjrt-pool"
+    default.mkdir(parents=True, mode=0o700)
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "PJRT_POOL_CACHE_DIR": ""}
+    if plugin == "a copy":
+        copy = tmp_path / "plugin.so"
+        shutil.copyfile(find_plugin("cpu").path, copy)
+        env[env_var("cpu")] = str(copy)
+    done = pjrt_pool("run", str(one["bundle"]), "p", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    made = sorted(path.name for path in default.iterdir())
+    assert not {"entries", "loads", "locks"} & set(made), made

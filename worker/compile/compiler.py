@@ -207,7 +207,7 @@ def compile_program(
     never = never_compile_on(never_compile)
     tier = open_remote(remote)
     # The cache first: loading the plugin reads (and fills) the default cache's
-    # records about plugin builds only if that cache exists (runtime._memos).
+    # records about plugin builds only if that cache exists (runtime._existing_memos).
     cache = open_cache(cache_dir) if disk_cache else None
     runtime = get_runtime(program.platform)
     warn_known_failures(runtime.location.path, cache_dir)

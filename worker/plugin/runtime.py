@@ -211,30 +211,16 @@ _runtime_lock = threading.Lock()
 
 
 def _existing_memos() -> MemoStore | None:
-    """The default cache directory's records, if it exists and passes the trust check."""
+    """The default cache directory's records, if it exists and passes the trust check.
+
+    Nothing is created here: a process that only loads (from a bundle, on a
+    read-only host) must make no folders, and compiling creates the cache.
+    """
     # Imported here: a process whose plugin's RECORD vouches for it (worker.plugin.build_identity)
     # never opens a cache, and a loader from a bundle then never imports the store.
     from worker.cache.store import existing_memos
 
     return existing_memos(default_cache_dir())
-
-
-def _memos() -> MemoStore | None:
-    """The default cache's records about plugin builds, if that cache's directory exists.
-
-    The directory is never created here: a process that only loads (from a
-    bundle, on a read-only host) must write nothing, and compiling creates
-    the cache. An existing one gets its folders if it lacks them.
-    """
-    if not default_cache_dir().is_dir():
-        return None
-    from worker.cache.store import open_cache  # see _existing_memos
-
-    try:
-        cache = open_cache()
-    except Exception:  # an untrusted or broken cache: compiling will say so
-        return None
-    return cache.memos if cache.usable else None
 
 
 def default_platform() -> str:
@@ -276,7 +262,7 @@ def get_runtime(platform: str | None = None) -> Runtime:
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
-        with xla_flags_added(semantic_flags(platform, location.path, _memos)):
+        with xla_flags_added(semantic_flags(platform, location.path, _existing_memos)):
             environment = codegen_environment()
             try:
                 with STARTUP.time("plugin_load"):

@@ -506,7 +506,7 @@ def main(
     arena_size = 0
     try:
         # The cache before the plugin: loading it reads and fills the cache's
-        # records about plugin builds only if the cache exists (runtime._memos).
+        # records about plugin builds only if the cache exists (runtime._existing_memos).
         cache = open_cache(cache_dir)
         runtime = get_runtime(platform)
         plugin = runtime.describe()
