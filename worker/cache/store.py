@@ -208,6 +208,24 @@ class DiskCache:
         self._connect()
         return complete
 
+    def records_made_if_missing(self) -> MemoStore | None:
+        """The records about plugin builds, making plugins/ (and nothing else) if it is missing.
+
+        For a process that only loads: it may memoize what it learned about
+        its plugin in a cache that exists, and makes no other folder there.
+        None when the cache directory is not open or plugins/ cannot be made.
+        """
+        root = self._folders.get("")
+        if self.memos.folder is None and root is not None:
+            try:
+                self._folders["plugins"] = Folder.open(
+                    self.plugins_dir, self.shared, parent=root, create=True
+                )
+            except (OSError, trust.UntrustedCacheError):
+                return None
+            self._connect()
+        return self.memos if self.memos.folder is not None else None
+
     def folder(self, name: str) -> Folder | None:
         """The opened directory "entries", "locks", "plugins", "loads" ("": the cache itself)."""
         return self._folders.get(name)
@@ -605,14 +623,15 @@ def open_cache(directory: str | os.PathLike[str] | None = None) -> DiskCache:
 def existing_memos(directory: Path) -> MemoStore | None:
     """The records of a cache directory that exists and passes the trust check, else None.
 
-    Never creates the directory and never raises. Decided once per process
-    and directory: callers ask on every executable they load or serialize.
+    Never creates the directory, only its plugins/ folder if it lacks one, and
+    never raises. Decided once per process and directory: callers ask on every
+    executable they load or serialize.
     """
     try:
         cache = DiskCache(directory, create=False)
     except (OSError, ValueError, trust.UntrustedCacheError):
         return None
-    return cache.memos if cache.memos.folder is not None else None
+    return cache.records_made_if_missing()
 
 
 def process_counters() -> CacheCounters:

@@ -213,8 +213,9 @@ _runtime_lock = threading.Lock()
 def _existing_memos() -> MemoStore | None:
     """The default cache directory's records, if it exists and passes the trust check.
 
-    Nothing is created here: a process that only loads (from a bundle, on a
-    read-only host) must make no folders, and compiling creates the cache.
+    Only the records folder is made, in a cache that exists: a process that
+    only loads (from a bundle, on a read-only host) makes no other folder, and
+    compiling creates the cache.
     """
     # Imported here: a process whose plugin's RECORD vouches for it (worker.plugin.build_identity)
     # never opens a cache, and a loader from a bundle then never imports the store.
