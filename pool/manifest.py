@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -41,8 +41,6 @@ from worker.untrusted import parse_json, read_file
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from pool.cluster import ClusterPool
-    from pool.executor.pool import Pool
     from worker.compile.executable import Executable
 
 MANIFEST_FORMAT = 1
@@ -54,6 +52,15 @@ BUNDLE_FOR_POOLS = (
     "there and write this host's manifest (pjrt-pool bundle import FILE --cache-dir DIR "
     "--manifest HOST.json), then run that manifest through the pool"
 )
+
+
+class SpecRunner(Protocol):
+    """What Manifest.run runs a program through: a Pool or a ClusterPool (named by what they
+    do, not imported, since the Pool imports this module to start loaded)."""
+
+    def submit_spec(self, spec: ProgramSpec, arguments: Any, /) -> Any:
+        """Runs the executable a spec names; returns a future whose result() is the outputs."""
+        ...
 
 
 class ManifestError(ValueError):
@@ -152,7 +159,7 @@ class Manifest:
         return ran
 
     def run(
-        self, name: str, arguments: Sequence[ArrayLike], pool: Pool | ClusterPool | None = None
+        self, name: str, arguments: Sequence[ArrayLike], pool: SpecRunner | None = None
     ) -> list[np.ndarray]:
         """Runs a program by name: through `pool` (a Pool, or a ClusterPool, whose nodes
         load it from their cache) if given, else in this process.

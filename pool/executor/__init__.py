@@ -9,6 +9,7 @@ the queue), quarantine.py, segments.py (shared memory for large inputs and
 outputs), watch.py (the manager's one wait point). Beside them: futures.py
 (the futures it hands out), inputs.py (staging a run's inputs), programs.py
 (a program's identity), settings.py (checking what a Pool is given),
+preload.py (what a Pool made with preload= has each worker load as it starts),
 never.py (never-compile mode's check at submit) and compile_many.py
 (compile_many and CompileResult, shared with ClusterPool).
 """

@@ -59,7 +59,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -87,6 +87,9 @@ from worker.cache.key import check_key
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
+
+if TYPE_CHECKING:
+    from pool.manifest import Manifest
 
 ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 """Inputs up to this many bytes go through the worker's arena; outputs use the rest.
@@ -137,6 +140,22 @@ class Pool:
     many kept results never exhaust the process's descriptor limit. Every
     setting is checked here, before any worker starts.
 
+    preload (a Manifest, or the path of a manifest or bundle: what
+    load_manifest takes) makes the pool start loaded: every worker loads
+    the programs it names (preload_names: only those; default all) from the
+    cache as it starts, all workers at once, and primes each with prime=True
+    (Executable.prime: one run on zeros, skipped for programs that keep
+    state). The constructor returns once every worker holds them all, so
+    no task for one of them (Pool.submit_spec, Manifest.run(..., pool))
+    waits for a load; start_timeout bounds that too. A program that does
+    not load (not in the cache, as never_compile would find at its first
+    task) raises its NotInCacheError here, naming it, with the workers
+    stopped; a worker that dies preloading raises WorkerStartupError. A
+    bundle is imported into cache_dir first. Replacement workers preload
+    too. remote is the URL of the remote cache tier (worker.cache.remote),
+    given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
+    environment is left as it is); a URL of no known scheme is a ValueError.
+
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
     Futures' done-callbacks run on the pool's manager thread: they may
@@ -162,6 +181,10 @@ class Pool:
         segment_cache_bytes: int = DEFAULT_CACHE_BYTES,
         segment_fds: int = DEFAULT_MAX_FDS,
         never_compile: bool | None = None,
+        preload: Manifest | str | os.PathLike[str] | None = None,
+        preload_names: Sequence[str] | None = None,
+        prime: bool = False,
+        remote: str | None = None,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -180,6 +203,10 @@ class Pool:
             segment_cache_bytes=segment_cache_bytes,
             segment_fds=segment_fds,
             never_compile=never_compile,
+            preload=preload,
+            preload_names=preload_names,
+            prime=prime,
+            remote=remote,
         )
         # The parts of the pool (see the module docstring), each given what it uses.
         lock = self._lock = threading.Lock()
@@ -403,6 +430,14 @@ class Pool:
         self._refuse_in_child()
         with self._lock:
             return self._workers.info_locked()
+
+    @property
+    def preload_statistics(self) -> CompileStatistics:
+        """What the workers' preloading loaded (Pool(preload=...)), summed over every worker,
+        replacements too; Pool.statistics counts the tasks' loads apart from these."""
+        self._refuse_in_child()
+        with self._lock:
+            return self._workers.preload_statistics
 
     @property
     def statistics(self) -> CompileStatistics:

@@ -17,7 +17,9 @@ from typing import Any
 
 import cloudpickle
 
+from pool.executor.preload import preload_programs
 from worker.cache import check_cache_dir
+from worker.cache.remote.location import parse_remote
 from worker.compile.never_compile import never_compile_on
 
 
@@ -38,6 +40,9 @@ class PoolSettings:
     segment_fds: int
     initializer: bytes  # the initializer and its arguments, cloudpickled (b"" for none)
     never_compile: bool
+    preload: tuple[tuple[str, str], ...] = ()  # (cache key, name) each worker loads as it starts
+    prime: bool = False  # whether each worker primes what it preloads
+    remote: str | None = None  # the workers' PJRT_POOL_CACHE_REMOTE; None: the environment's
 
     @classmethod
     def check(
@@ -57,11 +62,19 @@ class PoolSettings:
         segment_cache_bytes: Any,
         segment_fds: Any,
         never_compile: bool | None,
+        preload: Any = None,
+        preload_names: Any = None,
+        prime: Any = False,
+        remote: Any = None,
     ) -> PoolSettings:
         """Checks every setting, in the order Pool takes them; raises for the first bad one.
 
         The cache directory is checked too: one that others could write fails
-        here (UntrustedCacheError), not in every task.
+        here (UntrustedCacheError), not in every task. So are the remote's URL
+        (a ValueError for one the remote tier cannot use) and what preload
+        names: a manifest that does not read, or a name not in it, raises
+        ManifestError; a bundle is imported into the cache directory here
+        (pool.executor.preload).
         """
         count = (
             (os.cpu_count() or 1)
@@ -83,7 +96,10 @@ class PoolSettings:
         )
         fds = check_count(segment_fds, "segment_fds", 0, "descriptors kept for shared memory")
         pickled = pickle_initializer(initializer, check_initargs(initargs))
+        prime = check_flag(prime, "prime")
+        remote_url = check_remote(remote)
         check_cache_dir(directory)
+        programs = preload_programs(preload, preload_names, directory)
         return cls(
             workers=count,
             platform=platform,
@@ -98,7 +114,23 @@ class PoolSettings:
             segment_fds=fds,
             initializer=pickled,
             never_compile=never_compile_on(never_compile),
+            preload=programs,
+            prime=prime,
+            remote=remote_url,
         )
+
+
+def check_remote(value: Any) -> str | None:
+    """Returns the remote cache tier's URL, checked as the workers will parse it, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir' (or None), "
+            f"not {type(value).__name__} {value!r}"
+        )
+    parse_remote(value)  # ValueError: the scheme, or the URL's form
+    return value.strip()
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:

@@ -9,7 +9,8 @@ allow raises, so a bookkeeping bug surfaces at once instead of hanging.
 
 Worker states and why each move happens::
 
-    STARTING --Ready----------------> IDLE      plugin loaded, initializer ran
+    STARTING --Ready----------------> IDLE      plugin loaded, initializer ran, what
+                                                Pool(preload=) names loaded (and primed)
     STARTING --end of file----------> DEAD      it died starting (a start-up failure)
     IDLE     --claim(task)----------> BUSY      a thread took it for one task
     IDLE     --readable socket------> DYING     an idle worker only ever shows end of
@@ -67,14 +68,15 @@ from typing import Any
 
 import numpy as np
 
-from pool.errors import WorkerStartupError
+from pool.errors import WorkerStartupError, rebuild_error
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.spawn import child_environment, python_command
 from worker.cache import CacheCounters
+from worker.cache.remote.location import REMOTE_ENV
 from worker.fds import close_quietly
-from worker.records import ArrayType
+from worker.records import ArrayType, CompileStatistics
 from worker.serve import protocol, shm
 
 output_log = logging.getLogger("pjrt_pool.worker")
@@ -151,6 +153,9 @@ class WorkerProcess:
         max_loaded: int,
         initializer: bytes,
         never_compile: bool = False,
+        preload: tuple[tuple[str, str], ...] = (),
+        prime: bool = False,
+        remote: str | None = None,
     ) -> None:
         self.index = index
         self.max_loaded = max_loaded
@@ -193,7 +198,8 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                env=child_environment(),
+                # The remote tier the pool was given, for this worker only.
+                env=child_environment(None if remote is None else {REMOTE_ENV: remote}),
                 # Its own session: a Ctrl-C meant for the parent must not kill
                 # workers behind the pool's back; the pool stops them itself.
                 start_new_session=True,
@@ -210,7 +216,8 @@ class WorkerProcess:
         self.output_fd = self.process.stdout.fileno() if self.process.stdout else -1
         os.set_blocking(self.output_fd, False)
         try:
-            protocol.send_frame(self.sock, protocol.Init(initializer, ARENA_SIZE), (arena_fd,))
+            init = protocol.Init(initializer, ARENA_SIZE, preload, prime)
+            protocol.send_frame(self.sock, init, (arena_fd,))
         except OSError:
             pass  # the worker died at once; the pool sees the end of its socket
         finally:
@@ -261,10 +268,12 @@ class WorkerProcess:
         """Why its start failed, reported when its end is seen."""
         self.startup_failure = error
 
-    def became_ready(self, plugin: dict[str, Any]) -> None:
-        """STARTING -> IDLE, with what it said of its plugin."""
+    def became_ready(self, plugin: dict[str, Any], loaded: tuple[str, ...] = ()) -> None:
+        """STARTING -> IDLE, with what it said of its plugin and the programs it preloaded."""
         self.move(State.IDLE)
         self.plugin = plugin
+        for program_id in loaded:
+            self.loaded[program_id] = None
         self.startup_seconds = time.monotonic() - self.started_at
 
     def note_counters(self, counters: dict[str, int]) -> None:
@@ -443,6 +452,8 @@ class Workers:
         self._failed_starts = 0  # replacements that failed to start, in a row
         self._respawns: dict[int, float] = {}  # worker index -> when to try starting it again
         self.takeovers = 0  # sockets callers took over so far (take_over_locked), under the lock
+        # What every worker's preloading (Init.preload) loaded, replacements' too, under the lock.
+        self.preload_statistics = CompileStatistics()
 
     def __iter__(self) -> Iterator[WorkerProcess]:
         """Every worker, by index (under the lock)."""
@@ -646,6 +657,9 @@ class Workers:
             settings.max_loaded,
             settings.initializer,
             settings.never_compile,
+            settings.preload,
+            settings.prime,
+            settings.remote,
         )
         with self._lock:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
@@ -657,6 +671,20 @@ class Workers:
 
     def on_ready(self, worker: WorkerProcess, ready: protocol.Ready) -> None:
         """A worker's start-up message: it is IDLE now, or (an error in it) is killed."""
+        if ready.error is not None and ready.failed_program is not None:
+            # A preloaded program that did not load: raised as the worker raised it
+            # (NotInCacheError, NeverCompileError, ...), naming the program.
+            error = rebuild_error(ready.error)
+            if len(error.args) == 1 and isinstance(error.args[0], str):
+                error.args = (f"preloading program {ready.failed_program!r}: {error.args[0]}",)
+            error.add_note(
+                f"while worker {ready.pid} preloaded program {ready.failed_program!r} "
+                "(Pool(preload=...)): the pool did not start"
+            )
+            with self._lock:
+                worker.failed_to_start(error)
+                self.kill_locked(worker)
+            return
         if ready.error is not None:
             error = WorkerStartupError(
                 f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
@@ -669,7 +697,11 @@ class Workers:
         with self._lock:
             if worker.state is not State.STARTING:
                 return  # killed while starting (terminate)
-            worker.became_ready(ready.plugin)
+            worker.became_ready(ready.plugin, ready.loaded)
+            if ready.counters is not None:
+                worker.note_counters(ready.counters)
+            if ready.statistics is not None:
+                self.preload_statistics = self.preload_statistics.add(ready.statistics)
             self._failed_starts = 0
             everyone = all(w.state is not State.STARTING for w in self._all)
         if everyone and not self.started.is_set():

@@ -25,8 +25,9 @@ ancillary data on the frame's first byte. Pickle is safe here: both ends are
 the same user's processes, started by the parent for itself; nothing from the
 disk cache or the network is ever unpickled.
 
-Messages are small dataclasses. Parent to worker: Init, Compile, Run,
-HotRun, Exit. Worker to parent: Ready once after start-up, then one Reply or
+Messages are small dataclasses. Parent to worker: Init (which may name
+executables to load before Ready: a preloaded Pool), Compile, Run, HotRun,
+Exit. Worker to parent: Ready once after start-up, then one Reply or
 HotReply per request, in order.
 
 Besides the frames, the worker's arena ends with CONTROL_BYTES that the
@@ -293,11 +294,17 @@ class Init:
     life; small tasks pass inputs and outputs through it, saving the system
     calls of a fresh segment per task. `initializer` holds the user's
     cloudpickled callable and arguments, or is empty.
-    The segment is arena_size + CONTROL_BYTES long.
+    The segment is arena_size + CONTROL_BYTES long. `preload` names
+    executables, as (cache key, program name) pairs, that the worker loads
+    from the disk cache before it says Ready (a Pool made with preload=), and
+    primes too (Executable.prime) when `prime`; each is then loaded under its
+    key, as a Run by that key would load it.
     """
 
     initializer: bytes
     arena_size: int
+    preload: tuple[tuple[str, str], ...] = ()
+    prime: bool = False
 
 
 @dataclass(frozen=True)
@@ -358,12 +365,23 @@ class Exit:
 
 @dataclass(frozen=True)
 class Ready:
-    """Start-up finished: the plugin is loaded (and the initializer ran)."""
+    """Start-up finished: the plugin is loaded (and the initializer ran, and Init's preload
+    loaded).
+
+    `loaded` are the keys of the programs it preloaded, `statistics` and
+    `counters` what preloading added to its CompileStatistics and its disk
+    cache counters (None: it preloaded nothing). With an `error` raised
+    while preloading, `failed_program` names the program that did not load.
+    """
 
     pid: int
     plugin: dict[str, Any]
     startup_seconds: float
     error: RemoteError | None = None
+    loaded: tuple[str, ...] = ()
+    statistics: CompileStatistics | None = None
+    counters: dict[str, int] | None = None
+    failed_program: str | None = None
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,15 @@ class _ArenaViews(NamedTuple):
     slot: int
 
 
+class PreloadError(Exception):
+    """A program named in Init.preload did not load (or prime); `program` names it."""
+
+    def __init__(self, program: str, cause: BaseException) -> None:
+        super().__init__(f"preloading program {program!r} failed: {cause}")
+        self.program = program
+        self.cause = cause
+
+
 class Server:
     """A worker's state: its socket, loaded executables and statistics."""
 
@@ -247,6 +256,30 @@ class Server:
             for program in gone:
                 self._layouts.pop(program, None)
         return executable, statistics, tuple(evicted)
+
+    def preload(
+        self, programs: tuple[tuple[str, str], ...], prime: bool
+    ) -> tuple[tuple[str, ...], CompileStatistics | None]:
+        """Loads executables by cache key before the worker says Ready (Init.preload), priming
+        each (Executable.prime) when asked; returns the keys loaded and what loading added.
+
+        Each is loaded under its key, as a Run by that key loads it, so a task
+        for it finds it here. A program that does not load raises
+        PreloadError, naming it, with the cause chained.
+        """
+        total: CompileStatistics | None = None
+        loaded = []
+        for key, name in programs:
+            try:
+                executable, statistics, _ = self._load(key, None, cache_key=key)
+                if prime:
+                    executable.prime()
+            except Exception as error:
+                raise PreloadError(name, error) from error
+            if statistics is not None:
+                total = statistics if total is None else total.add(statistics)
+            loaded.append(key)
+        return tuple(loaded), total
 
     def compile(self, request: Compile) -> Reply:
         executable, statistics, evicted = self._load(
@@ -504,6 +537,10 @@ def main(
     plugin: dict[str, Any] = {}
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
     arena_size = 0
+    server: Server | None = None
+    loaded: tuple[str, ...] = ()
+    statistics: CompileStatistics | None = None
+    failed_program: str | None = None
     try:
         # The cache before the plugin: loading it reads and fills the cache's
         # records about plugin builds only if the cache exists (runtime._existing_memos).
@@ -519,13 +556,31 @@ def main(
         arena_size = request.arena_size
         if request.initializer:
             _run_initializer(request.initializer)
+        server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile)
+        if request.preload:
+            loaded, statistics = server.preload(request.preload, request.prime)
     except protocol.ConnectionLostError:
         return 0
+    except PreloadError as failure:  # the program's own error, for the parent to raise
+        error, failed_program = RemoteError.of(failure.cause), failure.program
     except Exception as failure:  # start-up failures are reported, then the worker exits
         error = RemoteError.of(failure)
-    protocol.send_frame(sock, Ready(os.getpid(), plugin, time.perf_counter() - started, error))
-    if error is not None:
+    counters = None if statistics is None else process_counters()._asdict()
+    protocol.send_frame(
+        sock,
+        Ready(
+            os.getpid(),
+            plugin,
+            time.perf_counter() - started,
+            error,
+            loaded,
+            statistics,
+            counters,
+            failed_program,
+        ),
+    )
+    if error is not None or server is None:
         return 1
     sys.stdout.flush()
-    Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile).serve()
+    server.serve()
     return 0
