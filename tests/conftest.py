@@ -7,14 +7,21 @@ in a child with run_python.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from remote_helpers import FaultProxy, Remote
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,3 +122,56 @@ def child(body: str, handlers: str = "", timeout: float = 90) -> subprocess.Comp
         handlers = {handlers!r}
     """
     return run_python(textwrap.dedent(prelude) + textwrap.dedent(body), timeout=timeout)
+
+
+# The remote tier's servers (remote_helpers.py holds the classes).
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on the loopback at a random port, for this module."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(params=["s3", "file"])
+def remote(request, tmp_path, monkeypatch) -> Remote:
+    """A fresh, empty remote: a bucket on the moto server, or a directory."""
+    from remote_helpers import S3_ENV, Remote
+
+    if request.param == "file":
+        root = tmp_path / "remote"
+        return Remote(f"file://{root}/fleet", {}, root / "fleet")
+    import boto3
+
+    endpoint = request.getfixturevalue("s3_endpoint")
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket=bucket)
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
+    return Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
+
+
+@pytest.fixture
+def s3_proxy(s3_endpoint, monkeypatch) -> Iterator[tuple[FaultProxy, Remote]]:
+    """A fresh bucket on the moto server, reached through a FaultProxy."""
+    import boto3
+    from remote_helpers import S3_ENV, FaultProxy, Remote
+
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    proxy = FaultProxy(s3_endpoint)
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": proxy.url}
+    yield proxy, Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
+    proxy.close()

@@ -11,18 +11,15 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import logging
 import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cache_helpers import finish, lowered, save_program, start
+from remote_helpers import S3_ENV, Hang, Remote, closed_port
 
 from worker.cache.key import key_of
 from worker.cache.remote import parse_remote
@@ -77,77 +74,6 @@ def expected(variant: int) -> list[float]:
 
 def close(a: list[float], b: list[float]) -> bool:
     return np.allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-6)
-
-
-class Remote:
-    """A remote under test: its URL, the environment that reaches it, and raw object access."""
-
-    def __init__(self, url: str, env: dict[str, str], root: Path | None, s3=None, bucket=""):
-        self.url = url
-        self.env = {"PJRT_POOL_CACHE_REMOTE": url, **env}
-        self.root = root
-        self.s3 = s3
-        self.bucket = bucket
-
-    def read(self, name: str) -> bytes:
-        if self.root is not None:
-            return (self.root / name).read_bytes()
-        return self.s3.get_object(Bucket=self.bucket, Key=f"fleet/{name}")["Body"].read()
-
-    def write(self, name: str, data: bytes) -> None:
-        """Writes over an object, as an attacker who can write the bucket could."""
-        if self.root is not None:
-            path = self.root / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        else:
-            self.s3.put_object(Bucket=self.bucket, Key=f"fleet/{name}", Body=data)
-
-    def names(self) -> list[str]:
-        if self.root is not None:
-            return sorted(
-                str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file()
-            )
-        listed = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
-        return sorted(item["Key"].removeprefix("fleet/") for item in listed)
-
-
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_REGION": "us-east-1",
-}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on the loopback at a random port, for this module."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(params=["s3", "file"])
-def remote(request, tmp_path, monkeypatch) -> Remote:
-    """A fresh, empty remote: a bucket on the moto server, or a directory."""
-    if request.param == "file":
-        root = tmp_path / "remote"
-        return Remote(f"file://{root}/fleet", {}, root / "fleet")
-    import boto3
-
-    endpoint = request.getfixturevalue("s3_endpoint")
-    for name, value in S3_ENV.items():
-        monkeypatch.setenv(name, value)
-    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=endpoint)
-    s3.create_bucket(Bucket=bucket)
-    env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
-    return Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
 
 
 def host_spec(tmp_path: Path, name: str, programs: list[str]) -> dict:
@@ -280,39 +206,17 @@ def test_signed_records_verify_with_the_public_key_only(tmp_path, remote):
     assert d["stats"][0]["compiled"] == 1 and d["remote"]["misses"] == 1
 
 
-class _Hang(threading.Thread):
-    """A server on the loopback that accepts connections and never answers."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.held: list[socket.socket] = []
-
-    def run(self) -> None:
-        while True:
-            try:
-                self.held.append(self.socket.accept()[0])
-            except OSError:
-                return
-
-
-def _closed_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["refused", "hang"])
 def test_a_dead_remote_costs_one_deadline(tmp_path, fault):
     progs = programs(tmp_path, 6, 7, 8)
     hang = None
     if fault == "hang":
-        hang = _Hang()
+        hang = Hang()
         hang.start()
         port = hang.port
     else:
-        port = _closed_port()
+        port = closed_port()
     env = {
         **S3_ENV,
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
@@ -336,92 +240,6 @@ def test_a_dead_remote_costs_one_deadline(tmp_path, fault):
     off = [w for w in report["warnings"] if "switched off" in w]
     assert len(off) == 1 and "s3://fleet/prefix" in off[0], report["warnings"]
     assert "SECRET-TOKEN" not in json.dumps(report)
-
-
-class FaultProxy:
-    """An HTTP proxy on the loopback in front of the S3 server that answers some requests itself.
-
-    faults: (method, status) pairs, each answered once, in order, to the
-    next request of that method (status "always" entries: see always);
-    every other request goes to the server. seen counts requests by method.
-    """
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.removeprefix("http://")
-        self.faults: list[tuple[str, int]] = []
-        self.always: dict[str, int] = {}
-        self.seen: dict[str, int] = {}
-        self.answered: list[tuple[str, int]] = []
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (40 ms)
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def _any(self) -> None:
-                method = self.command
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                proxy.seen[method] = proxy.seen.get(method, 0) + 1
-                status = proxy.always.get(method)
-                for i, (m, s) in enumerate(proxy.faults):
-                    if status is None and m == method:
-                        status = s
-                        del proxy.faults[i]
-                        break
-                if status is not None:
-                    proxy.answered.append((method, status))
-                    code = {403: "AccessDenied", 429: "SlowDown", 503: "ServiceUnavailable"}
-                    text = f"<Error><Code>{code.get(status, 'Fault')}</Code></Error>".encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(text)))
-                    self.end_headers()
-                    self.wfile.write(text)
-                    return
-                import http.client
-
-                upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                upstream.request(method, self.path, body=body or None, headers=headers)
-                answer = upstream.getresponse()
-                data = answer.read()
-                self.send_response(answer.status)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
-                        self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if method != "HEAD":
-                    self.wfile.write(data)
-                upstream.close()
-
-            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
-@pytest.fixture
-def s3_proxy(s3_endpoint, monkeypatch) -> Iterator[tuple[FaultProxy, Remote]]:
-    """A fresh bucket on the moto server, reached through a FaultProxy."""
-    import boto3
-
-    for name, value in S3_ENV.items():
-        monkeypatch.setenv(name, value)
-    bucket = f"fleet-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    proxy = FaultProxy(s3_endpoint)
-    env = {**S3_ENV, "AWS_ENDPOINT_URL": proxy.url}
-    yield proxy, Remote(f"s3://{bucket}/fleet", env, None, s3, bucket)
-    proxy.close()
 
 
 @pytest.mark.slow
