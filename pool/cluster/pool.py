@@ -36,6 +36,7 @@ from pool.cluster.routing import Router, home_of
 from pool.cluster.run_once import ONCE_PREFIX, RUN_ONCE_NAME, RunOnce
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.programs import program_id
+from pool.executor.settings import check_remote
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
@@ -61,9 +62,12 @@ class ClusterPool:
 
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
-    platform, cache_dir, task_timeout, initializer and never_compile are as
-    for Pool and apply on every node (never_compile also refuses, at submit,
-    a program its home node's cache lacks). The cluster's Dask workers
+    platform, cache_dir, task_timeout, initializer, never_compile and remote
+    are as for Pool and apply on every node (never_compile also refuses, at
+    submit, a program its home node's cache lacks, and its remote tier too
+    when there is one; remote is the remote cache tier's URL, given to each
+    node's PJRT workers: the nodes share the entries one of them compiled,
+    and a fleet's other hosts do too). The cluster's Dask workers
     should have as many threads as PJRT workers, so that tasks reach every
     PJRT worker.
 
@@ -88,6 +92,7 @@ class ClusterPool:
         never_compile: bool | None = None,
         retry_lost: bool = True,
         spread_at: int | None = None,
+        remote: str | None = None,
     ) -> None:
         if not isinstance(retry_lost, bool):
             raise TypeError(f"retry_lost must be True or False, not {retry_lost!r}")
@@ -100,6 +105,7 @@ class ClusterPool:
             "cache_dir": cache_dir,
             "task_timeout": task_timeout,
             "never_compile": self._never_compile,
+            "remote": check_remote(remote),  # refused here, before any node starts a Pool
         }
         if initializer is not None:
             options["initializer"] = initializer

@@ -7,6 +7,12 @@ NeverCompileError a worker would raise, when the pool's cache holds no entry
 under that key: no worker is claimed and no worker time is spent. A program
 that passes is remembered (one set lookup per later submit); a worker still
 refuses before compiling if the entry it finds is unusable.
+
+With a remote tier behind the workers' cache (Pool(remote=), or
+PJRT_POOL_CACHE_REMOTE in their environment), a local miss is no refusal:
+the worker fetches the entry from the remote, or refuses with the same
+NeverCompileError when the remote lacks it too. The parent does not ask the
+remote itself, since that would be a download here as well as there.
 """
 
 from __future__ import annotations
@@ -23,9 +29,13 @@ from worker.records import LoweredProgram
 class NeverCompileCheck:
     """The check (see the module docstring) for one pool's cache and workers."""
 
-    def __init__(self, cache_dir: str | None, parts: dict[str, Any] | None) -> None:
+    def __init__(
+        self, cache_dir: str | None, parts: dict[str, Any] | None, *, remote: bool = False
+    ) -> None:
         self._cache = DiskCache(cache_dir, create=False)
         self._parts = parts
+        self._remote = remote
+        """Whether the workers have a remote tier (then a local miss is theirs to settle)."""
         self._present: set[str] = set()
 
     def check(
@@ -47,4 +57,6 @@ class NeverCompileCheck:
         if self._cache.usable and self._cache.path_of(key).is_file():
             self._present.add(program_id)
             return
+        if self._remote:
+            return  # the worker looks in the remote tier, and refuses if it is not there
         raise refusal(name or program.name, key, self._cache if self._cache.usable else None, parts)

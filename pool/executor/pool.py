@@ -84,6 +84,7 @@ from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
+from worker.cache.remote.location import resolve_remote
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
@@ -155,6 +156,8 @@ class Pool:
     too. remote is the URL of the remote cache tier (worker.cache.remote),
     given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
     environment is left as it is); a URL of no known scheme is a ValueError.
+    With a remote (this one, or the environment's), never_compile refuses
+    only what neither the cache nor the remote holds: the worker fetches.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
@@ -262,7 +265,9 @@ class Pool:
         plugin = self._workers.plugin
         if settings.never_compile:
             self._never_compile_check = NeverCompileCheck(
-                settings.cache_dir, plugin.get("key_parts")
+                settings.cache_dir,
+                plugin.get("key_parts"),
+                remote=resolve_remote(settings.remote) is not None,
             )
         warn_known_failures(plugin.get("path"), settings.cache_dir)
 
