@@ -91,3 +91,27 @@ def test_a_cluster_pool_fetches_from_the_remote_and_never_compiles(tmp_path):
                 cluster.run(lowered(25), [X])
     for out in outs:
         np.testing.assert_allclose(out, expected(24), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_refusal_names_how_the_remotes_builds_differ(tmp_path, store, monkeypatch):
+    """Host C (PJRT_NPROC=8, another environment) misses the key host A published: its
+    NeverCompileError says the remote holds the program built elsewhere, and how."""
+    key_a = publish(tmp_path, store.url, 26)
+    assert (
+        [n for n in store.names() if n.startswith("programs/")]
+        == [n for n in store.names() if n.startswith("programs/") and n.endswith(key_a)]
+        != []
+    )
+    monkeypatch.setenv("PJRT_NPROC", "8")
+    with (
+        Pool(
+            workers=1, cache_dir=str(tmp_path / "cache-c"), remote=store.url, never_compile=True
+        ) as host_c,
+        pytest.raises(NeverCompileError) as refused,
+    ):
+        host_c.run(lowered(26), [X])
+    message = str(refused.value)
+    assert "The remote holds it built elsewhere (1 entries)" in message, message
+    assert f"entry {key_a}: environment.PJRT_NPROC: built with None, here '8'" in message, message
+    assert key_a in refused.value.differences

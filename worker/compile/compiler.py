@@ -221,7 +221,7 @@ def compile_program(
         if fetched is not None:
             return fetched
         if never:
-            raise refusal(program.name, key, None, parts)
+            raise refusal(program.name, key, None, parts, remote=tier)
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
         executable, seconds = _compile_and_publish(
             None, key, parts, program, bound, options, phases, tier
@@ -241,7 +241,7 @@ def compile_program(
         cache.count("misses")
         logger.debug("cache miss for %s (%s): %s; not compiling", program.name, key, miss.reason)
         reason = "" if miss.counter is None else miss.reason
-        raise refusal(program.name, key, cache, parts, reason)
+        raise refusal(program.name, key, cache, parts, reason, remote=tier)
     if executable is None:
         waiting = time.perf_counter()
         with cache.lock(key, lock_timeout):

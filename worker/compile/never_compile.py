@@ -12,12 +12,15 @@ key parts in which that entry differs from this process's.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.cache.entry import CorruptEntryError
 from worker.cache.key import differing_parts
 from worker.cache.store import DiskCache
 from worker.errors import NeverCompileError
+
+if TYPE_CHECKING:
+    from worker.cache.remote import RemoteCache
 
 COMPILE_ENV = "PJRT_POOL_COMPILE"
 """never: load warmed executables only; allow (or unset): compile what is not cached."""
@@ -72,26 +75,41 @@ def built_elsewhere(cache: DiskCache, parts: dict[str, Any]) -> list[tuple[str, 
 
 
 def refusal(
-    name: str, key: str, cache: DiskCache | None, parts: dict[str, Any], reason: str = ""
+    name: str,
+    key: str,
+    cache: DiskCache | None,
+    parts: dict[str, Any],
+    reason: str = "",
+    remote: RemoteCache | None = None,
 ) -> NeverCompileError:
-    """The NeverCompileError for a program without a usable entry in the cache.
+    """The NeverCompileError for a program without a usable entry in the cache (nor in the
+    remote tier, when there is one).
 
     reason says what was wrong with the entry that was found ("" for none).
+    The cache's and the remote's builds of the same program elsewhere are
+    named with the key parts in which they differ.
     """
     where = "no disk cache" if cache is None else f"the cache {cache.directory}"
+    if remote is not None:
+        where += f" nor in the remote {remote.location.shown}"
     state = f"has no usable entry in {where} ({reason})" if reason else f"is not in {where}"
-    elsewhere = [] if cache is None or not cache.usable else built_elsewhere(cache, parts)
-    lines = [
-        f"entry {other}: " + "; ".join(diff or ["no part differs"]) for other, diff in elsewhere
-    ]
-    said = (
-        f" The cache holds it built elsewhere ({len(elsewhere)} entries): "
-        + " | ".join(lines[:_SHOWN])
-        + (" | ..." if len(lines) > _SHOWN else "")
-        + "."
-        if elsewhere
-        else ""
-    )
+    said = ""
+    lines: list[str] = []
+    for holder, elsewhere in (
+        ("cache", [] if cache is None or not cache.usable else built_elsewhere(cache, parts)),
+        ("remote", [] if remote is None else remote.built_elsewhere(key, parts)),
+    ):
+        found = [
+            f"entry {other}: " + "; ".join(diff or ["no part differs"]) for other, diff in elsewhere
+        ]
+        if found:
+            said += (
+                f" The {holder} holds it built elsewhere ({len(found)} entries): "
+                + " | ".join(found[:_SHOWN])
+                + (" | ..." if len(found) > _SHOWN else "")
+                + "."
+            )
+        lines += found
     return NeverCompileError(
         f"{name} (key {key}) {state}, and this process must not compile "
         f"({COMPILE_ENV}=never or never_compile=True): nothing was compiled.{said} Warm it "

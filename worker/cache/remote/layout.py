@@ -2,6 +2,7 @@
 
     <prefix>/blobs/<sha256>.pjx            an entry file, named by the SHA-256 of its bytes
     <prefix>/records/<key>/<signer>.json   the commit point of one cache key (below)
+    <prefix>/programs/<program>/<key>      empty: one environment the program was built for
 
 A record holds the key, its parts, the entry's SHA-256 and size, the name
 of whoever may vouch for it (``signer``: "unsigned", "hmac-<id>" for the
@@ -11,10 +12,20 @@ create-only, so a record never names a blob that is not whole, and no
 writer ever replaces what another wrote. A record's name holds its signer,
 so a record planted by someone without the signing key never takes the
 name under which the signed one is looked for.
+
+A program (its text and compile options: the key parts program_sha256 and
+compile_options, hashed together into <program>) is built once per
+environment (plugin build, host, XLA flags, ...), each under its own key.
+The program index lists those keys, so that a host whose key is missing
+can say how the environments the program was built for differ from its own
+(never-compile's refusal). An index name is only a hint: it is written
+after the record it points to, and a reader trusts nothing but the record
+it then reads and checks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +47,17 @@ def blob_name(sha256: str) -> str:
 def record_name(key: str, signer: str) -> str:
     """The object name of a key's record vouched for by signer."""
     return f"records/{check_key(key)}/{signer}.json"
+
+
+def program_folder(parts: dict[str, Any]) -> str:
+    """The folder of a program's index: every key the program was built under (see above)."""
+    program = json.dumps([parts.get("program_sha256"), parts.get("compile_options")])
+    return f"programs/{hashlib.sha256(program.encode()).hexdigest()}/"
+
+
+def program_index_name(parts: dict[str, Any], key: str) -> str:
+    """The index name that says the program of parts was built under key."""
+    return program_folder(parts) + check_key(key)
 
 
 class BadRecordError(ValueError):

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
+from worker.cache.key import differing_parts, is_key
 from worker.cache.remote.client import Failure, ObjectClient, RemoteError
 from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
@@ -36,6 +37,8 @@ from worker.cache.remote.layout import (
     UNSIGNED,
     Record,
     blob_name,
+    program_folder,
+    program_index_name,
     record_name,
 )
 from worker.cache.remote.lease import (
@@ -55,6 +58,9 @@ from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
 
 logger = logging.getLogger("pjrt_pool.cache")
+
+ELSEWHERE_READ = 8
+"""At most this many records of a program's other builds are read for one refusal."""
 
 
 class RemoteCacheWarning(CacheUnavailableWarning):
@@ -316,7 +322,40 @@ class RemoteCache:
             return False
         self._count("published" if written else "already_there")
         self.release(key)
+        try:  # after the record (layout.py): an index name then always has one to read
+            self.client.put_new(program_index_name(parts, key), b"", deadline)
+        except RemoteError as error:  # a hint for refusals only: the entry is published
+            logger.debug("could not index %s under its program: %s", key, error)
         return written
+
+    def built_elsewhere(self, key: str, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
+        """The other keys the remote holds this program under, each with how its record's
+        key parts differ from parts (worker.cache.key.differing_parts); for refusals.
+
+        Reads the program's index (layout.py) and, for at most
+        ELSEWHERE_READ of its keys, the record this process would trust,
+        checked as a fetch checks it (a record that fails is left out).
+        Never raises: a failing remote ends the search, within one deadline.
+        """
+        if self.state == "off":
+            return []
+        deadline = time.monotonic() + self.limits.deadline
+        found: list[tuple[str, list[str]]] = []
+        try:
+            listed = self.client.list_objects(program_folder(parts), deadline)
+            others = [item.path.rsplit("/", 1)[-1] for item in listed]
+            for other in [name for name in others if name != key and is_key(name)][:ELSEWHERE_READ]:
+                data = self.client.get(record_name(other, self.signer), MAX_RECORD_SIZE, deadline)
+                if data is None:
+                    continue
+                try:
+                    record = checked_record(data, other, self.signer, self.keys)
+                except RefusedObjectError:
+                    continue
+                found.append((other, differing_parts(record.parts, parts)))
+        except RemoteError as error:
+            logger.debug("could not list the builds of %s: %s", key, error)
+        return found
 
 
 _remotes: dict[tuple[str, bool], RemoteCache] = {}
