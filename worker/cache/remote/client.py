@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from worker.cache.remote.location import Limits, RemoteLocation, redact_text
 
@@ -202,9 +202,76 @@ class ObjectClient:
             raise _classified(error, f"removing {path}") from None
 
 
+    def head(self, path: str, deadline: float) -> ObjectInfo | None:
+        """Returns an object's size and entity tag, None if there is none; raises RemoteError."""
+        store = self._open()
+        import obstore
+
+        def call() -> ObjectInfo | None:
+            try:
+                meta = obstore.head(store, path)
+            except FileNotFoundError:
+                return None
+            size = meta.get("size")
+            if not isinstance(size, int) or size < 0:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+            etag = meta.get("e_tag")
+            return ObjectInfo(size, etag if isinstance(etag, str) and etag else None)
+
+        try:
+            return self._bounded(call, deadline, f"asking for {path}")
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, f"asking for {path}") from None
+
+    def get_range(
+        self, path: str, start: int, length: int, deadline: float, etag: str | None = None
+    ) -> bytes:
+        """Returns length bytes of an object from start (fewer where it ends); raises RemoteError.
+
+        With etag, a store that holds another version of the object by now
+        answers with a failed precondition, raised as RemoteError(UNAVAILABLE)
+        saying the object changed: the caller never mixes two versions.
+        """
+        if length <= 0:
+            return b""
+        store = self._open()
+        import obstore
+        from obstore.exceptions import PreconditionError
+
+        options: dict[str, Any] = {"range": (start, start + length)}
+        if etag is not None:
+            options["if_match"] = etag
+
+        def call() -> bytes:
+            try:
+                return bytes(obstore.get(store, path, options=options).bytes())
+            except PreconditionError:
+                raise RemoteError(
+                    Failure.UNAVAILABLE, f"{path} changed while it was read (another version)"
+                ) from None
+
+        what = f"reading {length} bytes of {path} at {start}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
+
 def _classified(error: Exception, what: str) -> RemoteError:
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
     if isinstance(error, (PermissionDeniedError, UnauthenticatedError)):
         return RemoteError(Failure.DENIED, f"{what}: {_first_line(error)}")
     return RemoteError(Failure.UNAVAILABLE, f"{what}: {_first_line(error)}")
+
+
+class ObjectInfo(NamedTuple):
+    """What a HEAD request says of an object: its size and version tag."""
+
+    size: int
+    etag: str | None
+    """The store's entity tag (None where the server gives none): ranged reads that name it
+    are refused if the object was replaced meanwhile."""
