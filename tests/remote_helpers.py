@@ -139,8 +139,8 @@ class FaultProxy:
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if method != "HEAD":
+                    proxy.sent += len(data)  # before: the client may go on once it has it
                     self.wfile.write(data)
-                    proxy.sent += len(data)
                 upstream.close()
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
@@ -180,8 +180,8 @@ class RangeServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if self.command != "HEAD":
+                    server.sent += len(body)  # before: the client may go on once it has it
                     self.wfile.write(body)
-                    server.sent += len(body)
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's names)
                 server.seen[self.command] = server.seen.get(self.command, 0) + 1
