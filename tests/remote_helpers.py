@@ -183,7 +183,7 @@ class RangeServer:
                     server.sent += len(body)  # before: the client may go on once it has it
                     self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+            def do_GET(self) -> None:
                 server.seen[self.command] = server.seen.get(self.command, 0) + 1
                 path = server.root / self.path.lstrip("/").split("?")[0]
                 if not path.is_file():

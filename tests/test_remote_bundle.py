@@ -120,7 +120,7 @@ def test_a_tampered_entry_at_a_url_is_refused_and_the_others_still_run(made, pla
     data[member.offset + member.size - 100] ^= 0x01  # in its payload
     place.write(bytes(data))
     manifest = load_manifest(place.url)
-    with pytest.raises(BundleError, match="swapped|digest|cannot be used"):
+    with pytest.raises(BundleError, match=r"swapped|digest|cannot be used"):
         manifest.run("p3", [X])
     [out] = manifest.run("p5", [X])
     np.testing.assert_allclose(out, expected(5), rtol=1e-6)
@@ -140,17 +140,17 @@ def test_a_damaged_header_or_a_moved_member_is_refused(made, place):
     # A block more in front of the end: every later member moves.
     grown = data[:header] + bytes(512) + data[header:]
     place.write(bytes(grown[: len(data)]))
-    with pytest.raises(ManifestError, match="index lists put it|after its last member"):
+    with pytest.raises(ManifestError, match=r"index lists put it|after its last member"):
         load_manifest(place.url)
 
 
 def test_truncated_and_oversized_objects_are_refused_before_any_entry_is_read(made, place):
     data = made["bundle"].read_bytes()
     place.write(data[: len(data) - 20000])
-    with pytest.raises(ManifestError, match="truncated|no member header|end with its index"):
+    with pytest.raises(ManifestError, match=r"truncated|no member header|end with its index"):
         load_manifest(place.url)
     place.write(data + b"appended" * 10000)
-    with pytest.raises(ManifestError, match="after its last member|not a pjrt-pool"):
+    with pytest.raises(ManifestError, match=r"after its last member|not a pjrt-pool"):
         load_manifest(place.url)
     place.write(b"\x00" * 4096)
     with pytest.raises(ManifestError, match="no member header"):

@@ -201,7 +201,6 @@ class ObjectClient:
         except Exception as error:
             raise _classified(error, f"removing {path}") from None
 
-
     def head(self, path: str, deadline: float) -> ObjectInfo | None:
         """Returns an object's size and entity tag, None if there is none; raises RemoteError."""
         store = self._open()
@@ -259,6 +258,7 @@ class ObjectClient:
             raise
         except Exception as error:
             raise _classified(error, what) from None
+
 
 def _classified(error: Exception, what: str) -> RemoteError:
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
