@@ -97,19 +97,35 @@ def test_a_bundle_at_a_url_runs_by_name_reading_only_the_entry_it_uses(made, pla
     assert manifest.names == [f"p{variant}" for variant in range(COUNT)]
     archive = manifest.bundle.archive
     opened = archive.requests, archive.bytes_read
-    assert opened[0] == 2  # HEAD, and one read of the end (the index)
+    assert opened[0] == 1  # one read of the end: the index, and the object's size
     assert opened[1] <= 64 << 10 < len(data) // 4
     # The entry the end did not hold: its position in the archive is by key.
     first = min(manifest.names, key=lambda name: manifest.spec(name).key)
     [out] = manifest.run(first, [X])
     np.testing.assert_allclose(out, expected(int(first[1:])), rtol=1e-6)
     entry = manifest.bundle.index.entries[manifest.spec(first).key].size
-    assert archive.requests == 3
+    assert archive.requests == 2
     assert archive.bytes_read - opened[1] == 512 + entry
     gets, sent = place.read()
     if gets >= 0:  # what the server saw agrees
         assert gets == 2 and sent == archive.bytes_read
     assert archive.bytes_read < len(data) // 4
+
+
+def test_an_index_longer_than_the_first_read_costs_one_read_more(made, place, monkeypatch):
+    import worker.bundle.remote
+
+    monkeypatch.setattr(worker.bundle.remote, "_FIRST_TAIL", 4096)
+    data = made["bundle"].read_bytes()
+    place.write(data)
+    manifest = load_manifest(place.url)
+    archive = manifest.bundle.archive
+    index = len(manifest.bundle.index_bytes)
+    assert 4 * 4096 < index < 16 * 4096
+    assert archive.requests == 3  # the end, 4x as much, then 16x as much
+    assert archive.bytes_read == 16 * 4096
+    [out] = manifest.run("p11", [X])
+    np.testing.assert_allclose(out, expected(11), rtol=1e-6)
 
 
 def test_a_tampered_entry_at_a_url_is_refused_and_the_others_still_run(made, place):

@@ -3,10 +3,11 @@
 RemoteArchive has the interface of container.Archive, so Bundle checks a
 bundle at a URL as it checks a file; what differs is what is read when:
 
-- Opening: one HEAD (the object's size and entity tag; every later read
-  names the tag, so two versions of the object are never mixed), then one
-  ranged read of the object's end (more, by quadrupling, for an index over
-  64 KiB, up to what the largest index needs). pjrt-pool writes members
+- Opening: one ranged read of the object's last 64 KiB, which also gives
+  its size and entity tag (every later read names the tag, so two versions
+  of the object are never mixed; on Azure, which takes no suffix ranges, a
+  HEAD comes first); an index that does not fit costs one more read of the
+  missing part (four times as long, up to what the largest index needs). pjrt-pool writes members
   sorted by name, so the end holds index.json, index.mac and tar's zero
   padding: their headers are checked (checksum, ustar magic, regular file)
   and the padding must be zeros. Then the index is decoded, and the offset
@@ -107,16 +108,19 @@ class RemoteArchive:
         self.bytes_read = 0
         """Bytes received so far."""
         deadline = self._deadline()
-        info = self._call(lambda: self.client.head(self._name, deadline), "cannot reach it")
-        if info is None:
+        found = self._call(
+            lambda: self.client.get_tail(self._name, _FIRST_TAIL, deadline), "cannot reach it"
+        )
+        if found is None:
             raise BundleError(f"bundle {self.path} does not exist")
-        self._info: ObjectInfo = info
-        self.size = info.size
+        self._info: ObjectInfo = found[0]
+        self.size = self._info.size
+        self.bytes_read += len(found[1])
         if self.size < 2 * BLOCK:
             raise BundleError(
                 f"{self.path} is {self.size} bytes: too short to be a bundle (truncated?)"
             )
-        self._tail_start, self._tail = self._read_end(deadline)
+        self._tail_start, self._tail = self._read_end(found[1], deadline)
         self.members = self._layout()
 
     def close(self) -> None:
@@ -164,19 +168,32 @@ class RemoteArchive:
 
     # -- opening: the end of the object, and the layout the index gives -----------------
 
-    def _read_end(self, deadline: float) -> tuple[int, bytes]:
-        want = min(self.size, _FIRST_TAIL)
+    def _read_end(self, tail: bytes, deadline: float) -> tuple[int, bytes]:
+        """The object's end from the first bytes of its index's header on, as (offset, bytes).
+
+        tail is the end read with the object's size; while it holds no
+        index.json header, the four times longer end is read, by its missing
+        start only, up to what the largest index needs.
+        """
         while True:
-            start = self.size - want
-            tail = self._get(start, want, deadline)
-            if self._last_header(tail, start, self.size) is not None or want == self.size:
+            start = self.size - len(tail)
+            if start == 0 or self._index_header(tail, start):
                 return start, tail
-            if want >= _MAX_TAIL:
+            if len(tail) >= _MAX_TAIL:
                 raise BundleError(
                     f"{self.path}: no {INDEX_NAME} within {_MAX_TAIL} bytes of its end; bundles "
                     "end with their index (pjrt-pool bundle create): not a pjrt-pool bundle"
                 )
-            want = min(self.size, want * 4, _MAX_TAIL)
+            more = min(start, 3 * len(tail), _MAX_TAIL - len(tail))
+            tail = self._get(start - more, more, deadline) + tail
+
+    def _index_header(self, tail: bytes, start: int) -> bool:
+        """Whether the end read holds the header of index.json (the last member, or before
+        index.mac); anything else it holds is checked by _layout."""
+        last = self._last_header(tail, start, self.size)
+        if last is not None and last[1] == MAC_NAME:
+            last = self._last_header(tail, start, last[0])
+        return last is not None
 
     def _last_header(self, tail: bytes, start: int, end: int) -> tuple[int, str, int] | None:
         """The last member header that ends (padded) at most at end: (offset, name, size).

@@ -259,6 +259,42 @@ class ObjectClient:
         except Exception as error:
             raise _classified(error, what) from None
 
+    def get_tail(self, path: str, length: int, deadline: float) -> tuple[ObjectInfo, bytes] | None:
+        """Returns an object's size and tag with its last length bytes (all of a shorter one),
+        in one request; None if there is none; raises RemoteError.
+
+        Azure takes no suffix ranges: there it is a HEAD, then a ranged read.
+        """
+        if self.location.scheme == "az":
+            info = self.head(path, deadline)
+            if info is None:
+                return None
+            start = max(0, info.size - length)
+            return info, self.get_range(path, start, info.size - start, deadline, info.etag)
+        store = self._open()
+        import obstore
+
+        def call() -> tuple[ObjectInfo, bytes] | None:
+            try:
+                result = obstore.get(store, path, options={"range": {"suffix": length}})
+            except FileNotFoundError:
+                return None
+            size, etag = result.meta.get("size"), result.meta.get("e_tag")
+            if not isinstance(size, int) or size < 0:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+            data = bytes(result.bytes())
+            if result.range[1] != size or len(data) != result.range[1] - result.range[0]:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store sent another range")
+            return ObjectInfo(size, etag if isinstance(etag, str) and etag else None), data
+
+        what = f"reading the last {length} bytes of {path}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
+
 
 def _classified(error: Exception, what: str) -> RemoteError:
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
