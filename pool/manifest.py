@@ -33,7 +33,7 @@ import numpy as np
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
-from worker.bundle.remote import is_url
+from worker.bundle.remote import is_url, shown
 from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
 from worker.records import ProgramSpec
@@ -231,7 +231,7 @@ def load_manifest(
 def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: bool) -> Manifest:
     if cache_dir is not None:
         raise ManifestError(
-            f"{path} is a bundle, which carries its executables: leave the cache directory "
+            f"{shown(path)} is a bundle, which carries its executables: leave the cache directory "
             "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
         )
     try:

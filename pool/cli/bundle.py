@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
-from worker.bundle.remote import is_url
+from worker.bundle.remote import is_url, shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
 from worker.cache.remote import open_remote
@@ -272,7 +271,7 @@ def _report(args: argparse.Namespace, verdicts: list[Verdict], seconds: float) -
     loads = sum(verdict.loads for verdict in verdicts)
     if args.json:
         document = {
-            "file": os.fspath(args.file),
+            "file": shown(args.file),
             "ok": loads == len(verdicts),
             "loads": loads,
             "would_miss": len(verdicts) - loads,

@@ -35,6 +35,7 @@ limits), raises BundleError naming the URL without its credentials.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 import time
@@ -66,6 +67,11 @@ T = TypeVar("T")
 def is_url(path: object) -> TypeGuard[str]:
     """Whether a bundle path is a URL (scheme://...) rather than a file name."""
     return isinstance(path, str) and _URL.match(path) is not None
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """A bundle's path for messages: a URL without what may carry a credential."""
+    return redact(path) if is_url(path) else os.fspath(path)
 
 
 def _padded(size: int) -> int:
