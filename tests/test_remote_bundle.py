@@ -210,6 +210,10 @@ def test_a_dead_or_hanging_server_fails_within_the_deadline_naming_the_url(monke
             assert time.monotonic() - started < 6
             assert f"http://127.0.0.1:{port}/b/app.bundle" in str(caught.value)
             assert "hunter2" not in str(caught.value)
+    url = f"http://user:hunter2@127.0.0.1:{closed_port()}/b/app.bundle"
+    checked = pjrt_pool("bundle", "check", url, "--json")
+    assert checked.returncode == 1 and "/b/app.bundle" in checked.stderr
+    assert "hunter2" not in checked.stdout + checked.stderr
     presigned = "https://host/app.bundle?X-Amz-Credential=me&X-Amz-Signature=s3cr3t"
     with pytest.raises(ManifestError, match="presigned") as caught:
         load_manifest(presigned)
