@@ -237,6 +237,10 @@ def test_check_import_and_run_take_a_url(made, place, tmp_path):
     loaded = load_manifest(host)
     [out] = loaded.run("p9", [X])
     np.testing.assert_allclose(out, expected(9), rtol=1e-6)
+    merged = tmp_path / "merged.bundle"
+    merging = pjrt_pool("bundle", "merge", place.url, "-o", str(merged), env=place.env)
+    assert merging.returncode == 0, merging.stderr
+    assert merged.read_bytes() == made["bundle"].read_bytes()  # deterministic, and whole
     ran = pjrt_pool("run", place.url, "p2", "--json", env=place.env)
     assert ran.returncode == 0, ran.stderr
     local = pjrt_pool("run", str(made["bundle"]), "p2", "--json")
