@@ -33,7 +33,7 @@ import numpy as np
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
-from worker.bundle.remote import is_url, shown
+from worker.bundle.urls import is_url, shown
 from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
 from worker.records import ProgramSpec

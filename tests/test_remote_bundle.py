@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
+from conftest import run_python
 from remote_helpers import Hang, RangeServer, closed_port
 from test_warm import pjrt_pool
 
@@ -302,3 +303,15 @@ def test_create_reads_the_entries_the_cache_lacks_from_the_remote(
     )  # fmt: skip
     assert refused.returncode == 1 and "nor in the remote" in refused.stderr
     assert not (tmp_path / "bad.bundle").exists()
+
+
+def test_a_bundle_file_is_opened_without_importing_the_remote_tier(made):
+    code = f"""
+        import json, sys
+        import numpy as np
+        from pool.manifest import load_manifest
+        manifest = load_manifest({str(made["bundle"])!r})
+        manifest.run("p1", [np.ones(4, np.float32)])
+        print(json.dumps(sorted(m for m in sys.modules if "remote" in m or m == "obstore")))
+    """
+    assert json.loads(run_python(code).stdout) == []

@@ -29,7 +29,7 @@ from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
-from worker.bundle.remote import is_url, shown
+from worker.bundle.urls import is_url, shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
 from worker.cache.remote import open_remote

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.bundle.container import Archive, Member
 from worker.bundle.index import (
@@ -29,12 +29,15 @@ from worker.bundle.index import (
     check_member_name,
     check_signature,
 )
-from worker.bundle.remote import RemoteArchive, is_url
 from worker.bundle.signatures import type_mismatch
+from worker.bundle.urls import is_url
 from worker.cache import entry as entry_format
 from worker.cache.location import resolve_max_size
 from worker.cache.signing import Signer, signer_from_environment
 from worker.errors import BundleError
+
+if TYPE_CHECKING:
+    from worker.bundle.remote import RemoteArchive
 
 _FROM_ENVIRONMENT: Any = object()
 _SHOWN_CHANGES = 6
@@ -55,9 +58,14 @@ class Bundle:
         self.signer: Signer | None = (
             signer_from_environment() if signer is _FROM_ENVIRONMENT else signer
         )
-        self.archive: Archive | RemoteArchive = (
-            RemoteArchive(path) if is_url(path) else Archive(path)
-        )
+        self.archive: Archive | RemoteArchive
+        if is_url(path):
+            # Here: a process that opens files only never imports the remote tier.
+            from worker.bundle.remote import RemoteArchive
+
+            self.archive = RemoteArchive(path)
+        else:
+            self.archive = Archive(path)
         self.path = self.archive.path
         try:
             self._members = {member.name: member for member in self.archive.members}

@@ -35,12 +35,10 @@ limits), raises BundleError naming the URL without its credentials.
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeGuard, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from worker.bundle.container import BLOCK, MAX_MEMBERS, MAX_TRAILER, Member, parse_header
@@ -50,7 +48,6 @@ from worker.cache.remote.client import ObjectClient, ObjectInfo, RemoteError
 from worker.cache.remote.location import Limits, parse_remote, redact
 from worker.errors import BundleError
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _FIRST_TAIL = 64 << 10
 """Bytes read from the object's end at first: the index of about 50 programs (a larger one
 costs one more read, by quadrupling)."""
@@ -62,16 +59,6 @@ _CHUNK = 16 << 20
 """Bytes per ranged read of the rest of a member (what one read holds in memory)."""
 _MAGIC = b"ustar\x0000"
 T = TypeVar("T")
-
-
-def is_url(path: object) -> TypeGuard[str]:
-    """Whether a bundle path is a URL (scheme://...) rather than a file name."""
-    return isinstance(path, str) and _URL.match(path) is not None
-
-
-def shown(path: str | os.PathLike[str]) -> str:
-    """A bundle's path for messages: a URL without what may carry a credential."""
-    return redact(path) if is_url(path) else os.fspath(path)
 
 
 def _padded(size: int) -> int:
