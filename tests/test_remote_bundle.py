@@ -161,6 +161,16 @@ def test_a_damaged_header_or_a_moved_member_is_refused(made, place):
         load_manifest(place.url)
 
 
+def test_a_bundle_replaced_while_it_is_used_is_never_mixed_with_the_old(made, place):
+    data = made["bundle"].read_bytes()
+    place.write(data)
+    manifest = load_manifest(place.url)
+    time.sleep(0.01)  # another modification time, for the file's tag
+    place.write(data[:-1] + b"\x01")  # another version (its entries alike)
+    with pytest.raises(BundleError, match="changed while it was read"):
+        manifest.run(min(manifest.names, key=lambda name: manifest.spec(name).key), [X])
+
+
 def test_truncated_and_oversized_objects_are_refused_before_any_entry_is_read(made, place):
     data = made["bundle"].read_bytes()
     place.write(data[: len(data) - 20000])

@@ -58,7 +58,7 @@ _WINDOW = entry_format.MAX_HEADER_SIZE
 _CHUNK = 16 << 20
 """Bytes per ranged read of the rest of a member (what one read holds in memory)."""
 _MAGIC = b"ustar\x0000"
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def _padded(size: int) -> int:
@@ -97,7 +97,7 @@ class RemoteArchive:
         self._window: tuple[str, bytes] | None = None  # the member read last: its first bytes
         self._checked: set[str] = set()  # members whose tar header was checked
         self.requests = 0
-        """Requests made so far (HEAD and ranged GETs), for reports and benchmarks."""
+        """Reads from the store so far (on Azure the first is two requests: a HEAD, a GET)."""
         self.bytes_read = 0
         """Bytes received so far."""
         deadline = self._deadline()
@@ -131,7 +131,7 @@ class RemoteArchive:
     def _deadline(self) -> float:
         return time.monotonic() + self.client.limits.deadline
 
-    def _call(self, call: Callable[[], T], why: str) -> T:
+    def _call(self, call: Callable[[], _T], why: str) -> _T:
         try:
             return call()
         except RemoteError as error:
