@@ -325,3 +325,24 @@ def test_a_bundle_file_is_opened_without_importing_the_remote_tier(made):
         print(json.dumps(sorted(m for m in sys.modules if "remote" in m or m == "obstore")))
     """
     assert json.loads(run_python(code).stdout) == []
+
+
+def test_throttling_is_retried_and_a_refusal_is_a_clear_error(made, s3_proxy, monkeypatch):
+    proxy, remote = s3_proxy
+    for name, value in remote.env.items():
+        if name.startswith("AWS"):
+            monkeypatch.setenv(name, value)
+    remote.write("app.bundle", made["bundle"].read_bytes())
+    url = f"s3://{remote.bucket}/fleet/app.bundle"
+    proxy.faults = [("GET", 503), ("GET", 429)]
+    manifest = load_manifest(url)
+    [out] = manifest.run("p6", [X])
+    np.testing.assert_allclose(out, expected(6), rtol=1e-6)
+    assert proxy.answered == [("GET", 503), ("GET", 429)]
+    proxy.always["GET"] = 403
+    started = time.monotonic()
+    with pytest.raises(BundleError, match=f"bundle {url}: reading .* failed: .*403") as caught:
+        manifest.run("p8", [X])
+    assert time.monotonic() - started < 10 and "testing" not in str(caught.value)
+    with pytest.raises(ManifestError, match=f"bundle {url}: cannot reach it"):
+        load_manifest(url)
