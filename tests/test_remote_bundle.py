@@ -30,6 +30,7 @@ from worker.records import ProgramSpec
 COUNT = 40
 """Programs in the bundle: about 330 KB, so the index and a few entries fill the first read."""
 X = np.linspace(-1, 1, 4, dtype=np.float32)
+SECRET = "a bundle signing secret of some length"
 
 
 def expected(variant: int) -> np.ndarray:
@@ -129,6 +130,28 @@ def test_an_index_longer_than_the_first_read_costs_one_read_more(made, place, mo
     np.testing.assert_allclose(out, expected(11), rtol=1e-6)
 
 
+def test_a_signed_bundle_at_a_url_is_checked_against_the_secret(made, place, monkeypatch):
+    monkeypatch.setenv("PJRT_POOL_CACHE_SECRET", SECRET)
+    cache = made["root"] / "signed-cache"
+    specs = []
+    for variant in (1, 2):
+        executable, _ = compile_program(lowered(variant), cache_dir=cache, remote=False)
+        specs.append(ProgramSpec.from_executable(f"p{variant}", executable))
+    signed = made["root"] / "signed.bundle"
+    create_bundle(signed, [(spec, DiskCache(cache, create=False), "") for spec in specs])
+    place.write(signed.read_bytes())
+    manifest = load_manifest(place.url)
+    assert "index.mac" in {member.name for member in manifest.bundle.archive.members}
+    [out] = manifest.run("p2", [X])
+    np.testing.assert_allclose(out, expected(2), rtol=1e-6)
+    monkeypatch.setenv("PJRT_POOL_CACHE_SECRET", SECRET + " but another")
+    with pytest.raises(ManifestError, match="signature does not match"):
+        load_manifest(place.url)
+    place.write(made["bundle"].read_bytes())  # unsigned
+    with pytest.raises(ManifestError, match="is not signed"):
+        load_manifest(place.url)
+
+
 def test_a_tampered_entry_at_a_url_is_refused_and_the_others_still_run(made, place):
     data = bytearray(made["bundle"].read_bytes())
     with Bundle(made["bundle"]) as local:
@@ -205,6 +228,7 @@ def test_a_missing_bundle_and_a_bad_url_say_what_is_wrong(place):
         load_manifest("ftp://host/app.bundle")
 
 
+@pytest.mark.slow
 def test_a_dead_or_hanging_server_fails_within_the_deadline_naming_the_url(monkeypatch):
     monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_DEADLINE", "2")
     monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_TIMEOUT", "1")
@@ -231,6 +255,7 @@ def test_a_dead_or_hanging_server_fails_within_the_deadline_naming_the_url(monke
     assert "s3cr3t" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_check_import_and_run_take_a_url(made, place, tmp_path):
     place.write(made["bundle"].read_bytes())
     checked = pjrt_pool("bundle", "check", place.url, "--json", env=place.env)
