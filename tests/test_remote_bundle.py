@@ -194,6 +194,22 @@ def test_a_bundle_replaced_while_it_is_used_is_never_mixed_with_the_old(made, pl
         manifest.run(min(manifest.names, key=lambda name: manifest.spec(name).key), [X])
 
 
+def test_check_refuses_a_bundle_with_any_damaged_header_as_a_file_check_does(made, place):
+    data = bytearray(made["bundle"].read_bytes())
+    with Bundle(made["bundle"]) as local:
+        member = local._entries[local.index.programs["p12"].keys[0]]
+    data[member.offset - 512 + 20] ^= 0x01
+    place.write(bytes(data))
+    with Bundle(place.url) as bundle:
+        bundle.entry(bundle.index.programs["p13"].keys[0])  # the others are used
+        before = bundle.archive.requests
+        with pytest.raises(BundleError, match="checksum"):
+            bundle.archive.check_headers()
+        assert bundle.archive.requests - before == 1  # 40 headers: one batch
+    checked = pjrt_pool("bundle", "check", place.url, env=place.env)
+    assert checked.returncode == 1 and "fails its checksum" in checked.stderr
+
+
 def test_truncated_and_oversized_objects_are_refused_before_any_entry_is_read(made, place):
     data = made["bundle"].read_bytes()
     place.write(data[: len(data) - 20000])

@@ -248,6 +248,7 @@ def _check(args: argparse.Namespace) -> int:
             if args.cache_dir is not None:
                 raise UsageError("--cache-dir is for a manifest; a bundle carries its entries")
             with Bundle(args.file) as bundle:
+                bundle.archive.check_headers()  # a URL's: what opening a file checks
                 programs = list(bundle.index.programs.values())
                 platform = args.platform or (programs[0].platform if programs else "cpu")
                 verdicts = check_bundle(bundle, _here(platform, None), platform)

@@ -24,7 +24,10 @@ bundle at a URL as it checks a file; what differs is what is read when:
   sizes. So a member's header is checked when the member is first read:
   an entry that is never used costs no request, and a bundle whose used
   entries and index pass gives exactly what a local reader would. bundle
-  import (which reads every entry) thereby checks every header.
+  import (which reads every entry) thereby checks every header, and bundle
+  check reads all the others too (check_headers: concurrent ranged reads,
+  64 headers at a time), so that it refuses what a check of the file
+  refuses.
 
 Every read lies inside the object's size (taken before anything is read),
 and memory holds the end read at open plus one member. A request that
@@ -34,6 +37,7 @@ limits), raises BundleError naming the URL without its credentials.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -57,6 +61,9 @@ _WINDOW = entry_format.MAX_HEADER_SIZE
 """Bytes of an entry read with its tar header: its whole entry header, whatever its size."""
 _CHUNK = 16 << 20
 """Bytes per ranged read of the rest of a member (what one read holds in memory)."""
+_HEADER_BATCH = 64
+_HEADER_GAP = 64 << 10
+"""check_headers reads the headers of 64 members at a time, and two nearer than this as one."""
 _MAGIC = b"ustar\x0000"
 _T = TypeVar("_T")
 
@@ -99,7 +106,7 @@ class RemoteArchive:
         self.requests = 0
         """Reads from the store so far (on Azure the first is two requests: a HEAD, a GET)."""
         self.bytes_read = 0
-        """Bytes received so far."""
+        """Bytes received so far (of check_headers' reads, the headers only)."""
         deadline = self._deadline()
         found = self._call(
             lambda: self.client.get_tail(self._name, _FIRST_TAIL, deadline), "cannot reach it"
@@ -266,6 +273,44 @@ class RemoteArchive:
             )
         return members
 
+    def check_headers(self) -> None:
+        """Checks the tar header of every member not read yet, as opening a file checks them.
+
+        The headers are read concurrently in batches of 64 (ranges nearer
+        than 64 KiB read as one, so a batch holds at most 4 MiB); raises
+        BundleError for the first that is not the one the layout gives.
+        """
+        with self._lock:
+            left = [member for member in self.members if member.name not in self._checked]
+            for first in range(0, len(left), _HEADER_BATCH):
+                batch = left[first : first + _HEADER_BATCH]
+                starts = [member.offset - BLOCK for member in batch]
+                read = functools.partial(
+                    self.client.get_ranges,
+                    self._name,
+                    starts,
+                    BLOCK,
+                    self._deadline(),
+                    _HEADER_GAP,
+                )
+                blocks = self._call(read, f"reading {len(batch)} member headers failed")
+                for member, block in zip(batch, blocks, strict=True):
+                    self.bytes_read += len(block)
+                    self._check_header(member, block)
+
+    def _check_header(self, member: Member, block: bytes) -> None:
+        where = member.offset - BLOCK
+        if len(block) < BLOCK:
+            raise BundleError(f"{self.path} is truncated: it ends in the header at {where}")
+        name, size = parse_header(block[:BLOCK], where, self.path)
+        if (name, size) != (member.name, member.size):
+            raise BundleError(
+                f"{self.path}: the member header at offset {where} names {name!r} of {size} "
+                f"bytes, where its index puts {member.name} of {member.size}: the bundle was "
+                "changed after it was made"
+            )
+        self._checked.add(member.name)
+
     # -- members ------------------------------------------------------------------
 
     def _first_bytes(self, member: Member, deadline: float) -> bytes:
@@ -277,15 +322,7 @@ class RemoteArchive:
         length = min(member.size, _WINDOW)
         block = self._bytes_at(member.offset - BLOCK, BLOCK + length, deadline)
         if member.name not in self._checked:
-            where = member.offset - BLOCK
-            name, size = parse_header(block[:BLOCK], where, self.path)
-            if (name, size) != (member.name, member.size):
-                raise BundleError(
-                    f"{self.path}: the member header at offset {where} names {name!r} of {size} "
-                    f"bytes, where its index puts {member.name} of {member.size}: the bundle was "
-                    "changed after it was made"
-                )
-            self._checked.add(member.name)
+            self._check_header(member, block)
         self._window = (member.name, block[BLOCK:])
         return block[BLOCK:]
 

@@ -295,6 +295,30 @@ class ObjectClient:
         except Exception as error:
             raise _classified(error, what) from None
 
+    def get_ranges(
+        self, path: str, starts: list[int], length: int, deadline: float, gap: int
+    ) -> list[bytes]:
+        """Returns length bytes at each start, fetched concurrently, ranges nearer than gap
+        bytes read as one; raises RemoteError."""
+        if not starts:
+            return []
+        store = self._open()
+        import obstore
+
+        def call() -> list[bytes]:
+            found = obstore.get_ranges(
+                store, path, starts=starts, lengths=[length] * len(starts), coalesce=gap
+            )
+            return [bytes(part) for part in found]
+
+        what = f"reading {len(starts)} ranges of {path}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
+
 
 def _classified(error: Exception, what: str) -> RemoteError:
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
