@@ -33,6 +33,7 @@ import numpy as np
 from worker.bundle.container import looks_like_archive
 from worker.bundle.loading import load_from_bundle
 from worker.bundle.reader import Bundle
+from worker.bundle.urls import is_url, shown
 from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
 from worker.records import ProgramSpec
@@ -203,9 +204,11 @@ def load_manifest(
 
     A bundle is checked as it opens (worker.bundle.reader): one that was
     changed after it was made, is damaged or is not a bundle raises
-    ManifestError saying what is wrong.
+    ManifestError saying what is wrong. A URL (s3://, gs://, az://, file://,
+    http(s)://) names a bundle, read by ranges: its index as it opens, then
+    only the entries of the programs that run (worker.bundle.remote).
     """
-    if looks_like_archive(path):
+    if is_url(path) or looks_like_archive(path):
         return _open_bundle(path, cache_dir, prime)
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
@@ -228,7 +231,7 @@ def load_manifest(
 def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: bool) -> Manifest:
     if cache_dir is not None:
         raise ManifestError(
-            f"{path} is a bundle, which carries its executables: leave the cache directory "
+            f"{shown(path)} is a bundle, which carries its executables: leave the cache directory "
             "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
         )
     try:

@@ -67,7 +67,9 @@ class DelayProxy:
                 for name, value in answer.getheaders():
                     if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD answer has no body: its length is the object's, as the server said.
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

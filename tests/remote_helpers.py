@@ -83,7 +83,8 @@ class FaultProxy:
 
     faults: (method, status) pairs, each answered once, in order, to the
     next request of that method (status "always" entries: see always);
-    every other request goes to the server. seen counts requests by method.
+    every other request goes to the server. seen counts requests by method, sent the
+    body bytes the server's answers carried.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -91,6 +92,7 @@ class FaultProxy:
         self.faults: list[tuple[str, int]] = []
         self.always: dict[str, int] = {}
         self.seen: dict[str, int] = {}
+        self.sent = 0
         self.answered: list[tuple[str, int]] = []
         proxy = self
 
@@ -132,13 +134,82 @@ class FaultProxy:
                 for name, value in answer.getheaders():
                     if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD answer has no body: its length is the object's, as the server said.
+                length = answer.getheader("Content-Length") if method == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if method != "HEAD":
+                    proxy.sent += len(data)  # before: the client may go on once it has it
                     self.wfile.write(data)
                 upstream.close()
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+class RangeServer:
+    """A read-only HTTP server on the loopback for a directory, answering ranged GETs (206).
+
+    It gives each file a strong ETag (its size and mtime) and honours If-Match, as object
+    stores do; seen counts requests by method and sent the body bytes sent.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen: dict[str, int] = {}
+        self.sent = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _answer(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    server.sent += len(body)  # before: the client may go on once it has it
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                server.seen[self.command] = server.seen.get(self.command, 0) + 1
+                path = server.root / self.path.lstrip("/").split("?")[0]
+                if not path.is_file():
+                    self._answer(404, {})
+                    return
+                data = path.read_bytes()
+                found = path.stat()
+                etag = f'"{found.st_size}-{found.st_mtime_ns}"'
+                wanted = self.headers.get("If-Match")
+                if wanted is not None and wanted != etag:
+                    self._answer(412, {"ETag": etag})
+                    return
+                given = self.headers.get("Range", "")
+                if not given.startswith("bytes="):
+                    self._answer(200, {"ETag": etag}, data)
+                    return
+                first, _, last = given.removeprefix("bytes=").partition("-")
+                start = int(first) if first else max(0, len(data) - int(last))
+                end = min(int(last), len(data) - 1) if first and last else len(data) - 1
+                if start >= len(data):
+                    self._answer(416, {"Content-Range": f"bytes */{len(data)}"})
+                    return
+                headers = {"ETag": etag, "Content-Range": f"bytes {start}-{end}/{len(data)}"}
+                self._answer(206, headers, data[start : end + 1])
+
+            do_HEAD = do_GET  # noqa: N815
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

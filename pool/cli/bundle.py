@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,10 @@ from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
+from worker.bundle.urls import is_url, shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
+from worker.cache.remote import open_remote
 from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
 from worker.compile.identity import runtime_key_parts
@@ -69,6 +70,12 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
     )
+    create.add_argument(
+        "--remote",
+        metavar="URL",
+        help="read the entries the cache lacks from this remote tier, verified (default: "
+        "$PJRT_POOL_CACHE_REMOTE)",
+    )
     create.set_defaults(run=_create, prog=create.prog)
 
     merge = commands.add_parser("merge", help="one bundle of several (for a mixed fleet)")
@@ -77,7 +84,7 @@ def register(subparsers: Any) -> None:
     merge.set_defaults(run=_merge, prog=merge.prog)
 
     importing = commands.add_parser("import", help="check a bundle, then put it in a cache")
-    importing.add_argument("bundle", metavar="FILE")
+    importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
     importing.add_argument(
         "--cache-dir", metavar="DIR", help="cache to import into (default: $PJRT_POOL_CACHE_DIR)"
     )
@@ -96,7 +103,7 @@ def register(subparsers: Any) -> None:
         "whether it would load on this machine, and for a miss which key parts differ. "
         "Loads the plugin, deserializes nothing.",
     )
-    check.add_argument("file", metavar="FILE", help="a bundle, or a manifest")
+    check.add_argument("file", metavar="FILE", help="a bundle (or its URL), or a manifest")
     check.add_argument(
         "--cache-dir", metavar="DIR", help="for a manifest: its cache (default: the manifest's)"
     )
@@ -140,6 +147,10 @@ def _problem(error: Exception) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
+    try:
+        remote = open_remote(args.remote)
+    except ValueError as error:
+        raise UsageError(f"--remote: {error}") from None
     programs = []
     caches: dict[str | None, DiskCache] = {}
     for path in args.manifests:
@@ -155,14 +166,14 @@ def _create(args: argparse.Namespace) -> int:
                 cache = caches[manifest.cache_dir] = DiskCache(manifest.cache_dir, create=False)
             except (UntrustedCacheError, ValueError) as error:
                 return _problem(error)
-        if not cache.usable:
+        if not cache.usable and remote is None:
             raise UsageError(
                 f"{path}: its cache {cache.directory} does not exist; pass the cache the "
                 "programs were warmed into (--cache-dir)"
             )
         programs += [(spec, cache, f" (from {path})") for spec in manifest.specs.values()]
     try:
-        index = create_bundle(output, programs)
+        index = create_bundle(output, programs, remote=remote)
     except (BundleError, ValueError, OSError) as error:
         return _problem(error)
     print(_describe(output, index))
@@ -233,10 +244,11 @@ def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     input_file(args.file, "the file")
     try:
-        if looks_like_archive(args.file):
+        if is_url(args.file) or looks_like_archive(args.file):
             if args.cache_dir is not None:
                 raise UsageError("--cache-dir is for a manifest; a bundle carries its entries")
             with Bundle(args.file) as bundle:
+                bundle.archive.check_headers()  # a URL's: what opening a file checks
                 programs = list(bundle.index.programs.values())
                 platform = args.platform or (programs[0].platform if programs else "cpu")
                 verdicts = check_bundle(bundle, _here(platform, None), platform)
@@ -260,7 +272,7 @@ def _report(args: argparse.Namespace, verdicts: list[Verdict], seconds: float) -
     loads = sum(verdict.loads for verdict in verdicts)
     if args.json:
         document = {
-            "file": os.fspath(args.file),
+            "file": shown(args.file),
             "ok": loads == len(verdicts),
             "loads": loads,
             "would_miss": len(verdicts) - loads,

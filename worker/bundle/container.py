@@ -86,6 +86,10 @@ class Archive:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def check_headers(self) -> None:
+        """Nothing to do: every member's header was checked as the archive opened (a
+        RemoteArchive checks a header when its member is first read, or in this call)."""
+
     def read(self, member: Member) -> bytes:
         """Returns a member's data; raises BundleError if the file got shorter meanwhile."""
         data = self._read_at(member.offset, member.size)
@@ -149,7 +153,7 @@ class Archive:
             if not any(header):
                 self._check_trailer(offset)
                 return members
-            name, size = _parse_header(header, offset, self.path)
+            name, size = parse_header(header, offset, self.path)
             data = offset + BLOCK
             end = data + -(-size // BLOCK) * BLOCK
             if data + size > self.size:
@@ -181,7 +185,7 @@ def _octal(field: bytes, what: str, offset: int, path: str) -> int:
     return int(text, 8)
 
 
-def _parse_header(header: bytes, offset: int, path: str) -> tuple[str, int]:
+def parse_header(header: bytes, offset: int, path: str) -> tuple[str, int]:
     """Checks one ustar header; returns the member's name and size, or raises BundleError."""
     stored = _octal(header[148:156], "checksum", offset, path)
     if stored != sum(header[:148]) + 8 * 32 + sum(header[156:]):

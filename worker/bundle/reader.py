@@ -1,6 +1,8 @@
 """Opening a bundle: its members checked against its index, and its index's signature.
 
-Opening reads one header per member and the index, nothing else: it refuses
+Opening reads one header per member and the index, nothing else (a bundle
+at a URL: its end and the layout its index gives, each header when its
+member is first read; remote.py says what is checked when): it refuses
 a bundle whose members are not exactly those the index lists (a member
 added, removed, or of another size than the index says), one that holds
 anything but regular files named index.json, index.mac and
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.bundle.container import Archive, Member
 from worker.bundle.index import (
@@ -28,10 +30,14 @@ from worker.bundle.index import (
     check_signature,
 )
 from worker.bundle.signatures import type_mismatch
+from worker.bundle.urls import is_url
 from worker.cache import entry as entry_format
 from worker.cache.location import resolve_max_size
 from worker.cache.signing import Signer, signer_from_environment
 from worker.errors import BundleError
+
+if TYPE_CHECKING:
+    from worker.bundle.remote import RemoteArchive
 
 _FROM_ENVIRONMENT: Any = object()
 _SHOWN_CHANGES = 6
@@ -40,16 +46,27 @@ MAX_MAC_SIZE = 4096
 
 
 class Bundle:
-    """An opened, checked bundle (see the module docstring); close it, or use it in a with."""
+    """An opened, checked bundle (see the module docstring); close it, or use it in a with.
+
+    path is a file, or a URL (s3://, gs://, az://, file://, http(s)://) read
+    by ranges; self.path names it in messages (a URL without credentials).
+    """
 
     def __init__(
         self, path: str | os.PathLike[str], signer: Signer | None = _FROM_ENVIRONMENT
     ) -> None:
-        self.path = os.fspath(path)
         self.signer: Signer | None = (
             signer_from_environment() if signer is _FROM_ENVIRONMENT else signer
         )
-        self.archive = Archive(self.path)
+        self.archive: Archive | RemoteArchive
+        if is_url(path):
+            # Here: a process that opens files only never imports the remote tier.
+            from worker.bundle.remote import RemoteArchive
+
+            self.archive = RemoteArchive(path)
+        else:
+            self.archive = Archive(path)
+        self.path = self.archive.path
         try:
             self._members = {member.name: member for member in self.archive.members}
             keys = {}

@@ -7,7 +7,9 @@ inputs give the same bytes, and CI can cache and compare bundles by digest.
 Every entry is verified before it goes in, as a cache read verifies it (its
 digests, and its signature when a secret is set), and read again and
 checked against its digest as it is written, so that an entry changed in
-between is not shipped.
+between is not shipped. create may read the entries a cache lacks from
+the remote tier (worker.cache.remote), verified as a remote hit is, and then
+as a cache entry is.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.bundle.index import (
     INDEX_NAME,
@@ -40,6 +42,9 @@ from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
 from worker.errors import BundleError
 from worker.records import ProgramSpec
+
+if TYPE_CHECKING:
+    from worker.cache.remote.tier import RemoteCache
 
 _FROM_ENVIRONMENT: Any = object()
 
@@ -130,8 +135,11 @@ def _checked(read: Callable[[], bytes], sha256: str, what: str) -> Callable[[], 
     return again
 
 
-def _read_cache_entry(cache: DiskCache, spec: ProgramSpec, where: str) -> bytes:
-    """An entry file's bytes, read through the cache's entries/ folder (never a link)."""
+def _read_cache_entry(
+    cache: DiskCache, spec: ProgramSpec, where: str, remote: RemoteCache | None = None
+) -> bytes:
+    """An entry file's bytes, read through the cache's entries/ folder (never a link), else
+    fetched from the remote tier (its record and bytes verified, see remote/verify.py)."""
     path = cache.path_of(spec.key)
     entries = cache.folder("entries")
     try:
@@ -145,10 +153,14 @@ def _read_cache_entry(cache: DiskCache, spec: ProgramSpec, where: str) -> bytes:
                 )
             return file.read()
     except FileNotFoundError:
+        fetched = None if remote is None else remote.fetch(spec.key, cache.max_size)
+        if fetched is not None:
+            return fetched[0]
+        elsewhere = "" if remote is None else f" nor in the remote {remote.location.shown}"
         raise BundleError(
-            f"{spec.name}{where}: its entry {spec.key} is not in the cache {cache.directory}: "
-            "warm it there first (pjrt-pool warm), or pass the cache it was warmed into "
-            "(--cache-dir)"
+            f"{spec.name}{where}: its entry {spec.key} is not in the cache {cache.directory}"
+            f"{elsewhere}: warm it there first (pjrt-pool warm), or pass the cache it was "
+            "warmed into (--cache-dir)"
         ) from None
     except (OSError, entry_format.CorruptEntryError) as error:
         raise BundleError(f"{spec.name}{where}: cannot read {path}: {error}") from None
@@ -158,6 +170,8 @@ def create_bundle(
     output: str | os.PathLike[str],
     programs: Sequence[tuple[ProgramSpec, DiskCache, str]],
     signer: Signer | None = _FROM_ENVIRONMENT,
+    *,
+    remote: RemoteCache | None = None,
 ) -> Index:
     """Writes a bundle of programs and their cache entries; returns its index.
 
@@ -167,12 +181,15 @@ def create_bundle(
     default the cache's secret, PJRT_POOL_CACHE_SECRET or
     PJRT_POOL_CACHE_KEY_FILE, if set) the index is signed too. Raises
     BundleError for an entry that is missing, damaged or wrongly signed, and
-    for two programs of one name with different signatures.
+    for two programs of one name with different signatures. With remote, an
+    entry a cache lacks is fetched from it (and again as it is written,
+    checked against the same digest, so that memory holds one entry at a
+    time).
     """
     builder = IndexBuilder()
     sources = []
     for spec, cache, where in programs:
-        data = _read_cache_entry(cache, spec, where)
+        data = _read_cache_entry(cache, spec, where, remote)
         try:
             entry = entry_format.verify(data, spec.key, cache.signer)
         except entry_format.CorruptEntryError as error:
@@ -193,7 +210,7 @@ def create_bundle(
         )
         if builder.add(spec, entry.parts, len(data), digest, flags, where):
             reread = _checked(
-                lambda c=cache, s=spec, w=where: _read_cache_entry(c, s, w),
+                lambda c=cache, s=spec, w=where: _read_cache_entry(c, s, w, remote),
                 digest,
                 str(cache.path_of(spec.key)),
             )

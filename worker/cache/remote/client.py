@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from worker.cache.remote.location import Limits, RemoteLocation, redact_text
 
@@ -39,6 +39,15 @@ class ObjectInfo:
     size: int
     modified: float
     """Seconds since the epoch (the store's clock): objects are never rewritten, so their age."""
+
+
+class ObjectVersion(NamedTuple):
+    """What a HEAD request says of an object: its size and version tag."""
+
+    size: int
+    etag: str | None
+    """The store's entity tag (None where the server gives none): ranged reads that name it
+    are refused if the object was replaced meanwhile."""
 
 
 class Failure(enum.Enum):
@@ -233,6 +242,126 @@ class ObjectClient:
             raise
         except Exception as error:
             raise _classified(error, f"listing {folder}") from None
+
+    def head(self, path: str, deadline: float) -> ObjectVersion | None:
+        """Returns an object's size and entity tag, None if there is none; raises RemoteError."""
+        store = self._open()
+        import obstore
+
+        def call() -> ObjectVersion | None:
+            try:
+                meta = obstore.head(store, path)
+            except FileNotFoundError:
+                return None
+            size = meta.get("size")
+            if not isinstance(size, int) or size < 0:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+            etag = meta.get("e_tag")
+            return ObjectVersion(size, etag if isinstance(etag, str) and etag else None)
+
+        try:
+            return self._bounded(call, deadline, f"asking for {path}")
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, f"asking for {path}") from None
+
+    def get_range(
+        self, path: str, start: int, length: int, deadline: float, etag: str | None = None
+    ) -> bytes:
+        """Returns length bytes of an object from start (fewer where it ends); raises RemoteError.
+
+        With etag, a store that holds another version of the object by now
+        answers with a failed precondition, raised as RemoteError(UNAVAILABLE)
+        saying the object changed: the caller never mixes two versions.
+        """
+        if length <= 0:
+            return b""
+        store = self._open()
+        import obstore
+        from obstore.exceptions import PreconditionError
+
+        options: dict[str, Any] = {"range": (start, start + length)}
+        if etag is not None:
+            options["if_match"] = etag
+
+        def call() -> bytes:
+            try:
+                return bytes(obstore.get(store, path, options=options).bytes())
+            except PreconditionError:
+                raise RemoteError(
+                    Failure.UNAVAILABLE, f"{path} changed while it was read (another version)"
+                ) from None
+
+        what = f"reading {length} bytes of {path} at {start}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
+
+    def get_tail(
+        self, path: str, length: int, deadline: float
+    ) -> tuple[ObjectVersion, bytes] | None:
+        """Returns an object's size and tag with its last length bytes (all of a shorter one),
+        in one request; None if there is none; raises RemoteError.
+
+        Azure takes no suffix ranges: there it is a HEAD, then a ranged read.
+        """
+        if self.location.scheme == "az":
+            info = self.head(path, deadline)
+            if info is None:
+                return None
+            start = max(0, info.size - length)
+            return info, self.get_range(path, start, info.size - start, deadline, info.etag)
+        store = self._open()
+        import obstore
+
+        def call() -> tuple[ObjectVersion, bytes] | None:
+            try:
+                result = obstore.get(store, path, options={"range": {"suffix": length}})
+            except FileNotFoundError:
+                return None
+            size, etag = result.meta.get("size"), result.meta.get("e_tag")
+            if not isinstance(size, int) or size < 0:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+            data = bytes(result.bytes())
+            if result.range[1] != size or len(data) != result.range[1] - result.range[0]:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store sent another range")
+            return ObjectVersion(size, etag if isinstance(etag, str) and etag else None), data
+
+        what = f"reading the last {length} bytes of {path}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
+
+    def get_ranges(
+        self, path: str, starts: list[int], length: int, deadline: float, gap: int
+    ) -> list[bytes]:
+        """Returns length bytes at each start, fetched concurrently, ranges nearer than gap
+        bytes read as one; raises RemoteError."""
+        if not starts:
+            return []
+        store = self._open()
+        import obstore
+
+        def call() -> list[bytes]:
+            found = obstore.get_ranges(
+                store, path, starts=starts, lengths=[length] * len(starts), coalesce=gap
+            )
+            return [bytes(part) for part in found]
+
+        what = f"reading {len(starts)} ranges of {path}"
+        try:
+            return self._bounded(call, deadline, what)
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, what) from None
 
 
 def _classified(error: Exception, what: str) -> RemoteError:
