@@ -23,11 +23,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from worker.cache.remote.location import Limits, RemoteLocation, redact_text
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: its name under the prefix, its size, and when the store wrote it."""
+
+    path: str
+    size: int
+    modified: float
+    """Seconds since the epoch (the store's clock): objects are never rewritten, so their age."""
 
 
 class Failure(enum.Enum):
@@ -200,6 +211,28 @@ class ObjectClient:
             raise
         except Exception as error:
             raise _classified(error, f"removing {path}") from None
+
+    def list_objects(self, folder: str, deadline: float) -> list[ObjectInfo]:
+        """Every object whose name starts with folder, with sizes and write times; raises
+        RemoteError. Reads only the listing, never an object (and writes nothing)."""
+        store = self._open()
+        import obstore
+
+        def call() -> list[ObjectInfo]:
+            found = []
+            for batch in obstore.list(store, prefix=folder):
+                for meta in batch:
+                    modified = meta.get("last_modified")
+                    stamp = modified.timestamp() if modified is not None else 0.0
+                    found.append(ObjectInfo(str(meta["path"]), int(meta["size"]), stamp))
+            return found
+
+        try:
+            return self._bounded(call, deadline, f"listing {folder}")
+        except RemoteError:
+            raise
+        except Exception as error:
+            raise _classified(error, f"listing {folder}") from None
 
 
 def _classified(error: Exception, what: str) -> RemoteError:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from worker.cache.key import check_key
+from worker.cache.key import check_key, is_key
 from worker.untrusted import parse_json
 
 RECORD_FORMAT = 1
@@ -36,6 +36,23 @@ def blob_name(sha256: str) -> str:
 def record_name(key: str, signer: str) -> str:
     """The object name of a key's record vouched for by signer."""
     return f"records/{check_key(key)}/{signer}.json"
+
+
+def parse_record_name(name: str) -> tuple[str, str] | None:
+    """The key and signer of a listed record's name, or None if it does not name one."""
+    folder, _, rest = name.partition("/")
+    key, _, file = rest.partition("/")
+    signer = file.removesuffix(".json")
+    if folder != "records" or not is_key(key) or signer == file or not signer or "/" in signer:
+        return None
+    return key, signer
+
+
+def parse_blob_name(name: str) -> str | None:
+    """The SHA-256 a listed blob's name holds, or None if it does not name one."""
+    folder, _, file = name.partition("/")
+    digest = file.removesuffix(".pjx")
+    return digest if folder == "blobs" and digest != file and is_key(digest) else None
 
 
 class BadRecordError(ValueError):
