@@ -1,0 +1,222 @@
+"""Fleet operations on the remote tier: cache push / pull / gc, prefetch, warm --remote.
+
+Every "host" is a child process with its own local cache directory; the
+remote is moto's S3 server on the loopback or a file:// directory (the
+`remote` fixture, conftest.py), for the same tests. The commands run as the
+console script does, in child processes, with the environment that reaches
+the remote.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cache_helpers import REPO, finish, lowered, save_program, start
+from remote_helpers import Hang, Remote
+
+from pool.manifest import Manifest
+from worker.records import ProgramSpec
+
+X = [0.5, 1.0, 1.5, 2.0]
+NO_REMOTE = {"PJRT_POOL_CACHE_REMOTE": ""}
+CLI = "import sys; from pool.cli.main import main; sys.exit(main())"
+
+HOST = r"""
+import json, sys
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["tests"])
+from cache_helpers import load_program
+import worker
+from worker.cache import open_cache
+from worker.cache.remote import remote_counters
+from worker.records import ProgramSpec
+
+stats, outputs, specs = [], [], []
+for index, path in enumerate(spec["programs"]):
+    executable, statistics = worker.compile_program(load_program(path), cache_dir=spec["cache_dir"])
+    stats.append(statistics._asdict())
+    outputs.append([o.tolist() for o in executable.run([spec["x"]])])
+    specs.append(ProgramSpec.from_executable(f"p{index}", executable).to_json())
+print(json.dumps({
+    "stats": stats,
+    "outputs": outputs,
+    "specs": specs,
+    "counters": open_cache(spec["cache_dir"]).counters._asdict(),
+    "remote": remote_counters()._asdict(),
+}))
+"""
+
+
+def expected(variant: int) -> list[float]:
+    scale = variant + 2.0
+    return (np.sin(np.array(X, np.float32)) * scale + scale).tolist()
+
+
+def programs(tmp_path: Path, *variants: int) -> list[str]:
+    return [str(save_program(lowered(v), tmp_path / f"p{v}.json")) for v in variants]
+
+
+def host(tmp_path: Path, name: str, paths: list[str], env: dict[str, str]) -> dict:
+    """Runs one host: a child that compiles (or loads, or fetches) programs into cache-<name>."""
+    spec = {"programs": paths, "cache_dir": str(tmp_path / f"cache-{name}"), "x": X}
+    return finish(start(spec, env, code=HOST), 180)
+
+
+def pjrt_pool(*args: str, env: dict[str, str], timeout: float = 300) -> tuple[int, dict, str]:
+    """Runs the command line in a child; returns its exit status, its JSON report and stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_environment(env),
+        check=False,
+    )
+    try:
+        report = json.loads(done.stdout) if done.stdout.strip() else {}
+    except ValueError:
+        raise AssertionError(f"not JSON:\n{done.stdout}\n{done.stderr}") from None
+    return done.returncode, report, done.stderr
+
+
+def _environment(env: dict[str, str]) -> dict[str, str]:
+    from pool.spawn import child_environment
+
+    environment = child_environment(env)
+    environment["PYTHONPATH"] = str(REPO)
+    return {name: value for name, value in environment.items() if value != ""}
+
+
+def entries(cache: Path) -> set[str]:
+    return {p.stem for p in (cache / "entries").glob("*.pjx")}
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return np.allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_push_from_host_a_then_pull_into_host_b_which_compiles_nothing(tmp_path, remote):
+    paths = programs(tmp_path, 0, 1)
+    a = host(tmp_path, "a", paths, NO_REMOTE)  # host A compiles, with no remote at all
+    assert [s["compiled"] for s in a["stats"]] == [1, 1]
+    assert remote.names() == []
+    cache_a, cache_b = tmp_path / "cache-a", tmp_path / "cache-b"
+    keys = entries(cache_a)
+
+    push = ["cache", "push", "--remote", remote.url, "--cache-dir", str(cache_a), "--json"]
+    code, report, err = pjrt_pool(*push, env=remote.env)
+    assert code == 0, err
+    assert report["counts"] == {"written": 2} and set(report["keys"]) == keys
+    assert len([n for n in remote.names() if n.startswith("blobs/")]) == 2
+    code, report, err = pjrt_pool(*push, env=remote.env)  # create-only: nothing written again
+    assert code == 0 and report["counts"] == {"already there": 2}, err
+
+    pull = ["cache", "pull", "--remote", remote.url, "--cache-dir", str(cache_b), "--json"]
+    code, report, err = pjrt_pool(*pull, env=remote.env)  # every key the remote lists
+    assert code == 0, err
+    assert report["counts"] == {"fetched": 2} and entries(cache_b) == keys
+    code, report, err = pjrt_pool(*pull, env=remote.env)
+    assert code == 0 and report["counts"] == {"already local": 2}, err
+
+    b = host(tmp_path, "b", paths, NO_REMOTE)  # host B, with no remote: all local now
+    assert [s["compiled"] for s in b["stats"]] == [0, 0]
+    assert [s["loaded"] for s in b["stats"]] == [1, 1]
+    assert b["outputs"] == a["outputs"] and close(b["outputs"][1][0], expected(1))
+
+
+@pytest.mark.slow
+def test_pull_of_a_manifest_with_a_tampered_object_refuses_it_and_fetches_the_others(
+    tmp_path, remote: Remote
+):
+    paths = programs(tmp_path, 2, 3, 4)
+    a = host(tmp_path, "a", paths, remote.env)  # host A compiles and publishes
+    assert a["remote"]["published"] == 3
+    specs = [ProgramSpec.from_json(s) for s in a["specs"]]
+    manifest = tmp_path / "m.json"
+    Manifest(specs, None, "cpu").write(manifest)
+    tampered = specs[1].key
+    record = json.loads(remote.read(f"records/{tampered}/unsigned.json"))
+    blob = f"blobs/{record['sha256']}.pjx"
+    data = remote.read(blob)
+    remote.write(blob, data[:-9] + bytes([data[-9] ^ 0x40]) + data[-8:])
+
+    cache_b = tmp_path / "cache-b"
+    pull = ["cache", "pull", "--manifest", str(manifest), "--cache-dir", str(cache_b), "--json"]
+    code, report, err = pjrt_pool(*pull, env=remote.env)  # --remote from the environment
+    assert code == 1, err
+    assert report["counts"] == {"fetched": 2, "refused": 1}
+    assert report["keys"][tampered] == "refused"
+    assert entries(cache_b) == {specs[0].key, specs[2].key}
+    assert "refused the entry" in err
+
+    # Host B loads the two it fetched, compiles the refused one, and gets the right numbers.
+    b = host(tmp_path, "b", paths, remote.env)
+    assert [s["compiled"] for s in b["stats"]] == [0, 1, 0]
+    assert b["remote"]["hits"] == 0 and b["remote"]["refused"] == 1
+    for outputs, variant in zip(b["outputs"], (2, 3, 4), strict=True):
+        assert close(outputs[0], expected(variant))
+
+
+PREFETCH = r"""
+import json, sys
+from pool.manifest import load_manifest
+from worker.cache.remote import open_remote
+manifest = load_manifest(sys.argv[1], sys.argv[2])
+report = manifest.prefetch(concurrency=int(sys.argv[3]))
+print(json.dumps({**report.to_json(), "remote": open_remote().counters._asdict()}))
+"""
+
+
+@pytest.mark.slow
+def test_manifest_prefetch_fetches_concurrently_and_a_dead_remote_costs_one_deadline(
+    tmp_path, remote: Remote
+):
+    paths = programs(tmp_path, 5, 6)
+    a = host(tmp_path, "a", paths, remote.env)
+    specs = [ProgramSpec.from_json(s) for s in a["specs"]]
+    manifest = tmp_path / "m.json"
+    Manifest(specs, None, "cpu").write(manifest)
+    env = _environment(remote.env)
+    done = subprocess.run(
+        [sys.executable, "-c", PREFETCH, str(manifest), str(tmp_path / "cache-b"), "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"fetched": 2} and report["remote"]["hits"] == 2
+
+    # A remote that accepts connections and never answers: every key fails, in one deadline
+    # (six keys one at a time would take six).
+    many = [specs[0]._replace(name=f"q{i}", key=f"{i:064x}") for i in range(6)]
+    Manifest(many, None, "cpu").write(manifest)
+    hang = Hang()
+    hang.start()
+    dead = {
+        **env,
+        "PJRT_POOL_CACHE_REMOTE": f"http://127.0.0.1:{hang.port}/cache",
+        "PJRT_POOL_CACHE_REMOTE_DEADLINE": "2",
+    }
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", PREFETCH, str(manifest), str(tmp_path / "cache-c"), "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dead,
+        check=True,
+    )
+    took = time.monotonic() - began
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"failed": 6}, report
+    assert report["remote"]["errors"] == 1
+    assert took < 2 * 4, took  # one deadline and an interpreter's start, not six deadlines
