@@ -220,3 +220,48 @@ def test_manifest_prefetch_fetches_concurrently_and_a_dead_remote_costs_one_dead
     assert report["counts"] == {"failed": 6}, report
     assert report["remote"]["errors"] == 1
     assert took < 2 * 4, took  # one deadline and an interpreter's start, not six deadlines
+
+
+@pytest.mark.slow
+def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_ones(
+    tmp_path, remote: Remote
+):
+    paths = programs(tmp_path, 7, 8)
+    host(tmp_path, "a", paths[:1], remote.env)  # the old entry
+    (old_record,) = [n for n in remote.names() if n.startswith("records/")]
+    time.sleep(3)
+    between = time.time()
+    time.sleep(3)
+    host(tmp_path, "a2", paths[1:], remote.env)  # the young one
+    names = remote.names()
+    (young_record,) = [n for n in names if n.startswith("records/") and n != old_record]
+    old_blob = f"blobs/{json.loads(remote.read(old_record))['sha256']}.pjx"
+    young_blob = f"blobs/{json.loads(remote.read(young_record))['sha256']}.pjx"
+    assert {old_blob, young_blob} <= set(names)
+
+    def gc(*extra: str) -> dict:
+        older = f"{time.time() - between:.1f}s"
+        command = ["cache", "gc", "--remote", remote.url, "--older-than", older, "--json"]
+        code, report, err = pjrt_pool(*command, *extra, env=remote.env)
+        assert code == 0, err
+        return report
+
+    report = gc("--grace", "0", "--dry-run")
+    assert report["old_records"] == [old_record] and report["deleted_blobs"] == [old_blob]
+    assert remote.names() == names  # a dry run deletes nothing
+
+    report = gc()  # the default grace keeps a young unreferenced blob (a publish in flight)
+    assert report["old_records"] == [old_record] and report["deleted_blobs"] == []
+    assert old_record not in remote.names() and old_blob in remote.names()
+
+    report = gc("--grace", "0")
+    assert report["old_records"] == [] and report["deleted_blobs"] == [old_blob]
+    assert report["kept_records"] == 1 and report["kept_blobs"] == 1
+    left = set(remote.names())
+    assert young_record in left and young_blob in left and old_blob not in left
+
+    # The young entry is still served; the collected one is compiled again.
+    b = host(tmp_path, "b", paths, remote.env)
+    assert [s["compiled"] for s in b["stats"]] == [1, 0]
+    assert b["remote"]["hits"] == 1 and b["remote"]["refused"] == 0
+    assert close(b["outputs"][0][0], expected(7)) and close(b["outputs"][1][0], expected(8))
