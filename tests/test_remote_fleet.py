@@ -26,6 +26,7 @@ from worker.records import ProgramSpec
 X = [0.5, 1.0, 1.5, 2.0]
 NO_REMOTE = {"PJRT_POOL_CACHE_REMOTE": ""}
 CLI = "import sys; from pool.cli.main import main; sys.exit(main())"
+CLI_COMMAND = (sys.executable, "-c", CLI)
 
 HOST = r"""
 import json, sys
@@ -71,7 +72,7 @@ def host(tmp_path: Path, name: str, paths: list[str], env: dict[str, str]) -> di
 def pjrt_pool(*args: str, env: dict[str, str], timeout: float = 300) -> tuple[int, dict, str]:
     """Runs the command line in a child; returns its exit status, its JSON report and stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", CLI, *args],
+        [*CLI_COMMAND, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -265,3 +266,100 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     assert [s["compiled"] for s in b["stats"]] == [1, 0]
     assert b["remote"]["hits"] == 1 and b["remote"]["refused"] == 0
     assert close(b["outputs"][0][0], expected(7)) and close(b["outputs"][1][0], expected(8))
+
+
+SPEC = """
+import os
+
+import jax
+import jax.numpy as jnp
+
+TRACED = os.environ.get("FLEET_TRACED")
+
+
+def _scaled(factor):
+    def program(x):
+        if TRACED:  # lowering traces this: the test learns that warming got this far
+            open(TRACED, "a").close()
+        return jnp.sin(x) * factor + jnp.cos(x)
+
+    return program
+
+
+def programs():
+    first, count = int(os.environ["FLEET_FIRST"]), int(os.environ["FLEET_COUNT"])
+    shape = [jax.ShapeDtypeStruct((8,), jnp.float32)]
+    return [(f"p{i}", _scaled(float(i)), shape) for i in range(first, first + count)]
+"""
+
+
+def warm(tmp_path: Path, name: str, env: dict[str, str], *extra: str) -> tuple[int, dict, str]:
+    spec = tmp_path / "fleet_spec.py"
+    spec.write_text(SPEC)
+    cache = str(tmp_path / f"cache-{name}")
+    command = ["warm", str(spec), "--cache-dir", cache, "--workers", "1", "--json", *extra]
+    return pjrt_pool(*command, env=env)
+
+
+@pytest.mark.slow
+def test_warm_remote_from_two_caches_compiles_once_and_reports_the_remote(tmp_path, remote):
+    env = {**remote.env, "PJRT_POOL_CACHE_REMOTE": "", "FLEET_FIRST": "0", "FLEET_COUNT": "3"}
+    code, a, err = warm(tmp_path, "a", env, "--remote", remote.url)
+    assert code == 0, err
+    assert a["counts"] == {"compiled": 3}
+    assert a["remote"]["published"] == 3 and a["remote"]["prefetched"] == {"missing": 3}
+
+    code, b, err = warm(tmp_path, "b", env, "--remote", remote.url)
+    assert code == 0, err
+    assert b["counts"] == {"loaded": 3} and b["statistics"]["compiled"] == 0
+    assert b["remote"]["prefetched"] == {"fetched": 3} and b["remote"]["hits"] == 3
+    assert b["remote"]["published"] == 0
+    assert entries(tmp_path / "cache-b") == entries(tmp_path / "cache-a")
+
+    code, again, err = warm(tmp_path, "b", env, "--remote", remote.url)  # all local now
+    assert code == 0 and again["remote"]["prefetched"] == {"already local": 3}, err
+    assert again["remote"]["hits"] == 0
+
+
+@pytest.mark.slow
+def test_warm_remote_waits_for_another_hosts_lease_and_reports_the_compile_saved(tmp_path, remote):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    env = {**remote.env, "PJRT_POOL_CACHE_REMOTE": "", "FLEET_FIRST": "9", "FLEET_COUNT": "1"}
+    code, d, err = warm(tmp_path, "d", env)  # host D compiles locally, with no remote
+    assert code == 0, err
+    key = d["programs"][0]["key"]
+    # Host D holds the key's lease, as a host compiling it would.
+    remote.write(lease_name(key), Lease(key, "host-d:1:x", time.time() + 90).encode())
+    traced = tmp_path / "traced"
+    env_c = {**env, "FLEET_TRACED": str(traced)}
+    spec = tmp_path / "fleet_spec.py"
+    command = [*CLI_COMMAND, "warm", str(spec), "--cache-dir", str(tmp_path / "cache-c")]
+    command += ["--workers", "1", "--json", "--remote", remote.url]
+    host_c = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(env_c)
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not traced.exists() and host_c.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(3)  # host C has prefetched (a miss) and its worker waits on the lease
+        push = [
+            "cache",
+            "push",
+            "--remote",
+            remote.url,
+            "--cache-dir",
+            str(tmp_path / "cache-d"),
+            "--json",
+        ]
+        code, _, err = pjrt_pool(*push, env=remote.env)
+        assert code == 0, err
+        out, err = host_c.communicate(timeout=150)
+    finally:
+        host_c.kill()
+    assert host_c.returncode == 0, err
+    c = json.loads(out)
+    assert c["counts"] == {"loaded": 1} and c["statistics"]["compiled"] == 0
+    assert c["remote"]["waited"] == 1 and c["remote"]["hits"] == 1
+    assert c["remote"]["prefetched"] == {"missing": 1}

@@ -84,6 +84,7 @@ from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
+from worker.cache.remote import RemoteCounters
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
@@ -417,6 +418,21 @@ class Pool:
         self._refuse_in_child()
         with self._lock:
             return self._workers.counters_locked()
+
+    @property
+    def remote_counters(self) -> RemoteCounters:
+        """The remote cache tier's hits, misses, refusals, publishes and waits, summed over
+        every worker (all zero without a remote)."""
+        self._refuse_in_child()
+        with self._lock:
+            return self._workers.remote_counters_locked()
+
+    @property
+    def key_parts(self) -> dict[str, Any] | None:
+        """The cache key parts of the workers' plugin and host (a program adds its own), when
+        the workers said them: in never-compile mode or with a remote tier; else None."""
+        parts = self._workers.plugin.get("key_parts")
+        return dict(parts) if isinstance(parts, dict) else None
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
