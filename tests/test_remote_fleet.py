@@ -175,6 +175,15 @@ print(json.dumps({**report.to_json(), "remote": open_remote().counters._asdict()
 """
 
 
+def prefetch_in_child(manifest: Path, cache: Path, concurrency: int, env: dict) -> dict:
+    """Manifest.prefetch in a fresh process; returns its report and the remote's counters."""
+    command = [sys.executable, "-c", PREFETCH, str(manifest), str(cache), str(concurrency)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env=_environment(env), check=True
+    )
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow
 def test_manifest_prefetch_fetches_concurrently_and_a_dead_remote_costs_one_deadline(
     tmp_path, remote: Remote
@@ -184,16 +193,7 @@ def test_manifest_prefetch_fetches_concurrently_and_a_dead_remote_costs_one_dead
     specs = [ProgramSpec.from_json(s) for s in a["specs"]]
     manifest = tmp_path / "m.json"
     Manifest(specs, None, "cpu").write(manifest)
-    env = _environment(remote.env)
-    done = subprocess.run(
-        [sys.executable, "-c", PREFETCH, str(manifest), str(tmp_path / "cache-b"), "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    )
-    report = json.loads(done.stdout)
+    report = prefetch_in_child(manifest, tmp_path / "cache-b", 4, remote.env)
     assert report["counts"] == {"fetched": 2} and report["remote"]["hits"] == 2
 
     # A remote that accepts connections and never answers: every key fails, in one deadline
@@ -203,21 +203,12 @@ def test_manifest_prefetch_fetches_concurrently_and_a_dead_remote_costs_one_dead
     hang = Hang()
     hang.start()
     dead = {
-        **env,
         "PJRT_POOL_CACHE_REMOTE": f"http://127.0.0.1:{hang.port}/cache",
         "PJRT_POOL_CACHE_REMOTE_DEADLINE": "2",
     }
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", PREFETCH, str(manifest), str(tmp_path / "cache-c"), "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dead,
-        check=True,
-    )
+    report = prefetch_in_child(manifest, tmp_path / "cache-c", 1, dead)
     took = time.monotonic() - began
-    report = json.loads(done.stdout)
     assert report["counts"] == {"failed": 6}, report
     assert report["remote"]["errors"] == 1
     assert took < 2 * 4, took  # one deadline and an interpreter's start, not six deadlines
@@ -363,3 +354,26 @@ def test_warm_remote_waits_for_another_hosts_lease_and_reports_the_compile_saved
     assert c["counts"] == {"loaded": 1} and c["statistics"]["compiled"] == 0
     assert c["remote"]["waited"] == 1 and c["remote"]["hits"] == 1
     assert c["remote"]["prefetched"] == {"missing": 1}
+
+
+def test_bad_arguments_say_what_was_wrong(tmp_path, monkeypatch, capsys):
+    from pool.cli.main import main
+
+    monkeypatch.delenv("PJRT_POOL_CACHE_REMOTE", raising=False)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = main(list(argv))
+        return code, capsys.readouterr().err
+
+    code, err = run("cache", "pull", *cache)
+    assert code == 2 and "--remote URL" in err
+    code, err = run("cache", "gc", "--remote", f"file://{tmp_path}/r", "--older-than", "soon")
+    assert code == 2 and "not a duration" in err
+    code, err = run("cache", "pull", "--remote", f"file://{tmp_path}/r", "--concurrency", "0")
+    assert code == 2 and "above 0" in err
+    code, err = run("cache", "push", "--remote", "http://127.0.0.1:9/cache", *cache)
+    assert code == 1 and "cannot write" in err
+    code, err = run("cache", "pull", "--remote", "ftp://host/x", *cache)
+    assert code == 1 and "scheme" in err
+    assert not (tmp_path / "r").exists()  # nothing was made for a refused command
