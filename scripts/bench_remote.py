@@ -43,6 +43,7 @@ import http.server
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -226,41 +227,84 @@ def time_prefetch(url: str, keys: list[str], rounds: int, scratch: Path) -> dict
     return {"one_by_one_s": one, "prefetch_s": many, "ratio": many / one}
 
 
+DELAY_PROXY = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from bench_remote import DelayProxy
+print(DelayProxy(sys.argv[2], float(sys.argv[3])).url, flush=True)
+time.sleep(1e9)
+"""
+
+
+def _child_url(command: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """Starts a server process that prints its URL (or port) as its first line."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    return child, child.stdout.readline().strip()
+
+
+def _moto_process() -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server in its own process, with a bucket "bench"; returns it and its URL."""
+    import socket
+
+    import boto3
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="bench")
+    return server, url
+
+
 def measure_prefetch(
-    endpoint: str, delayed: str, latency: float, entries: int, rounds: int, scratch: Path
+    latency: float, entries: int, rounds: int, scratch: Path
 ) -> dict[str, dict[str, float]]:
     """Prefetch against one-by-one fetches, from two servers with the same added latency.
 
-    "s3": moto's server (in this process) behind DelayProxy; "http": the same
-    entries as files (published to file://), served by a plain HTTP server in
-    another process that sleeps the latency before each answer. moto spends
-    milliseconds of CPU on every request under this process's GIL, which
-    caps what any concurrency can gain; the http row measures the prefetch.
+    "s3": moto's S3 server behind DelayProxy, each in its own process (so
+    that neither takes this process's GIL); "http": the same entries as
+    files (published to file://), served by a plain HTTP server in another
+    process that sleeps the latency before each answer. moto spends several
+    milliseconds of CPU on each request, which bounds what concurrency can
+    gain on a small machine; the http row measures the prefetch itself.
     """
-    import subprocess
-
     rows = {}
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    keys = publish_synthetic("s3://bench/prefetch", entries)
-    os.environ["AWS_ENDPOINT_URL"] = delayed
-    (scratch / "s3").mkdir()
-    rows["s3"] = time_prefetch("s3://bench/prefetch", keys, rounds, scratch / "s3")
-    root = scratch / "files"
-    publish_synthetic(f"file://{root}/prefetch", entries)
-    server = subprocess.Popen(
-        [sys.executable, "-c", DELAYED_FILES, str(root), str(latency)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    children: list[subprocess.Popen] = []
     try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
+        moto, endpoint = _moto_process()
+        children.append(moto)
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        keys = publish_synthetic("s3://bench/prefetch", entries)
+        scripts = str(Path(__file__).resolve().parent)
+        proxy, delayed = _child_url(
+            [sys.executable, "-c", DELAY_PROXY, scripts, endpoint, str(latency)]
+        )
+        children.append(proxy)
+        os.environ["AWS_ENDPOINT_URL"] = delayed
+        (scratch / "s3").mkdir()
+        rows["s3"] = time_prefetch("s3://bench/prefetch", keys, rounds, scratch / "s3")
+        root = scratch / "files"
+        publish_synthetic(f"file://{root}/prefetch", entries)
+        files, port = _child_url([sys.executable, "-c", DELAYED_FILES, str(root), str(latency)])
+        children.append(files)
         (scratch / "http").mkdir()
         url = f"http://127.0.0.1:{port}/prefetch"
         rows["http"] = time_prefetch(url, keys, rounds, scratch / "http")
     finally:
-        server.kill()
-        server.wait()
+        for child in children:
+            child.kill()
+            child.wait()
     return rows
 
 
@@ -278,6 +322,17 @@ def main() -> None:
     if not parts <= {"hit", "prefetch"}:
         parser.error(f"--parts {args.parts!r}: name hit, prefetch or both")
     os.environ.update(S3_ENV)
+    if "prefetch" in parts:
+        with tempfile.TemporaryDirectory() as scratch:
+            rows = measure_prefetch(args.latency_ms / 1e3, args.entries, args.rounds, Path(scratch))
+        for name, row in rows.items():
+            print(
+                f"prefetch of {args.entries} entries from {name} +{args.latency_ms:g} ms per "
+                f"request, medians of {args.rounds} rounds: one by one {row['one_by_one_s']:.2f} s,"
+                f" prefetch (16 at once) {row['prefetch_s']:.2f} s, ratio {row['ratio']:.3f}"
+            )
+    if "hit" not in parts:
+        return
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     import boto3
     from moto.server import ThreadedMotoServer
@@ -288,20 +343,6 @@ def main() -> None:
     endpoint = f"http://{host}:{port}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
     proxy = DelayProxy(endpoint, args.latency_ms / 1e3)
-    if "prefetch" in parts:
-        with tempfile.TemporaryDirectory() as scratch:
-            rows = measure_prefetch(
-                endpoint, proxy.url, args.latency_ms / 1e3, args.entries, args.rounds, Path(scratch)
-            )
-        for name, row in rows.items():
-            print(
-                f"prefetch of {args.entries} entries from {name} +{args.latency_ms:g} ms per "
-                f"request, medians of {args.rounds} rounds: one by one {row['one_by_one_s']:.2f} s,"
-                f" prefetch (16 at once) {row['prefetch_s']:.2f} s, ratio {row['ratio']:.3f}"
-            )
-    if "hit" not in parts:
-        server.stop()
-        return
     programs = lowered_programs(args.programs, args.size)
     print(f"{args.programs} programs, {args.size}x{args.size} f32; medians per program")
     with tempfile.TemporaryDirectory() as scratch:

@@ -219,7 +219,9 @@ def _push_one(remote: RemoteCache, cache: DiskCache, key: str) -> Moved:
         return Moved.BAD
     if remote.publish(key, entry.parts, data):
         return Moved.WRITTEN
-    return Moved.ALREADY_THERE if remote.state == "on" else Moved.NOT_WRITTEN
+    if remote.state == "on":
+        return Moved.ALREADY_THERE
+    return Moved.FAILED if remote.state == "off" else Moved.NOT_WRITTEN
 
 
 def push(
