@@ -84,13 +84,13 @@ from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
-from worker.cache.remote import RemoteCounters
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 if TYPE_CHECKING:
     from pool.manifest import Manifest
+    from worker.cache.remote import RemoteCounters
 
 ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 """Inputs up to this many bytes go through the worker's arena; outputs use the rest.
