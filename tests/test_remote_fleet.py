@@ -258,6 +258,17 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     assert b["remote"]["hits"] == 1 and b["remote"]["refused"] == 0
     assert close(b["outputs"][0][0], expected(7)) and close(b["outputs"][1][0], expected(8))
 
+    # Host B published the collected entry again: a size bound that holds only that newest
+    # entry deletes the older record, then its blob.
+    (new_record,) = [n for n in remote.names() if n.startswith("records/") and n != young_record]
+    new_blob = f"blobs/{json.loads(remote.read(new_record))['sha256']}.pjx"
+    bound = str(len(remote.read(new_blob)))
+    command = ["cache", "gc", "--remote", remote.url, "--max-size", bound, "--grace", "0"]
+    code, report, err = pjrt_pool(*command, "--json", env=remote.env)
+    assert code == 0, err
+    assert report["old_records"] == [young_record] and report["deleted_blobs"] == [young_blob]
+    assert {n for n in remote.names() if not n.startswith("leases/")} == {new_record, new_blob}
+
 
 SPEC = """
 import os
@@ -370,6 +381,8 @@ def test_bad_arguments_say_what_was_wrong(tmp_path, monkeypatch, capsys):
     assert code == 2 and "--remote URL" in err
     code, err = run("cache", "gc", "--remote", f"file://{tmp_path}/r", "--older-than", "soon")
     assert code == 2 and "not a duration" in err
+    code, err = run("cache", "gc", "--remote", f"file://{tmp_path}/r")
+    assert code == 2 and "--older-than DURATION, --max-size SIZE" in err
     code, err = run("cache", "pull", "--remote", f"file://{tmp_path}/r", "--concurrency", "0")
     assert code == 2 and "above 0" in err
     code, err = run("cache", "push", "--remote", "http://127.0.0.1:9/cache", *cache)

@@ -4,7 +4,8 @@ push publishes local entries to the remote (create-only; records signed as
 every publish signs them); pull fetches entries into the local cache, those
 a manifest names (``--manifest``) or every key the remote lists a record of
 for this process's signer; gc deletes remote records older than
-``--older-than``, then the blobs no record names (worker.cache.remote.eviction),
+``--older-than`` (and, with ``--max-size``, the oldest others until the blobs
+the rest name fit), then the blobs no record names (worker.cache.remote.eviction),
 ``--dry-run`` to see what it would delete. ``--remote`` defaults to
 PJRT_POOL_CACHE_REMOTE; ``--concurrency`` (default
 PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16) bounds the requests in flight.
@@ -22,7 +23,7 @@ import sys
 from typing import Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
-from worker.cache import DiskCache, UntrustedCacheError, format_size
+from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
 from worker.cache.remote import RemoteCache, TransferReport, open_remote
 from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
@@ -41,6 +42,13 @@ def parse_duration(text: str) -> float:
 def _duration(text: str) -> float:
     try:
         return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -91,15 +99,21 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common, remote],
         help="delete old records from the remote cache, then unreferenced blobs",
         description="Deletes remote records written more than --older-than ago (they are never "
-        "rewritten or touched on reads: their age is the time since they were published), then "
-        "the blobs no record names. Blobs younger than --grace are kept (a publish in flight).",
+        "rewritten or touched on reads: their age is the time since they were published), and "
+        "with --max-size the oldest others until the blobs the rest name fit, then the blobs no "
+        "record names. Blobs younger than --grace are kept (a publish in flight).",
     )
     gc.add_argument(
         "--older-than",
-        required=True,
         type=_duration,
         metavar="DURATION",
         help="age of the records to delete: 3600, 90m, 12h, 30d",
+    )
+    gc.add_argument(
+        "--max-size",
+        type=_size,
+        metavar="SIZE",
+        help="then delete the oldest records until the blobs the rest name fit: 50G",
     )
     gc.add_argument(
         "--grace",
@@ -195,10 +209,13 @@ def _pull(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from worker.cache.remote import collect
 
+    if args.older_than is None and args.max_size is None:
+        raise UsageError("name what to delete: --older-than DURATION, --max-size SIZE, or both")
     tier = _remote(args, writing=not args.dry_run)
     report = collect(
         tier,
         args.older_than,
+        max_size=args.max_size,
         grace=args.grace,
         dry_run=args.dry_run,
         concurrency=args.concurrency,
@@ -208,8 +225,8 @@ def _gc(args: argparse.Namespace) -> int:
         return EXIT_OK
     would = "would delete" if report.dry_run else "deleted"
     print(
-        f"{tier.location.shown}: {would} {len(report.old_records)} records older than "
-        f"{args.older_than:g} s, {len(report.dangling_records)} records whose blob is gone, "
+        f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
+        f"{len(report.dangling_records)} records whose blob is gone, "
         f"{len(report.blobs)} unreferenced blobs ({format_size(report.freed_bytes)}); kept "
         f"{report.kept_records} records, {report.kept_blobs} blobs "
         f"({format_size(report.kept_bytes)})"

@@ -5,8 +5,10 @@ is the time the store wrote an object, from its listing: records are never
 rewritten, so a record's age is the time since its key was first published.
 collect() deletes, in this order:
 
-1. records written before the cutoff (every signer's): their keys are then
-   misses, compiled and published again by whoever needs them;
+1. records written before the cutoff (every signer's), and with a size
+   bound the oldest of the others until the blobs the rest name fit in it:
+   their keys are then misses, compiled and published again by whoever
+   needs them;
 2. records whose blob is gone (left by a race with an earlier collection),
    unless younger than ``grace``;
 3. blobs no remaining record names.
@@ -14,8 +16,8 @@ collect() deletes, in this order:
 A publisher writes its blob before its record, and a blob it finds there
 already is not rewritten: a blob younger than ``grace`` seconds is never
 deleted, so a publish in flight keeps its blob. A record that cannot be
-read for a failed request stops the collection before any blob is deleted. The one
-race left (a publish that reuses an old unreferenced blob while it is being
+read for a failed request stops the collection before anything is deleted.
+The one race left (a publish that reuses an old unreferenced blob while it is being
 deleted) leaves a record naming a missing blob: readers refuse it (a miss,
 never a wrong result) and the next collection removes it (step 2).
 Leases expire on their own and are left alone.
@@ -99,22 +101,56 @@ def _named_blob(remote: RemoteCache, record: ObjectInfo) -> str | None:
         raise
 
 
+def _oldest_over(
+    records: list[ObjectInfo],
+    named: dict[str, str | None],
+    blobs: dict[str, ObjectInfo],
+    bound: int,
+) -> list[ObjectInfo]:
+    """The oldest records to delete so that the blobs the rest name hold at most bound bytes."""
+    holders: dict[str, int] = {}
+    for record in records:
+        digest = named.get(record.path)
+        if digest in blobs:
+            holders[digest] = holders.get(digest, 0) + 1
+    total = sum(blobs[digest].size for digest in holders)
+    chosen = []
+    for record in sorted(records, key=lambda r: r.modified):
+        if total <= bound:
+            break
+        digest = named.get(record.path)
+        if digest not in holders:
+            continue  # names no listed blob: holds no bytes
+        chosen.append(record)
+        holders[digest] -= 1
+        if not holders[digest]:
+            del holders[digest]
+            total -= blobs[digest].size
+    return chosen
+
+
 def collect(
     remote: RemoteCache,
-    older_than: float,
+    older_than: float | None,
     *,
+    max_size: int | None = None,
     grace: float = DEFAULT_GRACE,
     dry_run: bool = False,
     concurrency: int | None = None,
 ) -> CollectReport:
-    """Deletes records older than older_than seconds, then unreferenced blobs; see the module.
+    """Deletes records older than older_than seconds (and, with max_size, the oldest others
+    until the blobs the rest name hold at most max_size bytes), then unreferenced blobs; see
+    the module docstring.
 
     Raises RemoteError when listing fails, or a deletion does (what was
     deleted before it stays deleted; running again goes on). Raises
-    ValueError for negative ages, or a remote this process may not write.
+    ValueError for negative ages or sizes, neither bound, or a remote this
+    process may not write.
     """
-    if older_than < 0 or grace < 0:
-        raise ValueError("the age and the grace period are seconds, 0 or more")
+    if older_than is None and max_size is None:
+        raise ValueError("name what to collect: an age (older_than), a size bound, or both")
+    if (older_than or 0) < 0 or grace < 0 or (max_size or 0) < 0:
+        raise ValueError("the age, the size bound and the grace period are 0 or more")
     if remote.state != "on" and not dry_run:
         raise ValueError(
             f"the remote cache {remote.location.shown} is {remote.state} for this process: "
@@ -123,7 +159,8 @@ def collect(
     client = remote.client
     report = CollectReport(dry_run)
     now = time.time()
-    cutoff, young = now - older_than, now - grace
+    cutoff = -1.0 if older_than is None else now - older_than
+    young = now - grace
 
     def listed(folder: str) -> list[ObjectInfo]:
         return client.list_objects(folder, time.monotonic() + remote.limits.deadline)
@@ -133,29 +170,36 @@ def collect(
             client.delete(path, time.monotonic() + remote.limits.deadline)
 
     records = [r for r in listed("records/") if parse_record_name(r.path) is not None]
-    old = [r for r in records if r.modified < cutoff]
-    report.old_records = sorted(r.path for r in old)
-    run_bounded(report.old_records, delete, concurrency)
-    old_paths = set(report.old_records)
-    remaining = [r for r in records if r.path not in old_paths]
-    # Blobs are listed before the remaining records are read: a record written
-    # meanwhile names a blob that is either listed (and then kept) or new (young).
+    # Blobs are listed before the records are read: a record written meanwhile
+    # names a blob that is either listed (and then kept) or new (young).
     blobs = {
         digest: blob
         for blob in listed("blobs/")
         if (digest := parse_blob_name(blob.path)) is not None
     }
+    old = [r for r in records if r.modified < cutoff]
+    old_paths = {r.path for r in old}
+    remaining = [r for r in records if r.path not in old_paths]
     by_path = {r.path: r for r in remaining}
     named = run_bounded(list(by_path), lambda p: _named_blob(remote, by_path[p]), concurrency)
+    if max_size is not None:
+        over = _oldest_over(remaining, named, blobs, max_size)
+        old += over
+        old_paths |= {r.path for r in over}
+        remaining = [r for r in remaining if r.path not in old_paths]
+    # Records first: a blob goes only once no record names it.
+    report.old_records = sorted(old_paths)
+    run_bounded(report.old_records, delete, concurrency)
     referenced: set[str] = set()
     dangling = []
-    for path, digest in named.items():
+    for record in remaining:
+        digest = named[record.path]
         if digest is None:
-            report.unreadable_records.append(path)
-        elif digest in blobs or by_path[path].modified >= young:
+            report.unreadable_records.append(record.path)
+        elif digest in blobs or record.modified >= young:
             referenced.add(digest)
         else:
-            dangling.append(path)
+            dangling.append(record.path)
     report.dangling_records = sorted(dangling)
     run_bounded(report.dangling_records, delete, concurrency)
     report.kept_records = len(remaining) - len(dangling)
