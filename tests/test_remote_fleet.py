@@ -246,8 +246,15 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     assert report["old_records"] == [old_record] and report["deleted_blobs"] == []
     assert old_record not in remote.names() and old_blob in remote.names()
 
+    # Program index names (programs/<program>/<key>: hints for refusals) go with their key.
+    old_key, young_key = old_record.split("/")[1], young_record.split("/")[1]
+    stale, live = f"programs/{'a' * 64}/{old_key}", f"programs/{'a' * 64}/{young_key}"
+    remote.write(stale, b"")
+    remote.write(live, b"")
     report = gc("--grace", "0")
     assert report["old_records"] == [] and report["deleted_blobs"] == [old_blob]
+    assert report["deleted_index_names"] == [stale]
+    assert live in remote.names() and stale not in remote.names()
     assert report["kept_records"] == 1 and report["kept_blobs"] == 1
     left = set(remote.names())
     assert young_record in left and young_blob in left and old_blob not in left
@@ -267,7 +274,8 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     code, report, err = pjrt_pool(*command, "--json", env=remote.env)
     assert code == 0, err
     assert report["old_records"] == [young_record] and report["deleted_blobs"] == [young_blob]
-    assert {n for n in remote.names() if not n.startswith("leases/")} == {new_record, new_blob}
+    kinds = ("records/", "blobs/")
+    assert {n for n in remote.names() if n.startswith(kinds)} == {new_record, new_blob}
 
 
 SPEC = """

@@ -11,7 +11,9 @@ collect() deletes, in this order:
    needs them;
 2. records whose blob is gone (left by a race with an earlier collection),
    unless younger than ``grace``;
-3. blobs no remaining record names.
+3. blobs no remaining record names;
+4. program index names (``programs/<program>/<key>``, hints for refusals)
+   of keys no remaining record is for.
 
 A publisher writes its blob before its record, and a blob it finds there
 already is not rewritten: a blob younger than ``grace`` seconds is never
@@ -35,6 +37,7 @@ from worker.cache.remote.layout import (
     BadRecordError,
     decode_record,
     parse_blob_name,
+    parse_index_name,
     parse_record_name,
 )
 from worker.cache.remote.transfer import run_bounded
@@ -58,6 +61,8 @@ class CollectReport:
     """Records that could not be read or parsed: kept, and they keep no blob."""
     blobs: list[str] = field(default_factory=list)
     """Unreferenced blobs deleted."""
+    index_names: list[str] = field(default_factory=list)
+    """Program index names of keys left without a record, deleted."""
     freed_bytes: int = 0
     kept_records: int = 0
     kept_blobs: int = 0
@@ -72,6 +77,7 @@ class CollectReport:
             "dangling_records": self.dangling_records,
             "unreadable_records": self.unreadable_records,
             "deleted_blobs": self.blobs,
+            "deleted_index_names": self.index_names,
             "freed_bytes": self.freed_bytes,
             "kept_records": self.kept_records,
             "kept_blobs": self.kept_blobs,
@@ -169,7 +175,12 @@ def collect(
         if not dry_run:
             client.delete(path, time.monotonic() + remote.limits.deadline)
 
-    records = [r for r in listed("records/") if parse_record_name(r.path) is not None]
+    records, record_keys = [], {}
+    for item in listed("records/"):
+        parsed = parse_record_name(item.path)
+        if parsed is not None:
+            records.append(item)
+            record_keys[item.path] = parsed[0]
     # Blobs are listed before the records are read: a record written meanwhile
     # names a blob that is either listed (and then kept) or new (young).
     blobs = {
@@ -177,15 +188,12 @@ def collect(
         for blob in listed("blobs/")
         if (digest := parse_blob_name(blob.path)) is not None
     }
-    old = [r for r in records if r.modified < cutoff]
-    old_paths = {r.path for r in old}
+    old_paths = {r.path for r in records if r.modified < cutoff}
     remaining = [r for r in records if r.path not in old_paths]
     by_path = {r.path: r for r in remaining}
     named = run_bounded(list(by_path), lambda p: _named_blob(remote, by_path[p]), concurrency)
     if max_size is not None:
-        over = _oldest_over(remaining, named, blobs, max_size)
-        old += over
-        old_paths |= {r.path for r in over}
+        old_paths |= {r.path for r in _oldest_over(remaining, named, blobs, max_size)}
         remaining = [r for r in remaining if r.path not in old_paths]
     # Records first: a blob goes only once no record names it.
     report.old_records = sorted(old_paths)
@@ -208,6 +216,15 @@ def collect(
     ]
     report.blobs = sorted(blob.path for blob in unreferenced)
     run_bounded(report.blobs, delete, concurrency)
+    kept_keys = {record_keys[r.path] for r in remaining if r.path not in report.dangling_records}
+    report.index_names = sorted(
+        item.path
+        for item in listed("programs/")
+        if (key := parse_index_name(item.path)) is not None
+        and key not in kept_keys
+        and item.modified < young
+    )
+    run_bounded(report.index_names, delete, concurrency)
     report.freed_bytes = sum(blob.size for blob in unreferenced)
     report.kept_blobs = len(blobs) - len(unreferenced)
     report.kept_bytes = sum(blob.size for blob in blobs.values()) - report.freed_bytes
