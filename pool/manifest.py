@@ -42,6 +42,7 @@ from worker.untrusted import parse_json, read_file
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from worker.cache.remote.transfer import TransferReport
     from worker.compile.executable import Executable
 
 MANIFEST_FORMAT = 1
@@ -158,6 +159,34 @@ class Manifest:
                 if self._primed[name]:
                     ran.append(name)
         return ran
+
+    def prefetch(
+        self, remote: str | None = None, *, concurrency: int | None = None
+    ) -> TransferReport:
+        """Fetches the programs' entries that the cache directory lacks from the remote tier.
+
+        remote is its URL (default PJRT_POOL_CACHE_REMOTE). The entries are
+        fetched concurrently (concurrency at once; default
+        PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16), each verified as a
+        single remote lookup verifies it, and published into the cache;
+        entries already there are not fetched. Returns each key's outcome
+        (worker.cache.remote.transfer): an object that fails a check, a
+        missing one or a failing remote is an outcome, not an exception.
+        Raises ManifestError for a bundle or when no remote is named.
+        """
+        if self.bundle is not None:
+            raise ManifestError("a bundle carries its executables: there is nothing to prefetch")
+        # Here: a manifest's runs need neither the remote tier nor the cache's store.
+        from worker.cache.remote import open_remote, prefetch
+        from worker.cache.store import open_cache
+
+        tier = open_remote(remote)
+        if tier is None:
+            raise ManifestError(
+                "no remote cache to prefetch from: pass its URL, or set PJRT_POOL_CACHE_REMOTE"
+            )
+        keys = [spec.key for spec in self.specs.values()]
+        return prefetch(tier, open_cache(self.cache_dir), keys, concurrency=concurrency)
 
     def run(
         self, name: str, arguments: Sequence[ArrayLike], pool: SpecRunner | None = None

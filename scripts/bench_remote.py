@@ -1,9 +1,21 @@
-"""Benchmark a remote-cache hit against a local-cache hit, in the same run.
+"""Benchmark a remote-cache hit against a local-cache hit, and prefetching, in the same run.
 
 Usage::
 
-    python scripts/bench_remote.py [--programs 12] [--size 128] [--latency-ms 20]
+    python scripts/bench_remote.py [--parts hit,prefetch] [--programs 12] [--size 128]
+                                   [--latency-ms 20] [--entries 300] [--rounds 3]
 
+Part ``prefetch``: --entries synthetic cache entries (4 KiB random payloads
+under real key parts, encoded as the cache encodes entries) are published
+through RemoteCache.publish to moto's S3 server; then, through the proxy
+adding --latency-ms per request, they are fetched into empty local caches
+one by one (worker.cache.remote.prefetch with concurrency 1: the same code,
+sequential) and by prefetch (concurrency 16), alternating, --rounds times,
+and the medians and their ratio are printed (the issue's goal: at most 1/8).
+No program is compiled for it: prefetching verifies and stores entries, it
+loads none.
+
+Part ``hit``:
 The parent lowers --programs small programs (a matmul and a sin, of
 --size), then compiles them once with a remote tier, which publishes each
 entry there. Then, for each remote (moto's S3 server on the loopback, the
@@ -31,6 +43,7 @@ import http.server
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -147,14 +160,181 @@ def measure(name: str, url: str, programs: list, scratch: Path) -> dict[str, flo
     return row
 
 
+def synthetic_entries(count: int) -> list[tuple[str, dict, bytes]]:
+    """count (key, parts, entry file) of distinct entries with 4 KiB random payloads."""
+    from worker.cache import entry as entry_format
+    from worker.cache.key import key_of
+
+    made = []
+    for index in range(count):
+        parts = {"platform": "cpu", "program_sha256": f"{index:064x}", "bench": "prefetch"}
+        key = key_of(parts)
+        metadata = {"name": f"synthetic_{index}", "platform": "cpu"}
+        made.append((key, parts, entry_format.encode(key, parts, metadata, os.urandom(4096))))
+    return made
+
+
+DELAYED_FILES = r"""
+import functools, http.server, sys, time
+root, delay = sys.argv[1], float(sys.argv[2])
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        time.sleep(delay)
+        super().do_GET()
+
+    def do_HEAD(self):
+        time.sleep(delay)
+        super().do_HEAD()
+
+handler = functools.partial(Handler, directory=root)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def publish_synthetic(url: str, entries: int) -> list[str]:
+    """Publishes synthetic entries through RemoteCache.publish (16 at once); returns the keys."""
+    from worker.cache.remote import RemoteCache, parse_remote
+    from worker.cache.remote.transfer import run_bounded
+
+    made = {key: (parts, data) for key, parts, data in synthetic_entries(entries)}
+    writer = RemoteCache(parse_remote(url))
+    written = run_bounded(list(made), lambda key: writer.publish(key, *made[key]))
+    assert all(written.values()), writer.counters
+    return list(made)
+
+
+def time_prefetch(url: str, keys: list[str], rounds: int, scratch: Path) -> dict[str, float]:
+    """Times one-by-one fetches (concurrency 1) and prefetch (16) of keys, alternating."""
+    from worker.cache.remote import RemoteCache, parse_remote, prefetch
+    from worker.cache.store import DiskCache
+
+    times: dict[int, list[float]] = {1: [], 16: []}
+    for round_ in range(rounds):
+        for concurrency in (1, 16):
+            reader = RemoteCache(parse_remote(url))  # a fresh process's tier: no state kept
+            cache = DiskCache(scratch / f"{len(os.listdir(scratch))}-{round_}-{concurrency}")
+            report = prefetch(reader, cache, keys, concurrency=concurrency)
+            assert report.counts() == {"fetched": len(keys)}, report.counts()
+            times[concurrency].append(report.seconds)
+    one, many = statistics.median(times[1]), statistics.median(times[16])
+    return {"one_by_one_s": one, "prefetch_s": many, "ratio": many / one}
+
+
+DELAY_PROXY = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from bench_remote import DelayProxy
+print(DelayProxy(sys.argv[2], float(sys.argv[3])).url, flush=True)
+time.sleep(1e9)
+"""
+
+
+def _child_url(command: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """Starts a server process that prints its URL (or port) as its first line."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    return child, child.stdout.readline().strip()
+
+
+def _moto_process() -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server in its own process, with a bucket "bench"; returns it and its URL."""
+    import socket
+
+    import boto3
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="bench")
+    return server, url
+
+
+def measure_prefetch(
+    latency: float, entries: int, rounds: int, scratch: Path
+) -> dict[str, dict[str, float]]:
+    """Prefetch against one-by-one fetches, from two servers with the same added latency.
+
+    "s3": moto's S3 server behind DelayProxy, each in its own process (so
+    that neither takes this process's GIL); "http": the same entries as
+    files (published to file://), served by a plain HTTP server in another
+    process that sleeps the latency before each answer. moto spends several
+    milliseconds of CPU on each request, which bounds what concurrency can
+    gain on a small machine; the http row measures the prefetch itself.
+    """
+    rows = {}
+    children: list[subprocess.Popen] = []
+    try:
+        moto, endpoint = _moto_process()
+        children.append(moto)
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        keys = publish_synthetic("s3://bench/prefetch", entries)
+        scripts = str(Path(__file__).resolve().parent)
+        proxy, delayed = _child_url(
+            [sys.executable, "-c", DELAY_PROXY, scripts, endpoint, str(latency)]
+        )
+        children.append(proxy)
+        os.environ["AWS_ENDPOINT_URL"] = delayed
+        (scratch / "s3").mkdir()
+        rows["s3"] = time_prefetch("s3://bench/prefetch", keys, rounds, scratch / "s3")
+        root = scratch / "files"
+        publish_synthetic(f"file://{root}/prefetch", entries)
+        files, port = _child_url([sys.executable, "-c", DELAYED_FILES, str(root), str(latency)])
+        children.append(files)
+        (scratch / "http").mkdir()
+        url = f"http://127.0.0.1:{port}/prefetch"
+        rows["http"] = time_prefetch(url, keys, rounds, scratch / "http")
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    return rows
+
+
 def main() -> None:
-    """Runs the benchmark and prints one line per remote."""
+    """Runs the benchmark and prints one line per remote (hit) and one for prefetch."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="hit,prefetch", help="hit, prefetch, or both")
     parser.add_argument("--programs", type=int, default=12)
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--entries", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"hit", "prefetch"}:
+        parser.error(f"--parts {args.parts!r}: name hit, prefetch or both")
     os.environ.update(S3_ENV)
+    if "prefetch" in parts:
+        with tempfile.TemporaryDirectory() as scratch:
+            rows = measure_prefetch(args.latency_ms / 1e3, args.entries, args.rounds, Path(scratch))
+        for name, row in rows.items():
+            print(
+                f"prefetch of {args.entries} entries from {name} +{args.latency_ms:g} ms per "
+                f"request, medians of {args.rounds} rounds: one by one {row['one_by_one_s']:.2f} s,"
+                f" prefetch (16 at once) {row['prefetch_s']:.2f} s, ratio {row['ratio']:.3f}"
+            )
+    if "hit" not in parts:
+        return
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     import boto3
     from moto.server import ThreadedMotoServer

@@ -1,9 +1,11 @@
 """``pjrt-pool cache info | list | verify [--load] | prune --max-size SIZE | clear [--yes]``.
 
+(and ``push | pull | gc --remote URL``, for the remote tier: pool.cli.cache_remote)
+
 Human-readable tables by default; ``--json`` prints one JSON document for
 scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
-else the user cache directory); no command but prune and clear changes it,
-and none creates it. Nothing here imports JAX; ``verify --load`` loads
+else the user cache directory); no command but prune, clear and pull changes
+it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
 entries with the plugin in child processes (``python -m worker.cache.verify``),
 so that an entry that crashes the plugin is reported instead of crashing this.
 A directory that others could write is refused (exit 1) as compiling refuses
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pool.cli import cache_remote
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
@@ -83,6 +86,7 @@ def register(subparsers: Any) -> None:
     clear = commands.add_parser("clear", parents=[common], help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.set_defaults(run=_refusing_untrusted(_clear), prog=clear.prog)
+    cache_remote.register(commands, common)
 
 
 def _size(text: str) -> int:
@@ -93,7 +97,7 @@ def _size(text: str) -> int:
 
 
 def _name_a_command(_args: argparse.Namespace) -> int:
-    raise UsageError("name a cache command: info, list, verify, prune or clear")
+    raise UsageError("name a cache command: info, list, verify, prune, clear, push, pull or gc")
 
 
 def _open(args: argparse.Namespace) -> DiskCache:

@@ -34,6 +34,7 @@ from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manife
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
+from worker.cache.remote.location import parse_remote
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
@@ -88,6 +89,14 @@ def register(subparsers: Any) -> None:
         help="compile on the Dask cluster at ADDRESS (tcp://host:8786), or on a "
         "local cluster of N workers started for this run (local:N); needs the "
         "cluster extra",
+    )
+    warm.add_argument(
+        "--remote",
+        metavar="URL",
+        default=None,
+        help="a remote cache tier (s3://bucket/prefix, file:///dir, ...; default: "
+        "$PJRT_POOL_CACHE_REMOTE): entries are prefetched from it before compiling, and "
+        "what is compiled is published to it",
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
@@ -155,6 +164,16 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         )
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
+    if args.remote is not None:
+        if args.scheduler is not None:
+            raise UsageError(
+                "--remote with --scheduler: a cluster's nodes use the remote cache of their own "
+                "environment; set PJRT_POOL_CACHE_REMOTE on them instead"
+            )
+        try:
+            parse_remote(args.remote)
+        except ValueError as error:
+            raise UsageError(f"--remote: {error}") from None
     if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
         _check_cache_dir(args.cache_dir)
         _check_plugin(args.platform or default_platform(), "--platform")
@@ -249,6 +268,7 @@ def _warm(args: argparse.Namespace) -> int:
             lower_workers=args.lower_workers,
             progress=progress,
             scheduler=args.scheduler,
+            remote=args.remote,
         )
     if args.manifest:
         cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None

@@ -228,7 +228,9 @@ class Dispatcher:
             if message.statistics is not None or message.counters is not None:
                 with self._lock:
                     if message.counters is not None:
-                        self._workers.note_counters_locked(worker, message.counters)
+                        self._workers.note_counters_locked(
+                            worker, message.counters, message.remote_counters
+                        )
                     if message.statistics is not None:
                         self.statistics = self.statistics.add(message.statistics)
             if dropped is not None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pool.executor.programs import program_key_parts
 from worker.cache.key import key_of
 from worker.cache.store import DiskCache
-from worker.compile.identity import options_or_default
 from worker.compile.never_compile import refusal
 from worker.records import LoweredProgram
 
@@ -51,8 +51,7 @@ class NeverCompileCheck:
             return  # known to be there, or the workers did not say: they refuse themselves
         if program.platform not in (None, self._parts.get("platform")):
             return  # the worker refuses it for its platform, which says more
-        options = options_or_default(compile_options)
-        parts = {**self._parts, "program_sha256": text_digest, "compile_options": options.hex()}
+        parts = program_key_parts(self._parts, text_digest, compile_options)
         key = key_of(parts)
         if self._cache.usable and self._cache.path_of(key).is_file():
             self._present.add(program_id)

@@ -91,6 +91,7 @@ from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check
 
 if TYPE_CHECKING:
     from pool.manifest import Manifest
+    from worker.cache.remote import RemoteCounters
 
 ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 """Inputs up to this many bytes go through the worker's arena; outputs use the rest.
@@ -422,6 +423,21 @@ class Pool:
         self._refuse_in_child()
         with self._lock:
             return self._workers.counters_locked()
+
+    @property
+    def remote_counters(self) -> RemoteCounters:
+        """The remote cache tier's hits, misses, refusals, publishes and waits, summed over
+        every worker (all zero without a remote)."""
+        self._refuse_in_child()
+        with self._lock:
+            return self._workers.remote_counters_locked()
+
+    @property
+    def key_parts(self) -> dict[str, Any] | None:
+        """The cache key parts of the workers' plugin and host (a program adds its own), when
+        the workers said them: in never-compile mode or with a remote tier; else None."""
+        parts = self._workers.plugin.get("key_parts")
+        return dict(parts) if isinstance(parts, dict) else None
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import collections
 import functools
 import hashlib
 import threading
+from typing import Any
 
 from worker.compile.identity import options_or_default
 from worker.records import DigestedProgram, LoweredProgram
@@ -72,3 +73,12 @@ def program_text_digest(program: LoweredProgram) -> str:
 def _identity(text_digest: str, platform: str | None, compile_options: bytes | None) -> str:
     options = options_or_default(compile_options)
     return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
+
+
+def program_key_parts(
+    host_parts: dict[str, Any], text_digest: str, compile_options: bytes | None
+) -> dict[str, Any]:
+    """The cache key parts of a program on workers whose plugin and host have host_parts
+    (Pool.key_parts): the parent computes its key (worker.cache.key.key_of) without a worker."""
+    options = options_or_default(compile_options)
+    return {**host_parts, "program_sha256": text_digest, "compile_options": options.hex()}

@@ -74,6 +74,7 @@ from pool.executor.tasks import Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.spawn import child_environment, python_command
 from worker.cache import CacheCounters
+from worker.cache.remote import RemoteCounters
 from worker.cache.remote.location import REMOTE_ENV
 from worker.fds import close_quietly
 from worker.records import ArrayType, CompileStatistics
@@ -171,6 +172,7 @@ class WorkerProcess:
         self.hot: dict[str, HotProgram] = {}  # the loaded programs it runs by hot slot
         self.plugin: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
+        self.remote_counters: dict[str, int] = {}
         self.started_at = time.monotonic()
         self.startup_seconds = 0.0
         self._output = bytearray()
@@ -276,14 +278,17 @@ class WorkerProcess:
             self.loaded[program_id] = None
         self.startup_seconds = time.monotonic() - self.started_at
 
-    def note_counters(self, counters: dict[str, int]) -> None:
-        """The disk cache counters its last reply gave."""
+    def note_counters(self, counters: dict[str, int], remote: dict[str, int] | None = None) -> None:
+        """The disk cache (and remote tier) counters its last reply gave."""
         self.counters = counters
+        if remote is not None:
+            self.remote_counters = remote
 
-    def take_counters(self) -> CacheCounters:
-        """Its disk cache counters, which it no longer holds (it was reaped)."""
+    def take_counters(self) -> tuple[CacheCounters, RemoteCounters]:
+        """Its disk cache and remote counters, which it no longer holds (it was reaped)."""
         counters, self.counters = CacheCounters(**self.counters), {}
-        return counters
+        remote, self.remote_counters = RemoteCounters(**self.remote_counters), {}
+        return counters, remote
 
     def started(self, task_id: int) -> bool:
         """Whether the worker took up the task: it writes a task's id before working on it."""
@@ -447,6 +452,7 @@ class Workers:
         self._tasks = tasks
         self._all: list[WorkerProcess] = []  # by index; a replacement takes its slot
         self._retired_counters = CacheCounters()  # the disk cache counters of reaped workers
+        self._retired_remote = RemoteCounters()
         self.started = threading.Event()  # every first worker started, or the start failed
         self.startup_error: BaseException | None = None  # why the pool could not start
         self._failed_starts = 0  # replacements that failed to start, in a row
@@ -592,9 +598,11 @@ class Workers:
         """Takes a worker's task from it (the pool is ending: the caller settles it)."""
         return worker.take_task()
 
-    def note_counters_locked(self, worker: WorkerProcess, counters: dict[str, int]) -> None:
-        """Records the disk cache counters a worker's reply gave."""
-        worker.note_counters(counters)
+    def note_counters_locked(
+        self, worker: WorkerProcess, counters: dict[str, int], remote: dict[str, int] | None
+    ) -> None:
+        """Records the disk cache (and remote tier) counters a worker's reply gave."""
+        worker.note_counters(counters, remote)
 
     def retire(self, worker: WorkerProcess) -> None:
         """retire_locked, taking the lock."""
@@ -622,6 +630,13 @@ class Workers:
         total = self._retired_counters
         for worker in self._all:
             total = total.add(CacheCounters(**worker.counters))
+        return total
+
+    def remote_counters_locked(self) -> RemoteCounters:
+        """The remote tier counters of every worker, the reaped ones too."""
+        total = self._retired_remote
+        for worker in self._all:
+            total = total.add(RemoteCounters(**worker.remote_counters))
         return total
 
     def info_locked(self) -> list[dict[str, Any]]:
@@ -717,7 +732,9 @@ class Workers:
             returncode = worker.wait_exit(10.0)
         worker.close()
         with self._lock:
-            self._retired_counters = self._retired_counters.add(worker.take_counters())
+            counters, remote = worker.take_counters()
+            self._retired_counters = self._retired_counters.add(counters)
+            self._retired_remote = self._retired_remote.add(remote)
         return returncode
 
     def replace(self, index: int, failure: BaseException | None) -> None:

@@ -6,8 +6,12 @@
                      WarmReport ◀── outcome per program ◀── Pool.submit_compile (workers)
 
 Lowering overlaps compiling: each program goes to the pool as soon as it is
-lowered. Every failure is that program's outcome (a lowering error, a compile
-error, a worker crash, a timeout) and warming carries on, unless fail_fast.
+lowered. With a remote cache tier, each lowered program's entry is first
+prefetched from the remote into the local cache (worker.cache.remote.transfer,
+bounded concurrency), so a program another host compiled is loaded, not
+compiled; the workers publish what they compile. Every failure is that
+program's outcome (a lowering error, a compile error, a worker crash, a
+timeout) and warming carries on, unless fail_fast.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from typing import Any
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from pool.executor.compile_many import CompileResult
 from pool.executor.pool import Pool
+from pool.executor.programs import program_key_parts, program_text_digest
 from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
-from worker.cache import CacheCounters, DiskCache
+from worker.cache import CacheCounters, DiskCache, open_cache
+from worker.cache.key import key_of
+from worker.cache.remote import Moved, Prefetcher, RemoteCache, RemoteCounters, open_remote
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.records import CompileStatistics, ProgramSpec
@@ -98,6 +105,10 @@ class WarmReport:
     wall_seconds: float = 0.0
     platform: str | None = None
     cache_dir: str | None = None
+    remote: RemoteCounters | None = None
+    """What the remote tier did, in the workers and in the prefetch (None: no remote)."""
+    prefetched: dict[str, int] = field(default_factory=dict)
+    """How many programs' prefetches had each outcome (worker.cache.remote.Moved)."""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +137,9 @@ class WarmReport:
             "cache_counters": self.cache_counters._asdict(),
             "platform": self.platform,
             "cache_dir": self.cache_dir,
+            "remote": None
+            if self.remote is None
+            else {**self.remote._asdict(), "prefetched": self.prefetched},
             "programs": [p.to_json() for p in self.programs],
         }
 
@@ -136,6 +150,14 @@ class WarmReport:
             f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: {counts}",
             f"statistics: {self.statistics}",
         ]
+        if self.remote is not None:
+            remote = self.remote
+            lines.append(
+                f"remote cache: {remote.hits} entries fetched "
+                f"({self.prefetched.get('fetched', 0)} by prefetch), {remote.waited} compiles "
+                f"saved by waiting on another host's lease, {remote.published} published, "
+                f"{remote.refused} refused, {remote.errors} failed requests"
+            )
         if self.statistics.compiled == 0 and self.ok:
             lines.append("nothing was compiled: every program came from the warm cache")
         for program in self.programs:
@@ -171,6 +193,7 @@ def _compiler(
     cache_dir: str | os.PathLike[str] | None,
     timeout: float | None,
     initializer: Any,
+    remote: str | None = None,
 ) -> Iterator[Any]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
     if scheduler is None:
@@ -180,6 +203,7 @@ def _compiler(
             cache_dir=cache_dir,
             task_timeout=timeout,
             initializer=initializer,
+            remote=remote,
         ) as pool:
             yield pool
         return
@@ -211,6 +235,7 @@ def warm(
     lower_workers: int = 0,
     progress: ProgressDisplay | None = None,
     scheduler: str | None = None,
+    remote: str | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -222,8 +247,20 @@ def warm(
     that cluster instead of locally ("local:N" starts a local cluster of N
     workers); see pool.cluster. In never-compile mode (PJRT_POOL_COMPILE=never)
     nothing is compiled: warming checks that every program is in the cache,
-    and stops at the first that is not (as with fail_fast).
+    and stops at the first that is not (as with fail_fast). remote is the
+    URL of a remote cache tier (default: PJRT_POOL_CACHE_REMOTE): entries are
+    prefetched from it before their programs compile (see the module
+    docstring), and the workers publish to it; not with a scheduler, whose
+    nodes read PJRT_POOL_CACHE_REMOTE from their own environment.
     """
+    if remote is not None and scheduler is not None:
+        raise ValueError(
+            "a cluster's nodes use the remote cache of their own environment: set "
+            "PJRT_POOL_CACHE_REMOTE on them instead of passing remote with a scheduler"
+        )
+    tier = open_remote(remote) if scheduler is None else None
+    before = RemoteCounters() if tier is None else tier.counters
+    moved: dict[str, Moved] = {}
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     fail_fast = fail_fast or never_compile_on()
     initializer = spec.initializer if isinstance(spec, Spec) else None
@@ -244,7 +281,8 @@ def warm(
             stop.set()
         finished.release()
 
-    with _compiler(scheduler, workers, platform, cache_dir, timeout, initializer) as compiler:
+    compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer, remote)
+    with compiling as compiler, _prefetcher(tier, compiler, cache_dir) as prefetcher:
         with Lowerer(lower_workers, platform) as lowerer:
 
             def compiled(index: int, future: Any) -> None:
@@ -274,6 +312,27 @@ def warm(
                     return
                 program, report.lower_seconds, report.note = future.result()
                 report.seconds = report.lower_seconds
+                if prefetcher is None:
+                    submit(index, program)
+                    return
+                options = programs[index].compile_options
+                key = key_of(
+                    program_key_parts(compiler.key_parts, program_text_digest(program), options)
+                )
+
+                def fetched(done: Future[Moved]) -> None:
+                    try:
+                        moved[key] = done.result()
+                    except Exception:  # never expected; the worker then fetches for itself
+                        moved[key] = Moved.FAILED
+                    submit(index, program)
+
+                prefetcher.submit(key).add_done_callback(fetched)
+
+            def submit(index: int, program: Any) -> None:
+                if stop.is_set():
+                    finish(index, Outcome.SKIPPED)
+                    return
                 try:
                     task = compiler.submit_compile(
                         program,
@@ -297,10 +356,18 @@ def warm(
             if thread is not None:
                 thread.join()
         statistics, counters = compiler.statistics, compiler.cache_counters
+        workers_remote = getattr(compiler, "remote_counters", RemoteCounters())
     if progress is not None:
         progress.close()
     if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
         _check_stored(reports, cache_dir)
+    remote_report = None
+    if tier is not None:
+        prefetch = RemoteCounters(*(a - b for a, b in zip(tier.counters, before, strict=True)))
+        remote_report = workers_remote.add(prefetch)
+    prefetched: dict[str, int] = {}
+    for outcome in moved.values():
+        prefetched[outcome.value] = prefetched.get(outcome.value, 0) + 1
     return WarmReport(
         reports,
         statistics,
@@ -308,7 +375,26 @@ def warm(
         time.monotonic() - started,
         platform,
         None if cache_dir is None else os.fspath(cache_dir),
+        remote_report,
+        prefetched,
     )
+
+
+@contextlib.contextmanager
+def _prefetcher(
+    tier: RemoteCache | None, compiler: Any, cache_dir: str | os.PathLike[str] | None
+) -> Iterator[Prefetcher | None]:
+    """A Prefetcher into the pool's cache, when there is a remote and the workers said their
+    key parts (a Pool with a remote does); None otherwise: the workers fetch for themselves."""
+    if tier is None or getattr(compiler, "key_parts", None) is None:
+        yield None
+        return
+    cache = open_cache(cache_dir)
+    if not cache.writable:
+        yield None
+        return
+    with Prefetcher(tier, cache) as prefetcher:
+        yield prefetcher
 
 
 def _check_stored(reports: list[ProgramReport], cache_dir: str | os.PathLike[str] | None) -> None:

@@ -426,7 +426,8 @@ class Reply:
     request wanted them. `statistics` is what the request added to
     the worker's CompileStatistics and `counters` the worker's disk cache
     counters, both only when the request compiled or loaded something (None
-    otherwise: nothing changed); `evicted` lists programs the worker unloaded
+    otherwise: nothing changed), with `remote_counters` the worker's remote
+    tier's counters when it opened one; `evicted` lists programs the worker unloaded
     to make room. `fatal` says the error left the device unusable (see
     worker.plugin.device_errors): the worker exits after this reply. `phases` are
     the seconds per phase of the compile or load a Compile request did
@@ -445,6 +446,7 @@ class Reply:
     output_place: str = "new"
     statistics: CompileStatistics | None = None
     counters: dict[str, int] | None = None
+    remote_counters: dict[str, int] | None = None
     evicted: tuple[str, ...] = ()
     fatal: bool = False
     phases: dict[str, float] | None = None

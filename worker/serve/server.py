@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from worker import _pjrt
 from worker.cache import open_cache, process_counters
+from worker.cache.remote import REMOTE_ENV, remote_counters
 from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import compile_program
 from worker.compile.executable import Executable
@@ -503,7 +504,12 @@ def _pop(fds: list[int], what: str) -> int:
 
 def _with_counters(reply: Reply) -> Reply:
     """Adds the cache counters to a reply whose request compiled or loaded something."""
-    return dataclasses.replace(reply, counters=process_counters()._asdict())
+    remote = remote_counters()
+    return dataclasses.replace(
+        reply,
+        counters=process_counters()._asdict(),
+        remote_counters=remote._asdict() if any(remote) else None,
+    )
 
 
 def _run_initializer(payload: bytes) -> None:
@@ -547,7 +553,9 @@ def main(
         cache = open_cache(cache_dir)
         runtime = get_runtime(platform)
         plugin = runtime.describe()
-        if never_compile:
+        # Then the parent computes keys: to refuse programs not in the cache, or
+        # to prefetch their entries from the remote tier (pool.warm.warming).
+        if never_compile or os.environ.get(REMOTE_ENV, "").strip():
             plugin["key_parts"] = runtime_key_parts(runtime, cache if cache.usable else None)
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:

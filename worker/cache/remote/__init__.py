@@ -7,10 +7,13 @@ loaded, and a compile publishes to both. Modules, one job each: location
 gets, create-only puts, a deadline), layout (object names and records),
 keys (Ed25519 signatures of records), verify (what a reader checks), lease
 (one compile per key across hosts), tier (RemoteCache: lookups, publishes,
-counters, switching off); worker.compile.by_key.load_remote_entry loads what
-it fetches. Importing this package imports no client library.
+counters, switching off), transfer (prefetch and push of many entries at
+once), eviction (collect: old records, then unreferenced blobs);
+worker.compile.by_key.load_remote_entry loads what it fetches. Importing this
+package imports no client library.
 """
 
+from worker.cache.remote.eviction import CollectReport, collect
 from worker.cache.remote.keys import PRIVATE_KEY_FILE_ENV, PUBLIC_KEY_ENV, generate_private_key
 from worker.cache.remote.location import (
     DEADLINE_ENV,
@@ -28,21 +31,39 @@ from worker.cache.remote.tier import (
     open_remote,
     remote_counters,
 )
+from worker.cache.remote.transfer import (
+    CONCURRENCY_ENV,
+    Moved,
+    Prefetcher,
+    TransferReport,
+    prefetch,
+    push,
+    remote_keys,
+)
 
 __all__ = [
+    "CONCURRENCY_ENV",
     "DEADLINE_ENV",
     "PRIVATE_KEY_FILE_ENV",
     "PUBLIC_KEY_ENV",
     "READ_ONLY_ENV",
     "REMOTE_ENV",
     "TIMEOUT_ENV",
+    "CollectReport",
     "Limits",
+    "Moved",
+    "Prefetcher",
     "RemoteCache",
     "RemoteCacheWarning",
     "RemoteCounters",
     "RemoteLocation",
+    "TransferReport",
+    "collect",
     "generate_private_key",
     "open_remote",
     "parse_remote",
+    "prefetch",
+    "push",
     "remote_counters",
+    "remote_keys",
 ]

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from worker.cache.key import check_key
+from worker.cache.key import check_key, is_key
 from worker.untrusted import parse_json
 
 RECORD_FORMAT = 1
@@ -126,3 +126,28 @@ def decode_record(data: bytes, key: str, signer: str) -> Record:
     if signature is not None and not isinstance(signature, str):
         raise BadRecordError("the record's signature is not text")
     return Record(key, parts, sha256, size, signer, signature)
+
+
+def parse_record_name(name: str) -> tuple[str, str] | None:
+    """The key and signer of a listed record's name, or None if it does not name one."""
+    folder, _, rest = name.partition("/")
+    key, _, file = rest.partition("/")
+    signer = file.removesuffix(".json")
+    if folder != "records" or not is_key(key) or signer == file or not signer or "/" in signer:
+        return None
+    return key, signer
+
+
+def parse_blob_name(name: str) -> str | None:
+    """The SHA-256 a listed blob's name holds, or None if it does not name one."""
+    folder, _, file = name.partition("/")
+    digest = file.removesuffix(".pjx")
+    return digest if folder == "blobs" and digest != file and is_key(digest) else None
+
+
+def parse_index_name(name: str) -> str | None:
+    """The key a listed program index name, ``programs/<program>/<key>``, names, or None."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "programs" or not is_key(parts[2]):
+        return None
+    return parts[2]

@@ -294,6 +294,11 @@ class RemoteCache:
         except RemoteError as error:  # it expires on its own
             logger.debug("could not remove the lease of %s: %s", key, error)
 
+    def was_refused(self, key: str) -> bool:
+        """Whether this process refused the key's remote entry (it is not fetched again)."""
+        with self._lock:
+            return key in self._refused
+
     def refuse(self, key: str, why: str) -> None:
         """Marks a fetched entry as unusable (the plugin rejected it): never fetched again."""
         self._refuse(key, why)

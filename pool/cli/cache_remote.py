@@ -1,0 +1,236 @@
+"""``pjrt-pool cache push | pull | gc --remote URL``: the local cache and the remote tier.
+
+push publishes local entries to the remote (create-only; records signed as
+every publish signs them); pull fetches entries into the local cache, those
+a manifest names (``--manifest``) or every key the remote lists a record of
+for this process's signer; gc deletes remote records older than
+``--older-than`` (and, with ``--max-size``, the oldest others until the blobs
+the rest name fit), then the blobs no record names (worker.cache.remote.eviction),
+``--dry-run`` to see what it would delete. ``--remote`` defaults to
+PJRT_POOL_CACHE_REMOTE; ``--concurrency`` (default
+PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16) bounds the requests in flight.
+Exit codes as for every cache command: 0 when every entry is where it was
+to go, 1 when some are not (refused, missing, failed) or the remote failed,
+2 for usage errors. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
+from worker.cache.remote import RemoteCache, TransferReport, open_remote
+from worker.cache.remote.client import RemoteError
+from worker.cache.remote.eviction import DEFAULT_GRACE
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """Reads 90, 45s, 30m, 12h, 7d or 2w as seconds; raises ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration: write for example 3600, 90m, 12h or 30d")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number above 0")
+    return value
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Adds push, pull and gc to the ``cache`` command's subcommands."""
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument(
+        "--remote", metavar="URL", help="the remote cache (default: $PJRT_POOL_CACHE_REMOTE)"
+    )
+    remote.add_argument(
+        "--concurrency",
+        type=_positive,
+        metavar="N",
+        help="requests in flight at once (default: $PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16)",
+    )
+    push = commands.add_parser(
+        "push",
+        parents=[common, remote],
+        help="publish local entries to the remote cache",
+        description="Publishes every local entry (or a manifest's) to the remote, create-only: "
+        "reports how many were written, were there already, or were refused.",
+    )
+    push.add_argument("--manifest", metavar="FILE", help="push only the programs of a manifest")
+    push.set_defaults(run=_checked(_push), prog=push.prog)
+    pull = commands.add_parser(
+        "pull",
+        parents=[common, remote],
+        help="fetch entries from the remote cache into the local one",
+        description="Fetches, concurrently, the entries a manifest names (--manifest), or every "
+        "key the remote has a record of for this signer, verifying each, into the local cache; "
+        "entries already local are not fetched.",
+    )
+    pull.add_argument("--manifest", metavar="FILE", help="fetch only the programs of a manifest")
+    pull.set_defaults(run=_checked(_pull), prog=pull.prog)
+    gc = commands.add_parser(
+        "gc",
+        parents=[common, remote],
+        help="delete old records from the remote cache, then unreferenced blobs",
+        description="Deletes remote records written more than --older-than ago (they are never "
+        "rewritten or touched on reads: their age is the time since they were published), and "
+        "with --max-size the oldest others until the blobs the rest name fit, then the blobs no "
+        "record names. Blobs younger than --grace are kept (a publish in flight).",
+    )
+    gc.add_argument(
+        "--older-than",
+        type=_duration,
+        metavar="DURATION",
+        help="age of the records to delete: 3600, 90m, 12h, 30d",
+    )
+    gc.add_argument(
+        "--max-size",
+        type=_size,
+        metavar="SIZE",
+        help="then delete the oldest records until the blobs the rest name fit: 50G",
+    )
+    gc.add_argument(
+        "--grace",
+        type=_duration,
+        default=DEFAULT_GRACE,
+        metavar="DURATION",
+        help="keep blobs younger than this (default 1h)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
+    gc.set_defaults(run=_checked(_gc), prog=gc.prog)
+
+
+def _checked(command: Any) -> Any:
+    """Wraps a command so that a bad setting, an untrusted cache or a failing remote exits 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(command(args))
+        except RemoteError as error:
+            print(f"{args.prog}: error: the remote failed: {error}", file=sys.stderr)
+            return EXIT_PROBLEMS
+        except (UntrustedCacheError, ValueError) as error:  # ManifestError, bad settings
+            print(f"{args.prog}: error: {error}", file=sys.stderr)
+            return EXIT_PROBLEMS
+
+    return run
+
+
+def _remote(args: argparse.Namespace, writing: bool) -> RemoteCache:
+    tier = open_remote(args.remote)
+    if tier is None:
+        raise UsageError("name the remote cache: --remote URL, or set PJRT_POOL_CACHE_REMOTE")
+    if writing and tier.state != "on":
+        raise ValueError(
+            f"this process cannot write the remote cache {tier.location.shown} ({tier.state}: "
+            "PJRT_POOL_CACHE_REMOTE_READ_ONLY, an http(s) URL, or a public key without the "
+            "private one)"
+        )
+    return tier
+
+
+def _manifest_keys(args: argparse.Namespace) -> list[str] | None:
+    if not args.manifest:
+        return None
+    from pool.manifest import load_manifest
+
+    manifest = load_manifest(args.manifest, args.cache_dir)
+    if manifest.bundle is not None:
+        raise ValueError(f"{args.manifest} is a bundle: it carries its executables")
+    return [manifest.spec(name).key for name in manifest.names]
+
+
+def _report(args: argparse.Namespace, verb: str, tier: RemoteCache, report: TransferReport) -> int:
+    """Prints a transfer's counts (or its JSON) and the remote's warnings; returns the exit."""
+    if args.json:
+        document = {"remote": tier.location.shown, **report.to_json()}
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        counts = ", ".join(f"{n} {what}" for what, n in sorted(report.counts().items()))
+        print(
+            f"{verb} {len(report.outcomes)} entries ({tier.location.shown}) in "
+            f"{report.seconds:.2f} s: {counts or 'nothing to do'}"
+        )
+        for key, outcome in report.outcomes.items():
+            if not outcome.ok:
+                print(f"  {key}: {outcome.value}")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _push(args: argparse.Namespace) -> int:
+    from worker.cache.remote import push
+
+    tier = _remote(args, writing=True)
+    cache = DiskCache(args.cache_dir, create=False)
+    if cache.problem is not None:
+        raise ValueError(f"the cache {cache.directory} cannot be used ({cache.problem})")
+    report = push(tier, cache, _manifest_keys(args), concurrency=args.concurrency)
+    return _report(args, "pushed", tier, report)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from worker.cache.remote import prefetch, remote_keys
+    from worker.cache.store import open_cache
+
+    tier = _remote(args, writing=False)
+    keys = _manifest_keys(args)
+    if keys is None:
+        keys = remote_keys(tier)
+    report = prefetch(tier, open_cache(args.cache_dir), keys, concurrency=args.concurrency)
+    return _report(args, "pulled", tier, report)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from worker.cache.remote import collect
+
+    if args.older_than is None and args.max_size is None:
+        raise UsageError("name what to delete: --older-than DURATION, --max-size SIZE, or both")
+    tier = _remote(args, writing=not args.dry_run)
+    report = collect(
+        tier,
+        args.older_than,
+        max_size=args.max_size,
+        grace=args.grace,
+        dry_run=args.dry_run,
+        concurrency=args.concurrency,
+    )
+    if args.json:
+        print(json.dumps({"remote": tier.location.shown, **report.to_json()}, indent=2))
+        return EXIT_OK
+    would = "would delete" if report.dry_run else "deleted"
+    print(
+        f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
+        f"{len(report.dangling_records)} records whose blob is gone, "
+        f"{len(report.blobs)} unreferenced blobs ({format_size(report.freed_bytes)}); kept "
+        f"{report.kept_records} records, {report.kept_blobs} blobs "
+        f"({format_size(report.kept_bytes)})"
+    )
+    if report.unreadable_records:
+        print(f"  {len(report.unreadable_records)} malformed records kept (they keep no blob)")
+    return EXIT_OK

@@ -1,0 +1,231 @@
+"""Evicting from the remote: records older than a cutoff first, then the blobs none names.
+
+Readers never write (no access-time objects: a hit costs reads only), so age
+is the time the store wrote an object, from its listing: records are never
+rewritten, so a record's age is the time since its key was first published.
+collect() deletes, in this order:
+
+1. records written before the cutoff (every signer's), and with a size
+   bound the oldest of the others until the blobs the rest name fit in it:
+   their keys are then misses, compiled and published again by whoever
+   needs them;
+2. records whose blob is gone (left by a race with an earlier collection),
+   unless younger than ``grace``;
+3. blobs no remaining record names;
+4. program index names (``programs/<program>/<key>``, hints for refusals)
+   of keys no remaining record is for.
+
+A publisher writes its blob before its record, and a blob it finds there
+already is not rewritten: a blob younger than ``grace`` seconds is never
+deleted, so a publish in flight keeps its blob. A record that cannot be
+read for a failed request stops the collection before anything is deleted.
+The one race left (a publish that reuses an old unreferenced blob while it is being
+deleted) leaves a record naming a missing blob: readers refuse it (a miss,
+never a wrong result) and the next collection removes it (step 2).
+Leases expire on their own and are left alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from worker.cache.remote.client import Failure, ObjectInfo, RemoteError
+from worker.cache.remote.layout import (
+    MAX_RECORD_SIZE,
+    BadRecordError,
+    decode_record,
+    parse_blob_name,
+    parse_index_name,
+    parse_record_name,
+)
+from worker.cache.remote.transfer import run_bounded
+
+if TYPE_CHECKING:
+    from worker.cache.remote.tier import RemoteCache
+
+DEFAULT_GRACE = 3600.0
+"""Seconds a new blob or record is kept whatever else holds (a publish in flight)."""
+
+
+@dataclass
+class CollectReport:
+    """What a collection deleted (or, dry run, would delete) and kept."""
+
+    dry_run: bool
+    old_records: list[str] = field(default_factory=list)
+    dangling_records: list[str] = field(default_factory=list)
+    """Records whose blob is gone."""
+    unreadable_records: list[str] = field(default_factory=list)
+    """Records that could not be read or parsed: kept, and they keep no blob."""
+    blobs: list[str] = field(default_factory=list)
+    """Unreferenced blobs deleted."""
+    index_names: list[str] = field(default_factory=list)
+    """Program index names of keys left without a record, deleted."""
+    freed_bytes: int = 0
+    kept_records: int = 0
+    kept_blobs: int = 0
+    kept_bytes: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        """The report as a JSON-ready dict."""
+        return {
+            "dry_run": self.dry_run,
+            "deleted_records": len(self.old_records) + len(self.dangling_records),
+            "old_records": self.old_records,
+            "dangling_records": self.dangling_records,
+            "unreadable_records": self.unreadable_records,
+            "deleted_blobs": self.blobs,
+            "deleted_index_names": self.index_names,
+            "freed_bytes": self.freed_bytes,
+            "kept_records": self.kept_records,
+            "kept_blobs": self.kept_blobs,
+            "kept_bytes": self.kept_bytes,
+        }
+
+
+def _named_blob(remote: RemoteCache, record: ObjectInfo) -> str | None:
+    """The SHA-256 a listed record names; None if it is gone or malformed.
+
+    Raises RemoteError when it cannot be read: a blob it may name must not be
+    judged unreferenced for a failed request.
+    """
+    parsed = parse_record_name(record.path)
+    if parsed is None:
+        return None
+    key, signer = parsed
+    deadline = time.monotonic() + remote.limits.deadline
+    try:
+        data = remote.client.get(record.path, MAX_RECORD_SIZE, deadline)
+        return None if data is None else decode_record(data, key, signer).sha256
+    except BadRecordError:
+        return None
+    except RemoteError as error:
+        if error.failure is Failure.TOO_LARGE:  # no record is that large
+            return None
+        raise
+
+
+def _oldest_over(
+    records: list[ObjectInfo],
+    named: dict[str, str | None],
+    blobs: dict[str, ObjectInfo],
+    bound: int,
+) -> list[ObjectInfo]:
+    """The oldest records to delete so that the blobs the rest name hold at most bound bytes."""
+    holders: dict[str, int] = {}
+    for record in records:
+        digest = named.get(record.path)
+        if digest in blobs:
+            holders[digest] = holders.get(digest, 0) + 1
+    total = sum(blobs[digest].size for digest in holders)
+    chosen = []
+    for record in sorted(records, key=lambda r: r.modified):
+        if total <= bound:
+            break
+        digest = named.get(record.path)
+        if digest not in holders:
+            continue  # names no listed blob: holds no bytes
+        chosen.append(record)
+        holders[digest] -= 1
+        if not holders[digest]:
+            del holders[digest]
+            total -= blobs[digest].size
+    return chosen
+
+
+def collect(
+    remote: RemoteCache,
+    older_than: float | None,
+    *,
+    max_size: int | None = None,
+    grace: float = DEFAULT_GRACE,
+    dry_run: bool = False,
+    concurrency: int | None = None,
+) -> CollectReport:
+    """Deletes records older than older_than seconds (and, with max_size, the oldest others
+    until the blobs the rest name hold at most max_size bytes), then unreferenced blobs; see
+    the module docstring.
+
+    Raises RemoteError when listing fails, or a deletion does (what was
+    deleted before it stays deleted; running again goes on). Raises
+    ValueError for negative ages or sizes, neither bound, or a remote this
+    process may not write.
+    """
+    if older_than is None and max_size is None:
+        raise ValueError("name what to collect: an age (older_than), a size bound, or both")
+    if (older_than or 0) < 0 or grace < 0 or (max_size or 0) < 0:
+        raise ValueError("the age, the size bound and the grace period are 0 or more")
+    if remote.state != "on" and not dry_run:
+        raise ValueError(
+            f"the remote cache {remote.location.shown} is {remote.state} for this process: "
+            "collecting deletes objects (drop the read-only setting, or use --dry-run)"
+        )
+    client = remote.client
+    report = CollectReport(dry_run)
+    now = time.time()
+    cutoff = -1.0 if older_than is None else now - older_than
+    young = now - grace
+
+    def listed(folder: str) -> list[ObjectInfo]:
+        return client.list_objects(folder, time.monotonic() + remote.limits.deadline)
+
+    def delete(path: str) -> None:
+        if not dry_run:
+            client.delete(path, time.monotonic() + remote.limits.deadline)
+
+    records, record_keys = [], {}
+    for item in listed("records/"):
+        parsed = parse_record_name(item.path)
+        if parsed is not None:
+            records.append(item)
+            record_keys[item.path] = parsed[0]
+    # Blobs are listed before the records are read: a record written meanwhile
+    # names a blob that is either listed (and then kept) or new (young).
+    blobs = {
+        digest: blob
+        for blob in listed("blobs/")
+        if (digest := parse_blob_name(blob.path)) is not None
+    }
+    old_paths = {r.path for r in records if r.modified < cutoff}
+    remaining = [r for r in records if r.path not in old_paths]
+    by_path = {r.path: r for r in remaining}
+    named = run_bounded(list(by_path), lambda p: _named_blob(remote, by_path[p]), concurrency)
+    if max_size is not None:
+        old_paths |= {r.path for r in _oldest_over(remaining, named, blobs, max_size)}
+        remaining = [r for r in remaining if r.path not in old_paths]
+    # Records first: a blob goes only once no record names it.
+    report.old_records = sorted(old_paths)
+    run_bounded(report.old_records, delete, concurrency)
+    referenced: set[str] = set()
+    dangling = []
+    for record in remaining:
+        digest = named[record.path]
+        if digest is None:
+            report.unreadable_records.append(record.path)
+        elif digest in blobs or record.modified >= young:
+            referenced.add(digest)
+        else:
+            dangling.append(record.path)
+    report.dangling_records = sorted(dangling)
+    run_bounded(report.dangling_records, delete, concurrency)
+    report.kept_records = len(remaining) - len(dangling)
+    unreferenced = [
+        blob for digest, blob in blobs.items() if digest not in referenced and blob.modified < young
+    ]
+    report.blobs = sorted(blob.path for blob in unreferenced)
+    run_bounded(report.blobs, delete, concurrency)
+    kept_keys = {record_keys[r.path] for r in remaining if r.path not in report.dangling_records}
+    report.index_names = sorted(
+        item.path
+        for item in listed("programs/")
+        if (key := parse_index_name(item.path)) is not None
+        and key not in kept_keys
+        and item.modified < young
+    )
+    run_bounded(report.index_names, delete, concurrency)
+    report.freed_bytes = sum(blob.size for blob in unreferenced)
+    report.kept_blobs = len(blobs) - len(unreferenced)
+    report.kept_bytes = sum(blob.size for blob in blobs.values()) - report.freed_bytes
+    return report
