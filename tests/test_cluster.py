@@ -184,3 +184,32 @@ def test_runs_stay_on_a_program_s_nodes_until_their_queue_is_long() -> None:
     assert len(router.holders(identity)) == 2
     with pytest.raises(ValueError, match="spread_at"):
         Router(lambda: nodes, spread_at=0)
+
+
+@pytest.mark.slow
+def test_warm_on_a_cluster_with_a_remote_fills_it_for_another_host(cluster, tmp_path: Path) -> None:
+    """warm(scheduler=, remote=): the nodes publish what they compile; another host's
+    never-compile Pool then runs the programs from the remote alone."""
+    import numpy as np
+
+    from pool import Pool
+
+    url = f"file://{tmp_path / 'remote'}/fleet"
+    programs = [p for p in load_spec(SPEC).programs if p.name.startswith("good_")][:3]
+    report = warm(
+        programs,
+        scheduler=cluster.scheduler.address,
+        workers=1,
+        cache_dir=tmp_path / "nodes",
+        remote=url,
+    )
+    assert report.statistics.compiled == 3, report.summary()
+    records = list((tmp_path / "remote" / "fleet" / "records").glob("*/*.json"))
+    assert len(records) == 3
+    specs = [p.spec for p in report.programs]
+    with Pool(1, cache_dir=str(tmp_path / "other"), remote=url, never_compile=True) as other:
+        for spec in specs:
+            inputs = [np.zeros(t.shape, t.dtype) for t in spec.input_types]
+            other.submit_spec(spec, inputs).result()
+        assert other.remote_counters.hits == 3  # nothing was local: each came from the remote
+    assert len(list((tmp_path / "other" / "entries").rglob("*.pjx"))) == 3

@@ -165,11 +165,6 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
     if args.remote is not None:
-        if args.scheduler is not None:
-            raise UsageError(
-                "--remote with --scheduler: a cluster's nodes use the remote cache of their own "
-                "environment; set PJRT_POOL_CACHE_REMOTE on them instead"
-            )
         try:
             parse_remote(args.remote)
         except ValueError as error:

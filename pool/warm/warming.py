@@ -219,6 +219,7 @@ def _compiler(
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             task_timeout=timeout,
             initializer=initializer,
+            remote=remote,
         ) as cluster,
     ):
         yield cluster
@@ -250,14 +251,11 @@ def warm(
     and stops at the first that is not (as with fail_fast). remote is the
     URL of a remote cache tier (default: PJRT_POOL_CACHE_REMOTE): entries are
     prefetched from it before their programs compile (see the module
-    docstring), and the workers publish to it; not with a scheduler, whose
-    nodes read PJRT_POOL_CACHE_REMOTE from their own environment.
+    docstring), and the workers publish to it; with a scheduler, it is
+    given to every node (ClusterPool(remote=)), whose workers fetch and
+    publish themselves (no prefetch here, and no remote counters in the
+    report: they are the nodes').
     """
-    if remote is not None and scheduler is not None:
-        raise ValueError(
-            "a cluster's nodes use the remote cache of their own environment: set "
-            "PJRT_POOL_CACHE_REMOTE on them instead of passing remote with a scheduler"
-        )
     tier = open_remote(remote) if scheduler is None else None
     before = RemoteCounters() if tier is None else tier.counters
     moved: dict[str, Moved] = {}
