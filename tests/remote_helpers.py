@@ -78,13 +78,21 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
+RESET = 0
+"""A FaultProxy fault: the connection is closed without an answer."""
+SHORT = 1
+"""A FaultProxy fault: the answer's body is cut to half its Content-Length."""
+
+
 class FaultProxy:
     """An HTTP proxy on the loopback in front of the S3 server that answers some requests itself.
 
     faults: (method, status) pairs, each answered once, in order, to the
     next request of that method (status "always" entries: see always);
-    every other request goes to the server. seen counts requests by method, sent the
-    body bytes the server's answers carried.
+    status RESET closes the connection without an answer, and SHORT
+    forwards the server's answer with its whole Content-Length but only half
+    its body, then closes; every other request goes to the server. seen
+    counts requests by method, sent the body bytes the server's answers carried.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -115,6 +123,11 @@ class FaultProxy:
                         break
                 if status is not None:
                     proxy.answered.append((method, status))
+                if status == RESET:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if status is not None and status != SHORT:
                     code = {403: "AccessDenied", 429: "SlowDown", 503: "ServiceUnavailable"}
                     text = f"<Error><Code>{code.get(status, 'Fault')}</Code></Error>".encode()
                     self.send_response(status)
@@ -139,6 +152,9 @@ class FaultProxy:
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if method != "HEAD":
+                    if status == SHORT:
+                        data = data[: len(data) // 2]
+                        self.close_connection = True
                     proxy.sent += len(data)  # before: the client may go on once it has it
                     self.wfile.write(data)
                 upstream.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import finish, lowered, save_program, start
-from remote_helpers import S3_ENV, Hang, Remote, closed_port
+from remote_helpers import RESET, S3_ENV, SHORT, Hang, Remote, closed_port
 
 from worker.cache.key import key_of
 from worker.cache.remote import parse_remote
@@ -253,6 +253,25 @@ def test_throttling_is_retried_with_backoff(tmp_path, s3_proxy):
     assert a["warnings"] == []
     b = host(tmp_path, "b", [p], remote.env)
     assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["reset", "short"])
+def test_a_reset_or_a_cut_body_never_gives_a_wrong_result(tmp_path, s3_proxy, fault):
+    """A connection closed without an answer, or an answer whose body stops halfway,
+    on host B's reads: retried, verified, and the right numbers."""
+    proxy, remote = s3_proxy
+    (p,) = programs(tmp_path, 12)
+    host(tmp_path, "a", [p], remote.env)
+    code = RESET if fault == "reset" else SHORT
+    proxy.faults = [("GET", code), ("GET", code)]  # the record's read, then the blob's
+    b = host(tmp_path, "b", [p], remote.env)
+    assert len(proxy.answered) == 2, proxy.answered
+    assert close(b["outputs"][0][0], expected(12))
+    assert b["seconds"] < 20, b
+    # The client retries both (a reset, a body short of its length), then verifies.
+    assert b["stats"][0]["compiled"] == 0 and b["remote"]["hits"] == 1, b
+    assert b["remote"]["errors"] == 0 and b["warnings"] == []
 
 
 @pytest.mark.slow
