@@ -117,14 +117,18 @@ def _first_runs(manifest: Path, mode: str) -> list[float]:
 @pytest.mark.slow
 def test_the_first_request_after_priming_runs_at_the_warm_speed(tmp_path):
     path = _manifest(tmp_path, {"mlp": (_mlp, MLP_TYPES)})
-    unprimed = [_first_runs(path, "plain") for _ in range(3)]
-    primed = [_first_runs(path, "prime") for _ in range(3)]
+    # Alternated, medians of 5: other work on the machine moves single runs by milliseconds.
+    unprimed, primed = [], []
+    for _ in range(5):
+        unprimed.append(_first_runs(path, "plain"))
+        primed.append(_first_runs(path, "prime"))
     warm = min(min(times[1:]) for times in unprimed + primed)
-    first_unprimed = sorted(times[0] for times in unprimed)[1]
-    first_primed = sorted(times[0] for times in primed)[1]
-    # Unprimed, the plugin's first execution costs extra; primed, that happened at load.
+    first_unprimed = sorted(times[0] for times in unprimed)[2]
+    first_primed = sorted(times[0] for times in primed)[2]
+    # Unprimed, the plugin's first execution costs extra; primed, that happened at load,
+    # so what is left of the extra is less than half of it.
     assert first_unprimed > 2 * warm, (first_unprimed, warm)
-    assert first_primed < first_unprimed / 2, (first_primed, first_unprimed, warm)
+    assert first_primed - warm < (first_unprimed - warm) / 2, (first_primed, first_unprimed, warm)
 
 
 def test_run_prime_primes_as_it_loads_and_gives_the_same_outputs(tmp_path):
