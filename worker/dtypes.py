@@ -32,8 +32,8 @@ _PJRT_TYPES: dict[int, np.dtype] = {
     14: np.dtype(np.complex64),
     15: np.dtype(np.complex128),
 }
-# ml_dtypes is imported (about 5 ms, a tenth of what a serving process's own imports
-# cost) only once a program, an array or a name needs one of its types: a process
+# ml_dtypes is imported (about 5 ms of a serving process's start) only once a program,
+# an array, a dtype or a name needs one of its types (_load_narrow_types): a process
 # that runs float32 programs never pays for it.
 _NARROW_TYPES: dict[int, str] = {
     13: "bfloat16",
@@ -49,7 +49,7 @@ _NARROW_TYPES: dict[int, str] = {
 _NUMPY_NAMES = frozenset(dtype.name for dtype in _PJRT_TYPES.values())
 _CODES: dict[np.dtype, int] = {dtype: code for code, dtype in _PJRT_TYPES.items()}
 # ml_dtypes' types have no buffer-protocol format, so numpy cannot hand them to
-# the native module; they travel as same-size unsigned integers (filled with them).
+# the native module; they travel as same-size unsigned integers (filled as they load).
 _BUFFER_DTYPES: dict[np.dtype, np.dtype] = {}
 _FLOATING: set[np.dtype] = {dtype for dtype in _PJRT_TYPES.values() if dtype.kind == "f"}
 _narrow_lock = threading.Lock()
