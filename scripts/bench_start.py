@@ -19,7 +19,8 @@ bench_cold_start.py):
 
 and prints, with their goals: each loader's wall time against plain (1.05x;
 1.10x with no cache directory; also the fastest of each kind against the
-fastest plain, which a busy machine disturbs less), the first request after priming against
+fastest plain, which a busy machine disturbs less, and each one's CPU time, user and
+system, against plain's, which it disturbs least), the first request after priming against
 the warm run (1.2x), and what priming costs (at load) and saves (on the
 first request).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import resource
 import shutil
 import statistics
 import subprocess
@@ -40,15 +42,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cold_start import PLAIN, RUN, _setup
 
+Timing = tuple[float, float, list[float]]
+"""A child's wall time, its CPU time (user and system, its threads' included) and figures."""
 
-def _timed(command: list[str], env: dict[str, str], report: bool) -> tuple[float, list[float]]:
-    """A child's wall time from spawn to exit, and (report) the figures it printed."""
+
+def _timed(command: list[str], env: dict[str, str], report: bool) -> Timing:
+    """A child's wall time from spawn to exit, its CPU time, and (report) the figures it
+    printed. The CPU time is what a busy machine disturbs least: another process's load
+    stretches a child's wall time, much less the work it does."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # children run one at a time
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise SystemExit(f"child failed ({command[:3]}...):\n{done.stderr[-3000:]}")
-    return wall, [float(value) for value in done.stdout.split()] if report else []
+    return wall, cpu, [float(value) for value in done.stdout.split()] if report else []
 
 
 # Runs a child's code from another tree of pool/ and worker/ (--before) instead of the
@@ -110,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("manifest", "bundle", "bundle-ro"):
                 command, env = kinds[kind]
                 kinds[f"{kind} before"] = ([python, "-c", before + RUN, *command[3:]], env)
-        results: dict[str, list[tuple[float, list[float]]]] = {kind: [] for kind in kinds}
+        results: dict[str, list[Timing]] = {kind: [] for kind in kinds}
         for kind, (command, env) in kinds.items():  # page the plugin in, fill the OS's caches
             _timed(command, env, kind != "cli")
         for _ in range(args.rounds):
@@ -122,21 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(results: dict[str, list[tuple[float, list[float]]]], program: str, rounds: int) -> None:
+def report(results: dict[str, list[Timing]], program: str, rounds: int) -> None:
     """Prints the medians and the ratios against their goals."""
 
     def median(kind: str, field: int | None = None) -> float:
-        values = [wall if field is None else fields[field] for wall, fields in results[kind]]
+        values = [wall if field is None else fields[field] for wall, _, fields in results[kind]]
         return statistics.median(values)
+
+    def cpu(kind: str) -> float:
+        return statistics.median(used for _, used, _ in results[kind])
 
     plain = median("plain")
     print(
         f"start of a serving process ({program}), {rounds} fresh processes per kind, medians, "
         f"python {sys.version.split()[0]}"
     )
-    least_plain = min(wall for wall, _ in results["plain"])
+    least_plain = min(wall for wall, _, _ in results["plain"])
     print(
-        "  kind               wall ms  x plain  goal   x plain of the fastest  "
+        "  kind               wall ms  x plain  goal   x plain of the fastest  cpu ms  x plain  "
         "(inside: imports, load, first run, warm run ms)"
     )
     goals = {"manifest": 1.05, "bundle": 1.05, "bundle-ro": 1.10}
@@ -145,12 +158,13 @@ def report(results: dict[str, list[tuple[float, list[float]]]], program: str, ro
         goal = f"{goals[kind]:.2f}x" if kind in goals else "     "
         inside = (
             " ".join(f"{median(kind, field) * 1e3:6.1f}" for field in range(4))
-            if results[kind][0][1]
+            if results[kind][0][2]
             else ""
         )
-        least = min(wall for wall, _ in results[kind]) / least_plain
+        least = min(wall for wall, _, _ in results[kind]) / least_plain
         print(
-            f"  {kind:10} {wall * 1e3:8.1f}  {wall / plain:6.3f}x  {goal}  {least:6.3f}x  {inside}"
+            f"  {kind:10} {wall * 1e3:8.1f}  {wall / plain:6.3f}x  {goal}  {least:6.3f}x  "
+            f"{cpu(kind) * 1e3:8.1f}  {cpu(kind) / cpu('plain'):6.3f}x  {inside}"
         )
     warm = median("bundle-ro", 3)
     first_primed = median("primed", 2)

@@ -25,7 +25,7 @@ import pool
 import worker
 from pool import Pool
 from worker.arguments import random_inputs
-from worker.dtypes import SUPPORTED_DTYPES, code_of_dtype
+from worker.dtypes import code_of_dtype, supported_dtypes
 
 
 def program(dtype, shape=(8,), function=lambda x: x) -> pool.LoweredProgram:
@@ -134,7 +134,7 @@ def test_converting_first_is_how_to_ask_for_numpy_conversion():
 
 
 def identity_programs() -> dict[str, pool.LoweredProgram]:
-    return {str(dtype): program(dtype, (3, 5)) for dtype in SUPPORTED_DTYPES}
+    return {str(dtype): program(dtype, (3, 5)) for dtype in supported_dtypes()}
 
 
 def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:

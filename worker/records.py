@@ -14,11 +14,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from worker.cache.key import InvalidKeyError, check_key
-from worker.dtypes import code_of_dtype
+from worker.dtypes import code_of_dtype, dtype_by_name
 from worker.untrusted import parse_json
 
 
@@ -62,7 +61,7 @@ class ArrayType(NamedTuple):
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ArrayType:
         """Reads what to_json wrote."""
-        return cls.of(_dtype_by_name(data["dtype"]), data["shape"])
+        return cls.of(dtype_by_name(data["dtype"]), data["shape"])
 
     def __str__(self) -> str:
         return f"{np.dtype(self.dtype).name}[{','.join(map(str, self.shape))}]"
@@ -71,10 +70,6 @@ class ArrayType(NamedTuple):
 def types_to_json(types: Sequence[ArrayType] | None) -> list[dict[str, Any]] | None:
     """ArrayTypes as JSON-ready dicts (None stays None: unknown types)."""
     return None if types is None else [t.to_json() for t in types]
-
-
-def _dtype_by_name(name: str) -> np.dtype:
-    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
 
 
 class LoweredProgram(NamedTuple):

@@ -31,9 +31,9 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
 from worker.cache.signing import Signer
-from worker.cache.space import ENTRY_SUFFIX
 from worker.errors import BundleError
 from worker.records import ProgramSpec, types_to_json
 from worker.untrusted import parse_json

@@ -42,6 +42,8 @@ from worker.cache.signing import MAC_SIZE, Signer
 from worker.untrusted import parse_json
 
 MAGIC = b"PJRTPOOL"
+ENTRY_SUFFIX = ".pjx"
+"""How an entry's file is named: its key and this (entries/<key>.pjx, in a cache and a bundle)."""
 FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<8sIII")
 _DIGEST_SIZE = 32

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.cache.atomic import is_temp_name
+from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.folders import Folder
 from worker.cache.key import check_key, is_key
 from worker.fds import close_quietly
@@ -50,7 +51,6 @@ from worker.untrusted import parse_json, read_file
 
 logger = logging.getLogger("pjrt_pool.cache")
 
-ENTRY_SUFFIX = ".pjx"
 LOW_WATER = 0.75
 """A scan forced by a full cache evicts down to this fraction of the bound, so that
 the next few writes find room without scanning."""
