@@ -92,6 +92,14 @@ def supported_dtypes() -> tuple[np.dtype, ...]:
     return tuple(_PJRT_TYPES[code] for code in sorted(_PJRT_TYPES))
 
 
+def __getattr__(name: str) -> Any:
+    # SUPPORTED_DTYPES, as the README names it: the same tuple as supported_dtypes(),
+    # made (ml_dtypes imported) only when it is read.
+    if name == "SUPPORTED_DTYPES":
+        return supported_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def dtype_by_name(name: str) -> np.dtype:
     """Returns the dtype of a name as ArrayType.to_json writes it ("float32", "bfloat16")."""
     if name in _NUMPY_NAMES:
