@@ -156,6 +156,25 @@ def test_a_bundle_path_preloads_into_the_pools_cache(tmp_path):
         assert pool.statistics.loaded == 0
 
 
+def test_a_bundle_url_preloads_into_the_pools_cache(tmp_path):
+    """preload= takes a bundle's URL as load_manifest does (before: a URL was read as a
+    manifest's, and its entries never reached the pool's cache)."""
+    manifest, _ = _warm(tmp_path)
+    (tmp_path / "store").mkdir()
+    bundle = make_bundle(manifest, tmp_path / "store" / "programs.bundle")
+    url = f"file://{bundle}"
+    fresh = tmp_path / "fresh-cache"
+    with Pool(1, cache_dir=fresh, preload=url) as pool:
+        assert pool.worker_info[0]["loaded"] == len(PROGRAMS)
+        specs = load_manifest(url)
+        for name in PROGRAMS:
+            inputs = _inputs(name)
+            got = pool.submit_spec(specs.spec(name), inputs).result()
+            for out, want in zip(got, _expected(name, inputs), strict=True):
+                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        assert pool.statistics.loaded == 0 and pool.statistics.compiled == 0
+
+
 def test_a_remote_of_no_known_scheme_is_refused_at_construction():
     with pytest.raises(ValueError, match="scheme"):
         Pool(1, remote="bogus://x")

@@ -16,7 +16,6 @@ import os
 from typing import Any
 
 from pool.manifest import Manifest, ManifestError, load_manifest
-from worker.bundle.container import looks_like_archive
 from worker.bundle.importing import import_bundle
 from worker.cache import open_cache
 from worker.errors import BundleError
@@ -27,7 +26,8 @@ def preload_programs(
 ) -> tuple[tuple[str, str], ...]:
     """The (cache key, name) of each program to preload, in the manifest's order.
 
-    preload is None (nothing), a Manifest, or a manifest's or bundle's path;
+    preload is None (nothing), a Manifest, or a manifest's or bundle's path
+    (a bundle's URL too, as load_manifest takes it);
     names restricts it to some of its programs (None: all). A bundle, given
     either way, is imported into cache_dir (None: the default cache) here.
     Raises ManifestError for a manifest that does not read, a bundle that
@@ -42,9 +42,9 @@ def preload_programs(
         if manifest.bundle is not None:
             _import(manifest.bundle.path, cache_dir)
     elif isinstance(preload, (str, os.PathLike)):
-        if looks_like_archive(preload):
+        manifest = load_manifest(preload)  # a manifest, or a bundle's file or URL
+        if manifest.bundle is not None:
             _import(preload, cache_dir)
-        manifest = load_manifest(preload)
     else:
         raise TypeError(
             "preload must be a Manifest or the path of a manifest or bundle, "
