@@ -133,7 +133,8 @@ class ObjectClient:
             raise RemoteError(Failure.UNAVAILABLE, message) from None
 
     def _bounded(self, call: Callable[[], T], deadline: float, what: str) -> T:
-        """Runs call in a daemon thread; raises RemoteError if it fails or outlives deadline."""
+        """Runs call in a daemon thread; raises RemoteError if it fails (the store's errors
+        classified: _classified) or outlives deadline."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise RemoteError(Failure.UNAVAILABLE, f"{what}: the lookup's deadline passed")
@@ -151,8 +152,11 @@ class ObjectClient:
         threading.Thread(target=run, name="pjrt-pool-remote", daemon=True).start()
         if not done.wait(left):
             raise RemoteError(Failure.UNAVAILABLE, f"{what}: no answer within the deadline")
-        if "error" in box:
-            raise box["error"]
+        error = box.get("error")
+        if isinstance(error, Exception) and not isinstance(error, RemoteError):
+            raise _classified(error, what) from None  # the store's own, named by what it did
+        if error is not None:
+            raise error
         return box["value"]
 
     def get(self, path: str, max_size: int, deadline: float) -> bytes | None:
@@ -174,12 +178,7 @@ class ObjectClient:
                 raise RemoteError(Failure.TOO_LARGE, f"{path} is {size} bytes, over {max_size}")
             return bytes(result.bytes())
 
-        try:
-            return self._bounded(call, deadline, f"reading {path}")
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, f"reading {path}") from None
+        return self._bounded(call, deadline, f"reading {path}")
 
     def put_new(self, path: str, data: bytes, deadline: float) -> bool:
         """Writes an object only if none is there; True if written, False if one was.
@@ -198,12 +197,7 @@ class ObjectClient:
                 return False
             return True
 
-        try:
-            return self._bounded(call, deadline, f"writing {path}")
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, f"writing {path}") from None
+        return self._bounded(call, deadline, f"writing {path}")
 
     def delete(self, path: str, deadline: float) -> None:
         """Removes an object (none there is no error); raises RemoteError."""
@@ -214,12 +208,7 @@ class ObjectClient:
             with contextlib.suppress(FileNotFoundError):
                 obstore.delete(store, path)
 
-        try:
-            self._bounded(call, deadline, f"removing {path}")
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, f"removing {path}") from None
+        self._bounded(call, deadline, f"removing {path}")
 
     def list_objects(self, folder: str, deadline: float) -> list[ObjectInfo]:
         """Every object whose name starts with folder, with sizes and write times; raises
@@ -236,12 +225,7 @@ class ObjectClient:
                     found.append(ObjectInfo(str(meta["path"]), int(meta["size"]), stamp))
             return found
 
-        try:
-            return self._bounded(call, deadline, f"listing {folder}")
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, f"listing {folder}") from None
+        return self._bounded(call, deadline, f"listing {folder}")
 
     def head(self, path: str, deadline: float) -> ObjectVersion | None:
         """Returns an object's size and entity tag, None if there is none; raises RemoteError."""
@@ -259,12 +243,7 @@ class ObjectClient:
             etag = meta.get("e_tag")
             return ObjectVersion(size, etag if isinstance(etag, str) and etag else None)
 
-        try:
-            return self._bounded(call, deadline, f"asking for {path}")
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, f"asking for {path}") from None
+        return self._bounded(call, deadline, f"asking for {path}")
 
     def get_range(
         self, path: str, start: int, length: int, deadline: float, etag: str | None = None
@@ -294,12 +273,7 @@ class ObjectClient:
                 ) from None
 
         what = f"reading {length} bytes of {path} at {start}"
-        try:
-            return self._bounded(call, deadline, what)
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, what) from None
+        return self._bounded(call, deadline, what)
 
     def get_tail(
         self, path: str, length: int, deadline: float
@@ -332,12 +306,7 @@ class ObjectClient:
             return ObjectVersion(size, etag if isinstance(etag, str) and etag else None), data
 
         what = f"reading the last {length} bytes of {path}"
-        try:
-            return self._bounded(call, deadline, what)
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, what) from None
+        return self._bounded(call, deadline, what)
 
     def get_ranges(
         self, path: str, starts: list[int], length: int, deadline: float, gap: int
@@ -356,12 +325,7 @@ class ObjectClient:
             return [bytes(part) for part in found]
 
         what = f"reading {len(starts)} ranges of {path}"
-        try:
-            return self._bounded(call, deadline, what)
-        except RemoteError:
-            raise
-        except Exception as error:
-            raise _classified(error, what) from None
+        return self._bounded(call, deadline, what)
 
 
 def _classified(error: Exception, what: str) -> RemoteError:
