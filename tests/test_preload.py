@@ -85,6 +85,37 @@ def test_a_preloaded_pool_runs_each_program_without_loading_it(tmp_path):
         assert [w["loaded"] for w in pool.worker_info] == [len(PROGRAMS)] * 2
 
 
+def test_a_preloaded_programs_first_run_goes_hot(tmp_path):
+    manifest, cache = _warm(tmp_path)
+    loaded = load_manifest(manifest)
+    with Pool(1, cache_dir=cache, preload=manifest) as pool:
+        assert pool.worker_info[0]["hot_runs"] == 0
+        for count, name in enumerate(PROGRAMS, 1):
+            inputs = _inputs(name)
+            got = pool.submit_spec(loaded.spec(name), inputs).result()
+            for out, want in zip(got, _expected(name, inputs), strict=True):
+                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+            # Its very first run went as a HotRun, on the slot the worker gave at Ready.
+            assert pool.worker_info[0]["hot_runs"] == count
+        assert pool.statistics.loaded == 0
+
+
+def test_a_lowered_program_that_was_preloaded_is_not_loaded_again(tmp_path):
+    manifest, cache = _warm(tmp_path)
+    with Pool(1, cache_dir=cache, preload=manifest) as pool:
+        for name, (function, types) in PROGRAMS.items():
+            program = lower(function, types)
+            for seed in range(3):  # the first as a full Run, then hot
+                inputs = _inputs(name, seed)
+                got = pool.run(program, inputs)
+                for out, want in zip(got, _expected(name, inputs), strict=True):
+                    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+            assert pool.compile(program, name=name).key == load_manifest(manifest).spec(name).key
+        # The preloaded executables ran them: no task loaded or compiled anything.
+        assert pool.statistics.loaded == 0 and pool.statistics.compiled == 0
+        assert pool.worker_info[0]["hot_runs"] == 2 * len(PROGRAMS)
+
+
 def test_preload_names_restricts_what_is_loaded(tmp_path):
     manifest, cache = _warm(tmp_path)
     with Pool(1, cache_dir=cache, preload=load_manifest(manifest), preload_names=["sum"]) as pool:

@@ -260,7 +260,7 @@ class Dispatcher:
         try:
             # The arena is reused by the next task: copy the (small) outputs out.
             outcome = [view.copy() for view in hot.outputs]
-            worker.note_loaded(program_id, ())  # the mirror of its LRU sees the run
+            worker.ran_hot(program_id)
         except Exception as error:  # no memory for the copies
             outcome = error
         except BaseException as error:  # interrupted while copying, as in _handle

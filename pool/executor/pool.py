@@ -441,7 +441,8 @@ class Pool:
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
-        """Each worker's pid, state, start-up seconds, plugin, loaded program count and task.
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count, task, and
+        "hot_runs": the runs it answered as HotRuns (worker.serve.protocol).
 
         "task" names the task a worker was given, from the moment it is
         claimed for it; "started" says whether the worker has begun it. Until

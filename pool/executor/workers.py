@@ -143,6 +143,18 @@ class HotProgram:
         return offsets == self.input_offsets and types == self.input_types
 
 
+def check_hot_slots(slots: tuple[protocol.HotSlot, ...]) -> None:
+    """Refuses (ValueError) hot slots a worker's Ready gave that the parent could not view
+    safely: inputs not where the parent writes them (shm.layout from the arena's start),
+    or inputs or outputs outside the arena. Nothing a worker says is viewed unchecked:
+    a view past the arena would fault (SIGBUS) in this process."""
+    for slot in slots:
+        if shm.layout(slot.input_types)[0] != tuple(slot.input_offsets):
+            raise ValueError(f"inputs at {slot.input_offsets!r}, not where the parent lays them")
+        shm.check_layout(slot.input_types, slot.input_offsets, ARENA_SIZE, "the worker's arena")
+        shm.check_layout(slot.output_types, slot.output_offsets, ARENA_SIZE, "the worker's arena")
+
+
 class WorkerProcess:
     """One worker: a `python -m worker` subprocess and its socket."""
 
@@ -170,6 +182,7 @@ class WorkerProcess:
         self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.hot: dict[str, HotProgram] = {}  # the loaded programs it runs by hot slot
+        self.hot_runs = 0  # the HotRuns it answered (Pool.worker_info)
         self.plugin: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
         self.remote_counters: dict[str, int] = {}
@@ -270,12 +283,26 @@ class WorkerProcess:
         """Why its start failed, reported when its end is seen."""
         self.startup_failure = error
 
-    def became_ready(self, plugin: dict[str, Any], loaded: tuple[str, ...] = ()) -> None:
-        """STARTING -> IDLE, with what it said of its plugin and the programs it preloaded."""
+    def became_ready(
+        self,
+        plugin: dict[str, Any],
+        loaded: tuple[str, ...] = (),
+        hot: tuple[protocol.HotSlot, ...] = (),
+    ) -> None:
+        """STARTING -> IDLE, with what it said of its plugin, the programs it preloaded and
+        the hot slots it gave them (their first runs go as HotRuns)."""
         self.move(State.IDLE)
         self.plugin = plugin
         for program_id in loaded:
             self.loaded[program_id] = None
+        for slot in hot:
+            if slot.key in self.loaded:
+                self.note_hot(
+                    slot.key,
+                    slot.slot,
+                    (slot.input_types, slot.input_offsets),
+                    (slot.output_types, slot.output_offsets),
+                )
         self.startup_seconds = time.monotonic() - self.started_at
 
     def note_counters(self, counters: dict[str, int], remote: dict[str, int] | None = None) -> None:
@@ -330,6 +357,11 @@ class WorkerProcess:
         self.loaded.move_to_end(program_id)
         for gone in evicted:
             self.forget(gone)
+
+    def ran_hot(self, program_id: str) -> None:
+        """Records a HotRun of a program it answered: the mirror of its LRU sees the run."""
+        self.hot_runs += 1
+        self.note_loaded(program_id, ())
 
     def forget(self, program_id: str) -> None:
         """Records that the worker no longer holds a program (nor its hot slot)."""
@@ -649,6 +681,7 @@ class Workers:
                 "startup_seconds": w.startup_seconds,
                 "plugin": dict(w.plugin),
                 "loaded": len(w.loaded),
+                "hot_runs": w.hot_runs,
                 "task": None if w.task is None else w.task.request.name,
                 # A dead worker has no task (its arena is closed by then).
                 "started": w.task is not None and w.started(w.task.request.id),
@@ -709,10 +742,22 @@ class Workers:
                 worker.failed_to_start(error)
                 self.kill_locked(worker)
             return
+        try:
+            check_hot_slots(ready.hot)
+        except (ValueError, TypeError, AttributeError) as problem:
+            with self._lock:
+                worker.failed_to_start(
+                    WorkerStartupError(
+                        f"a worker (pid {worker.pid}) broke the protocol at start-up: the hot "
+                        f"slots of its preloaded programs do not fit its arena ({problem})"
+                    )
+                )
+                self.kill_locked(worker)
+            return
         with self._lock:
             if worker.state is not State.STARTING:
                 return  # killed while starting (terminate)
-            worker.became_ready(ready.plugin, ready.loaded)
+            worker.became_ready(ready.plugin, ready.loaded, ready.hot)
             if ready.counters is not None:
                 worker.note_counters(ready.counters)
             if ready.statistics is not None:

@@ -67,6 +67,19 @@ def program_key(
     return key_of(parts), parts
 
 
+def cache_key_of(
+    program: LoweredProgram,
+    cache_dir: str | os.PathLike[str] | None = None,
+    compile_options: bytes | None = None,
+) -> str:
+    """The cache key compile_program would give a program here, without loading or compiling
+    it: the same plugin, host and cache directory make the same key."""
+    options = options_or_default(checked_compile_options(compile_options))
+    cache = open_cache(cache_dir)
+    runtime = get_runtime(program.platform)
+    return program_key(program, runtime, cache if cache.usable else None, options)[0]
+
+
 def _load(
     cache: DiskCache, key: str, program: LoweredProgram
 ) -> tuple[Executable, None] | tuple[None, Miss]:

@@ -363,6 +363,19 @@ class Exit:
 # -- worker to parent --------------------------------------------------------
 
 
+class HotSlot(NamedTuple):
+    """A hot slot a worker gave a program it preloaded (Ready.hot): a HotRun of `slot` runs
+    it on inputs of `input_types` at `input_offsets` in the arena, and leaves its outputs,
+    of `output_types`, at `output_offsets` there."""
+
+    key: str
+    slot: int
+    input_types: tuple[ArrayType, ...]
+    input_offsets: tuple[int, ...]
+    output_types: tuple[ArrayType, ...]
+    output_offsets: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Ready:
     """Start-up finished: the plugin is loaded (and the initializer ran, and Init's preload
@@ -372,6 +385,8 @@ class Ready:
     `counters` what preloading added to its CompileStatistics and its disk
     cache counters (None: it preloaded nothing). With an `error` raised
     while preloading, `failed_program` names the program that did not load.
+    `hot` are the hot slots of the preloaded programs whose inputs and
+    outputs fit the arena, so that their first runs go as HotRuns.
     """
 
     pid: int
@@ -382,6 +397,7 @@ class Ready:
     statistics: CompileStatistics | None = None
     counters: dict[str, int] | None = None
     failed_program: str | None = None
+    hot: tuple[HotSlot, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from worker import _pjrt
 from worker.cache import open_cache, process_counters
 from worker.cache.remote import REMOTE_ENV, remote_counters
 from worker.compile.by_key import load_cached_executable
-from worker.compile.compiler import compile_program
+from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
 from worker.compile.identity import runtime_key_parts
 from worker.dtypes import code_of_dtype
@@ -214,6 +214,16 @@ class Server:
         self._hot: dict[int, _ArenaViews] = {}
         self._slots = count()
         self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
+        self._preloaded: set[str] = set()  # the keys Init.preload loaded
+
+    def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
+        """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
+        if it is still loaded: the same cache key, and the same input types (else None)."""
+        key = cache_key_of(program, self.cache_dir, compile_options)
+        executable = self.loaded.get(key) if key in self._preloaded else None
+        if executable is None or executable.input_types != program.input_types:
+            return None
+        return executable
 
     def _load(
         self,
@@ -224,13 +234,18 @@ class Server:
     ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
         """Returns the program's executable, compiling or loading it if needed.
 
-        The statistics are None when the executable was loaded already.
+        The statistics are None when the executable was loaded already, or when
+        a preloaded one serves the program (see preload).
         """
         executable = self.loaded.get(program_id)
         if executable is not None:
             self.loaded.move_to_end(program_id)
             return executable, None, ()
-        if program is not None:
+        if program is not None and self._preloaded:
+            executable = self._preloaded_as(program, compile_options)
+        if executable is not None:
+            statistics = None  # nothing loaded: the preloaded executable serves it
+        elif program is not None:
             options = {} if compile_options is None else {"compile_options": compile_options}
             executable, statistics = compile_program(
                 program, cache_dir=self.cache_dir, never_compile=self.never_compile, **options
@@ -247,6 +262,7 @@ class Server:
         evicted = []
         while len(self.loaded) > self.max_loaded:
             evicted.append(self.loaded.popitem(last=False)[0])
+            self._preloaded.discard(evicted[-1])
         if evicted:
             gone = set(evicted)
             for views in self._arena_views.values():
@@ -260,13 +276,18 @@ class Server:
 
     def preload(
         self, programs: tuple[tuple[str, str], ...], prime: bool
-    ) -> tuple[tuple[str, ...], CompileStatistics | None]:
+    ) -> tuple[tuple[str, ...], CompileStatistics | None, tuple[protocol.HotSlot, ...]]:
         """Loads executables by cache key before the worker says Ready (Init.preload), priming
-        each (Executable.prime) when asked; returns the keys loaded and what loading added.
+        each (Executable.prime) when asked; returns the keys loaded, what loading added,
+        and the hot slots of those whose inputs and outputs fit the arena.
 
         Each is loaded under its key, as a Run by that key loads it, so a task
-        for it finds it here. A program that does not load raises
-        PreloadError, naming it, with the cause chained.
+        for it finds it here, and gets its hot slot at once, laid out as the
+        parent lays out its inputs (shm.layout from the arena's start): the
+        parent sends its first run as a HotRun. A Run or Compile of a program
+        that compiles to a preloaded key uses that executable too, loading
+        nothing. A program that does not load raises PreloadError, naming it,
+        with the cause chained.
         """
         total: CompileStatistics | None = None
         loaded = []
@@ -280,7 +301,22 @@ class Server:
             if statistics is not None:
                 total = statistics if total is None else total.add(statistics)
             loaded.append(key)
-        return tuple(loaded), total
+            self._preloaded.add(key)
+            if executable.input_types is not None:
+                self._arena_slot(key, executable, InputLayout.of(executable.input_types))
+        hot = tuple(
+            protocol.HotSlot(
+                key,
+                views.slot,
+                views.executable.input_types,
+                key_offsets,
+                views.executable.output_types,
+                views.output_offsets,
+            )
+            for (key, key_offsets), views in self._arena_views.items()
+            if key in self.loaded
+        )
+        return tuple(key for key in loaded if key in self.loaded), total, hot
 
     def compile(self, request: Compile) -> Reply:
         executable, statistics, evicted = self._load(
@@ -294,30 +330,39 @@ class Server:
             phases=None if statistics is None else last_phases(),
         )
 
-    def _run_in_arena(self, request: Run, executable: Executable) -> _ArenaViews | None:
-        """Runs a program whose inputs and outputs fit the arena; None if they do not."""
-        key = (request.program_id, request.input_offsets)
+    def _arena_slot(
+        self, program_id: str, executable: Executable, layout: InputLayout
+    ) -> _ArenaViews | None:
+        """A program's views of the arena and its hot slot for inputs laid out so, made on
+        first use; None when its inputs and outputs do not fit the arena together."""
+        key = (program_id, layout.offsets)
         views = self._arena_views.get(key)
         if views is None:
             types = executable.input_types
-            offsets, end = shm.layout(executable.output_types, shm.aligned(request.input_size))
+            offsets, end = shm.layout(executable.output_types, shm.aligned(layout.size))
             if types is None or end > self.arena_size:
                 return None
             views = _ArenaViews(
-                request.program_id,
+                program_id,
                 executable,
-                shm.views(self.arena, types, request.input_offsets),
+                shm.views(self.arena, types, layout.offsets),
                 shm.views(self.arena, executable.output_types, offsets),
                 offsets,
                 end,
                 next(self._slots),
             )
-            register_slot(
-                self._hot_loop, views.slot, executable, types, request.input_offsets, offsets
-            )
+            register_slot(self._hot_loop, views.slot, executable, types, layout.offsets, offsets)
             self._arena_views[key] = views
             self._hot[views.slot] = views
-        executable.run_into(views.inputs, views.outputs, request.zero_copy)
+        return views
+
+    def _run_in_arena(
+        self, request: Run, executable: Executable, own: InputLayout
+    ) -> _ArenaViews | None:
+        """Runs a program whose inputs and outputs fit the arena; None if they do not."""
+        views = self._arena_slot(request.program_id, executable, own)
+        if views is not None:
+            executable.run_into(views.inputs, views.outputs, request.zero_copy)
         return views
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
@@ -346,7 +391,7 @@ class Server:
             evicted=evicted,
         )
         if request.in_arena and own is not None and input_types == own.types:
-            views = self._run_in_arena(request, executable)
+            views = self._run_in_arena(request, executable, own)
             if views is not None:
                 return reply(
                     output_offsets=views.output_offsets,
@@ -545,6 +590,7 @@ def main(
     arena_size = 0
     server: Server | None = None
     loaded: tuple[str, ...] = ()
+    hot: tuple[protocol.HotSlot, ...] = ()
     statistics: CompileStatistics | None = None
     failed_program: str | None = None
     try:
@@ -566,7 +612,7 @@ def main(
             _run_initializer(request.initializer)
         server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile)
         if request.preload:
-            loaded, statistics = server.preload(request.preload, request.prime)
+            loaded, statistics, hot = server.preload(request.preload, request.prime)
     except protocol.ConnectionLostError:
         return 0
     except PreloadError as failure:  # the program's own error, for the parent to raise
@@ -585,6 +631,7 @@ def main(
             statistics,
             counters,
             failed_program,
+            hot,
         ),
     )
     if error is not None or server is None:
