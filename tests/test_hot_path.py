@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -283,3 +284,23 @@ def test_a_signal_wakes_the_native_loop_and_its_handler_runs() -> None:
         rescue.cancel()
         signal.signal(signal.SIGUSR1, previous)
         loop.close()
+
+
+def test_an_idle_worker_a_caller_parked_is_replaced_when_it_dies() -> None:
+    # Pool.run leaves the idle worker's socket out of the manager's wait set (parked);
+    # the manager puts it back within PARKED_SECONDS, so a death is still seen.
+    program = scale_program(2.0)
+    x = np.ones(8, np.float32)
+    with Pool(1) as pool:
+        for _ in range(5):
+            pool.run(program, [x])
+        pid = pool.worker_info[0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            info = pool.worker_info[0]
+            if info["pid"] != pid and info["state"] == "idle":
+                break
+            time.sleep(0.01)
+        assert pool.worker_info[0]["pid"] != pid, "the dead worker was never replaced"
+        np.testing.assert_array_equal(pool.run(program, [x])[0], x * 2 + 1)

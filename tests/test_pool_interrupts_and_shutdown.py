@@ -242,8 +242,9 @@ def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) ->
 
 def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> None:
     # Interrupted in Dispatcher._finish after the worker went IDLE but before
-    # Workers.give_back_locked: it stays held by the caller, out of the wait
-    # set. close() then waits HAND_BACK_SECONDS for it and leaves it unreaped.
+    # it is handed back (parked: Workers.free_locked): it stays held by the caller,
+    # out of the wait set. close() then waits HAND_BACK_SECONDS for it and leaves it
+    # unreaped. Runs after it must find the worker handed back whole, parked or not.
     done = interrupt_child(
         """
         from pool.executor.workers import Workers
@@ -251,17 +252,21 @@ def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> N
         x = np.ones(8, np.float32)
         pool = Pool(workers=1)
         pool.run(program, [x])
-        interrupt_at(Workers.free_locked, "self.give_back_locked(worker)")
+        interrupt_at(Workers.free_locked, "worker.held_by(None)")
         try:
             pool.run(program, [x])
         except KeyboardInterrupt:
             print("interrupted", flush=True)
+        later = [float(pool.run(program, [x])[0][0]) for _ in range(3)]
+        later.append(float(pool.submit(program, [x]).result()[0][0]))
+        print("runs after:", later, flush=True)
         print("close returned:", returns_within(pool.close, 30), flush=True)
         print("children left:", children_of(os.getpid()), flush=True)
         """,
         timeout=90,
     )
     assert "interrupted" in done.stdout, done.stdout
+    assert "runs after: [3.0, 3.0, 3.0, 3.0]" in done.stdout, done.stdout
     assert "close returned: True" in done.stdout, done.stdout
     assert "children left: []" in done.stdout, done.stdout
 

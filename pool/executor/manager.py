@@ -41,7 +41,7 @@ from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
 from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.executor.workers import Source, State, WorkerProcess, Workers
+from pool.executor.workers import PARKED_SECONDS, Source, State, WorkerProcess, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -111,7 +111,9 @@ class Manager(ManagerThread):
                 )
             if done:
                 return
-            timeout = _earliest(self._expire(), workers.respawn_due())
+            with self._lock:
+                workers.unpark_locked()  # see pool.executor.workers: parked sockets go back
+            timeout = _earliest(self._expire(), workers.respawn_due(), PARKED_SECONDS)
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
             for source, worker in self._wait_set.wait(timeout):
                 if source is Source.OUTPUT:

@@ -69,7 +69,7 @@ from pool.executor import forks
 from pool.executor.caller import CallerPath
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.dispatch import Dispatcher
-from pool.executor.futures import PoolFuture, TaskFuture
+from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
 from pool.executor.inputs import Layouts, TaskMemory
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
@@ -253,6 +253,8 @@ class Pool:
             self._pid,
         )
         self._manager.start()
+        # Read once: Thread.ident is a property, and every run compares it.
+        self._manager_ident = self._manager.ident
         if not self._workers.started.wait(settings.start_timeout):
             self.terminate()
             raise WorkerStartupError(
@@ -566,7 +568,7 @@ class Pool:
         """Refuses a call that waits for tasks when it comes from a Future's done-callback."""
         # The id first (cheap); a thread that ended may leave its id to another.
         manager = self._manager
-        if threading.get_ident() == manager.ident and threading.current_thread() is manager:
+        if threading.get_ident() == self._manager_ident and threading.current_thread() is manager:
             raise PoolError(
                 f"{what} cannot wait inside a Future's done-callback: callbacks run on the "
                 "pool's manager thread, which must stay free to read the workers' replies; "
@@ -589,8 +591,8 @@ class Pool:
 
         Everything a caller gives is checked here, before any worker is claimed.
         A run whose future is handed out gets a TaskFuture, whose result() reads
-        the reply; Pool.run's own (handed_out False) is read once the reply was
-        handled, or waits for the manager when the task was queued.
+        the reply; Pool.run's own (handed_out False) is a RunOutcome, read once
+        the reply was handled, or waited for when the task was queued.
         """
         if self._pid != forks.pid:
             self._refuse_in_child()
@@ -616,7 +618,13 @@ class Pool:
             None if spec is None else spec.input_types,
             compile_options,
         )
-        future = TaskFuture(self._caller) if handed_out and kind is Kind.RUN else PoolFuture()
+        future: Future[Any] | RunOutcome
+        if not handed_out:
+            future = RunOutcome()  # Pool.run's own: no callbacks, no cancellation
+        elif kind is Kind.RUN:
+            future = TaskFuture(self._caller)
+        else:
+            future = PoolFuture()
         return Task(request, future)
 
     def _submit(

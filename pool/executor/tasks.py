@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pool.errors import PoolClosedError, PoolError
-from pool.executor.futures import fail, resolve
+from pool.executor.futures import RunOutcome, fail, resolve
 from pool.executor.wait_set import WaitSet
 from worker.records import ArrayType, LoweredProgram
 
@@ -117,7 +117,7 @@ class Task:
         "state",
     )
 
-    def __init__(self, request: Request, future: Future[Any]) -> None:
+    def __init__(self, request: Request, future: Future[Any] | RunOutcome) -> None:
         self.request = request
         self.future = future
         self.memory: TaskMemory | None = None  # a run's, once staged

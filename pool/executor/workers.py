@@ -36,9 +36,17 @@ of one caller thread, with the socket out of that set::
               came within the caller's timeout, or the caller failed or
               was interrupted (CallerPath.recover)------------------------> manager
 
-Only Workers.claim_locked, Workers.take_over_locked and
-Workers.give_back_locked change it, so "the manager's wait set has the
-socket exactly when the manager holds it" holds everywhere else. A wait
+Only Workers.claim_locked, Workers.take_over_locked, Workers.give_back_locked
+and Workers.free_locked change it, so "the manager's wait set has the socket
+exactly when the manager holds it" holds everywhere else, with one exception:
+a worker `parked` by the caller that freed it. Taking a socket out of the
+epoll set and putting it back costs two system calls (about 2 us) on every
+Pool.run, so a caller that frees an idle worker leaves its socket out
+(parked: IDLE, holder None), and the next caller to claim it takes it as it
+is. The manager puts every parked socket back at each turn of its loop (its
+waits last at most PARKED_SECONDS), before it claims a worker, and when a
+worker is killed, so an idle worker's death is seen within that time, or by
+the next caller that claims it (which gives it back, dead, to the manager). A wait
 of the manager's may still report a reply that a caller took the socket
 over for and read meanwhile: the manager looks before it reads.
 
@@ -99,6 +107,10 @@ STDERR_TAIL_BYTES = 8192
 """How much of a worker's output is kept for crash reports."""
 
 _FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
+
+PARKED_SECONDS = 0.1
+"""The longest a parked worker's socket stays out of the manager's wait set (see the module
+docstring): the manager's waits last at most this long."""
 
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
@@ -174,6 +186,7 @@ class WorkerProcess:
         self.max_loaded = max_loaded
         self.state = State.STARTING
         self.holder: int | None = None  # the thread that holds the socket; None: the manager
+        self.parked = False  # idle, its socket left out of the manager's wait set by a caller
         # The manager is sending to the socket or reading from it (set under the lock):
         # no caller takes it over meanwhile (Workers.take_over_locked).
         self.manager_using = False
@@ -263,6 +276,10 @@ class WorkerProcess:
     def held_by(self, holder: int | None) -> None:
         """Who holds the socket now: a caller's thread id, or None for the manager."""
         self.holder = holder
+
+    def park(self, parked: bool) -> None:
+        """Whether its socket is out of the manager's wait set while the manager holds it."""
+        self.parked = parked
 
     def manager_use(self, using: bool) -> None:
         """Whether the manager is sending to the socket or reading it (no take-over then)."""
@@ -518,10 +535,14 @@ class Workers:
         """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
         worker.claimed(task, holder)
         task.claimed()
-        if holder is not None:
+        if worker.parked:
+            worker.park(False)
+            if holder is None:  # the manager waits for the reply in its wait set
+                self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
+        elif holder is not None:
             self._wait_set.remove(worker.sock.fileno())
-            if task.deadline is not None:
-                self._wait_set.wake()  # the manager's wait must end at this deadline
+        if holder is not None and task.deadline is not None:
+            self._wait_set.wake()  # the manager's wait must end at this deadline
 
     def take_over_locked(self, future: object, holder: int) -> WorkerProcess | None:
         """manager -> caller: the BUSY worker whose task has `future`, for the caller waiting
@@ -551,6 +572,7 @@ class Workers:
             return
         if worker.state is not State.DEAD:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
+        worker.park(False)  # its socket is in the set now (a park cut short by an interrupt)
         worker.held_by(None)
         if self._tasks.closing:
             self._wait_set.wake()  # close() waits for this worker to be free
@@ -561,11 +583,27 @@ class Workers:
             self.give_back_locked(worker)
 
     def free_locked(self, worker: WorkerProcess, task: Task) -> None:
-        """A reply to `task` was handled: BUSY -> IDLE, without its task, back to the manager."""
+        """A reply to `task` was handled: BUSY -> IDLE, without its task, back to the manager
+        (parked, when a caller frees an idle worker of a pool that is not closing)."""
         worker.take_task(task)
         if worker.state is State.BUSY:
             worker.move(State.IDLE)
+        if worker.holder is not None and worker.state is State.IDLE and not self._tasks.closing:
+            worker.park(True)  # first, as in give_back_locked: the socket stays out of the set
+            worker.held_by(None)
+            return
         self.give_back_locked(worker)
+
+    def unpark_locked(self) -> None:
+        """Puts the socket of every parked worker back into the manager's wait set."""
+        for worker in self._all:
+            if worker.parked:
+                self._unpark_locked(worker)
+
+    def _unpark_locked(self, worker: WorkerProcess) -> None:
+        if worker.state is not State.DEAD:
+            self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
+        worker.park(False)
 
     def unclaim_locked(self, worker: WorkerProcess) -> None:
         """Nothing was sent: BUSY -> IDLE, without its task, back to the manager."""
@@ -578,6 +616,8 @@ class Workers:
         """Kills a worker: it becomes DYING, and its end of file finishes it (the manager)."""
         if worker.state is State.DEAD:
             return
+        if worker.parked:  # the manager must see its end of file
+            self._unpark_locked(worker)
         if worker.state is not State.DYING:
             worker.move(State.DYING)
         worker.kill()
