@@ -130,7 +130,7 @@ warm = time.perf_counter()
 print(f"{imported - started} {loaded - imported} {first - loaded} {warm - first} {total}")
 """
 
-PLAIN = """
+PLAIN_CLIENT = """
 import importlib.util, json, sys, time
 started = time.perf_counter()
 import numpy as np
@@ -140,7 +140,13 @@ spec.loader.exec_module(native)
 imported = time.perf_counter()
 plugin = native.Plugin.load(sys.argv[2])
 client = native.Client(plugin, {})
-with open(sys.argv[3], "rb") as file:
+"""
+"""The plainest loader's start: the native module by file path (argv[1]), the plugin
+(argv[2]) and a client, no pjrt-pool Python at all; PLAIN and bench_preload's go on."""
+
+PLAIN = (
+    PLAIN_CLIENT
+    + """with open(sys.argv[3], "rb") as file:
     executable = client.deserialize(file.read())
 setup = json.loads(sys.argv[4])
 inputs = [np.full(shape, 0.01, np.float32) for shape in setup["inputs"]]
@@ -153,6 +159,7 @@ executable.execute(inputs, codes, outputs, True)
 warm = time.perf_counter()
 print(f"{imported - started} {loaded - imported} {first - loaded} {warm - first} 0")
 """
+)
 
 
 def _timed(command: list[str], env: dict[str, str]) -> tuple[float, list[float]]:

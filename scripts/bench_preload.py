@@ -52,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_cold_start import PLAIN_CLIENT
 from bench_start import FROM_TREE
 from examples import example_programs
 
@@ -69,17 +70,9 @@ print(f"{imported - started} {ready - imported} {loading}", flush=True)
 pool.close()
 """
 
-PLAIN = """
-import importlib.util, json, sys, time
-started = time.perf_counter()
-import numpy as np
-spec = importlib.util.spec_from_file_location("_pjrt", sys.argv[1])
-native = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(native)
-imported = time.perf_counter()
-plugin = native.Plugin.load(sys.argv[2])
-client = native.Client(plugin, {})
-plugged = time.perf_counter()
+PLAIN = (
+    PLAIN_CLIENT
+    + """plugged = time.perf_counter()
 with open(sys.argv[3]) as file:
     programs = json.load(file)
 registering = deserializing = priming = 0.0
@@ -112,6 +105,7 @@ print(
     flush=True,
 )
 """
+)
 
 
 def _setup(root: Path) -> dict[str, Any]:

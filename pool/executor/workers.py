@@ -570,9 +570,7 @@ class Workers:
         """
         if worker.holder is None:
             return
-        if worker.state is not State.DEAD:
-            self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
-        worker.park(False)  # its socket is in the set now (a park cut short by an interrupt)
+        self._unpark_locked(worker)  # also ends a park an interrupt cut short
         worker.held_by(None)
         if self._tasks.closing:
             self._wait_set.wake()  # close() waits for this worker to be free
@@ -601,6 +599,7 @@ class Workers:
                 self._unpark_locked(worker)
 
     def _unpark_locked(self, worker: WorkerProcess) -> None:
+        """Its socket into the manager's wait set (unless it is dead), then not parked."""
         if worker.state is not State.DEAD:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
         worker.park(False)

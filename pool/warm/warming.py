@@ -36,7 +36,14 @@ from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache, open_cache
 from worker.cache.key import key_of
-from worker.cache.remote import Moved, Prefetcher, RemoteCache, RemoteCounters, open_remote
+from worker.cache.remote import (
+    Moved,
+    Prefetcher,
+    RemoteCache,
+    RemoteCounters,
+    TransferReport,
+    open_remote,
+)
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.records import CompileStatistics, ProgramSpec
@@ -363,9 +370,7 @@ def warm(
     if tier is not None:
         prefetch = RemoteCounters(*(a - b for a, b in zip(tier.counters, before, strict=True)))
         remote_report = workers_remote.add(prefetch)
-    prefetched: dict[str, int] = {}
-    for outcome in moved.values():
-        prefetched[outcome.value] = prefetched.get(outcome.value, 0) + 1
+    prefetched = TransferReport(moved).counts()
     return WarmReport(
         reports,
         statistics,
