@@ -80,7 +80,7 @@ from pool.errors import WorkerStartupError, rebuild_error
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.spawn import child_environment, python_command
+from pool.spawn import child_environment, python_command, with_huge_pages
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
 from worker.cache.remote.location import REMOTE_ENV
@@ -226,8 +226,11 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                # The remote tier the pool was given, for this worker only.
-                env=child_environment(None if remote is None else {REMOTE_ENV: remote}),
+                # The remote tier the pool was given, for this worker only; huge
+                # pages for the plugin's large buffers (see with_huge_pages).
+                env=with_huge_pages(
+                    child_environment(None if remote is None else {REMOTE_ENV: remote})
+                ),
                 # Its own session: a Ctrl-C meant for the parent must not kill
                 # workers behind the pool's back; the pool stops them itself.
                 start_new_session=True,
