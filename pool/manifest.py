@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from worker.bundle.container import looks_like_archive
-from worker.bundle.loading import load_from_bundle
-from worker.bundle.reader import Bundle
 from worker.bundle.urls import is_url, shown
 from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
@@ -42,6 +40,7 @@ from worker.untrusted import parse_json, read_file
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from worker.bundle.reader import Bundle
     from worker.cache.remote.transfer import TransferReport
     from worker.compile.executable import Executable
 
@@ -129,10 +128,13 @@ class Manifest:
             executable = self._executables.get(name)
             if executable is None:
                 spec = self.spec(name)
+                # Imported here: a manifest's run needs none of the bundle's
+                # modules, nor a bundle's the cache's store and locks.
                 if self.bundle is not None:
+                    from worker.bundle.loading import load_from_bundle
+
                     executable, self.specs[name] = load_from_bundle(self.bundle, name)
                 else:
-                    # Here: a bundle's reader has no use for the cache's store and locks.
                     from worker.compile.by_key import load_cached_executable
 
                     executable = load_cached_executable(spec.key, self.cache_dir)
@@ -263,6 +265,8 @@ def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: boo
             f"{shown(path)} is a bundle, which carries its executables: leave the cache directory "
             "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
         )
+    from worker.bundle.reader import Bundle
+
     try:
         bundle = Bundle(path)
     except BundleError as error:

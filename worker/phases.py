@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from worker.log import get_logger
+
 PHASE_LOG_ENV = "PJRT_POOL_PHASE_LOG"
 """Names a file to which every process appends one JSON line per compile and start-up."""
 
-logger = logging.getLogger("pjrt_pool.phases")
+logger = get_logger("pjrt_pool.phases")
 
 _totals: dict[str, float] = {}
 _totals_lock = threading.Lock()

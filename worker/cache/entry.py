@@ -34,8 +34,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
@@ -78,8 +77,7 @@ class UnreadableEntryError(Exception):
         self.error = error
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """A verified entry: its header fields and payload."""
 
     key: str
@@ -115,8 +113,7 @@ def encode(
     return b"".join((signed_part, hashlib.sha256(signed_part).digest(), mac, payload))
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """A verified header: its JSON, where the payload starts, and the MAC if signed."""
 
     fields: dict[str, Any]

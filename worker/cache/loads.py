@@ -24,14 +24,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import logging
 import os
 from collections.abc import Iterator
 
 from worker.cache.folders import Folder
 from worker.cache.key import check_key, is_key
+from worker.log import get_logger
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 _counter = itertools.count()
 _host: str | None = None

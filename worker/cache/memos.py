@@ -25,7 +25,6 @@ protections entries get:
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,10 @@ from typing import Any
 from worker.cache.atomic import write_atomically
 from worker.cache.folders import Folder
 from worker.cache.signing import Signer
+from worker.log import get_logger
 from worker.untrusted import parse_json, read_file
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 MEMO_LIMIT = 1 << 20
 """Bytes a record may have: the largest, check-plugin's outcomes, are about 40 KB."""

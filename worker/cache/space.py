@@ -34,22 +34,22 @@ regular files with those names only, through the directory's descriptor
 from __future__ import annotations
 
 import errno
-import logging
 import math
 import os
 import stat as stat_module
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from worker.cache.atomic import is_temp_name
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.folders import Folder
 from worker.cache.key import check_key, is_key
 from worker.fds import close_quietly
+from worker.log import get_logger
 from worker.untrusted import parse_json, read_file
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 LOW_WATER = 0.75
 """A scan forced by a full cache evicts down to this fraction of the bound, so that
@@ -76,8 +76,7 @@ def _is_entry_name(name: str) -> bool:
     return key_of_name(name) is not None
 
 
-@dataclass(frozen=True)
-class EntryFile:
+class EntryFile(NamedTuple):
     """An entry file as the directory lists it (not yet verified)."""
 
     key: str
@@ -96,8 +95,7 @@ class EntryFile:
         return self.key + ENTRY_SUFFIX
 
 
-@dataclass(frozen=True)
-class Scan:
+class Scan(NamedTuple):
     """What a scan of entries/ found."""
 
     entries: list[EntryFile]
@@ -222,8 +220,7 @@ def evict(
     return total, removed
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(NamedTuple):
     """The ledger: bytes accounted in entries/, and when a scan last counted them."""
 
     bytes: int

@@ -31,15 +31,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import logging
 import os
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.cache import entry as entry_format
 from worker.cache import space, trust
@@ -60,8 +58,9 @@ from worker.cache.locking import HeldLock, try_acquire
 from worker.cache.memos import MemoStore
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
+from worker.log import get_logger
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 DEFAULT_LOCK_TIMEOUT = 600.0
 """Seconds a process waits for another's compile of the same key before compiling itself."""
@@ -83,8 +82,7 @@ class CacheUnavailableWarning(UserWarning):
     """The cache directory cannot be used; compiling goes on without the cache."""
 
 
-@dataclass(frozen=True)
-class TrimResult:
+class TrimResult(NamedTuple):
     """What a trim found and did."""
 
     ran: bool

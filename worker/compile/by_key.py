@@ -9,7 +9,6 @@ the entry, and needs no JAX.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -19,6 +18,7 @@ from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
+from worker.log import get_logger
 from worker.records import ArrayType
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ __all__ = [
     "settle_miss",
 ]
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 
 class Miss(NamedTuple):

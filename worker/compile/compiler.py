@@ -24,7 +24,6 @@ compiling.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any, Literal
@@ -39,12 +38,13 @@ from worker.compile.executable import Executable
 from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
+from worker.log import get_logger
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.runtime import Runtime, get_runtime
 from worker.records import CompileStatistics, LoweredProgram, check_program, types_to_json
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 
 def _check_code(program: LoweredProgram) -> LoweredProgram:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from worker.log import get_logger
 
 SLOTS_ENV = "PJRT_POOL_COMPILE_SLOTS"
 """Names how many compiles may run at once on this machine (0: any number)."""
@@ -37,7 +38,7 @@ an H200 host took 136.6 CPU-seconds in 33-34 s of wall time."""
 _GPU_PLATFORMS = ("cuda", "rocm")
 _POLL_SECONDS = (0.002, 0.05)  # first and longest sleep between tries for a free slot
 
-logger = logging.getLogger("pjrt_pool.slots")
+logger = get_logger("pjrt_pool.slots")
 
 
 def compile_slots(platform: str) -> int | None:

@@ -22,22 +22,20 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker import _pjrt
 from worker.errors import PjrtError
+from worker.log import get_logger
 from worker.plugin.locate import cuda_major, newer_plugin_hint, plugin_jax_version
 from worker.plugin.runtime import Runtime, get_runtime
 
-logger = logging.getLogger("pjrt_pool.kernels")
+logger = get_logger("pjrt_pool.kernels")
 
 
-@dataclass(frozen=True)
-class _KernelLibrary:
+class _KernelLibrary(NamedTuple):
     platform: str
     markers: tuple[bytes, ...]  # substrings of any program or executable that calls it
     modules: tuple[tuple[str, bool], ...]  # (module of the package, all its targets are FFI)
@@ -128,8 +126,7 @@ def _describe(runtime: Runtime) -> str:
     )
 
 
-@dataclass(frozen=True)
-class _Refusal:
+class _Refusal(NamedTuple):
     """A handler the plugin's XLA could not take: what FfiVersionError says, each time."""
 
     text: str
@@ -262,8 +259,7 @@ def _ffi_handlers(module_name: str, all_ffi: bool) -> dict[str, Any]:
     return handlers
 
 
-@dataclass
-class KernelRegistration:
+class KernelRegistration(NamedTuple):
     """What registering a kernel package's handlers did."""
 
     registered: dict[str, list[str]]

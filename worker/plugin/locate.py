@@ -20,16 +20,15 @@ import importlib.util
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from worker.errors import PluginNotFoundError
 
 ENV_PREFIX = "PJRT_POOL_PLUGIN_"
 
 
-@dataclass(frozen=True)
-class _DefaultPlugin:
+class _DefaultPlugin(NamedTuple):
     distribution: str  # what to pip install
     package: str  # the import name of the directory holding the library
     library: str  # file name of the library in that directory
@@ -90,8 +89,7 @@ def cuda_major(plugin_path: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class PluginLocation:
+class PluginLocation(NamedTuple):
     """Where the plugin for a platform lives, and how it was chosen."""
 
     platform: str

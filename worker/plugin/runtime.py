@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +20,7 @@ from worker import _pjrt
 from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
 from worker.errors import PlatformMismatchError
+from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.locate import PluginLocation, cuda_major, env_var, find_plugin
@@ -30,7 +29,7 @@ from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
 
-logger = logging.getLogger("pjrt_pool.runtime")
+logger = get_logger("pjrt_pool.runtime")
 
 PLATFORM_ENV = "PJRT_POOL_PLATFORM"
 """Names the platform to load when nothing else says which (default "cpu")."""
@@ -109,35 +108,41 @@ def _version(value: Any) -> str | None:
     return str(value) if value else None
 
 
-@dataclass
 class Runtime:
     """A loaded plugin and its client, for one platform."""
 
-    location: PluginLocation
-    """Which plugin library was loaded, and why."""
+    # A plain class, not a dataclass: making a dataclass costs about 0.4 ms at import, on
+    # the path of every serving process's start (scripts/bench_start.py).
+    def __init__(
+        self,
+        location: PluginLocation,
+        plugin: _pjrt.Plugin,
+        client: _pjrt.Client,
+        *,
+        client_options: dict[str, Any] | None = None,
+        codegen_environment: dict[str, Any] | None = None,
+    ) -> None:
+        self.location = location
+        """Which plugin library was loaded, and why."""
+        self.plugin = plugin
+        """The native plugin handle."""
+        self.client = client
+        """The native client on the plugin's first device."""
+        self.registered_targets: set[str] = set()
+        """Custom-call targets registered through this runtime."""
+        self.refused_targets: dict[str, Any] = {}
+        """Targets of kernel libraries the plugin's XLA cannot take, each with the refusal
+        (worker.plugin.kernels) whose FfiVersionError a program calling it raises."""
+        self.lock = threading.Lock()
+        """Serializes one-time registrations (kernel libraries) across threads."""
+        self.client_options = dict(client_options or {})
+        """The create options the client was made with (part of the cache key)."""
+        self.codegen_environment = dict(codegen_environment or {})
+        """What the plugin read from the environment when it loaded and that changes the
+        code it generates (XLA_FLAGS, thread counts): part of the cache key."""
 
-    plugin: _pjrt.Plugin
-    """The native plugin handle."""
-
-    client: _pjrt.Client
-    """The native client on the plugin's first device."""
-
-    registered_targets: set[str] = field(default_factory=set)
-    """Custom-call targets registered through this runtime."""
-
-    refused_targets: dict[str, Any] = field(default_factory=dict)
-    """Targets of kernel libraries the plugin's XLA cannot take, each with the refusal
-    (worker.plugin.kernels) whose FfiVersionError a program calling it raises."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    """Serializes one-time registrations (kernel libraries) across threads."""
-
-    client_options: dict[str, Any] = field(default_factory=dict)
-    """The create options the client was made with (part of the cache key)."""
-
-    codegen_environment: dict[str, Any] = field(default_factory=dict)
-    """What the plugin read from the environment when it loaded and that changes the
-    code it generates (XLA_FLAGS, thread counts): part of the cache key."""
+    def __repr__(self) -> str:
+        return f"Runtime({self.location!r})"
 
     @property
     def platform(self) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from worker.cache import CACHE_DIR_ENV, open_cache
 from worker.errors import PluginNotFoundError
+from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin.locate import find_plugin
 from worker.plugin.xla_flags import plugin_knows_flag
@@ -42,7 +43,7 @@ WORKER_LOG_ENV = "PJRT_POOL_WORKER_LOG"
 AUTOTUNE_FLAG = "xla_gpu_per_fusion_autotune_cache_dir"
 _AUTOTUNE_PLATFORMS = ("cuda",)  # checked on the CUDA plugin of jax 0.11.2
 
-logger = logging.getLogger("pjrt_pool.startup")
+logger = get_logger("pjrt_pool.startup")
 
 
 def prepare_worker(platform: str, cache_dir: str | None) -> None:

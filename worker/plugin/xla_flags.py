@@ -21,13 +21,13 @@ The flags are part of what the cache key records (cache.key.codegen_environment)
 from __future__ import annotations
 
 import contextlib
-import logging
 import mmap
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
+from worker.log import get_logger
 from worker.plugin.build_identity import installed_sha256
 from worker.plugin.known_builds import known_build
 from worker.plugin.locate import environment_variable
@@ -35,7 +35,7 @@ from worker.plugin.locate import environment_variable
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
 
-logger = logging.getLogger("pjrt_pool.runtime")
+logger = get_logger("pjrt_pool.runtime")
 
 JAX_SEMANTICS: dict[str, dict[str, str]] = {"cpu": {"xla_cpu_enable_fast_min_max": "false"}}
 """Per platform, the flags (name: value) that make a plugin's results match JAX's."""

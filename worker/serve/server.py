@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import logging
 import mmap
 import os
 import signal
@@ -47,6 +46,7 @@ from worker.compile.executable import Executable
 from worker.compile.identity import runtime_key_parts
 from worker.dtypes import code_of_dtype
 from worker.fds import close_quietly
+from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
@@ -64,7 +64,7 @@ DEVICE_FAILURE_EXIT = 75
 
 _PR_SET_PDEATHSIG = 1
 
-logger = logging.getLogger("pjrt_pool.worker")
+logger = get_logger("pjrt_pool.worker")
 
 
 def _die_with_parent(parent_pid: int) -> None:

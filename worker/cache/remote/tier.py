@@ -21,7 +21,6 @@ Nothing here raises for the remote's sake: the caller compiles instead.
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 import warnings
@@ -56,8 +55,9 @@ from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.verify import RefusedObjectError, checked_entry, checked_record
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
+from worker.log import get_logger
 
-logger = logging.getLogger("pjrt_pool.cache")
+logger = get_logger("pjrt_pool.cache")
 
 ELSEWHERE_READ = 8
 """At most this many records of a program's other builds are read for one refusal."""
