@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.options import add_remote_option, open_remote_option
 from pool.cli.paths import input_file, output_file
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker.bundle.container import looks_like_archive
@@ -32,7 +33,6 @@ from worker.bundle.reader import Bundle
 from worker.bundle.urls import is_url, shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
-from worker.cache.remote import open_remote
 from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
 from worker.compile.identity import runtime_key_parts
@@ -70,12 +70,7 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
     )
-    create.add_argument(
-        "--remote",
-        metavar="URL",
-        help="read the entries the cache lacks from this remote tier, verified (default: "
-        "$PJRT_POOL_CACHE_REMOTE)",
-    )
+    add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
     create.set_defaults(run=_create, prog=create.prog)
 
     merge = commands.add_parser("merge", help="one bundle of several (for a mixed fleet)")
@@ -148,9 +143,9 @@ def _problem(error: Exception) -> int:
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
     try:
-        remote = open_remote(args.remote)
-    except ValueError as error:
-        raise UsageError(f"--remote: {error}") from None
+        remote = open_remote_option(args.remote)
+    except ValueError as error:  # the tier's other settings: time limits, signing keys
+        return _problem(error)
     programs = []
     caches: dict[str | None, DiskCache] = {}
     for path in args.manifests:

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.options import add_remote_option, remote_url
 from pool.cli.paths import input_file
 from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
-from worker.cache.remote.location import parse_remote
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
@@ -90,13 +90,10 @@ def register(subparsers: Any) -> None:
         "local cluster of N workers started for this run (local:N); needs the "
         "cluster extra",
     )
-    warm.add_argument(
-        "--remote",
-        metavar="URL",
-        default=None,
-        help="a remote cache tier (s3://bucket/prefix, file:///dir, ...; default: "
-        "$PJRT_POOL_CACHE_REMOTE): entries are prefetched from it before compiling, and "
-        "what is compiled is published to it",
+    add_remote_option(
+        warm,
+        "a remote cache tier: entries are prefetched from it before compiling, and what is "
+        "compiled is published to it",
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
@@ -164,11 +161,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         )
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
-    if args.remote is not None:
-        try:
-            parse_remote(args.remote)
-        except ValueError as error:
-            raise UsageError(f"--remote: {error}") from None
+    remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
     if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
         _check_cache_dir(args.cache_dir)
         _check_plugin(args.platform or default_platform(), "--platform")
