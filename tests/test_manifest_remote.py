@@ -17,8 +17,9 @@ import pytest
 from cache_helpers import lowered
 from remote_helpers import Remote
 
-from pool.manifest import Manifest
+from pool.manifest import Manifest, load_manifest
 from worker import compile_program
+from worker.errors import NotInCacheError
 from worker.records import ProgramSpec
 
 X = np.linspace(-1, 1, 4, dtype=np.float32)
@@ -46,6 +47,41 @@ def published(tmp_path: Path, remote: Remote, monkeypatch: pytest.MonkeyPatch) -
 
 def entries(cache: Path) -> list[str]:
     return sorted(path.stem for path in (cache / "entries").glob("*.pjx"))
+
+
+def test_a_manifest_program_runs_from_the_remote_on_a_host_with_an_empty_cache(
+    tmp_path, remote, monkeypatch, capsys
+):
+    from pool.cli.main import main
+
+    manifest = published(tmp_path, remote, monkeypatch)
+    key = load_manifest(manifest).spec("p").key
+    with pytest.raises(NotInCacheError):
+        load_manifest(manifest).run("p", [X])  # no remote: not in host B's cache
+    loaded = load_manifest(manifest, remote=remote.url)
+    assert loaded.remote == remote.url
+    [out] = loaded.run("p", [X])
+    np.testing.assert_allclose(out, expected(), rtol=1e-6)
+    assert entries(tmp_path / "b") == [key]  # published into the cache: next time local
+
+    # The command line, into another empty cache; the URL from --remote, then the variable.
+    for cache, options, env in (
+        ("c", ["--remote", remote.url], None),
+        ("d", [], remote.url),
+    ):
+        if env is not None:
+            monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE", env)
+        code = main(["run", str(manifest), "p", "--cache-dir", str(tmp_path / cache), *options])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert "p: loaded from the cache" in out
+        assert entries(tmp_path / cache) == [key]
+
+    # remote=False: none, whatever PJRT_POOL_CACHE_REMOTE says.
+    with pytest.raises(NotInCacheError, match="no executable with key"):
+        load_manifest(manifest, str(tmp_path / "e"), remote=False).run("p", [X])
+    with pytest.raises(ValueError, match="scheme 'ftp'"):
+        load_manifest(manifest, remote="ftp://host/x")
 
 
 def test_a_pool_with_remote_false_asks_no_remote(tmp_path, remote, monkeypatch):

@@ -31,7 +31,7 @@ import numpy as np
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from pool.cli.options import add_remote_option, remote_url
 from pool.cli.paths import input_file
-from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
+from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
@@ -116,6 +116,11 @@ def register(subparsers: Any) -> None:
         type=int,
         default=0,
         help="run through a pool of N workers (default 0: in this process)",
+    )
+    add_remote_option(
+        run,
+        "for a manifest: the remote cache tier, from which an entry the cache lacks is "
+        "fetched (verified) into the cache",
     )
     run.add_argument(
         "--prime",
@@ -358,8 +363,10 @@ def _run(args: argparse.Namespace) -> int:
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     input_file(args.manifest, "the manifest")
+    # A bundle carries its executables: only an explicit --remote is checked (and refused).
+    remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     try:
-        manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime)
+        manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime, remote=remote)
         if args.name is None:
             for name in manifest.names:
                 spec = manifest.spec(name)
@@ -398,7 +405,9 @@ def _run(args: argparse.Namespace) -> int:
             # wire: ~60 ms) is not needed to run in this process, the usual case.
             from pool.executor.pool import Pool
 
-            with Pool(args.workers, platform=spec.platform, cache_dir=manifest.cache_dir) as pool:
+            with Pool(
+                args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote
+            ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)
                 done = time.perf_counter()
