@@ -178,6 +178,7 @@ REMOTE_COMMANDS = {
     "cache pull": ["cache", "pull"],
     "cache gc": ["cache", "gc", "--older-than", "1d"],
     "bundle create": ["bundle", "create", "m.json", "-o", "out.bundle"],
+    "bundle check": ["bundle", "check", "m.json"],
     "run": ["run", "m.json", "add"],
     "warm": ["warm", "spec.py"],
 }
