@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -85,6 +85,7 @@ class Manifest:
         bundle: Bundle | None = None,
         *,
         prime: bool = False,
+        remote: str | Literal[False] | None = None,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -97,6 +98,9 @@ class Manifest:
         self.platform = platform
         self.bundle = bundle
         """The bundle the executables come from, or None: the cache directory."""
+        self.remote = remote
+        """The remote cache tier a program the cache lacks is fetched from: its URL, None
+        (PJRT_POOL_CACHE_REMOTE) or False (none); unused for a bundle."""
         self.prime_on_load = prime
         """Whether each program runs once on zeros as it loads (Executable.prime), so that
         its first real run is at the warm speed."""
@@ -120,9 +124,12 @@ class Manifest:
     def executable(self, name: str) -> Executable:
         """Loads (once) a program's executable from the disk cache or bundle into this process.
 
-        Raises ManifestError for an unknown name, NotInCacheError when there is
-        no usable entry for this plugin and host (saying how the entries found
-        differ), and BundleError for a bundle entry changed since it was made.
+        From a cache, an entry the cache lacks is fetched from the remote tier
+        (self.remote) and published into the cache, as load_cached_executable
+        does. Raises ManifestError for an unknown name, NotInCacheError when
+        there is no usable entry for this plugin and host (saying how the
+        entries found differ), and BundleError for a bundle entry changed
+        since it was made.
         """
         with self._lock:
             executable = self._executables.get(name)
@@ -137,7 +144,9 @@ class Manifest:
                 else:
                     from worker.compile.by_key import load_cached_executable
 
-                    executable = load_cached_executable(spec.key, self.cache_dir)
+                    executable = load_cached_executable(
+                        spec.key, self.cache_dir, remote=self.remote
+                    )
                 if self.prime_on_load:
                     self._primed[name] = executable.prime()
                 self._executables[name] = executable
@@ -167,7 +176,8 @@ class Manifest:
     ) -> TransferReport:
         """Fetches the programs' entries that the cache directory lacks from the remote tier.
 
-        remote is its URL (default PJRT_POOL_CACHE_REMOTE). The entries are
+        remote is its URL (default: the manifest's remote, else
+        PJRT_POOL_CACHE_REMOTE). The entries are
         fetched concurrently (concurrency at once; default
         PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16), each verified as a
         single remote lookup verifies it, and published into the cache;
@@ -182,7 +192,7 @@ class Manifest:
         from worker.cache.remote import open_remote, prefetch
         from worker.cache.store import open_cache
 
-        tier = open_remote(remote)
+        tier = open_remote(self.remote if remote is None else remote)
         if tier is None:
             raise ManifestError(
                 "no remote cache to prefetch from: pass its URL, or set PJRT_POOL_CACHE_REMOTE"
@@ -224,10 +234,24 @@ class Manifest:
         write_atomically(Path(path), data, mode=0o644)
 
 
+def is_bundle(path: str | os.PathLike[str]) -> bool:
+    """Whether load_manifest takes path for a bundle (a URL, or a tar file) or a manifest."""
+    return is_url(path) or looks_like_archive(path)
+
+
 def load_manifest(
-    path: str | os.PathLike[str], cache_dir: str | None = None, *, prime: bool = False
+    path: str | os.PathLike[str],
+    cache_dir: str | None = None,
+    *,
+    prime: bool = False,
+    remote: str | Literal[False] | None = None,
 ) -> Manifest:
     """Reads a manifest, or opens a bundle; cache_dir overrides the directory a manifest records.
+
+    remote is the remote cache tier behind the cache (Manifest.remote): a
+    URL, None for PJRT_POOL_CACHE_REMOTE, or False for none; a URL the tier
+    cannot use raises ValueError (TypeError for what is no URL). A bundle
+    carries its executables: it takes no cache directory and no remote URL.
 
     With prime, each program runs once on zeros as it loads (Manifest.prime_on_load),
     so that its first real run is at the warm speed; programs still load when
@@ -239,8 +263,12 @@ def load_manifest(
     http(s)://) names a bundle, read by ranges: its index as it opens, then
     only the entries of the programs that run (worker.bundle.remote).
     """
-    if is_url(path) or looks_like_archive(path):
-        return _open_bundle(path, cache_dir, prime)
+    if remote is not None:
+        from pool.executor.settings import check_remote  # only then: it imports the tier
+
+        remote = check_remote(remote)
+    if is_bundle(path):
+        return _open_bundle(path, cache_dir, prime, remote)
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
@@ -256,14 +284,21 @@ def load_manifest(
     for field in ("cache_dir", "platform"):
         if not isinstance(data.get(field), (str, type(None))):
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
-    return Manifest(specs, cache_dir or data.get("cache_dir"), data.get("platform"), prime=prime)
+    directory = cache_dir or data.get("cache_dir")
+    return Manifest(specs, directory, data.get("platform"), prime=prime, remote=remote)
 
 
-def _open_bundle(path: str | os.PathLike[str], cache_dir: str | None, prime: bool) -> Manifest:
-    if cache_dir is not None:
+def _open_bundle(
+    path: str | os.PathLike[str],
+    cache_dir: str | None,
+    prime: bool,
+    remote: str | Literal[False] | None,
+) -> Manifest:
+    if cache_dir is not None or remote:
+        what = "the cache directory" if cache_dir is not None else "the remote cache"
         raise ManifestError(
-            f"{shown(path)} is a bundle, which carries its executables: leave the cache directory "
-            "out, or import the bundle into it (pjrt-pool bundle import) and use a manifest"
+            f"{shown(path)} is a bundle, which carries its executables: leave {what} out, or "
+            "import the bundle into a cache (pjrt-pool bundle import) and use a manifest"
         )
     from worker.bundle.reader import Bundle
 

@@ -168,3 +168,41 @@ def test_run_json_is_json_when_an_output_sum_is_nan(tiny, tmp_path):
     assert "NaN" not in done.stdout
     (output,) = json.loads(done.stdout)["outputs"]
     assert output["sum"] is None and output["shape"] == [4]
+
+
+# -- --remote: one check, one exit code ---------------------------------------------
+
+
+REMOTE_COMMANDS = {
+    "cache push": ["cache", "push"],
+    "cache pull": ["cache", "pull"],
+    "cache gc": ["cache", "gc", "--older-than", "1d"],
+    "bundle create": ["bundle", "create", "m.json", "-o", "out.bundle"],
+    "bundle check": ["bundle", "check", "m.json"],
+    "run": ["run", "m.json", "add"],
+    "warm": ["warm", "spec.py"],
+}
+
+
+@pytest.mark.parametrize("command", list(REMOTE_COMMANDS))
+def test_a_bad_remote_url_is_a_usage_error_for_every_command(
+    command: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """--remote ftp://... or a bad PJRT_POOL_CACHE_REMOTE: exit 2, naming where it came from,
+    and never the URL's credentials."""
+    from pool.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PJRT_POOL_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "spec.py").write_text(TINY_SPEC)
+    (tmp_path / "m.json").write_text('{"format": 1, "programs": []}')
+    arguments = REMOTE_COMMANDS[command]
+    monkeypatch.delenv("PJRT_POOL_CACHE_REMOTE", raising=False)
+    assert main([*arguments, "--remote", "ftp://user:secret@host/x"]) == 2
+    err = capsys.readouterr().err
+    assert "--remote" in err and "scheme 'ftp'" in err and "secret" not in err, err
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE", "ftp://user:secret@host/x")
+    assert main(arguments) == 2
+    err = capsys.readouterr().err
+    assert "PJRT_POOL_CACHE_REMOTE" in err and "scheme 'ftp'" in err and "secret" not in err, err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out.bundle").exists()

@@ -17,10 +17,12 @@ import pytest
 from cache_helpers import lowered
 from conftest import run_python
 from remote_helpers import Hang, RangeServer, closed_port
+from test_bundle import rebuild, swap_data
 from test_warm import pjrt_pool
 
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker import compile_program
+from worker.bundle.index import Index
 from worker.bundle.reader import Bundle
 from worker.bundle.writer import create_bundle
 from worker.cache import DiskCache
@@ -130,7 +132,8 @@ def test_an_index_longer_than_the_first_read_costs_one_read_more(made, place, mo
     np.testing.assert_allclose(out, expected(11), rtol=1e-6)
 
 
-def test_a_signed_bundle_at_a_url_is_checked_against_the_secret(made, place, monkeypatch):
+def signed_bundle(made: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bundle of p1 and p2 signed with SECRET, which is set from now on."""
     monkeypatch.setenv("PJRT_POOL_CACHE_SECRET", SECRET)
     cache = made["root"] / "signed-cache"
     specs = []
@@ -139,6 +142,11 @@ def test_a_signed_bundle_at_a_url_is_checked_against_the_secret(made, place, mon
         specs.append(ProgramSpec.from_executable(f"p{variant}", executable))
     signed = made["root"] / "signed.bundle"
     create_bundle(signed, [(spec, DiskCache(cache, create=False), "") for spec in specs])
+    return signed
+
+
+def test_a_signed_bundle_at_a_url_is_checked_against_the_secret(made, place, monkeypatch):
+    signed = signed_bundle(made, monkeypatch)
     place.write(signed.read_bytes())
     manifest = load_manifest(place.url)
     assert "index.mac" in {member.name for member in manifest.bundle.archive.members}
@@ -150,6 +158,27 @@ def test_a_signed_bundle_at_a_url_is_checked_against_the_secret(made, place, mon
     place.write(made["bundle"].read_bytes())  # unsigned
     with pytest.raises(ManifestError, match="is not signed"):
         load_manifest(place.url)
+
+
+def test_a_signed_index_at_a_url_is_refused_by_its_mac_before_it_is_parsed(
+    made, place, monkeypatch, tmp_path
+):
+    """An index swapped for 1 MB of nested brackets: the MAC refuses it, the parser never sees
+    it (as for a file), though the URL's layout is computed from the index."""
+    signed = signed_bundle(made, monkeypatch)
+    nested = b"[" * (1 << 19) + b"]" * (1 << 19)
+    hostile = rebuild(
+        signed, tmp_path / "nested.bundle", lambda m: swap_data(m, "index.json", nested)
+    )
+    place.write(hostile.read_bytes())
+
+    def parsed(cls, data, where):
+        raise AssertionError(f"{where}: index.json was parsed before its MAC was checked")
+
+    monkeypatch.setattr(Index, "decode", classmethod(parsed))
+    for path in (place.url, hostile):
+        with pytest.raises(BundleError, match=r"index\.json was changed after signing"):
+            Bundle(path)
 
 
 def test_a_tampered_entry_at_a_url_is_refused_and_the_others_still_run(made, place):

@@ -397,5 +397,5 @@ def test_bad_arguments_say_what_was_wrong(tmp_path, monkeypatch, capsys):
     code, err = run("cache", "push", "--remote", "http://127.0.0.1:9/cache", *cache)
     assert code == 1 and "cannot write" in err
     code, err = run("cache", "pull", "--remote", "ftp://host/x", *cache)
-    assert code == 1 and "scheme" in err
+    assert code == 2 and "scheme" in err
     assert not (tmp_path / "r").exists()  # nothing was made for a refused command

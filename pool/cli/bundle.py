@@ -6,8 +6,9 @@ of several bundles, entries of a program built in different environments
 side by side; import checks a whole bundle and then publishes its entries
 into a cache (and, with --manifest, writes a manifest of this host's keys
 for Pools); check says for each program of a bundle, or of a manifest and
-its cache, whether it would load here, and for a miss how the entries found
-differ, without deserializing anything. Exit status: 0 when everything was
+its cache (and, with --remote or PJRT_POOL_CACHE_REMOTE, its remote tier),
+whether it would load here, and for a miss how the entries found differ,
+without deserializing anything. Exit status: 0 when everything was
 done (check: every program would load), 1 when a program would miss or a
 bundle was refused, 2 for usage errors.
 """
@@ -23,16 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.options import add_remote_option, open_remote_option
 from pool.cli.paths import input_file, output_file
-from pool.manifest import Manifest, ManifestError, load_manifest
-from worker.bundle.container import looks_like_archive
+from pool.manifest import Manifest, ManifestError, is_bundle, load_manifest
 from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
-from worker.bundle.urls import is_url, shown
+from worker.bundle.urls import shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
-from worker.cache.remote import open_remote
 from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
 from worker.compile.identity import runtime_key_parts
@@ -70,12 +70,7 @@ def register(subparsers: Any) -> None:
     create.add_argument(
         "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
     )
-    create.add_argument(
-        "--remote",
-        metavar="URL",
-        help="read the entries the cache lacks from this remote tier, verified (default: "
-        "$PJRT_POOL_CACHE_REMOTE)",
-    )
+    add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
     create.set_defaults(run=_create, prog=create.prog)
 
     merge = commands.add_parser("merge", help="one bundle of several (for a mixed fleet)")
@@ -99,13 +94,16 @@ def register(subparsers: Any) -> None:
     check = commands.add_parser(
         "check",
         help="will each program load here? (exit 0 only if all would)",
-        description="Says for each program of a bundle, or of a manifest and its cache, "
-        "whether it would load on this machine, and for a miss which key parts differ. "
-        "Loads the plugin, deserializes nothing.",
+        description="Says for each program of a bundle, or of a manifest and its cache (and "
+        "remote tier), whether it would load on this machine, and for a miss which key parts "
+        "differ. Loads the plugin, deserializes nothing.",
     )
     check.add_argument("file", metavar="FILE", help="a bundle (or its URL), or a manifest")
     check.add_argument(
         "--cache-dir", metavar="DIR", help="for a manifest: its cache (default: the manifest's)"
+    )
+    add_remote_option(
+        check, "for a manifest: the remote cache tier, asked for what its cache lacks"
     )
     check.add_argument("--platform", help="the plugin to check with (default: the programs')")
     check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
@@ -148,14 +146,16 @@ def _problem(error: Exception) -> int:
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
     try:
-        remote = open_remote(args.remote)
-    except ValueError as error:
-        raise UsageError(f"--remote: {error}") from None
+        remote = open_remote_option(args.remote)
+    except ValueError as error:  # the tier's other settings: time limits, signing keys
+        return _problem(error)
     programs = []
     caches: dict[str | None, DiskCache] = {}
     for path in args.manifests:
-        if looks_like_archive(path):
-            raise UsageError(f"{path} is a bundle; bundle create takes manifests (merge bundles)")
+        if is_bundle(path):
+            raise UsageError(
+                f"{shown(path)} is a bundle; bundle create takes manifests (merge bundles)"
+            )
         try:
             manifest = load_manifest(path, args.cache_dir)
         except ManifestError as error:
@@ -244,9 +244,10 @@ def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     input_file(args.file, "the file")
     try:
-        if is_url(args.file) or looks_like_archive(args.file):
-            if args.cache_dir is not None:
-                raise UsageError("--cache-dir is for a manifest; a bundle carries its entries")
+        if is_bundle(args.file):
+            if args.cache_dir is not None or args.remote is not None:
+                option = "--cache-dir" if args.cache_dir is not None else "--remote"
+                raise UsageError(f"{option} is for a manifest; a bundle carries its entries")
             with Bundle(args.file) as bundle:
                 bundle.archive.check_headers()  # a URL's: what opening a file checks
                 programs = list(bundle.index.programs.values())
@@ -254,11 +255,12 @@ def _check(args: argparse.Namespace) -> int:
                 verdicts = check_bundle(bundle, _here(platform, None), platform)
         else:
             manifest = load_manifest(args.file, args.cache_dir)
+            remote = open_remote_option(args.remote)
             cache = DiskCache(manifest.cache_dir, create=False)
             specs = list(manifest.specs.values())
             platform = args.platform or (specs[0].platform if specs else "cpu")
             here = _here(platform, cache if cache.usable else None)
-            verdicts = check_cached(specs, cache, here, platform)
+            verdicts = check_cached(specs, cache, here, platform, remote)
     except ManifestError as error:
         raise UsageError(str(error)) from None
     except (BundleError, UntrustedCacheError, ValueError) as error:

@@ -27,9 +27,10 @@ from typing import Any
 
 from pool.cli import cache_remote
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.options import size_argument
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
+from worker.cache import DiskCache, UntrustedCacheError, format_size
 from worker.cache import report as cache_report
 from worker.cache.report import UNREADABLE
 from worker.cache.verify import OTHER
@@ -80,20 +81,17 @@ def register(subparsers: Any) -> None:
         "prune", parents=[common], help="evict least-recently-used entries down to a size"
     )
     prune.add_argument(
-        "--max-size", required=True, type=_size, metavar="SIZE", help="for example 500M or 2G"
+        "--max-size",
+        required=True,
+        type=size_argument,
+        metavar="SIZE",
+        help="for example 500M or 2G",
     )
     prune.set_defaults(run=_refusing_untrusted(_prune), prog=prune.prog)
     clear = commands.add_parser("clear", parents=[common], help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.set_defaults(run=_refusing_untrusted(_clear), prog=clear.prog)
     cache_remote.register(commands, common)
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _name_a_command(_args: argparse.Namespace) -> int:

@@ -23,8 +23,9 @@ import sys
 from typing import Any
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
-from worker.cache import DiskCache, UntrustedCacheError, format_size, parse_size
-from worker.cache.remote import RemoteCache, TransferReport, open_remote
+from pool.cli.options import add_remote_option, argument_type, open_remote_option, size_argument
+from worker.cache import DiskCache, UntrustedCacheError, format_size
+from worker.cache.remote import RemoteCache, TransferReport
 from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
 
@@ -39,18 +40,7 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+_duration = argument_type(parse_duration)
 
 
 def _positive(text: str) -> int:
@@ -66,9 +56,7 @@ def _positive(text: str) -> int:
 def register(commands: Any, common: argparse.ArgumentParser) -> None:
     """Adds push, pull and gc to the ``cache`` command's subcommands."""
     remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument(
-        "--remote", metavar="URL", help="the remote cache (default: $PJRT_POOL_CACHE_REMOTE)"
-    )
+    add_remote_option(remote, "the remote cache")
     remote.add_argument(
         "--concurrency",
         type=_positive,
@@ -111,7 +99,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     gc.add_argument(
         "--max-size",
-        type=_size,
+        type=size_argument,
         metavar="SIZE",
         help="then delete the oldest records until the blobs the rest name fit: 50G",
     )
@@ -127,7 +115,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _checked(command: Any) -> Any:
-    """Wraps a command so that a bad setting, an untrusted cache or a failing remote exits 1."""
+    """Wraps a command so that a bad setting, an untrusted cache or a failing remote exits 1
+    (a bad --remote URL is a UsageError: exit 2)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -143,7 +132,7 @@ def _checked(command: Any) -> Any:
 
 
 def _remote(args: argparse.Namespace, writing: bool) -> RemoteCache:
-    tier = open_remote(args.remote)
+    tier = open_remote_option(args.remote)
     if tier is None:
         raise UsageError("name the remote cache: --remote URL, or set PJRT_POOL_CACHE_REMOTE")
     if writing and tier.state != "on":

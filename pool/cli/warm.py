@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.options import add_remote_option, remote_url
 from pool.cli.paths import input_file
-from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, load_manifest
+from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
 from pool.progress import ProgressDisplay
 from worker.arguments import prepare_arguments, random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
-from worker.cache.remote.location import parse_remote
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
@@ -90,13 +90,10 @@ def register(subparsers: Any) -> None:
         "local cluster of N workers started for this run (local:N); needs the "
         "cluster extra",
     )
-    warm.add_argument(
-        "--remote",
-        metavar="URL",
-        default=None,
-        help="a remote cache tier (s3://bucket/prefix, file:///dir, ...; default: "
-        "$PJRT_POOL_CACHE_REMOTE): entries are prefetched from it before compiling, and "
-        "what is compiled is published to it",
+    add_remote_option(
+        warm,
+        "a remote cache tier: entries are prefetched from it before compiling, and what is "
+        "compiled is published to it",
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
@@ -119,6 +116,11 @@ def register(subparsers: Any) -> None:
         type=int,
         default=0,
         help="run through a pool of N workers (default 0: in this process)",
+    )
+    add_remote_option(
+        run,
+        "for a manifest: the remote cache tier, from which an entry the cache lacks is "
+        "fetched (verified) into the cache",
     )
     run.add_argument(
         "--prime",
@@ -164,11 +166,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         )
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
-    if args.remote is not None:
-        try:
-            parse_remote(args.remote)
-        except ValueError as error:
-            raise UsageError(f"--remote: {error}") from None
+    remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
     if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
         _check_cache_dir(args.cache_dir)
         _check_plugin(args.platform or default_platform(), "--platform")
@@ -365,8 +363,10 @@ def _run(args: argparse.Namespace) -> int:
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     input_file(args.manifest, "the manifest")
+    # A bundle carries its executables: only an explicit --remote is checked (and refused).
+    remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     try:
-        manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime)
+        manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime, remote=remote)
         if args.name is None:
             for name in manifest.names:
                 spec = manifest.spec(name)
@@ -405,7 +405,9 @@ def _run(args: argparse.Namespace) -> int:
             # wire: ~60 ms) is not needed to run in this process, the usual case.
             from pool.executor.pool import Pool
 
-            with Pool(args.workers, platform=spec.platform, cache_dir=manifest.cache_dir) as pool:
+            with Pool(
+                args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote
+            ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)
                 done = time.perf_counter()

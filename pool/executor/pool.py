@@ -59,7 +59,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -156,7 +156,9 @@ class Pool:
     bundle is imported into cache_dir first. Replacement workers preload
     too. remote is the URL of the remote cache tier (worker.cache.remote),
     given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
-    environment is left as it is); a URL of no known scheme is a ValueError.
+    environment is left as it is); False gives them none, whatever this
+    process's PJRT_POOL_CACHE_REMOTE says; a URL of no known scheme is a
+    ValueError.
     With a remote (this one, or the environment's), never_compile refuses
     only what neither the cache nor the remote holds: the worker fetches.
 
@@ -188,7 +190,7 @@ class Pool:
         preload: Manifest | str | os.PathLike[str] | None = None,
         preload_names: Sequence[str] | None = None,
         prime: bool = False,
-        remote: str | None = None,
+        remote: str | Literal[False] | None = None,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).

@@ -13,7 +13,7 @@ import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -42,7 +42,8 @@ class PoolSettings:
     never_compile: bool
     preload: tuple[tuple[str, str], ...] = ()  # (cache key, name) each worker loads as it starts
     prime: bool = False  # whether each worker primes what it preloads
-    remote: str | None = None  # the workers' PJRT_POOL_CACHE_REMOTE; None: the environment's
+    # The workers' PJRT_POOL_CACHE_REMOTE; None: the environment's; False: none (removed).
+    remote: str | Literal[False] | None = None
 
     @classmethod
     def check(
@@ -120,14 +121,15 @@ class PoolSettings:
         )
 
 
-def check_remote(value: Any) -> str | None:
-    """Returns the remote cache tier's URL, checked as the workers will parse it, or None."""
-    if value is None:
-        return None
+def check_remote(value: Any) -> str | Literal[False] | None:
+    """Returns the remote cache tier's URL, checked as the workers will parse it; None
+    (PJRT_POOL_CACHE_REMOTE decides) and False (no remote, whatever it says) as they are."""
+    if value is None or value is False:
+        return value
     if not isinstance(value, str):
         raise TypeError(
-            f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir' (or None), "
-            f"not {type(value).__name__} {value!r}"
+            f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir', None (the "
+            f"environment's) or False (none), not {type(value).__name__} {value!r}"
         )
     parse_remote(value)  # ValueError: the scheme, or the URL's form
     return value.strip()

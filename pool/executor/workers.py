@@ -72,7 +72,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -180,7 +180,7 @@ class WorkerProcess:
         never_compile: bool = False,
         preload: tuple[tuple[str, str], ...] = (),
         prime: bool = False,
-        remote: str | None = None,
+        remote: str | Literal[False] | None = None,
     ) -> None:
         self.index = index
         self.max_loaded = max_loaded
@@ -220,17 +220,18 @@ class WorkerProcess:
         if never_compile:
             arguments.append("--never-compile")
         try:
+            # The remote tier the pool was given, for this worker only (False: none at all).
+            environment = child_environment({REMOTE_ENV: remote} if remote else None)
+            if remote is False:
+                environment.pop(REMOTE_ENV, None)
             self.process = subprocess.Popen(
                 python_command("worker", *arguments),
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                # The remote tier the pool was given, for this worker only; huge
-                # pages for the plugin's large buffers (see with_huge_pages).
-                env=with_huge_pages(
-                    child_environment(None if remote is None else {REMOTE_ENV: remote})
-                ),
+                # Huge pages for the plugin's large buffers (see with_huge_pages).
+                env=with_huge_pages(environment),
                 # Its own session: a Ctrl-C meant for the parent must not kill
                 # workers behind the pool's back; the pool stops them itself.
                 start_new_session=True,

@@ -46,6 +46,8 @@ KIND = "pjrt-pool bundle"
 PROGRAM_PARTS = ("program_sha256", "compile_options")
 """The key parts that belong to the program; all others describe where it was built."""
 MAX_INDEX_SIZE = 64 << 20
+MAX_MAC_SIZE = 4096
+"""index.mac holds a MAC and a key id as JSON: about 120 bytes."""
 MAX_NAME_LENGTH = 1024
 _HEX = frozenset("0123456789abcdef")
 

@@ -18,13 +18,15 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from worker.bundle.index import Index, Program
+from worker.bundle.index import PROGRAM_PARTS, Index, Program
 from worker.bundle.reader import Bundle
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
 from worker.cache.key import differing_parts, foreign_parts, key_of
 from worker.errors import BundleError
 
 if TYPE_CHECKING:
+    from worker.cache.entry import Entry
+    from worker.cache.remote import RemoteCache
     from worker.cache.store import DiskCache
     from worker.records import ProgramSpec
 
@@ -52,7 +54,7 @@ class Verdict(NamedTuple):
     key: str
     """The key this process loads the program by (or, for a miss, would need)."""
     reason: str = ""
-    """For a miss: why, in a few words."""
+    """For a miss: why, in a few words; for a load from a remote tier: which."""
     elsewhere: tuple[Elsewhere, ...] = ()
     """For a miss: the entries for the program built elsewhere, and how they differ."""
 
@@ -86,10 +88,15 @@ class Verdict(NamedTuple):
         }
 
 
+def parts_here(parts: dict[str, Any], here: dict[str, Any]) -> dict[str, Any]:
+    """Returns the key parts the program of an entry has on this process's plugin and host."""
+    own = {name: parts[name] for name in PROGRAM_PARTS if name in parts}
+    return {**here, **own}
+
+
 def key_here(parts: dict[str, Any], here: dict[str, Any]) -> str:
     """Returns the key the program of an entry has on this process's plugin and host."""
-    own = {name: parts[name] for name in ("program_sha256", "compile_options") if name in parts}
-    return key_of({**here, **own})
+    return key_of(parts_here(parts, here))
 
 
 def judge(index: Index, program: Program, here: dict[str, Any]) -> Verdict:
@@ -137,14 +144,23 @@ def check_bundle(bundle: Bundle, here: dict[str, Any], platform: str) -> list[Ve
 
 
 def check_cached(
-    specs: list[ProgramSpec], cache: DiskCache, here: dict[str, Any], platform: str
+    specs: list[ProgramSpec],
+    cache: DiskCache,
+    here: dict[str, Any],
+    platform: str,
+    remote: RemoteCache | None = None,
 ) -> list[Verdict]:
-    """Judges each program of a manifest by the entry its key names in a cache.
+    """Judges each program of a manifest by the entry its key names in a cache (or a remote).
 
     An entry loads when it is intact (read whole and verified, as a load
     reads it) and was built for this process; one built elsewhere says how
-    it differs, and whether the cache holds the program built here under
-    another key (the manifest was then written on another machine).
+    it differs, and whether the cache (or the remote) holds the program built
+    here under another key (the manifest was then written on another
+    machine). With a remote tier, a key the cache lacks is fetched from it
+    as a load would fetch it (verified as a remote hit is, published
+    nowhere), and the remote's other builds of a program found built
+    elsewhere are named with how they differ (RemoteCache.built_elsewhere,
+    as a never-compile refusal names them).
     """
     verdicts = []
     for spec in specs:
@@ -160,23 +176,61 @@ def check_cached(
         except UnreadableEntryError as error:
             verdicts.append(Verdict(spec.name, Status.WOULD_MISS, spec.key, str(error)))
             continue
-        if found is None:
-            reason = f"not in the cache {cache.directory}"
+        entry = None if found is None else found[0]
+        where = ""  # for an entry the remote holds: says so
+        if entry is None and remote is not None:
+            fetched = remote.fetch(spec.key, cache.max_size)
+            if fetched is not None:
+                entry, where = fetched[1], f"from the remote {remote.location.shown}"
+        if entry is None:
+            reason = _not_found(cache, remote, spec.key)
             verdicts.append(Verdict(spec.name, Status.WOULD_MISS, spec.key, reason))
             continue
-        entry = found[0]
         if not foreign_parts(entry.parts, here):
-            verdicts.append(Verdict(spec.name, Status.LOADS, spec.key))
+            verdicts.append(Verdict(spec.name, Status.LOADS, spec.key, where))
             continue
-        needed = key_here(entry.parts, here)
-        reason = "its entry was built elsewhere"
-        if cache.path_of(needed).is_file():
-            reason += (
-                f"; the cache holds it built here as {needed}: the manifest was written on "
-                "another machine, warm here for one with this host's keys"
-            )
-        flags = entry.metadata.get("cpu_flags")
-        lines = differing_parts(entry.parts, here, flags if isinstance(flags, list) else None)
-        elsewhere = (Elsewhere(spec.key, tuple(lines)),)
-        verdicts.append(Verdict(spec.name, Status.WOULD_MISS, needed, reason, elsewhere))
+        verdicts.append(_built_elsewhere(spec, entry, cache, remote, here))
     return verdicts
+
+
+def _not_found(cache: DiskCache, remote: RemoteCache | None, key: str) -> str:
+    """Why a key's entry was found neither in the cache nor in the remote."""
+    reason = f"not in the cache {cache.directory}"
+    if remote is None:
+        return reason
+    reason += f" nor in the remote {remote.location.shown}"
+    if remote.was_refused(key):
+        return reason + " (the remote's entry was refused: see the warning)"
+    if remote.state == "off":
+        return reason + " (the remote could not be read: see the warning)"
+    return reason
+
+
+def _built_elsewhere(
+    spec: ProgramSpec,
+    entry: Entry,
+    cache: DiskCache,
+    remote: RemoteCache | None,
+    here: dict[str, Any],
+) -> Verdict:
+    """The verdict for a manifest's entry built for another environment than this process's."""
+    needed = key_here(entry.parts, here)
+    reason = "its entry was built elsewhere"
+    holder = None
+    if cache.path_of(needed).is_file():
+        holder = "the cache"
+    elif remote is not None and remote.fetch(needed, cache.max_size) is not None:
+        holder = f"the remote {remote.location.shown}"
+    if holder is not None:
+        reason += (
+            f"; {holder} holds it built here as {needed}: the manifest was written on "
+            "another machine, warm here for one with this host's keys"
+        )
+    flags = entry.metadata.get("cpu_flags")
+    lines = differing_parts(entry.parts, here, flags if isinstance(flags, list) else None)
+    elsewhere = [Elsewhere(spec.key, tuple(lines))]
+    if remote is not None:
+        for other, differences in remote.built_elsewhere(needed, parts_here(entry.parts, here)):
+            if other != spec.key:
+                elsewhere.append(Elsewhere(other, tuple(differences)))
+    return Verdict(spec.name, Status.WOULD_MISS, needed, reason, tuple(elsewhere))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from worker.bundle.container import Archive, Member
@@ -24,6 +25,7 @@ from worker.bundle.index import (
     INDEX_NAME,
     MAC_NAME,
     MAX_INDEX_SIZE,
+    MAX_MAC_SIZE,
     Index,
     IndexEntry,
     check_member_name,
@@ -41,8 +43,37 @@ if TYPE_CHECKING:
 
 _FROM_ENVIRONMENT: Any = object()
 _SHOWN_CHANGES = 6
-MAX_MAC_SIZE = 4096
-"""index.mac holds a MAC and a key id as JSON: about 120 bytes."""
+
+
+def open_index(
+    members: Mapping[str, Member],
+    read: Callable[[Member], bytes],
+    signer: Signer | None,
+    where: str,
+) -> tuple[bytes, Index]:
+    """Reads index.json and returns its bytes and its Index: sizes first, then the MAC, then JSON.
+
+    members are the archive's by name and read(member) returns a member's
+    bytes. index.json and index.mac are read only if of a size they may be,
+    and with a signer the index's MAC is checked over its raw bytes before
+    anything parses them. One path for a file and a URL (remote.py, whose
+    layout the index gives). Raises BundleError.
+    """
+    member = members.get(INDEX_NAME)
+    if member is None:
+        raise BundleError(f"{where} has no {INDEX_NAME}: it is not a pjrt-pool bundle")
+    if member.size > MAX_INDEX_SIZE:
+        raise BundleError(
+            f"{where}: its {INDEX_NAME} is {member.size} bytes, more than a bundle index may be "
+            f"({MAX_INDEX_SIZE})"
+        )
+    mac = members.get(MAC_NAME)
+    if signer is not None and mac is not None and mac.size > MAX_MAC_SIZE:
+        raise BundleError(f"{where}: its {MAC_NAME} is {mac.size} bytes: not ours")
+    index_bytes = read(member)
+    if signer is not None:
+        check_signature(index_bytes, None if mac is None else read(mac), signer, where)
+    return index_bytes, Index.decode(index_bytes, where)
 
 
 class Bundle:
@@ -59,11 +90,13 @@ class Bundle:
             signer_from_environment() if signer is _FROM_ENVIRONMENT else signer
         )
         self.archive: Archive | RemoteArchive
+        opened: tuple[bytes, Index] | None = None
         if is_url(path):
             # Here: a process that opens files only never imports the remote tier.
             from worker.bundle.remote import RemoteArchive
 
-            self.archive = RemoteArchive(path)
+            remote = self.archive = RemoteArchive(path, self.signer)
+            opened = remote.index_bytes, remote.index  # read by open_index, for its layout
         else:
             self.archive = Archive(path)
         self.path = self.archive.path
@@ -74,14 +107,9 @@ class Bundle:
                 key = check_member_name(name, self.path)
                 if key is not None:
                     keys[key] = member
-            self.index_bytes = self._index_bytes()
-            if self.signer is not None:
-                mac = self._members.get(MAC_NAME)
-                if mac is not None and mac.size > MAX_MAC_SIZE:
-                    raise BundleError(f"{self.path}: its {MAC_NAME} is {mac.size} bytes: not ours")
-                mac_bytes = None if mac is None else self.archive.read(mac)
-                check_signature(self.index_bytes, mac_bytes, self.signer, self.path)
-            self.index = Index.decode(self.index_bytes, self.path)
+            self.index_bytes, self.index = opened or open_index(
+                self._members, self.archive.read, self.signer, self.path
+            )
             self._check_members(keys)
             self._entries = keys
         except BaseException:
@@ -97,17 +125,6 @@ class Bundle:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-    def _index_bytes(self) -> bytes:
-        member = self._members.get(INDEX_NAME)
-        if member is None:
-            raise BundleError(f"{self.path} has no {INDEX_NAME}: it is not a pjrt-pool bundle")
-        if member.size > MAX_INDEX_SIZE:
-            raise BundleError(
-                f"{self.path}: its {INDEX_NAME} is {member.size} bytes, more than a bundle "
-                f"index may be ({MAX_INDEX_SIZE})"
-            )
-        return self.archive.read(member)
 
     def _check_members(self, members: dict[str, Member]) -> None:
         """Refuses a bundle whose entry members are not exactly the index's, naming each change."""

@@ -10,12 +10,14 @@ bundle at a URL as it checks a file; what differs is what is read when:
   missing part (four times as long, up to what the largest index needs). pjrt-pool writes members
   sorted by name, so the end holds index.json, index.mac and tar's zero
   padding: their headers are checked (checksum, ustar magic, regular file)
-  and the padding must be zeros. Then the index is decoded, and the offset
-  of every member is computed from it: entries/<key>.pjx in name order,
-  then index.json and index.mac. The bundle is refused unless the index and
-  its MAC lie exactly where that layout puts them and the layout ends where
-  the object does, so a member added, removed or resized anywhere shifts
-  the index and is refused at once, before any entry is read.
+  and the padding must be zeros. Then the index is read as a file's is
+  (reader.open_index: with a secret, its MAC is checked over its raw bytes
+  before it is parsed), and the offset of every member is computed from
+  it: entries/<key>.pjx in name order, then index.json and index.mac. The
+  bundle is refused unless the index and its MAC lie exactly where that
+  layout puts them and the layout ends where the object does, so a member
+  added, removed or resized anywhere shifts the index and is refused at
+  once, before any entry is read.
 - Reading an entry: its 512-byte tar header is read in the same request as
   its first bytes (up to the largest entry header, 1 MiB) and checked
   before any of it is used: checksum, magic, regular file, and exactly the
@@ -46,17 +48,26 @@ from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from worker.bundle.container import BLOCK, MAX_MEMBERS, MAX_TRAILER, Member, parse_header
-from worker.bundle.index import INDEX_NAME, MAC_NAME, MAX_INDEX_SIZE, Index, member_name
+from worker.bundle.index import (
+    INDEX_NAME,
+    MAC_NAME,
+    MAX_INDEX_SIZE,
+    MAX_MAC_SIZE,
+    Index,
+    member_name,
+)
+from worker.bundle.reader import open_index
 from worker.cache import entry as entry_format
 from worker.cache.remote.client import ObjectClient, ObjectVersion, RemoteError
 from worker.cache.remote.location import Limits, parse_remote, redact
+from worker.cache.signing import Signer
 from worker.errors import BundleError
 
 _FIRST_TAIL = 64 << 10
 """Bytes read from the object's end at first: the index of about 50 programs (a larger one
 costs one more read, by quadrupling)."""
-_MAX_TAIL = MAX_INDEX_SIZE + 3 * BLOCK + 4096 + MAX_TRAILER
-"""The end that holds the largest index, its MAC (at most 4 KiB) and the padding."""
+_MAX_TAIL = MAX_INDEX_SIZE + 3 * BLOCK + MAX_MAC_SIZE + MAX_TRAILER
+"""The end that holds the largest index, its MAC and the padding."""
 _WINDOW = entry_format.MAX_HEADER_SIZE
 """Bytes of an entry read with its tar header: its whole entry header, whatever its size."""
 _CHUNK = 16 << 20
@@ -97,8 +108,13 @@ def _split(url: str) -> tuple[ObjectClient, str, str]:
 class RemoteArchive:
     """A bundle's archive at a URL, read by ranges (see the module docstring)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, signer: Signer | None = None) -> None:
         self.client, self._name, self.path = _split(url)
+        self._signer = signer
+        self.index_bytes = b""
+        """index.json's bytes, read at open (reader.open_index: its MAC checked first)."""
+        self.index: Index
+        """The index, decoded at open: it gives the layout."""
         self._lock = threading.Lock()
         self._closed = False
         self._window: tuple[str, bytes] | None = None  # the member read last: its first bytes
@@ -239,14 +255,14 @@ class RemoteArchive:
                 f"{last[1]!r}): pjrt-pool writes bundles with their index last; if this one was "
                 "written otherwise, copy it here and open the file"
             )
-        index_offset, _, index_size = found[INDEX_NAME]
-        if index_size > MAX_INDEX_SIZE:
-            raise BundleError(
-                f"{self.path}: its {INDEX_NAME} is {index_size} bytes, more than a bundle index "
-                f"may be ({MAX_INDEX_SIZE})"
-            )
-        at = index_offset + BLOCK - start
-        index = Index.decode(tail[at : at + index_size], self.path)
+        ends = {name: Member(name, at + BLOCK, size) for name, (at, _, size) in found.items()}
+        self.index_bytes, self.index = open_index(
+            ends,
+            lambda member: tail[member.offset - start : member.offset - start + member.size],
+            self._signer,
+            self.path,
+        )
+        index = self.index
         if len(index.entries) + 2 > MAX_MEMBERS:
             raise BundleError(f"{self.path} has more than {MAX_MEMBERS} members")
         sizes = {member_name(key): entry.size for key, entry in index.entries.items()}

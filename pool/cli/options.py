@@ -1,0 +1,80 @@
+"""Options that several commands take, parsed and reported one way.
+
+``argument_type`` makes an argparse type of a parser that raises ValueError
+(size, and the cache commands' durations), so that a bad value is argparse's
+usage error. ``--remote
+URL`` (``add_remote_option``) names the remote cache tier, by default
+PJRT_POOL_CACHE_REMOTE; ``remote_url`` and ``open_remote_option`` check it as
+the remote tier parses it, and a URL it cannot use is a UsageError naming
+where the URL came from: exit 2 for every command that takes it. The remote
+tier's modules are imported only when a command asks for its remote.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pool.cli.main import UsageError
+from worker.cache.location import parse_size
+
+if TYPE_CHECKING:
+    from worker.cache.remote import RemoteCache
+
+_T = TypeVar("_T")
+
+
+def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """Returns an argparse type that converts with parse, whose ValueError is a usage error."""
+
+    def convert(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+size_argument = argument_type(parse_size)
+"""The argparse type of a size (500M, 2G)."""
+
+
+def add_remote_option(parser: argparse.ArgumentParser | Any, what: str) -> None:
+    """Adds ``--remote URL`` to a command's parser; what says what the command does with it."""
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        default=None,
+        help=f"{what} (s3://bucket/prefix, file:///dir, ...; default: $PJRT_POOL_CACHE_REMOTE)",
+    )
+
+
+def remote_url(option: str | None) -> str | None:
+    """Returns the remote tier's URL: the option, else PJRT_POOL_CACHE_REMOTE; None for none.
+
+    Raises UsageError, naming --remote or the variable, for a URL the remote
+    tier cannot use (its scheme, or its form).
+    """
+    from worker.cache.remote.location import resolve_remote
+
+    try:
+        location = resolve_remote(option)
+    except ValueError as error:  # the variable's message names it
+        raise UsageError(f"--remote: {error}" if option is not None else str(error)) from None
+    return None if location is None else location.url
+
+
+def open_remote_option(option: str | None) -> RemoteCache | None:
+    """Returns this process's remote tier for the option (default: the variable), or None.
+
+    Raises UsageError for a bad URL (remote_url), and ValueError for a bad
+    setting of the tier's other variables (time limits, signing keys).
+    """
+    url = remote_url(option)
+    if url is None:
+        return None
+    from worker.cache.remote import open_remote
+
+    return open_remote(url)
