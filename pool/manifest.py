@@ -264,7 +264,7 @@ def load_manifest(
     only the entries of the programs that run (worker.bundle.remote).
     """
     if remote is not None:
-        from pool.executor.settings import check_remote  # only then: it imports the tier
+        from pool.remote_option import check_remote  # only then: it imports the tier's location
 
         remote = check_remote(remote)
     if is_bundle(path):

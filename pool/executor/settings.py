@@ -18,8 +18,8 @@ from typing import Any, Literal
 import cloudpickle
 
 from pool.executor.preload import preload_programs
+from pool.remote_option import check_remote
 from worker.cache import check_cache_dir
-from worker.cache.remote.location import parse_remote
 from worker.compile.never_compile import never_compile_on
 
 
@@ -119,20 +119,6 @@ class PoolSettings:
             prime=prime,
             remote=remote_url,
         )
-
-
-def check_remote(value: Any) -> str | Literal[False] | None:
-    """Returns the remote cache tier's URL, checked as the workers will parse it; None
-    (PJRT_POOL_CACHE_REMOTE decides) and False (no remote, whatever it says) as they are."""
-    if value is None or value is False:
-        return value
-    if not isinstance(value, str):
-        raise TypeError(
-            f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir', None (the "
-            f"environment's) or False (none), not {type(value).__name__} {value!r}"
-        )
-    parse_remote(value)  # ValueError: the scheme, or the URL's form
-    return value.strip()
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
@@ -37,6 +37,9 @@ from worker.cache.signing import Signer
 from worker.errors import BundleError
 from worker.records import ProgramSpec, types_to_json
 from worker.untrusted import parse_json
+
+if TYPE_CHECKING:
+    from worker.bundle.container import Member
 
 INDEX_FORMAT = 1
 INDEX_NAME = "index.json"
@@ -361,6 +364,37 @@ def check_signature(
             else f"its {INDEX_NAME} was changed after signing"
         )
         raise BundleError(f"{where}: the bundle's signature does not match: {why}")
+
+
+def open_index(
+    members: Mapping[str, Member],
+    read: Callable[[Member], bytes],
+    signer: Signer | None,
+    where: str,
+) -> tuple[bytes, Index]:
+    """Reads index.json and returns its bytes and its Index: sizes first, then the MAC, then JSON.
+
+    members are the archive's by name and read(member) returns a member's
+    bytes. index.json and index.mac are read only if of a size they may be,
+    and with a signer the index's MAC is checked over its raw bytes before
+    anything parses them. One path for a file and a URL (reader.py, and
+    remote.py, whose layout the index gives). Raises BundleError.
+    """
+    member = members.get(INDEX_NAME)
+    if member is None:
+        raise BundleError(f"{where} has no {INDEX_NAME}: it is not a pjrt-pool bundle")
+    if member.size > MAX_INDEX_SIZE:
+        raise BundleError(
+            f"{where}: its {INDEX_NAME} is {member.size} bytes, more than a bundle index may be "
+            f"({MAX_INDEX_SIZE})"
+        )
+    mac = members.get(MAC_NAME)
+    if signer is not None and mac is not None and mac.size > MAX_MAC_SIZE:
+        raise BundleError(f"{where}: its {MAC_NAME} is {mac.size} bytes: not ours")
+    index_bytes = read(member)
+    if signer is not None:
+        check_signature(index_bytes, None if mac is None else read(mac), signer, where)
+    return index_bytes, Index.decode(index_bytes, where)
 
 
 class IndexBuilder:

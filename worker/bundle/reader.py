@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from worker.bundle.container import Archive, Member
 from worker.bundle.index import (
-    INDEX_NAME,
-    MAC_NAME,
-    MAX_INDEX_SIZE,
-    MAX_MAC_SIZE,
     Index,
     IndexEntry,
     check_member_name,
-    check_signature,
+    open_index,
 )
 from worker.bundle.signatures import type_mismatch
 from worker.bundle.urls import is_url
@@ -43,37 +38,6 @@ if TYPE_CHECKING:
 
 _FROM_ENVIRONMENT: Any = object()
 _SHOWN_CHANGES = 6
-
-
-def open_index(
-    members: Mapping[str, Member],
-    read: Callable[[Member], bytes],
-    signer: Signer | None,
-    where: str,
-) -> tuple[bytes, Index]:
-    """Reads index.json and returns its bytes and its Index: sizes first, then the MAC, then JSON.
-
-    members are the archive's by name and read(member) returns a member's
-    bytes. index.json and index.mac are read only if of a size they may be,
-    and with a signer the index's MAC is checked over its raw bytes before
-    anything parses them. One path for a file and a URL (remote.py, whose
-    layout the index gives). Raises BundleError.
-    """
-    member = members.get(INDEX_NAME)
-    if member is None:
-        raise BundleError(f"{where} has no {INDEX_NAME}: it is not a pjrt-pool bundle")
-    if member.size > MAX_INDEX_SIZE:
-        raise BundleError(
-            f"{where}: its {INDEX_NAME} is {member.size} bytes, more than a bundle index may be "
-            f"({MAX_INDEX_SIZE})"
-        )
-    mac = members.get(MAC_NAME)
-    if signer is not None and mac is not None and mac.size > MAX_MAC_SIZE:
-        raise BundleError(f"{where}: its {MAC_NAME} is {mac.size} bytes: not ours")
-    index_bytes = read(member)
-    if signer is not None:
-        check_signature(index_bytes, None if mac is None else read(mac), signer, where)
-    return index_bytes, Index.decode(index_bytes, where)
 
 
 class Bundle:

@@ -11,7 +11,7 @@ bundle at a URL as it checks a file; what differs is what is read when:
   sorted by name, so the end holds index.json, index.mac and tar's zero
   padding: their headers are checked (checksum, ustar magic, regular file)
   and the padding must be zeros. Then the index is read as a file's is
-  (reader.open_index: with a secret, its MAC is checked over its raw bytes
+  (index.open_index: with a secret, its MAC is checked over its raw bytes
   before it is parsed), and the offset of every member is computed from
   it: entries/<key>.pjx in name order, then index.json and index.mac. The
   bundle is refused unless the index and its MAC lie exactly where that
@@ -55,8 +55,8 @@ from worker.bundle.index import (
     MAX_MAC_SIZE,
     Index,
     member_name,
+    open_index,
 )
-from worker.bundle.reader import open_index
 from worker.cache import entry as entry_format
 from worker.cache.remote.client import ObjectClient, ObjectVersion, RemoteError
 from worker.cache.remote.location import Limits, parse_remote, redact
@@ -112,7 +112,7 @@ class RemoteArchive:
         self.client, self._name, self.path = _split(url)
         self._signer = signer
         self.index_bytes = b""
-        """index.json's bytes, read at open (reader.open_index: its MAC checked first)."""
+        """index.json's bytes, read at open (index.open_index: its MAC checked first)."""
         self.index: Index
         """The index, decoded at open: it gives the layout."""
         self._lock = threading.Lock()

@@ -1,0 +1,26 @@
+"""The remote cache tier as an option of the parent's objects (Pool, ClusterPool, load_manifest).
+
+Checked where it is given, before any worker or node starts, as the workers
+will parse it (worker.cache.remote.location): imports nothing of the tier's
+client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from worker.cache.remote.location import parse_remote
+
+
+def check_remote(value: Any) -> str | Literal[False] | None:
+    """Returns the remote cache tier's URL, checked as the workers will parse it; None
+    (PJRT_POOL_CACHE_REMOTE decides) and False (no remote, whatever it says) as they are."""
+    if value is None or value is False:
+        return value
+    if not isinstance(value, str):
+        raise TypeError(
+            f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir', None (the "
+            f"environment's) or False (none), not {type(value).__name__} {value!r}"
+        )
+    parse_remote(value)  # ValueError: the scheme, or the URL's form
+    return value.strip()
