@@ -478,3 +478,92 @@ def test_a_host_waits_for_the_lease_holder_instead_of_compiling(tmp_path, remote
     assert b["stats"][0]["compiled"] == 0 and b["remote"]["waited"] == 1
     assert b["remote"]["leases"] == 0 and b["remote_seconds"] < 10
     assert close(b["outputs"][0][0], expected(19))
+
+
+# In-process hosts: RemoteCache objects sharing one remote, threads standing for hosts.
+
+
+def _entry(variant: int, size: int = 64) -> tuple[str, dict, bytes]:
+    """A key, its parts and a valid entry file of about size bytes (no plugin needed)."""
+    from worker.cache import entry as entry_format
+
+    parts = {"program_sha256": f"p{variant}", "compile_options": "o", "env": "tests"}
+    key = key_of(parts)
+    return key, parts, entry_format.encode(key, parts, {"created": 0.0}, os.urandom(size))
+
+
+def _tier(remote: Remote, monkeypatch, timeout: float = 2, deadline: float = 4):
+    """A host's RemoteCache on remote (a fresh one: nothing refused, no lease held)."""
+    from worker.cache.remote import Limits, RemoteCache
+
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    location = parse_remote(remote.url, read_only=False)
+    return RemoteCache(location, Limits(timeout=timeout, deadline=deadline))
+
+
+def _all(threads: list[threading.Thread], seconds: float = 60) -> None:
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds)
+        assert not thread.is_alive(), "a host hung"
+
+
+@pytest.mark.slow
+def test_a_large_entry_over_a_slow_steady_link_moves_both_ways(s3_proxy, monkeypatch):
+    """The request timeout bounds stalls, not transfers; the deadline grows with the size."""
+    proxy, remote = s3_proxy
+    key, parts, data = _entry(20, 2 << 20)
+    # 2 MiB at 256 KiB every 0.2 s (1.3 MB/s): 1.6 s, past both the request timeout (0.5 s)
+    # and the deadline (1 s), steady all along.
+    proxy.pace = (256 << 10, 0.2)
+    writer = _tier(remote, monkeypatch, timeout=0.5, deadline=1)
+    began = time.monotonic()
+    writer.publish(key, parts, data)
+    assert writer.counters.published == 1 and writer.counters.errors == 0, writer.counters
+    assert time.monotonic() - began > 1.5  # it did move slowly
+    reader = _tier(remote, monkeypatch, timeout=0.5, deadline=1)
+    began = time.monotonic()
+    fetched = reader.fetch(key, 4 << 20)
+    assert fetched is not None and fetched[0] == data, reader.counters
+    assert time.monotonic() - began > 1.5 and reader.counters.errors == 0
+
+
+def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
+    """fake-gcs-server and Azurite listen on http: the client is told to allow it."""
+    from worker.cache.remote.client import ObjectClient
+    from worker.cache.remote.location import Limits
+
+    seen: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    for name, value in {
+        "GOOGLE_BASE_URL": endpoint,
+        "GOOGLE_SKIP_SIGNATURE": "true",
+        "AZURE_STORAGE_ENDPOINT": f"{endpoint}/account",
+        "AZURE_STORAGE_ACCOUNT_NAME": "account",
+        "AZURE_SKIP_SIGNATURE": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for url in ("gs://bucket/fleet", "az://container/fleet"):
+            client = ObjectClient(parse_remote(url), Limits(timeout=2, deadline=4, retries=0))
+            assert client.get("x", 100, time.monotonic() + 4) is None  # a 404: reached
+    finally:
+        server.shutdown()
+    assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from worker.cache.key import check_key
+from worker.cache.remote.location import seconds_from_environment
 from worker.untrusted import parse_json
 
 LEASE_ENV = "PJRT_POOL_CACHE_REMOTE_LEASE"
@@ -46,16 +47,7 @@ def lease_name(key: str) -> str:
 
 def lease_seconds() -> float:
     """PJRT_POOL_CACHE_REMOTE_LEASE, else DEFAULT_LEASE; raises ValueError if malformed."""
-    text = os.environ.get(LEASE_ENV, "").strip()
-    if not text:
-        return DEFAULT_LEASE
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{LEASE_ENV}={text!r}: give a number of seconds above 0")
-    return value
+    return seconds_from_environment(LEASE_ENV, DEFAULT_LEASE)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ create-only (layout.py). What can go wrong, and what follows:
 - an object that fails a check: a miss, counted in ``refused``, remembered
   for the process (never fetched again) and warned about once per key;
 - the store refuses, resets, hangs or throttles past the retries, or the
-  lookup outlives its deadline: the remote is switched off for the process
-  with one warning naming the URL (never a credential), so a dead remote
-  costs a process one deadline;
+  lookup outlives its deadline (Limits.deadline_for: grown with the entry's
+  size): the remote is switched off for the process with one warning naming
+  the URL (never a credential), so a dead remote costs a process one
+  deadline;
 - a write answered 401/403: the process goes on read-only, with one warning.
 
 A miss that will be compiled takes the key's lease (lease.py), or waits for
@@ -183,10 +184,10 @@ class RemoteCache:
         """Returns a key's verified entry file and entry, or None (a miss of any kind)."""
         if self.state == "off" or key in self._refused:
             return None
-        deadline = time.monotonic() + self.limits.deadline
+        started = time.monotonic()
         name = record_name(key, self.signer)
         try:
-            data = self.client.get(name, MAX_RECORD_SIZE, deadline)
+            data = self.client.get(name, MAX_RECORD_SIZE, started + self.limits.deadline)
             if data is None:
                 if count_miss:
                     self._count("misses")
@@ -196,6 +197,7 @@ class RemoteCache:
                 raise RefusedObjectError(
                     f"its record says {record.size} bytes, over this cache's bound {max_size}"
                 )
+            deadline = started + self.limits.deadline_for(record.size)
             blob = self.client.get(blob_name(record.sha256), record.size, deadline)
             if blob is None:
                 raise RefusedObjectError(f"its record names a missing blob {record.sha256}")
@@ -229,7 +231,7 @@ class RemoteCache:
 
     def _take(self, key: str, deadline: float) -> bool:
         lease = Lease(key, self._holder, time.time() + self.lease_seconds)
-        if not self.client.put_new(lease_name(key), lease.encode(), deadline):
+        if not self.client.put_new(lease_name(key), lease.encode(), deadline).written:
             return False
         with self._lock:
             self._held.add(key)
@@ -313,14 +315,15 @@ class RemoteCache:
         if self.state != "on":
             self.release(key)
             return False
-        deadline = time.monotonic() + self.limits.deadline
+        deadline = time.monotonic() + self.limits.deadline_for(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
         record = Record(key, parts, sha256, len(data), self.signer)
         if self.keys is not None:
             record = replace(record, signature=self.keys.sign(record.signed_bytes()))
         try:
             self.client.put_new(blob_name(sha256), data, deadline)
-            written = self.client.put_new(record_name(key, self.signer), record.encode(), deadline)
+            name = record_name(key, self.signer)
+            written = self.client.put_new(name, record.encode(), deadline).written
         except RemoteError as error:
             self._failed(error, writing=True)
             self.release(key)
