@@ -4,14 +4,16 @@ Remote names a remote a test uses (an S3 bucket on moto's server or a
 file:// directory) with the environment that reaches it and raw object
 access for the attacker the tests play; FaultProxy answers chosen requests
 itself (403/429/503), delays them, or moves bodies slowly, in front of the
-S3 server; Hang never answers; closed_port is a port nothing listens on.
-The fixtures that make them (s3_endpoint, remote, s3_proxy) are in
-conftest.py.
+S3 server; Hang never answers; closed_port is a port nothing listens on;
+record_fields and record_bytes read and write a record's layout (its
+header line, then its JSON body). The fixtures that make them (s3_endpoint,
+remote, s3_proxy) are in conftest.py.
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 import time
@@ -56,6 +58,16 @@ class Remote:
             )
         listed = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
         return sorted(item["Key"].removeprefix("fleet/") for item in listed)
+
+
+def record_fields(data: bytes) -> dict:
+    """The JSON body of a record's bytes (after its header line)."""
+    return json.loads(data.split(b"\n", 1)[1])
+
+
+def record_bytes(fields: dict, signature: str = "-") -> bytes:
+    """A record with this body and signature (hex, "-" for none), as a writer lays it out."""
+    return f"pjrt-pool remote record 2 {signature}\n".encode() + json.dumps(fields).encode()
 
 
 S3_ENV = {

@@ -19,7 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import finish, lowered, save_program, start
-from remote_helpers import RESET, S3_ENV, SHORT, Hang, Remote, closed_port
+from remote_helpers import (
+    RESET,
+    S3_ENV,
+    SHORT,
+    Hang,
+    Remote,
+    closed_port,
+    record_bytes,
+    record_fields,
+)
 
 from worker.cache.key import key_of
 from worker.cache.remote import parse_remote
@@ -134,9 +143,9 @@ def test_a_damaged_remote_object_is_refused_and_recompiled(tmp_path, remote, dam
     elif damage == "oversized":
         remote.write(blob_path, blob + os.urandom(1 << 20))
     else:  # a record that names the entry but claims it for other key parts
-        fields = json.loads(remote.read(record_path))
+        fields = record_fields(remote.read(record_path))
         fields["parts"]["platform"] = "elsewhere"
-        remote.write(record_path, json.dumps(fields).encode())
+        remote.write(record_path, record_bytes(fields))
 
     b = host(tmp_path, "b", [p], remote.env)
     assert b["stats"][0]["compiled"] == 1
@@ -192,11 +201,10 @@ def test_signed_records_verify_with_the_public_key_only(tmp_path, remote):
         n for n in remote.names() if n.startswith("records/") and n.endswith("/unsigned.json")
     ]
     key = forged_from.split("/")[1]
-    fields = json.loads(remote.read(forged_from))
+    fields = record_fields(remote.read(forged_from))
     _, other_public = _keypair(tmp_path, "mallory")
     fields["signer"] = record_path.rsplit("/", 1)[1].removesuffix(".json")
-    fields["signature"] = "00" * 64
-    remote.write(record_name(key, fields["signer"]), json.dumps(fields).encode())
+    remote.write(record_name(key, fields["signer"]), record_bytes(fields, "00" * 64))
     c = host(tmp_path, "c", [r], serving)
     assert c["stats"][0]["compiled"] == 1 and c["remote"]["refused"] == 1
     assert any("signature" in w for w in c["warnings"])
@@ -358,16 +366,19 @@ def test_a_record_is_refused_unless_it_is_what_its_name_says():
     good = Record(key, parts, "ab" * 32, 10).encode()
     assert decode_record(good, key, "unsigned").size == 10
     for data, says in [
-        (b"[" * 100 + b"]" * 100, "not JSON"),
+        (record_bytes({}).replace(b"{}", b"[" * 100 + b"]" * 100), "not JSON"),
         (b"x" * (300 << 10), "over"),
         (good, "not the"),
+        (b"pjrt-pool remote record 3 -\n{}", "format '3'"),
+        (b"pjrt-pool remote record 2 xyz\n{}", "not hex"),
+        (b"just text", "no header"),
     ]:
         with pytest.raises(BadRecordError, match=says):
             decode_record(data, key, "ed25519-0000000000000000" if data is good else "unsigned")
-    bad_size = json.loads(good)
+    bad_size = record_fields(good)
     bad_size["size"] = -1
     with pytest.raises(BadRecordError, match="byte count"):
-        decode_record(json.dumps(bad_size).encode(), key, "unsigned")
+        decode_record(record_bytes(bad_size), key, "unsigned")
 
 
 def test_compile_program_refuses_a_malformed_remote(tmp_path):
@@ -567,3 +578,55 @@ def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
     finally:
         server.shutdown()
     assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
+
+
+def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatch):
+    from worker.cache.remote import generate_private_key
+    from worker.cache.remote.keys import keys_from_environment
+    from worker.cache.remote.layout import OldRecordError
+    from worker.cache.remote.verify import OlderRecordError, RefusedObjectError, checked_record
+    from worker.cache.signing import Signer
+
+    ci, mallory = tmp_path / "ci.pem", tmp_path / "mallory.pem"
+    generate_private_key(ci)
+    generate_private_key(mallory)
+    monkeypatch.setenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", str(ci))
+    keys = keys_from_environment()
+    monkeypatch.setenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", str(mallory))
+    forger = keys_from_environment()
+    parts = {"a": 1}
+    key = key_of(parts)
+    hmac, other_hmac = Signer(b"s" * 32, "test"), Signer(b"t" * 32, "test")
+    signed = Record(key, parts, "ab" * 32, 10, keys.signer)
+    maced = Record(key, parts, "ab" * 32, 10, f"hmac-{hmac.key_id}")
+
+    def sign(record: Record, with_keys=None, with_hmac=None) -> bytes:
+        from worker.cache.remote.verify import sign_record
+
+        return record.encode(sign_record(record.body(), with_keys, with_hmac))
+
+    good, forged = sign(signed, keys), sign(signed, forger)
+    good_mac, forged_mac = sign(maced, with_hmac=hmac), sign(maced, with_hmac=other_hmac)
+    assert checked_record(good, key, keys.signer, keys).sha256 == "ab" * 32
+    assert checked_record(good_mac, key, maced.signer, None, hmac).size == 10
+    unsigned = Record(key, parts, "ab" * 32, 10).encode()
+    assert checked_record(unsigned, key, "unsigned", None).size == 10
+
+    def never(*args, **kwargs):
+        raise AssertionError("parsed or hashed before the signature was checked")
+
+    monkeypatch.setattr("worker.cache.remote.layout.parse_json", never)
+    monkeypatch.setattr("worker.cache.remote.verify.key_of", never)
+    for data, signer, checking in [
+        (forged, keys.signer, (keys, None)),
+        (forged_mac, maced.signer, (None, hmac)),
+        (unsigned.replace(b" -\n", f" {'00' * 64}\n".encode()), keys.signer, (keys, None)),
+    ]:
+        with pytest.raises(RefusedObjectError, match=r"signature|MAC"):
+            checked_record(data, key, signer, *checking)
+    # Format 1 (the signature inside the JSON) is refused as older, before parsing too.
+    old = json.dumps({"format": 1, "key": key, "parts": parts, "signer": "unsigned"}).encode()
+    with pytest.raises(OlderRecordError, match="format 1"):
+        checked_record(old, key, "unsigned", None)
+    with pytest.raises(OldRecordError):
+        decode_record(old, key, "unsigned")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import REPO, finish, lowered, save_program, start
-from remote_helpers import Hang, Remote
+from remote_helpers import Hang, Remote, record_fields
 
 from pool.manifest import Manifest
 from worker.records import ProgramSpec
@@ -143,7 +143,7 @@ def test_pull_of_a_manifest_with_a_tampered_object_refuses_it_and_fetches_the_ot
     manifest = tmp_path / "m.json"
     Manifest(specs, None, "cpu").write(manifest)
     tampered = specs[1].key
-    record = json.loads(remote.read(f"records/{tampered}/unsigned.json"))
+    record = record_fields(remote.read(f"records/{tampered}/unsigned.json"))
     blob = f"blobs/{record['sha256']}.pjx"
     data = remote.read(blob)
     remote.write(blob, data[:-9] + bytes([data[-9] ^ 0x40]) + data[-8:])
@@ -227,8 +227,8 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     host(tmp_path, "a2", paths[1:], remote.env)  # the young one
     names = remote.names()
     (young_record,) = [n for n in names if n.startswith("records/") and n != old_record]
-    old_blob = f"blobs/{json.loads(remote.read(old_record))['sha256']}.pjx"
-    young_blob = f"blobs/{json.loads(remote.read(young_record))['sha256']}.pjx"
+    old_blob = f"blobs/{record_fields(remote.read(old_record))['sha256']}.pjx"
+    young_blob = f"blobs/{record_fields(remote.read(young_record))['sha256']}.pjx"
     assert {old_blob, young_blob} <= set(names)
 
     def gc(*extra: str) -> dict:
@@ -269,7 +269,7 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     # Host B published the collected entry again: a size bound that holds only that newest
     # entry deletes the older record, then its blob.
     (new_record,) = [n for n in remote.names() if n.startswith("records/") and n != young_record]
-    new_blob = f"blobs/{json.loads(remote.read(new_record))['sha256']}.pjx"
+    new_blob = f"blobs/{record_fields(remote.read(new_record))['sha256']}.pjx"
     bound = str(len(remote.read(new_blob)))
     command = ["cache", "gc", "--remote", remote.url, "--max-size", bound, "--grace", "0"]
     code, report, err = pjrt_pool(*command, "--json", env=remote.env)

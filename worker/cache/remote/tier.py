@@ -6,6 +6,7 @@ create-only (layout.py). What can go wrong, and what follows:
 
 - an object that fails a check: a miss, counted in ``refused``, remembered
   for the process (never fetched again) and warned about once per key;
+- a record of an older format: a miss, warned about once;
 - the store refuses, resets, hangs or throttles past the retries, or the
   lookup outlives its deadline (Limits.deadline_for: grown with the entry's
   size): the remote is switched off for the process with one warning naming
@@ -25,7 +26,6 @@ import hashlib
 import threading
 import time
 import warnings
-from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
@@ -37,6 +37,7 @@ from worker.cache.remote.layout import (
     UNSIGNED,
     Record,
     blob_name,
+    encode_record,
     program_folder,
     program_index_name,
     record_name,
@@ -53,7 +54,13 @@ from worker.cache.remote.lease import (
     lease_seconds,
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
-from worker.cache.remote.verify import RefusedObjectError, checked_entry, checked_record
+from worker.cache.remote.verify import (
+    OlderRecordError,
+    RefusedObjectError,
+    checked_entry,
+    checked_record,
+    sign_record,
+)
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
 from worker.log import get_logger
@@ -192,7 +199,7 @@ class RemoteCache:
                 if count_miss:
                     self._count("misses")
                 return None
-            record = checked_record(data, key, self.signer, self.keys)
+            record = checked_record(data, key, self.signer, self.keys, self.hmac_signer)
             if record.size > max_size:
                 raise RefusedObjectError(
                     f"its record says {record.size} bytes, over this cache's bound {max_size}"
@@ -202,6 +209,12 @@ class RemoteCache:
             if blob is None:
                 raise RefusedObjectError(f"its record names a missing blob {record.sha256}")
             entry = checked_entry(blob, record, self.hmac_signer)
+        except OlderRecordError as error:
+            shown = self.location.shown
+            self._warn_once("older record", f"pjrt-pool remote cache {shown}: {error}")
+            if count_miss:
+                self._count("misses")
+            return None
         except RefusedObjectError as error:
             self._refuse(key, str(error))
             return None
@@ -317,13 +330,12 @@ class RemoteCache:
             return False
         deadline = time.monotonic() + self.limits.deadline_for(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
-        record = Record(key, parts, sha256, len(data), self.signer)
-        if self.keys is not None:
-            record = replace(record, signature=self.keys.sign(record.signed_bytes()))
+        body = Record(key, parts, sha256, len(data), self.signer).body()
+        record = encode_record(body, sign_record(body, self.keys, self.hmac_signer))
         try:
             self.client.put_new(blob_name(sha256), data, deadline)
             name = record_name(key, self.signer)
-            written = self.client.put_new(name, record.encode(), deadline).written
+            written = self.client.put_new(name, record, deadline).written
         except RemoteError as error:
             self._failed(error, writing=True)
             self.release(key)
@@ -357,7 +369,7 @@ class RemoteCache:
                 if data is None:
                     continue
                 try:
-                    record = checked_record(data, other, self.signer, self.keys)
+                    record = checked_record(data, other, self.signer, self.keys, self.hmac_signer)
                 except RefusedObjectError:
                     continue
                 found.append((other, differing_parts(record.parts, parts)))
