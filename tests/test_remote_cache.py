@@ -436,14 +436,21 @@ def test_three_hosts_missing_one_program_compile_it_once(tmp_path):
     assert sum(r["stats"][0]["compiled"] for r in reports) == 1, reports
     assert sum(r["remote"]["hits"] for r in reports) == 2
     assert all(close(r["outputs"][0][0], expected(16)) for r in reports)
-    assert not (tmp_path / "remote" / "leases").exists() or not list(
-        (tmp_path / "remote" / "leases").iterdir()
-    )
+    # The holder released its lease: left, expired, for the next host to take over (or gc).
+    assert all(_expired(lease) for lease in (tmp_path / "remote" / "leases").glob("*.json"))
+
+
+def _expired(path: Path) -> bool:
+    from worker.cache.remote.lease import decode_lease, parse_lease_name
+
+    key = parse_lease_name(f"leases/{path.name}")
+    lease = decode_lease(path.read_bytes(), key)
+    return lease is not None and lease.expired()
 
 
 @pytest.mark.slow
 def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
-    from worker.cache.remote.lease import Lease, lease_name
+    from worker.cache.remote.lease import Lease, decode_lease, lease_name
 
     p, q = programs(tmp_path, 17, 18)
     from cache_helpers import load_program
@@ -457,11 +464,15 @@ def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
     remote.write(lease_name(key_q), Lease(key_q, "dead:2:0", time.time() - 3600).encode())
     b = host(tmp_path, "b", [p, q], remote.env)
     assert [s["compiled"] for s in b["stats"]] == [1, 1]
-    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 1  # q's, taken over
+    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 2  # both taken over
     assert 1.5 < b["remote_seconds"] < 10, b
     assert b["remote"]["published"] == 2
     leases = [n for n in remote.names() if n.startswith("leases/")]
-    assert leases == [lease_name(key_p)]  # p's dead lease stays until someone takes it over
+    assert sorted(leases) == sorted([lease_name(key_p), lease_name(key_q)])
+    # Each was released after its publish: expired, and B's, no more the dead hosts'.
+    for key in (key_p, key_q):
+        lease = decode_lease(remote.read(lease_name(key)), key)
+        assert lease is not None and lease.expired() and not lease.holder.startswith("dead")
 
 
 @pytest.mark.slow
@@ -541,43 +552,125 @@ def test_a_large_entry_over_a_slow_steady_link_moves_both_ways(s3_proxy, monkeyp
     assert time.monotonic() - began > 1.5 and reader.counters.errors == 0
 
 
-def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
-    """fake-gcs-server and Azurite listen on http: the client is told to allow it."""
-    from worker.cache.remote.client import ObjectClient
-    from worker.cache.remote.location import Limits
+@pytest.mark.slow
+def test_when_a_dead_hosts_lease_expires_one_waiter_takes_it_over(remote, monkeypatch):
+    from worker.cache.remote.lease import Lease, lease_name
 
-    seen: list[str] = []
+    key, parts, data = _entry(21)
+    remote.write(lease_name(key), Lease(key, "dead:1:0", time.time() + 1).encode())
+    hosts = [_tier(remote, monkeypatch) for _ in range(4)]
+    compiled: list[int] = []
 
-    class Answer(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def host(index: int) -> None:
+        if hosts[index].fetch_or_lead(key, 1 << 20) is None:  # compile, then publish
+            compiled.append(index)
+            time.sleep(0.3)
+            hosts[index].publish(key, parts, data)
 
-        def log_message(self, *args) -> None:
-            pass
+    _all([threading.Thread(target=host, args=(i,)) for i in range(4)])
+    counters = [h.counters for h in hosts]
+    assert len(compiled) == 1, counters
+    assert sum(c.leases for c in counters) == 1 and sum(c.waited for c in counters) == 3
+    assert sum(c.published for c in counters) == 1
 
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    for name, value in {
-        "GOOGLE_BASE_URL": endpoint,
-        "GOOGLE_SKIP_SIGNATURE": "true",
-        "AZURE_STORAGE_ENDPOINT": f"{endpoint}/account",
-        "AZURE_STORAGE_ACCOUNT_NAME": "account",
-        "AZURE_SKIP_SIGNATURE": "true",
-    }.items():
+def test_of_hosts_racing_for_an_expired_lease_exactly_one_takes_it(remote, monkeypatch):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    key, _, _ = _entry(22)
+    remote.write(lease_name(key), Lease(key, "dead:1:0", time.time() - 1).encode())
+    hosts = [_tier(remote, monkeypatch) for _ in range(8)]
+    start = threading.Barrier(len(hosts))
+    claims: list[str] = []
+
+    def host(tier) -> None:
+        start.wait()
+        claims.append(tier.claim(key))
+
+    _all([threading.Thread(target=host, args=(h,)) for h in hosts])
+    assert sorted(claims) == ["mine"] + ["theirs"] * 7, claims
+    for tier in hosts:
+        tier.release(key)
+
+
+def test_a_holder_whose_lease_was_taken_over_releases_nothing(remote, monkeypatch):
+    from worker.cache.remote.client import Failure, RemoteError
+
+    key, _, _ = _entry(23)
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.3")
+    old = _tier(remote, monkeypatch)
+    monkeypatch.delenv("PJRT_POOL_CACHE_REMOTE_LEASE")
+    new, third = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
+    assert old.claim(key) == "mine"
+
+    def cut_off(*args, **kwargs):
+        raise RemoteError(Failure.UNAVAILABLE, "a partition")
+
+    # The old holder is cut off: it cannot renew, its lease expires, another takes it over.
+    monkeypatch.setattr(old.client, "put_if_match", cut_off, raising=False)
+    time.sleep(0.5)
+    assert new.claim(key) == "mine"
+    monkeypatch.undo()
+    for name, value in remote.env.items():
         monkeypatch.setenv(name, value)
-    try:
-        for url in ("gs://bucket/fleet", "az://container/fleet"):
-            client = ObjectClient(parse_remote(url), Limits(timeout=2, deadline=4, retries=0))
-            assert client.get("x", 100, time.monotonic() + 4) is None  # a 404: reached
-    finally:
-        server.shutdown()
-    assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
+    old.release(key)  # its compile ends: the new holder's lease stays
+    assert third.claim(key) == "theirs"
+    new.release(key)
+    assert third.claim(key) == "mine"
+    third.release(key)
+
+
+@pytest.mark.slow
+def test_a_holder_renews_its_lease_while_it_compiles(remote, monkeypatch):
+    key, _, _ = _entry(24)
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.6")
+    holder, other = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
+    assert holder.claim(key) == "mine"
+    time.sleep(2.0)  # a compile three times the lease
+    assert other.claim(key) == "theirs"
+    holder.release(key)
+    assert other.claim(key) == "mine"
+    other.release(key)
+
+
+def test_a_record_whose_blob_is_gone_is_a_miss_and_the_next_publish_repairs_it(remote, monkeypatch):
+    from worker.cache.remote.layout import blob_name
+
+    key, parts, first = _entry(25)
+    _tier(remote, monkeypatch).publish(key, parts, first)
+    remote.delete(blob_name(hashlib.sha256(first).hexdigest()))
+    host = _tier(remote, monkeypatch)
+    assert host.fetch(key, 1 << 20) is None
+    # The host compiles it again (other bytes: a new payload) and publishes: the record
+    # is replaced by one naming the blob just written.
+    _, _, data = _entry(25)
+    outcome = host.publish(key, parts, data)
+    fetched = _tier(remote, monkeypatch).fetch(key, 1 << 20)
+    assert fetched is not None and fetched[0] == data
+    assert outcome.value == "repaired" and host.counters.repaired == 1
+    assert host.counters.misses == 1 and host.counters.refused == 0
+    assert _tier(remote, monkeypatch).publish(key, parts, data).value == "already there"
+
+
+@pytest.mark.parametrize("lease", ["oversized", "garbage"])
+def test_an_unreadable_lease_is_taken_over_counted_and_warned_about_once(
+    remote, monkeypatch, lease
+):
+    from worker.cache.remote import RemoteCacheWarning
+    from worker.cache.remote.lease import decode_lease, lease_name
+
+    keys = [_entry(26)[0], _entry(27)[0]]
+    for key in keys:
+        remote.write(lease_name(key), b" " * 5000 if lease == "oversized" else b"{not json")
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(RemoteCacheWarning, match="cannot be read") as caught:
+        assert [host.claim(key) for key in keys] == ["mine", "mine"]
+    assert len([w for w in caught if "cannot be read" in str(w.message)]) == 1
+    assert host.counters.refused == 2 and host.counters.leases == 2
+    found = decode_lease(remote.read(lease_name(keys[0])), keys[0])
+    assert found is not None and not found.expired()
+    for key in keys:
+        host.release(key)
 
 
 def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatch):
@@ -630,3 +723,104 @@ def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatc
         checked_record(old, key, "unsigned", None)
     with pytest.raises(OldRecordError):
         decode_record(old, key, "unsigned")
+
+
+def test_a_record_of_an_older_format_is_a_miss_and_replaced_by_the_next_publish(
+    remote, monkeypatch
+):
+    key, parts, data = _entry(28)
+    old = {"format": 1, "key": key, "parts": parts, "sha256": "ab" * 32, "size": len(data)}
+    remote.write(record_name(key, "unsigned"), json.dumps({**old, "signer": "unsigned"}).encode())
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(match="format 1"):
+        assert host.fetch(key, 1 << 20) is None
+    assert host.counters.misses == 1 and host.counters.refused == 0
+    assert host.publish(key, parts, data).value == "repaired"
+    assert _tier(remote, monkeypatch).fetch(key, 1 << 20) is not None
+
+
+def test_a_concurrent_prefetch_says_missing_for_a_missing_key_while_another_fails(
+    s3_proxy, monkeypatch, tmp_path
+):
+    """Outcomes come from each lookup, not from the tier's state another thread changed."""
+    from worker.cache.remote import prefetch
+    from worker.cache.store import DiskCache
+
+    proxy, remote = s3_proxy
+    missing, failing = _entry(29)[0], _entry(30)[0]
+    # The missing key's lookup is answered after the failing one switched the remote off.
+    proxy.delays = {missing: 0.5}
+    proxy.faults = [("GET", 403)]
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(match="switched off"):
+        report = prefetch(host, DiskCache(tmp_path / "cache"), [missing, failing], concurrency=2)
+    assert {k: v.value for k, v in report.outcomes.items()} == {
+        missing: "missing",
+        failing: "failed",
+    }
+
+
+def test_a_refused_key_is_asked_for_again_after_a_while(remote, monkeypatch):
+    import worker.cache.remote.tier as tier_module
+
+    monkeypatch.setattr(tier_module, "REFUSAL_MEMORY", 0.3, raising=False)
+    key, parts, data = _entry(31)
+    host = _tier(remote, monkeypatch)
+    assert host.publish(key, parts, data)
+    with pytest.warns(match="refused"):
+        host.refuse(key, "the plugin rejected it")
+    assert host.was_refused(key) and host.fetch(key, 1 << 20) is None
+    time.sleep(0.4)
+    assert not host.was_refused(key)
+    assert host.fetch(key, 1 << 20) is not None and host.counters.hits == 1
+
+
+def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
+    """fake-gcs-server and Azurite listen on http: the client is told to allow it."""
+    from worker.cache.remote.client import ObjectClient
+    from worker.cache.remote.location import Limits
+
+    seen: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    for name, value in {
+        "GOOGLE_BASE_URL": endpoint,
+        "GOOGLE_SKIP_SIGNATURE": "true",
+        "AZURE_STORAGE_ENDPOINT": f"{endpoint}/account",
+        "AZURE_STORAGE_ACCOUNT_NAME": "account",
+        "AZURE_SKIP_SIGNATURE": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for url in ("gs://bucket/fleet", "az://container/fleet"):
+            client = ObjectClient(parse_remote(url), Limits(timeout=2, deadline=4, retries=0))
+            assert client.get("x", 100, time.monotonic() + 4) is None  # a 404: reached
+    finally:
+        server.shutdown()
+    assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
+
+
+def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects():
+    from worker.cache.remote.lease import MAX_HOLD, POLL_MAX, Lease, decode_lease
+
+    key = key_of({"a": 2})
+    expecting = Lease(key, "host:1:0", time.time() + 60, expected=5.0)
+    assert decode_lease(expecting.encode(), key) == expecting
+    assert expecting.patience() == 2 * 5.0 + POLL_MAX
+    unknown = Lease(key, "host:1:0", time.time() + 60)
+    assert decode_lease(unknown.encode(), key) == unknown and unknown.patience() == MAX_HOLD
+    assert decode_lease(expecting.encode().replace(b"5.0", b"-1"), key) is None

@@ -279,6 +279,26 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     assert {n for n in remote.names() if n.startswith(kinds)} == {new_record, new_blob}
 
 
+def test_gc_deletes_leases_that_expired_and_keeps_standing_ones(tmp_path, remote):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    dead, released, live, garbage = (f"{i:064x}" for i in range(1, 5))
+    for key, expires in ((dead, -3600), (released, -1), (live, 600)):
+        remote.write(lease_name(key), Lease(key, "host:1:0", time.time() + expires).encode())
+    remote.write(lease_name(garbage), b"{not a lease")
+    command = ["cache", "gc", "--remote", remote.url, "--older-than", "30d", "--json"]
+    code, report, err = pjrt_pool(*command, "--grace", "0", "--dry-run", env=remote.env)
+    assert code == 0, err
+    ended = sorted(lease_name(key) for key in (dead, released, garbage))
+    assert report["deleted_leases"] == ended
+    assert len([n for n in remote.names() if n.startswith("leases/")]) == 4
+    code, report, err = pjrt_pool(*command, env=remote.env)  # the default grace: all young
+    assert code == 0 and report["deleted_leases"] == [], err
+    code, report, err = pjrt_pool(*command, "--grace", "0", env=remote.env)
+    assert code == 0 and report["deleted_leases"] == ended, err
+    assert [n for n in remote.names() if n.startswith("leases/")] == [lease_name(live)]
+
+
 SPEC = """
 import os
 

@@ -9,7 +9,7 @@ writes), layout (object names and records), keys (Ed25519 signatures of
 records), verify (what a reader checks), lease (one compile per key across
 hosts), tier (RemoteCache: lookups, publishes, counters, switching off),
 transfer (prefetch and push of many entries at once), eviction (collect:
-old records, then unreferenced blobs);
+old records, then unreferenced blobs, then dead leases);
 worker.compile.by_key.load_remote_entry loads what it fetches. Importing this
 package imports no client library.
 """
@@ -26,6 +26,9 @@ from worker.cache.remote.location import (
     parse_remote,
 )
 from worker.cache.remote.tier import (
+    Fetched,
+    Lookup,
+    Published,
     RemoteCache,
     RemoteCacheWarning,
     RemoteCounters,
@@ -51,9 +54,12 @@ __all__ = [
     "REMOTE_ENV",
     "TIMEOUT_ENV",
     "CollectReport",
+    "Fetched",
     "Limits",
+    "Lookup",
     "Moved",
     "Prefetcher",
+    "Published",
     "RemoteCache",
     "RemoteCacheWarning",
     "RemoteCounters",
