@@ -3,16 +3,20 @@
 Remote names a remote a test uses (an S3 bucket on moto's server or a
 file:// directory) with the environment that reaches it and raw object
 access for the attacker the tests play; FaultProxy answers chosen requests
-itself (403/429/503) in front of the S3 server; Hang never answers;
-closed_port is a port nothing listens on. The fixtures that make them
-(s3_endpoint, remote, s3_proxy) are in conftest.py.
+itself (403/429/503), delays them, or moves bodies slowly, in front of the
+S3 server; Hang never answers; closed_port is a port nothing listens on;
+record_fields and record_bytes read and write a record's layout (its
+header line, then its JSON body). The fixtures that make them (s3_endpoint,
+remote, s3_proxy) are in conftest.py.
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 
@@ -40,6 +44,13 @@ class Remote:
         else:
             self.s3.put_object(Bucket=self.bucket, Key=f"fleet/{name}", Body=data)
 
+    def delete(self, name: str) -> None:
+        """Removes an object, as an attacker (or a lost disk) could."""
+        if self.root is not None:
+            (self.root / name).unlink()
+        else:
+            self.s3.delete_object(Bucket=self.bucket, Key=f"fleet/{name}")
+
     def names(self) -> list[str]:
         if self.root is not None:
             return sorted(
@@ -47,6 +58,16 @@ class Remote:
             )
         listed = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
         return sorted(item["Key"].removeprefix("fleet/") for item in listed)
+
+
+def record_fields(data: bytes) -> dict:
+    """The JSON body of a record's bytes (after its header line)."""
+    return json.loads(data.split(b"\n", 1)[1])
+
+
+def record_bytes(fields: dict, signature: str = "-") -> bytes:
+    """A record with this body and signature (hex, "-" for none), as a writer lays it out."""
+    return f"pjrt-pool remote record 2 {signature}\n".encode() + json.dumps(fields).encode()
 
 
 S3_ENV = {
@@ -91,8 +112,12 @@ class FaultProxy:
     next request of that method (status "always" entries: see always);
     status RESET closes the connection without an answer, and SHORT
     forwards the server's answer with its whole Content-Length but only half
-    its body, then closes; every other request goes to the server. seen
-    counts requests by method, sent the body bytes the server's answers carried.
+    its body, then closes; every other request goes to the server. pace
+    (bytes, seconds) moves bodies of requests and answers of more than that
+    many bytes that many at a time, pausing between: a slow but steady link;
+    delays maps a part of a request's path to seconds it waits before it is
+    forwarded. seen counts requests by method, sent the body bytes the
+    server's answers carried.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -102,7 +127,29 @@ class FaultProxy:
         self.seen: dict[str, int] = {}
         self.sent = 0
         self.answered: list[tuple[str, int]] = []
+        self.pace: tuple[int, float] | None = None
+        self.delays: dict[str, float] = {}
         proxy = self
+
+        def paced_read(stream, length: int) -> bytes:
+            if proxy.pace is None or length <= proxy.pace[0]:
+                return stream.read(length)
+            parts, step, pause = [], proxy.pace[0], proxy.pace[1]
+            while length > 0:
+                parts.append(stream.read(min(step, length)))
+                length -= len(parts[-1])
+                time.sleep(pause)
+            return b"".join(parts)
+
+        def paced_write(stream, data: bytes) -> None:
+            if proxy.pace is None or len(data) <= proxy.pace[0]:
+                stream.write(data)
+                return
+            step, pause = proxy.pace
+            for start in range(0, len(data), step):
+                stream.write(data[start : start + step])
+                stream.flush()
+                time.sleep(pause)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -113,8 +160,11 @@ class FaultProxy:
 
             def _any(self) -> None:
                 method = self.command
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = paced_read(self.rfile, int(self.headers.get("Content-Length") or 0))
                 proxy.seen[method] = proxy.seen.get(method, 0) + 1
+                for part, seconds in proxy.delays.items():
+                    if part in self.path:
+                        time.sleep(seconds)
                 status = proxy.always.get(method)
                 for i, (m, s) in enumerate(proxy.faults):
                     if status is None and m == method:
@@ -156,7 +206,7 @@ class FaultProxy:
                         data = data[: len(data) // 2]
                         self.close_connection = True
                     proxy.sent += len(data)  # before: the client may go on once it has it
-                    self.wfile.write(data)
+                    paced_write(self.wfile, data)
                 upstream.close()
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)

@@ -19,7 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import finish, lowered, save_program, start
-from remote_helpers import RESET, S3_ENV, SHORT, Hang, Remote, closed_port
+from remote_helpers import (
+    RESET,
+    S3_ENV,
+    SHORT,
+    Hang,
+    Remote,
+    closed_port,
+    record_bytes,
+    record_fields,
+)
 
 from worker.cache.key import key_of
 from worker.cache.remote import parse_remote
@@ -134,9 +143,9 @@ def test_a_damaged_remote_object_is_refused_and_recompiled(tmp_path, remote, dam
     elif damage == "oversized":
         remote.write(blob_path, blob + os.urandom(1 << 20))
     else:  # a record that names the entry but claims it for other key parts
-        fields = json.loads(remote.read(record_path))
+        fields = record_fields(remote.read(record_path))
         fields["parts"]["platform"] = "elsewhere"
-        remote.write(record_path, json.dumps(fields).encode())
+        remote.write(record_path, record_bytes(fields))
 
     b = host(tmp_path, "b", [p], remote.env)
     assert b["stats"][0]["compiled"] == 1
@@ -192,11 +201,10 @@ def test_signed_records_verify_with_the_public_key_only(tmp_path, remote):
         n for n in remote.names() if n.startswith("records/") and n.endswith("/unsigned.json")
     ]
     key = forged_from.split("/")[1]
-    fields = json.loads(remote.read(forged_from))
+    fields = record_fields(remote.read(forged_from))
     _, other_public = _keypair(tmp_path, "mallory")
     fields["signer"] = record_path.rsplit("/", 1)[1].removesuffix(".json")
-    fields["signature"] = "00" * 64
-    remote.write(record_name(key, fields["signer"]), json.dumps(fields).encode())
+    remote.write(record_name(key, fields["signer"]), record_bytes(fields, "00" * 64))
     c = host(tmp_path, "c", [r], serving)
     assert c["stats"][0]["compiled"] == 1 and c["remote"]["refused"] == 1
     assert any("signature" in w for w in c["warnings"])
@@ -358,16 +366,19 @@ def test_a_record_is_refused_unless_it_is_what_its_name_says():
     good = Record(key, parts, "ab" * 32, 10).encode()
     assert decode_record(good, key, "unsigned").size == 10
     for data, says in [
-        (b"[" * 100 + b"]" * 100, "not JSON"),
+        (record_bytes({}).replace(b"{}", b"[" * 100 + b"]" * 100), "not JSON"),
         (b"x" * (300 << 10), "over"),
         (good, "not the"),
+        (b"pjrt-pool remote record 3 -\n{}", "format '3'"),
+        (b"pjrt-pool remote record 2 xyz\n{}", "not hex"),
+        (b"just text", "no header"),
     ]:
         with pytest.raises(BadRecordError, match=says):
             decode_record(data, key, "ed25519-0000000000000000" if data is good else "unsigned")
-    bad_size = json.loads(good)
+    bad_size = record_fields(good)
     bad_size["size"] = -1
     with pytest.raises(BadRecordError, match="byte count"):
-        decode_record(json.dumps(bad_size).encode(), key, "unsigned")
+        decode_record(record_bytes(bad_size), key, "unsigned")
 
 
 def test_compile_program_refuses_a_malformed_remote(tmp_path):
@@ -425,14 +436,21 @@ def test_three_hosts_missing_one_program_compile_it_once(tmp_path):
     assert sum(r["stats"][0]["compiled"] for r in reports) == 1, reports
     assert sum(r["remote"]["hits"] for r in reports) == 2
     assert all(close(r["outputs"][0][0], expected(16)) for r in reports)
-    assert not (tmp_path / "remote" / "leases").exists() or not list(
-        (tmp_path / "remote" / "leases").iterdir()
-    )
+    # The holder released its lease: left, expired, for the next host to take over (or gc).
+    assert all(_expired(lease) for lease in (tmp_path / "remote" / "leases").glob("*.json"))
+
+
+def _expired(path: Path) -> bool:
+    from worker.cache.remote.lease import decode_lease, parse_lease_name
+
+    key = parse_lease_name(f"leases/{path.name}")
+    lease = decode_lease(path.read_bytes(), key)
+    return lease is not None and lease.expired()
 
 
 @pytest.mark.slow
 def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
-    from worker.cache.remote.lease import Lease, lease_name
+    from worker.cache.remote.lease import Lease, decode_lease, lease_name
 
     p, q = programs(tmp_path, 17, 18)
     from cache_helpers import load_program
@@ -446,11 +464,15 @@ def test_a_dead_hosts_lease_is_waited_out_then_taken_over(tmp_path, remote):
     remote.write(lease_name(key_q), Lease(key_q, "dead:2:0", time.time() - 3600).encode())
     b = host(tmp_path, "b", [p, q], remote.env)
     assert [s["compiled"] for s in b["stats"]] == [1, 1]
-    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 1  # q's, taken over
+    assert b["remote"]["waited"] == 0 and b["remote"]["leases"] == 2  # both taken over
     assert 1.5 < b["remote_seconds"] < 10, b
     assert b["remote"]["published"] == 2
     leases = [n for n in remote.names() if n.startswith("leases/")]
-    assert leases == [lease_name(key_p)]  # p's dead lease stays until someone takes it over
+    assert sorted(leases) == sorted([lease_name(key_p), lease_name(key_q)])
+    # Each was released after its publish: expired, and B's, no more the dead hosts'.
+    for key in (key_p, key_q):
+        lease = decode_lease(remote.read(lease_name(key)), key)
+        assert lease is not None and lease.expired() and not lease.holder.startswith("dead")
 
 
 @pytest.mark.slow
@@ -478,3 +500,327 @@ def test_a_host_waits_for_the_lease_holder_instead_of_compiling(tmp_path, remote
     assert b["stats"][0]["compiled"] == 0 and b["remote"]["waited"] == 1
     assert b["remote"]["leases"] == 0 and b["remote_seconds"] < 10
     assert close(b["outputs"][0][0], expected(19))
+
+
+# In-process hosts: RemoteCache objects sharing one remote, threads standing for hosts.
+
+
+def _entry(variant: int, size: int = 64) -> tuple[str, dict, bytes]:
+    """A key, its parts and a valid entry file of about size bytes (no plugin needed)."""
+    from worker.cache import entry as entry_format
+
+    parts = {"program_sha256": f"p{variant}", "compile_options": "o", "env": "tests"}
+    key = key_of(parts)
+    return key, parts, entry_format.encode(key, parts, {"created": 0.0}, os.urandom(size))
+
+
+def _tier(remote: Remote, monkeypatch, timeout: float = 2, deadline: float = 4):
+    """A host's RemoteCache on remote (a fresh one: nothing refused, no lease held)."""
+    from worker.cache.remote import Limits, RemoteCache
+
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    location = parse_remote(remote.url, read_only=False)
+    return RemoteCache(location, Limits(timeout=timeout, deadline=deadline))
+
+
+def _all(threads: list[threading.Thread], seconds: float = 60) -> None:
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds)
+        assert not thread.is_alive(), "a host hung"
+
+
+@pytest.mark.slow
+def test_a_large_entry_over_a_slow_steady_link_moves_both_ways(s3_proxy, monkeypatch):
+    """The request timeout bounds stalls, not transfers; the deadline grows with the size."""
+    proxy, remote = s3_proxy
+    key, parts, data = _entry(20, 2 << 20)
+    # 2 MiB at 256 KiB every 0.2 s (1.3 MB/s): 1.6 s, past both the request timeout (0.5 s)
+    # and the deadline (1 s), steady all along.
+    proxy.pace = (256 << 10, 0.2)
+    writer = _tier(remote, monkeypatch, timeout=0.5, deadline=1)
+    began = time.monotonic()
+    writer.publish(key, parts, data)
+    assert writer.counters.published == 1 and writer.counters.errors == 0, writer.counters
+    assert time.monotonic() - began > 1.5  # it did move slowly
+    reader = _tier(remote, monkeypatch, timeout=0.5, deadline=1)
+    began = time.monotonic()
+    fetched = reader.fetch(key, 4 << 20)
+    assert fetched is not None and fetched[0] == data, reader.counters
+    assert time.monotonic() - began > 1.5 and reader.counters.errors == 0
+
+
+@pytest.mark.slow
+def test_when_a_dead_hosts_lease_expires_one_waiter_takes_it_over(remote, monkeypatch):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    key, parts, data = _entry(21)
+    remote.write(lease_name(key), Lease(key, "dead:1:0", time.time() + 1).encode())
+    hosts = [_tier(remote, monkeypatch) for _ in range(4)]
+    compiled: list[int] = []
+
+    def host(index: int) -> None:
+        if hosts[index].fetch_or_lead(key, 1 << 20) is None:  # compile, then publish
+            compiled.append(index)
+            time.sleep(0.3)
+            hosts[index].publish(key, parts, data)
+
+    _all([threading.Thread(target=host, args=(i,)) for i in range(4)])
+    counters = [h.counters for h in hosts]
+    assert len(compiled) == 1, counters
+    assert sum(c.leases for c in counters) == 1 and sum(c.waited for c in counters) == 3
+    assert sum(c.published for c in counters) == 1
+
+
+def test_of_hosts_racing_for_an_expired_lease_exactly_one_takes_it(remote, monkeypatch):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    key, _, _ = _entry(22)
+    remote.write(lease_name(key), Lease(key, "dead:1:0", time.time() - 1).encode())
+    hosts = [_tier(remote, monkeypatch) for _ in range(8)]
+    start = threading.Barrier(len(hosts))
+    claims: list[str] = []
+
+    def host(tier) -> None:
+        start.wait()
+        claims.append(tier.claim(key))
+
+    _all([threading.Thread(target=host, args=(h,)) for h in hosts])
+    assert sorted(claims) == ["mine"] + ["theirs"] * 7, claims
+    for tier in hosts:
+        tier.release(key)
+
+
+def test_a_holder_whose_lease_was_taken_over_releases_nothing(remote, monkeypatch):
+    from worker.cache.remote.client import Failure, RemoteError
+
+    key, _, _ = _entry(23)
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.3")
+    old = _tier(remote, monkeypatch)
+    monkeypatch.delenv("PJRT_POOL_CACHE_REMOTE_LEASE")
+    new, third = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
+    assert old.claim(key) == "mine"
+
+    def cut_off(*args, **kwargs):
+        raise RemoteError(Failure.UNAVAILABLE, "a partition")
+
+    # The old holder is cut off: it cannot renew, its lease expires, another takes it over.
+    monkeypatch.setattr(old.client, "put_if_match", cut_off, raising=False)
+    time.sleep(0.5)
+    assert new.claim(key) == "mine"
+    monkeypatch.undo()
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    old.release(key)  # its compile ends: the new holder's lease stays
+    assert third.claim(key) == "theirs"
+    new.release(key)
+    assert third.claim(key) == "mine"
+    third.release(key)
+
+
+@pytest.mark.slow
+def test_a_holder_renews_its_lease_while_it_compiles(remote, monkeypatch):
+    key, _, _ = _entry(24)
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.6")
+    holder, other = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
+    assert holder.claim(key) == "mine"
+    time.sleep(2.0)  # a compile three times the lease
+    assert other.claim(key) == "theirs"
+    holder.release(key)
+    assert other.claim(key) == "mine"
+    other.release(key)
+
+
+def test_a_record_whose_blob_is_gone_is_a_miss_and_the_next_publish_repairs_it(remote, monkeypatch):
+    from worker.cache.remote.layout import blob_name
+
+    key, parts, first = _entry(25)
+    _tier(remote, monkeypatch).publish(key, parts, first)
+    remote.delete(blob_name(hashlib.sha256(first).hexdigest()))
+    host = _tier(remote, monkeypatch)
+    assert host.fetch(key, 1 << 20) is None
+    # The host compiles it again (other bytes: a new payload) and publishes: the record
+    # is replaced by one naming the blob just written.
+    _, _, data = _entry(25)
+    outcome = host.publish(key, parts, data)
+    fetched = _tier(remote, monkeypatch).fetch(key, 1 << 20)
+    assert fetched is not None and fetched[0] == data
+    assert outcome.value == "repaired" and host.counters.repaired == 1
+    assert host.counters.misses == 1 and host.counters.refused == 0
+    assert _tier(remote, monkeypatch).publish(key, parts, data).value == "already there"
+
+
+@pytest.mark.parametrize("lease", ["oversized", "garbage"])
+def test_an_unreadable_lease_is_taken_over_counted_and_warned_about_once(
+    remote, monkeypatch, lease
+):
+    from worker.cache.remote import RemoteCacheWarning
+    from worker.cache.remote.lease import decode_lease, lease_name
+
+    keys = [_entry(26)[0], _entry(27)[0]]
+    for key in keys:
+        remote.write(lease_name(key), b" " * 5000 if lease == "oversized" else b"{not json")
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(RemoteCacheWarning, match="cannot be read") as caught:
+        assert [host.claim(key) for key in keys] == ["mine", "mine"]
+    assert len([w for w in caught if "cannot be read" in str(w.message)]) == 1
+    assert host.counters.refused == 2 and host.counters.leases == 2
+    found = decode_lease(remote.read(lease_name(keys[0])), keys[0])
+    assert found is not None and not found.expired()
+    for key in keys:
+        host.release(key)
+
+
+def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatch):
+    from worker.cache.remote import generate_private_key
+    from worker.cache.remote.keys import keys_from_environment
+    from worker.cache.remote.layout import OldRecordError
+    from worker.cache.remote.verify import OlderRecordError, RefusedObjectError, checked_record
+    from worker.cache.signing import Signer
+
+    ci, mallory = tmp_path / "ci.pem", tmp_path / "mallory.pem"
+    generate_private_key(ci)
+    generate_private_key(mallory)
+    monkeypatch.setenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", str(ci))
+    keys = keys_from_environment()
+    monkeypatch.setenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", str(mallory))
+    forger = keys_from_environment()
+    parts = {"a": 1}
+    key = key_of(parts)
+    hmac, other_hmac = Signer(b"s" * 32, "test"), Signer(b"t" * 32, "test")
+    signed = Record(key, parts, "ab" * 32, 10, keys.signer)
+    maced = Record(key, parts, "ab" * 32, 10, f"hmac-{hmac.key_id}")
+
+    def sign(record: Record, with_keys=None, with_hmac=None) -> bytes:
+        from worker.cache.remote.verify import sign_record
+
+        return record.encode(sign_record(record.body(), with_keys, with_hmac))
+
+    good, forged = sign(signed, keys), sign(signed, forger)
+    good_mac, forged_mac = sign(maced, with_hmac=hmac), sign(maced, with_hmac=other_hmac)
+    assert checked_record(good, key, keys.signer, keys).sha256 == "ab" * 32
+    assert checked_record(good_mac, key, maced.signer, None, hmac).size == 10
+    unsigned = Record(key, parts, "ab" * 32, 10).encode()
+    assert checked_record(unsigned, key, "unsigned", None).size == 10
+
+    def never(*args, **kwargs):
+        raise AssertionError("parsed or hashed before the signature was checked")
+
+    monkeypatch.setattr("worker.cache.remote.layout.parse_json", never)
+    monkeypatch.setattr("worker.cache.remote.verify.key_of", never)
+    for data, signer, checking in [
+        (forged, keys.signer, (keys, None)),
+        (forged_mac, maced.signer, (None, hmac)),
+        (unsigned.replace(b" -\n", f" {'00' * 64}\n".encode()), keys.signer, (keys, None)),
+    ]:
+        with pytest.raises(RefusedObjectError, match=r"signature|MAC"):
+            checked_record(data, key, signer, *checking)
+    # Format 1 (the signature inside the JSON) is refused as older, before parsing too.
+    old = json.dumps({"format": 1, "key": key, "parts": parts, "signer": "unsigned"}).encode()
+    with pytest.raises(OlderRecordError, match="format 1"):
+        checked_record(old, key, "unsigned", None)
+    with pytest.raises(OldRecordError):
+        decode_record(old, key, "unsigned")
+
+
+def test_a_record_of_an_older_format_is_a_miss_and_replaced_by_the_next_publish(
+    remote, monkeypatch
+):
+    key, parts, data = _entry(28)
+    old = {"format": 1, "key": key, "parts": parts, "sha256": "ab" * 32, "size": len(data)}
+    remote.write(record_name(key, "unsigned"), json.dumps({**old, "signer": "unsigned"}).encode())
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(match="format 1"):
+        assert host.fetch(key, 1 << 20) is None
+    assert host.counters.misses == 1 and host.counters.refused == 0
+    assert host.publish(key, parts, data).value == "repaired"
+    assert _tier(remote, monkeypatch).fetch(key, 1 << 20) is not None
+
+
+def test_a_concurrent_prefetch_says_missing_for_a_missing_key_while_another_fails(
+    s3_proxy, monkeypatch, tmp_path
+):
+    """Outcomes come from each lookup, not from the tier's state another thread changed."""
+    from worker.cache.remote import prefetch
+    from worker.cache.store import DiskCache
+
+    proxy, remote = s3_proxy
+    missing, failing = _entry(29)[0], _entry(30)[0]
+    # The missing key's lookup is answered after the failing one switched the remote off.
+    proxy.delays = {missing: 0.5}
+    proxy.faults = [("GET", 403)]
+    host = _tier(remote, monkeypatch)
+    with pytest.warns(match="switched off"):
+        report = prefetch(host, DiskCache(tmp_path / "cache"), [missing, failing], concurrency=2)
+    assert {k: v.value for k, v in report.outcomes.items()} == {
+        missing: "missing",
+        failing: "failed",
+    }
+
+
+def test_a_refused_key_is_asked_for_again_after_a_while(remote, monkeypatch):
+    import worker.cache.remote.tier as tier_module
+
+    monkeypatch.setattr(tier_module, "REFUSAL_MEMORY", 0.3, raising=False)
+    key, parts, data = _entry(31)
+    host = _tier(remote, monkeypatch)
+    assert host.publish(key, parts, data)
+    with pytest.warns(match="refused"):
+        host.refuse(key, "the plugin rejected it")
+    assert host.was_refused(key) and host.fetch(key, 1 << 20) is None
+    time.sleep(0.4)
+    assert not host.was_refused(key)
+    assert host.fetch(key, 1 << 20) is not None and host.counters.hits == 1
+
+
+def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
+    """fake-gcs-server and Azurite listen on http: the client is told to allow it."""
+    from worker.cache.remote.client import ObjectClient
+    from worker.cache.remote.location import Limits
+
+    seen: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    for name, value in {
+        "GOOGLE_BASE_URL": endpoint,
+        "GOOGLE_SKIP_SIGNATURE": "true",
+        "AZURE_STORAGE_ENDPOINT": f"{endpoint}/account",
+        "AZURE_STORAGE_ACCOUNT_NAME": "account",
+        "AZURE_SKIP_SIGNATURE": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for url in ("gs://bucket/fleet", "az://container/fleet"):
+            client = ObjectClient(parse_remote(url), Limits(timeout=2, deadline=4, retries=0))
+            assert client.get("x", 100, time.monotonic() + 4) is None  # a 404: reached
+    finally:
+        server.shutdown()
+    assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
+
+
+def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects():
+    from worker.cache.remote.lease import MAX_HOLD, POLL_MAX, Lease, decode_lease
+
+    key = key_of({"a": 2})
+    expecting = Lease(key, "host:1:0", time.time() + 60, expected=5.0)
+    assert decode_lease(expecting.encode(), key) == expecting
+    assert expecting.patience() == 2 * 5.0 + POLL_MAX
+    unknown = Lease(key, "host:1:0", time.time() + 60)
+    assert decode_lease(unknown.encode(), key) == unknown and unknown.patience() == MAX_HOLD
+    assert decode_lease(expecting.encode().replace(b"5.0", b"-1"), key) is None

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import REPO, finish, lowered, save_program, start
-from remote_helpers import Hang, Remote
+from remote_helpers import Hang, Remote, record_fields
 
 from pool.manifest import Manifest
 from worker.records import ProgramSpec
@@ -143,7 +143,7 @@ def test_pull_of_a_manifest_with_a_tampered_object_refuses_it_and_fetches_the_ot
     manifest = tmp_path / "m.json"
     Manifest(specs, None, "cpu").write(manifest)
     tampered = specs[1].key
-    record = json.loads(remote.read(f"records/{tampered}/unsigned.json"))
+    record = record_fields(remote.read(f"records/{tampered}/unsigned.json"))
     blob = f"blobs/{record['sha256']}.pjx"
     data = remote.read(blob)
     remote.write(blob, data[:-9] + bytes([data[-9] ^ 0x40]) + data[-8:])
@@ -227,8 +227,8 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     host(tmp_path, "a2", paths[1:], remote.env)  # the young one
     names = remote.names()
     (young_record,) = [n for n in names if n.startswith("records/") and n != old_record]
-    old_blob = f"blobs/{json.loads(remote.read(old_record))['sha256']}.pjx"
-    young_blob = f"blobs/{json.loads(remote.read(young_record))['sha256']}.pjx"
+    old_blob = f"blobs/{record_fields(remote.read(old_record))['sha256']}.pjx"
+    young_blob = f"blobs/{record_fields(remote.read(young_record))['sha256']}.pjx"
     assert {old_blob, young_blob} <= set(names)
 
     def gc(*extra: str) -> dict:
@@ -269,7 +269,7 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     # Host B published the collected entry again: a size bound that holds only that newest
     # entry deletes the older record, then its blob.
     (new_record,) = [n for n in remote.names() if n.startswith("records/") and n != young_record]
-    new_blob = f"blobs/{json.loads(remote.read(new_record))['sha256']}.pjx"
+    new_blob = f"blobs/{record_fields(remote.read(new_record))['sha256']}.pjx"
     bound = str(len(remote.read(new_blob)))
     command = ["cache", "gc", "--remote", remote.url, "--max-size", bound, "--grace", "0"]
     code, report, err = pjrt_pool(*command, "--json", env=remote.env)
@@ -277,6 +277,26 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     assert report["old_records"] == [young_record] and report["deleted_blobs"] == [young_blob]
     kinds = ("records/", "blobs/")
     assert {n for n in remote.names() if n.startswith(kinds)} == {new_record, new_blob}
+
+
+def test_gc_deletes_leases_that_expired_and_keeps_standing_ones(tmp_path, remote):
+    from worker.cache.remote.lease import Lease, lease_name
+
+    dead, released, live, garbage = (f"{i:064x}" for i in range(1, 5))
+    for key, expires in ((dead, -3600), (released, -1), (live, 600)):
+        remote.write(lease_name(key), Lease(key, "host:1:0", time.time() + expires).encode())
+    remote.write(lease_name(garbage), b"{not a lease")
+    command = ["cache", "gc", "--remote", remote.url, "--older-than", "30d", "--json"]
+    code, report, err = pjrt_pool(*command, "--grace", "0", "--dry-run", env=remote.env)
+    assert code == 0, err
+    ended = sorted(lease_name(key) for key in (dead, released, garbage))
+    assert report["deleted_leases"] == ended
+    assert len([n for n in remote.names() if n.startswith("leases/")]) == 4
+    code, report, err = pjrt_pool(*command, env=remote.env)  # the default grace: all young
+    assert code == 0 and report["deleted_leases"] == [], err
+    code, report, err = pjrt_pool(*command, "--grace", "0", env=remote.env)
+    assert code == 0 and report["deleted_leases"] == ended, err
+    assert [n for n in remote.names() if n.startswith("leases/")] == [lease_name(live)]
 
 
 SPEC = """

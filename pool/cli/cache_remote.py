@@ -216,6 +216,7 @@ def _gc(args: argparse.Namespace) -> int:
     print(
         f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
         f"{len(report.dangling_records)} records whose blob is gone, "
+        f"{len(report.leases)} expired leases, "
         f"{len(report.blobs)} unreferenced blobs ({format_size(report.freed_bytes)}); kept "
         f"{report.kept_records} records, {report.kept_blobs} blobs "
         f"({format_size(report.kept_bytes)})"

@@ -4,11 +4,12 @@ Behind the local disk cache (worker.cache): a local miss asks the remote, a
 remote hit is verified and published into the local cache before it is
 loaded, and a compile publishes to both. Modules, one job each: location
 (the URL, read-only mode, time limits), client (the object store: sized
-gets, create-only puts, a deadline), layout (object names and records),
-keys (Ed25519 signatures of records), verify (what a reader checks), lease
-(one compile per key across hosts), tier (RemoteCache: lookups, publishes,
-counters, switching off), transfer (prefetch and push of many entries at
-once), eviction (collect: old records, then unreferenced blobs);
+gets, conditional puts, a deadline), files (a file:// remote's conditional
+writes), layout (object names and records), keys (Ed25519 signatures of
+records), verify (what a reader checks), lease (one compile per key across
+hosts), tier (RemoteCache: lookups, publishes, counters, switching off),
+transfer (prefetch and push of many entries at once), eviction (collect:
+old records, then unreferenced blobs, then dead leases);
 worker.compile.by_key.load_remote_entry loads what it fetches. Importing this
 package imports no client library.
 """
@@ -25,6 +26,9 @@ from worker.cache.remote.location import (
     parse_remote,
 )
 from worker.cache.remote.tier import (
+    Fetched,
+    Lookup,
+    Published,
     RemoteCache,
     RemoteCacheWarning,
     RemoteCounters,
@@ -50,9 +54,12 @@ __all__ = [
     "REMOTE_ENV",
     "TIMEOUT_ENV",
     "CollectReport",
+    "Fetched",
     "Limits",
+    "Lookup",
     "Moved",
     "Prefetcher",
+    "Published",
     "RemoteCache",
     "RemoteCacheWarning",
     "RemoteCounters",

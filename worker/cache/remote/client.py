@@ -11,7 +11,18 @@ Every call runs in a daemon thread and is waited for at most the time left
 to the caller's deadline, so that a server that accepts a connection and
 never answers costs the deadline, not the store's own (longer) retry
 schedule; within the deadline the store retries throttling (429), 5xx and
-dropped connections with backoff.
+dropped connections with backoff. The request timeout (Limits.timeout)
+bounds connecting and a read's stall (no byte for that long), never a whole
+transfer: a large entry over a slow but steady link arrives within the
+deadline its caller sized for it (Limits.deadline_for), and a read stops at
+its first chunk after that deadline. Writes have no stall bound of their own
+(the client's read timeout would count the upload): a stalled write costs
+its deadline.
+
+Conditional writes: put_new (create-only) and put_if_match (replace the
+version a read saw; leases, record repairs). A file:// remote makes both
+itself (files.py), since the store's local file system has no conditional
+replace.
 """
 
 from __future__ import annotations
@@ -19,16 +30,24 @@ from __future__ import annotations
 import contextlib
 import datetime
 import enum
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import unquote, urlsplit
 
-from worker.cache.remote.location import Limits, RemoteLocation, redact_text
+from worker.cache.remote import files
+from worker.cache.remote.location import Limits, RemoteLocation, plain_http, redact_text
 
 T = TypeVar("T")
+
+CHUNK = 1 << 20
+"""Bytes a read takes from the stream between two looks at its deadline."""
+BACKSTOP = datetime.timedelta(hours=6)
+"""The store's own bound on a whole request: only for one this process gave up on (its
+deadline passed) and left to a daemon thread, which ends with it."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,36 @@ class ObjectVersion(NamedTuple):
     etag: str | None
     """The store's entity tag (None where the server gives none): ranged reads that name it
     are refused if the object was replaced meanwhile."""
+
+
+class Versioned(NamedTuple):
+    """An object read with the version it was: what a conditional replace names."""
+
+    data: bytes | None
+    """Its bytes; None when it is larger than the reader's bound (not read)."""
+    etag: str | None
+    """Its version tag (None where the store gives none: it cannot be replaced conditionally)."""
+
+
+class Written(NamedTuple):
+    """What a conditional write did."""
+
+    written: bool
+    """False: the condition failed (an object was there; another version is)."""
+    etag: str | None = None
+    """The version written, for the next conditional replace (None where the store gives none)."""
+
+
+def _etag(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _version(path: str, meta: Any) -> ObjectVersion:
+    """The size and tag of an object's metadata; raises RemoteError if the store gave no size."""
+    size = meta.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+    return ObjectVersion(size, _etag(meta.get("e_tag")))
 
 
 class Failure(enum.Enum):
@@ -80,16 +129,17 @@ class ObjectClient:
     def __init__(self, location: RemoteLocation, limits: Limits) -> None:
         self.location = location
         self.limits = limits
-        self._store: Any = None
+        self._stores: dict[bool, Any] = {}
         self._lock = threading.Lock()
 
-    def _open(self) -> Any:
+    def _open(self, writing: bool = False) -> Any:
+        """The store: one for reads, with a stall bound; one for writes, without (below)."""
         with self._lock:
-            if self._store is None:
-                self._store = self._make_store()
-            return self._store
+            if writing not in self._stores:
+                self._stores[writing] = self._make_store(writing)
+            return self._stores[writing]
 
-    def _make_store(self) -> Any:
+    def _make_store(self, writing: bool) -> Any:
         try:
             from obstore.store import from_url
         except ImportError:
@@ -99,9 +149,15 @@ class ObjectClient:
             ) from None
         limits = self.limits
         client: dict[str, Any] = {
-            "timeout": datetime.timedelta(seconds=limits.timeout),
             "connect_timeout": datetime.timedelta(seconds=min(limits.timeout, 5.0)),
+            # The client's timeout spans a whole request, body included: a bound on
+            # a transfer, which the caller's deadline (sized to the entry) is instead.
+            "timeout": BACKSTOP,
         }
+        if not writing:
+            # Reset by every read: a stall, never a slow transfer. It runs from the
+            # request's start to its answer, so it would count an upload: reads only.
+            client["read_timeout"] = datetime.timedelta(seconds=limits.timeout)
         retry = {
             "max_retries": limits.retries,
             "retry_timeout": datetime.timedelta(seconds=limits.deadline),
@@ -111,26 +167,26 @@ class ObjectClient:
                 "base": 2,
             },
         }
-        url = self.location.url
         options: dict[str, Any] = {}
         if self.location.scheme == "file":
             options["mkdir"] = not self.location.read_only
         else:
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            # A plain-http endpoint is what the user configured (a MinIO or test server):
-            # the store refuses http unless told.
-            plain = self.location.scheme == "http" or (
-                self.location.scheme == "s3" and (endpoint or "").startswith("http://")
-            )
-            if plain:
+            if plain_http(self.location):  # what the user configured: the store refuses http
                 client["allow_http"] = True
             options["client_options"] = client
             options["retry_config"] = retry
         try:
-            return from_url(url, **options)
+            return from_url(self.location.url, **options)
         except Exception as error:  # obstore raises its own for bad configuration
             message = f"cannot open the store: {_first_line(error)}"
             raise RemoteError(Failure.UNAVAILABLE, message) from None
+
+    def _file(self, path: str) -> Path:
+        """Where a file:// remote keeps an object."""
+        return self._root() / path
+
+    def _root(self) -> Path:
+        return Path(unquote(urlsplit(self.location.url).path))
 
     def _bounded(self, call: Callable[[], T], deadline: float, what: str) -> T:
         """Runs call in a daemon thread; raises RemoteError if it fails (the store's errors
@@ -165,43 +221,95 @@ class ObjectClient:
         An object larger than max_size raises RemoteError(TOO_LARGE) after
         its size was read and before its body is.
         """
+        found = self.get_versioned(path, max_size, deadline)
+        if found is None:
+            return None
+        if found.data is None:
+            raise RemoteError(Failure.TOO_LARGE, f"{path} is over {max_size} bytes")
+        return found.data
+
+    def get_versioned(self, path: str, max_size: int, deadline: float) -> Versioned | None:
+        """Returns an object's bytes and version, None if there is none; raises RemoteError.
+
+        An object larger than max_size is not read: its bytes are None.
+        """
+        if self.location.scheme == "file":
+            local = self._file(path)
+
+            def read_file() -> Versioned | None:
+                found = files.read_versioned(local, max_size)
+                return None if found is None else Versioned(*found)
+
+            return self._bounded(read_file, deadline, f"reading {path}")
         store = self._open()
         import obstore
 
-        def call() -> bytes | None:
+        def call() -> Versioned | None:
             try:
                 result = obstore.get(store, path)
             except FileNotFoundError:
                 return None
-            size = result.meta.get("size")
-            if not isinstance(size, int) or size > max_size:
-                raise RemoteError(Failure.TOO_LARGE, f"{path} is {size} bytes, over {max_size}")
-            return bytes(result.bytes())
+            size, etag = _version(path, result.meta)
+            if size > max_size:
+                return Versioned(None, etag)
+            chunks = []
+            for chunk in result.stream(min_chunk_size=CHUNK):
+                if time.monotonic() > deadline:  # the caller gave up: stop the transfer
+                    raise RemoteError(Failure.UNAVAILABLE, f"{path}: past the deadline")
+                chunks.append(chunk)
+            data = b"".join(chunks)
+            if len(data) != size:
+                raise RemoteError(Failure.UNAVAILABLE, f"{path}: {len(data)} of {size} bytes")
+            return Versioned(data, etag)
 
         return self._bounded(call, deadline, f"reading {path}")
 
-    def put_new(self, path: str, data: bytes, deadline: float) -> bool:
-        """Writes an object only if none is there; True if written, False if one was.
+    def put_new(self, path: str, data: bytes, deadline: float) -> Written:
+        """Writes an object only if none is there; written False if one was.
 
         Raises RemoteError; "already exists" is not an error, since every
         object's name says what it holds (a digest, or a key and a signer).
         """
-        store = self._open()
+        if self.location.scheme == "file":
+            local, mkdir = self._file(path), not self.location.read_only
+
+            def create() -> Written:
+                etag = files.create(local, data, mkdir)
+                return Written(etag is not None, etag)
+
+            return self._bounded(create, deadline, f"writing {path}")
+        return self._put(path, data, "create", deadline)
+
+    def put_if_match(self, path: str, data: bytes, etag: str, deadline: float) -> Written:
+        """Replaces an object if it is still the version etag names (If-Match); written False
+        if it is gone or another version by now. Raises RemoteError."""
+        if self.location.scheme == "file":
+            root, local = self._root(), self._file(path)
+
+            def replace() -> Written:
+                new = files.replace_if(root, local, data, etag)
+                return Written(new is not None, new)
+
+            return self._bounded(replace, deadline, f"replacing {path}")
+        return self._put(path, data, {"e_tag": etag}, deadline)
+
+    def _put(self, path: str, data: bytes, mode: Any, deadline: float) -> Written:
+        store = self._open(writing=True)
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        def call() -> bool:
+        def call() -> Written:
             try:
-                obstore.put(store, path, data, mode="create")
-            except (AlreadyExistsError, PreconditionError):
-                return False
-            return True
+                result = obstore.put(store, path, data, mode=mode)
+            except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+                return Written(False)
+            return Written(True, _etag(result.get("e_tag")))
 
         return self._bounded(call, deadline, f"writing {path}")
 
     def delete(self, path: str, deadline: float) -> None:
         """Removes an object (none there is no error); raises RemoteError."""
-        store = self._open()
+        store = self._open(writing=True)
         import obstore
 
         def call() -> None:
@@ -234,14 +342,9 @@ class ObjectClient:
 
         def call() -> ObjectVersion | None:
             try:
-                meta = obstore.head(store, path)
+                return _version(path, obstore.head(store, path))
             except FileNotFoundError:
                 return None
-            size = meta.get("size")
-            if not isinstance(size, int) or size < 0:
-                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
-            etag = meta.get("e_tag")
-            return ObjectVersion(size, etag if isinstance(etag, str) and etag else None)
 
         return self._bounded(call, deadline, f"asking for {path}")
 
@@ -297,13 +400,11 @@ class ObjectClient:
                 result = obstore.get(store, path, options={"range": {"suffix": length}})
             except FileNotFoundError:
                 return None
-            size, etag = result.meta.get("size"), result.meta.get("e_tag")
-            if not isinstance(size, int) or size < 0:
-                raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store gave no size")
+            version = _version(path, result.meta)
             data = bytes(result.bytes())
-            if result.range[1] != size or len(data) != result.range[1] - result.range[0]:
+            if result.range[1] != version.size or len(data) != result.range[1] - result.range[0]:
                 raise RemoteError(Failure.UNAVAILABLE, f"{path}: the store sent another range")
-            return ObjectVersion(size, etag if isinstance(etag, str) and etag else None), data
+            return version, data
 
         what = f"reading the last {length} bytes of {path}"
         return self._bounded(call, deadline, what)
@@ -331,6 +432,7 @@ class ObjectClient:
 def _classified(error: Exception, what: str) -> RemoteError:
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
-    if isinstance(error, (PermissionDeniedError, UnauthenticatedError)):
+    # A file:// remote's own writes (files.py) raise the OS's PermissionError.
+    if isinstance(error, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
         return RemoteError(Failure.DENIED, f"{what}: {_first_line(error)}")
     return RemoteError(Failure.UNAVAILABLE, f"{what}: {_first_line(error)}")

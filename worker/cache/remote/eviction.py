@@ -1,8 +1,9 @@
 """Evicting from the remote: records older than a cutoff first, then the blobs none names.
 
 Readers never write (no access-time objects: a hit costs reads only), so age
-is the time the store wrote an object, from its listing: records are never
-rewritten, so a record's age is the time since its key was first published.
+is the time the store wrote an object, from its listing: a record is
+rewritten only to replace one that did not serve (RemoteCache.publish), so
+its age is the time since its key was last published.
 collect() deletes, in this order:
 
 1. records written before the cutoff (every signer's), and with a size
@@ -13,16 +14,22 @@ collect() deletes, in this order:
    unless younger than ``grace``;
 3. blobs no remaining record names;
 4. program index names (``programs/<program>/<key>``, hints for refusals)
-   of keys no remaining record is for.
+   of keys no remaining record is for;
+5. leases (lease.py) that have expired, or cannot be read, and were last
+   written before ``grace``: a live holder renews its lease (rewrites it)
+   every third of its time, and a released one is left for the next host
+   to take over, so these are of hosts long gone.
 
 A publisher writes its blob before its record, and a blob it finds there
 already is not rewritten: a blob younger than ``grace`` seconds is never
 deleted, so a publish in flight keeps its blob. A record that cannot be
 read for a failed request stops the collection before anything is deleted.
 The one race left (a publish that reuses an old unreferenced blob while it is being
-deleted) leaves a record naming a missing blob: readers refuse it (a miss,
-never a wrong result) and the next collection removes it (step 2).
-Leases expire on their own and are left alone.
+deleted) leaves a record naming a missing blob: readers take it for a miss
+(never a wrong result), the next publish of its key replaces it, and the
+next collection removes it if none did (step 2). A lease taken over between
+its read and its deletion here is lost to its new holder: the store has no
+conditional delete, and that costs at most a second compile of one key.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from worker.cache.remote.layout import (
     parse_index_name,
     parse_record_name,
 )
+from worker.cache.remote.lease import MAX_LEASE_SIZE, decode_lease, parse_lease_name
 from worker.cache.remote.transfer import run_bounded
 
 if TYPE_CHECKING:
@@ -63,6 +71,8 @@ class CollectReport:
     """Unreferenced blobs deleted."""
     index_names: list[str] = field(default_factory=list)
     """Program index names of keys left without a record, deleted."""
+    leases: list[str] = field(default_factory=list)
+    """Leases that expired (or cannot be read) and were last written before the grace, deleted."""
     freed_bytes: int = 0
     kept_records: int = 0
     kept_blobs: int = 0
@@ -78,6 +88,7 @@ class CollectReport:
             "unreadable_records": self.unreadable_records,
             "deleted_blobs": self.blobs,
             "deleted_index_names": self.index_names,
+            "deleted_leases": self.leases,
             "freed_bytes": self.freed_bytes,
             "kept_records": self.kept_records,
             "kept_blobs": self.kept_blobs,
@@ -105,6 +116,19 @@ def _named_blob(remote: RemoteCache, record: ObjectInfo) -> str | None:
         if error.failure is Failure.TOO_LARGE:  # no record is that large
             return None
         raise
+
+
+def _lease_ended(remote: RemoteCache, lease: ObjectInfo) -> bool:
+    """Whether a listed lease has expired or cannot be read (it is gone: not to delete)."""
+    key = parse_lease_name(lease.path)
+    if key is None:
+        return False
+    deadline = time.monotonic() + remote.limits.deadline
+    found = remote.client.get_versioned(lease.path, MAX_LEASE_SIZE, deadline)
+    if found is None:
+        return False
+    read = None if found.data is None else decode_lease(found.data, key)
+    return read is None or read.expired()
 
 
 def _oldest_over(
@@ -225,6 +249,10 @@ def collect(
         and item.modified < young
     )
     run_bounded(report.index_names, delete, concurrency)
+    leases = {item.path: item for item in listed("leases/") if item.modified < young}
+    ended = run_bounded(list(leases), lambda path: _lease_ended(remote, leases[path]), concurrency)
+    report.leases = sorted(path for path, gone in ended.items() if gone)
+    run_bounded(report.leases, delete, concurrency)
     report.freed_bytes = sum(blob.size for blob in unreferenced)
     report.kept_blobs = len(blobs) - len(unreferenced)
     report.kept_bytes = sum(blob.size for blob in blobs.values()) - report.freed_bytes

@@ -22,12 +22,17 @@ REMOTE_ENV = "PJRT_POOL_CACHE_REMOTE"
 READ_ONLY_ENV = "PJRT_POOL_CACHE_REMOTE_READ_ONLY"
 """1: this process reads the remote and never writes it (serving hosts)."""
 TIMEOUT_ENV = "PJRT_POOL_CACHE_REMOTE_TIMEOUT"
-"""Seconds one request to the remote may take (default DEFAULT_TIMEOUT)."""
+"""Seconds one request may take to connect, or go without a byte of its answer (default
+DEFAULT_TIMEOUT): it bounds a stall, not a transfer."""
 DEADLINE_ENV = "PJRT_POOL_CACHE_REMOTE_DEADLINE"
-"""Seconds one whole lookup or publish may take, retries included (default DEFAULT_DEADLINE)."""
+"""Seconds one whole lookup or publish may take, retries included, before its entry's bytes
+(default DEFAULT_DEADLINE); Limits.deadline_for adds the time the entry may take to move."""
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_DEADLINE = 30.0
+DEFAULT_MIN_RATE = float(1 << 20)
+"""Bytes per second an entry is given to move (8 Mbit/s, slower than any link a fleet shares a
+cache over): a lookup or publish of n bytes may take n / DEFAULT_MIN_RATE seconds more."""
 DEFAULT_RETRIES = 3
 """Retries of one request on throttling (429), 5xx answers and dropped connections."""
 
@@ -119,7 +124,32 @@ def resolve_remote(remote: str | Literal[False] | None) -> RemoteLocation | None
     return parse_remote(remote)
 
 
-def _seconds(name: str, default: float) -> float:
+ENDPOINT_ENV: dict[Scheme, tuple[str, ...]] = {
+    "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+    "gs": ("GOOGLE_BASE_URL",),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+"""The variables each store reads its endpoint from (a MinIO, fake-gcs-server or Azurite)."""
+EMULATOR_ENV = "AZURE_STORAGE_USE_EMULATOR"
+"""Azure's switch to Azurite, which listens on plain http."""
+
+
+def plain_http(location: RemoteLocation) -> bool:
+    """Whether the store is reached over plain http, as the user configured it (an http URL,
+    an http:// endpoint in the store's own variables, Azurite): the client refuses http
+    unless told."""
+    if location.scheme == "http":
+        return True
+    if location.scheme == "az" and os.environ.get(EMULATOR_ENV, "").strip().lower() in _TRUE:
+        return True
+    names = ENDPOINT_ENV.get(location.scheme, ())
+    endpoint = next((os.environ[name] for name in names if os.environ.get(name, "").strip()), "")
+    return endpoint.strip().lower().startswith("http://")
+
+
+def seconds_from_environment(name: str, default: float) -> float:
+    """A number of seconds above 0 from the environment, default when unset or empty; raises
+    ValueError naming the variable if malformed."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -134,15 +164,25 @@ def _seconds(name: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class Limits:
-    """How long the remote may take: one request, and one whole lookup or publish."""
+    """How long the remote may take: one request's stall, and one whole lookup or publish."""
 
     timeout: float = DEFAULT_TIMEOUT
+    """Seconds to connect, or without a byte of an answer: a hung server costs this per try."""
     deadline: float = DEFAULT_DEADLINE
+    """Seconds a lookup or publish may take, retries included, besides its entry's transfer."""
     retries: int = DEFAULT_RETRIES
+    min_rate: float = DEFAULT_MIN_RATE
+    """Bytes per second an entry is given to move (see deadline_for)."""
+
+    def deadline_for(self, size: int) -> float:
+        """Seconds a lookup or publish of an entry of size bytes may take: deadline, plus its
+        transfer at min_rate, so that a large entry over a slow but steady link arrives and a
+        hung server still costs one deadline (grown by the size the record announced)."""
+        return self.deadline + max(0, size) / self.min_rate
 
     @classmethod
     def from_environment(cls) -> Limits:
         """Reads PJRT_POOL_CACHE_REMOTE_TIMEOUT and _DEADLINE; raises ValueError if malformed."""
-        timeout = _seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
-        deadline = _seconds(DEADLINE_ENV, max(DEFAULT_DEADLINE, timeout))
+        timeout = seconds_from_environment(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+        deadline = seconds_from_environment(DEADLINE_ENV, max(DEFAULT_DEADLINE, timeout))
         return cls(timeout=min(timeout, deadline), deadline=deadline)

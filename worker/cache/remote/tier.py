@@ -2,14 +2,19 @@
 
 A lookup reads the key's record, then the entry file it names, and checks
 both (verify.py); a publish writes the entry file, then the record, both
-create-only (layout.py). What can go wrong, and what follows:
+create-only (layout.py). Each says what happened as one of a closed set
+(Fetched, Published). What can go wrong, and what follows:
 
 - an object that fails a check: a miss, counted in ``refused``, remembered
-  for the process (never fetched again) and warned about once per key;
+  for REFUSAL_MEMORY seconds (not fetched again meanwhile) and warned about
+  once per key;
+- a record whose blob is gone, or of an older format: a miss (the next
+  publish of the key replaces it, conditionally: ``repaired``);
 - the store refuses, resets, hangs or throttles past the retries, or the
-  lookup outlives its deadline: the remote is switched off for the process
-  with one warning naming the URL (never a credential), so a dead remote
-  costs a process one deadline;
+  lookup outlives its deadline (Limits.deadline_for: grown with the entry's
+  size): the remote is switched off for the process with one warning naming
+  the URL (never a credential), so a dead remote costs a process one
+  deadline;
 - a write answered 401/403: the process goes on read-only, with one warning.
 
 A miss that will be compiled takes the key's lease (lease.py), or waits for
@@ -20,11 +25,11 @@ Nothing here raises for the remote's sake: the caller compiles instead.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import threading
 import time
 import warnings
-from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
@@ -34,25 +39,33 @@ from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     UNSIGNED,
+    BadRecordError,
+    OldRecordError,
     Record,
     blob_name,
+    decode_record,
+    encode_record,
     program_folder,
     program_index_name,
     record_name,
 )
 from worker.cache.remote.lease import (
-    MAX_LEASE_SIZE,
     POLL_FIRST,
     POLL_MAX,
     Claim,
     Lease,
-    decode_lease,
-    holder_name,
-    lease_name,
+    Leases,
+    Seen,
     lease_seconds,
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
-from worker.cache.remote.verify import RefusedObjectError, checked_entry, checked_record
+from worker.cache.remote.verify import (
+    OlderRecordError,
+    RefusedObjectError,
+    checked_entry,
+    checked_record,
+    sign_record,
+)
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
 from worker.log import get_logger
@@ -61,6 +74,8 @@ logger = get_logger("pjrt_pool.cache")
 
 ELSEWHERE_READ = 8
 """At most this many records of a program's other builds are read for one refusal."""
+REFUSAL_MEMORY = 600.0
+"""Seconds a refused key is not fetched again (then it is: the remote may have been healed)."""
 
 
 class RemoteCacheWarning(CacheUnavailableWarning):
@@ -73,9 +88,11 @@ class RemoteCounters(NamedTuple):
     hits: int = 0
     """Entries fetched, verified and handed to the local cache."""
     misses: int = 0
-    """Lookups that found no record for the key."""
+    """Lookups that found no record for the key (or one naming a blob that is gone, or of an
+    older format)."""
     refused: int = 0
-    """Objects that failed a check (size, digest, key parts, signature): not used."""
+    """Objects that failed a check (size, digest, key parts, signature; an unreadable lease):
+    not used."""
     errors: int = 0
     """Requests that failed (refused, reset, timed out, throttled, denied)."""
     published: int = 0
@@ -83,16 +100,67 @@ class RemoteCounters(NamedTuple):
     already_there: int = 0
     """Publishes that found the record written already (by another host): nothing written."""
     leases: int = 0
-    """Leases this process took: keys it compiled while other hosts waited for it."""
+    """Leases this process took (or took over): keys it compiled while other hosts waited."""
     waited: int = 0
     """Compiles saved: entries fetched after waiting for another host's lease."""
+    repaired: int = 0
+    """Publishes that replaced a record that did not serve (its blob gone, an older format)."""
 
     def add(self, other: RemoteCounters) -> RemoteCounters:
         """Returns the sum of two counters."""
         return RemoteCounters(*(a + b for a, b in zip(self, other, strict=True)))
 
 
+Counter = Literal[
+    "hits",
+    "misses",
+    "refused",
+    "errors",
+    "published",
+    "already_there",
+    "leases",
+    "waited",
+    "repaired",
+]
+"""The names of RemoteCounters' fields."""
+
 State = Literal["on", "read-only", "off"]
+
+
+class Fetched(enum.Enum):
+    """What one lookup found."""
+
+    HIT = "hit"
+    """The entry, verified."""
+    MISS = "miss"
+    """No record of the key (or one naming a blob that is gone, or of an older format)."""
+    REFUSED = "refused"
+    """An object failed a check, now or within REFUSAL_MEMORY: not used."""
+    FAILED = "failed"
+    """The remote failed, now or before (it is off for the process)."""
+
+
+class Lookup(NamedTuple):
+    """A lookup's outcome, with the entry file and entry of a hit."""
+
+    outcome: Fetched
+    data: bytes | None = None
+    entry: entry_format.Entry | None = None
+
+
+class Published(enum.Enum):
+    """What one publish did."""
+
+    WRITTEN = "written"
+    """Its blob and record written."""
+    REPAIRED = "repaired"
+    """A record that did not serve (its blob gone, an older format) replaced by this one's."""
+    ALREADY_THERE = "already there"
+    """The record was there (written by another host): nothing written."""
+    READ_ONLY = "read-only"
+    """Not written: this process may not write the remote (read-only, a 403, no private key)."""
+    FAILED = "failed"
+    """Not written: the remote failed (now, or before: it is off for the process)."""
 
 
 class RemoteCache:
@@ -112,17 +180,22 @@ class RemoteCache:
         self.keys = keys
         self.client = ObjectClient(location, self.limits)
         self._counts = dict.fromkeys(RemoteCounters._fields, 0)
-        self._refused: set[str] = set()
-        self._held: set[str] = set()
-        self._holder = holder_name()
-        self.lease_seconds = lease_seconds()
-        """How long a lease this process takes stands (PJRT_POOL_CACHE_REMOTE_LEASE)."""
+        self._refused: dict[str, float] = {}
+        """Refused keys, each with when (time.monotonic) it may be fetched again."""
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self.leases = Leases(self.client, self.limits, lease_seconds(), self._bad_lease)
+        """The leases this process takes and waits on (lease.py)."""
         self.state: State = "on"
-        """on; read-only (explicit, a public key without the private one, or a 403); off."""
+        """on; read-only (explicit, a public key without the private one, or a 403); off.
+        Written only under the lock (_set_state)."""
         if location.read_only or (keys is not None and keys.private is None):
             self.state = "read-only"
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a lease this process takes stands unrenewed (PJRT_POOL_CACHE_REMOTE_LEASE)."""
+        return self.leases.seconds
 
     @property
     def signer(self) -> str:
@@ -139,7 +212,7 @@ class RemoteCache:
         with self._lock:
             return RemoteCounters(**self._counts)
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: Counter) -> None:
         with self._lock:
             self._counts[name] += 1
 
@@ -151,17 +224,25 @@ class RemoteCache:
         logger.warning(message)
         warnings.warn(message, RemoteCacheWarning, stacklevel=3)
 
+    def _set_state(self, state: State) -> bool:
+        """Moves to state (never back from off); whether the state changed."""
+        with self._lock:
+            if self.state == state or self.state == "off":
+                return False
+            self.state = state
+            return True
+
     def _failed(self, error: RemoteError, writing: bool) -> None:
         self._count("errors")
         if writing and error.failure is Failure.DENIED:
-            self.state = "read-only" if self.state == "on" else self.state
+            self._set_state("read-only")
             self._warn_once(
                 "read-only",
                 f"pjrt-pool remote cache {self.location.shown} refused a write ({error}); "
                 "reading it only, for this process",
             )
             return
-        self.state = "off"
+        self._set_state("off")
         self._warn_once(
             "off",
             f"pjrt-pool remote cache {self.location.shown} switched off for this process: {error}",
@@ -170,168 +251,226 @@ class RemoteCache:
     def _refuse(self, key: str, why: str) -> None:
         self._count("refused")
         with self._lock:
-            self._refused.add(key)
+            self._refused[key] = time.monotonic() + REFUSAL_MEMORY
         self._warn_once(
             f"refused {key}",
             f"pjrt-pool remote cache {self.location.shown}: refused the entry of {key}: {why}; "
             "compiling instead",
         )
 
-    def fetch(
-        self, key: str, max_size: int, *, count_miss: bool = True
-    ) -> tuple[bytes, entry_format.Entry] | None:
-        """Returns a key's verified entry file and entry, or None (a miss of any kind)."""
-        if self.state == "off" or key in self._refused:
-            return None
-        deadline = time.monotonic() + self.limits.deadline
+    def _bad_lease(self, key: str) -> None:
+        self._count("refused")
+        self._warn_once(
+            "bad lease",
+            f"pjrt-pool remote cache {self.location.shown}: the lease of {key} cannot be read "
+            "(malformed or oversized); taken for expired",
+        )
+
+    def lookup(self, key: str, max_size: int, *, count_miss: bool = True) -> Lookup:
+        """Looks a key up: its verified entry file and entry, or why there is none."""
+        if self.state == "off":
+            return Lookup(Fetched.FAILED)
+        if self.was_refused(key):
+            return Lookup(Fetched.REFUSED)
+        started = time.monotonic()
         name = record_name(key, self.signer)
         try:
-            data = self.client.get(name, MAX_RECORD_SIZE, deadline)
+            data = self.client.get(name, MAX_RECORD_SIZE, started + self.limits.deadline)
             if data is None:
-                if count_miss:
-                    self._count("misses")
-                return None
-            record = checked_record(data, key, self.signer, self.keys)
+                return self._missed(count_miss)
+            record = checked_record(data, key, self.signer, self.keys, self.hmac_signer)
             if record.size > max_size:
                 raise RefusedObjectError(
                     f"its record says {record.size} bytes, over this cache's bound {max_size}"
                 )
+            deadline = started + self.limits.deadline_for(record.size)
             blob = self.client.get(blob_name(record.sha256), record.size, deadline)
-            if blob is None:
-                raise RefusedObjectError(f"its record names a missing blob {record.sha256}")
+            if blob is None:  # a collection's race, or a lost blob: the next publish repairs it
+                logger.debug("the record of %s names a missing blob %s", key, record.sha256)
+                return self._missed(count_miss)
             entry = checked_entry(blob, record, self.hmac_signer)
+        except OlderRecordError as error:
+            shown = self.location.shown
+            self._warn_once("older record", f"pjrt-pool remote cache {shown}: {error}")
+            return self._missed(count_miss)
         except RefusedObjectError as error:
             self._refuse(key, str(error))
-            return None
+            return Lookup(Fetched.REFUSED)
         except RemoteError as error:
             if error.failure is Failure.TOO_LARGE:
                 self._refuse(key, str(error))
-            else:
-                self._failed(error, writing=False)
-            return None
+                return Lookup(Fetched.REFUSED)
+            self._failed(error, writing=False)
+            return Lookup(Fetched.FAILED)
         self._count("hits")
-        return blob, entry
+        return Lookup(Fetched.HIT, blob, entry)
 
-    def fetch_or_lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
-        """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder."""
-        fetched = self.fetch(key, max_size)
-        if fetched is not None or self.state == "off" or key in self._refused:
-            return fetched
-        claim = self.claim(key)
+    def _missed(self, count: bool) -> Lookup:
+        if count:
+            self._count("misses")
+        return Lookup(Fetched.MISS)
+
+    def fetch(
+        self, key: str, max_size: int, *, count_miss: bool = True
+    ) -> tuple[bytes, entry_format.Entry] | None:
+        """Returns a key's verified entry file and entry, or None (a miss of any kind: lookup
+        says which)."""
+        return _entry_of(self.lookup(key, max_size, count_miss=count_miss))
+
+    def fetch_or_lead(
+        self, key: str, max_size: int, *, expected: float | None = None
+    ) -> tuple[bytes, entry_format.Entry] | None:
+        """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder.
+
+        expected: the seconds this process expects to compile the key for, if
+        it knows: written into its lease, it bounds how long others wait.
+        """
+        found = self.lookup(key, max_size)
+        if found.outcome is not Fetched.MISS:
+            return _entry_of(found)
+        claim, standing = self._claim(key, expected)
         if claim == "mine":
-            # The record may have been published between the miss and the lease,
-            # by a holder that released its lease since.
-            fetched = self.fetch(key, max_size, count_miss=False)
-            if fetched is not None:
-                self.release(key)
-            return fetched
-        return self._wait(key, max_size) if claim == "theirs" else None
+            return self._led(key, max_size)
+        if claim == "theirs" and standing is not None:
+            return self._wait(key, max_size, standing.patience(), expected)
+        return None
 
-    def _take(self, key: str, deadline: float) -> bool:
-        lease = Lease(key, self._holder, time.time() + self.lease_seconds)
-        if not self.client.put_new(lease_name(key), lease.encode(), deadline):
-            return False
-        with self._lock:
-            self._held.add(key)
-        self._count("leases")
-        return True
+    def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """After taking a lease: the record may have been published between the miss and the
+        lease, by a holder that released its lease since; else None (compile)."""
+        fetched = self.fetch(key, max_size, count_miss=False)
+        if fetched is not None:
+            self.release(key)
+        return fetched
 
-    def _standing(self, key: str, deadline: float) -> Lease | None:
-        """The key's lease if one stands (a malformed one does not)."""
-        data = self.client.get(lease_name(key), MAX_LEASE_SIZE, deadline)
-        found = None if data is None else decode_lease(data, key)
-        return found if found is not None and not found.expired() else None
+    def _claim(
+        self, key: str, expected: float | None, seen: Seen | None = None
+    ) -> tuple[Claim, Lease | None]:
+        """leases.claim, counted; never raises (a failing store: none, and counted)."""
+        if self.state == "off":
+            return "none", None
+        try:
+            claim, standing = self.leases.claim(
+                key, writable=self.state == "on", expected=expected, seen=seen
+            )
+        except RemoteError as error:
+            self._failed(error, writing=True)
+            return "none", None
+        if claim == "mine":
+            self._count("leases")
+        return claim, standing
 
     def claim(self, key: str) -> Claim:
         """Takes a key's lease, or finds another's standing (see lease.py); never raises."""
-        if self.state == "off":
-            return "none"
-        deadline = time.monotonic() + self.limits.deadline
-        try:
-            if self.state == "on" and self._take(key, deadline):
-                return "mine"
-            if self._standing(key, deadline) is not None:
-                return "theirs"
-            if self.state != "on":
-                return "none"
-            # Gone, expired (its holder died) or malformed: removed, then taken afresh.
-            self.client.delete(lease_name(key), deadline)
-            return "mine" if self._take(key, deadline) else "theirs"
-        except RemoteError as error:
-            if error.failure is not Failure.TOO_LARGE:
-                self._failed(error, writing=True)
-            return "none"
+        return self._claim(key, None)[0]
 
-    def _wait(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
-        """Polls for the record while another host's lease stands; None: compile here."""
+    def _wait(
+        self, key: str, max_size: int, patience: float, expected: float | None
+    ) -> tuple[bytes, entry_format.Entry] | None:
+        """Polls for the record while another host's lease stands, at most patience seconds;
+        takes the lease over when it ends without one. None: compile here."""
         pause = POLL_FIRST
-        give_up = time.monotonic() + self.lease_seconds
+        give_up = time.monotonic() + patience
         while time.monotonic() < give_up:
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX)
-            fetched = self.fetch(key, max_size, count_miss=False)
-            if fetched is not None:
+            found = self.lookup(key, max_size, count_miss=False)
+            if found.outcome is Fetched.HIT:
                 self._count("waited")
-                return fetched
-            if self.state == "off" or key in self._refused:
+                return _entry_of(found)
+            if found.outcome is not Fetched.MISS:
                 return None
             try:
-                if self._standing(key, time.monotonic() + self.limits.deadline) is None:
-                    return None
+                seen = self.leases.look(key)
             except RemoteError as error:
                 self._failed(error, writing=False)
+                return None
+            if seen.standing:
+                continue
+            # Its holder released it without a record (its compile failed), or died:
+            # of the hosts waiting, the one that replaces that version compiles.
+            claim, _ = self._claim(key, expected, seen)
+            if claim == "mine":
+                return self._led(key, max_size)
+            if claim == "none":
                 return None
         return None
 
     def release(self, key: str) -> None:
-        """Removes this process's lease of key, if it holds one (never raises)."""
-        with self._lock:
-            if key not in self._held:
-                return
-            self._held.discard(key)
-        try:
-            self.client.delete(lease_name(key), time.monotonic() + self.limits.deadline)
-        except RemoteError as error:  # it expires on its own
-            logger.debug("could not remove the lease of %s: %s", key, error)
+        """Ends this process's lease of key, if it holds one (never raises; see lease.py)."""
+        self.leases.release(key)
 
     def was_refused(self, key: str) -> bool:
-        """Whether this process refused the key's remote entry (it is not fetched again)."""
+        """Whether this process refused the key's remote entry within REFUSAL_MEMORY seconds
+        (it is not fetched again meanwhile)."""
         with self._lock:
-            return key in self._refused
+            until = self._refused.get(key)
+            if until is not None and time.monotonic() >= until:
+                del self._refused[key]
+                until = None
+            return until is not None
 
     def refuse(self, key: str, why: str) -> None:
-        """Marks a fetched entry as unusable (the plugin rejected it): never fetched again."""
+        """Marks a fetched entry as unusable (the plugin rejected it): not fetched again for
+        REFUSAL_MEMORY seconds."""
         self._refuse(key, why)
 
-    def publish(self, key: str, parts: dict[str, Any], data: bytes) -> bool:
-        """Writes a key's entry file (verified by the caller) and then its record; True if written.
+    def publish(self, key: str, parts: dict[str, Any], data: bytes) -> Published:
+        """Writes a key's entry file (verified by the caller) and then its record; says what
+        it did (a write that failed is counted and warned about, see the module docstring).
 
-        False when this process does not write (read-only, off), when the
-        record was there already, or when a write failed (then counted and
-        warned about, see the module docstring).
+        A record there already that does not serve (its blob gone, an older
+        format) is replaced, conditionally on the version read (_repair).
         """
         if self.state != "on":
             self.release(key)
-            return False
-        deadline = time.monotonic() + self.limits.deadline
+            return Published.FAILED if self.state == "off" else Published.READ_ONLY
+        deadline = time.monotonic() + self.limits.deadline_for(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
-        record = Record(key, parts, sha256, len(data), self.signer)
-        if self.keys is not None:
-            record = replace(record, signature=self.keys.sign(record.signed_bytes()))
+        body = Record(key, parts, sha256, len(data), self.signer).body()
+        record = encode_record(body, sign_record(body, self.keys, self.hmac_signer))
+        name = record_name(key, self.signer)
         try:
             self.client.put_new(blob_name(sha256), data, deadline)
-            written = self.client.put_new(record_name(key, self.signer), record.encode(), deadline)
+            if self.client.put_new(name, record, deadline).written:
+                outcome = Published.WRITTEN
+            else:
+                outcome = self._repair(key, name, record, deadline)
         except RemoteError as error:
             self._failed(error, writing=True)
             self.release(key)
-            return False
-        self._count("published" if written else "already_there")
+            return Published.READ_ONLY if error.failure is Failure.DENIED else Published.FAILED
+        self._count(_PUBLISHED_COUNTER[outcome])
         self.release(key)
         try:  # after the record (layout.py): an index name then always has one to read
             self.client.put_new(program_index_name(parts, key), b"", deadline)
         except RemoteError as error:  # a hint for refusals only: the entry is published
             logger.debug("could not index %s under its program: %s", key, error)
-        return written
+        return outcome
+
+    def _repair(self, key: str, name: str, record: bytes, deadline: float) -> Published:
+        """A record was there: replaces it with record if it does not serve (it names a blob
+        that is gone, or is of an older format), on the version read; raises RemoteError.
+
+        Only on this rare path is the blob asked for (HEAD). A record that
+        fails otherwise (damaged, planted) is left: readers refuse it.
+        """
+        found = self.client.get_versioned(name, MAX_RECORD_SIZE, deadline)
+        if found is None or found.data is None or found.etag is None:
+            return Published.ALREADY_THERE
+        try:
+            existing = decode_record(found.data, key, self.signer)
+        except OldRecordError:
+            pass
+        except BadRecordError:
+            return Published.ALREADY_THERE
+        else:
+            if self.client.head(blob_name(existing.sha256), deadline) is not None:
+                return Published.ALREADY_THERE
+        if not self.client.put_if_match(name, record, found.etag, deadline).written:
+            return Published.ALREADY_THERE  # another host repaired it first
+        logger.debug("replaced the record of %s, which did not serve", key)
+        return Published.REPAIRED
 
     def built_elsewhere(self, key: str, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
         """The other keys the remote holds this program under, each with how its record's
@@ -354,13 +493,26 @@ class RemoteCache:
                 if data is None:
                     continue
                 try:
-                    record = checked_record(data, other, self.signer, self.keys)
+                    record = checked_record(data, other, self.signer, self.keys, self.hmac_signer)
                 except RefusedObjectError:
                     continue
                 found.append((other, differing_parts(record.parts, parts)))
         except RemoteError as error:
             logger.debug("could not list the builds of %s: %s", key, error)
         return found
+
+
+_PUBLISHED_COUNTER: dict[Published, Counter] = {
+    Published.WRITTEN: "published",
+    Published.REPAIRED: "repaired",
+    Published.ALREADY_THERE: "already_there",
+}
+
+
+def _entry_of(found: Lookup) -> tuple[bytes, entry_format.Entry] | None:
+    if found.data is None or found.entry is None:
+        return None
+    return found.data, found.entry
 
 
 _remotes: dict[tuple[str, bool], RemoteCache] = {}

@@ -19,16 +19,14 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from worker.cache import entry as entry_format
 from worker.cache.remote.layout import parse_record_name
+from worker.cache.remote.tier import Fetched, Published, RemoteCache
 from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
 from worker.untrusted import read_file
-
-if TYPE_CHECKING:
-    from worker.cache.remote.tier import RemoteCache
 
 CONCURRENCY_ENV = "PJRT_POOL_CACHE_REMOTE_CONCURRENCY"
 """Requests to the remote in flight at once when prefetching, pushing or collecting."""
@@ -96,6 +94,22 @@ class TransferReport:
         }
 
 
+_FETCH_OUTCOME = {
+    Fetched.MISS: Moved.MISSING,
+    Fetched.REFUSED: Moved.REFUSED,
+    Fetched.FAILED: Moved.FAILED,
+}
+"""A lookup's outcome, other than a hit, as a key's."""
+_PUSH_OUTCOME = {
+    Published.WRITTEN: Moved.WRITTEN,
+    Published.REPAIRED: Moved.WRITTEN,
+    Published.ALREADY_THERE: Moved.ALREADY_THERE,
+    Published.READ_ONLY: Moved.NOT_WRITTEN,
+    Published.FAILED: Moved.FAILED,
+}
+"""A publish's outcome as a key's."""
+
+
 def concurrency_from_environment(concurrency: int | None = None) -> int:
     """concurrency if given, else PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16; raises ValueError."""
     if concurrency is None:
@@ -140,13 +154,10 @@ def _fetch_one(remote: RemoteCache, cache: DiskCache, key: str) -> Moved:
     """Fetches one key's entry into the local cache, in this thread; returns its outcome."""
     if cache.path_of(key).is_file():
         return Moved.LOCAL
-    fetched = remote.fetch(key, cache.max_size)
-    if fetched is None:
-        if remote.was_refused(key):
-            return Moved.REFUSED
-        return Moved.FAILED if remote.state == "off" else Moved.MISSING
-    data, _entry = fetched
-    return Moved.FETCHED if cache.publish_file(key, data) else Moved.NOT_STORED
+    found = remote.lookup(key, cache.max_size)
+    if found.outcome is not Fetched.HIT or found.data is None:
+        return _FETCH_OUTCOME[found.outcome]
+    return Moved.FETCHED if cache.publish_file(key, found.data) else Moved.NOT_STORED
 
 
 class Prefetcher:
@@ -217,11 +228,7 @@ def _push_one(remote: RemoteCache, cache: DiskCache, key: str) -> Moved:
         entry = entry_format.verify(data, key, cache.signer)
     except (OSError, entry_format.CorruptEntryError):
         return Moved.BAD
-    if remote.publish(key, entry.parts, data):
-        return Moved.WRITTEN
-    if remote.state == "on":
-        return Moved.ALREADY_THERE
-    return Moved.FAILED if remote.state == "off" else Moved.NOT_WRITTEN
+    return _PUSH_OUTCOME[remote.publish(key, entry.parts, data)]
 
 
 def push(
