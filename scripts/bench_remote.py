@@ -203,12 +203,13 @@ server.serve_forever()
 def publish_synthetic(url: str, entries: int) -> list[str]:
     """Publishes synthetic entries through RemoteCache.publish (16 at once); returns the keys."""
     from worker.cache.remote import RemoteCache, parse_remote
+    from worker.cache.remote.tier import Published
     from worker.cache.remote.transfer import run_bounded
 
     made = {key: (parts, data) for key, parts, data in synthetic_entries(entries)}
     writer = RemoteCache(parse_remote(url))
     written = run_bounded(list(made), lambda key: writer.publish(key, *made[key]))
-    assert all(written.values()), writer.counters
+    assert all(outcome is Published.WRITTEN for outcome in written.values()), writer.counters
     return list(made)
 
 

@@ -814,13 +814,14 @@ def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
     assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
 
 
-def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects():
+def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects_else_one_lease():
     from worker.cache.remote.lease import MAX_HOLD, POLL_MAX, Lease, decode_lease
 
     key = key_of({"a": 2})
     expecting = Lease(key, "host:1:0", time.time() + 60, expected=5.0)
     assert decode_lease(expecting.encode(), key) == expecting
-    assert expecting.patience() == 2 * 5.0 + POLL_MAX
+    assert expecting.patience(120.0) == 2 * 5.0 + POLL_MAX
     unknown = Lease(key, "host:1:0", time.time() + 60)
-    assert decode_lease(unknown.encode(), key) == unknown and unknown.patience() == MAX_HOLD
+    assert decode_lease(unknown.encode(), key) == unknown and unknown.patience(120.0) == 120.0
+    assert Lease(key, "host:1:0", time.time() + 60, expected=1e6).patience(120.0) == MAX_HOLD
     assert decode_lease(expecting.encode().replace(b"5.0", b"-1"), key) is None

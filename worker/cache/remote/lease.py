@@ -24,7 +24,8 @@ it did not read:
   and only one that expired long ago.
 
 A waiter waits at most about twice the compile time the holder expects, when
-its lease says one, else as long as the lease stands. Correctness never
+its lease says one, else one lease length (LEASE_ENV); then it compiles
+itself: a slow or stuck holder costs a second compile, never a stall. Correctness never
 depends on a lease: a remote entry is verified wherever it came from, and
 two hosts that both compile (clocks apart, a store whose conditional writes
 are not atomic) only do the work twice, and publish create-only.
@@ -103,11 +104,13 @@ class Lease:
         """Whether the lease no longer stands (it expired, or its holder released it)."""
         return (time.time() if now is None else now) >= self.expires
 
-    def patience(self) -> float:
+    def patience(self, unknown: float) -> float:
         """Seconds a host waits for the record while this lease stands: about twice the
-        compile time its holder expects, else as long as its holder renews it."""
+        compile time its holder expects, else `unknown` (the waiter's lease length: a
+        compile nobody has a time for is expected to take at most one lease); then it
+        compiles itself."""
         if self.expected is None:
-            return MAX_HOLD
+            return unknown
         return min(MAX_HOLD, 2 * self.expected + POLL_MAX)
 
 

@@ -332,7 +332,7 @@ class RemoteCache:
         if claim == "mine":
             return self._led(key, max_size)
         if claim == "theirs" and standing is not None:
-            return self._wait(key, max_size, standing.patience(), expected)
+            return self._wait(key, max_size, standing.patience(self.leases.seconds), expected)
         return None
 
     def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
