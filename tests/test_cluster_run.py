@@ -7,8 +7,10 @@ tests that kill a Dask worker come last, and wait for its replacement.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +136,29 @@ def test_function_is_called_as_jax_jit_s_result_is(remote) -> None:
     _assert_equal([got["y"]], [jitted(x, 2)["y"]])
 
 
+def test_function_submit_fetches_and_rebuilds_where_the_result_is_read(remote, monkeypatch):
+    """Dask settles every future on its one callback thread: a PoolFunction's future fetches
+    nothing there (so no result waits for another's fetch), only in the reading thread."""
+    fetched_on: list[str] = []
+    fetch = distributed.Future.result
+
+    def result(self, *args, **kwargs):
+        fetched_on.append(threading.current_thread().name)
+        return fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(distributed.Future, "result", result)
+    double = remote.function(lambda x: {"y": x * 2.0})
+    x = np.arange(8, dtype=np.float32)
+    futures = [double.submit(x + i) for i in range(4)]
+    done, _ = concurrent.futures.wait(futures, timeout=120)
+    assert len(done) == 4
+    time.sleep(0.2)  # Dask's callbacks of these futures have run
+    assert fetched_on == []
+    for i, future in enumerate(futures):
+        np.testing.assert_array_equal(future.result(timeout=60)["y"], (x + i) * 2.0)
+    assert set(fetched_on) == {threading.current_thread().name}
+
+
 def test_manifest_runs_through_a_cluster_pool(remote, tmp_path: Path) -> None:
     program = lower(lambda x: x - 5.0, [f32(8)])
     (spec,) = remote.compile_many([("minus_five", program)])
@@ -191,6 +216,27 @@ def test_never_compile_refuses_before_a_node_works(cluster, tmp_path: Path) -> N
         warming.compile_many([program])
     with ClusterPool(cluster, workers_per_node=1, cache_dir=cache, never_compile=True) as remote:
         np.testing.assert_array_equal(remote.run(program, [x])[0], x * 7.0)
+
+
+def test_a_lost_result_is_computed_again_and_a_read_keeps_to_its_timeout(cluster, remote) -> None:
+    program = sleep_program(1)
+    remote.run(program, [milliseconds(1)])
+    future = remote.submit(program, [milliseconds(3000)])
+    concurrent.futures.wait([future], timeout=120)
+    assert future.done()  # settled, not fetched
+    ((holder,),) = cluster.who_has([future.dask_future]).values()
+    os.kill(cluster.run(os.getpid, workers=[holder])[holder], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while future.dask_future.status != "lost":  # Dask computes it again (3 s)
+        assert time.monotonic() < deadline, future.dask_future.status
+        time.sleep(0.01)
+    followed = remote.follow(future.dask_future)  # follows it while it is lost
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        future.result(timeout=0.5)
+    assert time.monotonic() - started < 2.0
+    assert float(future.result(timeout=120)[0][0]) == 3000.0
+    assert float(followed.result(timeout=120)[0][0]) == 3000.0
 
 
 def _kill_while_running(cluster, remote: ClusterPool, count: int):

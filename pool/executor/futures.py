@@ -6,8 +6,8 @@ done-callbacks run on the pool's manager thread, whose identity
 (ManagerThread) the future's callback guard checks: a caller's thread that
 completes a future by reading its reply relays the callbacks there.
 `adapt` makes a future of another future's result, converted: Pool.function
-turns a task's outputs into the function's result with it, and ClusterPool a
-Dask future's value into a CompileResult.
+turns a task's outputs into the function's result with it (a ClusterFuture
+converts where its result is read instead: ClusterFuture.converted).
 """
 
 from __future__ import annotations
@@ -250,8 +250,14 @@ def adapt(inner: FutureLike, convert: Callable[[Any], Any]) -> Future[Any]:
     """A future of convert(inner's result); cancelling it cancels inner.
 
     inner's exception, or one that convert raises, is the future's
-    exception; when inner is cancelled, so is the future.
+    exception; when inner is cancelled, so is the future. A future that
+    converts where its result is read (a ClusterFuture: its converted
+    method) is asked for that, so that nothing is fetched or converted on
+    the thread that settles it (Dask's one callback thread).
     """
+    converted = getattr(inner, "converted", None)
+    if converted is not None:
+        return converted(convert)  # type: ignore[no-any-return]
     return _Adapted(inner, convert)
 
 
