@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 
 from pool import ClusterPool, Pool, lower  # noqa: E402
 from pool.cluster import local_client  # noqa: E402
-from pool.cluster.node import node_statistics  # noqa: E402
+from pool.cluster.node import node_figures  # noqa: E402
 
 SIDE = 4096
 """A SIDE x SIDE float32 output is 64 MiB."""
@@ -97,10 +97,10 @@ def _timed_on_node(make: Any, *args: Any) -> float:
     return time.perf_counter() - start
 
 
-def _pool_run_on_node(program: Any, x: np.ndarray) -> list[np.ndarray]:
+def _pool_run_on_node(plugin: str, program: Any, x: np.ndarray) -> list[np.ndarray]:
     from pool.cluster.node import node_pool
 
-    return node_pool().run(program, [x])
+    return node_pool(plugin).run(program, [x])
 
 
 def _runs(client: distributed.Client, cluster: ClusterPool, count: int, repeat: int) -> None:
@@ -153,7 +153,9 @@ def _large(client: distributed.Client, cluster: ClusterPool, repeat: int) -> Non
         "dask_jit": lambda: client.submit(_large_jit_task, x, pure=False).result(),
     }
     on_node = {  # the same legs, the array made on the node and not sent
-        "cluster": lambda: client.submit(_timed_on_node, _pool_run_on_node, program, x).result(),
+        "cluster": lambda: client.submit(
+            _timed_on_node, _pool_run_on_node, cluster.plugin_name, program, x
+        ).result(),
         "dask": lambda: client.submit(_timed_on_node, _large_task, 3.0, pure=False).result(),
         "dask_jit": lambda: client.submit(_timed_on_node, _large_jit_task, x, pure=False).result(),
     }
@@ -199,10 +201,10 @@ def _large(client: distributed.Client, cluster: ClusterPool, repeat: int) -> Non
     )
 
 
-def _loads(client: distributed.Client) -> int:
+def _loads(client: distributed.Client, cluster: ClusterPool) -> int:
     return sum(
         int(s.get("compiled", 0)) + int(s.get("loaded", 0))
-        for s in client.run(node_statistics).values()
+        for s in client.run(node_figures, cluster.plugin_name, "statistics").values()
     )
 
 
@@ -212,11 +214,11 @@ def _routing(client: distributed.Client, cluster: ClusterPool, count: int) -> No
         for i in range(16)
     ]
     x = np.ones(8, np.float32)
-    before = _loads(client)
+    before = _loads(client, cluster)
     futures = [cluster.submit(p, [x]) for _ in range(20) for p in programs]
     for future in futures:
         future.result()
-    loads = _loads(client) - before
+    loads = _loads(client, cluster) - before
     print(
         f"\nrouting: 16 programs x 20 runs: {loads} compiles+loads on the nodes "
         "(16 ideal, 32 worst)"

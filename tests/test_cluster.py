@@ -61,9 +61,9 @@ def test_warm_across_two_nodes_into_a_shared_cache(cluster, tmp_path: Path) -> N
 def test_both_nodes_take_part_and_routing_is_stable(cluster, tmp_path: Path) -> None:
     programs = [scale_program(float(i)) for i in range(12)]
     with ClusterPool(cluster, workers_per_node=1, cache_dir=str(tmp_path)) as remote:
-        routes = [remote._route(p)[0] for p in programs]
+        routes = [remote._route(p) for p in programs]
         assert len(set(routes)) == 2  # 12 programs spread over both nodes
-        assert routes == [remote._route(p)[0] for p in programs]  # same node every time
+        assert routes == [remote._route(p) for p in programs]  # same node every time
         specs = remote.compile_many(programs)
         assert remote.statistics.compiled == 12
         # Again: each program goes back to the node whose Pool still holds it, and
@@ -90,7 +90,7 @@ def test_routing_never_sees_an_empty_cluster_while_the_client_refreshes(cluster)
         distributed.Client(cluster.scheduler.address) as client,
     ):
         remote = ClusterPool(client, workers_per_node=1)
-        routes = {remote._route(programs[i % 4])[0] for i in range(400)}
+        routes = {remote._route(programs[i % 4]) for i in range(400)}
         assert len(routes) == 2
 
 

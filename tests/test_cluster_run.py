@@ -1,7 +1,6 @@
 """Running programs on a real Dask LocalCluster: two worker processes, one thread each.
 
-The tests share one cluster; each makes its own ClusterPool on it (one at a
-time: a ClusterPool registers the nodes' Pool plugin under one name). The
+The tests share one cluster; each makes its own ClusterPool on it. The
 tests that kill a Dask worker come last, and wait for its replacement.
 """
 
@@ -36,7 +35,7 @@ from pool import (  # noqa: E402
     lower,
 )
 from pool.cluster import NodeLostError, local_client  # noqa: E402
-from pool.cluster.node import node_statistics, run_task  # noqa: E402
+from pool.cluster.node import node_figures, run_task  # noqa: E402
 from pool.manifest import Manifest  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -184,7 +183,15 @@ def test_a_crash_fails_only_its_run_and_its_node_keeps_serving(remote, cluster) 
     assert cluster.run(os.getpid) == pids
     (node,) = remote.router.holders(_identity(crasher))
     again = cluster.submit(
-        run_task, good, [x], "after", None, None, workers=[node], allow_other_workers=False
+        run_task,
+        remote.plugin_name,
+        good,
+        [x],
+        "after",
+        None,
+        None,
+        workers=[node],
+        allow_other_workers=False,
     )
     np.testing.assert_array_equal(again.result(timeout=120)[0], x + 1.0)
     # A run past its timeout fails with the Pool's TaskTimeoutError; the next one runs.
@@ -209,7 +216,7 @@ def test_never_compile_refuses_before_a_node_works(cluster, tmp_path: Path) -> N
         with pytest.raises(NeverCompileError, match="must not compile"):
             remote.submit(program, [x])
         # No node's PJRT worker compiled or loaded anything.
-        for statistics in cluster.run(node_statistics).values():
+        for statistics in cluster.run(node_figures, remote.plugin_name, "statistics").values():
             assert statistics.get("compiled", 0) == 0 and statistics.get("loaded", 0) == 0
         assert remote.cache_counters.misses == 0
     with ClusterPool(cluster, workers_per_node=1, cache_dir=cache) as warming:
@@ -247,8 +254,10 @@ def _kill_while_running(cluster, remote: ClusterPool, count: int):
     remote.run(program, [milliseconds(1)])
     futures = [remote.submit(program, [milliseconds(600 + i)], name=f"r{i}") for i in range(count)]
 
+    name = remote.plugin_name
+
     def began(dask_worker) -> list[str]:
-        pool = dask_worker.pjrt_pool_plugin.started
+        pool = dask_worker.plugins[name].started
         return [] if pool is None else [i["task"] for i in pool.worker_info if i.get("started")]
 
     deadline = time.monotonic() + 120

@@ -2,8 +2,9 @@
 
     client (this process)                     Dask worker (each node)
     ─────────────────────                     ───────────────────────
-    ClusterPool.run / submit / map /          PoolPlugin: a Pool of PJRT worker
-      function / submit_spec / compile          processes, started on first use
+    ClusterPool.run / submit / map /          PoolPlugin (one per ClusterPool): a
+      function / submit_spec / compile          Pool of PJRT worker processes,
+                                                started on first use
     route each task by its program  ──task──▶ task: pool.run(program, inputs)
       (routing: nodes holding it loaded,        (or submit_spec, submit_compile)
        spread when their queues are long)     → compiled, or loaded from the
@@ -32,11 +33,11 @@ from __future__ import annotations
 
 from pool.cluster.connect import connect, local_client
 from pool.cluster.futures import ClusterFuture, NodeLostError
-from pool.cluster.node import PLUGIN_NAME, PoolPlugin
+from pool.cluster.node import PLUGIN_PREFIX, PoolPlugin
 from pool.cluster.pool import ClusterPool
 
 __all__ = [
-    "PLUGIN_NAME",
+    "PLUGIN_PREFIX",
     "ClusterFuture",
     "ClusterPool",
     "NodeLostError",

@@ -17,16 +17,20 @@ copy, or spill them, and nothing they view can go away under them.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from pool.cluster.futures import CarriedError
 from pool.cluster.run_once import begin_once
+from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult
 from pool.executor.pool import Pool
+from worker.errors import NeverCompileError
+from worker.plugin.runtime import default_platform
 from worker.records import LoweredProgram, ProgramSpec
 
 try:
@@ -37,15 +41,23 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
         "pool.cluster needs Dask's distributed package: pip install 'pjrt-pool[cluster]'"
     ) from missing
 
-PLUGIN_NAME = "pjrt-pool"
+PLUGIN_PREFIX = "pjrt-pool-"
+"""Each ClusterPool registers its PoolPlugin under this prefix and a uuid of its own, so
+that ClusterPools on one cluster (of other options, other users) never share node Pools,
+and closing one closes only its own; its tasks name the plugin they run in."""
+
+Figures = Literal["cache_counters", "remote_counters", "statistics"]
+"""What node_figures reads of a node's Pool."""
 
 
 class PoolPlugin(WorkerPlugin):
     """A Dask worker plugin that gives each Dask worker its own pjrt-pool Pool.
 
     The Pool starts on the first task (not in setup, which runs on the Dask
-    worker's event loop) and closes when the Dask worker does, or when the
-    plugin is unregistered (ClusterPool.close).
+    worker's event loop). It closes when the Dask worker does, or when the
+    plugin is unregistered (ClusterPool.close): the plugin is closed from
+    then on, and a task that still reaches it fails with PoolClosedError
+    instead of starting a Pool that nothing would close.
     """
 
     idempotent = False
@@ -53,6 +65,7 @@ class PoolPlugin(WorkerPlugin):
     def __init__(self, **pool_options: Any) -> None:
         self.pool_options = pool_options
         self._pool: Pool | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -61,20 +74,28 @@ class PoolPlugin(WorkerPlugin):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state["pool_options"])  # type: ignore[misc]
 
-    def setup(self, worker: distributed.Worker) -> None:
-        """Makes the plugin findable by this Dask worker's tasks."""
-        worker.pjrt_pool_plugin = self  # type: ignore[attr-defined]
+    async def teardown(self, worker: distributed.Worker) -> None:
+        """Closes the plugin and this Dask worker's Pool, in a thread: Pool.close waits for
+        the running tasks, and the Dask worker's event loop (its heartbeats) goes on."""
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
 
-    def teardown(self, worker: distributed.Worker) -> None:
-        """Closes this Dask worker's Pool, stopping what it has queued."""
+    def close(self) -> None:
+        """Closes the plugin, then its Pool (queued tasks fail with PoolClosedError, running
+        ones finish); later tasks fail with PoolClosedError."""
         with self._lock:
-            if self._pool is not None:
-                self._pool.close(cancel_pending=True)
-                self._pool = None
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(cancel_pending=True)
 
     def pool(self) -> Pool:
-        """This Dask worker's Pool, started on first use."""
+        """This Dask worker's Pool, started on first use; PoolClosedError once closed."""
         with self._lock:
+            if self._closed:
+                raise PoolClosedError(
+                    "this Dask worker's pjrt-pool plugin is closed (its ClusterPool was "
+                    "closed, or the Dask worker is closing)"
+                )
             if self._pool is None:
                 self._pool = Pool(**self.pool_options)
             return self._pool
@@ -85,19 +106,20 @@ class PoolPlugin(WorkerPlugin):
         return self._pool
 
 
-def plugin_of(worker: distributed.Worker) -> PoolPlugin:
-    """The PoolPlugin of a Dask worker; RuntimeError when no ClusterPool registered one."""
-    plugin = getattr(worker, "pjrt_pool_plugin", None)
-    if plugin is None:
-        raise RuntimeError(
-            "this Dask worker has no pjrt-pool plugin: create a ClusterPool on the client first"
+def plugin_of(worker: distributed.Worker, name: str) -> PoolPlugin:
+    """The PoolPlugin registered under `name` on a Dask worker; PoolClosedError if none is."""
+    plugin = worker.plugins.get(name)
+    if not isinstance(plugin, PoolPlugin):
+        raise PoolClosedError(
+            f"this Dask worker has no pjrt-pool plugin {name!r}: its ClusterPool was closed "
+            "(or was never made on this cluster)"
         )
     return plugin
 
 
-def node_pool() -> Pool:
-    """The Pool of the Dask worker this task runs on."""
-    return plugin_of(distributed.get_worker()).pool()
+def node_pool(name: str) -> Pool:
+    """The Pool of plugin `name` on the Dask worker this task runs on."""
+    return plugin_of(distributed.get_worker(), name).pool()
 
 
 def hold(program: LoweredProgram) -> LoweredProgram:
@@ -111,16 +133,18 @@ def hold(program: LoweredProgram) -> LoweredProgram:
 
 
 def run_task(
+    plugin: str,
     program: LoweredProgram,
     arguments: Sequence[Any],
     name: str,
     timeout: float | None,
     compile_options: bytes | None,
 ) -> list[np.ndarray]:
-    """Runs a program in this node's Pool and returns its outputs (see the module docstring)."""
-    pool = node_pool()
-    begin_once()
+    """Runs a program in this node's Pool of `plugin` and returns its outputs (see the module
+    docstring); every failure, the Pool's start included, is carried to the client."""
     try:
+        pool = node_pool(plugin)
+        begin_once()
         return pool.run(
             program, arguments, name=name, timeout=timeout, compile_options=compile_options
         )
@@ -130,12 +154,12 @@ def run_task(
 
 
 def run_spec_task(
-    spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
+    plugin: str, spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
 ) -> list[np.ndarray]:
     """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
-    pool = node_pool()
-    begin_once()
     try:
+        pool = node_pool(plugin)
+        begin_once()
         return pool.submit_spec(spec, arguments, timeout=timeout).result()
     except Exception as error:
         carried = CarriedError.of(error)
@@ -143,7 +167,11 @@ def run_spec_task(
 
 
 def compile_task(
-    program: LoweredProgram, name: str, timeout: float | None, compile_options: bytes | None
+    plugin: str,
+    program: LoweredProgram,
+    name: str,
+    timeout: float | None,
+    compile_options: bytes | None,
 ) -> CompileResult | CarriedError:
     """Compiles in this node's Pool; a program's failure is returned, not raised.
 
@@ -153,7 +181,7 @@ def compile_task(
     """
     try:
         return (
-            node_pool()
+            node_pool(plugin)
             .submit_compile(program, name=name, timeout=timeout, compile_options=compile_options)
             .result()
         )
@@ -161,15 +189,53 @@ def compile_task(
         return CarriedError.of(error)
 
 
-def node_counters(dask_worker: distributed.Worker) -> dict[str, int]:
-    """This node's disk cache counters (for client.run); empty before its Pool started."""
-    plugin = getattr(dask_worker, "pjrt_pool_plugin", None)
-    pool = None if plugin is None else plugin.started
-    return {} if pool is None else pool.cache_counters._asdict()
+def check_task(
+    plugin: str,
+    address: str,
+    program: LoweredProgram,
+    name: str,
+    timeout: float | None,
+    compile_options: bytes | None,
+) -> CarriedError | None:
+    """For a never-compile ClusterPool: the node's refusal of a program (a NeverCompileError,
+    carried), or None when it has the program or this task ran on a node other than
+    `address` (that node's Pool then refuses the runs themselves if need be).
+
+    The node's Pool loads the program, so its first run finds it loaded; one
+    whose cache lacks it refuses in its parent, before any PJRT worker does
+    anything. Knowing the key needs the plugin's identity, which only a PJRT
+    worker has: the check starts the Pool of the node a run is routed to,
+    which that run needs anyway.
+    """
+    if distributed.get_worker().address != address:
+        return None
+    try:
+        pool = node_pool(plugin)
+        pool.submit_compile(
+            program, name=name, timeout=timeout, compile_options=compile_options
+        ).result()
+    except NeverCompileError as error:
+        return CarriedError.of(error)
+    except Exception:  # a run meets any other failure itself
+        return None
+    return None
 
 
-def node_statistics(dask_worker: distributed.Worker) -> dict[str, float]:
-    """This node's compile statistics (for client.run); empty before its Pool started."""
-    plugin = getattr(dask_worker, "pjrt_pool_plugin", None)
-    pool = None if plugin is None else plugin.started
-    return {} if pool is None else pool.statistics._asdict()
+def node_figures(name: str, figures: Figures, dask_worker: distributed.Worker) -> dict[str, Any]:
+    """One of a node Pool's figures as a dict (for client.run): its cache counters, remote
+    counters or compile statistics; empty before that Pool started."""
+    pool = _started(dask_worker, name)
+    return {} if pool is None else getattr(pool, figures)._asdict()
+
+
+def node_platform(name: str, dask_worker: distributed.Worker) -> str:
+    """The platform this node's Pool of plugin `name` runs (for client.run): its workers'
+    plugin's once it started, else the one it would load (PJRT_POOL_PLATFORM, else cpu)."""
+    pool = _started(dask_worker, name)
+    return (None if pool is None else pool.platform) or default_platform()
+
+
+def _started(dask_worker: distributed.Worker, name: str) -> Pool | None:
+    """The Pool of plugin `name` on a Dask worker if it has started (nothing is started)."""
+    plugin = dask_worker.plugins.get(name)
+    return plugin.started if isinstance(plugin, PoolPlugin) else None

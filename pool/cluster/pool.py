@@ -13,36 +13,49 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import distributed
 import numpy as np
 
 from pool.cluster.futures import ClusterFuture, uncarry
 from pool.cluster.node import (
-    PLUGIN_NAME,
+    PLUGIN_PREFIX,
+    Figures,
     PoolPlugin,
+    check_task,
     compile_task,
     hold,
-    node_counters,
+    node_figures,
+    node_platform,
     run_spec_task,
     run_task,
 )
 from pool.cluster.routing import Router, home_of
-from pool.cluster.run_once import ONCE_PREFIX, RUN_ONCE_NAME, RunOnce
+from pool.cluster.run_once import ONCE_PREFIX, RUN_ONCE_PREFIX, RunOnce
+from pool.errors import PoolClosedError, PoolError
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.programs import program_id
-from pool.executor.settings import check_remote
+from pool.executor.settings import (
+    check_count,
+    check_directory,
+    check_flag,
+    check_platform,
+    check_timeout,
+    pickle_initializer,
+)
+from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.key import check_key
+from worker.cache.remote import RemoteCounters
 from worker.compile.identity import checked_compile_options
 from worker.compile.never_compile import never_compile_on
-from worker.errors import NeverCompileError
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 if TYPE_CHECKING:
@@ -63,13 +76,20 @@ class ClusterPool:
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
     platform, cache_dir, task_timeout, initializer, never_compile and remote
-    are as for Pool and apply on every node (never_compile also refuses, at
-    submit, a program its home node's cache lacks, and its remote tier too
-    when there is one; remote is the remote cache tier's URL, given to each
-    node's PJRT workers: the nodes share the entries one of them compiled,
-    and a fleet's other hosts do too). The cluster's Dask workers
+    are as for Pool and apply on every node; they are checked here, with
+    Pool's errors. never_compile also refuses, at submit, a program its
+    home node's cache lacks (and its remote tier too when there is one),
+    and keeps runs on the nodes whose cache has it (pool.cluster.routing).
+    remote is the remote cache tier's URL, given to each node's PJRT
+    workers (the nodes share the entries one of them compiled, and a
+    fleet's other hosts do too); None leaves the nodes' own
+    PJRT_POOL_CACHE_REMOTE, False turns it off. The cluster's Dask workers
     should have as many threads as PJRT workers, so that tasks reach every
     PJRT worker.
+
+    Each ClusterPool registers its own plugin on the cluster (plugin_name),
+    so several, of other options or other users, share a cluster without
+    sharing node Pools; close() closes this one's alone.
 
     A run whose Dask worker is lost is run again elsewhere by Dask, since a
     run is a pure function of its program and inputs; retry_lost=False
@@ -92,37 +112,38 @@ class ClusterPool:
         never_compile: bool | None = None,
         retry_lost: bool = True,
         spread_at: int | None = None,
-        remote: str | None = None,
+        remote: str | Literal[False] | None = None,
     ) -> None:
-        if not isinstance(retry_lost, bool):
-            raise TypeError(f"retry_lost must be True or False, not {retry_lost!r}")
+        # Checked here, before any node starts a Pool: a bad setting is refused once,
+        # not in every run.
+        check_flag(retry_lost, "retry_lost")
+        options = _node_options(
+            workers_per_node, platform, cache_dir, task_timeout, initializer, never_compile, remote
+        )
         self.client = client
-        self._platform = platform
-        self._never_compile = never_compile_on(never_compile)
-        options: dict[str, Any] = {
-            "workers": workers_per_node,
-            "platform": platform,
-            "cache_dir": cache_dir,
-            "task_timeout": task_timeout,
-            "never_compile": self._never_compile,
-            "remote": check_remote(remote),  # refused here, before any node starts a Pool
-        }
-        if initializer is not None:
-            options["initializer"] = initializer
+        self._platform: str | None = options["platform"]
+        self._never_compile: bool = options["never_compile"]
         if spread_at is None:
             threads = client.nthreads()
             spread_at = 2 * max(threads.values(), default=1)
+        # nthreads() asks the scheduler and returns its answer; scheduler_info()
+        # returns an attribute that the Client's periodic refresh overwrites with
+        # an identity of no workers, so another thread can read it empty.
         self._router = Router(client.nthreads, spread_at)
+        self._retry_lost = retry_lost
         self._key_prefix = "pjrt-run-" if retry_lost else ONCE_PREFIX
-        self._run_once = not retry_lost
-        client.register_plugin(PoolPlugin(**options), name=PLUGIN_NAME)
-        if self._run_once:
-            client.register_plugin(RunOnce(), name=RUN_ONCE_NAME)
+        tag = uuid.uuid4().hex
+        self._plugin_name = f"{PLUGIN_PREFIX}{tag}"
+        self._run_once_name = None if retry_lost else f"{RUN_ONCE_PREFIX}{tag}"
         self._statistics = CompileStatistics()
         self._held: collections.OrderedDict[str, distributed.Future] = collections.OrderedDict()
-        self._in_cache: set[str] = set()
+        self._pending: dict[str, distributed.Future] = {}  # tasks submitted, not yet ended
         self._finished = 0
+        self._closed = False
         self._lock = threading.Lock()
+        client.register_plugin(PoolPlugin(**options), name=self._plugin_name)
+        if self._run_once_name is not None:
+            client.register_plugin(RunOnce(), name=self._run_once_name)
 
     # -- running --------------------------------------------------------------------
 
@@ -143,19 +164,27 @@ class ClusterPool:
         raising what Pool.submit raises), Dask futures of arrays, or one Dask
         future of the whole list (checked on the node). A plugin crash,
         timeout or quarantine fails the run with the node Pool's exception.
-        name, timeout and compile_options are as for Pool.submit.
+        name, timeout and compile_options are as for Pool.submit. A closed
+        ClusterPool raises PoolClosedError.
         """
+        self._check_open()
         program = check_program(program, "ClusterPool.submit")
         compile_options = checked_compile_options(compile_options)
         identity = program_id(program, compile_options)
         name = name or program.name
-        if self._never_compile:
-            self._check_in_cache(program, identity, name, timeout, compile_options)
         arguments = _arguments(inputs, program.input_types)
-        carried: Any = program
-        if len(program.text) > HOLD_TEXT_CHARS:
-            carried = self._hold(identity, program)
-        return self._submit(identity, run_task, carried, arguments, name, timeout, compile_options)
+        admit = None
+        if self._never_compile:
+            admit = functools.partial(self._admit, program, name, timeout, compile_options)
+        address = self._router.choose(identity, admit)
+        try:
+            carried: Any = program
+            if len(program.text) > HOLD_TEXT_CHARS:
+                carried = self._hold(identity, program)
+        except BaseException:
+            self._router.done(address)
+            raise
+        return self._submit(address, run_task, carried, arguments, name, timeout, compile_options)
 
     def run(
         self,
@@ -184,11 +213,12 @@ class ClusterPool:
         The executable must be in that node's disk cache (a shared cache, or
         one each node was warmed into).
         """
+        self._check_open()
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
         arguments = _arguments(inputs, spec.input_types)
-        return self._submit(spec.key, run_spec_task, spec, arguments, timeout)
+        return self._submit(self._router.choose(spec.key), run_spec_task, spec, arguments, timeout)
 
     def map(
         self,
@@ -210,8 +240,10 @@ class ClusterPool:
         cluster nor this process's memory. A run's failure raises when its
         turn comes (with return_exceptions, the exception is yielded in its
         place and the runs go on); leaving the iterator early cancels the
-        runs not yet done.
+        runs not yet done. A ClusterPool closed meanwhile raises
+        PoolClosedError.
         """
+        self._check_open()
         if max_in_flight is None:
             max_in_flight = 4 * max(1, sum(self.client.nthreads().values()))
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
@@ -243,9 +275,12 @@ class ClusterPool:
     ) -> PoolFunction:
         """Returns function as a callable that runs on the cluster, like Pool.function's.
 
-        It lowers here, once per signature, and runs each call with
-        ClusterPool.run (its submit with ClusterPool.submit); everything
-        else is as Pool.function says, with the nodes' crash isolation.
+        It lowers here, once per signature, for the nodes' platform (see
+        the platform property) unless platform names another, and runs each
+        call with ClusterPool.run (its submit with ClusterPool.submit, whose
+        result is fetched and rebuilt in the thread that reads it);
+        everything else is as Pool.function says, with the nodes' crash
+        isolation.
         """
         from pool.lowering.function import PoolFunction  # imports JAX (about a second)
 
@@ -266,26 +301,47 @@ class ClusterPool:
             raise TypeError(f"follow takes a Dask future, not {type(dask_future).__name__}")
         return ClusterFuture(dask_future)
 
-    def _submit(self, identity: str, task: Callable[..., Any], *args: Any) -> ClusterFuture:
-        address = self._router.choose(identity)
+    def _check_open(self) -> None:
+        """Raises PoolClosedError once close() has begun."""
+        if self._closed:
+            raise PoolClosedError("the ClusterPool is closed")
+
+    def _send(
+        self, task: Callable[..., Any], address: str, prefix: str, *args: Any
+    ) -> distributed.Future:
+        """Submits one of this ClusterPool's tasks, routed to a node (loosely, see
+        pool.cluster.routing), and keeps it until it ends (close waits for it)."""
+        remote = self.client.submit(
+            task,
+            self._plugin_name,
+            *args,
+            key=f"{prefix}{uuid.uuid4().hex}",
+            workers=[address],
+            allow_other_workers=True,
+            pure=False,
+        )
+        with self._lock:
+            self._pending[remote.key] = remote
+        return remote
+
+    def _submit(self, address: str, task: Callable[..., Any], *args: Any) -> ClusterFuture:
         try:
-            remote = self.client.submit(
-                task,
-                *args,
-                key=f"{self._key_prefix}{uuid.uuid4().hex}",
-                workers=[address],
-                allow_other_workers=True,
-                pure=False,
-            )
+            remote = self._send(task, address, self._key_prefix, *args)
         except BaseException:
             self._router.done(address)
             raise
-        return ClusterFuture(remote, done=lambda: self._ended(address))
+        done = functools.partial(self._ended, address, remote.key)
+        return ClusterFuture(remote, done=done, retry_lost=self._retry_lost)
 
-    def _ended(self, address: str) -> None:
+    def _ended(self, address: str, key: str) -> None:
         self._router.done(address)
         with self._lock:
             self._finished += 1
+            self._pending.pop(key, None)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
 
     def _hold(self, identity: str, program: LoweredProgram) -> distributed.Future:
         """The Dask future holding a long program on the cluster (see node.hold)."""
@@ -308,36 +364,49 @@ class ClusterPool:
                 self._held.popitem(last=False)
         return held
 
-    def _check_in_cache(
+    def _admit(
         self,
         program: LoweredProgram,
-        identity: str,
         name: str,
         timeout: float | None,
         compile_options: bytes | None,
-    ) -> None:
-        """In never-compile mode: raises NeverCompileError here if the home node's cache lacks
-        the program (its Pool refuses before any PJRT worker does anything); once per program."""
-        if identity in self._in_cache:
-            return
-        outcome = self.client.submit(
-            compile_task,
+        address: str,
+    ) -> BaseException | None:
+        """In never-compile mode, before a program's first run on a node: that node's
+        refusal of it (NeverCompileError, raised by its Pool before any PJRT worker does
+        anything), or None (see node.check_task and pool.cluster.routing)."""
+        refusal = self.client.submit(
+            check_task,
+            self._plugin_name,
+            address,
             program,
             name,
             timeout,
             compile_options,
-            workers=[home_of(identity, self._router.addresses())],
+            workers=[address],
             allow_other_workers=True,
             pure=False,
         ).result()
-        outcome = uncarry(outcome) if isinstance(outcome, BaseException) else outcome
-        if isinstance(outcome, NeverCompileError):
-            raise outcome
-        self._in_cache.add(identity)
+        return None if refusal is None else uncarry(refusal)
+
+    @property
+    def plugin_name(self) -> str:
+        """The name this ClusterPool's PoolPlugin is registered under on the cluster."""
+        return self._plugin_name
 
     @property
     def platform(self) -> str | None:
-        """The platform the nodes' plugins run (the platform option; None: lower's default)."""
+        """The platform the nodes' plugins run: the platform option, else the nodes' own
+        (asked once: PJRT_POOL_PLATFORM on the nodes, else cpu). Pool.function lowers for it."""
+        if self._platform is None:
+            answers = set(self.client.run(node_platform, self._plugin_name).values())
+            if len(answers) > 1:
+                raise PoolError(
+                    f"the cluster's nodes run different platforms ({', '.join(sorted(answers))}):"
+                    " give ClusterPool(platform=) the one to run"
+                )
+            with self._lock:
+                self._platform = next(iter(answers), None)
         return self._platform
 
     @property
@@ -353,15 +422,10 @@ class ClusterPool:
 
     # -- compiling ------------------------------------------------------------------
 
-    def _route(self, program: LoweredProgram) -> list[str]:
-        """The node a program compiles on: its home (stable, so each compiles once)."""
-        # nthreads() asks the scheduler and returns its answer; scheduler_info()
-        # returns an attribute that the Client's periodic refresh overwrites with
-        # an identity of no workers, so another thread can read it empty.
-        addresses = sorted(self.client.nthreads())
-        if not addresses:
-            raise RuntimeError("the Dask cluster has no workers")
-        return [home_of(program_id(program), addresses)]
+    def _route(self, program: LoweredProgram, compile_options: bytes | None = None) -> str:
+        """The node a program compiles on: its home (stable, so each compiles once), the
+        node its first run goes to."""
+        return home_of(program_id(program, compile_options), self._router.addresses())
 
     def submit_compile(
         self,
@@ -376,18 +440,20 @@ class ClusterPool:
         A program's own failure (compile error, PJRT worker crash, timeout)
         is the future's exception, as with Pool.submit_compile.
         """
+        self._check_open()
         program = check_program(program, "ClusterPool.submit_compile")
-        remote = self.client.submit(
+        compile_options = checked_compile_options(compile_options)
+        remote = self._send(
             compile_task,
+            self._route(program, compile_options),
+            "pjrt-compile-",
             program,
             name or program.name,
             timeout,
             compile_options,
-            workers=self._route(program),
-            allow_other_workers=True,
-            pure=False,
         )
-        return ClusterFuture(remote, self._unwrap)
+        done = functools.partial(self._forget, remote.key)
+        return ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost)
 
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""
@@ -426,30 +492,95 @@ class ClusterPool:
     def cache_counters(self) -> CacheCounters:
         """Disk cache counters summed over every node's Pool."""
         total = CacheCounters()
-        for counters in self.client.run(node_counters).values():
-            if counters:
-                total = total.add(CacheCounters(**counters))
+        for counters in self._node_figures("cache_counters"):
+            total = total.add(CacheCounters(**counters))
         return total
 
-    def close(self, cancel_pending: bool = False) -> None:
-        """Closes every node's Pool (the client and cluster stay as they are).
+    @property
+    def remote_counters(self) -> RemoteCounters:
+        """The remote tier's hits, misses, publishes, waits (compiles saved by waiting on
+        another host's lease) and so on, summed over every node Pool's PJRT workers."""
+        total = RemoteCounters()
+        for counters in self._node_figures("remote_counters"):
+            total = total.add(RemoteCounters(**counters))
+        return total
 
-        A plugin another ClusterPool on the cluster unregistered (or replaced
-        and closed) is gone already: that is not an error.
+    def _node_figures(self, figures: Figures) -> list[dict[str, Any]]:
+        """One figure of each node whose Pool has started (see node.node_figures)."""
+        answers = self.client.run(node_figures, self._plugin_name, figures).values()
+        return [answer for answer in answers if answer]
+
+    def close(self, cancel_pending: bool = False) -> None:
+        """Closes every node's Pool of this ClusterPool (the client and cluster stay as they are).
+
+        It first waits for the runs and compiles submitted; with
+        cancel_pending, those not begun fail with PoolClosedError instead of
+        running (as a Pool's queued tasks do), and those running finish. It
+        returns when every node's Pool is closed and each of those futures
+        has settled. From then on every call raises PoolClosedError; a node
+        that gets a task of it anyway refuses it, starting nothing. Calling
+        close again does nothing.
         """
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self._held.clear()
-        with contextlib.suppress(ValueError):  # "the worker plugin ... does not exist"
-            self.client.unregister_worker_plugin(PLUGIN_NAME)
-        if self._run_once:
+        if not cancel_pending:
+            self._wait_pending()
+        # Each node closes its Pool in a thread (node.PoolPlugin.teardown), and the call
+        # returns when all have: runs running meanwhile finish there first.
+        with contextlib.suppress(ValueError):  # its nodes are all gone, say
+            self.client.unregister_worker_plugin(self._plugin_name)
+        if self._run_once_name is not None:
             with contextlib.suppress(ValueError):
-                self.client.unregister_scheduler_plugin(RUN_ONCE_NAME)
+                self.client.unregister_scheduler_plugin(self._run_once_name)
+        self._wait_pending()  # those not begun fail at once on their nodes
+
+    def _wait_pending(self) -> None:
+        """Waits until every task submitted has ended."""
+        with self._lock:
+            pending = list(self._pending.values())
+        if pending:
+            distributed.wait(pending)
 
     def __enter__(self) -> ClusterPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        """Leaving the block closes the ClusterPool; by an exception, without running the
+        runs not begun (close(cancel_pending=True))."""
+        self.close(cancel_pending=value is not None)
+
+
+def _node_options(
+    workers_per_node: Any,
+    platform: Any,
+    cache_dir: Any,
+    task_timeout: Any,
+    initializer: Any,
+    never_compile: Any,
+    remote: Any,
+) -> dict[str, Any]:
+    """The nodes' Pool options, checked here as Pool checks them (pool.executor.settings).
+
+    The nodes check them again as their Pools start, with what only a node
+    can see (its cache directory's trust, its plugin).
+    """
+    options: dict[str, Any] = {
+        "workers": None
+        if workers_per_node is None
+        else check_count(workers_per_node, "workers_per_node", 1, "PJRT workers per node"),
+        "platform": check_platform(platform),
+        "cache_dir": check_directory(cache_dir, "cache_dir"),
+        "task_timeout": check_timeout(task_timeout, "task_timeout"),
+        "never_compile": never_compile_on(never_compile),
+        "remote": check_remote(remote),
+    }
+    if initializer is not None:
+        pickle_initializer(initializer, ())  # it must reach the nodes' workers
+        options["initializer"] = initializer
+    return options
 
 
 def _arguments(

@@ -11,6 +11,12 @@ cluster, and many programs each stay on few nodes.
 
 The choice is a loose hint to Dask (workers=[node], allow_other_workers),
 so a lost or gone node never stalls a run: Dask places it elsewhere.
+
+A never-compile ClusterPool admits a node for a program before its first
+run there (choose's admit: the node's Pool checks its cache). A program
+its home refuses is refused (no other node starts a Pool just to refuse
+it too); a node the spread rule picks that refuses it is never chosen for
+it again, and its runs stay on the nodes that hold it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 ADDRESS_REFRESH_SECONDS = 1.0
 """How long the list of nodes is reused before the scheduler is asked again."""
@@ -45,6 +51,7 @@ class Router:
         self._addresses: list[str] = []
         self._asked = -float("inf")
         self._holders: dict[str, list[str]] = {}
+        self._refused: dict[str, dict[str, BaseException]] = {}  # identity: node: why
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
@@ -59,23 +66,58 @@ class Router:
                 self._addresses, self._asked = addresses, now
         return self._addresses
 
-    def choose(self, identity: str) -> str:
-        """The node for one run of a program; counts the run in flight there until done()."""
+    def choose(
+        self, identity: str, admit: Callable[[str], BaseException | None] | None = None
+    ) -> str:
+        """The node for one run of a program; counts the run in flight there until done().
+
+        With admit, a node new to the program is asked first (admit(node):
+        None, or the exception that refuses the program there): a refusal
+        raises when no node holds the program, and otherwise keeps its runs
+        off that node (see the module docstring).
+        """
         addresses = self.addresses()
+        while True:
+            with self._lock:
+                best, holders = self._pick(identity, addresses)
+                if admit is None or best in holders:
+                    return self._take(identity, holders, best)
+            refusal = admit(best)  # outside the lock: a round trip to the node
+            with self._lock:
+                holders = self._live_holders(identity, addresses)
+                if refusal is None:
+                    return self._take(identity, holders, best)
+                if not holders:
+                    raise refusal  # its home lacks it: no node is started just to refuse it
+                self._refused.setdefault(identity, {})[best] = refusal
+
+    def _pick(self, identity: str, addresses: Sequence[str]) -> tuple[str, list[str]]:
+        """The node a run of the program goes to (see the module docstring), and the live
+        nodes holding it; under the lock."""
+        refused = self._refused.get(identity, {})
+        candidates = [a for a in addresses if a not in refused]
+        holders = self._live_holders(identity, addresses)
+        if not holders:
+            return home_of(identity, candidates or list(addresses)), holders
+        load = self._in_flight
+        best = min(holders, key=load.__getitem__)
+        if load[best] >= self.spread_at and candidates:
+            other = min(candidates, key=load.__getitem__)
+            if load[other] * 2 <= load[best]:
+                best = other
+        return best, holders
+
+    def _live_holders(self, identity: str, addresses: Sequence[str]) -> list[str]:
         live = set(addresses)
-        with self._lock:
-            holders = [a for a in self._holders.get(identity, ()) if a in live]
-            if not holders:
-                holders = [home_of(identity, addresses)]
-            load = self._in_flight
-            best = min(holders, key=load.__getitem__)
-            if load[best] >= self.spread_at:
-                other = min(addresses, key=load.__getitem__)
-                if load[other] * 2 <= load[best]:
-                    holders.append(other)
-                    best = other
-            self._holders[identity] = holders
-            load[best] += 1
+        return [a for a in self._holders.get(identity, ()) if a in live]
+
+    def _take(self, identity: str, holders: list[str], best: str) -> str:
+        """Counts a run in flight on `best`, which holds the program from now on; under the
+        lock."""
+        if best not in holders:
+            holders = [*holders, best]
+        self._holders[identity] = holders
+        self._in_flight[best] += 1
         return best
 
     def done(self, address: str) -> None:

@@ -22,15 +22,20 @@ from distributed.utils import sync
 ONCE_PREFIX = "pjrt-once-"
 """The key prefix of the tasks that run at most once."""
 
-RUN_ONCE_NAME = "pjrt-pool-run-once"
+RUN_ONCE_PREFIX = "pjrt-pool-run-once-"
+"""Each ClusterPool(retry_lost=False) registers its RunOnce under this prefix and a uuid,
+so that closing it leaves other ClusterPools' plugins registered."""
 _BEGIN = "pjrt_pool_run_begins"
 """The scheduler handler a run-once task calls as it begins."""
 
 
 class RunOnce(SchedulerPlugin):
-    """See the module docstring. Registered on the scheduler by ClusterPool(retry_lost=False)."""
+    """See the module docstring. Registered on the scheduler by ClusterPool(retry_lost=False).
 
-    name = RUN_ONCE_NAME
+    Every RunOnce on a scheduler installs the same handler, which any of them
+    serves (it reads only the scheduler): one ClusterPool's going leaves the
+    others' runs at most once.
+    """
 
     def __init__(self) -> None:
         self.scheduler: Any = None
@@ -39,11 +44,6 @@ class RunOnce(SchedulerPlugin):
         """Adds the handler that run-once tasks call as they begin."""
         self.scheduler = scheduler
         scheduler.handlers[_BEGIN] = self.begins
-
-    async def close(self) -> None:
-        """Takes the handler away again."""
-        if self.scheduler is not None:
-            self.scheduler.handlers.pop(_BEGIN, None)
 
     def begins(self, key: str) -> None:
         """A run-once task begins: a loss of its worker from now on fails it."""
