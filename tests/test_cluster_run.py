@@ -158,6 +158,21 @@ def test_function_submit_fetches_and_rebuilds_where_the_result_is_read(remote, m
     assert set(fetched_on) == {threading.current_thread().name}
 
 
+def test_map_yields_a_batch_refused_at_submit_in_its_place(remote) -> None:
+    double = lower(lambda x: x * 2.0, [f32(4)])
+    x = np.ones(4, np.float32)
+    batches = [[x], [np.ones(3, np.float32)], [x + 1.0]]
+    first, refused, third = remote.map(double, batches, return_exceptions=True)
+    np.testing.assert_array_equal(first[0], x * 2.0)
+    assert isinstance(refused, ValueError) and "shape" in str(refused)
+    np.testing.assert_array_equal(third[0], (x + 1.0) * 2.0)
+    # Without return_exceptions it raises in its turn, after the run before it.
+    results = remote.map(double, batches)
+    np.testing.assert_array_equal(next(results)[0], x * 2.0)
+    with pytest.raises(ValueError, match="shape"):
+        next(results)
+
+
 def test_manifest_runs_through_a_cluster_pool(remote, tmp_path: Path) -> None:
     program = lower(lambda x: x - 5.0, [f32(8)])
     (spec,) = remote.compile_many([("minus_five", program)])

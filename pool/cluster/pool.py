@@ -237,11 +237,11 @@ class ClusterPool:
         Runs are submitted as the iterator is read, at most max_in_flight
         (default: four per thread of the cluster) ahead of the one it waits
         for, so a long or endless iterable of batches never floods the
-        cluster nor this process's memory. A run's failure raises when its
-        turn comes (with return_exceptions, the exception is yielded in its
-        place and the runs go on); leaving the iterator early cancels the
-        runs not yet done. A ClusterPool closed meanwhile raises
-        PoolClosedError.
+        cluster nor this process's memory. A run's failure, or a batch's
+        refusal at submit (bad inputs, say), raises when its turn comes
+        (with return_exceptions, the exception is yielded in its place and
+        the runs go on); leaving the iterator early cancels the runs not yet
+        done. A ClusterPool closed meanwhile raises PoolClosedError.
         """
         self._check_open()
         if max_in_flight is None:
@@ -611,8 +611,12 @@ def _bounded(
     max_in_flight: int,
     return_exceptions: bool,
 ) -> Iterator[Any]:
-    """Yields submit(inputs)'s results in order, at most max_in_flight submitted ahead."""
-    pending: collections.deque[ClusterFuture] = collections.deque()
+    """Yields submit(inputs)'s results in order, at most max_in_flight submitted ahead.
+
+    A batch that submit refuses (bad inputs, a never-compile refusal) fails
+    in its place, as a failed run does; a closed ClusterPool raises.
+    """
+    pending: collections.deque[Future[Any]] = collections.deque()
 
     def take() -> Any:
         future = pending.popleft()
@@ -625,7 +629,14 @@ def _bounded(
 
     try:
         for inputs in batches:
-            pending.append(submit(inputs))
+            try:
+                pending.append(submit(inputs))
+            except PoolClosedError:
+                raise
+            except Exception as error:
+                refused: Future[Any] = Future()
+                refused.set_exception(error)
+                pending.append(refused)
             if len(pending) >= max_in_flight:
                 yield take()
         while pending:
