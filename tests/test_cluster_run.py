@@ -323,22 +323,25 @@ def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_pat
     from conftest import REPO
 
     program = lower(lambda x, y: (x * y, jnp.sum(x)), [f32(4), f32(4)])
-    (spec,) = remote.compile_many([("product", program)])
+    root = lower(jnp.sqrt, [f32(4)])
+    specs = remote.compile_many([("product", program), ("root", root)])
     manifest = tmp_path / "m.json"
-    Manifest([spec], str(tmp_path / "cache")).write(manifest)
+    Manifest(specs, str(tmp_path / "cache")).write(manifest)
     files = []
     for i in range(3):
         files.append(str(tmp_path / f"in{i}.npz"))
         np.savez(files[-1], np.full(4, i, np.float32), np.full(4, 2, np.float32))
     environment = dict(os.environ, PYTHONPATH=str(REPO))
 
-    def command(*words: str) -> subprocess.CompletedProcess[str]:
+    def command(
+        *words: str, name: str = "product", of: Path = manifest, **variables: str
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-c", MAIN, "run", str(manifest), "product", *words],
+            [sys.executable, "-c", MAIN, "run", str(of), name, *words],
             capture_output=True,
             text=True,
             timeout=300,
-            env=environment,
+            env=dict(environment, **variables),
             check=False,
         )
 
@@ -355,3 +358,33 @@ def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_pat
     # Bad usage answers in one line with status 2, before anything runs.
     bad = command("--batch", *files)
     assert bad.returncode == 2 and "give --scheduler" in bad.stderr
+
+    # .npy files of a program's one input, each read as its run goes; a file that does not
+    # fit fails in its place, and a sum that is not finite is JSON's null.
+    arrays = [np.full(4, 4.0, np.float32), np.ones(3, np.float32), np.full(4, -1.0, np.float32)]
+    singles = [str(tmp_path / f"root{i}.npy") for i in range(3)]
+    for path, array in zip(singles, arrays, strict=True):
+        np.save(path, array)
+    done = command("--scheduler", address, "--batch", *singles, "--json", name="root")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "NaN" not in done.stdout
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"ran": 2, "failed": 1}
+    assert report["runs"][0]["outputs"][0]["sum"] == 8.0
+    assert "shape (3,)" in report["runs"][1]["error"]
+    assert report["runs"][2]["outputs"][0]["sum"] is None
+
+    # The remote tier named here (--remote, or PJRT_POOL_CACHE_REMOTE) is the nodes': a
+    # manifest whose cache directory is empty runs from it.
+    url = f"file://{tmp_path / 'remote'}/fleet"
+    with ClusterPool(cluster, workers_per_node=1, cache_dir=str(tmp_path / "ci"), remote=url) as ci:
+        published = ci.compile_many([("product", program)])
+    empty = tmp_path / "empty.json"
+    Manifest(published, str(tmp_path / "serving")).write(empty)
+    done = command("--scheduler", address, "--batch", files[1], "--remote", url, of=empty)
+    assert done.returncode == 0, done.stderr[-3000:]
+    once = command(
+        "--scheduler", address, "--inputs", files[2], "--json", of=empty, PJRT_POOL_CACHE_REMOTE=url
+    )
+    assert once.returncode == 0, once.stderr[-3000:]
+    assert json.loads(once.stdout)["outputs"][0]["sum"] == 16.0

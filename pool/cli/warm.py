@@ -8,9 +8,10 @@ crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
 
 run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
-file or on seeded random inputs, printing its outputs' types and checksums
-and how long loading and running took; with --scheduler it runs on a Dask
-cluster, once or once per --batch file (pool.cli.cluster_run).
+file (or an .npy file of its one input) or on seeded random inputs,
+printing its outputs' types and checksums and how long loading and running
+took; with --scheduler it runs on a Dask cluster, once or once per --batch
+file (pool.cli.cluster_run).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import numpy as np
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
 from pool.cli.options import add_remote_option, remote_url
 from pool.cli.paths import input_file
+from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
 from pool.progress import ProgressDisplay
-from worker.arguments import prepare_arguments, random_inputs
+from worker.arguments import random_inputs
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
@@ -106,7 +108,11 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
     run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
-    run.add_argument("--inputs", metavar="NPZ", help=".npz file with arr_0, arr_1, ... as inputs")
+    run.add_argument(
+        "--inputs",
+        metavar="FILE",
+        help=".npz file with arr_0, arr_1, ... as inputs (or .npy: a program's one input)",
+    )
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument(
         "--cache-dir", metavar="DIR", default=None, help="cache directory (default: the manifest's)"
@@ -137,10 +143,10 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument(
         "--batch",
-        metavar="NPZ",
+        metavar="FILE",
         nargs="+",
         default=None,
-        help="with --scheduler: run once per .npz file, with progress and a report",
+        help="with --scheduler: run once per .npz (or .npy) file, with progress and a report",
     )
     run.add_argument(
         "--json",
@@ -284,60 +290,7 @@ def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
         if spec.input_types is None:
             raise UsageError(f"{spec.name} has unknown input types: give --inputs")
         return random_inputs(spec.input_types, args.seed)
-    return _read_inputs(args.inputs, spec, "--inputs")
-
-
-def _read_inputs(path: str, spec: Any, option: str) -> list[np.ndarray]:
-    """A program's inputs from an .npz file (arr_0, arr_1, ...), checked against its types."""
-    types = ", ".join(map(str, spec.input_types or ()))
-    input_file(path, option)
-    try:
-        data = np.load(path)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"{option} {path}: cannot read it as an .npz file ({error})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise UsageError(
-            f"{option} {path} is not an .npz file; save the inputs with "
-            f"np.savez(file, *arrays): {types}"
-        )
-    with data:
-        names = [f"arr_{i}" for i in range(len(data.files))]
-        if sorted(data.files) != sorted(names):
-            raise UsageError(
-                f"{option} {path} holds {', '.join(data.files)}; save the inputs in "
-                f"order as arr_0, arr_1, ... (np.savez(file, *arrays)): {types}"
-            )
-        inputs = [data[name] for name in names]
-    if spec.input_types is not None:
-        try:
-            prepare_arguments(inputs, spec.input_types)
-        except (TypeError, ValueError) as error:
-            raise UsageError(f"{option} {path}: {error}; {spec.name} takes {types}") from None
-    return inputs
-
-
-def _finite_sums(result: dict[str, Any]) -> dict[str, Any]:
-    """The result with each sum that is NaN or infinite as None: JSON has no NaN (null)."""
-    outputs = [
-        {
-            **output,
-            "sum": output["sum"] if output["sum"] is None or math.isfinite(output["sum"]) else None,
-        }
-        for output in result["outputs"]
-    ]
-    return {**result, "outputs": outputs}
-
-
-def _describe(outputs: list[np.ndarray]) -> list[dict[str, Any]]:
-    """Each output's dtype, shape and (for numbers) sum, as run prints and reports them."""
-    return [
-        {
-            "dtype": str(o.dtype),
-            "shape": list(o.shape),
-            "sum": float(np.asarray(o, dtype=np.float64).sum()) if o.dtype.kind in "biuf" else None,
-        }
-        for o in outputs
-    ]
+    return read_inputs(args.inputs, spec, "--inputs")
 
 
 def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
@@ -387,16 +340,14 @@ def _run(args: argparse.Namespace) -> int:
         from pool.cli.cluster_run import cluster_pool, run_batch
 
         if args.batch:
-            return run_batch(
-                args, manifest, spec, lambda path: _read_inputs(path, spec, "--batch"), _describe
-            )
+            return run_batch(args, manifest, spec, remote)
     else:
         _check_plugin(spec.platform, "the manifest's platform")
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
         if args.scheduler:
-            with cluster_pool(args, manifest, spec) as cluster:
+            with cluster_pool(args, manifest, spec, remote) as cluster:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=cluster)
                 done = time.perf_counter()
@@ -430,10 +381,10 @@ def _run(args: argparse.Namespace) -> int:
         "load_seconds": ready - started,
         "primed": args.prime and args.name in manifest.prime([args.name]),
         "run_seconds": done - ready,
-        "outputs": _describe(outputs),
+        "outputs": describe(outputs),
     }
     if args.json:
-        print(json.dumps(_finite_sums(result), indent=2, allow_nan=False))
+        print(json.dumps(finite_sums(result), indent=2, allow_nan=False))
     else:
         where = f"a pool of {args.workers}" if args.workers else "this process"
         if args.scheduler:
