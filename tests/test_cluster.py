@@ -204,6 +204,9 @@ def test_warm_on_a_cluster_with_a_remote_fills_it_for_another_host(cluster, tmp_
         remote=url,
     )
     assert report.statistics.compiled == 3, report.summary()
+    # The nodes' remote counters are the report's, as a local warm's are.
+    assert report.remote is not None and report.remote.published == 3, report.summary()
+    assert "3 published" in report.summary()
     records = list((tmp_path / "remote" / "fleet" / "records").glob("*/*.json"))
     assert len(records) == 3
     specs = [p.spec for p in report.programs]

@@ -260,8 +260,8 @@ def warm(
     prefetched from it before their programs compile (see the module
     docstring), and the workers publish to it; with a scheduler, it is
     given to every node (ClusterPool(remote=)), whose workers fetch and
-    publish themselves (no prefetch here, and no remote counters in the
-    report: they are the nodes').
+    publish themselves (no prefetch here): the report's remote counters are
+    theirs, summed over the nodes.
     """
     tier = open_remote(remote) if scheduler is None else None
     before = RemoteCounters() if tier is None else tier.counters
@@ -361,7 +361,7 @@ def warm(
             if thread is not None:
                 thread.join()
         statistics, counters = compiler.statistics, compiler.cache_counters
-        workers_remote = getattr(compiler, "remote_counters", RemoteCounters())
+        workers_remote = compiler.remote_counters
     if progress is not None:
         progress.close()
     if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
@@ -370,6 +370,8 @@ def warm(
     if tier is not None:
         prefetch = RemoteCounters(*(a - b for a, b in zip(tier.counters, before, strict=True)))
         remote_report = workers_remote.add(prefetch)
+    elif scheduler is not None and (remote or workers_remote != RemoteCounters()):
+        remote_report = workers_remote  # the nodes' (their own remote, when not given one)
     prefetched = TransferReport(moved).counts()
     return WarmReport(
         reports,
