@@ -13,6 +13,7 @@ Programs API imports from here. What the folders hold:
     manifest.py   running warmed programs by name (production jobs)
     cluster/      compiling and running on a Dask cluster (ClusterPool)
     errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
+    remote_option.py   the remote cache tier as an option of Pool, ClusterPool, load_manifest
 """
 
 from __future__ import annotations

@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         "worker/ (git archive COMMIT pool worker | tar -x -C DIR, with the native module "
         "copied into DIR/worker/), interleaved with the others",
     )
+    parser.add_argument(
+        "--after",
+        metavar="DIR",
+        help="with --before: run this tree's manifest, bundle and bundle-ro kinds from DIR, "
+        "made the same way, so that both trees load alike (not through the editable install)",
+    )
     args = parser.parse_args(argv)
     import os
 
@@ -91,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     import worker
 
     trees = [Path(package.__file__).parent for package in (pool, worker)]
-    if args.before:
-        trees += [Path(args.before) / "pool", Path(args.before) / "worker"]
+    for other in (args.before, args.after):
+        if other:
+            trees += [Path(other) / "pool", Path(other) / "worker"]
     for tree in trees:
         compileall.compile_dir(str(tree), quiet=1)
     root = Path(tempfile.mkdtemp(prefix="pjrt-pool-start-"))
@@ -117,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.before:
             before = FROM_TREE.format(tree=str(Path(args.before).resolve()))
+            after = FROM_TREE.format(tree=str(Path(args.after).resolve())) if args.after else ""
             for kind in ("manifest", "bundle", "bundle-ro"):
                 command, env = kinds[kind]
+                kinds[kind] = ([python, "-c", after + RUN, *command[3:]], env)
                 kinds[f"{kind} before"] = ([python, "-c", before + RUN, *command[3:]], env)
         results: dict[str, list[Timing]] = {kind: [] for kind in kinds}
         for kind, (command, env) in kinds.items():  # page the plugin in, fill the OS's caches

@@ -53,7 +53,7 @@ def _inputs(seed: int = 0) -> list[np.ndarray]:
     return [generator.standard_normal(t.shape).astype(np.float32) for t in MLP_TYPES]
 
 
-def test_priming_runs_once_on_zeros_and_changes_no_result(tmp_path):
+def test_priming_runs_on_zeros_and_changes_no_result(tmp_path):
     path = _manifest(tmp_path, {"mlp": (_mlp, MLP_TYPES)})
     plain = load_manifest(path)
     primed = load_manifest(path, prime=True)

@@ -11,6 +11,7 @@ each thing lives, and so where plugin loading ends and serving begins::
                   takes; the errors; seconds per phase of compiles and start-ups
     untrusted.py  reading files someone else may have written: bounded, then parsed
     fds.py        closing file descriptors in cleanup
+    log.py        loggers that import logging only when a message could be seen
     lazy_names.py package namespaces whose names import on first use
     plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
                   device errors, known builds and check-plugin's records

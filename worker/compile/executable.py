@@ -35,6 +35,11 @@ _STATEFUL_MARKERS = (
 )
 
 
+PRIME_RUNS = 2
+"""Executions of a priming (Executable.prime): after two, a first request runs at the warm
+speed (1.0x against 1.25-1.3x after one; scripts/bench_start.py's primed kind)."""
+
+
 def keeps_state(serialized: bytes | bytearray | memoryview) -> bool:
     """Whether a serialized executable may keep state between runs or talk to the host.
 
@@ -205,22 +210,24 @@ class Executable:
         return outputs
 
     def prime(self) -> bool:
-        """Runs the program once on zeros of its input types and drops the outputs.
+        """Runs the program PRIME_RUNS times on zeros of its input types, dropping the outputs.
 
         A plugin's first execution of an executable costs more than later
-        ones (the CPU plugin's, about 0.1 s for a transformer step), so a
-        server primes what it loads before it says it is ready, and its
-        first request runs at the warm speed. Zeros cannot fault a
+        ones (the CPU plugin's, about 0.1 s for a transformer step), and its
+        second still about a quarter more than the warm run (24-25 ms against
+        19 ms for that step, measured in fresh processes); so a server primes
+        what it loads before it says it is ready, and its first request runs
+        at the warm speed. Zeros cannot fault a
         StableHLO program (XLA defines division by zero and clamps
         indices), but a loop whose end depends on the inputs may not end
-        on zeros: leave such a program unprimed. The run changes nothing a
+        on zeros: leave such a program unprimed. The runs change nothing a
         later run sees: the program's results depend on its arguments
         only. Not primed, returning False:
         a program whose input types are unknown, and one that keeps state
         between runs or talks to the host (keeps_state: stablehlo.rng's
         counter, infeed/outfeed, send/recv), whose priming a later run
         would observe. A custom call's kernel (register_custom_call) sees
-        the priming run as a call on zeros. Returns True when it ran.
+        the priming runs as calls on zeros. Returns True when it ran.
         """
         if self._input_types is None:
             return False
@@ -230,7 +237,8 @@ class Executable:
             return False
         arguments = [np.zeros(t.shape, t.dtype) for t in self._input_types]
         outputs = [np.empty(size, np.uint8) for size in self.output_bytes]
-        self.run_into(arguments, outputs)
+        for _ in range(PRIME_RUNS):
+            self.run_into(arguments, outputs)
         return True
 
     def __repr__(self) -> str:
