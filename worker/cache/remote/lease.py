@@ -91,7 +91,9 @@ class Lease:
     holder: str
     expires: float
     expected: float | None = None
-    """Seconds the holder expects its compile to take, if it knows (see patience)."""
+    """Seconds the holder expects its compile to take, if its lease says (see patience). This
+    version writes none (nothing here knows a compile's time before it ends); it honours one
+    it reads."""
 
     def encode(self) -> bytes:
         """The lease's JSON bytes."""
@@ -199,7 +201,7 @@ class Leases:
         return Seen(True, lease, found.etag)
 
     def claim(
-        self, key: str, *, writable: bool, expected: float | None = None, seen: Seen | None = None
+        self, key: str, *, writable: bool, seen: Seen | None = None
     ) -> tuple[Claim, Lease | None]:
         """Takes a key's lease (mine), or finds another's standing (theirs, with it).
 
@@ -209,7 +211,7 @@ class Leases:
         """
         for _ in range(TAKE_TRIES):
             if seen is None or not seen.exists:
-                if writable and self._write(key, None, expected):
+                if writable and self._write(key, None):
                     return "mine", None
                 seen = self.look(key)
                 if not seen.exists:
@@ -220,14 +222,14 @@ class Leases:
                 return "theirs", seen.lease
             if not writable or seen.etag is None:
                 return "none", None
-            if self._write(key, seen.etag, expected):
+            if self._write(key, seen.etag):
                 return "mine", None
             seen = None  # another host took it over first: see whose it is now
         return "none", None
 
-    def _write(self, key: str, etag: str | None, expected: float | None) -> bool:
+    def _write(self, key: str, etag: str | None) -> bool:
         """Writes this process's lease: create-only (etag None) or over the version etag."""
-        lease = Lease(key, self.holder, time.time() + self.seconds, expected)
+        lease = Lease(key, self.holder, time.time() + self.seconds)
         name, deadline = lease_name(key), self._deadline()
         if etag is None:
             written = self.client.put_new(name, lease.encode(), deadline)

@@ -317,22 +317,16 @@ class RemoteCache:
         says which)."""
         return _entry_of(self.lookup(key, max_size, count_miss=count_miss))
 
-    def fetch_or_lead(
-        self, key: str, max_size: int, *, expected: float | None = None
-    ) -> tuple[bytes, entry_format.Entry] | None:
-        """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder.
-
-        expected: the seconds this process expects to compile the key for, if
-        it knows: written into its lease, it bounds how long others wait.
-        """
+    def fetch_or_lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder."""
         found = self.lookup(key, max_size)
         if found.outcome is not Fetched.MISS:
             return _entry_of(found)
-        claim, standing = self._claim(key, expected)
+        claim, standing = self._claim(key)
         if claim == "mine":
             return self._led(key, max_size)
         if claim == "theirs" and standing is not None:
-            return self._wait(key, max_size, standing.patience(self.leases.seconds), expected)
+            return self._wait(key, max_size, standing.patience(self.leases.seconds))
         return None
 
     def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
@@ -343,16 +337,12 @@ class RemoteCache:
             self.release(key)
         return fetched
 
-    def _claim(
-        self, key: str, expected: float | None, seen: Seen | None = None
-    ) -> tuple[Claim, Lease | None]:
+    def _claim(self, key: str, seen: Seen | None = None) -> tuple[Claim, Lease | None]:
         """leases.claim, counted; never raises (a failing store: none, and counted)."""
         if self.state == "off":
             return "none", None
         try:
-            claim, standing = self.leases.claim(
-                key, writable=self.state == "on", expected=expected, seen=seen
-            )
+            claim, standing = self.leases.claim(key, writable=self.state == "on", seen=seen)
         except RemoteError as error:
             self._failed(error, writing=True)
             return "none", None
@@ -362,10 +352,10 @@ class RemoteCache:
 
     def claim(self, key: str) -> Claim:
         """Takes a key's lease, or finds another's standing (see lease.py); never raises."""
-        return self._claim(key, None)[0]
+        return self._claim(key)[0]
 
     def _wait(
-        self, key: str, max_size: int, patience: float, expected: float | None
+        self, key: str, max_size: int, patience: float
     ) -> tuple[bytes, entry_format.Entry] | None:
         """Polls for the record while another host's lease stands, at most patience seconds;
         takes the lease over when it ends without one. None: compile here."""
@@ -389,7 +379,7 @@ class RemoteCache:
                 continue
             # Its holder released it without a record (its compile failed), or died:
             # of the hosts waiting, the one that replaces that version compiles.
-            claim, _ = self._claim(key, expected, seen)
+            claim, _ = self._claim(key, seen)
             if claim == "mine":
                 return self._led(key, max_size)
             if claim == "none":
