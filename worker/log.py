@@ -38,7 +38,8 @@ class Logger:
         return self._logger
 
     def _log(self, method: str, message: str, args: tuple[Any, ...], kwargs: Any) -> None:
-        # One frame more than a direct call: records name our caller, not this module.
+        # Two frames more than a direct call (this one and debug/info/...): records name
+        # our caller, not this module.
         kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2
         getattr(self.real(), method)(message, *args, **kwargs)
 
