@@ -102,8 +102,8 @@ class Manifest:
         """The remote cache tier a program the cache lacks is fetched from: its URL, None
         (PJRT_POOL_CACHE_REMOTE) or False (none); unused for a bundle."""
         self.prime_on_load = prime
-        """Whether each program runs once on zeros as it loads (Executable.prime), so that
-        its first real run is at the warm speed."""
+        """Whether each program is primed (run twice on zeros) as it loads (Executable.prime),
+        so that its first real run is at the warm speed."""
         self._executables: dict[str, Executable] = {}
         self._primed: dict[str, bool] = {}  # whether its priming run ran, once tried
         self._lock = threading.Lock()
@@ -156,7 +156,7 @@ class Manifest:
         """Loads programs (default: all) into this process and primes each once; returns
         the names whose priming run ran.
 
-        Priming runs a program once on zeros of its input types
+        Priming runs a program twice on zeros of its input types
         (Executable.prime says which programs it skips, and what a program
         can notice of it). Raises what executable() raises, for the first
         program that does not load.
@@ -253,7 +253,7 @@ def load_manifest(
     cannot use raises ValueError (TypeError for what is no URL). A bundle
     carries its executables: it takes no cache directory and no remote URL.
 
-    With prime, each program runs once on zeros as it loads (Manifest.prime_on_load),
+    With prime, each program is primed (run twice on zeros) as it loads (Manifest.prime_on_load),
     so that its first real run is at the warm speed; programs still load when
     first used, or all at once with Manifest.prime().
 

@@ -131,8 +131,8 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--prime",
         action="store_true",
-        help="run the program once on zeros as it loads (timed with loading), so that the "
-        "timed run is at the warm speed",
+        help="prime the program (run it twice on zeros) as it loads (timed with loading), so "
+        "that the timed run is at the warm speed",
     )
     run.add_argument(
         "--scheduler",
