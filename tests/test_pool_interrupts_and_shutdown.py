@@ -570,7 +570,7 @@ SWEEPS = {
     "submit": ("pool.submit(program, [x])", ()),
     # The caller waits for the result and reads the reply itself (futures.TaskFuture):
     # the task sleeps, so that the reply comes after the (traced, slow) caller waits.
-    "submit-result": ("waited(pool.submit(sleeper, [milliseconds(200)]))", ()),
+    "submit-result": ("waited(pool.submit(sleeper, [milliseconds(reply_after[0])]))", ()),
     # Inputs and outputs past the arena: segments made, recycled and given back.
     "run-large": ("pool.run(large, [big])", ()),
     "submit-large": ("pool.submit(large, [big])", ()),
@@ -617,6 +617,10 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
         large = lower(lambda v: v * 2.0, [sds(1 << 19)])  # 2 MiB in and out: segments
         big = np.ones(1 << 19, np.float32)
         held = []
+        # How long the sleeper takes (ms): longer while the points are traced, which slows
+        # the caller most (every opcode traced): at 200 ms its reply once came before the
+        # caller waited for it, on a loaded machine, and the manager read it.
+        reply_after = [200]
 
         def prepare(pool):
             pool.run(program, [x])
@@ -763,7 +767,9 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
 
         pool = Pool(workers=1, initializer=handler_initializer(handlers))
         prepare(pool)
+        reply_after[0] = 2000
         points = points_of(lambda: call(pool))
+        reply_after[0] = 200
         held.clear()
         pool.close()
         me, known = os.getpid(), set()
