@@ -35,6 +35,9 @@ DEFAULT_MIN_RATE = float(1 << 20)
 cache over): a lookup or publish of n bytes may take n / DEFAULT_MIN_RATE seconds more."""
 DEFAULT_RETRIES = 3
 """Retries of one request on throttling (429), 5xx answers and dropped connections."""
+MAX_SECONDS = 86400.0
+"""The most seconds a time setting of the tier takes (a day): every one bounds a wait, and
+the clocks and the store's client those waits go through overflow long before infinity."""
 
 Scheme = Literal["s3", "gs", "az", "file", "http", "https"]
 SCHEMES: tuple[Scheme, ...] = ("s3", "gs", "az", "file", "http", "https")
@@ -148,8 +151,8 @@ def plain_http(location: RemoteLocation) -> bool:
 
 
 def seconds_from_environment(name: str, default: float) -> float:
-    """A number of seconds above 0 from the environment, default when unset or empty; raises
-    ValueError naming the variable if malformed."""
+    """A number of seconds above 0 and at most MAX_SECONDS from the environment, default when
+    unset or empty; raises ValueError naming the variable and the range otherwise."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -157,8 +160,10 @@ def seconds_from_environment(name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name}={text!r}: give a number of seconds above 0")
+    if not 0 < value <= MAX_SECONDS:  # NaN fails both
+        raise ValueError(
+            f"{name}={text!r}: give a number of seconds above 0 and at most {MAX_SECONDS:g} (a day)"
+        )
     return value
 
 
