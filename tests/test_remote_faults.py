@@ -9,10 +9,15 @@ fixture). Every child is waited for with a timeout, so that a stall fails, never
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 from cache_helpers import load_program, lowered
 
 import worker
+from worker.cache.remote import parse_remote
 
 LEASE_ENV = "PJRT_POOL_CACHE_REMOTE_LEASE"
 
@@ -52,3 +57,77 @@ def test_every_time_setting_takes_seconds_above_0_up_to_a_day(monkeypatch, value
         monkeypatch.delenv(name)
     monkeypatch.setenv(TIMEOUT_ENV, "86400")
     assert Limits.from_environment().timeout == 86400.0
+
+
+# 6. Errors as a user meets them on the command line.
+
+SETTINGS = {
+    "public key": ("PJRT_POOL_CACHE_PUBLIC_KEY", "zz"),
+    "key file mode": ("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", "{key_file}"),
+    "timeout": ("PJRT_POOL_CACHE_REMOTE_TIMEOUT", "abc"),
+    "deadline": ("PJRT_POOL_CACHE_REMOTE_DEADLINE", "inf"),
+}
+COMMANDS = {
+    "warm": ["warm", "spec.py"],
+    "run": ["run", "m.json", "add"],
+    "cache push": ["cache", "push"],
+    "cache pull": ["cache", "pull"],
+    "cache gc": ["cache", "gc", "--older-than", "30d"],
+}
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch) -> Path:
+    """A directory with a spec, a manifest and a remote, as the commands below name them."""
+    from test_cli_errors import TINY_SPEC
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.py").write_text(TINY_SPEC)
+    (tmp_path / "m.json").write_text('{"format": 1, "programs": []}')
+    monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE", f"file://{tmp_path}/remote")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_remote_setting_the_tier_cannot_use_is_one_line_and_exit_2(
+    workspace, monkeypatch, capsys, command, setting
+):
+    from pool.cli.main import main
+    from worker.cache.remote import generate_private_key
+
+    name, value = SETTINGS[setting]
+    if setting == "key file mode":
+        generate_private_key(workspace / "ci.pem")
+        os.chmod(workspace / "ci.pem", 0o644)
+        value = str(workspace / "ci.pem")
+    monkeypatch.setenv(name, value)
+    assert main(COMMANDS[command]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].count(name) == 1, lines
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_remote_url_with_an_empty_segment_is_a_usage_error(workspace, capsys, command):
+    from pool.cli.main import main
+
+    url = "s3://bucket//prefix"
+    assert main([*COMMANDS[command], "--remote", url]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--remote" in lines[0] and "empty segment" in lines[0], lines
+    with pytest.raises(ValueError, match="empty segment"):
+        parse_remote("file:///srv//cache")
+
+
+@pytest.mark.parametrize("command", ["push", "pull"])
+def test_a_manifest_key_that_is_not_one_is_a_usage_error_for_push_and_pull(
+    workspace, capsys, command
+):
+    from pool.cli.main import main
+
+    program = {"name": "add", "key": "zz", "platform": "cpu", "input_types": None}
+    program |= {"output_types": [], "output_bytes": []}
+    (workspace / "bad.json").write_text(json.dumps({"format": 1, "programs": [program]}))
+    assert main(["cache", command, "--manifest", "bad.json"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "'zz'" in lines[0] and "64" in lines[0], lines

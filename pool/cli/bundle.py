@@ -145,10 +145,7 @@ def _problem(error: Exception) -> int:
 
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
-    try:
-        remote = open_remote_option(args.remote)
-    except ValueError as error:  # the tier's other settings: time limits, signing keys
-        return _problem(error)
+    remote = open_remote_option(args.remote)  # UsageError for a URL or setting it cannot use
     programs = []
     caches: dict[str | None, DiskCache] = {}
     for path in args.manifests:

@@ -115,8 +115,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _checked(command: Any) -> Any:
-    """Wraps a command so that a bad setting, an untrusted cache or a failing remote exits 1
-    (a bad --remote URL is a UsageError: exit 2)."""
+    """Wraps a command so that an unusable local cache or a failing remote exits 1 (a bad
+    --remote URL, remote setting or manifest is a UsageError: exit 2)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -147,11 +147,14 @@ def _remote(args: argparse.Namespace, writing: bool) -> RemoteCache:
 def _manifest_keys(args: argparse.Namespace) -> list[str] | None:
     if not args.manifest:
         return None
-    from pool.manifest import load_manifest
+    from pool.manifest import ManifestError, load_manifest
 
-    manifest = load_manifest(args.manifest, args.cache_dir)
+    try:  # a manifest that does not load (a key that is none, say), as for `run`: exit 2
+        manifest = load_manifest(args.manifest, args.cache_dir)
+    except ManifestError as error:
+        raise UsageError(str(error)) from None
     if manifest.bundle is not None:
-        raise ValueError(f"{args.manifest} is a bundle: it carries its executables")
+        raise UsageError(f"{args.manifest} is a bundle: it carries its executables")
     return [manifest.spec(name).key for name in manifest.names]
 
 

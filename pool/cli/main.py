@@ -18,6 +18,13 @@ Exit codes, for every command:
 A command reports a user's mistake by raising UsageError: main prints its
 message as one line on stderr and exits 2. Any other exception is a bug (or
 a failure the command did not foresee) and keeps its traceback.
+
+The caches warn of what they could not do (worker.cache's
+CacheUnavailableWarning, the remote tier's RemoteCacheWarning) both through
+their logger, one line on stderr, and as a Python warning, for programs that
+catch or filter those: while a command runs, such a warning is not printed a
+second time (with the file and line that raised it); it is still raised, for
+whoever records warnings.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import importlib
 import logging
 import os
 import sys
+import warnings
+from typing import Any
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -76,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("pjrt-pool: error: name a command", file=sys.stderr)
         return EXIT_USAGE
+    formatting = warnings.formatwarning
+    warnings.formatwarning = _format_warning
     try:
         code = int(run(args))
     except UsageError as error:
@@ -84,9 +95,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    finally:
+        warnings.formatwarning = formatting  # a caller's process, as it was
     if argv is None and getattr(args, "exit_at_once", False):
         exit_at_once(code)
     return code
+
+
+_python_format_warning = warnings.formatwarning
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: Any = None
+) -> str:
+    """A warning's text as Python prints it; nothing for the caches' own, which their logger
+    printed already (recording them, as pytest.warns does, formats nothing)."""
+    # Imported here, when something warns: by then whatever warned has imported it.
+    from worker.cache.store import CacheUnavailableWarning
+
+    if issubclass(category, CacheUnavailableWarning):
+        return ""
+    return _python_format_warning(message, category, filename, lineno, line)
 
 
 def exit_at_once(code: int) -> None:

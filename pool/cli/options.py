@@ -6,8 +6,11 @@ usage error. ``--remote
 URL`` (``add_remote_option``) names the remote cache tier, by default
 PJRT_POOL_CACHE_REMOTE; ``remote_url`` and ``open_remote_option`` check it as
 the remote tier parses it, and a URL it cannot use is a UsageError naming
-where the URL came from: exit 2 for every command that takes it. The remote
-tier's modules are imported only when a command asks for its remote.
+where the URL came from: exit 2 for every command that takes it.
+``open_remote_option`` also reads the tier's other settings (time limits,
+signing keys), and one it cannot use is a UsageError naming the variable.
+The remote tier's modules are imported only when a command asks for its
+remote.
 """
 
 from __future__ import annotations
@@ -69,12 +72,16 @@ def remote_url(option: str | None) -> str | None:
 def open_remote_option(option: str | None) -> RemoteCache | None:
     """Returns this process's remote tier for the option (default: the variable), or None.
 
-    Raises UsageError for a bad URL (remote_url), and ValueError for a bad
-    setting of the tier's other variables (time limits, signing keys).
+    Raises UsageError for a bad URL (remote_url), or a setting of the tier's
+    other variables it cannot use (time limits, signing keys, a key file
+    others can read): the user fixes the command line or the environment.
     """
     url = remote_url(option)
     if url is None:
         return None
     from worker.cache.remote import open_remote
 
-    return open_remote(url)
+    try:
+        return open_remote(url)
+    except ValueError as error:  # its message names the variable and what to write
+        raise UsageError(str(error)) from None

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
-from pool.cli.options import add_remote_option, remote_url
+from pool.cli.options import add_remote_option, open_remote_option, remote_url
 from pool.cli.paths import input_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
@@ -172,10 +172,12 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         )
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
-    remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
-    if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
+    if args.scheduler is None:  # a cluster's nodes have their own plugins, caches and settings
+        open_remote_option(args.remote)  # UsageError for a URL or setting the tier cannot use
         _check_cache_dir(args.cache_dir)
         _check_plugin(args.platform or default_platform(), "--platform")
+    else:
+        remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
 
 
 def _check_manifest_path(path: Path) -> None:
@@ -318,6 +320,8 @@ def _run(args: argparse.Namespace) -> int:
     input_file(args.manifest, "the manifest")
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
+    if remote is not None and not args.scheduler:  # else the nodes', with their settings
+        open_remote_option(remote)  # UsageError for a setting the tier cannot use
     try:
         manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime, remote=remote)
         if args.name is None:

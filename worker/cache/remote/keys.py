@@ -125,8 +125,9 @@ def keys_from_environment() -> RecordKeys | None:
         return RecordKeys(public)
     from cryptography.hazmat.primitives import serialization
 
+    pem = _private_file(private_path)  # its ValueError names the variable already
     try:
-        private = serialization.load_pem_private_key(_private_file(private_path), password=None)
+        private = serialization.load_pem_private_key(pem, password=None)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{PRIVATE_KEY_FILE_ENV}={private_path}: {error}") from None
     if not isinstance(private, ed25519.Ed25519PrivateKey):

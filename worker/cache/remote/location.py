@@ -108,6 +108,11 @@ def parse_remote(url: str, read_only: bool | None = None) -> RemoteLocation:
             raise ValueError(f"{redact(url)!r}: a file URL names an absolute path, file:///dir")
     elif not parts.netloc:
         raise ValueError(f"{redact(url)!r} names no bucket, container or host")
+    if "//" in parts.path:
+        raise ValueError(
+            f"{redact(url)!r}: its path has an empty segment (//), which the store refuses; "
+            "write one slash between names"
+        )
     explicit = _flag(READ_ONLY_ENV) if read_only is None else read_only
     return RemoteLocation(url, scheme, explicit or scheme in READ_ONLY_SCHEMES)  # type: ignore[arg-type]
 
