@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 from cache_helpers import load_program, lowered
+from remote_helpers import S3_ENV
+from test_remote_cache import host, programs
+from test_remote_fleet import pjrt_pool
 
 import worker
 from worker.cache.remote import parse_remote
@@ -30,6 +34,32 @@ def key_of_program(path: str) -> str:
 def damaged(data: bytes) -> bytes:
     """data with one byte flipped near its end: the same size, another SHA-256."""
     return data[:-7] + bytes([data[-7] ^ 0x10]) + data[-6:]
+
+
+# 1. A push to a bucket that does not exist.
+
+
+@pytest.mark.slow
+def test_a_push_to_a_bucket_that_does_not_exist_fails_and_names_it(tmp_path, s3_endpoint):
+    (p,) = programs(tmp_path, 40)
+    host(tmp_path, "a", [p], {"PJRT_POOL_CACHE_REMOTE": ""})  # compiled locally only
+    bucket = f"no-such-{uuid.uuid4().hex[:12]}"
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "PJRT_POOL_CACHE_REMOTE": ""}
+    push = ["cache", "push", "--remote", f"s3://{bucket}/x", "--cache-dir"]
+    code, report, err = pjrt_pool(*push, str(tmp_path / "cache-a"), "--json", env=env)
+    assert code == 1, err
+    assert report["counts"] == {"failed": 1}, report
+    # Said once, as one line naming the bucket (never also as a raw Python warning).
+    said = [line for line in err.splitlines() if bucket in line]
+    assert len(said) == 1 and "does not exist" in said[0], err
+    assert "RemoteCacheWarning" not in err and "Traceback" not in err, err
+
+    # compile_program on a host whose remote is that bucket: an error, warned, not "there".
+    b = host(tmp_path, "b", [p], {**env, "PJRT_POOL_CACHE_REMOTE": f"s3://{bucket}/x"})
+    assert b["stats"][0]["compiled"] == 1
+    assert b["remote"]["already_there"] == 0 and b["remote"]["published"] == 0
+    assert b["remote"]["errors"] == 1, b["remote"]
+    assert [w for w in b["warnings"] if bucket in w and "does not exist" in w], b["warnings"]
 
 
 # 4. Limits the code cannot use.

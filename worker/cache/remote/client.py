@@ -104,6 +104,8 @@ class Failure(enum.Enum):
 
     DENIED = "denied"
     """401/403: this process may not do that (no retry helps)."""
+    MISSING = "missing"
+    """The URL's bucket (or container) does not exist (no retry helps)."""
     UNAVAILABLE = "unavailable"
     """Refused, reset, timed out, throttled or failing past the retries."""
     TOO_LARGE = "too large"
@@ -121,6 +123,17 @@ class RemoteError(Exception):
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0][:300] if text else type(error).__name__
+
+
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist")
+"""What S3 (and S3-compatible servers, and GCS's XML API), Azure and GCS's JSON API answer for
+a bucket or container that does not exist: a 404 the client reports as it reports a missing
+object."""
+
+
+def _names_no_bucket(error: BaseException) -> bool:
+    text = str(error)
+    return any(code in text for code in _NO_BUCKET)
 
 
 class ObjectClient:
@@ -185,6 +198,16 @@ class ObjectClient:
         """Where a file:// remote keeps an object."""
         return self._root() / path
 
+    def _no_bucket(self, what: str) -> RemoteError:
+        """The error for an answer that the URL's bucket (or container) does not exist."""
+        kind = "container" if self.location.scheme == "az" else "bucket"
+        name = urlsplit(self.location.shown).netloc
+        return RemoteError(
+            Failure.MISSING,
+            f"{what}: the {kind} {name!r} does not exist (the store answered 404); create it, "
+            f"or name an existing {kind} in the URL",
+        )
+
     def _root(self) -> Path:
         return Path(unquote(urlsplit(self.location.url).path))
 
@@ -210,6 +233,8 @@ class ObjectClient:
             raise RemoteError(Failure.UNAVAILABLE, f"{what}: no answer within the deadline")
         error = box.get("error")
         if isinstance(error, Exception) and not isinstance(error, RemoteError):
+            if _names_no_bucket(error):
+                raise self._no_bucket(what) from None
             raise _classified(error, what) from None  # the store's own, named by what it did
         if error is not None:
             raise error
@@ -247,7 +272,9 @@ class ObjectClient:
         def call() -> Versioned | None:
             try:
                 result = obstore.get(store, path)
-            except FileNotFoundError:
+            except FileNotFoundError as error:
+                if _names_no_bucket(error):
+                    raise
                 return None
             size, etag = _version(path, result.meta)
             if size > max_size:
@@ -299,9 +326,16 @@ class ObjectClient:
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         def call() -> Written:
+            # Only a failed precondition is "not written". A 404 to a create-only put
+            # (FileNotFoundError) can only mean that there is no bucket; a 404 to an
+            # If-Match put is a PreconditionError, and names the bucket if it is that.
             try:
                 result = obstore.put(store, path, data, mode=mode)
-            except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+            except FileNotFoundError:
+                raise self._no_bucket(f"writing {path}") from None
+            except (AlreadyExistsError, PreconditionError) as error:
+                if _names_no_bucket(error):
+                    raise
                 return Written(False)
             return Written(True, _etag(result.get("e_tag")))
 
@@ -343,7 +377,9 @@ class ObjectClient:
         def call() -> ObjectVersion | None:
             try:
                 return _version(path, obstore.head(store, path))
-            except FileNotFoundError:
+            except FileNotFoundError as error:
+                if _names_no_bucket(error):
+                    raise
                 return None
 
         return self._bounded(call, deadline, f"asking for {path}")
@@ -398,7 +434,9 @@ class ObjectClient:
         def call() -> tuple[ObjectVersion, bytes] | None:
             try:
                 result = obstore.get(store, path, options={"range": {"suffix": length}})
-            except FileNotFoundError:
+            except FileNotFoundError as error:
+                if _names_no_bucket(error):
+                    raise
                 return None
             version = _version(path, result.meta)
             data = bytes(result.bytes())
