@@ -814,8 +814,9 @@ def test_gs_and_azure_endpoints_given_as_plain_http_are_reached(monkeypatch):
     assert seen == ["/bucket/fleet%2Fx", "/account/container/fleet/x"]
 
 
-def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects_else_one_lease():
-    from worker.cache.remote.lease import MAX_HOLD, POLL_MAX, Lease, decode_lease
+def test_a_waiter_waits_one_lease_length_or_twice_the_compile_time_expected_if_shorter():
+    """Never longer than its own lease length, whatever a lease says (leases are unsigned)."""
+    from worker.cache.remote.lease import POLL_MAX, Lease, decode_lease
 
     key = key_of({"a": 2})
     expecting = Lease(key, "host:1:0", time.time() + 60, expected=5.0)
@@ -823,5 +824,6 @@ def test_a_waiter_waits_about_twice_the_compile_time_the_holder_expects_else_one
     assert expecting.patience(120.0) == 2 * 5.0 + POLL_MAX
     unknown = Lease(key, "host:1:0", time.time() + 60)
     assert decode_lease(unknown.encode(), key) == unknown and unknown.patience(120.0) == 120.0
-    assert Lease(key, "host:1:0", time.time() + 60, expected=1e6).patience(120.0) == MAX_HOLD
+    assert Lease(key, "host:1:0", time.time() + 60, expected=1e6).patience(120.0) == 120.0
+    assert Lease(key, "host:1:0", time.time() + 1e9, expected=1e9).patience(2.0) == 2.0
     assert decode_lease(expecting.encode().replace(b"5.0", b"-1"), key) is None

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from cache_helpers import load_program, lowered
+from cache_helpers import finish, kill, load_program, lowered, start, wait_for
 from remote_helpers import S3_ENV
-from test_remote_cache import host, programs
+from test_remote_cache import HOST, close, expected, host, host_spec, programs
 from test_remote_fleet import pjrt_pool
 
 import worker
 from worker.cache.remote import parse_remote
+from worker.cache.remote.lease import Lease, lease_name
 
 LEASE_ENV = "PJRT_POOL_CACHE_REMOTE_LEASE"
 
@@ -60,6 +62,68 @@ def test_a_push_to_a_bucket_that_does_not_exist_fails_and_names_it(tmp_path, s3_
     assert b["remote"]["already_there"] == 0 and b["remote"]["published"] == 0
     assert b["remote"]["errors"] == 1, b["remote"]
     assert [w for w in b["warnings"] if bucket in w and "does not exist" in w], b["warnings"]
+
+
+# 2. A planted lease.
+
+
+@pytest.mark.slow
+def test_a_planted_lease_holds_a_host_no_longer_than_its_own_lease_length(tmp_path, remote):
+    (p,) = programs(tmp_path, 41)
+    key = key_of_program(p)
+    # Unsigned, so anyone who can write the bucket can: "a compile of 30 years, until 2057".
+    planted = Lease(key, "mallory:1:0", time.time() + 1e9, expected=1e9)
+    remote.write(lease_name(key), planted.encode())
+    b = host(tmp_path, "b", [p], {**remote.env, LEASE_ENV: "2"}, timeout=40)
+    assert b["stats"][0]["compiled"] == 1 and b["remote"]["waited"] == 0
+    assert close(b["outputs"][0][0], expected(41))
+    assert 1.5 < b["remote_seconds"] < 2 + 5, b  # one lease length (2 s), and the requests
+    assert b["remote"]["published"] == 1
+
+
+# 3. A lease holder that dies while two hosts wait.
+
+HOLDER = r"""
+import json, sys, time
+spec = json.loads(sys.argv[1])
+from worker.cache.remote import open_remote
+tier = open_remote()
+assert tier.claim(spec["key"]) == "mine", tier.counters
+open(spec["ready"], "w").close()
+time.sleep(300)  # compiling, until it is killed
+"""
+
+
+@pytest.mark.slow
+def test_when_a_lease_holder_dies_one_waiting_host_takes_over_and_the_other_waits(tmp_path, remote):
+    (p,) = programs(tmp_path, 42)
+    key = key_of_program(p)
+    env = {**remote.env, LEASE_ENV: "3"}
+    barrier = tmp_path / "go"
+    waiters = []
+    for name in "bc":
+        spec = {**host_spec(tmp_path, name, [p]), "ready": str(tmp_path / f"ready-{name}")}
+        waiters.append(start({**spec, "barrier": str(barrier)}, env, code=HOST))
+    try:
+        for name, child in zip("bc", waiters, strict=True):
+            wait_for(tmp_path / f"ready-{name}", child)  # plugins loaded: they miss together
+        # Host A takes the key's lease and is killed before its first renewal (1 s).
+        holder = start({"key": key, "ready": str(tmp_path / "held")}, env, code=HOLDER)
+        try:
+            wait_for(tmp_path / "held", holder)
+        finally:
+            kill(holder)
+        barrier.touch()  # B and C miss the key while A's dead lease still stands (3 s)
+        reports = [finish(child, 60) for child in waiters]
+    finally:
+        for child in waiters:
+            if child.poll() is None:
+                kill(child)
+    compiled = sorted(r["stats"][0]["compiled"] for r in reports)
+    assert compiled == [0, 1], [r["remote"] for r in reports]
+    assert sorted(r["remote"]["waited"] for r in reports) == [0, 1]
+    assert sum(r["remote"]["leases"] for r in reports) == 1  # one took A's lease over
+    assert all(close(r["outputs"][0][0], expected(42)) for r in reports)
 
 
 # 4. Limits the code cannot use.

@@ -16,16 +16,24 @@ it did not read:
 - a lease that expired (its holder died, or stopped renewing after
   MAX_HOLD), or one that cannot be read (garbage, oversized: counted and
   warned about), is taken over by the first waiter to replace that version;
-  the others go on waiting, now for the new holder;
+  the others go on waiting, now for the new holder, afresh;
 - the holder releases its lease after publishing (or when its compile
   fails) by replacing its own version with one that has expired: a holder
   whose lease was taken over meanwhile changes nothing;
 - nothing deletes a lease but ``pjrt-pool cache gc --remote`` (eviction.py),
   and only one that expired long ago.
 
-A waiter waits at most about twice the compile time the holder expects, when
-its lease says one, else one lease length (LEASE_ENV); then it compiles
-itself: a slow or stuck holder costs a second compile, never a stall. Correctness never
+A waiter waits for each holder at most one lease length of its own
+(LEASE_ENV), never longer whatever a lease says: leases are unsigned, and
+anyone who can write the bucket can write one (a lease that names the
+compile time its holder expects, which this version never writes, only
+shortens that, to about twice it). A holder whose lease ends without a
+record (it died, or its compile failed) is taken over at the latest at the
+end of that wait; a waiter that loses the race waits on the winner afresh,
+so of the hosts waiting one compiles and the others fetch. A waiter
+compiles itself when a lease still stands at the end of its wait, or after
+MAX_HOLDERS holders: a slow or stuck holder costs a second compile, never
+a stall longer than MAX_HOLDERS lease lengths. Correctness never
 depends on a lease: a remote entry is verified wherever it came from, and
 two hosts that both compile (clocks apart, a store whose conditional writes
 are not atomic) only do the work twice, and publish create-only.
@@ -60,6 +68,9 @@ MAX_HOLD = 3600.0
 stuck, and the hosts waiting for it compile themselves once the lease expires."""
 TAKE_TRIES = 3
 """Races for one lease a claim takes part in before it gives up (and compiles)."""
+MAX_HOLDERS = 3
+"""Holders of one key a waiter waits on in turn (a dead one, the waiter that took it over,
+...), one lease length each, before it compiles itself."""
 
 Claim = Literal["mine", "theirs", "none"]
 """mine: this process holds the key's lease and compiles; theirs: another does, wait;
@@ -92,8 +103,8 @@ class Lease:
     expires: float
     expected: float | None = None
     """Seconds the holder expects its compile to take, if its lease says (see patience). This
-    version writes none (nothing here knows a compile's time before it ends); it honours one
-    it reads."""
+    version writes none (nothing here knows a compile's time before it ends); one it reads
+    only shortens a wait."""
 
     def encode(self) -> bytes:
         """The lease's JSON bytes."""
@@ -106,14 +117,14 @@ class Lease:
         """Whether the lease no longer stands (it expired, or its holder released it)."""
         return (time.time() if now is None else now) >= self.expires
 
-    def patience(self, unknown: float) -> float:
-        """Seconds a host waits for the record while this lease stands: about twice the
-        compile time its holder expects, else `unknown` (the waiter's lease length: a
-        compile nobody has a time for is expected to take at most one lease); then it
-        compiles itself."""
+    def patience(self, longest: float) -> float:
+        """Seconds a host waits for the record while this lease stands: `longest` (the
+        waiter's own lease length: a compile is expected to take at most one lease), or
+        about twice the compile time the holder expects where that is shorter; then it
+        compiles itself. Never longer than `longest`, whatever the lease says."""
         if self.expected is None:
-            return unknown
-        return min(MAX_HOLD, 2 * self.expected + POLL_MAX)
+            return longest
+        return min(longest, 2 * self.expected + POLL_MAX)
 
 
 def _number(value: object) -> bool:

@@ -18,7 +18,8 @@ create-only (layout.py). Each says what happened as one of a closed set
 - a write answered 401/403: the process goes on read-only, with one warning.
 
 A miss that will be compiled takes the key's lease (lease.py), or waits for
-the host that holds it.
+the host that holds it (one lease length of this process's per holder, at
+most MAX_HOLDERS holders).
 
 Nothing here raises for the remote's sake: the caller compiles instead.
 """
@@ -50,6 +51,7 @@ from worker.cache.remote.layout import (
     record_name,
 )
 from worker.cache.remote.lease import (
+    MAX_HOLDERS,
     POLL_FIRST,
     POLL_MAX,
     Claim,
@@ -326,7 +328,7 @@ class RemoteCache:
         if claim == "mine":
             return self._led(key, max_size)
         if claim == "theirs" and standing is not None:
-            return self._wait(key, max_size, standing.patience(self.leases.seconds))
+            return self._wait(key, max_size, standing)
         return None
 
     def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
@@ -355,14 +357,34 @@ class RemoteCache:
         return self._claim(key)[0]
 
     def _wait(
-        self, key: str, max_size: int, patience: float
+        self, key: str, max_size: int, lease: Lease
     ) -> tuple[bytes, entry_format.Entry] | None:
-        """Polls for the record while another host's lease stands, at most patience seconds;
-        takes the lease over when it ends without one. None: compile here."""
+        """Waits on another host's lease of key (lease.py): for each holder in turn, at most
+        MAX_HOLDERS, one patience (_wait_on). None: compile here."""
+        for _ in range(MAX_HOLDERS):
+            outcome = self._wait_on(key, max_size, lease)
+            if not isinstance(outcome, Lease):
+                return outcome
+            lease = outcome  # a new holder: waited on afresh
+        return None
+
+    def _wait_on(
+        self, key: str, max_size: int, lease: Lease
+    ) -> tuple[bytes, entry_format.Entry] | Lease | None:
+        """Polls for the record while lease's holder holds the key, for at most the lease's
+        patience (this process's lease length at most: Lease.patience), looking once more at
+        its end. Returns the entry; the lease of a new holder (another waiter took it over);
+        or None: compile here (the lease still stands at the end, the remote failed).
+
+        A lease that ended without a record is taken over (_claim): this
+        process then compiles, unless another waiter took it first.
+        """
         pause = POLL_FIRST
-        give_up = time.monotonic() + patience
-        while time.monotonic() < give_up:
-            time.sleep(pause)
+        give_up = time.monotonic() + lease.patience(self.leases.seconds)
+        while True:
+            left = give_up - time.monotonic()
+            last = left <= pause
+            time.sleep(max(0.0, min(pause, left)))
             pause = min(pause * 2, POLL_MAX)
             found = self.lookup(key, max_size, count_miss=False)
             if found.outcome is Fetched.HIT:
@@ -375,16 +397,18 @@ class RemoteCache:
             except RemoteError as error:
                 self._failed(error, writing=False)
                 return None
-            if seen.standing:
+            if seen.standing and seen.lease is not None:
+                if seen.lease.holder != lease.holder:
+                    return seen.lease
+                if last:
+                    return None  # its holder is slow or stuck: a second compile, not a stall
                 continue
             # Its holder released it without a record (its compile failed), or died:
             # of the hosts waiting, the one that replaces that version compiles.
-            claim, _ = self._claim(key, seen)
+            claim, standing = self._claim(key, seen)
             if claim == "mine":
                 return self._led(key, max_size)
-            if claim == "none":
-                return None
-        return None
+            return standing if claim == "theirs" else None
 
     def release(self, key: str) -> None:
         """Ends this process's lease of key, if it holds one (never raises; see lease.py)."""
