@@ -153,8 +153,12 @@ def test_a_damaged_remote_object_is_refused_and_recompiled(tmp_path, remote, dam
     assert close(b["outputs"][0][0], expected(1))
     refused = [w for w in b["warnings"] if "refused the entry" in w]
     assert len(refused) == 1, b["warnings"]
-    # The damage stays (nothing overwrites), and is refused again, never loaded.
-    assert b["remote"]["already_there"] == 1 and b["remote"]["published"] == 0
+    # B's publish mends the damage (conditionally on the version read), never loads it.
+    assert b["remote"]["repaired"] == 1 and b["remote"]["already_there"] == 0
+    assert b["remote"]["published"] == 0
+    c = host(tmp_path, "c", [p], remote.env)
+    assert c["stats"][0]["compiled"] == 0 and c["remote"]["hits"] == 1
+    assert c["remote"]["refused"] == 0 and c["outputs"] == b["outputs"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ fixture). Every child is waited for with a timeout, so that a stall fails, never
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -17,13 +18,17 @@ from pathlib import Path
 
 import pytest
 from cache_helpers import finish, kill, load_program, lowered, start, wait_for
-from remote_helpers import S3_ENV
+from remote_helpers import S3_ENV, record_bytes, record_fields
 from test_remote_cache import HOST, close, expected, host, host_spec, programs
+from test_remote_cache import _entry as entry
+from test_remote_cache import _tier as tier
 from test_remote_fleet import pjrt_pool
 
 import worker
-from worker.cache.remote import parse_remote
+from worker.cache.remote import RemoteCacheWarning, parse_remote
+from worker.cache.remote.layout import blob_name, record_name
 from worker.cache.remote.lease import Lease, lease_name
+from worker.cache.remote.tier import Published
 
 LEASE_ENV = "PJRT_POOL_CACHE_REMOTE_LEASE"
 
@@ -225,3 +230,87 @@ def test_a_manifest_key_that_is_not_one_is_a_usage_error_for_push_and_pull(
     assert main(["cache", command, "--manifest", "bad.json"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "'zz'" in lines[0] and "64" in lines[0], lines
+
+
+# 7. Damage a reader refuses is mended by the next publish.
+
+
+def test_a_blob_damaged_in_place_is_replaced_by_the_next_publish(remote, monkeypatch):
+    key, parts, data = entry(44)
+    assert tier(remote, monkeypatch).publish(key, parts, data) is Published.WRITTEN
+    blob = blob_name(hashlib.sha256(data).hexdigest())
+    remote.write(blob, damaged(remote.read(blob)))
+    b = tier(remote, monkeypatch)
+    with pytest.warns(RemoteCacheWarning, match="refused the entry"):
+        assert b.fetch(key, 1 << 20) is None
+    _, _, again = entry(44)  # host B compiles it again: other bytes
+    assert b.publish(key, parts, again) is Published.REPAIRED
+    assert b.counters.repaired == 1 and b.counters.already_there == 0
+    fetched = b.fetch(key, 1 << 20)  # B's own refusal is mended too
+    assert fetched is not None and fetched[0] == again
+    fetched = tier(remote, monkeypatch).fetch(key, 1 << 20)
+    assert fetched is not None and fetched[0] == again
+    assert tier(remote, monkeypatch).publish(key, parts, again) is Published.ALREADY_THERE
+
+
+def test_cache_push_rewrites_a_blob_damaged_in_place_and_counts_it_repaired(
+    remote, monkeypatch, tmp_path
+):
+    from worker.cache.remote import push
+    from worker.cache.store import DiskCache
+
+    key, _, data = entry(45)
+    cache = DiskCache(tmp_path / "local")
+    assert cache.publish_file(key, data)
+    assert push(tier(remote, monkeypatch), cache).counts() == {"written": 1}
+    blob = blob_name(hashlib.sha256(data).hexdigest())
+    remote.write(blob, damaged(data))  # the same name: the blob of the very bytes pushed
+    report = push(tier(remote, monkeypatch), cache)
+    assert report.counts() == {"repaired": 1} and report.ok
+    assert remote.read(blob) == data
+    fetched = tier(remote, monkeypatch).fetch(key, 1 << 20)
+    assert fetched is not None and fetched[0] == data
+    assert push(tier(remote, monkeypatch), cache).counts() == {"already there": 1}
+
+
+def test_an_unsigned_record_planted_under_the_signers_name_is_replaced_by_the_next_publish(
+    tmp_path, remote, monkeypatch
+):
+    from worker.cache.remote import Limits, RemoteCache, generate_private_key
+    from worker.cache.remote.keys import RecordKeys, keys_from_environment
+
+    for name, value in remote.env.items():
+        monkeypatch.setenv(name, value)
+    public = generate_private_key(tmp_path / "ci.pem")
+    monkeypatch.setenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE", str(tmp_path / "ci.pem"))
+    keys = keys_from_environment()
+    monkeypatch.delenv("PJRT_POOL_CACHE_PRIVATE_KEY_FILE")
+    assert keys is not None and keys.raw_public.hex() == public
+    location, limits = parse_remote(remote.url, read_only=False), Limits(timeout=2, deadline=4)
+
+    def signed(private: bool) -> RemoteCache:
+        return RemoteCache(location, limits, keys=keys if private else RecordKeys(keys.public))
+
+    key, parts, data = entry(46)
+    # An attacker, holding no private key, plants a record under CI's name and its blob.
+    _, _, planted = entry(46)
+    digest = hashlib.sha256(planted).hexdigest()
+    remote.write(blob_name(digest), planted)
+    fields = {"format": 2, "key": key, "parts": parts, "sha256": digest}
+    fields |= {"size": len(planted), "signer": keys.signer}
+    remote.write(record_name(key, keys.signer), record_bytes(fields))
+    with pytest.warns(RemoteCacheWarning, match="signature"):
+        assert signed(private=False).fetch(key, 1 << 20) is None
+    ci = signed(private=True)
+    assert ci.publish(key, parts, data) is Published.REPAIRED and ci.counters.repaired == 1
+    fetched = signed(private=False).fetch(key, 1 << 20)
+    assert fetched is not None and fetched[0] == data
+    assert record_fields(remote.read(record_name(key, keys.signer)))["sha256"] != digest
+
+
+def test_a_record_of_a_newer_format_is_left_by_a_publish(remote, monkeypatch):
+    key, parts, data = entry(47)
+    newer = b"pjrt-pool remote record 3 -\n{}"
+    remote.write(record_name(key, "unsigned"), newer)
+    assert tier(remote, monkeypatch).publish(key, parts, data) is Published.ALREADY_THERE
+    assert remote.read(record_name(key, "unsigned")) == newer

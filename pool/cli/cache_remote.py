@@ -68,7 +68,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common, remote],
         help="publish local entries to the remote cache",
         description="Publishes every local entry (or a manifest's) to the remote, create-only: "
-        "reports how many were written, were there already, or were refused.",
+        "reports how many were written, repaired (there, but gone or damaged), were there "
+        "already, or were refused.",
     )
     push.add_argument("--manifest", metavar="FILE", help="push only the programs of a manifest")
     push.set_defaults(run=_checked(_push), prog=push.prog)

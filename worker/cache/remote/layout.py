@@ -17,7 +17,9 @@ unsigned records. The signature is apart from the body so that a reader
 checks it over the raw bytes before it parses anything (verify.py). Format 1
 (a JSON object with the signature inside, pjrt-pool before this layout) is
 refused as older (OldRecordError): a reader takes it for a miss, and the next
-publish replaces it.
+publish replaces it. A record of a newer format (NewRecordError), written by
+a newer pjrt-pool sharing the remote, is refused and left alone: neither
+replaced by a publish nor taken by a collection to name no blob.
 
 The blob is written first and the record last, both create-only, so a
 record never names a blob that is not whole. A record is replaced only by
@@ -86,6 +88,10 @@ class OldRecordError(BadRecordError):
     """A remote record of an older format: unused, and replaced by the next publish."""
 
 
+class NewRecordError(BadRecordError):
+    """A remote record of a newer format (a newer pjrt-pool's): unused, and left as it is."""
+
+
 @dataclass(frozen=True)
 class Record:
     """A key's commit point: which entry file holds it."""
@@ -139,7 +145,10 @@ def split_record(data: bytes) -> tuple[str | None, bytes]:
     words = header[len(RECORD_MAGIC) + 1 :].split(b" ")
     if len(words) != 2 or words[0] != b"%d" % RECORD_FORMAT:
         found = words[0][:16].decode("ascii", "replace")
-        raise BadRecordError(f"the record is of format {found!r}; this pjrt-pool reads format 2")
+        newer = found.isdigit() and int(found) > RECORD_FORMAT
+        raise (NewRecordError if newer else BadRecordError)(
+            f"the record is of format {found!r}; this pjrt-pool reads format {RECORD_FORMAT}"
+        )
     signature = words[1]
     if signature != b"-" and (not signature or not _HEX.issuperset(signature)):
         raise BadRecordError("the record's signature is not hex")

@@ -7,14 +7,18 @@ create-only (layout.py). Each says what happened as one of a closed set
 
 - an object that fails a check: a miss, counted in ``refused``, remembered
   for REFUSAL_MEMORY seconds (not fetched again meanwhile) and warned about
-  once per key;
-- a record whose blob is gone, or of an older format: a miss (the next
-  publish of the key replaces it, conditionally: ``repaired``);
-- the store refuses, resets, hangs or throttles past the retries, or the
-  lookup outlives its deadline (Limits.deadline_for: grown with the entry's
-  size): the remote is switched off for the process with one warning naming
-  the URL (never a credential), so a dead remote costs a process one
-  deadline;
+  once per key; the next publish of the key mends it (below);
+- a record whose blob is gone, or of an older format: a miss;
+- a publish that finds the key's record there already checks it, and the
+  blob it names, as a lookup would: one that does not serve (gone, damaged,
+  planted without the signing key, of an older format) is replaced,
+  conditionally on the version read (``repaired``), so damage costs one
+  recompile, not one per host until gc; a record of a newer format is left;
+- the store refuses, resets, hangs or throttles past the retries, the
+  bucket does not exist, or the lookup outlives its deadline
+  (Limits.deadline_for: grown with the entry's size): the remote is switched
+  off for the process with one warning naming the URL (never a credential),
+  so a dead remote costs a process one deadline;
 - a write answered 401/403: the process goes on read-only, with one warning.
 
 A miss that will be compiled takes the key's lease (lease.py), or waits for
@@ -35,16 +39,13 @@ from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
 from worker.cache.key import differing_parts, is_key
-from worker.cache.remote.client import Failure, ObjectClient, RemoteError
+from worker.cache.remote.client import Failure, ObjectClient, RemoteError, Versioned
 from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     UNSIGNED,
-    BadRecordError,
-    OldRecordError,
     Record,
     blob_name,
-    decode_record,
     encode_record,
     program_folder,
     program_index_name,
@@ -62,6 +63,7 @@ from worker.cache.remote.lease import (
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.verify import (
+    NewerRecordError,
     OlderRecordError,
     RefusedObjectError,
     checked_entry,
@@ -106,7 +108,8 @@ class RemoteCounters(NamedTuple):
     waited: int = 0
     """Compiles saved: entries fetched after waiting for another host's lease."""
     repaired: int = 0
-    """Publishes that replaced a record that did not serve (its blob gone, an older format)."""
+    """Publishes that mended a record that did not serve (its blob gone or damaged, itself
+    damaged or planted, of an older format): replaced it, or the blob it names."""
 
     def add(self, other: RemoteCounters) -> RemoteCounters:
         """Returns the sum of two counters."""
@@ -156,7 +159,8 @@ class Published(enum.Enum):
     WRITTEN = "written"
     """Its blob and record written."""
     REPAIRED = "repaired"
-    """A record that did not serve (its blob gone, an older format) replaced by this one's."""
+    """A record that did not serve (its blob gone or damaged, itself damaged or planted, of an
+    older format) mended: replaced by this one's, or the blob it names rewritten."""
     ALREADY_THERE = "already there"
     """The record was there (written by another host): nothing written."""
     READ_ONLY = "read-only"
@@ -433,8 +437,8 @@ class RemoteCache:
         """Writes a key's entry file (verified by the caller) and then its record; says what
         it did (a write that failed is counted and warned about, see the module docstring).
 
-        A record there already that does not serve (its blob gone, an older
-        format) is replaced, conditionally on the version read (_repair).
+        A record there already that does not serve is mended, conditionally
+        on the version read (_repair).
         """
         if self.state != "on":
             self.release(key)
@@ -445,16 +449,19 @@ class RemoteCache:
         record = encode_record(body, sign_record(body, self.keys, self.hmac_signer))
         name = record_name(key, self.signer)
         try:
-            self.client.put_new(blob_name(sha256), data, deadline)
+            blob_written = self.client.put_new(blob_name(sha256), data, deadline).written
             if self.client.put_new(name, record, deadline).written:
                 outcome = Published.WRITTEN
             else:
-                outcome = self._repair(key, name, record, deadline)
+                outcome = self._repair(key, name, record, data, blob_written)
         except RemoteError as error:
             self._failed(error, writing=True)
             self.release(key)
             return Published.READ_ONLY if error.failure is Failure.DENIED else Published.FAILED
         self._count(_PUBLISHED_COUNTER[outcome])
+        if outcome is Published.REPAIRED:
+            with self._lock:  # mended: what this process refused of it is served now
+                self._refused.pop(key, None)
         self.release(key)
         try:  # after the record (layout.py): an index name then always has one to read
             self.client.put_new(program_index_name(parts, key), b"", deadline)
@@ -462,28 +469,74 @@ class RemoteCache:
             logger.debug("could not index %s under its program: %s", key, error)
         return outcome
 
-    def _repair(self, key: str, name: str, record: bytes, deadline: float) -> Published:
-        """A record was there: replaces it with record if it does not serve (it names a blob
-        that is gone, or is of an older format), on the version read; raises RemoteError.
+    def _repair(
+        self, key: str, name: str, record: bytes, data: bytes, blob_written: bool
+    ) -> Published:
+        """A record of key was there: leaves it if it serves, else mends it (REPAIRED), on the
+        version read; raises RemoteError.
 
-        Only on this rare path is the blob asked for (HEAD). A record that
-        fails otherwise (damaged, planted) is left: readers refuse it.
+        It serves when a lookup would load it: the record passes every check
+        a lookup makes (verify.py), and so does the blob it names, read in
+        full to be checked (the price of finding a blob damaged in place; only
+        on this path: a record there already). If it names this entry's own
+        bytes, the blob is what is mended (written, or rewritten over the
+        damaged version); else the record is replaced by this one's. A record
+        of a newer format is left: this version cannot judge it.
         """
+        deadline = time.monotonic() + self.limits.deadline
         found = self.client.get_versioned(name, MAX_RECORD_SIZE, deadline)
-        if found is None or found.data is None or found.etag is None:
+        if found is None or found.etag is None:  # gone since (a collection), or no version
             return Published.ALREADY_THERE
-        try:
-            existing = decode_record(found.data, key, self.signer)
-        except OldRecordError:
-            pass
-        except BadRecordError:
-            return Published.ALREADY_THERE
-        else:
-            if self.client.head(blob_name(existing.sha256), deadline) is not None:
+        existing = None
+        if found.data is not None:  # else it is over the bound: no record is that large
+            try:
+                existing = checked_record(found.data, key, self.signer, self.keys, self.hmac_signer)
+            except NewerRecordError:
                 return Published.ALREADY_THERE
-        if not self.client.put_if_match(name, record, found.etag, deadline).written:
-            return Published.ALREADY_THERE  # another host repaired it first
+            except RefusedObjectError:  # an older format, damaged, or planted
+                pass
+        if existing is not None:
+            sha256 = hashlib.sha256(data).hexdigest()
+            if existing.sha256 == sha256 and blob_written:
+                return Published.REPAIRED  # its blob was gone: written just now
+            blob = self._blob_of(existing, len(data))
+            if blob is not None and blob.data is not None:
+                try:
+                    checked_entry(blob.data, existing, self.hmac_signer)
+                    return Published.ALREADY_THERE
+                except RefusedObjectError:
+                    pass
+            if existing.sha256 == sha256:
+                return self._rewrite_blob(sha256, data, blob)
+        written = self.client.put_if_match(
+            name, record, found.etag, time.monotonic() + self.limits.deadline
+        )
+        if not written.written:
+            return Published.ALREADY_THERE  # another host mended it first
         logger.debug("replaced the record of %s, which did not serve", key)
+        return Published.REPAIRED
+
+    def _blob_of(self, record: Record, size: int) -> Versioned | None:
+        """The blob a record names, read with its version (None: gone); its bytes are None
+        when it is larger than the record says, or than about twice an entry of size bytes
+        (the same program and build: a record that names far more is not read)."""
+        bound = min(record.size, 2 * size + (1 << 20))
+        deadline = time.monotonic() + self.limits.deadline_for(bound)
+        return self.client.get_versioned(blob_name(record.sha256), bound, deadline)
+
+    def _rewrite_blob(self, sha256: str, data: bytes, found: Versioned | None) -> Published:
+        """Mends the blob of this entry's own bytes, which a record names and which is gone or
+        damaged: conditionally on the version read."""
+        name, deadline = blob_name(sha256), time.monotonic() + self.limits.deadline_for(len(data))
+        if found is None:
+            written = self.client.put_new(name, data, deadline)
+        elif found.etag is None:
+            return Published.ALREADY_THERE  # no version to replace conditionally
+        else:
+            written = self.client.put_if_match(name, data, found.etag, deadline)
+        if not written.written:
+            return Published.ALREADY_THERE  # another host mended it first
+        logger.debug("rewrote the blob %s, which was gone or damaged", sha256)
         return Published.REPAIRED
 
     def built_elsewhere(self, key: str, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:

@@ -52,8 +52,12 @@ class Moved(enum.Enum):
     """Fetched, but the local cache could not take it (read-only, full, over its bound)."""
     WRITTEN = "written"
     """Pushed: its blob and record written."""
+    REPAIRED = "repaired"
+    """Pushed over what was there and did not serve (a record or blob gone, damaged, planted,
+    of an older format): mended (RemoteCache.publish)."""
     ALREADY_THERE = "already there"
-    """Pushed, and its record was there already (written by another host): nothing written."""
+    """Pushed, and its record was there already (written by another host) and serves: nothing
+    written."""
     NOT_WRITTEN = "not written"
     """Not pushed: this process may not write the remote (read-only, a 403, no private key)."""
     BAD = "bad local entry"
@@ -62,7 +66,13 @@ class Moved(enum.Enum):
     @property
     def ok(self) -> bool:
         """Whether the key is where the transfer was to put it."""
-        return self in (Moved.FETCHED, Moved.LOCAL, Moved.WRITTEN, Moved.ALREADY_THERE)
+        return self in (
+            Moved.FETCHED,
+            Moved.LOCAL,
+            Moved.WRITTEN,
+            Moved.REPAIRED,
+            Moved.ALREADY_THERE,
+        )
 
 
 @dataclass
@@ -102,7 +112,7 @@ _FETCH_OUTCOME = {
 """A lookup's outcome, other than a hit, as a key's."""
 _PUSH_OUTCOME = {
     Published.WRITTEN: Moved.WRITTEN,
-    Published.REPAIRED: Moved.WRITTEN,
+    Published.REPAIRED: Moved.REPAIRED,
     Published.ALREADY_THERE: Moved.ALREADY_THERE,
     Published.READ_ONLY: Moved.NOT_WRITTEN,
     Published.FAILED: Moved.FAILED,

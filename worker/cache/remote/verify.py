@@ -21,6 +21,7 @@ from worker.cache.key import key_of
 from worker.cache.remote.keys import RecordKeys
 from worker.cache.remote.layout import (
     BadRecordError,
+    NewRecordError,
     OldRecordError,
     Record,
     parse_record_body,
@@ -38,6 +39,10 @@ class OlderRecordError(RefusedObjectError):
     """A record of an older format (layout.OldRecordError): a miss, not a damaged object."""
 
 
+class NewerRecordError(RefusedObjectError):
+    """A record of a newer format (layout.NewRecordError): refused, and left as it is."""
+
+
 def checked_record(
     data: bytes,
     key: str,
@@ -46,13 +51,15 @@ def checked_record(
     hmac_signer: Signer | None = None,
 ) -> Record:
     """Checks a key's record, its signature first, then parses it; raises RefusedObjectError
-    (OlderRecordError for a record of an older format)."""
+    (OlderRecordError, NewerRecordError for a record of an older, a newer format)."""
     try:
         signature, body = split_record(data)
         _check_signature(signature, body, keys, hmac_signer)
         record = parse_record_body(body, key, signer)
     except OldRecordError as error:
         raise OlderRecordError(str(error)) from None
+    except NewRecordError as error:
+        raise NewerRecordError(str(error)) from None
     except BadRecordError as error:
         raise RefusedObjectError(str(error)) from None
     if key_of(record.parts) != key:
