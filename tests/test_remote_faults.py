@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cache_helpers import finish, kill, load_program, lowered, start, wait_for
-from remote_helpers import S3_ENV, record_bytes, record_fields
+from remote_helpers import S3_ENV, Remote, record_bytes, record_fields
 from test_remote_cache import HOST, close, expected, host, host_spec, programs
 from test_remote_cache import _entry as entry
 from test_remote_cache import _tier as tier
@@ -314,3 +314,48 @@ def test_a_record_of_a_newer_format_is_left_by_a_publish(remote, monkeypatch):
     remote.write(record_name(key, "unsigned"), newer)
     assert tier(remote, monkeypatch).publish(key, parts, data) is Published.ALREADY_THERE
     assert remote.read(record_name(key, "unsigned")) == newer
+
+
+# 8. gc and the layout: what this version cannot read, and links.
+
+
+def test_gc_keeps_the_blobs_a_record_of_a_newer_format_may_name(remote: Remote, monkeypatch):
+    from worker.cache.remote import collect
+
+    key, _, data = entry(48)
+    digest = hashlib.sha256(data).hexdigest()
+    remote.write(blob_name(digest), data)
+    newer = {"format": 3, "key": key, "blobs": [digest]}  # a newer pjrt-pool's layout
+    body = json.dumps(newer).encode()
+    remote.write(record_name(key, "unsigned"), b"pjrt-pool remote record 3 -\n" + body)
+    time.sleep(0.05)
+    report = collect(tier(remote, monkeypatch), 30 * 86400.0, grace=0)
+    assert report.blobs == [] and report.newer_records == [record_name(key, "unsigned")]
+    assert blob_name(digest) in remote.names() and record_name(key, "unsigned") in remote.names()
+
+
+@pytest.mark.parametrize("folder", ["blobs", "records", "leases"])
+def test_a_file_remote_refuses_a_link_in_place_of_a_folder(tmp_path, folder):
+    from worker.cache.remote import Limits, RemoteCache, collect
+    from worker.cache.remote.client import RemoteError
+
+    root, outside = tmp_path / "remote", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / folder).symlink_to(outside)
+    victim = outside / f"{'a' * 64}.pjx"  # named as a blob: a collection would delete it
+    victim.write_bytes(b"not the remote's")
+    os.utime(victim, (1e9, 1e9))
+    location, limits = parse_remote(f"file://{root}", read_only=False), Limits(2, 4)
+    key, parts, data = entry(49)
+    writer = RemoteCache(location, limits)
+    with pytest.warns(RemoteCacheWarning, match=f"symlink.*/{folder}'"):
+        if folder == "leases":
+            assert writer.claim(key) == "none"
+        else:
+            assert writer.publish(key, parts, data) is Published.FAILED
+    assert sorted(outside.iterdir()) == [victim]  # nothing written through the link
+    if folder == "blobs":
+        with pytest.raises(RemoteError, match="symlink"):
+            collect(RemoteCache(location, limits), 0.0, grace=0)
+        assert victim.read_bytes() == b"not the remote's"

@@ -227,4 +227,9 @@ def _gc(args: argparse.Namespace) -> int:
     )
     if report.unreadable_records:
         print(f"  {len(report.unreadable_records)} malformed records kept (they keep no blob)")
+    if report.newer_records:
+        print(
+            f"  {len(report.newer_records)} records of a newer format kept (a newer pjrt-pool "
+            "shares the remote): no blob deleted, as they may name any"
+        )
     return EXIT_OK

@@ -22,12 +22,14 @@ its deadline.
 Conditional writes: put_new (create-only) and put_if_match (replace the
 version a read saw; leases, record repairs). A file:// remote makes both
 itself (files.py), since the store's local file system has no conditional
-replace.
+replace, and reads and deletes its objects there too (no link followed).
+Only a failed precondition means "not written": a bucket (or container)
+that does not exist is an error naming it (Failure.MISSING), on a write and
+on a read alike, never "already there" or "none there".
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import enum
 import threading
@@ -259,10 +261,10 @@ class ObjectClient:
         An object larger than max_size is not read: its bytes are None.
         """
         if self.location.scheme == "file":
-            local = self._file(path)
+            root, local = self._root(), self._file(path)
 
             def read_file() -> Versioned | None:
-                found = files.read_versioned(local, max_size)
+                found = files.read_versioned(root, local, max_size)
                 return None if found is None else Versioned(*found)
 
             return self._bounded(read_file, deadline, f"reading {path}")
@@ -298,10 +300,10 @@ class ObjectClient:
         object's name says what it holds (a digest, or a key and a signer).
         """
         if self.location.scheme == "file":
-            local, mkdir = self._file(path), not self.location.read_only
+            root, local, mkdir = self._root(), self._file(path), not self.location.read_only
 
             def create() -> Written:
-                etag = files.create(local, data, mkdir)
+                etag = files.create(root, local, data, mkdir)
                 return Written(etag is not None, etag)
 
             return self._bounded(create, deadline, f"writing {path}")
@@ -343,12 +345,19 @@ class ObjectClient:
 
     def delete(self, path: str, deadline: float) -> None:
         """Removes an object (none there is no error); raises RemoteError."""
+        if self.location.scheme == "file":  # the store's own follows links
+            root, local = self._root(), self._file(path)
+            self._bounded(lambda: files.delete(root, local), deadline, f"removing {path}")
+            return
         store = self._open(writing=True)
         import obstore
 
         def call() -> None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 obstore.delete(store, path)
+            except FileNotFoundError as error:
+                if _names_no_bucket(error):
+                    raise
 
         self._bounded(call, deadline, f"removing {path}")
 

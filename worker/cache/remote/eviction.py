@@ -24,6 +24,11 @@ A publisher writes its blob before its record, and a blob it finds there
 already is not rewritten: a blob younger than ``grace`` seconds is never
 deleted, so a publish in flight keeps its blob. A record that cannot be
 read for a failed request stops the collection before anything is deleted.
+What this version cannot read it leaves: a record of a newer format (a
+newer pjrt-pool sharing the remote) may name any blob, so while one is
+there no blob is deleted (the other steps go on). A file://
+remote refuses links inside it (files.py): a collection never deletes
+through one.
 The one race left (a publish that reuses an old unreferenced blob while it is being
 deleted) leaves a record naming a missing blob: readers take it for a miss
 (never a wrong result), the next publish of its key replaces it, and the
@@ -42,6 +47,7 @@ from worker.cache.remote.client import Failure, ObjectInfo, RemoteError
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     BadRecordError,
+    NewRecordError,
     decode_record,
     parse_blob_name,
     parse_index_name,
@@ -55,6 +61,8 @@ if TYPE_CHECKING:
 
 DEFAULT_GRACE = 3600.0
 """Seconds a new blob or record is kept whatever else holds (a publish in flight)."""
+NEWER = "newer"
+"""What _named_blob says of a record of a newer format: it may name any blob."""
 
 
 @dataclass
@@ -67,6 +75,9 @@ class CollectReport:
     """Records whose blob is gone."""
     unreadable_records: list[str] = field(default_factory=list)
     """Records that could not be read or parsed: kept, and they keep no blob."""
+    newer_records: list[str] = field(default_factory=list)
+    """Records of a newer format (a newer pjrt-pool's): kept, and while any is there no blob
+    is deleted, since this version cannot tell which they name."""
     blobs: list[str] = field(default_factory=list)
     """Unreferenced blobs deleted."""
     index_names: list[str] = field(default_factory=list)
@@ -86,6 +97,7 @@ class CollectReport:
             "old_records": self.old_records,
             "dangling_records": self.dangling_records,
             "unreadable_records": self.unreadable_records,
+            "newer_records": self.newer_records,
             "deleted_blobs": self.blobs,
             "deleted_index_names": self.index_names,
             "deleted_leases": self.leases,
@@ -97,7 +109,8 @@ class CollectReport:
 
 
 def _named_blob(remote: RemoteCache, record: ObjectInfo) -> str | None:
-    """The SHA-256 a listed record names; None if it is gone or malformed.
+    """The SHA-256 a listed record names; None if it is gone or malformed, NEWER if it is of
+    a newer format.
 
     Raises RemoteError when it cannot be read: a blob it may name must not be
     judged unreferenced for a failed request.
@@ -110,6 +123,8 @@ def _named_blob(remote: RemoteCache, record: ObjectInfo) -> str | None:
     try:
         data = remote.client.get(record.path, MAX_RECORD_SIZE, deadline)
         return None if data is None else decode_record(data, key, signer).sha256
+    except NewRecordError:
+        return NEWER
     except BadRecordError:
         return None
     except RemoteError as error:
@@ -226,7 +241,9 @@ def collect(
     dangling = []
     for record in remaining:
         digest = named[record.path]
-        if digest is None:
+        if digest == NEWER:
+            report.newer_records.append(record.path)
+        elif digest is None:
             report.unreadable_records.append(record.path)
         elif digest in blobs or record.modified >= young:
             referenced.add(digest)
@@ -236,7 +253,9 @@ def collect(
     run_bounded(report.dangling_records, delete, concurrency)
     report.kept_records = len(remaining) - len(dangling)
     unreferenced = [
-        blob for digest, blob in blobs.items() if digest not in referenced and blob.modified < young
+        blob
+        for digest, blob in blobs.items()
+        if digest not in referenced and blob.modified < young and not report.newer_records
     ]
     report.blobs = sorted(blob.path for blob in unreferenced)
     run_bounded(report.blobs, delete, concurrency)

@@ -17,18 +17,33 @@ compare-and-swap across hosts as far as the mount's locking goes (NFSv4,
 or v3 with lockd); on a mount with ``nolock`` it is one only among the
 processes of one host. Correctness never depends on either: a lost race
 costs a second compile, never a wrong entry.
+
+Links: whoever can write the remote's directory could put a symlink in
+place of ``blobs/`` (or any folder below the root) and have every host
+write, or gc delete, wherever it points. So each operation opens the
+folders below the root one at a time, without following a link, and works
+relative to the last one's descriptor (as the local cache's folders.py
+does); a link or a file where a folder belongs is refused as the local
+cache refuses one (trust.not_a_directory), and so is a link in place of an
+object. The root itself is the
+path the user named, and may be a link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from worker.cache import trust
+
 LOCK_NAME = ".cas.lock"
 """The remote's lock file, at its root (outside every folder the tier lists)."""
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def etag_of(found: os.stat_result) -> str:
@@ -37,10 +52,42 @@ def etag_of(found: os.stat_result) -> str:
     return f'"{found.st_ino:x}-{found.st_size:x}-{found.st_mtime_ns:x}-{found.st_ctime_ns:x}"'
 
 
-def read_versioned(path: Path, max_size: int) -> tuple[bytes | None, str] | None:
+@contextlib.contextmanager
+def _folder(root: Path, path: Path, mkdir: bool) -> Iterator[int]:
+    """A descriptor of the folder holding path (below root), opened from the root one folder
+    at a time without following a link (made where missing, with mkdir).
+
+    Raises FileNotFoundError for a missing folder, NotADirectoryError naming
+    a link or a file where a folder belongs.
+    """
+    if mkdir:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root may be a link
+    try:
+        where = root
+        for name in path.parent.relative_to(root).parts:
+            where = where / name
+            if mkdir:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+            try:
+                inner = os.open(name, _DIRECTORY_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise trust.not_a_directory(where) from None
+                raise
+            os.close(fd)
+            fd = inner
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_versioned(root: Path, path: Path, max_size: int) -> tuple[bytes | None, str] | None:
     """A file's bytes (None when over max_size: not read) and its tag; None if there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with _folder(root, path, mkdir=False) as folder:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as file:
@@ -50,32 +97,33 @@ def read_versioned(path: Path, max_size: int) -> tuple[bytes | None, str] | None
         return file.read(max_size + 1), etag_of(found)
 
 
-def _staged(path: Path, data: bytes, mkdir: bool) -> Path:
-    """data in a new file beside path, under a name no listing takes for an object."""
-    if mkdir:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+def _staged(folder: int, path: Path, data: bytes) -> str:
+    """data in a new file beside path (in folder), under a name no listing takes for an object."""
+    staged = f".{path.name}.{os.urandom(6).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(staged, flags, 0o644, dir_fd=folder)
     with os.fdopen(fd, "wb") as file:
         file.write(data)
     return staged
 
 
-def create(path: Path, data: bytes, mkdir: bool) -> str | None:
+def create(root: Path, path: Path, data: bytes, mkdir: bool) -> str | None:
     """Writes a file only if none is there; returns its tag, None if one was there."""
-    staged = _staged(path, data, mkdir)
-    try:
-        os.link(staged, path)
-    except FileExistsError:
-        return None
-    finally:
-        os.unlink(staged)
-    return etag_of(os.stat(path, follow_symlinks=False))
+    with _folder(root, path, mkdir) as folder:
+        staged = _staged(folder, path, data)
+        try:
+            os.link(staged, path.name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(staged, dir_fd=folder)
+        return etag_of(os.stat(path.name, dir_fd=folder, follow_symlinks=False))
 
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root / LOCK_NAME, flags, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -86,18 +134,29 @@ def _locked(root: Path) -> Iterator[None]:
 def replace_if(root: Path, path: Path, data: bytes, etag: str) -> str | None:
     """Replaces a file with data if its version is still etag; returns the new version's tag,
     None if the file is gone or another version by now (see the module docstring)."""
-    staged = _staged(path, data, mkdir=False)
     try:
-        with _locked(root):
+        with _folder(root, path, mkdir=False) as folder:
+            staged = _staged(folder, path, data)
             try:
-                current = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
-            if etag_of(current) != etag:
-                return None
-            os.rename(staged, path)
-            # Under the lock: no other replace ran, and a create cannot take an existing name.
-            return etag_of(os.stat(path, follow_symlinks=False))
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staged)
+                with _locked(root):
+                    current = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
+                    if etag_of(current) != etag:
+                        return None
+                    os.rename(staged, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+                    # Under the lock: no other replace ran, and a create cannot take an
+                    # existing name.
+                    return etag_of(os.stat(path.name, dir_fd=folder, follow_symlinks=False))
+            finally:
+                with contextlib.suppress(FileNotFoundError):  # renamed: it is the file now
+                    os.unlink(staged, dir_fd=folder)
+    except FileNotFoundError:  # the file, or its folder, is gone
+        return None
+
+
+def delete(root: Path, path: Path) -> None:
+    """Removes a file (none there is no error); a link in its place is removed, not followed."""
+    try:
+        with _folder(root, path, mkdir=False) as folder:
+            os.unlink(path.name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
