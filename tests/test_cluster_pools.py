@@ -8,6 +8,7 @@ once); the test that kills a Dask worker comes last.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -54,6 +55,19 @@ def _pjrt_plugins(client) -> list[list[str]]:
         return sorted(name for name in dask_worker.plugins if name.startswith("pjrt-pool"))
 
     return [found for _, found in sorted(client.run(names).items())]
+
+
+def _sleeping_pool(client, handlers: str, tmp_path: Path) -> tuple[ClusterPool, object]:
+    """A ClusterPool of one PJRT worker per node, warm, and its program that sleeps."""
+    program = sleep_program(1)
+    pool = ClusterPool(
+        client,
+        workers_per_node=1,
+        cache_dir=str(tmp_path),
+        initializer=handler_initializer(handlers),
+    )
+    pool.run(program, [milliseconds(1)])
+    return pool, program
 
 
 def _set_node_environment(client, name: str, value: str | None) -> None:
@@ -119,19 +133,43 @@ def test_close_waits_for_runs_and_with_cancel_pending_runs_none_not_begun(
     assert all(float(f.result()[0][0]) >= 2000.0 for f in ran)
 
 
+def test_close_after_cancelled_runs_while_a_done_callback_holds_dask_stops_the_node_pools(
+    cluster, handlers: str, tmp_path: Path
+) -> None:
+    """A user's done-callback holds Dask's one callback thread, so the runs cancelled
+    meanwhile are not settled here yet when close() waits: it neither raises nor leaves the
+    plugin and the node Pools running."""
+    pool, program = _sleeping_pool(cluster, handlers, tmp_path)
+    holding, release = threading.Event(), threading.Event()
+
+    def slow(_future) -> None:
+        holding.set()
+        release.wait(10)  # bounded: the test sets it once close() returned
+
+    first = pool.submit(program, [milliseconds(300)])
+    first.add_done_callback(slow)
+    try:
+        assert holding.wait(60), "the first run never ended"
+        queued = [pool.submit(program, [milliseconds(2000 + i)]) for i in range(4)]
+        assert all(future.cancel() for future in queued)
+        pool.close()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the module's cluster, as the next tests need it
+            cluster.unregister_worker_plugin(pool.plugin_name)
+        raise
+    finally:
+        release.set()
+    assert all(future.cancelled() for future in queued)
+    assert _pjrt_plugins(cluster) == [[], []]  # every node's Pool closed
+    pool.close()  # again: nothing
+
+
 def test_a_node_s_event_loop_serves_while_its_pool_closes(
     cluster, handlers: str, tmp_path: Path
 ) -> None:
     """The node's Pool closes in a thread: Pool.close waits for the running run, and the Dask
     worker's event loop (heartbeats, client.run) goes on meanwhile."""
-    program = sleep_program(1)
-    pool = ClusterPool(
-        cluster,
-        workers_per_node=1,
-        cache_dir=str(tmp_path),
-        initializer=handler_initializer(handlers),
-    )
-    pool.run(program, [milliseconds(1)])
+    pool, program = _sleeping_pool(cluster, handlers, tmp_path)
     future = pool.submit(program, [milliseconds(6000)])
     time.sleep(1.0)  # it runs
     closing = threading.Thread(target=pool.close, kwargs={"cancel_pending": True})

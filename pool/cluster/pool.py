@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import distributed
 import numpy as np
+from distributed.client import FuturesCancelledError
 
 from pool.cluster.futures import ClusterFuture, uncarry
 from pool.cluster.node import (
@@ -519,30 +520,38 @@ class ClusterPool:
         returns when every node's Pool is closed and each of those futures
         has settled. From then on every call raises PoolClosedError; a node
         that gets a task of it anyway refuses it, starting nothing. Calling
-        close again does nothing.
+        close again does nothing. Runs cancelled (ClusterFuture.cancel) count
+        as ended: close never raises for them, and whatever the wait raises,
+        the nodes' Pools are closed.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._held.clear()
-        if not cancel_pending:
-            self._wait_pending()
-        # Each node closes its Pool in a thread (node.PoolPlugin.teardown), and the call
-        # returns when all have: runs running meanwhile finish there first.
-        with contextlib.suppress(ValueError):  # its nodes are all gone, say
-            self.client.unregister_worker_plugin(self._plugin_name)
-        if self._run_once_name is not None:
-            with contextlib.suppress(ValueError):
-                self.client.unregister_scheduler_plugin(self._run_once_name)
+        try:
+            if not cancel_pending:
+                self._wait_pending()
+        finally:
+            # Each node closes its Pool in a thread (node.PoolPlugin.teardown), and the call
+            # returns when all have: runs running meanwhile finish there first.
+            with contextlib.suppress(ValueError):  # its nodes are all gone, say
+                self.client.unregister_worker_plugin(self._plugin_name)
+            if self._run_once_name is not None:
+                with contextlib.suppress(ValueError):
+                    self.client.unregister_scheduler_plugin(self._run_once_name)
         self._wait_pending()  # those not begun fail at once on their nodes
 
     def _wait_pending(self) -> None:
-        """Waits until every task submitted has ended."""
+        """Waits until every task submitted has ended (a cancelled one has)."""
         with self._lock:
             pending = list(self._pending.values())
         if pending:
-            distributed.wait(pending)
+            # A cancelled task leaves _pending when Dask's one callback thread settles it
+            # (ClusterFuture._settle): later, while a user's done-callback holds that
+            # thread. distributed.wait raises for cancelled futures, once all are done.
+            with contextlib.suppress(FuturesCancelledError):
+                distributed.wait(pending)
 
     def __enter__(self) -> ClusterPool:
         return self
