@@ -239,6 +239,28 @@ def is_bundle(path: str | os.PathLike[str]) -> bool:
     return is_url(path) or looks_like_archive(path)
 
 
+def kind_of(path: str | os.PathLike[str]) -> str:
+    """What a path given as a manifest or a bundle is, for messages: "bundle" for a bundle,
+    and for a file that is missing (or cannot be read) but is named like one (*.bundle);
+    else "manifest"."""
+    if is_bundle(path) or (not os.path.isfile(path) and os.fspath(path).endswith(".bundle")):
+        return "bundle"
+    return "manifest"
+
+
+def does_not_exist(path: str | os.PathLike[str]) -> str:
+    """What to say of a manifest or bundle that does not exist, and where one comes from."""
+    if kind_of(path) == "bundle":
+        return (
+            f"bundle {os.fspath(path)} does not exist: check the path, or make the bundle "
+            "with pjrt-pool bundle create"
+        )
+    return (
+        f"manifest {os.fspath(path)} does not exist: check the path, or write the manifest "
+        "with pjrt-pool warm --manifest"
+    )
+
+
 def load_manifest(
     path: str | os.PathLike[str],
     cache_dir: str | None = None,
@@ -272,7 +294,7 @@ def load_manifest(
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
-        raise ManifestError(f"manifest {path} does not exist: run pjrt-pool warm first") from None
+        raise ManifestError(does_not_exist(path)) from None
     except (OSError, ValueError) as error:
         raise ManifestError(f"cannot read manifest {path}: {error}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:

@@ -11,7 +11,7 @@ PJRT_POOL_CACHE_REMOTE; ``--concurrency`` (default
 PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16) bounds the requests in flight.
 Exit codes as for every cache command: 0 when every entry is where it was
 to go, 1 when some are not (refused, missing, failed) or the remote failed,
-2 for usage errors. Nothing here imports JAX.
+2 for usage and environment errors. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from typing import Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import add_remote_option, argument_type, open_remote_option, size_argument
-from worker.cache import DiskCache, UntrustedCacheError, format_size
+from pool.cli.paths import checked_cache_dir
+from worker.cache import DiskCache, format_size
 from worker.cache.remote import RemoteCache, TransferReport
 from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
@@ -115,18 +115,16 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _checked(command: Any) -> Any:
-    """Wraps a command so that a bad setting, an untrusted cache or a failing remote exits 1
-    (a bad --remote URL is a UsageError: exit 2)."""
+    """Wraps a command so that a bad setting or a failing remote exits 1 (a bad --remote URL
+    is a UsageError, and an untrusted cache an environment error: exit 2)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return int(command(args))
         except RemoteError as error:
-            print(f"{args.prog}: error: the remote failed: {error}", file=sys.stderr)
-            return EXIT_PROBLEMS
-        except (UntrustedCacheError, ValueError) as error:  # ManifestError, bad settings
-            print(f"{args.prog}: error: {error}", file=sys.stderr)
-            return EXIT_PROBLEMS
+            raise CommandError(f"the remote failed: {error}") from error
+        except ValueError as error:  # ManifestError, bad settings
+            raise CommandError(str(error)) from error
 
     return run
 
@@ -169,14 +167,14 @@ def _report(args: argparse.Namespace, verb: str, tier: RemoteCache, report: Tran
         for key, outcome in report.outcomes.items():
             if not outcome.ok:
                 print(f"  {key}: {outcome.value}")
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return ExitCode.OK if report.ok else ExitCode.PROBLEMS
 
 
 def _push(args: argparse.Namespace) -> int:
     from worker.cache.remote import push
 
     tier = _remote(args, writing=True)
-    cache = DiskCache(args.cache_dir, create=False)
+    cache = DiskCache(checked_cache_dir(args.cache_dir), create=False)
     if cache.problem is not None:
         raise ValueError(f"the cache {cache.directory} cannot be used ({cache.problem})")
     report = push(tier, cache, _manifest_keys(args), concurrency=args.concurrency)
@@ -191,7 +189,8 @@ def _pull(args: argparse.Namespace) -> int:
     keys = _manifest_keys(args)
     if keys is None:
         keys = remote_keys(tier)
-    report = prefetch(tier, open_cache(args.cache_dir), keys, concurrency=args.concurrency)
+    cache = open_cache(checked_cache_dir(args.cache_dir, create=True))
+    report = prefetch(tier, cache, keys, concurrency=args.concurrency)
     return _report(args, "pulled", tier, report)
 
 
@@ -211,7 +210,7 @@ def _gc(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps({"remote": tier.location.shown, **report.to_json()}, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
     would = "would delete" if report.dry_run else "deleted"
     print(
         f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
@@ -223,4 +222,4 @@ def _gc(args: argparse.Namespace) -> int:
     )
     if report.unreadable_records:
         print(f"  {len(report.unreadable_records)} malformed records kept (they keep no blob)")
-    return EXIT_OK
+    return ExitCode.OK

@@ -29,14 +29,21 @@ from typing import Any
 
 import numpy as np
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import add_remote_option, remote_url
-from pool.cli.paths import input_file
+from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, input_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
-from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
+from pool.manifest import (
+    BUNDLE_FOR_POOLS,
+    Manifest,
+    ManifestError,
+    does_not_exist,
+    is_bundle,
+    kind_of,
+    load_manifest,
+)
 from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
-from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
@@ -174,7 +181,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         _check_manifest_path(Path(args.manifest))
     remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
     if args.scheduler is None:  # a cluster's nodes have their own plugins and caches
-        _check_cache_dir(args.cache_dir)
+        checked_cache_dir(args.cache_dir, create=True)
         _check_plugin(args.platform or default_platform(), "--platform")
 
 
@@ -190,22 +197,6 @@ def _check_manifest_path(path: Path) -> None:
         )
     if not os.access(folder, os.W_OK):
         raise UsageError(f"--manifest {path}: cannot write in {folder}; name another place")
-
-
-def _check_cache_dir(cache_dir: str | None) -> None:
-    """A cache directory that cannot be used would only make the workers warn and not store."""
-    directory = resolve_cache_dir(cache_dir)
-    named = f"--cache-dir {cache_dir}" if cache_dir else f"the cache directory {directory}"
-    if cache_dir is None and os.environ.get(CACHE_DIR_ENV):
-        named = f"{CACHE_DIR_ENV}={os.environ[CACHE_DIR_ENV]}"
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"{named} is a file, not a directory; name a directory (made if missing)")
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"{named} cannot be created ({error.strerror}); name another") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"{named} is not writable; name a directory you can write to")
 
 
 def _check_plugin(platform: str, option: str) -> None:
@@ -281,7 +272,7 @@ def _warm(args: argparse.Namespace) -> int:
         print(report.summary())
         if args.manifest:
             print(f"manifest: {args.manifest}")
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return ExitCode.OK if report.ok else ExitCode.PROBLEMS
 
 
 def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
@@ -315,7 +306,7 @@ def _run(args: argparse.Namespace) -> int:
             "to use it"
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
-    input_file(args.manifest, "the manifest")
+    input_file(args.manifest, f"the {kind_of(args.manifest)}", does_not_exist(args.manifest))
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     try:
@@ -325,7 +316,7 @@ def _run(args: argparse.Namespace) -> int:
                 spec = manifest.spec(name)
                 types = ", ".join(map(str, spec.input_types or ()))
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
-            return EXIT_OK
+            return ExitCode.OK
         spec = manifest.spec(args.name)
         if manifest.bundle is not None and (args.workers or args.scheduler):
             option = f"--workers {args.workers}" if args.workers else "--scheduler"
@@ -342,7 +333,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.batch:
             return run_batch(args, manifest, spec, remote)
     else:
-        _check_plugin(spec.platform, "the manifest's platform")
+        if manifest.bundle is None:
+            checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, args.manifest)
+        _check_plugin(spec.platform, f"the {kind_of(args.manifest)}'s platform")
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
@@ -370,10 +363,8 @@ def _run(args: argparse.Namespace) -> int:
     except NotInCacheError as error:
         raise _not_in_cache(args.name, error, manifest.bundle is not None) from None
     except (BundleError, PjrtError) as error:
-        # The files were refused, or the plugin failed to load or run them: a failed
-        # operation (exit 1), said in one line.
-        print(f"{args.prog}: error: {args.name}: {' '.join(str(error).split())}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        # The files were refused, or the plugin failed to run them: a failed operation.
+        raise CommandError(f"{args.name}: {error}") from error
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
@@ -398,4 +389,4 @@ def _run(args: argparse.Namespace) -> int:
         for index, output in enumerate(result["outputs"]):
             total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
             print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
-    return EXIT_OK if outputs is not None else EXIT_PROBLEMS
+    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
