@@ -371,16 +371,26 @@ def _clear(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return ExitCode.OK
-    removed = cache.clear()
-    left = [str(entry.path) for entry in cache.list_entries() if not entry.regular]
+    cleared = cache.clear_entries()
+    left = [str(path) for path in cleared.left]
     if args.json:
-        _print_json({"directory": str(cache.directory), "removed": removed, "left": left})
+        failed = [str(path) for path, _ in cleared.failed]
+        document = {"removed": cleared.removed, "left": left, "failed": failed}
+        _print_json({"directory": str(cache.directory), **document})
     else:
-        print(f"removed {removed} entries from {cache.directory} (lock files stay)")
+        print(f"removed {cleared.removed} entries from {cache.directory} (lock files stay)")
         if left:
             print(
                 f"left {len(left)} that {'is' if len(left) == 1 else 'are'} named like an entry "
                 f"but not a regular file (a directory or a link), which clear never removes: "
                 f"{', '.join(left)}; remove {'it' if len(left) == 1 else 'them'} by hand"
             )
+    if cleared.failed:
+        path, error = cleared.failed[0]
+        others = len(cleared.failed) - 1
+        raise CommandError(
+            f"could not remove {len(cleared.failed)} of {len(cleared.failed) + cleared.removed} "
+            f"entries ({path.name}: {error.strerror}{f', and {others} more' if others else ''}); "
+            f"make {path.parent} writable for this user and clear again"
+        )
     return ExitCode.PROBLEMS if left else ExitCode.OK
