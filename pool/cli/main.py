@@ -24,7 +24,7 @@ plugin, a file that is not one, a cache directory others can write: see
 _environment_error), raised anywhere, even in a worker that failed to start,
 are usage errors too. Any other exception is a bug (or a failure the command
 did not foresee) and keeps its traceback. A Ctrl-C ends every command with
-130.
+130, once what it started has stopped.
 """
 
 from __future__ import annotations
@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = int(run(args))
     except KeyboardInterrupt:
+        # What the command started has stopped on the way here: a Pool's with
+        # block terminated its workers, warm joined its lowering thread. Only a
+        # second Ctrl-C, which cuts that join short, leaves a thread that may be
+        # in jaxlib's native code, which the interpreter's teardown would abort
+        # (pool.lowering.parallel): the command line leaves without that teardown.
+        if argv is None:
+            exit_at_once(ExitCode.INTERRUPTED)
         return ExitCode.INTERRUPTED
     except Exception as error:
         if _environment_error(error):
@@ -153,8 +160,9 @@ def exit_at_once(code: int) -> None:
 
     A command given exit_at_once=True (and run as the command line, argv
     None) wrote everything it had to: a PJRT plugin's teardown (its client,
-    its thread pools: about 40 ms on CPU) does nothing for it. A library
-    never calls this; its users' processes end as theirs do.
+    its thread pools: about 40 ms on CPU) does nothing for it. So has every
+    command a Ctrl-C ended, once its with blocks and finally clauses ran. A
+    library never calls this; its users' processes end as theirs do.
     """
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: nothing more can be said on it.

@@ -4,7 +4,9 @@ warm lowers and compiles every program of a spec into the disk cache with a
 pool of workers, shows progress, prints a report (``--json`` for scripts) and
 writes a manifest (``--manifest FILE``). Exit status: 0 when every program
 is in the cache, 1 when any failed (lowering error, compile error, worker
-crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
+crash, timeout) or was skipped, 2 for usage errors and specs that do not load,
+130 after a Ctrl-C, which reports what was warmed and writes the manifest of
+those programs, marked partial.
 
 run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
@@ -25,7 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +50,9 @@ from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
+
+if TYPE_CHECKING:
+    from pool.warm.warming import WarmReport
 
 
 def register(subparsers: Any) -> None:
@@ -240,39 +245,56 @@ def _warm(args: argparse.Namespace) -> int:
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
     from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import report_json, warm
+    from pool.warm.warming import WarmInterrupted, report_json, warm
 
+    interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
         try:
             spec = load_spec(args.spec)
         except SpecError as error:
             raise UsageError(str(error)) from None
         progress = ProgressDisplay(len(spec.programs))
-        report = warm(
-            spec,
-            workers=args.workers,
-            platform=args.platform,
-            cache_dir=args.cache_dir,
-            timeout=args.timeout,
-            fail_fast=args.fail_fast,
-            lower_workers=args.lower_workers,
-            progress=progress,
-            scheduler=args.scheduler,
-            remote=args.remote,
-        )
-    if args.manifest:
-        cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
-        specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
-        Manifest(specs, cache_dir, args.platform or (specs[0].platform if specs else None)).write(
-            args.manifest
-        )
+        try:
+            report = warm(
+                spec,
+                workers=args.workers,
+                platform=args.platform,
+                cache_dir=args.cache_dir,
+                timeout=args.timeout,
+                fail_fast=args.fail_fast,
+                lower_workers=args.lower_workers,
+                progress=progress,
+                scheduler=args.scheduler,
+                remote=args.remote,
+            )
+        except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
+            report, interrupted = stopped.report, stopped
+    written = _write_manifest(args, report) if args.manifest else None
     if args.json:
         print(report_json(report))
     else:
         print(report.summary())
-        if args.manifest:
-            print(f"manifest: {args.manifest}")
+        if written is not None:
+            print(written)
+    if interrupted is not None:
+        raise interrupted
     return ExitCode.OK if report.ok else ExitCode.PROBLEMS
+
+
+def _write_manifest(args: argparse.Namespace, report: WarmReport) -> str:
+    """Writes --manifest of the programs warmed, partial after a Ctrl-C; returns what to say."""
+    cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
+    specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
+    if report.interrupted and not specs:
+        return f"manifest: none written (no program was warmed); {args.manifest} is as it was"
+    platform = args.platform or (specs[0].platform if specs else None)
+    Manifest(specs, cache_dir, platform, partial=report.interrupted).write(args.manifest)
+    if report.interrupted:
+        return (
+            f"manifest: {args.manifest}, partial: the {len(specs)} of {len(report.programs)} "
+            "programs warmed before the interrupt"
+        )
+    return f"manifest: {args.manifest}"
 
 
 def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
