@@ -5,6 +5,9 @@ A manifest is JSON::
     {"format": 1, "platform": "cpu", "cache_dir": "...", "created": 1700000000.0,
      "programs": [<ProgramSpec.to_json()>, ...]}
 
+with ``"partial": true`` added when a Ctrl-C stopped the warm that wrote it
+before every program was warmed.
+
 load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
 worker.bundle), which carries the executables themselves; Manifest.run(name,
 arguments) runs a program by name from the warm cache or the bundle, in this
@@ -86,6 +89,7 @@ class Manifest:
         *,
         prime: bool = False,
         remote: str | Literal[False] | None = None,
+        partial: bool = False,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -101,6 +105,9 @@ class Manifest:
         self.remote = remote
         """The remote cache tier a program the cache lacks is fetched from: its URL, None
         (PJRT_POOL_CACHE_REMOTE) or False (none); unused for a bundle."""
+        self.partial = partial
+        """Whether warming was interrupted before every program of its spec was warmed: the
+        manifest names the programs that were ("partial": true in the file)."""
         self.prime_on_load = prime
         """Whether each program is primed (run twice on zeros) as it loads (Executable.prime),
         so that its first real run is at the warm speed."""
@@ -218,13 +225,16 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """Returns the manifest as a JSON-ready dict."""
-        return {
+        data = {
             "format": MANIFEST_FORMAT,
             "platform": self.platform,
             "cache_dir": self.cache_dir,
             "created": time.time(),
             "programs": [spec.to_json() for spec in self.specs.values()],
         }
+        if self.partial:  # only then: complete manifests stay as they were
+            data["partial"] = True
+        return data
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Writes the manifest atomically (readers see the old file or the new one)."""
@@ -237,6 +247,28 @@ class Manifest:
 def is_bundle(path: str | os.PathLike[str]) -> bool:
     """Whether load_manifest takes path for a bundle (a URL, or a tar file) or a manifest."""
     return is_url(path) or looks_like_archive(path)
+
+
+def kind_of(path: str | os.PathLike[str]) -> str:
+    """What a path given as a manifest or a bundle is, for messages: "bundle" for a bundle,
+    and for a file that is missing (or cannot be read) but is named like one (*.bundle);
+    else "manifest"."""
+    if is_bundle(path) or (not os.path.isfile(path) and os.fspath(path).endswith(".bundle")):
+        return "bundle"
+    return "manifest"
+
+
+def does_not_exist(path: str | os.PathLike[str]) -> str:
+    """What to say of a manifest or bundle that does not exist, and where one comes from."""
+    if kind_of(path) == "bundle":
+        return (
+            f"bundle {os.fspath(path)} does not exist: check the path, or make the bundle "
+            "with pjrt-pool bundle create"
+        )
+    return (
+        f"manifest {os.fspath(path)} does not exist: check the path, or write the manifest "
+        "with pjrt-pool warm --manifest"
+    )
 
 
 def load_manifest(
@@ -272,7 +304,7 @@ def load_manifest(
     try:
         data = parse_json(read_file(path, MAX_MANIFEST_SIZE, follow_symlinks=True, what="manifest"))
     except FileNotFoundError:
-        raise ManifestError(f"manifest {path} does not exist: run pjrt-pool warm first") from None
+        raise ManifestError(does_not_exist(path)) from None
     except (OSError, ValueError) as error:
         raise ManifestError(f"cannot read manifest {path}: {error}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
@@ -285,7 +317,10 @@ def load_manifest(
         if not isinstance(data.get(field), (str, type(None))):
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
     directory = cache_dir or data.get("cache_dir")
-    return Manifest(specs, directory, data.get("platform"), prime=prime, remote=remote)
+    partial = data.get("partial") is True
+    return Manifest(
+        specs, directory, data.get("platform"), prime=prime, remote=remote, partial=partial
+    )
 
 
 def _open_bundle(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +187,44 @@ def test_clear(capsys, populated):
     assert code == 0 and document["removed"] == 3
     assert keys(populated) == []
     assert sorted(p.name for p in (populated / "locks").iterdir()) == locks
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """Makes a folder one this process cannot write in, as long as the block runs.
+
+    For root, whom permissions do not stop, the folder is made immutable
+    (chattr +i: an unlink in it fails with EPERM); for anyone else, read-only.
+    """
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        try:
+            yield
+        finally:
+            folder.chmod(0o700)
+        return
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False)
+    if made.returncode != 0:  # no chattr, or no CAP_LINUX_IMMUTABLE (a container's root)
+        pytest.skip(f"root cannot make {folder} unwritable here: {made.stderr!r}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_clear_that_cannot_remove_the_entries_says_so_and_exits_1(capsys, populated):
+    """It said "removed 0 entries", a warning per entry, and exited 0 (issue 42)."""
+    with unwritable(populated / "entries"):
+        code, out, err = cli(capsys, "cache", "clear", "--yes")
+        assert code == 1 and len(keys(populated)) == 3
+        assert f"removed 0 entries from {populated}" in out
+        (line,) = err.strip().splitlines()
+        assert line.startswith("pjrt-pool cache clear: could not remove 3 of 3 entries ("), line
+        assert f"make {populated / 'entries'} writable" in line
+        code, document = cli_json(capsys, "cache", "clear", "--yes")
+        assert code == 1 and document["removed"] == 0 and len(document["failed"]) == 3
+    code, document = cli_json(capsys, "cache", "clear", "--yes")  # writable again: it clears
+    assert code == 0 and document["removed"] == 3 and document["failed"] == []
 
 
 def test_the_command_runs_as_a_program(populated):

@@ -7,12 +7,15 @@ errors are not caught (they keep their traceback); these are not internal.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_warm import pjrt_pool
+
+from pool.manifest import ManifestError, load_manifest
 
 TINY_SPEC = """
 import jax, jax.numpy as jnp
@@ -148,6 +151,23 @@ def test_run_says_which_key_is_missing_and_how_to_warm_it(tiny: dict, tmp_path: 
     # The real manifest still runs.
     done = pjrt_pool("run", str(tiny["manifest"]), "add", "--json")
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("missing.bundle", "bundle {} does not exist: check the path, or make the bundle"),
+        ("missing.json", "manifest {} does not exist: check the path, or write the manifest"),
+    ],
+)
+def test_run_names_a_missing_bundle_as_a_bundle(tmp_path: Path, name: str, says: str) -> None:
+    """`run missing.bundle NAME` said "manifest missing.bundle does not exist: run pjrt-pool
+    warm first" (issue 42)."""
+    path = tmp_path / name
+    line = assert_usage_error(pjrt_pool("run", str(path), "add"), says.format(path))
+    assert line.startswith("pjrt-pool run: ")
+    with pytest.raises(ManifestError, match=re.escape(says.format(path))):
+        load_manifest(path)
 
 
 def test_a_bad_compile_mode_is_a_usage_error_for_warm_and_run(tiny):

@@ -36,6 +36,7 @@ from pool import (
     lower,
     register_custom_call,
 )
+from worker.plugin.locate import install_extra_command
 
 
 def calls(target: str):
@@ -288,7 +289,7 @@ def test_on_the_older_plugin_the_suites_handlers_run_and_jaxlibs_are_refused(ffi
     assert "PJRT API 0.81" in message and os.path.realpath(SECOND_PLUGIN) in message
     assert f"installed jaxlib, {result['jaxlib']}" in message
     # What to do names the default CPU plugin, which is not the one loaded.
-    assert "such as lammps-jax-pjrt-cpu ('pip install pjrt-pool[cpu]'" in message
+    assert f"such as lammps-jax-pjrt-cpu ({install_extra_command('cpu')};" in message
     assert result["refused"]["v05"][:2] == ["0.5", "0.2"]
 
 

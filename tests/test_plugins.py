@@ -17,7 +17,7 @@ from conftest import DEFAULT_PLUGIN, REPO, SECOND_PLUGIN, run_python
 
 import pool
 from worker import PluginNotFoundError, find_plugin
-from worker.plugin.locate import env_var
+from worker.plugin.locate import env_var, install_extra_command
 
 needs_both = pytest.mark.skipif(
     DEFAULT_PLUGIN is None or SECOND_PLUGIN is None, reason="needs both CPU plugins installed"
@@ -107,13 +107,45 @@ def test_a_default_package_without_its_library_is_skipped(tmp_path: Path, no_plu
     }
 
 
-def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env):
+# Where pjrt-pool was installed from, as pip records it (PEP 610's direct_url.json; None:
+# from an index, which records none), and the command that installs its cpu extra from there.
+INSTALLED_FROM = {
+    "editable checkout": (
+        {"url": "file:///src/pjrt-pool", "dir_info": {"editable": True}},
+        "pip install -e '/src/pjrt-pool[cpu]'",
+    ),
+    "checkout": (
+        {"url": "file:///src/pjrt-pool", "dir_info": {}},
+        "pip install '/src/pjrt-pool[cpu]'",
+    ),
+    "wheel": (
+        {"url": "file:///w/pjrt_pool-0.1.0-cp311-cp311-linux_x86_64.whl", "archive_info": {}},
+        "pip install '/w/pjrt_pool-0.1.0-cp311-cp311-linux_x86_64.whl[cpu]'",
+    ),
+    "git": (
+        {"url": "https://example.com/p.git", "vcs_info": {"vcs": "git", "commit_id": "ab1"}},
+        "pip install 'pjrt-pool[cpu] @ git+https://example.com/p.git@ab1'",
+    ),
+    "an index": (None, "pip install '<the checkout or wheel pjrt-pool came from>[cpu]'"),
+}
+
+
+@pytest.mark.parametrize("source", list(INSTALLED_FROM))
+def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env, source: str):
     # Both CPU packages shadowed by packages without their libraries: as if
-    # pjrt-pool were installed without the cpu extra.
+    # pjrt-pool were installed without the cpu extra. No index serves
+    # pjrt-pool (issue 42): the extra comes from where pjrt-pool came from, as
+    # the distribution found first on the path records it.
     for package in ("lammps_jax_pjrt_cpu", "xla_plugins/xla_cpu_pjrt"):
         shadow = tmp_path / package
         shadow.mkdir(parents=True)
         (shadow / "__init__.py").write_text("")
+    direct_url, command = INSTALLED_FROM[source]
+    installed = tmp_path / "pjrt_pool-0.1.0.dist-info"
+    installed.mkdir()
+    (installed / "METADATA").write_text("Metadata-Version: 2.1\nName: pjrt-pool\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (installed / "direct_url.json").write_text(json.dumps(direct_url))
     done = run_python(
         """
         import worker
@@ -126,7 +158,8 @@ def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env)
     )
     message = done.stdout
     assert "no PJRT plugin found for platform 'cpu'" in message
-    assert "'pip install pjrt-pool[cpu]' for lammps-jax-pjrt-cpu" in message
+    assert f"({command} for lammps-jax-pjrt-cpu or pip install xla-cpu-pjrt)" in message
+    assert "pip install pjrt-pool[cpu]" not in message  # what no index serves
     assert "PJRT_POOL_PLUGIN_CPU" in message
 
 
@@ -144,9 +177,10 @@ def test_no_plugin_for_cuda_says_what_to_install(no_plugin_env):
     else:
         pytest.skip("a CUDA plugin is installed here")
     assert (
-        "'pip install pjrt-pool[cuda13]' for jax-cuda13-pjrt or "
-        "'pip install pjrt-pool[cuda12]' for jax-cuda12-pjrt" in message
+        f"{install_extra_command('cuda13')} for jax-cuda13-pjrt or "
+        f"{install_extra_command('cuda12')} for jax-cuda12-pjrt" in message
     )
+    assert "[cuda13]'" in message and "pip install pjrt-pool[" not in message
     assert "PJRT_POOL_PLUGIN_CUDA" in message
 
 

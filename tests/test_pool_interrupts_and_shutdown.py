@@ -240,6 +240,28 @@ def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) ->
     assert "terminate returned: True" in done.stdout, done.stdout
 
 
+def test_ctrl_c_while_the_workers_start_stops_them() -> None:
+    # Pool() waits for its workers to start (a plugin takes a while to load): a
+    # Ctrl-C there left them, and the manager thread, running with no pool to
+    # stop them (issue 42: a Ctrl-C early in pjrt-pool warm).
+    done = interrupt_child(
+        """
+        interrupt_at(Pool.__init__, "self._workers.started.wait(")
+        try:
+            Pool(workers=2)
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print("workers left:", children_of(os.getpid()), flush=True)
+        print("threads left:", [t.name for t in threading.enumerate() if t.name != "MainThread"])
+        """,
+        timeout=90,
+    )
+    assert "interrupted" in done.stdout, done.stdout
+    assert "workers left: []" in done.stdout, done.stdout
+    assert "threads left: []" in done.stdout, done.stdout
+
+
 def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> None:
     # Interrupted in Dispatcher._finish after the worker went IDLE but before
     # it is handed back (parked: Workers.free_locked): it stays held by the caller,

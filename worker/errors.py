@@ -66,7 +66,7 @@ class BundleError(ValueError):
     """A bundle is not one, is damaged, or was changed after it was made.
 
     The message names the file and what is wrong with it (a member added,
-    removed or swapped, a truncated file, a member that is not a regular
+    removed, resized or damaged, a truncated file, a member that is not a regular
     file or whose name leads outside the bundle); nothing was loaded or
     imported from it.
     """

@@ -18,15 +18,26 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import add_remote_option, open_remote_option
-from pool.cli.paths import input_file, output_file
-from pool.manifest import Manifest, ManifestError, is_bundle, load_manifest
+from pool.cli.paths import (
+    checked_cache_dir,
+    checked_manifest_cache_dir,
+    input_file,
+    output_file,
+)
+from pool.manifest import (
+    Manifest,
+    ManifestError,
+    does_not_exist,
+    is_bundle,
+    kind_of,
+    load_manifest,
+)
 from worker.bundle.importing import check_for_import, import_bundle
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
@@ -34,7 +45,6 @@ from worker.bundle.urls import shown
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.location import format_size
 from worker.cache.store import DiskCache
-from worker.cache.trust import UntrustedCacheError
 from worker.compile.identity import runtime_key_parts
 from worker.errors import (
     BundleError,
@@ -138,11 +148,6 @@ def _describe(output: Path, index: Index) -> str:
     )
 
 
-def _problem(error: Exception) -> int:
-    print(f"pjrt-pool bundle: error: {error}", file=sys.stderr)
-    return EXIT_PROBLEMS
-
-
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
     remote = open_remote_option(args.remote)  # UsageError for a URL or setting it cannot use
@@ -159,10 +164,11 @@ def _create(args: argparse.Namespace) -> int:
             raise UsageError(str(error)) from None
         cache = caches.get(manifest.cache_dir)
         if cache is None:
+            checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, path)
             try:
                 cache = caches[manifest.cache_dir] = DiskCache(manifest.cache_dir, create=False)
-            except (UntrustedCacheError, ValueError) as error:
-                return _problem(error)
+            except ValueError as error:  # a bad signing setting
+                raise CommandError(str(error)) from error
         if not cache.usable and remote is None:
             raise UsageError(
                 f"{path}: its cache {cache.directory} does not exist; pass the cache the "
@@ -172,9 +178,9 @@ def _create(args: argparse.Namespace) -> int:
     try:
         index = create_bundle(output, programs, remote=remote)
     except (BundleError, ValueError, OSError) as error:
-        return _problem(error)
+        raise CommandError(str(error)) from error
     print(_describe(output, index))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -182,9 +188,9 @@ def _merge(args: argparse.Namespace) -> int:
     try:
         index = merge_bundles(output, args.bundles)
     except (BundleError, ValueError, OSError) as error:
-        return _problem(error)
+        raise CommandError(str(error)) from error
     print(_describe(output, index))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
@@ -199,6 +205,7 @@ def _import(args: argparse.Namespace) -> int:
     input_file(args.bundle, "the bundle")
     if args.manifest:
         _output(args.manifest, [args.bundle], "--manifest")
+    checked_cache_dir(args.cache_dir)
     try:
         existing = DiskCache(args.cache_dir, create=False)
         if not existing.usable:
@@ -208,17 +215,17 @@ def _import(args: argparse.Namespace) -> int:
                 check_for_import(bundle, existing.max_size)
         cache = DiskCache(args.cache_dir)
         result = import_bundle(args.bundle, cache)
-    except (BundleError, UntrustedCacheError, ValueError) as error:
-        return _problem(error)
+    except (BundleError, ValueError) as error:
+        raise CommandError(str(error)) from error
     print(
         f"imported {result.imported} entries ({format_size(result.bytes)}) into "
         f"{cache.directory}; {result.present} were there already"
         + (f"; {result.not_stored} could not be stored" if result.not_stored else "")
     )
     if result.not_stored:
-        return EXIT_PROBLEMS
+        return ExitCode.PROBLEMS
     if not args.manifest:
-        return EXIT_OK
+        return ExitCode.OK
     with Bundle(args.bundle, cache.signer) as bundle:
         programs = list(bundle.index.programs.values())
         platform = programs[0].platform
@@ -234,12 +241,12 @@ def _import(args: argparse.Namespace) -> int:
     for verdict in verdicts:
         if not verdict.loads:
             print(verdict.describe())
-    return EXIT_OK if len(specs) == len(programs) else EXIT_PROBLEMS
+    return ExitCode.OK if len(specs) == len(programs) else ExitCode.PROBLEMS
 
 
 def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    input_file(args.file, "the file")
+    input_file(args.file, f"the {kind_of(args.file)}", does_not_exist(args.file))
     try:
         if is_bundle(args.file):
             if args.cache_dir is not None or args.remote is not None:
@@ -253,6 +260,7 @@ def _check(args: argparse.Namespace) -> int:
         else:
             manifest = load_manifest(args.file, args.cache_dir)
             remote = open_remote_option(args.remote)
+            checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, args.file)
             cache = DiskCache(manifest.cache_dir, create=False)
             specs = list(manifest.specs.values())
             platform = args.platform or (specs[0].platform if specs else "cpu")
@@ -260,11 +268,11 @@ def _check(args: argparse.Namespace) -> int:
             verdicts = check_cached(specs, cache, here, platform, remote)
     except ManifestError as error:
         raise UsageError(str(error)) from None
-    except (BundleError, UntrustedCacheError, ValueError) as error:
-        return _problem(error)
+    except (BundleError, ValueError) as error:
+        raise CommandError(str(error)) from error
     seconds = time.perf_counter() - started
     _report(args, verdicts, seconds)
-    return EXIT_OK if all(verdict.loads for verdict in verdicts) else EXIT_PROBLEMS
+    return ExitCode.OK if all(verdict.loads for verdict in verdicts) else ExitCode.PROBLEMS
 
 
 def _report(args: argparse.Namespace, verdicts: list[Verdict], seconds: float) -> None:

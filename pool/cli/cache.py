@@ -8,16 +8,17 @@ else the user cache directory); no command but prune, clear and pull changes
 it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
 entries with the plugin in child processes (``python -m worker.cache.verify``),
 so that an entry that crashes the plugin is reported instead of crashing this.
-A directory that others could write is refused (exit 1) as compiling refuses
-it (see worker.cache.trust), and with signing on (PJRT_POOL_CACHE_SECRET or
-PJRT_POOL_CACHE_KEY_FILE) verify reports entries without the right signature
-as bad.
+A directory that others could write is refused (exit 2, as for every command)
+as compiling refuses it (see worker.cache.trust), and with signing on
+(PJRT_POOL_CACHE_SECRET or PJRT_POOL_CACHE_KEY_FILE) verify reports entries
+without the right signature as bad.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,14 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from pool.cli import cache_remote
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import size_argument
+from pool.cli.paths import checked_cache_dir
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, UntrustedCacheError, format_size
+from worker.cache import DiskCache, format_size
 from worker.cache import report as cache_report
 from worker.cache.report import UNREADABLE
 from worker.cache.verify import OTHER
+from worker.plugin.locate import env_var
 
 LOAD_TIMEOUT = 120.0
 """Seconds a verifying child may take to start and load its plugin..."""
@@ -51,7 +54,7 @@ def register(subparsers: Any) -> None:
         description="Inspect and maintain the disk cache of compiled executables. Tables by "
         "default, --json for one JSON document. No command creates the directory; only prune "
         "and clear change it. Exit codes: 0 success, 1 problems found (verify: bad entries), "
-        "2 usage error.",
+        "2 usage or environment error.",
     )
     cache.set_defaults(run=_name_a_command, prog=cache.prog)
     common = argparse.ArgumentParser(add_help=False)
@@ -64,9 +67,9 @@ def register(subparsers: Any) -> None:
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 
     info = commands.add_parser("info", parents=[common], help="where the cache is and how full")
-    info.set_defaults(run=_refusing_untrusted(_info), prog=info.prog)
+    info.set_defaults(run=_refusing_bad_settings(_info), prog=info.prog)
     listing = commands.add_parser("list", parents=[common], help="one line per entry")
-    listing.set_defaults(run=_refusing_untrusted(_list), prog=listing.prog)
+    listing.set_defaults(run=_refusing_bad_settings(_list), prog=listing.prog)
     verify = commands.add_parser(
         "verify",
         parents=[common],
@@ -76,7 +79,7 @@ def register(subparsers: Any) -> None:
         "plugin build or on another host are reported as such, not as bad.",
     )
     verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
-    verify.set_defaults(run=_refusing_untrusted(_verify), prog=verify.prog)
+    verify.set_defaults(run=_refusing_bad_settings(_verify), prog=verify.prog)
     prune = commands.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries down to a size"
     )
@@ -87,10 +90,10 @@ def register(subparsers: Any) -> None:
         metavar="SIZE",
         help="for example 500M or 2G",
     )
-    prune.set_defaults(run=_refusing_untrusted(_prune), prog=prune.prog)
+    prune.set_defaults(run=_refusing_bad_settings(_prune), prog=prune.prog)
     clear = commands.add_parser("clear", parents=[common], help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    clear.set_defaults(run=_refusing_untrusted(_clear), prog=clear.prog)
+    clear.set_defaults(run=_refusing_bad_settings(_clear), prog=clear.prog)
     cache_remote.register(commands, common)
 
 
@@ -99,18 +102,18 @@ def _name_a_command(_args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> DiskCache:
-    return DiskCache(args.cache_dir, create=False)
+    return DiskCache(checked_cache_dir(args.cache_dir), create=False)
 
 
-def _refusing_untrusted(command: Any) -> Any:
-    """Wraps a command so that an untrusted directory or a bad signing setting exits 1."""
+def _refusing_bad_settings(command: Any) -> Any:
+    """Wraps a command so that a setting it cannot use (signing, size bound, sharing: a
+    ValueError naming the variable) is a usage error, as an untrusted directory is."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return int(command(args))
-        except (UntrustedCacheError, ValueError) as error:
-            print(f"pjrt-pool cache: error: {error}", file=sys.stderr)
-            return EXIT_PROBLEMS
+        except ValueError as error:
+            raise UsageError(str(error)) from error
 
     return run
 
@@ -141,7 +144,7 @@ def _info(args: argparse.Namespace) -> int:
     summary = cache_report.info(_open(args))
     if args.json:
         _print_json(summary)
-        return EXIT_OK
+        return ExitCode.OK
     state = (
         "missing" if not summary["exists"] else ("writable" if summary["writable"] else "read-only")
     )
@@ -165,7 +168,7 @@ def _info(args: argparse.Namespace) -> int:
         ("least recently used", _when(summary["oldest_use"])),
     ]
     print("\n".join(f"{name:<20} {value}" for name, value in rows))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -173,10 +176,10 @@ def _list(args: argparse.Namespace) -> int:
     records = cache_report.list_entries(cache)
     if args.json:
         _print_json({"directory": str(cache.directory), "entries": records})
-        return EXIT_OK
+        return ExitCode.OK
     if not records:
         print(f"no entries in {cache.directory}")
-        return EXIT_OK
+        return ExitCode.OK
     rows = []
     for record in records:
         seconds = record.get("compile_seconds")
@@ -195,7 +198,7 @@ def _list(args: argparse.Namespace) -> int:
     print(_table(headers, rows))
     total = sum(record["size"] for record in records)
     print(f"{len(records)} entries, {format_size(total)}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- verify ----------------------------------------------------------------
@@ -248,7 +251,11 @@ def _load_with_plugin(
         current = None
         checked = 0
         for record in records:
-            if "error" in record:  # no plugin for this platform here, or it failed to load
+            if "error" in record and (
+                record.get("kind") == "PluginLoadError" or os.environ.get(env_var(platform))
+            ):  # the plugin installed or named here does not load: this machine's set-up
+                raise UsageError(f"platform {platform}: {record['error']}")
+            if "error" in record:  # no plugin for this platform here: another host's entries
                 return {key: (OTHER, record["error"]) for key in pending} | results
             if "checking" in record:
                 current = record["checking"]
@@ -304,33 +311,27 @@ def _verify(args: argparse.Namespace) -> int:
         )
     else:
         print(f"no entries in {cache.directory}")
-    return EXIT_PROBLEMS if counts["bad"] or counts[UNREADABLE] else EXIT_OK
+    return ExitCode.PROBLEMS if counts["bad"] or counts[UNREADABLE] else ExitCode.OK
 
 
 # -- prune and clear -------------------------------------------------------
 
 
-def _unusable(cache: DiskCache, command: str) -> int | None:
-    """Exit status 1, with the reason, for a cache that exists but cannot be used; else None.
+def _refuse_unusable(cache: DiskCache) -> None:
+    """Raises CommandError (exit 1), with the reason, for a cache that exists but cannot be used.
 
     A missing cache has nothing to change; one with a symlink or a file
     where a folder should be is never changed through it.
     """
-    if cache.problem is None:
-        return None
-    print(
-        f"pjrt-pool cache {command}: error: the cache {cache.directory} cannot be used "
-        f"({cache.problem}); nothing was changed",
-        file=sys.stderr,
-    )
-    return EXIT_PROBLEMS
+    if cache.problem is not None:
+        raise CommandError(
+            f"the cache {cache.directory} cannot be used ({cache.problem}); nothing was changed"
+        )
 
 
 def _prune(args: argparse.Namespace) -> int:
     cache = _open(args)
-    refused = _unusable(cache, "prune")
-    if refused is not None:
-        return refused
+    _refuse_unusable(cache)
     result = cache.trim(args.max_size, wait=PRUNE_WAIT) if cache.usable else None
     if result is not None and not result.ran:
         reason = (
@@ -338,8 +339,7 @@ def _prune(args: argparse.Namespace) -> int:
             if cache.writable
             else f"cannot write {cache.directory}"
         )
-        print(f"pjrt-pool cache prune: {reason}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        raise CommandError(reason)
     document = {
         "directory": str(cache.directory),
         "max_size": args.max_size,
@@ -356,14 +356,12 @@ def _prune(args: argparse.Namespace) -> int:
             f"temporary files: {format_size(document['total_before'])} -> "
             f"{format_size(document['total_after'])} (bound {format_size(args.max_size)})"
         )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _clear(args: argparse.Namespace) -> int:
     cache = _open(args)
-    refused = _unusable(cache, "clear")
-    if refused is not None:
-        return refused
+    _refuse_unusable(cache)
     entries = [entry for entry in cache.list_entries() if entry.regular]
     if entries and not args.yes:
         if not sys.stdin.isatty():
@@ -372,17 +370,27 @@ def _clear(args: argparse.Namespace) -> int:
         answer = input(f"remove {len(entries)} entries ({size}) from {cache.directory}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
-            return EXIT_OK
-    removed = cache.clear()
-    left = [str(entry.path) for entry in cache.list_entries() if not entry.regular]
+            return ExitCode.OK
+    cleared = cache.clear_entries()
+    left = [str(path) for path in cleared.left]
     if args.json:
-        _print_json({"directory": str(cache.directory), "removed": removed, "left": left})
+        failed = [str(path) for path, _ in cleared.failed]
+        document = {"removed": cleared.removed, "left": left, "failed": failed}
+        _print_json({"directory": str(cache.directory), **document})
     else:
-        print(f"removed {removed} entries from {cache.directory} (lock files stay)")
+        print(f"removed {cleared.removed} entries from {cache.directory} (lock files stay)")
         if left:
             print(
                 f"left {len(left)} that {'is' if len(left) == 1 else 'are'} named like an entry "
                 f"but not a regular file (a directory or a link), which clear never removes: "
                 f"{', '.join(left)}; remove {'it' if len(left) == 1 else 'them'} by hand"
             )
-    return EXIT_PROBLEMS if left else EXIT_OK
+    if cleared.failed:
+        path, error = cleared.failed[0]
+        others = len(cleared.failed) - 1
+        raise CommandError(
+            f"could not remove {len(cleared.failed)} of {len(cleared.failed) + cleared.removed} "
+            f"entries ({path.name}: {error.strerror}{f', and {others} more' if others else ''}); "
+            f"make {path.parent} writable for this user and clear again"
+        )
+    return ExitCode.PROBLEMS if left else ExitCode.OK

@@ -11,7 +11,7 @@ PJRT_POOL_CACHE_REMOTE; ``--concurrency`` (default
 PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16) bounds the requests in flight.
 Exit codes as for every cache command: 0 when every entry is where it was
 to go, 1 when some are not (refused, missing, failed) or the remote failed,
-2 for usage errors. Nothing here imports JAX.
+2 for usage and environment errors. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from typing import Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import add_remote_option, argument_type, open_remote_option, size_argument
-from worker.cache import DiskCache, UntrustedCacheError, format_size
+from pool.cli.paths import checked_cache_dir
+from worker.cache import DiskCache, format_size
 from worker.cache.remote import RemoteCache, TransferReport
 from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
@@ -123,11 +123,9 @@ def _checked(command: Any) -> Any:
         try:
             return int(command(args))
         except RemoteError as error:
-            print(f"{args.prog}: error: the remote failed: {error}", file=sys.stderr)
-            return EXIT_PROBLEMS
-        except (UntrustedCacheError, ValueError) as error:  # ManifestError, bad settings
-            print(f"{args.prog}: error: {error}", file=sys.stderr)
-            return EXIT_PROBLEMS
+            raise CommandError(f"the remote failed: {error}") from error
+        except ValueError as error:  # ManifestError, bad settings
+            raise CommandError(str(error)) from error
 
     return run
 
@@ -173,14 +171,14 @@ def _report(args: argparse.Namespace, verb: str, tier: RemoteCache, report: Tran
         for key, outcome in report.outcomes.items():
             if not outcome.ok:
                 print(f"  {key}: {outcome.value}")
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return ExitCode.OK if report.ok else ExitCode.PROBLEMS
 
 
 def _push(args: argparse.Namespace) -> int:
     from worker.cache.remote import push
 
     tier = _remote(args, writing=True)
-    cache = DiskCache(args.cache_dir, create=False)
+    cache = DiskCache(checked_cache_dir(args.cache_dir), create=False)
     if cache.problem is not None:
         raise ValueError(f"the cache {cache.directory} cannot be used ({cache.problem})")
     report = push(tier, cache, _manifest_keys(args), concurrency=args.concurrency)
@@ -195,7 +193,8 @@ def _pull(args: argparse.Namespace) -> int:
     keys = _manifest_keys(args)
     if keys is None:
         keys = remote_keys(tier)
-    report = prefetch(tier, open_cache(args.cache_dir), keys, concurrency=args.concurrency)
+    cache = open_cache(checked_cache_dir(args.cache_dir, create=True))
+    report = prefetch(tier, cache, keys, concurrency=args.concurrency)
     return _report(args, "pulled", tier, report)
 
 
@@ -215,7 +214,7 @@ def _gc(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps({"remote": tier.location.shown, **report.to_json()}, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
     would = "would delete" if report.dry_run else "deleted"
     print(
         f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
@@ -232,4 +231,4 @@ def _gc(args: argparse.Namespace) -> int:
             f"  {len(report.newer_records)} records of a newer format kept (a newer pjrt-pool "
             "shares the remote): no blob deleted, as they may name any"
         )
-    return EXIT_OK
+    return ExitCode.OK

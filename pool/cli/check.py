@@ -10,7 +10,8 @@ something (--no-workarounds: without). Results are remembered per plugin
 build in the cache directory, and later processes that load a build with
 failing cases warn about them. Exit status: 0 when every case passes
 (skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs
-(or the plugin does not start), 2 for usage errors.
+(or the plugin crashes as it starts), 2 for usage and environment errors (no
+plugin, or a file that is not one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import argparse
 import sys
 from typing import Any
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
+from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
 
 
@@ -84,6 +86,7 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--workers must be at least 1")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    checked_cache_dir(args.cache_dir)
     # Here, not at the top: the battery imports JAX (about a second), which
     # `pjrt-pool --help` and a usage error should not wait for.
     from pool.conformance import (
@@ -103,7 +106,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.list:
         for case in cases:
             print(f"{case.name}  (budget {case.budget.ulps:g} ULP{', x64' if case.x64 else ''})")
-        return EXIT_OK
+        return ExitCode.OK
     progress = ProgressDisplay(len(cases)) if sys.stderr.isatty() else None
     options = {} if args.timeout is None else {"timeout": args.timeout}
     try:
@@ -119,9 +122,10 @@ def _check(args: argparse.Namespace) -> int:
             workarounds=args.workarounds,
             **options,
         )
-    except PluginStartError as error:  # a plugin that cannot start has a problem: 1
-        print(f"pjrt-pool check-plugin: {error}", file=sys.stderr)
-        return EXIT_PROBLEMS
+    except PluginStartError as error:
+        # A plugin that crashes as it starts has a problem (1); a file that is no
+        # plugin at all is this machine's set-up, an environment error (pool.cli.main).
+        raise CommandError(str(error)) from error
     except CheckError as error:
         raise UsageError(str(error)) from None
     finally:
@@ -136,4 +140,4 @@ def _check(args: argparse.Namespace) -> int:
             print(f"results remembered for this plugin build in {memo}")
         elif report.workarounds_off:
             print("results not remembered: checked without the workarounds lower() applies")
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return ExitCode.OK if report.ok else ExitCode.PROBLEMS

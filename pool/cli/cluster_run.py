@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import ExitCode, UsageError
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import Manifest
 from pool.progress import ProgressDisplay
@@ -125,4 +125,4 @@ def run_batch(
             f"{args.name}: {len(done) - failed} ran, {failed} failed on {args.scheduler} "
             f"in {report['seconds']:.2f} s"
         )
-    return EXIT_PROBLEMS if failed else EXIT_OK
+    return ExitCode.PROBLEMS if failed else ExitCode.OK

@@ -9,15 +9,22 @@ and modules import JAX (or load a plugin) only inside ``run``, so that
 commands that need neither start fast: ``pjrt-pool cache`` never imports
 JAX, and ``pjrt-pool run`` of a bundle imports no compiler.
 
-Exit codes, for every command:
+Exit codes, for every command (ExitCode):
 
-    0  success
-    1  the command ran and found problems (``cache verify``: bad entries) or failed
-    2  usage error (bad arguments, or a confirmation that was needed and not given)
+    0    success
+    1    the command ran and found problems (``cache verify``: bad entries) or failed
+    2    a usage or environment error: bad arguments, a confirmation that was
+         needed and not given, a plugin or cache directory that cannot be used
+    130  interrupted (Ctrl-C)
 
-A command reports a user's mistake by raising UsageError: main prints its
-message as one line on stderr and exits 2. Any other exception is a bug (or
-a failure the command did not foresee) and keeps its traceback.
+A command reports what stopped it by raising a CommandError (exit 1) or a
+UsageError (exit 2): main prints its message as one line on stderr. The
+library's errors that mean this machine is not set up for the command (no
+plugin, a file that is not one, a cache directory others can write: see
+_environment_error), raised anywhere, even in a worker that failed to start,
+are usage errors too. Any other exception is a bug (or a failure the command
+did not foresee) and keeps its traceback. A Ctrl-C ends every command with
+130, once what it started has stopped.
 
 The caches warn of what they could not do (worker.cache's
 CacheUnavailableWarning, the remote tier's RemoteCacheWarning) both through
@@ -31,16 +38,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import importlib
 import logging
 import os
 import sys
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
+
+class ExitCode(enum.IntEnum):
+    """A command's exit status: the same meaning for every command."""
+
+    OK = 0
+    """Everything asked for was done."""
+    PROBLEMS = 1
+    """The command ran and found problems, or an operation failed."""
+    USAGE = 2
+    """A usage or environment error, said in one line before anything slow started, where
+    it can be."""
+    INTERRUPTED = 130
+    """Ctrl-C: 128 + SIGINT, as a shell reports a process that SIGINT ended."""
+
 
 COMMANDS = {
     "warm": "pool.cli.warm",
@@ -52,8 +72,39 @@ COMMANDS = {
 """Each command and the module whose register(subparsers) adds it, in the order of the help."""
 
 
-class UsageError(Exception):
+class CommandError(Exception):
+    """What stopped a command, and what to do: printed as one line, exit_code its status."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.PROBLEMS
+
+
+class UsageError(CommandError):
     """A user's mistake: what was wrong and what to do, printed as one line (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error, what it was raised from, and so on down."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__
+
+
+def _environment_error(error: BaseException) -> bool:
+    """Whether an error, or one it was raised from, says this machine is not set up for
+    the command: no plugin for the platform, a plugin file that does not load, or a
+    cache directory that others can write. Each message says what to do."""
+    # Imported here, once a command failed: main imports nothing of the library,
+    # so that each command starts as fast as its own module lets it.
+    from worker.cache.trust import UntrustedCacheError
+    from worker.errors import PluginLoadError, PluginNotFoundError
+
+    kinds = (PluginNotFoundError, PluginLoadError, UntrustedCacheError)
+    return any(isinstance(cause, kinds) for cause in _causes(error))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -61,7 +112,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pjrt-pool",
         description="Compile and run JAX programs on PJRT plugins in worker processes.",
-        epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage error",
+        epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage or "
+        "environment error, 130 interrupted (Ctrl-C)",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     # Only the command's module: a production job's ``pjrt-pool run`` need not import
@@ -79,22 +131,35 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(words)
     except SystemExit as exit_:  # argparse exits 2 on usage errors, 0 after --help
-        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+        return exit_.code if isinstance(exit_.code, int) else ExitCode.USAGE
     run = getattr(args, "run", None)
     if run is None:
         parser.print_usage(sys.stderr)
         print("pjrt-pool: error: name a command", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     formatting = warnings.formatwarning
     warnings.formatwarning = _format_warning
     try:
         code = int(run(args))
-    except UsageError as error:
+    except KeyboardInterrupt:
+        # What the command started has stopped on the way here: a Pool's with
+        # block terminated its workers, warm joined its lowering thread. Only a
+        # second Ctrl-C, which cuts that join short, leaves a thread that may be
+        # in jaxlib's native code, which the interpreter's teardown would abort
+        # (pool.lowering.parallel): the command line leaves without that teardown.
+        if argv is None:
+            exit_at_once(ExitCode.INTERRUPTED)
+        return ExitCode.INTERRUPTED
+    except Exception as error:
+        if _environment_error(error):
+            code = ExitCode.USAGE
+        elif isinstance(error, CommandError):
+            code = error.exit_code
+        else:
+            raise
         prog = getattr(args, "prog", parser.prog)
         print(f"{prog}: {' '.join(str(error).split())}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+        return code
     finally:
         warnings.formatwarning = formatting  # a caller's process, as it was
     if argv is None and getattr(args, "exit_at_once", False):
@@ -123,8 +188,9 @@ def exit_at_once(code: int) -> None:
 
     A command given exit_at_once=True (and run as the command line, argv
     None) wrote everything it had to: a PJRT plugin's teardown (its client,
-    its thread pools: about 40 ms on CPU) does nothing for it. A library
-    never calls this; its users' processes end as theirs do.
+    its thread pools: about 40 ms on CPU) does nothing for it. So has every
+    command a Ctrl-C ended, once its with blocks and finally clauses ran. A
+    library never calls this; its users' processes end as theirs do.
     """
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: nothing more can be said on it.

@@ -1,18 +1,23 @@
-"""The files a user names on the command line: regular files only, checked before use.
+"""The files and the cache directory a user names on the command line, checked before use.
 
 A FIFO given as a manifest, bundle or inputs file would block its reader
-forever, and a device or directory is never what a command means; an output
-path that exists must be a regular file, since writing renames over it (a
-device node or FIFO there would be replaced). Each is refused with one line
-(UsageError) before anything is read or written.
+forever, and a device or directory is never what a command means, nor is a
+file that is missing or cannot be read; an output path that exists must be a
+regular file, since writing renames over it (a device node or FIFO there
+would be replaced). A cache directory must be a directory where one is
+named (checked_cache_dir). Each is refused with one line (UsageError) before
+anything is read or written.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 from pool.cli.main import UsageError
+from worker.bundle.urls import is_url
+from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -21,6 +26,7 @@ _KINDS = (
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISREG, "a file"),
 )
 
 
@@ -28,15 +34,26 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def input_file(path: str | os.PathLike[str], what: str) -> None:
-    """Raises UsageError if path exists and is not a regular file (a missing one passes:
-    its reader says it does not exist)."""
+def input_file(path: str | os.PathLike[str], what: str, missing: str | None = None) -> None:
+    """Raises UsageError unless path is a regular file this process may read (or a URL,
+    which its reader opens): missing says what to say of a missing one (default: that
+    it does not exist)."""
+    if is_url(path):
+        return
     try:
         found = os.stat(path)  # stat never blocks, whatever lies there
-    except OSError:
-        return
+    except FileNotFoundError:
+        raise UsageError(missing or f"{what} {os.fspath(path)} does not exist") from None
+    except OSError as error:  # a folder on the way is a file, or cannot be searched
+        raise UsageError(
+            f"{what} {os.fspath(path)} cannot be read ({error.strerror}); check the path"
+        ) from None
     if not stat.S_ISREG(found.st_mode):
         raise UsageError(f"{what} {os.fspath(path)} is {_kind(found.st_mode)}, not a regular file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(
+            f"{what} {os.fspath(path)} cannot be read (permission denied); check its permissions"
+        )
 
 
 def output_file(path: str | os.PathLike[str], what: str) -> None:
@@ -50,3 +67,51 @@ def output_file(path: str | os.PathLike[str], what: str) -> None:
             f"{what} {os.fspath(path)} is {_kind(found.st_mode)}: name a new file, or a "
             "regular file to replace"
         )
+
+
+def checked_cache_dir(
+    cache_dir: str | os.PathLike[str] | None, given_as: str = "--cache-dir", create: bool = False
+) -> Path:
+    """Returns the cache directory a command uses: cache_dir, else PJRT_POOL_CACHE_DIR, else
+    the user cache directory.
+
+    Raises UsageError, naming where the directory came from (given_as names an
+    explicit cache_dir), when it cannot be a cache: a file or anything else
+    that is not a directory is there, or (create) it cannot be made or written.
+    Otherwise the library would only warn, and go on without a cache (or
+    find nothing in it). A missing directory passes unless create.
+    """
+    directory = resolve_cache_dir(cache_dir)
+    named = f"{given_as} {cache_dir}" if cache_dir else f"the cache directory {directory}"
+    if cache_dir is None and os.environ.get(CACHE_DIR_ENV):
+        named = f"{CACHE_DIR_ENV}={os.environ[CACHE_DIR_ENV]}"
+    try:
+        found = os.stat(directory)
+    except FileNotFoundError:
+        found = None
+    except OSError as error:  # a folder on the way is a file, or cannot be searched
+        if not create:
+            reason = error.strerror
+            raise UsageError(f"{named} cannot be used ({reason}); name a directory") from None
+        found = None  # making it says why it cannot be made
+    if found is not None and not stat.S_ISDIR(found.st_mode):
+        made = " (made if missing)" if create else ""
+        raise UsageError(
+            f"{named} is {_kind(found.st_mode)}, not a directory; name a directory{made}"
+        )
+    if not create:
+        return directory
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{named} cannot be created ({error.strerror}); name another") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{named} is not writable; name a directory you can write to")
+    return directory
+
+
+def checked_manifest_cache_dir(cache_dir: str | None, option: str | None, manifest: str) -> Path:
+    """checked_cache_dir of a manifest's cache directory (cache_dir): the one --cache-dir
+    (option) gives, else the one the manifest records, said so in the message."""
+    given_as = "--cache-dir" if option else f"the cache_dir of {manifest},"
+    return checked_cache_dir(cache_dir, given_as)

@@ -4,7 +4,9 @@ warm lowers and compiles every program of a spec into the disk cache with a
 pool of workers, shows progress, prints a report (``--json`` for scripts) and
 writes a manifest (``--manifest FILE``). Exit status: 0 when every program
 is in the cache, 1 when any failed (lowering error, compile error, worker
-crash, timeout) or was skipped, 2 for usage errors and specs that do not load.
+crash, timeout) or was skipped, 2 for usage errors and specs that do not load,
+130 after a Ctrl-C, which reports what was warmed and writes the manifest of
+those programs, marked partial.
 
 run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
@@ -25,22 +27,32 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pool.cli.main import EXIT_OK, EXIT_PROBLEMS, UsageError
+from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import add_remote_option, open_remote_option, remote_url
-from pool.cli.paths import input_file
+from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, input_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
-from pool.manifest import BUNDLE_FOR_POOLS, Manifest, ManifestError, is_bundle, load_manifest
+from pool.manifest import (
+    BUNDLE_FOR_POOLS,
+    Manifest,
+    ManifestError,
+    does_not_exist,
+    is_bundle,
+    kind_of,
+    load_manifest,
+)
 from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
-from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
+
+if TYPE_CHECKING:
+    from pool.warm.warming import WarmReport
 
 
 def register(subparsers: Any) -> None:
@@ -174,7 +186,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         _check_manifest_path(Path(args.manifest))
     if args.scheduler is None:  # a cluster's nodes have their own plugins, caches and settings
         open_remote_option(args.remote)  # UsageError for a URL or setting the tier cannot use
-        _check_cache_dir(args.cache_dir)
+        checked_cache_dir(args.cache_dir, create=True)
         _check_plugin(args.platform or default_platform(), "--platform")
     else:
         remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
@@ -192,22 +204,6 @@ def _check_manifest_path(path: Path) -> None:
         )
     if not os.access(folder, os.W_OK):
         raise UsageError(f"--manifest {path}: cannot write in {folder}; name another place")
-
-
-def _check_cache_dir(cache_dir: str | None) -> None:
-    """A cache directory that cannot be used would only make the workers warn and not store."""
-    directory = resolve_cache_dir(cache_dir)
-    named = f"--cache-dir {cache_dir}" if cache_dir else f"the cache directory {directory}"
-    if cache_dir is None and os.environ.get(CACHE_DIR_ENV):
-        named = f"{CACHE_DIR_ENV}={os.environ[CACHE_DIR_ENV]}"
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"{named} is a file, not a directory; name a directory (made if missing)")
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"{named} cannot be created ({error.strerror}); name another") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"{named} is not writable; name a directory you can write to")
 
 
 def _check_plugin(platform: str, option: str) -> None:
@@ -251,39 +247,56 @@ def _warm(args: argparse.Namespace) -> int:
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
     from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import report_json, warm
+    from pool.warm.warming import WarmInterrupted, report_json, warm
 
+    interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
         try:
             spec = load_spec(args.spec)
         except SpecError as error:
             raise UsageError(str(error)) from None
         progress = ProgressDisplay(len(spec.programs))
-        report = warm(
-            spec,
-            workers=args.workers,
-            platform=args.platform,
-            cache_dir=args.cache_dir,
-            timeout=args.timeout,
-            fail_fast=args.fail_fast,
-            lower_workers=args.lower_workers,
-            progress=progress,
-            scheduler=args.scheduler,
-            remote=args.remote,
-        )
-    if args.manifest:
-        cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
-        specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
-        Manifest(specs, cache_dir, args.platform or (specs[0].platform if specs else None)).write(
-            args.manifest
-        )
+        try:
+            report = warm(
+                spec,
+                workers=args.workers,
+                platform=args.platform,
+                cache_dir=args.cache_dir,
+                timeout=args.timeout,
+                fail_fast=args.fail_fast,
+                lower_workers=args.lower_workers,
+                progress=progress,
+                scheduler=args.scheduler,
+                remote=args.remote,
+            )
+        except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
+            report, interrupted = stopped.report, stopped
+    written = _write_manifest(args, report) if args.manifest else None
     if args.json:
         print(report_json(report))
     else:
         print(report.summary())
-        if args.manifest:
-            print(f"manifest: {args.manifest}")
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+        if written is not None:
+            print(written)
+    if interrupted is not None:
+        raise interrupted
+    return ExitCode.OK if report.ok else ExitCode.PROBLEMS
+
+
+def _write_manifest(args: argparse.Namespace, report: WarmReport) -> str:
+    """Writes --manifest of the programs warmed, partial after a Ctrl-C; returns what to say."""
+    cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
+    specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
+    if report.interrupted and not specs:
+        return f"manifest: none written (no program was warmed); {args.manifest} is as it was"
+    platform = args.platform or (specs[0].platform if specs else None)
+    Manifest(specs, cache_dir, platform, partial=report.interrupted).write(args.manifest)
+    if report.interrupted:
+        return (
+            f"manifest: {args.manifest}, partial: the {len(specs)} of {len(report.programs)} "
+            "programs warmed before the interrupt"
+        )
+    return f"manifest: {args.manifest}"
 
 
 def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
@@ -317,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
             "to use it"
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
-    input_file(args.manifest, "the manifest")
+    input_file(args.manifest, f"the {kind_of(args.manifest)}", does_not_exist(args.manifest))
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     if remote is not None and not args.scheduler:  # else the nodes', with their settings
@@ -329,7 +342,7 @@ def _run(args: argparse.Namespace) -> int:
                 spec = manifest.spec(name)
                 types = ", ".join(map(str, spec.input_types or ()))
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
-            return EXIT_OK
+            return ExitCode.OK
         spec = manifest.spec(args.name)
         if manifest.bundle is not None and (args.workers or args.scheduler):
             option = f"--workers {args.workers}" if args.workers else "--scheduler"
@@ -346,7 +359,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.batch:
             return run_batch(args, manifest, spec, remote)
     else:
-        _check_plugin(spec.platform, "the manifest's platform")
+        if manifest.bundle is None:
+            checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, args.manifest)
+        _check_plugin(spec.platform, f"the {kind_of(args.manifest)}'s platform")
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
@@ -374,10 +389,8 @@ def _run(args: argparse.Namespace) -> int:
     except NotInCacheError as error:
         raise _not_in_cache(args.name, error, manifest.bundle is not None) from None
     except (BundleError, PjrtError) as error:
-        # The files were refused, or the plugin failed to load or run them: a failed
-        # operation (exit 1), said in one line.
-        print(f"{args.prog}: error: {args.name}: {' '.join(str(error).split())}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        # The files were refused, or the plugin failed to run them: a failed operation.
+        raise CommandError(f"{args.name}: {error}") from error
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
@@ -402,4 +415,4 @@ def _run(args: argparse.Namespace) -> int:
         for index, output in enumerate(result["outputs"]):
             total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
             print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
-    return EXIT_OK if outputs is not None else EXIT_PROBLEMS
+    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS

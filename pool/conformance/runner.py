@@ -350,7 +350,7 @@ def run_cases(
             with quiet():  # the memo of this very check must not warn about itself
                 pool = Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
         except WorkerStartupError as error:
-            raise PluginStartError(f"the plugin {location.path} did not start: {error}") from None
+            raise PluginStartError(f"the plugin {location.path} did not start: {error}") from error
         results: dict[str, CaseResult] = {}
         queue: collections.deque[_Pending] = collections.deque()
 

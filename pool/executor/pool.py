@@ -257,7 +257,12 @@ class Pool:
         self._manager.start()
         # Read once: Thread.ident is a property, and every run compares it.
         self._manager_ident = self._manager.ident
-        if not self._workers.started.wait(settings.start_timeout):
+        try:
+            started = self._workers.started.wait(settings.start_timeout)
+        except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
+            self.terminate()
+            raise
+        if not started:
             self.terminate()
             raise WorkerStartupError(
                 f"the workers did not start within {settings.start_timeout:.0f} s "

@@ -780,6 +780,9 @@ class Workers:
             error = WorkerStartupError(
                 f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
             )
+            # What the worker raised, as its cause: a caller can tell a plugin that is
+            # not one (PluginLoadError) from an initializer that raised.
+            error.__cause__ = rebuild_error(ready.error)
             error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
             with self._lock:
                 worker.failed_to_start(error)
@@ -872,6 +875,8 @@ class Workers:
             self.startup_error = error
             self.started.set()
             return
+        if self.startup_error is not None:
+            return  # another worker of a pool that never started: the pool is being stopped
         self._failed_starts += 1
         failures = self._failed_starts
         delay = min(RESPAWN_BACKOFF_SECONDS * 2 ** (failures - 1), MAX_RESPAWN_BACKOFF_SECONDS)

@@ -19,6 +19,7 @@ error is the program's lowering error.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 import threading
 import time
@@ -66,42 +67,58 @@ def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
 
 
 class Lowerer:
-    """Lowers WarmPrograms in a background thread or in `processes` spawned processes."""
+    """Lowers WarmPrograms in a background thread or in `processes` spawned processes.
+
+    close() (leaving the with block) returns once no lowering runs in this
+    process: the thread that lowers here is stopped after the program it is
+    lowering and joined. JAX lowers in native code (jaxlib's, with the GIL
+    released); a thread still in it when the interpreter finalizes is ended
+    by CPython as it takes the GIL back, and that unwinds through jaxlib's
+    frames, which abort the process ("terminate called after throwing an
+    instance of ''", "FATAL: exception not rethrown"): a Ctrl-C that ended a
+    warm while a program was being lowered did that. The thread is a daemon
+    all the same, so that a lowering that never returns cannot keep the
+    interpreter from exiting: a second Ctrl-C stops close() from waiting.
+    """
 
     def __init__(self, processes: int = 0, platform: str | None = None) -> None:
         if processes < 0:
             raise ValueError(f"lowering processes cannot be negative: {processes}")
         self._platform = platform
         self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
         self._executor: ProcessPoolExecutor | None = None
         # Lowers here what could not be sent to (or lowered in) a lowering process.
         self._fallback: ThreadPoolExecutor | None = None
         if processes:
+            # A terminal's Ctrl-C reaches the lowering processes too (they are in its
+            # process group): they leave it to this process, which stops them.
             self._executor = ProcessPoolExecutor(
-                processes, mp_context=multiprocessing.get_context("spawn")
+                processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=signal.signal,
+                initargs=(signal.SIGINT, signal.SIG_IGN),
             )
             self._fallback = ThreadPoolExecutor(1, thread_name_prefix="pjrt-pool-lowering")
 
-    def lower_all(
-        self, programs: list[WarmProgram], on_lowered: OnLowered
-    ) -> threading.Thread | None:
+    def lower_all(self, programs: list[WarmProgram], on_lowered: OnLowered) -> None:
         """Starts lowering every program; calls on_lowered(index, future) as each finishes.
 
         Each future's result is a Lowered: the program, the seconds spent
         lowering it, and a note when it had to be lowered in this process.
 
-        In-process lowering runs in a returned thread (join it to wait);
+        In-process lowering runs in a thread, whose callbacks come from it;
         with processes, the callbacks come from the executor's thread.
         """
         if self._executor is None:
-            thread = threading.Thread(
+            self._thread = threading.Thread(
                 target=self._lower_serially,
                 args=(programs, on_lowered),
                 name="pjrt-pool-lowering",
-                daemon=True,
+                daemon=True,  # see the class docstring
             )
-            thread.start()
-            return thread
+            self._thread.start()
+            return
         for module in {sys.modules.get(getattr(p.function, "__module__", "")) for p in programs}:
             if module is not None and module.__name__ not in ("__main__", "builtins"):
                 # Spec modules are not importable in the lowering processes:
@@ -127,7 +144,6 @@ class Lowerer:
                 continue
             remote = self._executor.submit(_lower_pickled, payload)
             remote.add_done_callback(lambda r, p=program, f=future: self._settle(r, p, f))
-        return None
 
     def _settle(
         self, remote: Future[Lowered], program: WarmProgram, future: Future[Lowered]
@@ -180,9 +196,17 @@ class Lowerer:
             on_lowered(index, future)
 
     def close(self, cancel: bool = False) -> None:
-        """Stops the lowering processes (cancelling queued work when asked)."""
+        """Waits for the lowering to end, or (cancel) stops it after the programs being lowered.
+
+        Whatever is not lowered by then is cancelled (its callback still comes).
+        A program's lowering cannot be cut short: a Ctrl-C while this waits for
+        it stops the wait, and leaves the lowering running (see the class
+        docstring).
+        """
         if cancel:
             self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=cancel)
         if self._fallback is not None:  # after the executor, whose callbacks submit to it

@@ -12,6 +12,11 @@ bounded concurrency), so a program another host compiled is loaded, not
 compiled; the workers publish what they compile. Every failure is that
 program's outcome (a lowering error, a compile error, a worker crash, a
 timeout) and warming carries on, unless fail_fast.
+
+A Ctrl-C stops warming: the lowering after the program being lowered, the
+workers at once (the Pool terminates). warm() then raises WarmInterrupted, a
+KeyboardInterrupt that carries the report of what was warmed before it;
+programs it stopped are INTERRUPTED, not failures of their own.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class Outcome(enum.Enum):
     NOT_WARMED = "not warmed"
     """Not in the cache, and never-compile mode forbade compiling it."""
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"
+    """Ctrl-C stopped warming before this program was in the cache (it was waiting to be
+    lowered, waiting for a worker, or compiling)."""
 
     @property
     def ok(self) -> bool:
@@ -116,6 +124,8 @@ class WarmReport:
     """What the remote tier did, in the workers and in the prefetch (None: no remote)."""
     prefetched: dict[str, int] = field(default_factory=dict)
     """How many programs' prefetches had each outcome (worker.cache.remote.Moved)."""
+    interrupted: bool = False
+    """Whether a Ctrl-C stopped warming (see WarmInterrupted)."""
 
     @property
     def ok(self) -> bool:
@@ -138,6 +148,7 @@ class WarmReport:
         """Returns the whole report as a JSON-ready dict."""
         return {
             "ok": self.ok,
+            "interrupted": self.interrupted,
             "counts": self.counts(),
             "wall_seconds": round(self.wall_seconds, 6),
             "statistics": self.statistics._asdict(),
@@ -152,11 +163,16 @@ class WarmReport:
 
     def summary(self) -> str:
         """A few lines for people: counts, statistics, and each failure."""
-        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items()))
-        lines = [
-            f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: {counts}",
-            f"statistics: {self.statistics}",
-        ]
+        counts = self.counts()
+        stopped = counts.pop(Outcome.INTERRUPTED.value, 0)
+        said = [f"{n} {outcome}" for outcome, n in sorted(counts.items())]
+        if self.interrupted:
+            said.append(f"{stopped} not compiled")
+            first = f"interrupted after {self.wall_seconds:.2f} s: {', '.join(said)}"
+        else:
+            first = f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: "
+            first += ", ".join(said)
+        lines = [first, f"statistics: {self.statistics}"]
         if self.remote is not None:
             remote = self.remote
             lines.append(
@@ -168,6 +184,8 @@ class WarmReport:
         if self.statistics.compiled == 0 and self.ok:
             lines.append("nothing was compiled: every program came from the warm cache")
         for program in self.programs:
+            if program.outcome is Outcome.INTERRUPTED:
+                continue  # counted above: the interrupt's, not the program's
             if not program.outcome.ok:
                 first = (program.error or "").strip().splitlines()
                 lines.append(
@@ -176,6 +194,19 @@ class WarmReport:
             elif program.note:
                 lines.append(f"  {program.name}: {program.note}")
         return "\n".join(lines)
+
+
+class WarmInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped warm(); `report` (a WarmReport, interrupted) says what was warmed.
+
+    It is a KeyboardInterrupt, so a caller that does not look for it stops as
+    on any Ctrl-C. By the time it is raised the workers are stopped and no
+    program is being lowered in this process.
+    """
+
+    def __init__(self, report: WarmReport) -> None:
+        super().__init__("warming was interrupted")
+        self.report = report
 
 
 def _classify(error: BaseException) -> Outcome:
@@ -261,7 +292,8 @@ def warm(
     docstring), and the workers publish to it; with a scheduler, it is
     given to every node (ClusterPool(remote=)), whose workers fetch and
     publish themselves (no prefetch here): the report's remote counters are
-    theirs, summed over the nodes.
+    theirs, summed over the nodes. A Ctrl-C raises WarmInterrupted, with the
+    report of what was warmed before it, once the workers have stopped.
     """
     tier = open_remote(remote) if scheduler is None else None
     before = RemoteCounters() if tier is None else tier.counters
@@ -273,97 +305,119 @@ def warm(
     started = time.monotonic()
     finished = threading.Semaphore(0)
     stop = threading.Event()
+    interrupted = threading.Event()
     submitted: list[Any] = []
 
     def finish(index: int, outcome: Outcome, error: BaseException | None = None) -> None:
         report = reports[index]
+        if interrupted.is_set() and not outcome.ok:
+            # Stopped by the Ctrl-C (a task the pool's end failed, a lowering it
+            # cancelled): the interrupt's doing, not a failure of the program.
+            outcome, error = Outcome.INTERRUPTED, None
         report.outcome = outcome
         report.error = None if error is None else _error_text(error)
-        if progress is not None:
+        if progress is not None and outcome is not Outcome.INTERRUPTED:
             detail = report.error or report.note or ""
             progress.update(report.name, outcome.value, report.seconds, detail)
         if fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
             stop.set()
         finished.release()
 
+    # Called from the pool's, the lowering's and the prefetch's threads, once the
+    # compiler, prefetcher and lowerer below exist.
+    def compiled(index: int, future: Any) -> None:
+        report = reports[index]
+        if future.cancelled():
+            finish(index, Outcome.SKIPPED)
+            return
+        error = future.exception()
+        if error is not None:
+            finish(index, _classify(error), error)
+            return
+        result: CompileResult = future.result()
+        report.spec = result.spec
+        report.key = result.spec.key
+        report.phases = result.phases
+        report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
+        finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
+
+    def lowered(index: int, future: Future[Lowered]) -> None:
+        report = reports[index]
+        if future.cancelled() or stop.is_set():
+            finish(index, Outcome.SKIPPED)
+            return
+        error = future.exception()
+        if error is not None:
+            finish(index, Outcome.LOWERING_ERROR, error)
+            return
+        program, report.lower_seconds, report.note = future.result()
+        report.seconds = report.lower_seconds
+        if prefetcher is None:
+            submit(index, program)
+            return
+        options = programs[index].compile_options
+        key = key_of(program_key_parts(compiler.key_parts, program_text_digest(program), options))
+
+        def fetched(done: Future[Moved]) -> None:
+            try:
+                moved[key] = done.result()
+            except Exception:  # never expected; the worker then fetches for itself
+                moved[key] = Moved.FAILED
+            submit(index, program)
+
+        prefetcher.submit(key).add_done_callback(fetched)
+
+    def submit(index: int, program: Any) -> None:
+        if stop.is_set():
+            finish(index, Outcome.SKIPPED)
+            return
+        try:
+            task = compiler.submit_compile(
+                program,
+                name=programs[index].name,
+                timeout=timeout,
+                compile_options=programs[index].compile_options,
+            )
+        except Exception as failure:  # quarantined, or the pool is shutting down
+            finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
+            return
+        submitted.append(task)
+        task.add_done_callback(lambda f: compiled(index, f))
+
+    statistics, counters, workers_remote = CompileStatistics(), CacheCounters(), RemoteCounters()
     compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer, remote)
-    with compiling as compiler, _prefetcher(tier, compiler, cache_dir) as prefetcher:
-        with Lowerer(lower_workers, platform) as lowerer:
-
-            def compiled(index: int, future: Any) -> None:
-                report = reports[index]
-                if future.cancelled():
-                    finish(index, Outcome.SKIPPED)
-                    return
-                error = future.exception()
-                if error is not None:
-                    finish(index, _classify(error), error)
-                    return
-                result: CompileResult = future.result()
-                report.spec = result.spec
-                report.key = result.spec.key
-                report.phases = result.phases
-                report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
-                finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
-
-            def lowered(index: int, future: Future[Lowered]) -> None:
-                report = reports[index]
-                if future.cancelled() or stop.is_set():
-                    finish(index, Outcome.SKIPPED)
-                    return
-                error = future.exception()
-                if error is not None:
-                    finish(index, Outcome.LOWERING_ERROR, error)
-                    return
-                program, report.lower_seconds, report.note = future.result()
-                report.seconds = report.lower_seconds
-                if prefetcher is None:
-                    submit(index, program)
-                    return
-                options = programs[index].compile_options
-                key = key_of(
-                    program_key_parts(compiler.key_parts, program_text_digest(program), options)
-                )
-
-                def fetched(done: Future[Moved]) -> None:
+    try:
+        with compiling as compiler, _prefetcher(tier, compiler, cache_dir) as prefetcher:
+            try:
+                with Lowerer(lower_workers, platform) as lowerer:
                     try:
-                        moved[key] = done.result()
-                    except Exception:  # never expected; the worker then fetches for itself
-                        moved[key] = Moved.FAILED
-                    submit(index, program)
-
-                prefetcher.submit(key).add_done_callback(fetched)
-
-            def submit(index: int, program: Any) -> None:
-                if stop.is_set():
-                    finish(index, Outcome.SKIPPED)
-                    return
-                try:
-                    task = compiler.submit_compile(
-                        program,
-                        name=programs[index].name,
-                        timeout=timeout,
-                        compile_options=programs[index].compile_options,
-                    )
-                except Exception as failure:  # quarantined, or the pool is shutting down
-                    finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
-                    return
-                submitted.append(task)
-                task.add_done_callback(lambda f: compiled(index, f))
-
-            thread = lowerer.lower_all(programs, lowered)
-            for _ in programs:
-                finished.acquire()
-                if stop.is_set():
-                    lowerer.close(cancel=True)
-                    for task in list(submitted):
-                        task.cancel()
-            if thread is not None:
-                thread.join()
-        statistics, counters = compiler.statistics, compiler.cache_counters
-        workers_remote = compiler.remote_counters
-    if progress is not None:
-        progress.close()
+                        lowerer.lower_all(programs, lowered)
+                        for _ in programs:
+                            finished.acquire()
+                            if stop.is_set():
+                                lowerer.close(cancel=True)
+                                for task in list(submitted):
+                                    task.cancel()
+                    except KeyboardInterrupt:
+                        # First, before the lowering is cancelled and the pool stops the
+                        # tasks: what they fail with is then the interrupt's (see finish).
+                        interrupted.set()
+                        stop.set()
+                        raise
+            finally:  # what was compiled before an interrupt counts too
+                statistics, counters = compiler.statistics, compiler.cache_counters
+                workers_remote = compiler.remote_counters
+    except KeyboardInterrupt as interrupt:
+        interrupted.set()
+        stopped: KeyboardInterrupt | None = interrupt
+        for program in reports:
+            if program.outcome is Outcome.SKIPPED:  # never finished (the default), or cancelled
+                program.outcome = Outcome.INTERRUPTED
+    else:
+        stopped = None
+    finally:
+        if progress is not None:
+            progress.close()  # ends a live line, however warming ended
     if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
         _check_stored(reports, cache_dir)
     remote_report = None
@@ -373,7 +427,7 @@ def warm(
     elif scheduler is not None and (remote or workers_remote != RemoteCounters()):
         remote_report = workers_remote  # the nodes' (their own remote, when not given one)
     prefetched = TransferReport(moved).counts()
-    return WarmReport(
+    report = WarmReport(
         reports,
         statistics,
         counters,
@@ -382,7 +436,11 @@ def warm(
         None if cache_dir is None else os.fspath(cache_dir),
         remote_report,
         prefetched,
+        interrupted=stopped is not None,
     )
+    if stopped is not None:
+        raise WarmInterrupted(report) from stopped
+    return report
 
 
 @contextlib.contextmanager

@@ -101,13 +101,14 @@ class Bundle:
             expected, found = self.index.entries[key].size, members[key].size
             if expected != found:
                 changes.append(
-                    f"{members[key].name} was swapped ({found} bytes, the index says {expected})"
+                    f"{members[key].name} has {found} bytes where the index says {expected}"
                 )
         if changes:
             more = len(changes) - _SHOWN_CHANGES
             shown = "; ".join(changes[:_SHOWN_CHANGES]) + (f"; and {more} more" if more > 0 else "")
             raise BundleError(
-                f"{self.path} was changed after it was made, so none of it is used: {shown}"
+                f"{self.path} is damaged or was changed after it was made, so none of it is "
+                f"used: {shown}"
             )
 
     def entry_bytes(self, key: str, max_payload: int | None = None) -> bytearray:
@@ -136,7 +137,7 @@ class Bundle:
             header = entry_format.decode_header(head, self.signer)
             entry_format.payload_size(header, member.size, bound)
         except entry_format.CorruptEntryError as error:
-            self._check_digest(record, self.archive.digest(member))  # swapped: say so
+            self._check_digest(record, self.archive.digest(member))  # damaged: say so
             raise BundleError(f"{self.path}: entry {key} cannot be used: {error}") from None
         data = bytearray(member.size)
         self.archive.read_into(member, data)
@@ -148,8 +149,9 @@ class Bundle:
     def _check_digest(self, record: IndexEntry, digest: str) -> None:
         if digest != record.sha256:
             raise BundleError(
-                f"{self.path}: {record.member} was swapped after the bundle was made (its "
-                f"SHA-256 is {digest}, the index says {record.sha256})"
+                f"{self.path}: {record.member} is damaged or was changed after the bundle was "
+                f"made (its SHA-256 is {digest}, the index says {record.sha256}); make the "
+                "bundle again from its manifests"
             )
 
     def entry(self, key: str, max_payload: int | None = None) -> entry_format.Entry:

@@ -97,6 +97,18 @@ class TrimResult(NamedTuple):
     """Temporary files of dead writers removed."""
 
 
+class Cleared(NamedTuple):
+    """What clearing a cache did."""
+
+    removed: int
+    """Entries removed."""
+    left: list[Path]
+    """Things named like entries that are not regular files (a directory, a link): never
+    removed."""
+    failed: list[tuple[Path, OSError]]
+    """Entries that could not be removed, and why."""
+
+
 class DiskCache:
     """A directory of compiled executables shared by processes, under file locks.
 
@@ -580,23 +592,32 @@ class DiskCache:
 
         Only regular files named like entries are removed: anything else named
         like one (a directory, a symlink) is left, with a warning, as is an
-        entry that cannot be removed.
+        entry that cannot be removed (see clear_entries).
         """
+        cleared = self.clear_entries()
+        for path in cleared.left:
+            logger.warning("left %s: not a regular file", path)
+        for path, error in cleared.failed:
+            logger.warning("could not remove cache entry %s: %s", path, error)
+        return cleared.removed
+
+    def clear_entries(self) -> Cleared:
+        """clear(), saying what it could not remove instead of warning about it."""
         entries = self._folders.get("entries")
-        removed = 0
+        cleared = Cleared(0, [], [])
         if entries is None:
-            return 0
+            return cleared
         for item in self.list_entries():
             try:
                 if space.remove_entry_file(entries, item):
-                    removed += 1
+                    cleared = cleared._replace(removed=cleared.removed + 1)
                 else:
-                    logger.warning("left %s: not a regular file", item.path)
+                    cleared.left.append(item.path)
             except FileNotFoundError:
                 pass
             except OSError as error:
-                logger.warning("could not remove cache entry %s: %s", item.path, error)
-        return removed
+                cleared.failed.append((item.path, error))
+        return cleared
 
 
 _caches: dict[Path, DiskCache] = {}

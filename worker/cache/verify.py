@@ -7,7 +7,9 @@ from stdin (one a line) and prints JSON lines on stdout, flushed one by one:
     {"runtime": {...}}                         the plugin and host it checks against
     {"checking": KEY}                          before touching an entry
     {"key": KEY, "status": S, "detail": D}     S: "ok", "bad" or "other plugin/host"
-    {"error": MESSAGE}                         the plugin could not be loaded (exit 1)
+    {"error": MESSAGE, "kind": NAME}           the plugin could not be loaded (exit 1);
+                                               NAME is the error's class, PluginLoadError
+                                               for a file that is not a plugin
 
 A "checking" line without its result names the entry that killed the
 process. Entries whose key parts name another plugin build or host are not
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime = get_runtime(args.platform)
         here = runtime_key_parts(runtime, cache if cache.usable else None)
     except (PluginNotFoundError, PluginLoadError, PlatformMismatchError, PjrtError) as error:
-        _emit({"error": f"{type(error).__name__}: {error}"})
+        _emit({"error": f"{type(error).__name__}: {error}", "kind": type(error).__name__})
         return 1
     _emit({"runtime": {"path": runtime.location.path, "api_version": runtime.api_version}})
     for key in keys:

@@ -1,0 +1,233 @@
+"""Ctrl-C during `pjrt-pool warm`: exit 130, never an abort, a report of what was warmed (issue 42).
+
+Each test runs the real command in its own process group, as a terminal runs
+a job, and interrupts it as a terminal's Ctrl-C does: SIGINT to the group.
+Then: the exit status is 130, nothing aborted, no worker outlives the
+command, the cache verifies, and the output says what was warmed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_python
+from test_warm import pjrt_pool
+
+EXAMPLE_SPEC = str(REPO / "scripts" / "example_spec.py")
+
+# Lowering "busy" keeps the lowering thread in jaxlib's native code for about 3 s
+# (a spec that computes constants as it traces, eagerly); it touches MARK first.
+BUSY_SPEC = """
+import os, time
+import jax, jax.numpy as jnp
+
+def busy(x):
+    open(os.environ["MARK"], "w").close()
+    with jax.ensure_compile_time_eval():
+        a = jnp.ones((1000, 1000), jnp.float32)
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            (a @ a).block_until_ready()
+    return x + 1
+
+def programs():
+    shape = [jax.ShapeDtypeStruct((4,), jnp.float32)]
+    named = {{"first": lambda x: x * 2, "busy": busy, "last": lambda x: x - 1}}
+    return [(name, named[name], shape) for name in {order!r}]
+"""
+
+PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+ABORTED = re.compile(r"terminate called|FATAL|Fatal Python error|Traceback")
+SUMMARY = re.compile(r"^interrupted after [\d.]+ s: (?:(\d+) compiled, )?(\d+) not compiled$")
+
+
+def start(*arguments: str, env: dict[str, str], **streams) -> subprocess.Popen:
+    """`pjrt-pool ARGUMENTS` in a process group of its own, as a terminal's job."""
+    environment = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", "import sys; from pool.cli.main import main; sys.exit(main())"]
+    return subprocess.Popen(
+        [*command, *arguments], env=environment, start_new_session=True, text=True, **streams
+    )
+
+
+def ctrl_c(process: subprocess.Popen) -> None:
+    """What a terminal's Ctrl-C does: SIGINT to the foreground job's process group."""
+    os.killpg(process.pid, signal.SIGINT)
+
+
+def wait_for(path: Path, process: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert process.poll() is None, "the command ended before it got there"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def workers_of(cache: Path) -> list[str]:
+    """The command lines of live worker processes of this cache directory (python -m worker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(cache).encode() in words and b"worker" in words and state != "Z":
+            found.append(b" ".join(words).decode(errors="replace"))
+    return found
+
+
+def assert_stopped_cleanly(code: int, stderr: str, cache: Path) -> None:
+    """Exit 130, no abort or traceback, no worker left, and a cache that verifies."""
+    assert code == 130 and not ABORTED.search(stderr), f"exit {code}\n{stderr[-3000:]}"
+    deadline = time.monotonic() + 2  # the workers were reaped before the exit: no grace needed
+    while workers_of(cache) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers_of(cache) == []
+    verified = pjrt_pool("cache", "verify", "--cache-dir", str(cache))
+    assert verified.returncode == 0, verified.stdout  # 1 for any bad or unreadable entry
+
+
+@pytest.mark.parametrize(
+    ("order", "warmed"), [(["first", "busy", "last"], ["first"]), (["busy", "first", "last"], [])]
+)
+def test_ctrl_c_while_a_program_is_lowered_exits_130_without_an_abort(
+    tmp_path: Path, order: list[str], warmed: list[str]
+) -> None:
+    """The reproduction of issue 42's abort, every time: the lowering thread is in jaxlib's
+    native code when the Ctrl-C comes (it exited 134: "terminate called after throwing an
+    instance of ''", "FATAL: exception not rethrown")."""
+    spec, mark, cache, manifest = (tmp_path / n for n in ("spec.py", "mark", "cache", "m.json"))
+    spec.write_text(BUSY_SPEC.format(order=order))
+    command = ("warm", str(spec), "--cache-dir", str(cache), "--manifest", str(manifest))
+    process = start(*command, env={"MARK": str(mark)}, **PIPES)
+    wait_for(mark, process)
+    time.sleep(0.3)  # well inside the 3 s of native code
+    ctrl_c(process)
+    stdout, stderr = process.communicate(timeout=120)
+    assert_stopped_cleanly(process.returncode, stderr, cache)
+    summary = SUMMARY.match(stdout.splitlines()[0])
+    assert summary is not None, stdout
+    assert int(summary.group(1) or 0) == len(warmed) and int(summary.group(2)) == 3 - len(warmed)
+    if warmed:
+        assert f"manifest: {manifest}, partial: the 1 of 3 programs warmed" in stdout
+        written = json.loads(manifest.read_text())
+        assert written["partial"] is True
+        assert [program["name"] for program in written["programs"]] == warmed
+    else:
+        assert "manifest: none written (no program was warmed)" in stdout
+        assert not manifest.exists()
+
+
+def test_warm_interrupted_leaves_no_lowering_behind_and_the_process_exits(tmp_path: Path) -> None:
+    """The cause, in the library: warm() used to raise on Ctrl-C with its lowering thread still
+    in native code, and the interpreter's end then aborted the process."""
+    spec, mark = tmp_path / "spec.py", tmp_path / "mark"
+    spec.write_text(BUSY_SPEC.format(order=["first", "busy", "last"]))
+    done = run_python(
+        f"""
+        import os, signal, threading, time
+        from pool.warm.spec_file import load_spec
+        from pool.warm.warming import warm
+
+        def interrupt():
+            while not os.path.exists({str(mark)!r}):
+                time.sleep(0.02)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            warm(load_spec({str(spec)!r}), workers=1, cache_dir={str(tmp_path / "cache")!r})
+        except KeyboardInterrupt as interrupted:
+            report = getattr(interrupted, "report", None)
+            outcomes = None if report is None else [p.outcome.value for p in report.programs]
+            print("outcomes:", outcomes)
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("pjrt-pool")]
+        print("threads left:", alive, flush=True)
+        """,
+        env={"MARK": str(mark)},
+        check=False,
+    )
+    assert done.returncode == 0 and not ABORTED.search(done.stderr), done.stderr[-3000:]
+    assert "outcomes: ['compiled', 'interrupted', 'interrupted']" in done.stdout, done.stdout
+    assert "threads left: []" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(("after", "lower_workers"), [(1, "0"), (12, "0"), (20, "1")])
+def test_an_interrupted_warm_reports_what_it_warmed_and_writes_a_partial_manifest(
+    tmp_path: Path, after: int, lower_workers: str
+) -> None:
+    """Cancelled programs are not compile errors: a summary line, a partial manifest. (A
+    lowering process, which the terminal's Ctrl-C reaches too, says nothing.)"""
+    cache, manifest = tmp_path / "cache", tmp_path / "m.json"
+    command = ("warm", EXAMPLE_SPEC, "--workers", "2", "--lower-workers", lower_workers)
+    command += ("--cache-dir", str(cache))
+    process = start(*command, "--manifest", str(manifest), env={}, **PIPES)
+    assert process.stderr is not None
+    lines = [process.stderr.readline() for _ in range(after)]  # a line per program done
+    ctrl_c(process)
+    stdout, rest = process.communicate(timeout=120)
+    stderr = "".join(lines) + rest
+    assert_stopped_cleanly(process.returncode, stderr, cache)
+    for line in stderr.splitlines():
+        assert re.fullmatch(r"\[\d+/33\] compiled +\S+ \([\d.]+ s\)", line), stderr
+    summary = SUMMARY.match(stdout.splitlines()[0])
+    assert summary is not None, stdout
+    compiled = int(summary.group(1) or 0)
+    assert compiled == len(stderr.splitlines()) >= after
+    assert compiled + int(summary.group(2)) == 33
+    assert f"partial: the {compiled} of 33 programs warmed before the interrupt" in stdout
+    written = json.loads(manifest.read_text())
+    assert written["partial"] is True and len(written["programs"]) == compiled
+    assert len(list((cache / "entries").glob("*.pjx"))) == compiled
+
+
+def test_an_interrupted_warm_on_a_terminal_ends_its_progress_line(tmp_path: Path) -> None:
+    """On a terminal the progress is one redrawn line: after a Ctrl-C it ends before the
+    summary (it was left without a newline)."""
+    cache = tmp_path / "cache"
+    controller, terminal = pty.openpty()
+    try:
+        process = start(
+            "warm", EXAMPLE_SPEC, "--workers", "2", "--cache-dir", str(cache),
+            env={}, stdin=terminal, stdout=terminal, stderr=terminal,
+        )  # fmt: skip
+    finally:
+        os.close(terminal)
+    seen = b""
+    try:
+        while b" 1/33 " not in seen:  # the first redraw
+            ready, _, _ = select.select([controller], [], [], 120)
+            assert ready, seen
+            seen += os.read(controller, 65536)
+        ctrl_c(process)
+        while True:
+            ready, _, _ = select.select([controller], [], [], 120)
+            assert ready, seen
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal's other end closed: the command ended
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(controller)
+    process.wait(timeout=60)
+    text = seen.decode(errors="replace")
+    assert_stopped_cleanly(process.returncode, text, cache)
+    before, found, _ = text.partition("interrupted after ")
+    assert found, text
+    last_draw = before[before.rindex("\r[") :]
+    assert re.fullmatch(r"\r\[[#.]{24}\] \d+/33 .*\x1b\[K\r?\n", last_draw), repr(last_draw)
