@@ -24,8 +24,9 @@ what a block needs; a block without one must run:
 
 Items combine with commas ("slow, continues"); needs comes last.
 
-The other tests: the README stays short and its table of contents reaches
-every section, every relative link and anchor in the docs resolves, the
+The other tests: the README's main job, which installs and so only gets
+bash -n, is after its install the Quickstart block that runs; the README
+stays short and its table of contents reaches every section, every relative link and anchor in the docs resolves, the
 docs index lists every page, install commands name this checkout (no index
 serves pjrt-pool) and its extras, and every command-line option and
 environment variable is documented.
@@ -239,6 +240,21 @@ def test_example_runs_as_written(example: Example, tmp_path: Path) -> None:
     environment = _environment(tmp_path)
     for block in example.blocks:
         run_block(block, tmp_path, environment)
+
+
+def test_the_main_job_after_its_install_is_the_quickstart_that_runs() -> None:
+    """The README's main job is only syntax-checked (it installs); the Quickstart block that
+    runs must be the same commands, so that what the main job does is tested."""
+    readme = REPO / "README.md"
+    shell = [b for b in blocks_of(readme) if b.language == "shell"]
+    main_job = next(b for b in shell if "pip install '.[cpu]'" in b.code)
+    steps = [step.strip() for step in main_job.code.split("&&")]
+    installs = ("python3 -m venv", ".venv/bin/pip install")
+    after_install = [
+        step.removeprefix(".venv/bin/") for step in steps if not step.startswith(installs)
+    ]
+    assert after_install[0].startswith("pjrt-pool warm"), steps
+    assert any(b.code.strip().splitlines() == after_install for b in shell), after_install
 
 
 # -- the extraction itself ------------------------------------------------------------
