@@ -26,10 +26,11 @@ Items combine with commas ("slow, continues"); needs comes last.
 
 The other tests: the README's main job, which installs and so only gets
 bash -n, is after its install the Quickstart block that runs; the README
-stays short and its table of contents reaches every section, every relative link and anchor in the docs resolves, the
-docs index lists every page, install commands name this checkout (no index
-serves pjrt-pool) and its extras, and every command-line option and
-environment variable is documented.
+stays short and its table of contents reaches every section; every
+relative link and anchor in the docs resolves; the docs index lists every
+page; install commands name this checkout (no index serves pjrt-pool) and
+its extras; every command-line option and environment variable is
+documented.
 """
 
 from __future__ import annotations
