@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         WorkerStartupError,
     )
     from pool.executor.compile_many import CompileResult
+    from pool.lowering.inputs import save_inputs
     from pool.lowering.lower import lower, lowering_platform
     from pool.lowering.pool import Pool
     from worker import (
@@ -99,6 +100,7 @@ _MODULES = {
     "Pool": "pool.lowering.pool",
     "lower": "pool.lowering.lower",
     "lowering_platform": "pool.lowering.lower",
+    "save_inputs": "pool.lowering.inputs",
     "BundleError": "worker.errors",
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
@@ -152,4 +154,5 @@ __all__ = [
     "lower",
     "lowering_platform",
     "register_custom_call",
+    "save_inputs",
 ]

@@ -7,7 +7,7 @@ A spec is a Python file whose ``programs()`` returns (or yields) entries:
 
 - ``(name, function, shapes)`` tuples, optionally with a platform and a list
   of custom-call targets: ``(name, function, shapes, "cpu", ["my_target"])``;
-- ``pool.spec.WarmProgram(...)`` records, which can also carry compile
+- ``pool.warm.WarmProgram(...)`` records, which can also carry compile
   options;
 - already lowered ``LoweredProgram``s, or ``(name, LoweredProgram)`` pairs.
 

@@ -1,6 +1,6 @@
 """scripts/device_check.py rehearses on CPU: every step runs and its summary says all is right.
 
-On a GPU machine the same script measures the CUDA figures of the README;
+On a GPU machine the same script measures the CUDA figures of docs/performance.md;
 here it must at least run end to end, so that the one-shot device run does
 not fail on a mistake CI could have caught.
 """

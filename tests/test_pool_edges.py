@@ -498,7 +498,7 @@ def test_a_pool_cannot_be_pickled_or_copied() -> None:
         assert pool.run(program, [np.ones(8, np.float32)])[0][0] == 3.0
 
 
-# -- 8. what a large output costs the worker: the figure the README states --------
+# -- 8. what a large output costs the worker: the figure docs/performance.md states --------
 
 
 def test_a_large_output_peaks_at_twice_its_size_in_the_worker() -> None:

@@ -93,7 +93,7 @@ def supported_dtypes() -> tuple[np.dtype, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    # SUPPORTED_DTYPES, as the README names it: the same tuple as supported_dtypes(),
+    # SUPPORTED_DTYPES, as docs/api.md names it: the same tuple as supported_dtypes(),
     # made (ml_dtypes imported) only when it is read.
     if name == "SUPPORTED_DTYPES":
         return supported_dtypes()

@@ -39,11 +39,29 @@ def read_inputs(path: str, spec: Any, option: str) -> list[np.ndarray]:
                 )
             inputs = [data[name] for name in names]
     if spec.input_types is not None:
+        inputs = _narrow_types(inputs, spec.input_types)
         try:
             prepare_arguments(inputs, spec.input_types)
         except (TypeError, ValueError) as error:
             raise UsageError(f"{option} {path}: {error}; {spec.name} takes {types}") from None
     return inputs
+
+
+def _narrow_types(inputs: list[np.ndarray], types: Any) -> list[np.ndarray]:
+    """The inputs, each array of raw bytes (a void dtype) taken as its input's type of that size.
+
+    An .npz or .npy file cannot name ml_dtypes' types: numpy saves a bfloat16
+    array as raw bytes (V2), and pool.save_inputs saves every such type so.
+    """
+    return [
+        array.view(kind.dtype)
+        if array.dtype.kind == "V"
+        and array.dtype.names is None
+        and kind.dtype.isbuiltin != 1
+        and kind.dtype.itemsize == array.dtype.itemsize
+        else array
+        for array, kind in zip(inputs, types, strict=False)
+    ] + inputs[len(types) :]
 
 
 def finite_sums(result: dict[str, Any]) -> dict[str, Any]:
