@@ -2,44 +2,8 @@
 
 #include <string>
 #include <utility>
-#include <variant>
 
 namespace pjrt_pool {
-
-namespace {
-
-// PJRT_NamedValues pointing into `options`, which must outlive them.
-std::vector<PJRT_NamedValue> NamedValues(const std::vector<Attribute>& options) {
-  std::vector<PJRT_NamedValue> values;
-  for (const Attribute& option : options) {
-    auto value = PJRT_ARGS(PJRT_NamedValue);
-    value.name = option.name.data();
-    value.name_size = option.name.size();
-    value.value_size = 1;
-    if (auto* s = std::get_if<std::string>(&option.value)) {
-      value.type = PJRT_NamedValue_kString;
-      value.string_value = s->data();
-      value.value_size = s->size();
-    } else if (auto* i = std::get_if<int64_t>(&option.value)) {
-      value.type = PJRT_NamedValue_kInt64;
-      value.int64_value = *i;
-    } else if (auto* list = std::get_if<std::vector<int64_t>>(&option.value)) {
-      value.type = PJRT_NamedValue_kInt64List;
-      value.int64_array_value = list->data();
-      value.value_size = list->size();
-    } else if (auto* f = std::get_if<float>(&option.value)) {
-      value.type = PJRT_NamedValue_kFloat;
-      value.float_value = *f;
-    } else {
-      value.type = PJRT_NamedValue_kBool;
-      value.bool_value = std::get<bool>(option.value);
-    }
-    values.push_back(value);
-  }
-  return values;
-}
-
-}  // namespace
 
 std::shared_ptr<Client> Client::Create(std::shared_ptr<Plugin> plugin,
                                        const std::vector<Attribute>& options) {

@@ -37,7 +37,8 @@ class Client : public std::enable_shared_from_this<Client> {
   std::shared_ptr<Executable> Compile(std::string_view code,
                                       std::string_view compile_options);
 
-  // Loads what Executable::Serialize wrote with the same plugin build.
+  // Loads what Executable::Serialize (or UnloadedExecutable::Serialize, for a
+  // topology this client's devices match) wrote with the same plugin build.
   std::shared_ptr<Executable> Deserialize(std::string_view serialized);
 
  private:
@@ -57,6 +58,16 @@ struct OutputType {
   int element_type;  // PJRT_Buffer_Type
   std::vector<int64_t> dims;
 };
+
+// Queries that loaded and unloaded (deviceless) executables share, on the
+// PJRT_Executable view of either.
+std::vector<OutputType> ReadOutputTypes(const PJRT_Api* api, PJRT_Executable* executable);
+// The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.
+std::string SerializeExecutable(const PJRT_Api* api, PJRT_Executable* executable);
+// The plugin's fingerprint of the executable (equal for equal compiles), or
+// nullopt where the plugin does not implement it.
+std::optional<std::string> ExecutableFingerprint(const PJRT_Api* api,
+                                                 PJRT_Executable* executable);
 
 // Bytes per element of a PJRT_Buffer_Type with a byte-sized host layout; 0 for
 // any other code (INVALID, TOKEN, packed sub-byte types, unknown codes).
@@ -90,6 +101,8 @@ class Executable {
 
   // The plugin's serialized form of this executable.
   std::string Serialize() const;
+  // The plugin's fingerprint (see ExecutableFingerprint).
+  std::optional<std::string> Fingerprint() const;
 
   // Runs once on the client's device. Inputs 64-byte aligned are handed to
   // PJRT without copying when `zero_copy` is set; each output is copied into

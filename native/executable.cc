@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,35 +20,6 @@ Owned<PJRT_Executable> GetExecutable(const PJRT_Api* api, PJRT_LoadedExecutable*
   Check(api, PJRT_FN(api, PJRT_LoadedExecutable_GetExecutable)(&args),
         "PJRT_LoadedExecutable_GetExecutable");
   return Owned<PJRT_Executable>(api, args.executable);
-}
-
-std::vector<OutputType> ReadOutputTypes(const PJRT_Api* api, PJRT_Executable* executable) {
-  auto count = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
-  count.executable = executable;
-  Check(api, PJRT_FN(api, PJRT_Executable_NumOutputs)(&count), "PJRT_Executable_NumOutputs");
-
-  auto types = PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args);
-  types.executable = executable;
-  Check(api, PJRT_FN(api, PJRT_Executable_OutputElementTypes)(&types),
-        "PJRT_Executable_OutputElementTypes");
-
-  auto dims = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
-  dims.executable = executable;
-  Check(api, PJRT_FN(api, PJRT_Executable_OutputDimensions)(&dims),
-        "PJRT_Executable_OutputDimensions");
-
-  if (types.num_output_types != count.num_outputs || dims.num_outputs != count.num_outputs) {
-    throw PjrtException(PJRT_Error_Code_INTERNAL,
-                        "the PJRT plugin reported inconsistent output counts");
-  }
-  std::vector<OutputType> outputs(count.num_outputs);
-  const int64_t* next_dim = dims.dims;
-  for (size_t i = 0; i < count.num_outputs; ++i) {
-    outputs[i].element_type = types.output_types[i];
-    outputs[i].dims.assign(next_dim, next_dim + dims.dim_sizes[i]);
-    next_dim += dims.dim_sizes[i];
-  }
-  return outputs;
 }
 
 std::string DimsText(const std::vector<int64_t>& dims) {
@@ -127,10 +99,42 @@ class InputBuffers {
   std::vector<Owned<PJRT_Buffer>> buffers_;
 };
 
-// Host memory a buffer lives in, or nullptr when it lives on a device (or
-// the plugin cannot say). CPU plugins keep buffers in host memory, dense and
-// row-major for program results.
-const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size) {
+// The row-major ("descending") minor-to-major order of a rank: the last
+// dimension varies fastest, as numpy's C order has it.
+std::vector<int64_t> RowMajor(size_t rank) {
+  std::vector<int64_t> order(rank);
+  for (size_t i = 0; i < rank; ++i) order[i] = static_cast<int64_t>(rank - 1 - i);
+  return order;
+}
+
+// Whether a buffer's memory is dense and row-major: untiled, with the
+// descending minor-to-major order. XLA's layout assignment may choose another
+// order for a program's result (TPU keeps f32[32,16] as {0,1}), so this is
+// asked, never assumed. False when the plugin cannot say.
+bool IsDenseRowMajor(const PJRT_Api* api, PJRT_Buffer* buffer, size_t rank) {
+  if (offsetof(PJRT_Api, PJRT_Buffer_GetMemoryLayout) + sizeof(void*) > api->struct_size ||
+      api->PJRT_Buffer_GetMemoryLayout == nullptr) {
+    return false;
+  }
+  auto args = PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
+  args.buffer = buffer;
+  PJRT_Error* error = api->PJRT_Buffer_GetMemoryLayout(&args);
+  if (error != nullptr) {
+    IgnoreError(api, error);
+    return false;
+  }
+  if (args.layout.type != PJRT_Buffer_MemoryLayout_Type_Tiled) return false;
+  const PJRT_Buffer_MemoryLayout_Tiled& tiled = args.layout.tiled;
+  if (tiled.num_tiles != 0 || tiled.minor_to_major_size != rank) return false;
+  const std::vector<int64_t> expected = RowMajor(rank);
+  return std::equal(expected.begin(), expected.end(), tiled.minor_to_major);
+}
+
+// Host memory a buffer lives in, or nullptr when it lives on a device, is not
+// dense row-major, or the plugin cannot say. CPU plugins keep buffers in host
+// memory.
+const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
+                        size_t rank) {
   if (offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) + sizeof(void*) > api->struct_size ||
       api->PJRT_Buffer_IsOnCpu == nullptr || api->PJRT_Buffer_UnsafePointer == nullptr ||
       api->PJRT_Buffer_OnDeviceSizeInBytes == nullptr) {
@@ -144,26 +148,37 @@ const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expecte
   size.buffer = buffer;
   Check(api, api->PJRT_Buffer_OnDeviceSizeInBytes(&size), "PJRT_Buffer_OnDeviceSizeInBytes");
   if (size.on_device_size_in_bytes != expected_size) return nullptr;  // padded or tiled
+  if (rank > 1 && !IsDenseRowMajor(api, buffer, rank)) return nullptr;
   auto pointer = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
   pointer.buffer = buffer;
   Check(api, api->PJRT_Buffer_UnsafePointer(&pointer), "PJRT_Buffer_UnsafePointer");
   return reinterpret_cast<const void*>(pointer.buffer_pointer);
 }
 
-// Copies a finished output buffer into caller memory of exactly its size.
+// Copies a finished output buffer into caller memory of exactly its size, in
+// numpy's C order whatever layout the buffer has on its device.
 void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& output,
-                size_t index) {
-  // On CPU, the result already sits in host memory: one memcpy. Asking PJRT
-  // to copy (ToHostBuffer) hands the work to its thread pool and costs a
-  // thread round trip, ~60 us, which dominates small programs.
-  if (const void* source = HostPointer(api, buffer, output.size)) {
+                size_t rank, size_t index) {
+  // On CPU, a row-major result already sits in host memory: one memcpy.
+  // Asking PJRT to copy (ToHostBuffer) hands the work to its thread pool and
+  // costs a thread round trip, ~60 us, which dominates small programs.
+  if (const void* source = HostPointer(api, buffer, output.size, rank)) {
     if (output.size > 0) std::memcpy(output.data, source, output.size);
     return;
   }
+  // Without a host layout PJRT copies in the buffer's own device layout
+  // (column-major for some TPU results): ask for dense row-major.
+  const std::vector<int64_t> minor_to_major = RowMajor(rank);
+  auto layout = PJRT_ARGS(PJRT_Buffer_MemoryLayout);
+  layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+  layout.tiled = PJRT_ARGS(PJRT_Buffer_MemoryLayout_Tiled);
+  layout.tiled.minor_to_major = minor_to_major.data();
+  layout.tiled.minor_to_major_size = minor_to_major.size();
   auto to_host = PJRT_FN(api, PJRT_Buffer_ToHostBuffer);
   // Ask for the size first: PJRT would write past a buffer that is short.
   auto size = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   size.src = buffer;
+  size.host_layout = &layout;
   Check(api, to_host(&size), "PJRT_Buffer_ToHostBuffer");
   Owned<PJRT_Event> size_event(api, size.event);
   if (size.dst_size != output.size) {
@@ -175,6 +190,7 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
   if (output.size == 0) return;
   auto copy = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   copy.src = buffer;
+  copy.host_layout = &layout;
   copy.dst = output.data;
   copy.dst_size = output.size;
   Check(api, to_host(&copy), "PJRT_Buffer_ToHostBuffer");
@@ -230,17 +246,38 @@ std::optional<size_t> ArrayBytes(int element_type, const std::vector<int64_t>& d
   return bytes;
 }
 
-Executable::Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable)
-    : client_(std::move(client)), executable_(std::move(executable)) {
-  Owned<PJRT_Executable> view = GetExecutable(client_->api(), executable_.get());
-  output_types_ = ReadOutputTypes(client_->api(), view.get());
+std::vector<OutputType> ReadOutputTypes(const PJRT_Api* api, PJRT_Executable* executable) {
+  auto count = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  count.executable = executable;
+  Check(api, PJRT_FN(api, PJRT_Executable_NumOutputs)(&count), "PJRT_Executable_NumOutputs");
+
+  auto types = PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args);
+  types.executable = executable;
+  Check(api, PJRT_FN(api, PJRT_Executable_OutputElementTypes)(&types),
+        "PJRT_Executable_OutputElementTypes");
+
+  auto dims = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
+  dims.executable = executable;
+  Check(api, PJRT_FN(api, PJRT_Executable_OutputDimensions)(&dims),
+        "PJRT_Executable_OutputDimensions");
+
+  if (types.num_output_types != count.num_outputs || dims.num_outputs != count.num_outputs) {
+    throw PjrtException(PJRT_Error_Code_INTERNAL,
+                        "the PJRT plugin reported inconsistent output counts");
+  }
+  std::vector<OutputType> outputs(count.num_outputs);
+  const int64_t* next_dim = dims.dims;
+  for (size_t i = 0; i < count.num_outputs; ++i) {
+    outputs[i].element_type = types.output_types[i];
+    outputs[i].dims.assign(next_dim, next_dim + dims.dim_sizes[i]);
+    next_dim += dims.dim_sizes[i];
+  }
+  return outputs;
 }
 
-std::string Executable::Serialize() const {
-  const PJRT_Api* api = client_->api();
-  Owned<PJRT_Executable> view = GetExecutable(api, executable_.get());
+std::string SerializeExecutable(const PJRT_Api* api, PJRT_Executable* executable) {
   auto args = PJRT_ARGS(PJRT_Executable_Serialize_Args);
-  args.executable = view.get();
+  args.executable = executable;
   Check(api, PJRT_FN(api, PJRT_Executable_Serialize)(&args), "PJRT_Executable_Serialize");
   // The bytes live as long as serialized_executable; copy, then free it even
   // if the copy throws.
@@ -253,6 +290,38 @@ std::string Executable::Serialize() const {
     }
   } release{&args};
   return std::string(args.serialized_bytes, args.serialized_bytes_size);
+}
+
+std::optional<std::string> ExecutableFingerprint(const PJRT_Api* api,
+                                                 PJRT_Executable* executable) {
+  if (offsetof(PJRT_Api, PJRT_Executable_Fingerprint) + sizeof(void*) > api->struct_size ||
+      api->PJRT_Executable_Fingerprint == nullptr) {
+    return std::nullopt;
+  }
+  auto args = PJRT_ARGS(PJRT_Executable_Fingerprint_Args);
+  args.executable = executable;
+  PJRT_Error* error = api->PJRT_Executable_Fingerprint(&args);
+  if (error != nullptr) {
+    IgnoreError(api, error);  // UNIMPLEMENTED on plugins that keep no fingerprint
+    return std::nullopt;
+  }
+  return std::string(args.executable_fingerprint, args.executable_fingerprint_size);
+}
+
+Executable::Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable)
+    : client_(std::move(client)), executable_(std::move(executable)) {
+  Owned<PJRT_Executable> view = GetExecutable(client_->api(), executable_.get());
+  output_types_ = ReadOutputTypes(client_->api(), view.get());
+}
+
+std::string Executable::Serialize() const {
+  Owned<PJRT_Executable> view = GetExecutable(client_->api(), executable_.get());
+  return SerializeExecutable(client_->api(), view.get());
+}
+
+std::optional<std::string> Executable::Fingerprint() const {
+  Owned<PJRT_Executable> view = GetExecutable(client_->api(), executable_.get());
+  return ExecutableFingerprint(client_->api(), view.get());
 }
 
 void Executable::Execute(const std::vector<HostInput>& inputs,
@@ -312,7 +381,7 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
   if (complete) AwaitEvent(api, complete.get(), "executing the program");
 
   for (size_t i = 0; i < output_buffers.size(); ++i) {
-    CopyToHost(api, output_buffers[i].get(), outputs[i], i);
+    CopyToHost(api, output_buffers[i].get(), outputs[i], output_types_[i].dims.size(), i);
   }
 }
 

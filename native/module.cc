@@ -22,6 +22,7 @@
 #include "hot_loop.h"
 #include "plugin.h"
 #include "status.h"
+#include "topology.h"
 
 namespace py = pybind11;
 using namespace pjrt_pool;
@@ -100,6 +101,35 @@ Attribute::Value OptionValue(const py::handle& value) {
   if (py::isinstance<py::str>(value)) return value.cast<std::string>();
   if (py::isinstance<py::sequence>(value)) return value.cast<std::vector<int64_t>>();
   throw py::type_error("a client option must be str, int, float, bool or a list of ints");
+}
+
+py::dict AttributeDict(const std::vector<Attribute>& attributes) {
+  py::dict result;
+  for (const Attribute& attribute : attributes) {
+    result[py::str(attribute.name)] = AttributeValue(attribute);
+  }
+  return result;
+}
+
+std::vector<Attribute> Options(const py::dict& options) {
+  std::vector<Attribute> values;
+  for (const auto& [name, value] : options) {
+    values.push_back(Attribute{name.cast<std::string>(), OptionValue(value)});
+  }
+  return values;
+}
+
+py::list OutputTypeList(const std::vector<OutputType>& types) {
+  py::list result;
+  for (const OutputType& output : types) {
+    result.append(py::make_tuple(output.element_type, py::tuple(py::cast(output.dims))));
+  }
+  return result;
+}
+
+py::object OptionalBytes(const std::optional<std::string>& bytes) {
+  if (!bytes) return py::none();
+  return py::bytes(*bytes);
 }
 
 void Execute(const Executable& executable, const py::list& inputs,
@@ -226,13 +256,8 @@ PYBIND11_MODULE(_pjrt, m) {
         return py::make_tuple(plugin.api_major(), plugin.api_minor());
       })
       .def_property_readonly("has_ffi_registration", &Plugin::has_ffi_registration)
-      .def("attributes", [](const Plugin& plugin) {
-        py::dict result;
-        for (const Attribute& attribute : plugin.attributes()) {
-          result[py::str(attribute.name)] = AttributeValue(attribute);
-        }
-        return result;
-      }, "The plugin's PJRT_Plugin_Attributes as a dict.")
+      .def("attributes", [](const Plugin& plugin) { return AttributeDict(plugin.attributes()); },
+           "The plugin's PJRT_Plugin_Attributes as a dict.")
       .def("ffi_api_version",
            [](const Plugin& plugin, const std::string& platform) {
              return VersionTuple(plugin.FfiApiVersion(platform));
@@ -266,10 +291,7 @@ PYBIND11_MODULE(_pjrt, m) {
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client", "A PJRT client on one plugin.")
       .def(py::init([](std::shared_ptr<Plugin> plugin, const py::dict& options) {
-             std::vector<Attribute> values;
-             for (const auto& [name, value] : options) {
-               values.push_back(Attribute{name.cast<std::string>(), OptionValue(value)});
-             }
+             std::vector<Attribute> values = Options(options);
              py::gil_scoped_release release;
              return Client::Create(std::move(plugin), values);
            }),
@@ -295,18 +317,90 @@ PYBIND11_MODULE(_pjrt, m) {
              py::gil_scoped_release release;
              return client.Deserialize(View(info));
            },
-           py::arg("serialized"), "Loads an executable serialized by the same plugin.");
+           py::arg("serialized"), "Loads an executable serialized by the same plugin.")
+      .def("topology", [](std::shared_ptr<Client> client) { return Topology::OfClient(client); },
+           "The topology of the client's devices.");
+
+  py::class_<UnloadedExecutable, std::shared_ptr<UnloadedExecutable>>(
+      m, "UnloadedExecutable",
+      "An executable compiled for a topology without a device: it serializes, and a client "
+      "on matching devices loads the bytes.")
+      .def_property_readonly("num_outputs", &UnloadedExecutable::num_outputs)
+      .def_property_readonly("output_types", [](const UnloadedExecutable& executable) {
+        return OutputTypeList(executable.output_types());
+      }, "(PJRT_Buffer_Type, dims) of each output.")
+      .def("serialize", [](const UnloadedExecutable& executable) {
+        std::string bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = executable.Serialize();
+        }
+        return py::bytes(bytes);
+      }, "The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.")
+      .def("fingerprint", [](const UnloadedExecutable& executable) {
+        return OptionalBytes(executable.Fingerprint());
+      }, "The plugin's fingerprint of the executable, or None where it keeps none.");
+
+  py::class_<Topology, std::shared_ptr<Topology>>(
+      m, "Topology", "The devices a program is compiled for, with or without those devices.")
+      .def_static("create",
+                  [](std::shared_ptr<Plugin> plugin, const std::string& name,
+                     const py::dict& options) {
+                    std::vector<Attribute> values = Options(options);
+                    py::gil_scoped_release release;
+                    return Topology::Create(std::move(plugin), name, values);
+                  },
+                  py::arg("plugin"), py::arg("name"), py::arg("options") = py::dict(),
+                  "Creates the named topology (libtpu: \"v5e:2x2\") with plugin-specific "
+                  "create options, opening no device.")
+      .def_static("deserialize",
+                  [](std::shared_ptr<Plugin> plugin, const py::buffer& serialized) {
+                    py::buffer_info info = serialized.request();
+                    std::string bytes(View(info));
+                    py::gil_scoped_release release;
+                    return Topology::Deserialize(std::move(plugin), bytes);
+                  },
+                  py::arg("plugin"), py::arg("serialized"),
+                  "Rebuilds a topology from Topology.serialize's bytes, same plugin build.")
+      .def_property_readonly("platform_name", &Topology::platform_name)
+      .def_property_readonly("platform_version", &Topology::platform_version)
+      .def_property_readonly("devices", [](const Topology& topology) {
+        py::list result;
+        for (const DeviceDescription& device : topology.devices()) {
+          py::dict entry;
+          entry["id"] = device.id;
+          entry["process_index"] = device.process_index;
+          entry["kind"] = device.kind;
+          entry["attributes"] = AttributeDict(device.attributes);
+          result.append(entry);
+        }
+        return result;
+      }, "Each device as {id, process_index, kind, attributes}.")
+      .def("attributes", [](const Topology& topology) {
+        return AttributeDict(topology.attributes());
+      }, "The topology's platform-specific attributes as a dict.")
+      .def("serialize", [](const Topology& topology) { return py::bytes(topology.Serialize()); },
+           "The plugin's serialized form of the topology.")
+      .def("compile",
+           [](const Topology& topology, const py::buffer& code, const py::buffer& options) {
+             py::buffer_info code_info = code.request();
+             py::buffer_info options_info = options.request();
+             py::gil_scoped_release release;
+             return topology.Compile(View(code_info), View(options_info));
+           },
+           py::arg("code"), py::arg("compile_options"),
+           "Compiles MLIR bytecode with a serialized CompileOptionsProto for this topology, "
+           "with no client.");
 
   py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable",
                                                       "A loaded PJRT executable.")
       .def_property_readonly("num_outputs", &Executable::num_outputs)
       .def_property_readonly("output_types", [](const Executable& executable) {
-        py::list result;
-        for (const OutputType& output : executable.output_types()) {
-          result.append(py::make_tuple(output.element_type, py::tuple(py::cast(output.dims))));
-        }
-        return result;
+        return OutputTypeList(executable.output_types());
       }, "(PJRT_Buffer_Type, dims) of each output.")
+      .def("fingerprint", [](const Executable& executable) {
+        return OptionalBytes(executable.Fingerprint());
+      }, "The plugin's fingerprint of the executable, or None where it keeps none.")
       .def("serialize", [](const Executable& executable) {
         std::string bytes;
         {

@@ -51,6 +51,15 @@ struct Destroyer<PJRT_LoadedExecutable> {
 };
 
 template <>
+struct Destroyer<PJRT_TopologyDescription> {
+  static void Destroy(const PJRT_Api* api, PJRT_TopologyDescription* topology) noexcept {
+    auto args = PJRT_ARGS(PJRT_TopologyDescription_Destroy_Args);
+    args.topology = topology;
+    IgnoreError(api, api->PJRT_TopologyDescription_Destroy(&args));
+  }
+};
+
+template <>
 struct Destroyer<PJRT_Client> {
   static void Destroy(const PJRT_Api* api, PJRT_Client* client) noexcept {
     auto args = PJRT_ARGS(PJRT_Client_Destroy_Args);

@@ -18,40 +18,13 @@ namespace {
 // Copies the plugin's attributes out of PJRT's NamedValue array; the array
 // lives for the process, but owning copies keep the boundary code simple.
 std::vector<Attribute> ReadAttributes(const PJRT_Api* api) {
-  std::vector<Attribute> result;
   if (offsetof(PJRT_Api, PJRT_Plugin_Attributes) + sizeof(void*) > api->struct_size ||
       api->PJRT_Plugin_Attributes == nullptr) {
-    return result;
+    return {};
   }
   auto args = PJRT_ARGS(PJRT_Plugin_Attributes_Args);
   Check(api, api->PJRT_Plugin_Attributes(&args), "PJRT_Plugin_Attributes");
-  for (size_t i = 0; i < args.num_attributes; ++i) {
-    const PJRT_NamedValue& nv = args.attributes[i];
-    Attribute attribute;
-    attribute.name.assign(nv.name, nv.name_size);
-    switch (nv.type) {
-      case PJRT_NamedValue_kString:
-        attribute.value = std::string(nv.string_value, nv.value_size);
-        break;
-      case PJRT_NamedValue_kInt64:
-        attribute.value = nv.int64_value;
-        break;
-      case PJRT_NamedValue_kInt64List:
-        attribute.value = std::vector<int64_t>(nv.int64_array_value,
-                                               nv.int64_array_value + nv.value_size);
-        break;
-      case PJRT_NamedValue_kFloat:
-        attribute.value = nv.float_value;
-        break;
-      case PJRT_NamedValue_kBool:
-        attribute.value = nv.bool_value;
-        break;
-      default:
-        continue;  // A kind newer than our header: skip rather than misread.
-    }
-    result.push_back(std::move(attribute));
-  }
-  return result;
+  return ReadNamedValues(args.attributes, args.num_attributes);
 }
 
 const FfiExtension* FindFfiExtension(const PJRT_Api* api) {

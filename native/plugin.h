@@ -10,10 +10,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "ffi.h"
+#include "named_values.h"
 #include "pjrt.h"
 
 namespace pjrt_pool {
@@ -25,14 +25,6 @@ struct FfiRegistration {
   std::optional<FfiVersion> plugin;
   std::optional<FfiVersion> handler;
   bool adapted = false;
-};
-
-// One key-value pair from PJRT_Plugin_Attributes.
-// Also the form of client create options.
-struct Attribute {
-  using Value = std::variant<std::string, int64_t, std::vector<int64_t>, float, bool>;
-  std::string name;
-  Value value;
 };
 
 class Plugin {

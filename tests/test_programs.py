@@ -649,6 +649,8 @@ def test_deserialize_refuses_bad_bytes():
 
 @pytest.mark.skipif(OTHER_PLUGIN is None, reason="needs both CPU plugins installed")
 def test_deserialize_refuses_an_executable_from_another_plugin(tmp_path: Path):
+    # Serialized bytes are the plugin's own now (libtpu refuses any extra field): the
+    # plugin here refuses the other build's executable itself.
     path = tmp_path / "foreign.bin"
     run_python(
         f"""
@@ -659,9 +661,28 @@ def test_deserialize_refuses_an_executable_from_another_plugin(tmp_path: Path):
         """,
         env={"PJRT_POOL_PLUGIN_CPU": OTHER_PLUGIN},
     )
-    with pytest.raises(ForeignExecutableError, match="another PJRT plugin build") as caught:
+    with pytest.raises(PjrtError, match="Invalid target machine features"):
         Executable.deserialize(path.read_bytes())
+
+
+def test_serialize_gives_exactly_the_plugins_bytes(many_outputs_executable: Executable):
+    assert many_outputs_executable.serialize() == many_outputs_executable.native.serialize()
+
+
+def test_bytes_an_older_version_stamped_for_another_build_are_refused(
+    many_outputs_executable: Executable,
+):
+    from worker.compile.stamp import stamp
+
+    serialized = many_outputs_executable.serialize()
+    foreign = stamp(serialized, {"plugin_sha256": "0" * 64})
+    with pytest.raises(ForeignExecutableError, match="another PJRT plugin build") as caught:
+        Executable.deserialize(foreign)
     assert "compile the program again" in str(caught.value)
+    # Stamped for this build, they load without the stamp (the plugin sees its own bytes).
+    runtime = worker.get_runtime()
+    own = stamp(serialized, runtime.identity())
+    assert Executable.deserialize(own).num_outputs == many_outputs_executable.num_outputs
 
 
 # -- ProgramSpec --------------------------------------------------------------------

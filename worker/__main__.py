@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from worker.plugin.runtime import default_platform
 from worker.plugin.startup import prepare_worker
+from worker.plugin.topology import TopologySpec
 from worker.serve.server import main
 
 
@@ -19,6 +21,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when it dies")
     parser.add_argument(
         "--never-compile", action="store_true", help="load from the cache only, never compile"
+    )
+    parser.add_argument(
+        "--topology",
+        type=lambda text: TopologySpec.from_json(json.loads(text)),
+        default=None,
+        help="compile for this topology (TopologySpec.to_json) without a device",
     )
     return parser.parse_args(argv)
 
@@ -34,5 +42,6 @@ if __name__ == "__main__":
             options.max_loaded,
             options.parent_pid,
             options.never_compile,
+            options.topology,
         )
     )

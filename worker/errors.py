@@ -11,8 +11,10 @@ from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
     "BundleError",
+    "DeviceUnavailableError",
     "NeverCompileError",
     "NotInCacheError",
+    "NotLoadedError",
     "PjrtError",
     "PlatformMismatchError",
     "PluginLoadError",
@@ -22,6 +24,28 @@ __all__ = [
 
 class PluginNotFoundError(RuntimeError):
     """No PJRT plugin is installed or configured for the requested platform."""
+
+
+class DeviceUnavailableError(PjrtError):
+    """The platform's device is not here, or another process holds it.
+
+    `holder` is the pid of the process that holds it, when the plugin names
+    one (libtpu does), else None. A PjrtError, as the failed call it comes from.
+    """
+
+    def __init__(self, message: str, holder: int | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.code = 14  # PJRT_Error_Code_UNAVAILABLE
+        self.code_name = "UNAVAILABLE"
+
+
+class NotLoadedError(RuntimeError):
+    """An executable compiled for a topology without a device was asked to run.
+
+    It runs where devices of that topology are: loaded there from the cache
+    or a bundle it was published to.
+    """
 
 
 class PlatformMismatchError(RuntimeError):

@@ -51,7 +51,7 @@ from worker.errors import PluginNotFoundError
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV
-from worker.plugin.locate import env_var, environment_variable, find_plugin
+from worker.plugin.locate import env_var, environment_variables, find_plugin
 from worker.plugin.runtime import default_platform, loaded_runtime
 
 DEFAULT_TIMEOUT = 60.0
@@ -160,7 +160,7 @@ def workarounds_switched(enabled: bool) -> Iterator[None]:
     if enabled:
         yield
         return
-    with environment_variable(WORKAROUNDS_ENV, "off"):
+    with environment_variables({WORKAROUNDS_ENV: "off"}):
         yield
 
 
@@ -178,7 +178,7 @@ def plugin_selected(platform: str, plugin: str | os.PathLike[str] | None) -> Ite
     path = Path(plugin).expanduser()
     if not path.is_file():
         raise CheckError(f"--plugin {plugin}: no such file; give the path of a PJRT plugin library")
-    with environment_variable(env_var(platform), str(path.resolve())):
+    with environment_variables({env_var(platform): str(path.resolve())}):
         yield
 
 

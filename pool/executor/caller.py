@@ -90,9 +90,11 @@ class CallerPath:
     def claim(self, task: Task) -> WorkerProcess | None:
         """Claims an idle worker for the caller's thread, or returns None (use the queue)."""
         with self._lock:
-            if self._tasks.queued or self.refusal_locked(task) is not None:
+            kind = task.request.kind
+            competing = self._workers.competing_kinds(kind)
+            if self._tasks.queued_of(competing) or self.refusal_locked(task) is not None:
                 return None  # the queue keeps the order, or reports the refusal
-            worker = self._workers.idle_locked(task.request.program_id)
+            worker = self._workers.idle_locked(task.request.program_id, kind)
             if worker is None:
                 return None
             # No set_running_or_notify_cancel: Pool.run's future is its own, so

@@ -95,7 +95,7 @@ class Dispatcher:
             worker: WorkerProcess | None = None
             error: BaseException | None = None
             with self._lock:
-                head = tasks.head_locked()
+                head = tasks.head_locked(workers.idle_kinds_locked())
                 if tasks.broken is not None or head is None:
                     return
                 program_id = head.request.program_id
@@ -104,15 +104,15 @@ class Dispatcher:
                     if holder is not None:
                         self._wait_set.wake()  # the manager fails it (a caller completes its own)
                         return
-                    task = tasks.pop_head_locked()
+                    task = tasks.pop_head_locked(head.request.kind)
                     if not task.settle():
                         continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     error = refusal
                 else:
-                    worker = workers.idle_locked(program_id)
+                    worker = workers.idle_locked(program_id, head.request.kind)
                     if worker is None:
                         return
-                    task = tasks.pop_head_locked()
+                    task = tasks.pop_head_locked(head.request.kind)
                     if task.done:
                         continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     if task.future.running() or task.future.set_running_or_notify_cancel():

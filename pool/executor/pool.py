@@ -87,6 +87,7 @@ from worker.cache.key import check_key
 from worker.cache.remote.location import resolve_remote
 from worker.compile.identity import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
+from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 if TYPE_CHECKING:
@@ -162,6 +163,17 @@ class Pool:
     With a remote (this one, or the environment's), never_compile refuses
     only what neither the cache nor the remote holds: the worker fetches.
 
+    topology (a name such as "v5e:1x1", or a TopologySpec) makes every worker
+    compile for that topology without a device (compile_program's topology):
+    such a pool opens no device, so it compiles for a TPU on a machine
+    without one, or beside the process that holds the chip; submitting a run
+    to it raises PoolError. On a TPU host a pool for platform "tpu" without a
+    topology has workers compile beside one device worker per chip, which
+    runs what they compiled (pool.executor.roles): workers is then the number
+    of compile workers (default a third of the cores), the device workers
+    come in addition, and a program's first run compiles it on a compile
+    worker before a device worker loads it from the cache.
+
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
     Futures' done-callbacks run on the pool's manager thread: they may
@@ -191,6 +203,7 @@ class Pool:
         preload_names: Sequence[str] | None = None,
         prime: bool = False,
         remote: str | Literal[False] | None = None,
+        topology: str | TopologySpec | None = None,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -213,6 +226,7 @@ class Pool:
             preload_names=preload_names,
             prime=prime,
             remote=remote,
+            topology=topology,
         )
         # The parts of the pool (see the module docstring), each given what it uses.
         lock = self._lock = threading.Lock()
@@ -231,6 +245,10 @@ class Pool:
             wait_set,
         )
         self._layouts = Layouts()
+        # Programs a compile task of this pool compiled or loaded (by program id): their
+        # runs need no compile first (Pool._needs_compile). Read without the lock: a miss
+        # costs one more compile task, which finds the executable in the cache.
+        self._compiled: set[str] = set()
         self._never_compile_check: NeverCompileCheck | None = None
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
@@ -309,6 +327,8 @@ class Pool:
         """
         program = check_program(program, "Pool.submit")
         task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
+        if self._needs_compile(task):
+            return self._submit_after_compile(task, arguments, zero_copy)
         return self._submit(task, arguments, zero_copy)
 
     def run(
@@ -331,6 +351,11 @@ class Pool:
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
         task = self._new_task(Kind.RUN, program, name, timeout, compile_options, handed_out=False)
+        if self._needs_compile(task):
+            # On a compile worker first (see pool.executor.roles); the device worker loads it.
+            self.submit_compile(
+                program, name=name, timeout=timeout, compile_options=compile_options
+            ).result()
         caller = self._caller
         try:
             self._stage(task, arguments, None, caller_waits=True)
@@ -383,7 +408,16 @@ class Pool:
         """
         program = check_program(program, "Pool.submit_compile")
         task = self._new_task(Kind.COMPILE, program, name, timeout, compile_options)
-        return self._submit(task, None, None)
+        future = self._submit(task, None, None)
+        if self._settings.compiles_apart:
+            identity = task.request.program_id
+
+            def note(done: Future[CompileResult]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self._compiled.add(identity)
+
+            future.add_done_callback(note)
+        return future
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
@@ -584,6 +618,49 @@ class Pool:
 
     # -- tasks -------------------------------------------------------------
 
+    def _needs_compile(self, task: Task) -> bool:
+        """Whether a run's program must first be compiled on a compile worker: in a pool whose
+        compiles and runs go to different workers, before this pool compiled it."""
+        return self._settings.compiles_apart and task.request.program_id not in self._compiled
+
+    def _submit_after_compile(
+        self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
+    ) -> Future[Any]:
+        """Stages a run now, and queues it once a compile worker has compiled its program.
+
+        The compile's failure is the run's; a run cancelled meanwhile is
+        dropped when it would have been queued.
+        """
+        request = task.request
+        assert request.program is not None
+        try:
+            self._stage(task, arguments, zero_copy, caller_waits=False)
+            compiled = self.submit_compile(
+                request.program,
+                name=request.name,
+                timeout=request.timeout,
+                compile_options=request.compile_options,
+            )
+        except BaseException as error:
+            self._caller.recover(task, error)
+            raise
+
+        def queue_run(done: Future[CompileResult]) -> None:
+            error = done.exception() if not done.cancelled() else PoolClosedError(
+                f"the compile of {request.name!r} before its run was cancelled"
+            )
+            if error is None:
+                try:
+                    self._caller.enqueue(task)
+                    return
+                except BaseException as refused:  # the pool closed meanwhile
+                    error = refused
+            if task.settle():
+                task.complete(error)
+
+        compiled.add_done_callback(queue_run)
+        return task.future
+
     def _new_task(
         self,
         kind: Kind,
@@ -603,6 +680,12 @@ class Pool:
         """
         if self._pid != forks.pid:
             self._refuse_in_child()
+        if kind is Kind.RUN and not self._settings.runs:
+            raise PoolError(
+                f"this pool compiles for the topology {self._settings.topology} without a device "
+                "(Pool(topology=...)): it cannot run programs. Run them where that device is, "
+                "with a Pool there (its device workers load what this pool published)"
+            )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
         if program is None:

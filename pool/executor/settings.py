@@ -18,9 +18,12 @@ from typing import Any, Literal
 import cloudpickle
 
 from pool.executor.preload import preload_programs
+from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import check_remote
 from worker.cache import check_cache_dir
 from worker.compile.never_compile import never_compile_on
+from worker.plugin.runtime import default_platform
+from worker.plugin.topology import TopologySpec, parse_topology
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,20 @@ class PoolSettings:
     prime: bool = False  # whether each worker primes what it preloads
     # The workers' PJRT_POOL_CACHE_REMOTE; None: the environment's; False: none (removed).
     remote: str | Literal[False] | None = None
+    # Each worker slot's role, topology and own environment (pool.executor.roles).
+    plan: tuple[WorkerPlan, ...] = ()
+    topology: TopologySpec | None = None  # the pool compiles for it without a device
+
+    @property
+    def runs(self) -> bool:
+        """Whether some worker runs programs (a pool given a topology only compiles)."""
+        return any(plan.role is not Role.COMPILE for plan in self.plan)
+
+    @property
+    def compiles_apart(self) -> bool:
+        """Whether compiles go to other workers than runs (a TPU host's pool)."""
+        roles = {plan.role for plan in self.plan}
+        return Role.COMPILE in roles and Role.DEVICE in roles
 
     @classmethod
     def check(
@@ -67,6 +84,7 @@ class PoolSettings:
         preload_names: Any = None,
         prime: Any = False,
         remote: Any = None,
+        topology: Any = None,
     ) -> PoolSettings:
         """Checks every setting, in the order Pool takes them; raises for the first bad one.
 
@@ -75,14 +93,14 @@ class PoolSettings:
         (a ValueError for one the remote tier cannot use) and what preload
         names: a manifest that does not read, or a name not in it, raises
         ManifestError; a bundle is imported into the cache directory here
-        (pool.executor.preload).
+        (pool.executor.preload). So is the topology's name, and where the
+        workers go (pool.executor.roles): a pool for TPU on a machine without
+        one, and given no topology, is a ValueError.
         """
-        count = (
-            (os.cpu_count() or 1)
-            if workers is None
-            else check_count(workers, "workers", 1, "worker processes")
-        )
+        count = None if workers is None else check_count(workers, "workers", 1, "worker processes")
         platform = check_platform(platform)
+        target = None if topology is None else parse_topology(topology)
+        plan = plan_workers(count, platform or default_platform(), target)
         directory = check_directory(cache_dir, "cache_dir")
         task_limit = finite(check_timeout(task_timeout, "task_timeout"))
         start_limit = finite(check_timeout(start_timeout, "start_timeout"))
@@ -102,7 +120,7 @@ class PoolSettings:
         check_cache_dir(directory)
         programs = preload_programs(preload, preload_names, directory)
         return cls(
-            workers=count,
+            workers=len(plan),
             platform=platform,
             cache_dir=directory,
             task_timeout=task_limit,
@@ -118,6 +136,8 @@ class PoolSettings:
             preload=programs,
             prime=prime,
             remote=remote_url,
+            plan=plan,
+            topology=target,
         )
 
 

@@ -218,7 +218,12 @@ class Tasks:
     def __init__(self, wait_set: WaitSet) -> None:
         self._wait_set = wait_set  # woken when there are orphans or queued tasks for the manager
         self._ids = itertools.count()
-        self._pending: collections.deque[Task] = collections.deque()
+        # One queue per kind of task, each in order: a pool whose compiles and runs go to
+        # different workers (pool.executor.roles) sends each kind as its workers free up,
+        # and one whose workers take both sends the older head first (dispatch).
+        self._pending: dict[Kind, collections.deque[Task]] = {
+            kind: collections.deque() for kind in Kind
+        }
         self._orphans: list[tuple[Task, BaseException]] = []
         self._relayed: list[Callable[[], object]] = []  # calls for the manager to make
         self._relaying = True  # the manager takes relayed calls (until it ends)
@@ -235,34 +240,48 @@ class Tasks:
     def queued(self) -> bool:
         """Whether any task is queued. Read without the lock it is a hint, which may be
         stale by the time the caller acts on it."""
-        return bool(self._pending)
+        return any(self._pending.values())
+
+    def queued_of(self, kinds: frozenset[Kind]) -> bool:
+        """Whether a task of one of the kinds is queued (a hint without the lock, as queued)."""
+        return any(self._pending[kind] for kind in kinds)
 
     def push_locked(self, task: Task) -> None:
-        """Queues a new task at the tail."""
+        """Queues a new task at the tail of its kind's queue."""
         task.queued()
-        self._pending.append(task)
+        self._pending[task.request.kind].append(task)
 
     def requeue_locked(self, task: Task, lost_worker: bool = False) -> None:
-        """Puts a task back at the head of the queue, to be sent (again) to another worker;
-        lost_worker counts a worker that died before starting it."""
+        """Puts a task back at the head of its kind's queue, to be sent (again) to another
+        worker; lost_worker counts a worker that died before starting it."""
         task.queued(lost_worker)
-        self._pending.appendleft(task)
+        self._pending[task.request.kind].appendleft(task)
 
-    def head_locked(self) -> Task | None:
-        """The task at the head of the queue, left there; None when none is queued."""
-        return self._pending[0] if self._pending else None
+    def head_locked(self, kinds: frozenset[Kind] = frozenset(Kind)) -> Task | None:
+        """The oldest task at the head of the queues of these kinds, left there; None when
+        none is queued. (Task ids grow with submission; a requeued task keeps its own.)"""
+        heads = [self._pending[kind][0] for kind in kinds if self._pending[kind]]
+        return min(heads, key=lambda task: task.request.id, default=None)
 
-    def pop_head_locked(self) -> Task:
-        """Takes the task at the head of the queue (the caller moves it on)."""
-        return self._pending.popleft()
+    def pop_head_locked(self, kind: Kind) -> Task:
+        """Takes the task at the head of a kind's queue (the caller moves it on)."""
+        return self._pending[kind].popleft()
 
     def unqueue_locked(self, task: Task) -> bool:
         """Takes a task out of the queue wherever it is; False when it is not queued."""
         try:
-            self._pending.remove(task)
+            self._pending[task.request.kind].remove(task)
         except ValueError:
             return False
         return True
+
+    def fail_queued_of_locked(self, kind: Kind, error: BaseException) -> None:
+        """Empties one kind's queue: each task is left to the manager, to fail with `error`
+        (the same error for all: why none of them can run)."""
+        queue = self._pending[kind]
+        self._orphans.extend((task, error) for task in queue)
+        queue.clear()
+        self._wait_set.wake()
 
     # -- whether tasks are taken --------------------------------------------------------
 
@@ -294,11 +313,12 @@ class Tasks:
 
         The message says why they never ran.
         """
-        for task in self._pending:
-            error = kind(message)
-            error.__cause__ = cause
-            self._orphans.append((task, error))
-        self._pending.clear()
+        for queue in self._pending.values():
+            for task in queue:
+                error = kind(message)
+                error.__cause__ = cause
+                self._orphans.append((task, error))
+            queue.clear()
         self._wait_set.wake()
 
     def relay_locked(self, call: Callable[[], object]) -> bool:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
+import json
 import logging
 import os
 import re
@@ -77,13 +78,15 @@ from typing import Any, Literal
 import numpy as np
 
 from pool.errors import WorkerStartupError, rebuild_error
+from pool.executor.roles import Role, WorkerPlan
 from pool.executor.settings import PoolSettings
-from pool.executor.tasks import Task, Tasks
+from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.spawn import child_environment, python_command, with_huge_pages
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
 from worker.cache.remote.location import REMOTE_ENV
+from worker.errors import DeviceUnavailableError
 from worker.fds import close_quietly
 from worker.records import ArrayType, CompileStatistics
 from worker.serve import protocol, shm
@@ -167,6 +170,30 @@ def check_hot_slots(slots: tuple[protocol.HotSlot, ...]) -> None:
         shm.check_layout(slot.output_types, slot.output_offsets, ARENA_SIZE, "the worker's arena")
 
 
+ANY_WORKER = WorkerPlan()
+"""A worker that compiles and runs on its process's device (every worker but a TPU host's)."""
+
+
+DEVICE_RETRY_SECONDS = 2.0
+"""How soon a device worker whose chip was still held by a dead holder (one of the pool's
+own, killed) is started again (Workers.device_unavailable): the chip frees within seconds."""
+
+DEVICE_HELD_RETRY_SECONDS = 10.0
+"""How soon a device worker whose chip another live process holds is started again: each
+try costs a process that loads libtpu, so not as often."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of that id exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class WorkerProcess:
     """One worker: a `python -m worker` subprocess and its socket."""
 
@@ -181,8 +208,10 @@ class WorkerProcess:
         preload: tuple[tuple[str, str], ...] = (),
         prime: bool = False,
         remote: str | Literal[False] | None = None,
+        plan: WorkerPlan = ANY_WORKER,
     ) -> None:
         self.index = index
+        self.role = plan.role  # what it is for (pool.executor.roles): never changes
         self.max_loaded = max_loaded
         self.state = State.STARTING
         self.holder: int | None = None  # the thread that holds the socket; None: the manager
@@ -219,11 +248,14 @@ class WorkerProcess:
             arguments += ["--cache-dir", str(cache_dir)]
         if never_compile:
             arguments.append("--never-compile")
+        if plan.topology is not None:
+            arguments += ["--topology", json.dumps(plan.topology.to_json())]
         try:
             # The remote tier the pool was given, for this worker only (False: none at all).
             environment = child_environment({REMOTE_ENV: remote} if remote else None)
             if remote is False:
                 environment.pop(REMOTE_ENV, None)
+            environment.update(plan.environment)
             self.process = subprocess.Popen(
                 python_command("worker", *arguments),
                 pass_fds=(child_end.fileno(),),
@@ -513,6 +545,13 @@ class Workers:
         self.takeovers = 0  # sockets callers took over so far (take_over_locked), under the lock
         # What every worker's preloading (Init.preload) loaded, replacements' too, under the lock.
         self.preload_statistics = CompileStatistics()
+        roles = {plan.role for plan in settings.plan}
+        self._competing = {
+            kind: frozenset(
+                other for other in Kind if any(r.takes(kind) and r.takes(other) for r in roles)
+            )
+            for kind in Kind
+        }
 
     def __iter__(self) -> Iterator[WorkerProcess]:
         """Every worker, by index (under the lock)."""
@@ -525,15 +564,30 @@ class Workers:
 
     # -- claiming and giving back (any thread) -------------------------------------------
 
-    def idle_locked(self, program_id: str) -> WorkerProcess | None:
-        """An idle worker, one that has the program loaded if there is one."""
+    def idle_locked(self, program_id: str, kind: Kind) -> WorkerProcess | None:
+        """An idle worker that takes tasks of the kind (pool.executor.roles), one that has the
+        program loaded if there is one."""
         first = None
         for worker in self._all:
-            if worker.state is State.IDLE and worker.holder is None:
+            if worker.state is State.IDLE and worker.holder is None and worker.role.takes(kind):
                 if program_id in worker.loaded:
                     return worker
                 first = first or worker
         return first
+
+    def idle_kinds_locked(self) -> frozenset[Kind]:
+        """The kinds of task some idle worker takes now."""
+        return frozenset(
+            kind
+            for kind in Kind
+            for worker in self._all
+            if worker.state is State.IDLE and worker.holder is None and worker.role.takes(kind)
+        )
+
+    def competing_kinds(self, kind: Kind) -> frozenset[Kind]:
+        """The kinds of task that wait for the same workers as tasks of `kind` (roles never
+        change, so this is known from the pool's plan)."""
+        return self._competing[kind]
 
     def claim_locked(self, worker: WorkerProcess, task: Task, holder: int | None) -> None:
         """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
@@ -725,6 +779,7 @@ class Workers:
                 "plugin": dict(w.plugin),
                 "loaded": len(w.loaded),
                 "hot_runs": w.hot_runs,
+                "role": w.role.value,
                 "task": None if w.task is None else w.task.request.name,
                 # A dead worker has no task (its arena is closed by then).
                 "started": w.task is not None and w.started(w.task.request.id),
@@ -751,6 +806,7 @@ class Workers:
             settings.preload,
             settings.prime,
             settings.remote,
+            settings.plan[index],
         )
         with self._lock:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
@@ -777,13 +833,18 @@ class Workers:
                 self.kill_locked(worker)
             return
         if ready.error is not None:
-            error = WorkerStartupError(
+            error: BaseException = WorkerStartupError(
                 f"a worker failed to start: {ready.error.qualname}: {ready.error.message}"
             )
-            # What the worker raised, as its cause: a caller can tell a plugin that is
-            # not one (PluginLoadError) from an initializer that raised.
-            error.__cause__ = rebuild_error(ready.error)
-            error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
+            cause = rebuild_error(ready.error)
+            if worker.role is Role.DEVICE and isinstance(cause, DeviceUnavailableError):
+                error = cause  # its chip is held or missing: see start_failed
+            else:
+                # What the worker raised, as its cause: a caller can tell a plugin that is
+                # not one (PluginLoadError) from an initializer that raised.
+                error.__cause__ = cause
+                error.add_note(f"Raised in the worker:
+{ready.error.traceback}")
             with self._lock:
                 worker.failed_to_start(error)
                 self.kill_locked(worker)
@@ -869,8 +930,12 @@ class Workers:
         After the pool started, each failure in a row doubles the wait before
         the next try and is logged. While no worker runs, queued tasks
         fail once FAILED_STARTS_TO_FAIL_QUEUE starts in a row have failed,
-        since nothing could run them; the pool itself goes on trying.
+        since nothing could run them; the pool itself goes on trying. A
+        device worker whose chip is held or missing is device_unavailable's.
         """
+        if isinstance(error, DeviceUnavailableError):
+            self.device_unavailable(index, error)
+            return
         if not self.started.is_set():
             self.startup_error = error
             self.started.set()
@@ -896,6 +961,40 @@ class Workers:
                     f"failed ({error}); the pool tries again in {delay:.1f} s",
                     error,
                 )
+
+    def device_unavailable(self, index: int, error: DeviceUnavailableError) -> None:
+        """A device worker found its chip held by another process, or gone: the pool goes on.
+
+        The pool's compile workers keep working and its start does not fail.
+        When a live process that is not one of this pool's holds the chip
+        (libtpu names it), the queued runs fail with the error, which names
+        that process, and the slot is tried again after DEVICE_HELD_RETRY_SECONDS;
+        otherwise (the holder was a worker that just died, and the chip is
+        being freed) they wait, and it is tried again after DEVICE_RETRY_SECONDS.
+        So runs go on once the chip is free, and a run submitted while another
+        process holds it fails by the next try.
+        """
+        holder = error.holder
+        if holder == os.getpid():
+            error = DeviceUnavailableError(
+                f"this process (pid {holder}), the pool's parent, holds the chip its device "
+                "worker needs: JAX in it opened the TPU (a JAX computation or jax.devices() "
+                "before the pool started, or JAX_PLATFORMS naming tpu). Set JAX_PLATFORMS=cpu "
+                "for this process, or lower with platform='tpu' before any other JAX call "
+                f"({error})",
+                holder,
+            )
+        with self._lock:
+            ours = {w.pid for w in self._all}
+            foreign = holder is not None and holder not in ours and _alive(holder)
+            if foreign:
+                self._tasks.fail_queued_of_locked(Kind.RUN, error)
+            everyone = all(w.state is not State.STARTING for w in self._all)
+        delay = DEVICE_HELD_RETRY_SECONDS if foreign else DEVICE_RETRY_SECONDS
+        self._respawns[index] = time.monotonic() + delay
+        logger.info("the device worker could not take its chip; trying again: %s", error)
+        if everyone and not self.started.is_set():
+            self.started.set()
 
     def stop(self, stopping: list[WorkerProcess], grace: float) -> None:
         """Stops and reaps the workers the pool's end stops (see stop_all); DEAD after.

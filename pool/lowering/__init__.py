@@ -3,6 +3,7 @@
 Runs in the parent process and imports JAX. lower.py has lower() and
 lowering_platform(); stablehlo.py serializes for the plugin's StableHLO
 window; plugin_info.py learns that window without loading the plugin here;
+devices.py keeps this process's JAX off a TPU that the workers must hold;
 parallel.py lowers in extra processes (pjrt-pool warm --lower-workers);
 function.py is Pool.function, jax.jit's counterpart for a Pool; inputs.py
 is save_inputs, a program's inputs from its function's arguments, in the

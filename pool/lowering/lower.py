@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from pool.lowering.devices import leave_devices_to_workers
 from pool.lowering.plugin_info import plugin_info
 from pool.lowering.stablehlo import reserialize, target_version
 from pool.lowering.workarounds import active_workarounds, module_rewrite
@@ -310,6 +311,8 @@ def lower_tree(
         argument, key = _leaf_shape(label(index, jax.tree_util.keystr(rest)), leaf)
         arguments.append(argument)
         input_keys.append(key)
+    if platform is not None:
+        leave_devices_to_workers(platform)
     platform = platform or lowering_platform([leaf for _, leaf in paths_and_leaves])
 
     results: list[tuple[Any, tuple[KeyDtype | None, ...]]] = []

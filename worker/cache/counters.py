@@ -31,6 +31,9 @@ class CacheCounters(NamedTuple):
     secret, or changed after signing; compiled and published again, signed."""
     crashed_loads: int = 0
     """Entries removed because a process died while loading them (see loads.py)."""
+    rejected: int = 0
+    """Of the corrupt entries, those the plugin refused to load (the others failed
+    verification); each cause is warned of once and recorded for ``cache info``."""
 
     def add(self, other: CacheCounters) -> CacheCounters:
         """Returns the sum of two counters."""

@@ -124,24 +124,39 @@ def normalized_xla_flags(value: str | None) -> list[str]:
                 text = file.read()
         except OSError as error:
             return [f"<unreadable flag file {value}: {error.strerror}>"]
+    return _code_flags(text)
+
+
+def _code_flags(text: str) -> list[str]:
     flags = parse_xla_flags(text)
     return [f"{name}={flags[name]}" for name in sorted(flags) if is_code_flag(name)]
 
 
-def codegen_environment(environ: dict[str, str] | None = None) -> dict[str, Any]:
+LIBTPU_INIT_ARGS_ENV = "LIBTPU_INIT_ARGS"
+"""libtpu's own flags, read as it initializes (TPU's XLA_FLAGS)."""
+
+
+def codegen_environment(
+    environ: dict[str, str] | None = None, platform: str | None = None
+) -> dict[str, Any]:
     """Returns the environment that changes what the plugin generates, for the key.
 
     Read when the plugin loads (runtime.py), since the plugin reads it then
     and never again: {"xla_flags": [...]} plus each thread-count variable that
-    is set. Variables read at run time only (oneDNN's DNNL_MAX_CPU_ISA, the
-    TF_CPP_* logging ones) are left out: measured, DNNL_MAX_CPU_ISA=SSE41
-    leaves the serialized executable unchanged.
+    is set and, for TPU, LIBTPU_INIT_ARGS's code flags (normalized as
+    XLA_FLAGS are) when it names any. Variables read at run time only
+    (oneDNN's DNNL_MAX_CPU_ISA, the TF_CPP_* logging ones) are left out:
+    measured, DNNL_MAX_CPU_ISA=SSE41 leaves the serialized executable unchanged.
     """
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {"xla_flags": normalized_xla_flags(env.get(XLA_FLAGS_ENV))}
     for name in THREAD_ENV:
         if env.get(name):
             found[name] = env[name]
+    if platform == "tpu":
+        init_args = _code_flags(env.get(LIBTPU_INIT_ARGS_ENV, ""))
+        if init_args:
+            found["libtpu_init_args"] = init_args
     return found
 
 
@@ -239,11 +254,16 @@ def key_parts(
     compile_options: bytes,
     client_options: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,
+    topology: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Returns the parts that identify an executable, as JSON-ready data.
 
     client_options are the plugin's client create options and environment
     the code-generation environment (codegen_environment) of the process.
+    topology is what the executable is compiled for where the platform's
+    executables are tied to a topology (TPU: worker.plugin.topology.key_part),
+    the same whether compiled for a topology without a device or on the
+    devices themselves; None leaves the part out (CPU and GPU keys).
     """
     parts: dict[str, Any] = {
         "format": KEY_FORMAT,
@@ -261,10 +281,20 @@ def key_parts(
     }
     if platform == "cpu":
         parts["host"] = {"machine": host_platform.machine(), "cpu_features": host_cpu_features()}
+    if topology is not None:
+        parts["topology"] = topology
     return parts
 
 
-IDENTITY_PARTS = ("format", "platform", "plugin", "host", "client_options", "environment")
+IDENTITY_PARTS = (
+    "format",
+    "platform",
+    "plugin",
+    "host",
+    "topology",
+    "client_options",
+    "environment",
+)
 """The parts that tie an executable to a plugin build and host, not to a program."""
 
 

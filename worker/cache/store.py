@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -59,6 +60,13 @@ from worker.cache.memos import MemoStore
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
 from worker.log import get_logger
+
+REJECTION_PREFIX = "rejected-"
+"""How the records of entries a plugin refused are named in plugins/ (note_rejection)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 logger = get_logger("pjrt_pool.cache")
 
@@ -278,6 +286,41 @@ class DiskCache:
         if self._max_size is not None:
             return "argument"
         return MAX_SIZE_ENV if os.environ.get(MAX_SIZE_ENV) else "default"
+
+    # -- rejections -------------------------------------------------------
+
+    def note_rejection(self, cause: str, plugin: str | None = None) -> None:
+        """Records that a plugin refused to load an entry, by cause (worker.compile.by_key).
+
+        One record per cause in plugins/ (rejected-<digest>.json: the cause,
+        the plugin, how many times, first and last), which ``pjrt-pool cache
+        info`` lists. Two processes recording at once may lose one of their
+        counts: the record says a refusal happens, and roughly how often. A
+        cache it cannot write keeps no record.
+        """
+        name = f"{REJECTION_PREFIX}{hashlib.sha256(cause.encode()).hexdigest()[:24]}.json"
+        now = time.time()
+        found = self.memos.read(name) or {}
+        count = found.get("count")
+        record = {
+            "cause": cause,
+            "plugin": plugin,
+            "count": (count if isinstance(count, int) and count >= 0 else 0) + 1,
+            "first": found.get("first", now),
+            "last": now,
+        }
+        with contextlib.suppress(OSError, ValueError):
+            self.memos.write(name, record)
+
+    def rejections(self) -> list[dict[str, Any]]:
+        """The refusals note_rejection recorded, most recent first."""
+        found = []
+        for name in self.memos.names():
+            if name.startswith(REJECTION_PREFIX):
+                record = self.memos.read(name)
+                if record is not None and isinstance(record.get("cause"), str):
+                    found.append(record)
+        return sorted(found, key=lambda r: -r["last"] if _is_number(r.get("last")) else 0)
 
     # -- counters ---------------------------------------------------------
 

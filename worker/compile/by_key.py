@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import threading
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
@@ -19,10 +21,12 @@ from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
 from worker.log import get_logger
+from worker.plugin.runtime import loaded_runtime
 from worker.records import ArrayType
 
 if TYPE_CHECKING:
     from worker.cache.remote import RemoteCache
+    from worker.compile.target import Target
 
 __all__ = [
     "Miss",
@@ -51,10 +55,26 @@ class Miss(NamedTuple):
     """Markers of processes that died loading the entry (cleared with it)."""
     warn: bool = False
     """Whether to log a warning rather than a debug line."""
+    rejection: str | None = None
+    """For an entry the plugin refused to load: the cause (refusal_cause), counted and
+    recorded when the miss is settled."""
 
 
-def load_entry(cache: DiskCache, key: str) -> tuple[Executable, Entry] | Miss:
-    """Reads, verifies and deserializes a key's entry; returns it loaded, or the Miss."""
+def _load_payload(entry: Entry, target: Target | None) -> Executable:
+    """An entry's executable through its target (default: deserialized onto this process's
+    device); raises PjrtError or ValueError for bytes that cannot be loaded."""
+    if target is None:
+        return Executable.deserialize(entry.payload)
+    inputs = entry.metadata.get("output_types")
+    types = None if not isinstance(inputs, list) else tuple(map(ArrayType.from_json, inputs))
+    return target.load(entry.payload, types)
+
+
+def load_entry(
+    cache: DiskCache, key: str, target: Target | None = None
+) -> tuple[Executable, Entry] | Miss:
+    """Reads, verifies and loads a key's entry through target (default: this process's
+    device); returns it loaded, or the Miss."""
     try:
         found = cache.read(key)
     except SignatureError as error:
@@ -72,12 +92,45 @@ def load_entry(cache: DiskCache, key: str) -> tuple[Executable, Entry] | Miss:
         return Miss(reason, "crashed_loads", stat, dead_loads=tuple(dead), warn=True)
     try:
         with cache.loads.loading(key) if cache.writable else contextlib.nullcontext():
-            executable = Executable.deserialize(entry.payload)
+            executable = _load_payload(entry, target)
     except (PjrtError, ValueError) as error:
-        # ValueError: ForeignExecutableError (another build's stamp) or empty bytes.
-        return Miss(f"the plugin rejected the entry ({error})", "corrupt", stat)
+        # ValueError: ForeignExecutableError (an older build's stamp) or empty bytes.
+        return rejected(cache, key, error, stat)
     executable.key = key
     return executable, entry
+
+
+def rejected(
+    cache: DiskCache | None, key: str, error: Exception, stat: os.stat_result | None
+) -> Miss:
+    """The Miss of an entry the plugin refused to load (counted as corrupt, and as rejected).
+
+    Nothing about it is silent (settle_miss): a warning the first time its
+    cause is seen in this process and a debug line after that, and the cause
+    recorded in the cache's plugin records, which ``pjrt-pool cache info``
+    shows. An entry that every load refuses means this plugin cannot read
+    what it (or another build) wrote, which is worth knowing before a fleet
+    compiles everything again.
+    """
+    cause = refusal_cause(error)
+    return Miss(f"the plugin rejected the entry ({error})", "corrupt", stat, rejection=cause)
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _first_time(cause: str) -> bool:
+    """Whether this process has not warned of a refusal's cause before."""
+    with _warned_lock:
+        first = cause not in _warned
+        _warned.add(cause)
+    return first
+
+
+def refusal_cause(error: Exception) -> str:
+    """An error's message without its numbers and hex: one cause for many entries."""
+    return re.sub(r"0x[0-9a-fA-F]+|[0-9]+", "N", str(error))[:300]
 
 
 def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None) -> None:
@@ -86,7 +139,11 @@ def settle_miss(cache: DiskCache, key: str, miss: Miss, name: str | None = None)
         cache.count(miss.counter)
     what = f"cache miss for {name} ({key})" if name else f"cache entry {key}"
     message = f"{what}: {miss.reason}"
-    if miss.warn:
+    if miss.rejection is not None:
+        cache.count("rejected")
+        runtime = loaded_runtime()
+        cache.note_rejection(miss.rejection, None if runtime is None else runtime.location.path)
+    if miss.warn or (miss.rejection is not None and _first_time(miss.rejection)):
         logger.warning(message)
     else:
         logger.debug(message)
@@ -103,7 +160,12 @@ def _open_remote(remote: str | Literal[False] | None) -> RemoteCache | None:
 
 
 def load_remote_entry(
-    cache: DiskCache | None, remote: RemoteCache, key: str, *, lead: bool = False
+    cache: DiskCache | None,
+    remote: RemoteCache,
+    key: str,
+    target: Target | None = None,
+    *,
+    lead: bool = False,
 ) -> tuple[Executable, Entry] | None:
     """Fetches a key's entry from the remote tier and loads it; None for a miss of any kind.
 
@@ -121,16 +183,19 @@ def load_remote_entry(
         return None
     data, entry = fetched
     if cache is not None and cache.writable and cache.publish_file(key, data):
-        loaded = load_entry(cache, key)
+        loaded = load_entry(cache, key, target)
         if isinstance(loaded, Miss):
             settle_miss(cache, key, loaded)
             remote.refuse(key, loaded.reason)
             return None
         return loaded
     try:
-        executable = Executable.deserialize(entry.payload)
+        executable = _load_payload(entry, target)
     except (PjrtError, ValueError) as error:
-        remote.refuse(key, f"the plugin rejected the entry ({error})")
+        miss = rejected(cache, key, error, None)
+        if miss.rejection is not None and _first_time(miss.rejection):
+            logger.warning("remote cache entry %s: %s", key, miss.reason)
+        remote.refuse(key, miss.reason)
         return None
     executable.key = key
     return executable, entry

@@ -38,10 +38,12 @@ from worker.compile.executable import Executable
 from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
+from worker.compile.target import Target, target_for
 from worker.log import get_logger
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.runtime import Runtime, get_runtime
+from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, check_program, types_to_json
 
 logger = get_logger("pjrt_pool.cache")
@@ -61,9 +63,13 @@ def program_key(
     runtime: Runtime,
     cache: DiskCache | None,
     options: bytes | None = None,
+    target: Target | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Returns the cache key of a program on this process's plugin, and its parts."""
-    parts = runtime_key_parts(runtime, cache, program.text, options)
+    """Returns the cache key of a program on this process's plugin, and its parts.
+
+    target is what it is compiled for (default: the runtime's device).
+    """
+    parts = runtime_key_parts(runtime, cache, program.text, options, target)
     return key_of(parts), parts
 
 
@@ -71,20 +77,23 @@ def cache_key_of(
     program: LoweredProgram,
     cache_dir: str | os.PathLike[str] | None = None,
     compile_options: bytes | None = None,
+    *,
+    topology: str | TopologySpec | None = None,
 ) -> str:
     """The cache key compile_program would give a program here, without loading or compiling
-    it: the same plugin, host and cache directory make the same key."""
+    it: the same plugin, host, topology and cache directory make the same key."""
     options = options_or_default(checked_compile_options(compile_options))
     cache = open_cache(cache_dir)
-    runtime = get_runtime(program.platform)
-    return program_key(program, runtime, cache if cache.usable else None, options)[0]
+    runtime = get_runtime(program.platform, deviceless=topology is not None)
+    target = target_for(runtime, topology)
+    return program_key(program, runtime, cache if cache.usable else None, options, target)[0]
 
 
 def _load(
-    cache: DiskCache, key: str, program: LoweredProgram
+    cache: DiskCache, key: str, program: LoweredProgram, target: Target
 ) -> tuple[Executable, None] | tuple[None, Miss]:
     """Loads a key's entry for a program: (executable, None) on a hit, else (None, why)."""
-    loaded = load_entry(cache, key)
+    loaded = load_entry(cache, key, target)
     if isinstance(loaded, Miss):
         return None, loaded
     executable = loaded[0]
@@ -100,14 +109,15 @@ def _compile_and_publish(
     max_size: int | None,
     options: bytes,
     phases: Phases,
+    target: Target,
     remote: RemoteCache | None = None,
 ) -> tuple[Executable, float]:
     waiting = time.perf_counter()
     try:
-        with compile_slot(get_runtime().platform):
+        with compile_slot(target.runtime.platform):
             start = time.perf_counter()
             phases.add("slot_wait", start - waiting)
-            executable = Executable.compile(program.code, options)
+            executable = target.compile(program.code, options)
             seconds = time.perf_counter() - start
     except BaseException:
         if remote is not None:  # hosts waiting on this process's lease compile themselves
@@ -126,7 +136,9 @@ def _compile_and_publish(
             "compile_seconds": seconds,
             "created": time.time(),
         }
-        if get_runtime().platform == "cpu":
+        if target.topology is not None:
+            metadata["topology"] = target.topology  # for people: the key holds what it is
+        if target.runtime.platform == "cpu":
             # The key holds only their digest: with the flags, a miss elsewhere
             # can say which features that host lacks (worker.cache.key.differing_parts).
             metadata["cpu_flags"] = list(host_cpu_flags())
@@ -151,6 +163,7 @@ def _from_remote(
     program: LoweredProgram,
     phases: Phases,
     start: float,
+    target: Target,
     lead: bool = True,
 ) -> tuple[Executable, CompileStatistics] | None:
     """A remote hit, loaded (through the local cache when there is one); None otherwise.
@@ -161,7 +174,7 @@ def _from_remote(
     if remote is None:
         return None
     with phases.time("remote"):
-        loaded = load_remote_entry(cache, remote, key, lead=lead)
+        loaded = load_remote_entry(cache, remote, key, target, lead=lead)
     if loaded is None:
         return None
     executable = loaded[0]
@@ -181,6 +194,7 @@ def compile_program(
     compile_options: bytes | None = None,
     never_compile: bool | None = None,
     remote: str | Literal[False] | None = None,
+    topology: str | TopologySpec | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -208,6 +222,14 @@ def compile_program(
     a local miss looks there, a verified remote entry is published into the
     local cache and loaded, and a compile is published there too (see
     worker.cache.remote); a failing remote only means compiling.
+    topology compiles for a topology without its devices, named as the
+    plugin takes it ("v5e:1x1", "v5e:2x2"; or a worker.plugin.topology.
+    TopologySpec with create options): nothing opens a device, so it works on
+    a machine without one and beside the process that holds the chip. The
+    executable it returns serializes and is published as any other, and its
+    run raises NotLoadedError; a process on devices of that topology then
+    loads it from the cache without compiling (the key is the same on both
+    sides: see worker.compile.target).
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did,
     ``worker.cache.remote.open_remote(remote).counters`` what the remote did.
     A cache directory that someone other than this user (or, in a
@@ -222,33 +244,36 @@ def compile_program(
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._existing_memos).
     cache = open_cache(cache_dir) if disk_cache else None
-    runtime = get_runtime(program.platform)
+    runtime = get_runtime(program.platform, deviceless=topology is not None)
+    target = target_for(runtime, topology)
     warn_known_failures(runtime.location.path, cache_dir)
     if cache is not None and not cache.usable:
         cache = None
     phases = Phases()
     with phases.time("key"):
-        key, parts = program_key(program, runtime, cache, options)
+        key, parts = program_key(program, runtime, cache, options, target)
     if cache is None:
-        fetched = _from_remote(tier, None, key, program, phases, time.perf_counter(), not never)
+        fetched = _from_remote(
+            tier, None, key, program, phases, time.perf_counter(), target, not never
+        )
         if fetched is not None:
             return fetched
         if never:
             raise refusal(program.name, key, None, parts, remote=tier)
         logger.debug("compiling %s (%s) without the disk cache", program.name, key)
         executable, seconds = _compile_and_publish(
-            None, key, parts, program, bound, options, phases, tier
+            None, key, parts, program, bound, options, phases, target, tier
         )
         phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
         return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
     start = time.perf_counter()
     with phases.time("lookup"):
-        executable, miss = _load(cache, key, program)
+        executable, miss = _load(cache, key, program, target)
     if executable is None and never:
         # No lock: waiting for another process's compile is what this mode forbids.
         assert miss is not None
-        fetched = _from_remote(tier, cache, key, program, phases, start, lead=False)
+        fetched = _from_remote(tier, cache, key, program, phases, start, target, lead=False)
         if fetched is not None:
             return fetched
         cache.count("misses")
@@ -262,10 +287,10 @@ def compile_program(
             # Judge the entry again under the lock: another process may have
             # published it while this one waited, or healed a bad one.
             with phases.time("lookup"):
-                executable, miss = _load(cache, key, program)
+                executable, miss = _load(cache, key, program, target)
             if miss is not None:
                 settle_miss(cache, key, miss, program.name)
-                fetched = _from_remote(tier, cache, key, program, phases, start)
+                fetched = _from_remote(tier, cache, key, program, phases, start, target)
                 if fetched is not None:
                     return fetched
                 cache.count("misses")
@@ -277,6 +302,7 @@ def compile_program(
                     bound,
                     options,
                     phases,
+                    target,
                     tier,
                 )
                 phases.record("compile", program=program.name, cache_key=key, outcome="compiled")

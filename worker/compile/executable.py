@@ -9,9 +9,9 @@ import numpy as np
 
 from worker import _pjrt
 from worker.arguments import prepare_arguments
-from worker.compile.stamp import check_stamp, stamp
+from worker.compile.stamp import check_stamp
 from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
-from worker.errors import PjrtError
+from worker.errors import NotLoadedError, PjrtError
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
 from worker.plugin.runtime import Runtime, get_runtime
 from worker.records import ArrayType
@@ -50,6 +50,11 @@ def keeps_state(serialized: bytes | bytearray | memoryview) -> bool:
     return any(marker in data for marker in _STATEFUL_MARKERS)
 
 
+def output_types_of(native: _pjrt.Executable | _pjrt.UnloadedExecutable) -> tuple[ArrayType, ...]:
+    """The ArrayType of each output of a native executable, as the plugin reports it."""
+    return tuple(ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types)
+
+
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
@@ -81,14 +86,21 @@ class Executable:
         key: str | None = None,
     ) -> None:
         self._native = native
+        self._set_types(runtime, output_types_of(native), input_types, key)
+        self._keeps_state: bool | None = None  # known from the bytes when deserialized
+
+    def _set_types(
+        self,
+        runtime: Runtime,
+        output_types: tuple[ArrayType, ...],
+        input_types: tuple[ArrayType, ...] | None,
+        key: str | None,
+    ) -> None:
         self._runtime = runtime
-        self.output_types = tuple(
-            ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types
-        )
-        self.num_outputs = len(self.output_types)
+        self.output_types = output_types
+        self.num_outputs = len(output_types)
         self.key = key
         self.input_types = input_types
-        self._keeps_state: bool | None = None  # known from the bytes when deserialized
 
     @property
     def input_types(self) -> tuple[ArrayType, ...] | None:
@@ -140,14 +152,17 @@ class Executable:
     def deserialize(serialized: bytes) -> Executable:
         """Loads an executable that serialize wrote with the same plugin.
 
-        Raises ForeignExecutableError for bytes stamped by another plugin
-        build or host, and PjrtError for bytes the plugin cannot read.
+        Bytes an executable compiled for a topology serialized load on a
+        client whose devices form that topology. Raises PjrtError for bytes
+        the plugin cannot read, and ForeignExecutableError for bytes that an
+        older pjrt-pool stamped with another plugin build or host (see
+        worker.compile.stamp).
         """
         serialized = _as_bytes_like(serialized, "serialized")
         if len(serialized) == 0:
             raise ValueError("serialized is empty: pass what Executable.serialize returned")
         runtime = get_runtime()
-        check_stamp(serialized, runtime.identity())
+        serialized = check_stamp(serialized, runtime.identity())
         ensure_kernels_for(runtime, serialized)
         try:
             native = runtime.client.deserialize(serialized)
@@ -160,11 +175,19 @@ class Executable:
     def serialize(self) -> bytes:
         """Returns the executable in the plugin's serialized form.
 
-        The bytes carry a stamp of the plugin build (and CPU features) that
-        made them, in a protobuf field the plugin ignores, so that deserialize
-        refuses them elsewhere instead of running them wrongly.
+        The bytes are exactly what the plugin gives (PJRT_Executable_Serialize)
+        and say nothing of the plugin build or host that made them: load them
+        only with that build on such a host. The disk cache and bundles keep
+        that identity beside the bytes and check it before loading; some
+        plugins load another build's executable and compute wrongly.
         """
-        return stamp(self._native.serialize(), self._runtime.identity())
+        return self._native.serialize()
+
+    def fingerprint(self) -> str | None:
+        """The plugin's fingerprint of the executable in hex (equal for equal compiles), or
+        None where the plugin keeps none."""
+        found = self._native.fingerprint()
+        return None if found is None else found.hex()
 
     def prepare_arguments(self, arguments: Sequence[ArrayLike]) -> list[np.ndarray]:
         """Returns the arguments as C-contiguous arrays of the program's input types.
@@ -245,3 +268,81 @@ class Executable:
         inputs = "?" if self.input_types is None else ", ".join(map(str, self.input_types))
         outputs = ", ".join(map(str, self.output_types))
         return f"<Executable ({inputs}) -> ({outputs}) on {self.platform}>"
+
+
+class TopologyExecutable(Executable):
+    """A program compiled for a topology without its devices: it serializes, it does not run here.
+
+    compile_program(program, topology="v5e:1x1") returns one, compiled here
+    or found in the disk cache; its bytes are what a process on devices of
+    that topology loads (from the cache, a bundle or Executable.deserialize)
+    and runs. run, run_into, prime and native raise NotLoadedError saying so.
+
+    Attributes:
+        topology: The topology it was compiled for, as it was named ("v5e:1x1").
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        topology: str,
+        output_types: tuple[ArrayType, ...],
+        serialized: bytes | _pjrt.UnloadedExecutable,
+        input_types: tuple[ArrayType, ...] | None = None,
+        key: str | None = None,
+    ) -> None:
+        self._unloaded = serialized if isinstance(serialized, _pjrt.UnloadedExecutable) else None
+        self._serialized = None if self._unloaded is not None else bytes(serialized)
+        self.topology = topology
+        self._set_types(runtime, output_types, input_types, key)
+
+    @staticmethod
+    def compiled(
+        runtime: Runtime, topology: str, native: _pjrt.UnloadedExecutable
+    ) -> TopologyExecutable:
+        """Wraps what the plugin compiled for a topology."""
+        return TopologyExecutable(runtime, topology, output_types_of(native), native)
+
+    def _not_loaded(self) -> NotLoadedError:
+        return NotLoadedError(
+            f"this executable was compiled for the topology {self.topology} without a device "
+            "(compile_program(..., topology=...)) and is not loaded here, so it cannot run: "
+            "run it in a process on a host whose devices form that topology, where "
+            "compile_program(program) or a Pool(platform=...) loads it from the cache it was "
+            "published to without compiling, or ship it there in a bundle "
+            "(pjrt-pool bundle create)"
+        )
+
+    @property
+    def native(self) -> _pjrt.Executable:
+        """Raises NotLoadedError: nothing is loaded on a device."""
+        raise self._not_loaded()
+
+    def serialize(self) -> bytes:
+        """Returns the executable in the plugin's serialized form (see Executable.serialize)."""
+        if self._unloaded is not None:
+            return self._unloaded.serialize()
+        assert self._serialized is not None
+        return self._serialized
+
+    def fingerprint(self) -> str | None:
+        """The plugin's fingerprint in hex when this process compiled it, else None."""
+        found = None if self._unloaded is None else self._unloaded.fingerprint()
+        return None if found is None else found.hex()
+
+    def run_into(
+        self, arguments: list[np.ndarray], outputs: list[Any], zero_copy: bool = True
+    ) -> None:
+        """Raises NotLoadedError (see the class)."""
+        raise self._not_loaded()
+
+    def run(self, arguments: Sequence[ArrayLike], zero_copy: bool = True) -> list[np.ndarray]:
+        """Raises NotLoadedError (see the class)."""
+        raise self._not_loaded()
+
+    def prime(self) -> bool:
+        """Raises NotLoadedError (see the class)."""
+        raise self._not_loaded()
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", compiled for {self.topology}, not loaded>"

@@ -12,10 +12,12 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from worker.cache.key import key_parts
+from worker.compile.target import DeviceTarget
 from worker.plugin.build_identity import plugin_build_sha256
 
 if TYPE_CHECKING:
     from worker.cache.store import DiskCache
+    from worker.compile.target import Target
     from worker.plugin.runtime import Runtime
 
 
@@ -39,18 +41,26 @@ def options_or_default(options: bytes | None) -> bytes:
 
 
 def runtime_key_parts(
-    runtime: Runtime, cache: DiskCache | None, text: str = "", options: bytes | None = None
+    runtime: Runtime,
+    cache: DiskCache | None,
+    text: str = "",
+    options: bytes | None = None,
+    target: Target | None = None,
 ) -> dict[str, Any]:
     """Returns the key parts of a program text on this process's plugin and host.
 
     With the default empty text, what is left describes the runtime alone
     (plugin build, options, host), to compare with an entry's parts. options
-    are the serialized compile options (default: compile_options()). The
-    plugin's digest comes from its installed RECORD, or is hashed and
-    memoized in the cache's plugins/ folder, or without a cache in the
-    default cache directory's, if that exists (Runtime.plugin_sha256).
+    are the serialized compile options (default: compile_options()). target
+    is what the program is compiled for (worker.compile.target; default: the
+    runtime's device, whose client this opens). The plugin's digest comes
+    from its installed RECORD, or is hashed and memoized in the cache's
+    plugins/ folder, or without a cache in the default cache directory's, if
+    that exists (Runtime.plugin_sha256).
     """
-    client = runtime.client
+    if target is None:
+        target = DeviceTarget(runtime)
+    fields = target.key_fields()
     digest = (
         plugin_build_sha256(runtime.location.path, lambda: cache.memos)
         if cache is not None
@@ -61,9 +71,10 @@ def runtime_key_parts(
         platform=runtime.platform,
         plugin_sha256=digest,
         api_version=runtime.api_version,
-        platform_version=client.platform_version,
-        device_kind=client.device_kind,
+        platform_version=fields["platform_version"],
+        device_kind=fields["device_kind"],
         compile_options=options_or_default(options),
         client_options=runtime.client_options,
         environment=runtime.codegen_environment,
+        topology=fields["topology"],
     )

@@ -1,17 +1,20 @@
-"""Stamping serialized executables with the plugin build and host that made them.
+"""Stamps that older versions appended to serialized executables, read and removed.
 
 A plugin does not always refuse an executable serialized by another build:
 measured here, the 0.81 CPU plugin loads one from the 0.115 plugin and runs
-it, silently returning zeros. So Executable.serialize appends a record naming
-the plugin (library SHA-256, API version) and, on CPU, the host's CPU
-features, and Executable.deserialize refuses a stamp from another build or
-host with a clear error.
+it, silently returning zeros. pjrt-pool 0.1 before the TPU work appended a
+record naming the plugin (library SHA-256, API version) and, on CPU, the
+host's CPU features to the bytes Executable.serialize returned, as an extra
+length-delimited protobuf field with a field number XLA does not use.
 
-The record is an extra length-delimited protobuf field with a field number
-XLA does not use. Serialized executables are protobuf messages
-(ExecutableAndOptionsProto), whose parsers skip unknown fields, so the
-stamped bytes are still the plugin's serialized form and load in any PJRT
-client; bytes without a stamp load unchecked.
+libtpu refuses such bytes ("TpuExecutable proto deserialization failed:
+found leftover bytes after parsing all submessages"), so executables are now
+serialized and stored exactly as the plugin gives them, and what ties them to
+a plugin build and host lives beside them: in a cache entry's key parts
+(which hash to its key, under its digest and MAC) and a bundle's index, both
+checked before anything loads. Bytes stamped by an older version, in an
+existing cache or bundle, are still checked against this process and loaded
+without the stamp (split_stamp, check_stamp).
 """
 
 from __future__ import annotations
@@ -55,19 +58,25 @@ def _read_varint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
 
 
 def stamp(serialized: bytes, identity: dict[str, Any]) -> bytes:
-    """Returns serialized bytes with an identity record appended."""
+    """Returns serialized bytes with an identity record appended, as older versions wrote."""
     record = json.dumps({"pjrt_pool": 1, **identity}, sort_keys=True).encode()
     tag = _varint((STAMP_FIELD << 3) | _STAMP_TAG_WIRE_TYPE)
     return serialized + tag + _varint(len(record)) + record
 
 
-def read_stamp(serialized: bytes | memoryview) -> dict[str, Any] | None:
-    """Returns the identity record of stamped bytes, or None (unstamped or not protobuf)."""
+def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, Any] | None]:
+    """Returns (the plugin's own bytes, the identity record) of possibly stamped bytes.
+
+    Unstamped bytes, and bytes that are not a protobuf message, come back
+    whole with None. Only a stamp that ends the bytes, as stamp() wrote it,
+    is split off.
+    """
     data = memoryview(serialized)
     offset = 0
-    found = None
+    found: tuple[int, Any] | None = None
     try:
         while offset < len(data):
+            start = offset
             tag, offset = _read_varint(data, offset)
             field, wire_type = tag >> 3, tag & 7
             if wire_type == 0:
@@ -79,22 +88,38 @@ def read_stamp(serialized: bytes | memoryview) -> dict[str, Any] | None:
             elif wire_type == 2:
                 length, offset = _read_varint(data, offset)
                 if field == STAMP_FIELD:
-                    found = json.loads(bytes(data[offset : offset + length]))
+                    found = (start, json.loads(bytes(data[offset : offset + length])))
                 offset += length
             else:
-                return None  # groups or garbage: not a message this module wrote to
+                return data, None  # groups or garbage: not a message this module wrote to
         if offset != len(data):
-            return None
+            return data, None
     except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
+        return data, None
+    if found is None or not isinstance(found[1], dict) or offset != len(data):
+        return data, None
+    start, record = found
+    return (data[:start], record) if _ends_at(data, start) else (data, None)
 
 
-def check_stamp(serialized: bytes | memoryview, identity: dict[str, Any]) -> None:
-    """Raises ForeignExecutableError if the bytes are stamped by another plugin build or host."""
-    found = read_stamp(serialized)
+def _ends_at(data: memoryview, start: int) -> bool:
+    """Whether the field that begins at `start` is the last one (where stamp() puts it)."""
+    _, offset = _read_varint(data, start)
+    length, offset = _read_varint(data, offset)
+    return offset + length == len(data)
+
+
+def read_stamp(serialized: bytes | memoryview) -> dict[str, Any] | None:
+    """Returns the identity record of stamped bytes, or None (unstamped or not protobuf)."""
+    return split_stamp(serialized)[1]
+
+
+def check_stamp(serialized: bytes | memoryview, identity: dict[str, Any]) -> memoryview:
+    """Returns the plugin's own bytes; raises ForeignExecutableError if a stamp names another
+    plugin build or host."""
+    plugin_bytes, found = split_stamp(serialized)
     if found is None:
-        return
+        return plugin_bytes
     differing = [name for name, value in identity.items() if name in found and found[name] != value]
     if differing:
         details = "; ".join(
@@ -106,3 +131,4 @@ def check_stamp(serialized: bytes | memoryview, identity: dict[str, Any]) -> Non
             f"host ({details}); executables load only where they were compiled: compile "
             "the program again here"
         )
+    return plugin_bytes

@@ -7,7 +7,9 @@ A plugin is found, in order:
 2. in the first installed default package for the platform: for ``cpu``,
    ``lammps-jax-pjrt-cpu`` (the extra ``pjrt-pool[cpu]``) and then
    ``xla-cpu-pjrt``; for ``cuda``, ``jax-cuda13-pjrt`` and then
-   ``jax-cuda12-pjrt`` (``pjrt-pool[cuda13]``, ``pjrt-pool[cuda12]``).
+   ``jax-cuda12-pjrt`` (``pjrt-pool[cuda13]``, ``pjrt-pool[cuda12]``); for
+   ``tpu``, ``libtpu`` (``pjrt-pool[tpu]``, which brings the libtpu of the
+   installed jax, as ``jax[tpu]`` does).
 
 Packages are located without being imported, so finding a plugin costs no
 imports (the CUDA packages import JAX).
@@ -48,6 +50,7 @@ _DEFAULTS: dict[str, tuple[_DefaultPlugin, ...]] = {
         ),
         _DefaultPlugin("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so", None, False),
     ),
+    "tpu": (_DefaultPlugin("libtpu", "libtpu", "libtpu.so", "tpu", versioned_as_jax=False),),
     "cuda": (
         _DefaultPlugin(
             "jax-cuda13-pjrt", "jax_plugins.xla_cuda13", "xla_cuda_plugin.so", "cuda13", True
@@ -169,20 +172,21 @@ def env_var(platform: str) -> str:
 
 
 @contextlib.contextmanager
-def environment_variable(name: str, value: str) -> Iterator[None]:
-    """Sets an environment variable for the with-block, then puts it back as it was.
+def environment_variables(values: dict[str, str]) -> Iterator[None]:
+    """Sets environment variables for the with-block, then puts them back as they were.
 
     For what a plugin reads once, as it loads or as a worker starts.
     """
-    before = os.environ.get(name)
-    os.environ[name] = value
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _package_dir(package: str) -> Path | None:

@@ -2,8 +2,9 @@
 
 The parent runs this once per plugin build (the result is memoized on disk)
 to learn which StableHLO versions the plugin reads, without loading the
-plugin into its own process. Only the library is loaded; no client or device
-is created.
+plugin into its own process. Only the library is loaded, as for deviceless
+compiles (so libtpu takes no host lock: a chip's holder may be running);
+no client or device is created.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import sys
 
 from worker import _pjrt
 from worker.errors import PluginNotFoundError
-from worker.plugin.locate import find_plugin
+from worker.plugin.locate import environment_variables, find_plugin
+from worker.plugin.runtime import loading_environment
 
 
 def _version(value: object) -> str | None:
@@ -27,7 +29,8 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         location = find_plugin(argv[0])
-        plugin = _pjrt.Plugin.load(location.path)
+        with environment_variables(loading_environment(argv[0], deviceless=True)):
+            plugin = _pjrt.Plugin.load(location.path)
     except (PluginNotFoundError, _pjrt.PluginLoadError, _pjrt.PjrtError) as error:
         print(json.dumps({"error": str(error), "kind": type(error).__name__}))
         return 1

@@ -5,6 +5,14 @@ XLA runtimes in one process compete for threads and memory, so a process
 holds at most one Runtime. The first compile or load creates it for the
 program's platform; a program for another platform is then refused with
 PlatformMismatchError rather than loading a second plugin.
+
+A runtime loaded for deviceless compiles (get_runtime(..., deviceless=True):
+compile_program with a topology, a Pool's compile workers on a TPU host)
+holds no client until something needs one: it compiles for topologies only,
+so it never opens a device, and for TPU it loads libtpu without taking the
+host's lock (worker.plugin.libtpu). A client, when something asks for one,
+opens the platform's first device; where there is none, or another process
+holds it, that is a DeviceUnavailableError saying so.
 """
 
 from __future__ import annotations
@@ -19,11 +27,19 @@ from typing import TYPE_CHECKING, Any
 from worker import _pjrt
 from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
-from worker.errors import PlatformMismatchError
+from worker.errors import DeviceUnavailableError, PjrtError, PlatformMismatchError
 from worker.log import get_logger
 from worker.phases import STARTUP
+from worker.plugin import libtpu
 from worker.plugin.build_identity import plugin_build_sha256
-from worker.plugin.locate import PluginLocation, cuda_major, env_var, find_plugin
+from worker.plugin.locate import (
+    PluginLocation,
+    cuda_major,
+    env_var,
+    environment_variables,
+    find_plugin,
+)
+from worker.plugin.topology import TopologySpec
 from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 
 if TYPE_CHECKING:
@@ -117,17 +133,24 @@ class Runtime:
         self,
         location: PluginLocation,
         plugin: _pjrt.Plugin,
-        client: _pjrt.Client,
+        client: _pjrt.Client | None,
         *,
         client_options: dict[str, Any] | None = None,
         codegen_environment: dict[str, Any] | None = None,
+        deviceless: bool = False,
     ) -> None:
         self.location = location
         """Which plugin library was loaded, and why."""
         self.plugin = plugin
         """The native plugin handle."""
-        self.client = client
-        """The native client on the plugin's first device."""
+        self._client = client
+        self.deviceless = deviceless
+        """Whether the plugin loaded for deviceless compiles (no client until one is asked for)."""
+        self._topologies: dict[TopologySpec, _pjrt.Topology] = {}
+        self._device_topology: _pjrt.Topology | None = None
+        # Guards making the client and topologies: not `lock`, which a registration holds
+        # while it asks for the client (kernels.py).
+        self._making = threading.Lock()
         self.registered_targets: set[str] = set()
         """Custom-call targets registered through this runtime."""
         self.refused_targets: dict[str, Any] = {}
@@ -143,6 +166,44 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime({self.location!r})"
+
+    @property
+    def client(self) -> _pjrt.Client:
+        """The native client on the plugin's first device, opened on first use.
+
+        Raises DeviceUnavailableError when the platform has no device here or
+        another process holds it (libtpu names that process).
+        """
+        with self._making:
+            if self._client is None:
+                self._client = _open_client(self.platform, self.plugin, self.client_options)
+            return self._client
+
+    @property
+    def has_client(self) -> bool:
+        """Whether a client is open (a deviceless runtime has none until one is asked for)."""
+        return self._client is not None
+
+    def topology(self, spec: TopologySpec) -> _pjrt.Topology:
+        """The plugin's topology for a spec, made once per process; opens no device.
+
+        Raises PjrtError when the plugin cannot make it (a name it does not
+        know, options that do not fit the name).
+        """
+        with self._making:
+            found = self._topologies.get(spec)
+            if found is None:
+                found = _pjrt.Topology.create(self.plugin, spec.name, spec.create_options())
+                self._topologies[spec] = found
+            return found
+
+    def device_topology(self) -> _pjrt.Topology:
+        """The topology of the client's devices (opening the client if none is open)."""
+        client = self.client
+        with self._making:
+            if self._device_topology is None:
+                self._device_topology = client.topology()
+            return self._device_topology
 
     @property
     def platform(self) -> str:
@@ -197,15 +258,20 @@ class Runtime:
         return identity
 
     def describe(self) -> dict[str, Any]:
-        """Returns the plugin's identity and window as plain data (for handshakes and probes)."""
+        """Returns the plugin's identity and window as plain data (for handshakes and probes).
+
+        A deviceless runtime has no client to say its platform version and
+        device kind: those are None (no device is opened to learn them).
+        """
         minimum, current = self.stablehlo_window
+        client = self._client
         return {
             "platform": self.platform,
             "path": self.location.path,
             "source": self.location.source,
             "api_version": self.api_version,
-            "platform_version": self.client.platform_version,
-            "device_kind": self.client.device_kind,
+            "platform_version": None if client is None else client.platform_version,
+            "device_kind": None if client is None else client.device_kind,
             "stablehlo_minimum_version": minimum,
             "stablehlo_current_version": current,
         }
@@ -239,14 +305,57 @@ def loaded_runtime() -> Runtime | None:
     return _runtime
 
 
-def get_runtime(platform: str | None = None) -> Runtime:
+_COMPILE_ONLY_ENVIRONMENT = {"tpu": libtpu.compile_only_environment}
+"""Per platform, the variables a plugin loaded for deviceless compiles loads with."""
+
+
+def _open_client(platform: str, plugin: _pjrt.Plugin, options: dict[str, Any]) -> _pjrt.Client:
+    """Creates the client on the plugin's first device, saying clearly when there is none."""
+    try:
+        with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
+            return _pjrt.Client(plugin, options)
+    except PjrtError as error:
+        raise _unavailable(platform, error) or error from None
+
+
+def _unavailable(platform: str, error: Exception) -> DeviceUnavailableError | None:
+    """The DeviceUnavailableError a failed plugin load or client creation means, if any."""
+    message = str(error)
+    holder = libtpu.lock_holder(message)
+    if platform == "tpu" and holder is not None:
+        return DeviceUnavailableError(
+            f"the TPU of this host is held by process {holder} ({message}); one process at "
+            "a time may hold a chip: end that process, or compile beside it without the "
+            "chip (compile_program(..., topology=...), a Pool's compile workers)",
+            holder=holder,
+        )
+    if "No jellyfish device found" in message or "found no addressable device" in message:
+        return DeviceUnavailableError(
+            f"no {platform} device is attached to this machine ({message}): compile for a "
+            "topology without one (compile_program(..., topology='v5e:1x1'), "
+            "pjrt-pool warm --platform tpu --topology v5e:1x1) and run where the device is"
+        )
+    return None
+
+
+def loading_environment(platform: str, deviceless: bool) -> dict[str, str]:
+    """The variables a plugin of `platform` loads with: for deviceless use, those that keep it
+    off the devices and their host lock (libtpu's), which it reads as it initializes."""
+    compile_only = _COMPILE_ONLY_ENVIRONMENT.get(platform)
+    return compile_only() if deviceless and compile_only is not None else {}
+
+
+def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Runtime:
     """Returns this process's runtime, loading the plugin for `platform` first if none is.
 
     With no platform, an already loaded runtime is returned as it is, and
-    otherwise the default platform's plugin loads. Raises PlatformMismatchError
-    when a plugin for another platform is loaded already, PluginNotFoundError
-    when no plugin is found, and PluginLoadError or PjrtError when it fails to
-    load.
+    otherwise the default platform's plugin loads. deviceless=True loads the
+    plugin for compiles for topologies only, without a client (see the
+    module); a runtime that exists already serves either kind of use.
+    Raises PlatformMismatchError when a plugin for another platform is
+    loaded already, PluginNotFoundError when no plugin is found,
+    DeviceUnavailableError when the platform's device is missing or held by
+    another process, and PluginLoadError or PjrtError when it fails to load.
     """
     global _runtime
     with _runtime_lock:
@@ -266,22 +375,29 @@ def get_runtime(platform: str | None = None) -> Runtime:
                 _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
+        loading = loading_environment(platform, deviceless)
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
         with xla_flags_added(semantic_flags(platform, location.path, _existing_memos)):
-            environment = codegen_environment()
+            environment = codegen_environment(platform=platform)
             try:
-                with STARTUP.time("plugin_load"):
+                with STARTUP.time("plugin_load"), environment_variables(loading):
                     plugin = _pjrt.Plugin.load(location.path)
             except _pjrt.PluginLoadError as error:
                 raise _pjrt.PluginLoadError(
                     f"{error} (found through {location.source}; set {env_var(platform)} to "
                     "another plugin library to use that instead)"
                 ) from None
-            with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
-                client = _pjrt.Client(plugin, options)
+            except PjrtError as error:  # PJRT_Plugin_Initialize: libtpu's lock is one cause
+                raise _unavailable(platform, error) or error from None
+            client = None if deviceless else _open_client(platform, plugin, options)
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
-            location, plugin, client, client_options=options, codegen_environment=environment
+            location,
+            plugin,
+            client,
+            client_options=options,
+            codegen_environment=environment,
+            deviceless=deviceless,
         )
         return _runtime

@@ -30,7 +30,7 @@ from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
 from worker.log import get_logger
 from worker.plugin.build_identity import installed_sha256
 from worker.plugin.known_builds import known_build
-from worker.plugin.locate import environment_variable
+from worker.plugin.locate import environment_variables
 
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
@@ -108,5 +108,5 @@ def xla_flags_added(flags: list[str]) -> Iterator[None]:
         yield
         return
     value = " ".join([os.environ.get(XLA_FLAGS_ENV, ""), *flags]).strip()
-    with environment_variable(XLA_FLAGS_ENV, value):
+    with environment_variables({XLA_FLAGS_ENV: value}):
         yield

@@ -44,12 +44,14 @@ from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
 from worker.compile.identity import runtime_key_parts
+from worker.compile.target import target_for
 from worker.dtypes import code_of_dtype
 from worker.fds import close_quietly
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
+from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
 from worker.serve import protocol, shm
 from worker.serve.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
@@ -195,6 +197,7 @@ class Server:
         cache_dir: str | None,
         max_loaded: int,
         never_compile: bool = False,
+        topology: TopologySpec | None = None,
     ) -> None:
         self.sock = sock
         self.arena = arena  # arena_size bytes of data, then the control bytes
@@ -202,6 +205,8 @@ class Server:
         self.cache_dir = cache_dir
         self.max_loaded = max_loaded
         self.never_compile = never_compile
+        self.topology = topology
+        """The topology this worker compiles for without a device (None: its device)."""
         self.loaded: OrderedDict[str, Executable] = OrderedDict()
         # Each loaded executable's own input layout (None: types unknown), for check_run_inputs.
         self._layouts: dict[str, InputLayout | None] = {}
@@ -219,7 +224,7 @@ class Server:
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
         if it is still loaded: the same cache key, and the same input types (else None)."""
-        key = cache_key_of(program, self.cache_dir, compile_options)
+        key = cache_key_of(program, self.cache_dir, compile_options, topology=self.topology)
         executable = self.loaded.get(key) if key in self._preloaded else None
         if executable is None or executable.input_types != program.input_types:
             return None
@@ -248,7 +253,11 @@ class Server:
         elif program is not None:
             options = {} if compile_options is None else {"compile_options": compile_options}
             executable, statistics = compile_program(
-                program, cache_dir=self.cache_dir, never_compile=self.never_compile, **options
+                program,
+                cache_dir=self.cache_dir,
+                never_compile=self.never_compile,
+                topology=self.topology,
+                **options,
             )
         elif cache_key is not None:
             started = time.perf_counter()
@@ -571,13 +580,17 @@ def main(
     max_loaded: int,
     parent_pid: int | None = None,
     never_compile: bool = False,
+    topology: TopologySpec | None = None,
 ) -> int:
     """Starts the worker on an inherited socket descriptor; returns the exit status.
 
     In never-compile mode the worker loads what the disk cache holds and
     refuses the rest (worker.compile.never_compile), and its Ready message carries
     the key parts of its plugin and host, so that the parent can refuse
-    programs that are not in the cache before they reach a worker.
+    programs that are not in the cache before they reach a worker. With a
+    topology the worker compiles for it without a device and opens none (a
+    compile worker: see worker.compile.target); its runs fail with
+    NotLoadedError.
     """
     started = time.perf_counter()
     parent_pid = os.getppid() if parent_pid is None else parent_pid
@@ -597,12 +610,17 @@ def main(
         # The cache before the plugin: loading it reads and fills the cache's
         # records about plugin builds only if the cache exists (runtime._existing_memos).
         cache = open_cache(cache_dir)
-        runtime = get_runtime(platform)
+        runtime = get_runtime(platform, deviceless=topology is not None)
+        target = target_for(runtime, topology)
         plugin = runtime.describe()
+        if topology is not None:
+            plugin["topology"] = str(topology)
         # Then the parent computes keys: to refuse programs not in the cache, or
         # to prefetch their entries from the remote tier (pool.warm.warming).
         if never_compile or os.environ.get(REMOTE_ENV, "").strip():
-            plugin["key_parts"] = runtime_key_parts(runtime, cache if cache.usable else None)
+            plugin["key_parts"] = runtime_key_parts(
+                runtime, cache if cache.usable else None, target=target
+            )
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:
             raise RuntimeError(f"expected Init with an arena first, got {request!r}")
@@ -610,7 +628,7 @@ def main(
         arena_size = request.arena_size
         if request.initializer:
             _run_initializer(request.initializer)
-        server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile)
+        server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile, topology)
         if request.preload:
             loaded, statistics, hot = server.preload(request.preload, request.prime)
     except protocol.ConnectionLostError:

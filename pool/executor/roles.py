@@ -1,0 +1,108 @@
+"""What each worker of a pool is for: compiling, running on a device, or both.
+
+On a CPU or a GPU every worker loads the plugin on the process's device and
+both compiles and runs (Role.ANY). A TPU host differs (DESIGN.md, "Measured on
+a TPU machine"): one process at a time may hold a chip, libtpu's host lock
+keeps a second from even loading it, and compiles are long and
+multithreaded. So a pool there is two kinds of worker::
+
+    compile workers (Role.COMPILE)   libtpu loaded without the host's lock, no
+                                     client, no chip: compile for the host's
+                                     topology (worker.compile.target) and
+                                     publish to the shared disk cache
+    device workers (Role.DEVICE)     one per chip, each holding its chip: load
+                                     from the cache and run
+
+Compiles (submit_compile, compile_many, warm, and the compile a new program
+needs before its first run) go to compile workers; runs go to device workers,
+which find the executable in the cache (the key is the same on both sides).
+A pool given a topology is all compile workers: it never touches a device, so
+it runs beside the process that holds the chip, or on a machine without one.
+
+    Pool(n, platform="tpu") on a host with k chips: n compile workers (default
+    DEFAULT_COMPILE_SHARE of the cores) and k device workers
+    Pool(n, topology="v5e:2x2"): n compile workers, no device worker
+    Pool(n) elsewhere: n workers that do both
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+
+from pool.executor.tasks import Kind
+from worker.plugin import libtpu
+from worker.plugin.topology import TopologySpec
+
+DEFAULT_COMPILE_SHARE = 3
+"""A TPU host's default compile workers: its cores divided by this. Measured on a TPU v5e
+host with 13 cores (scripts/bench_tpu_compile.py): 12 train steps compiled fastest with
+about a third of the cores as processes (4), and more made every compile slower, since
+each XLA TPU compile is multithreaded itself."""
+
+
+class Role(enum.Enum):
+    """What a worker is for (see the module)."""
+
+    ANY = "compile and run"
+    COMPILE = "compile"
+    DEVICE = "device"
+
+    def takes(self, kind: Kind) -> bool:
+        """Whether a worker of this role takes tasks of a kind."""
+        if self is Role.ANY:
+            return True
+        return (kind is Kind.COMPILE) == (self is Role.COMPILE)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker slot of a pool: its role, what it compiles for, and its own environment."""
+
+    role: Role = Role.ANY
+    topology: TopologySpec | None = None
+    """A compile worker's topology (compiled for without a device); None: its device."""
+    environment: tuple[tuple[str, str], ...] = ()
+    """Variables set for this worker alone (a device worker's chip, on a host of several)."""
+
+
+def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:
+    """The variables that give a device worker one chip of a host with `chips` of them.
+
+    One chip alone needs none. With several, each worker sees its own chip as a
+    job of one process and one chip, as JAX's multi-process TPU tests set them.
+    """
+    if chips <= 1:
+        return ()
+    return (
+        (libtpu.VISIBLE_CHIPS_ENV, str(chip)),
+        ("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1"),
+        ("TPU_PROCESS_BOUNDS", "1,1,1"),
+    )
+
+
+def plan_workers(
+    workers: int | None, platform: str | None, topology: TopologySpec | None
+) -> tuple[WorkerPlan, ...]:
+    """The pool's worker slots (see the module); raises ValueError for a TPU pool that can
+    neither find a chip nor was given a topology."""
+    cores = os.cpu_count() or 1
+    if topology is not None:
+        return (WorkerPlan(Role.COMPILE, topology),) * (workers or max(1, cores // 3))
+    if platform != "tpu":
+        return (WorkerPlan(Role.ANY),) * (workers or cores)
+    chips = libtpu.attached_chips()
+    if chips == 0:
+        raise ValueError(
+            "no TPU is attached to this machine, so a pool for platform 'tpu' has nothing to "
+            "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
+            "it, and run where the chip is"
+        )
+    host = libtpu.host_topology(chips=1)
+    role = Role.DEVICE if host is not None else Role.ANY
+    devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(chips))
+    if host is None:
+        return devices  # no name for the host's topology: each chip's worker compiles itself
+    compilers = workers or max(1, cores // DEFAULT_COMPILE_SHARE)
+    return (WorkerPlan(Role.COMPILE, host),) * compilers + devices

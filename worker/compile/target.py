@@ -1,0 +1,119 @@
+"""What a compile is for: this process's device, or a topology without a device.
+
+compile_program compiles for a Target and loads cache entries through it, so
+that one protocol (cache, lock, remote tier) serves both:
+
+    DeviceTarget     the client's first device (opened on first use): compiles
+                     with PJRT_Client_Compile, loads by deserializing onto it
+    TopologyTarget   a named topology (worker.plugin.topology): compiles with
+                     PJRT_Compile and no client, opens no device, and "loads" an
+                     entry by keeping its bytes (TopologyExecutable: it cannot run)
+
+A target says what it puts into a cache key: the plugin's platform version
+and device kind and, on platforms whose executables are tied to a topology
+(TPU), the topology's key part. A device target and a topology target whose
+devices match give the same key, so an entry compiled on either side loads
+on the other (measured on a TPU v5e VM: see worker.plugin.topology).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from worker.compile.executable import Executable, TopologyExecutable
+from worker.errors import PjrtError
+from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
+from worker.plugin.topology import TopologySpec, key_part, parse_topology
+
+if TYPE_CHECKING:
+    from worker.plugin.runtime import Runtime
+    from worker.records import ArrayType
+
+TOPOLOGY_PLATFORMS = frozenset({"tpu"})
+"""Platforms whose cache keys name the topology an executable is compiled for."""
+
+
+class DeviceTarget:
+    """The device of this process's client (what compile_program compiled for until topologies)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @property
+    def topology(self) -> str | None:
+        """None: compiled on the device itself."""
+        return None
+
+    def key_fields(self) -> dict[str, Any]:
+        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
+        client = self.runtime.client
+        topology = (
+            key_part(self.runtime.device_topology())
+            if self.runtime.platform in TOPOLOGY_PLATFORMS
+            else None
+        )
+        return {
+            "platform_version": client.platform_version,
+            "device_kind": client.device_kind,
+            "topology": topology,
+        }
+
+    def compile(self, code: bytes, options: bytes) -> Executable:
+        """Compiles on the client."""
+        return Executable.compile(code, options)
+
+    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+        """Deserializes an entry's bytes onto the client (the plugin checks them)."""
+        return Executable.deserialize(payload)
+
+
+class TopologyTarget:
+    """A topology compiled for without its devices (see the module)."""
+
+    def __init__(self, runtime: Runtime, spec: TopologySpec) -> None:
+        self.runtime = runtime
+        self.spec = spec
+        self.native = runtime.topology(spec)
+
+    @property
+    def topology(self) -> str:
+        """The topology's name, as given."""
+        return self.spec.name
+
+    def key_fields(self) -> dict[str, Any]:
+        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
+        devices = self.native.devices
+        return {
+            "platform_version": self.native.platform_version,
+            "device_kind": devices[0]["kind"] if devices else "",
+            "topology": key_part(self.native),
+        }
+
+    def compile(self, code: bytes, options: bytes) -> Executable:
+        """Compiles for the topology with no client (PJRT_Compile)."""
+        ensure_kernels_for(self.runtime, code)
+        try:
+            native = self.native.compile(code, options)
+        except PjrtError as error:
+            raise explain_missing_handler(error, self.runtime) from None
+        return TopologyExecutable.compiled(self.runtime, self.spec.name, native)
+
+    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+        """Keeps an entry's bytes: nothing here can load them, and the key vouches for them.
+
+        Raises ValueError when the entry did not record its output types.
+        """
+        if output_types is None:
+            raise ValueError("the entry records no output types")
+        return TopologyExecutable(self.runtime, self.spec.name, output_types, payload)
+
+
+Target = DeviceTarget | TopologyTarget
+"""What compile_program compiles for."""
+
+
+def target_for(runtime: Runtime, topology: str | TopologySpec | None) -> Target:
+    """The target of a compile: the topology named, else the runtime's device."""
+    if topology is None:
+        return DeviceTarget(runtime)
+    return TopologyTarget(runtime, parse_topology(topology))
