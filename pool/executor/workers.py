@@ -843,8 +843,7 @@ class Workers:
                 # What the worker raised, as its cause: a caller can tell a plugin that is
                 # not one (PluginLoadError) from an initializer that raised.
                 error.__cause__ = cause
-                error.add_note(f"Raised in the worker:
-{ready.error.traceback}")
+                error.add_note(f"Raised in the worker:\n{ready.error.traceback}")
             with self._lock:
                 worker.failed_to_start(error)
                 self.kill_locked(worker)
