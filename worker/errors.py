@@ -19,6 +19,7 @@ __all__ = [
     "PlatformMismatchError",
     "PluginLoadError",
     "PluginNotFoundError",
+    "TopologyError",
 ]
 
 
@@ -46,6 +47,11 @@ class NotLoadedError(RuntimeError):
     It runs where devices of that topology are: loaded there from the cache
     or a bundle it was published to.
     """
+
+
+class TopologyError(ValueError):
+    """The plugin cannot make the topology asked for: a name it does not know, options that do
+    not fit the name, or a plugin that compiles for no topology (the CPU plugins)."""
 
 
 class PlatformMismatchError(RuntimeError):

@@ -19,11 +19,17 @@ import argparse
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_remote_option, open_remote_option
+from pool.cli.options import (
+    add_remote_option,
+    add_topology_options,
+    open_remote_option,
+    topology_option,
+)
 from pool.cli.paths import (
     checked_cache_dir,
     checked_manifest_cache_dir,
@@ -43,17 +49,21 @@ from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
 from worker.bundle.urls import shown
 from worker.bundle.writer import create_bundle, merge_bundles
+from worker.cache.entry import CorruptEntryError
 from worker.cache.location import format_size
 from worker.cache.store import DiskCache
 from worker.compile.identity import runtime_key_parts
+from worker.compile.target import describe_environment, needs_topology_here, target_for
 from worker.errors import (
     BundleError,
     PjrtError,
     PlatformMismatchError,
     PluginLoadError,
     PluginNotFoundError,
+    TopologyError,
 )
 from worker.plugin.runtime import get_runtime
+from worker.plugin.topology import TopologySpec, parse_topology
 
 if TYPE_CHECKING:
     from worker.bundle.index import Index
@@ -116,6 +126,11 @@ def register(subparsers: Any) -> None:
         check, "for a manifest: the remote cache tier, asked for what its cache lacks"
     )
     check.add_argument("--platform", help="the plugin to check with (default: the programs')")
+    add_topology_options(
+        check,
+        "judge for a host of this topology (default: this host's devices; without any, each "
+        "topology the bundle or manifest was built for)",
+    )
     check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     check.set_defaults(run=_check, prog=check.prog)
 
@@ -193,12 +208,55 @@ def _merge(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _here(platform: str, cache: DiskCache | None) -> dict[str, Any]:
-    """Loads the plugin (nothing else) and returns this process's key parts."""
+def _here(
+    platform: str, cache: DiskCache | None, topology: TopologySpec | None = None
+) -> dict[str, Any]:
+    """Loads the plugin (nothing else) and returns this process's key parts: on its device,
+    or (a topology given) for that topology without a device."""
     try:
-        return runtime_key_parts(get_runtime(platform), cache)
+        runtime = get_runtime(platform, deviceless=topology is not None)
+        return runtime_key_parts(runtime, cache, target=target_for(runtime, topology))
     except (PluginNotFoundError, PluginLoadError, PlatformMismatchError, PjrtError) as error:
         raise UsageError(f"platform {platform}: {error}") from None
+    except TopologyError as error:
+        raise UsageError(str(error)) from None
+
+
+class _Judged(NamedTuple):
+    """The key parts a check judges by, and what they stand for (for people)."""
+
+    parts: dict[str, Any]
+    what: str
+
+
+def _judged_for(
+    platform: str,
+    cache: DiskCache | None,
+    given: TopologySpec | None,
+    built_for: Callable[[], list[Any]],
+) -> list[_Judged]:
+    """What to judge a bundle's or manifest's programs against: this host's device; or a
+    topology given; or, on a platform whose executables are tied to a topology and no such
+    device is here, each topology the entries were built for (their key parts' topology,
+    built_for), judged without a device with this host's plugin build."""
+    if given is not None:
+        return [_Judged(_here(platform, cache, given), f"for a host of {given}")]
+    if not needs_topology_here(platform):
+        return [_Judged(_here(platform, cache), "here")]
+    names = sorted({p["name"] for p in built_for() if isinstance(p, dict) and p.get("name")})
+    if not names:
+        raise UsageError(
+            f"no {platform} device is attached here and the entries name no topology: give "
+            "--topology NAME to judge them for a host of that topology"
+        )
+    return [
+        _Judged(
+            _here(platform, cache, parse_topology(name)),
+            f"for a host of {name} (no {platform} device here: judged with this host's plugin "
+            "build, without a device)",
+        )
+        for name in names
+    ]
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -256,7 +314,14 @@ def _check(args: argparse.Namespace) -> int:
                 bundle.archive.check_headers()  # a URL's: what opening a file checks
                 programs = list(bundle.index.programs.values())
                 platform = args.platform or (programs[0].platform if programs else "cpu")
-                verdicts = check_bundle(bundle, _here(platform, None), platform)
+                environments = bundle.index.environments.values()
+                judged = _judged_for(
+                    platform,
+                    None,
+                    topology_option(args),
+                    lambda: [environment.parts.get("topology") for environment in environments],
+                )
+                checks = [(j, check_bundle(bundle, j.parts, platform)) for j in judged]
         else:
             manifest = load_manifest(args.file, args.cache_dir)
             remote = open_remote_option(args.remote)
@@ -264,33 +329,64 @@ def _check(args: argparse.Namespace) -> int:
             cache = DiskCache(manifest.cache_dir, create=False)
             specs = list(manifest.specs.values())
             platform = args.platform or (specs[0].platform if specs else "cpu")
-            here = _here(platform, cache if cache.usable else None)
-            verdicts = check_cached(specs, cache, here, platform, remote)
+            usable = cache if cache.usable else None
+            judged = _judged_for(
+                platform,
+                usable,
+                topology_option(args),
+                lambda: [_entry_topology(cache, spec.key) for spec in specs],
+            )
+            checks = [(j, check_cached(specs, cache, j.parts, platform, remote)) for j in judged]
     except ManifestError as error:
         raise UsageError(str(error)) from None
     except (BundleError, ValueError) as error:
         raise CommandError(str(error)) from error
     seconds = time.perf_counter() - started
-    _report(args, verdicts, seconds)
-    return ExitCode.OK if all(verdict.loads for verdict in verdicts) else ExitCode.PROBLEMS
+    _report(args, checks, seconds)
+    fine = all(verdict.loads for _, verdicts in checks for verdict in verdicts)
+    return ExitCode.OK if fine else ExitCode.PROBLEMS
 
 
-def _report(args: argparse.Namespace, verdicts: list[Verdict], seconds: float) -> None:
-    loads = sum(verdict.loads for verdict in verdicts)
+def _entry_topology(cache: DiskCache, key: str) -> Any:
+    """The topology key part of a cached entry, or None (no entry, or none it can read)."""
+    try:
+        fields = cache.read_header(key).fields
+    except (OSError, CorruptEntryError):
+        return None
+    parts = fields.get("parts")
+    return parts.get("topology") if isinstance(parts, dict) else None
+
+
+def _report(
+    args: argparse.Namespace, checks: list[tuple[_Judged, list[Verdict]]], seconds: float
+) -> None:
     if args.json:
-        document = {
-            "file": shown(args.file),
-            "ok": loads == len(verdicts),
-            "loads": loads,
-            "would_miss": len(verdicts) - loads,
-            "seconds": round(seconds, 6),
-            "programs": [verdict.to_json() for verdict in verdicts],
-        }
-        print(json.dumps(document, indent=2))
+        documents = [_check_json(args, judged, verdicts, seconds) for judged, verdicts in checks]
+        print(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2))
         return
-    for verdict in verdicts:
-        print(verdict.describe())
-    print(
-        f"{loads} of {len(verdicts)} programs would load here, {len(verdicts) - loads} would "
-        f"miss ({seconds * 1000:.0f} ms)"
-    )
+    for judged, verdicts in checks:
+        if len(checks) > 1 or judged.what != "here":
+            print(f"-- {judged.what}: {describe_environment(judged.parts)}")
+        for verdict in verdicts:
+            print(verdict.describe())
+        loads = sum(verdict.loads for verdict in verdicts)
+        print(
+            f"{loads} of {len(verdicts)} programs would load {judged.what}, "
+            f"{len(verdicts) - loads} would miss ({seconds * 1000:.0f} ms)"
+        )
+
+
+def _check_json(
+    args: argparse.Namespace, judged: _Judged, verdicts: list[Verdict], seconds: float
+) -> dict[str, Any]:
+    loads = sum(verdict.loads for verdict in verdicts)
+    return {
+        "file": shown(args.file),
+        "judged": judged.what,
+        "environment": describe_environment(judged.parts),
+        "ok": loads == len(verdicts),
+        "loads": loads,
+        "would_miss": len(verdicts) - loads,
+        "seconds": round(seconds, 6),
+        "programs": [verdict.to_json() for verdict in verdicts],
+    }

@@ -26,6 +26,10 @@ are usage errors too. Any other exception is a bug (or a failure the command
 did not foresee) and keeps its traceback. A Ctrl-C ends every command with
 130, once what it started has stopped.
 
+The command line's own JAX only lowers (for the platform a command names), so
+it runs on the CPU: JAX_PLATFORMS defaults to "cpu" here, except for the
+commands in JAX_ON_DEVICES.
+
 The caches warn of what they could not do (worker.cache's
 CacheUnavailableWarning, the remote tier's RemoteCacheWarning) both through
 their logger, one line on stderr, and as a Python warning, for programs that
@@ -96,14 +100,26 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
 
 def _environment_error(error: BaseException) -> bool:
     """Whether an error, or one it was raised from, says this machine is not set up for
-    the command: no plugin for the platform, a plugin file that does not load, or a
-    cache directory that others can write. Each message says what to do."""
+    the command: no plugin for the platform, a plugin file that does not load, a cache
+    directory that others can write, no device for the platform (or another process
+    holds it), or a topology the plugin cannot make. Each message says what to do."""
     # Imported here, once a command failed: main imports nothing of the library,
     # so that each command starts as fast as its own module lets it.
     from worker.cache.trust import UntrustedCacheError
-    from worker.errors import PluginLoadError, PluginNotFoundError
+    from worker.errors import (
+        DeviceUnavailableError,
+        PluginLoadError,
+        PluginNotFoundError,
+        TopologyError,
+    )
 
-    kinds = (PluginNotFoundError, PluginLoadError, UntrustedCacheError)
+    kinds = (
+        PluginNotFoundError,
+        PluginLoadError,
+        UntrustedCacheError,
+        DeviceUnavailableError,
+        TopologyError,
+    )
     return any(isinstance(cause, kinds) for cause in _causes(error))
 
 
@@ -124,9 +140,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+JAX_ON_DEVICES = frozenset({"check-plugin"})
+"""Commands whose own JAX runs on the platform's devices (check-plugin's references)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line and returns its exit code (see the module docstring)."""
     words = sys.argv[1:] if argv is None else argv
+    if not words or words[0] not in JAX_ON_DEVICES:
+        # The command line's JAX only lowers, for a platform it names: on the CPU, so that
+        # it never opens a device its workers need, nor loads libtpu (whose lock it would
+        # take) just to find no TPU. A JAX_PLATFORMS of the user's is kept.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     parser = build_parser(words[0] if words else None)
     try:
         args = parser.parse_args(words)

@@ -10,7 +10,10 @@ where the URL came from: exit 2 for every command that takes it.
 ``open_remote_option`` also reads the tier's other settings (time limits,
 signing keys), and one it cannot use is a UsageError naming the variable.
 The remote tier's modules are imported only when a command asks for its
-remote.
+remote. ``--topology NAME`` (``add_topology_options``, with repeatable
+``--topology-option KEY=VALUE``) names a topology to compile for, or check
+against, without its devices (worker.plugin.topology); ``topology_option``
+parses it, and a name libtpu would not take is a UsageError.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from worker.cache.location import parse_size
 
 if TYPE_CHECKING:
     from worker.cache.remote import RemoteCache
+    from worker.plugin.topology import TopologySpec
 
 _T = TypeVar("_T")
 
@@ -85,3 +89,53 @@ def open_remote_option(option: str | None) -> RemoteCache | None:
         return open_remote(url)
     except ValueError as error:  # its message names the variable and what to write
         raise UsageError(str(error)) from None
+
+
+def add_topology_options(parser: argparse.ArgumentParser | Any, what: str) -> None:
+    """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser."""
+    parser.add_argument(
+        "--topology",
+        metavar="NAME",
+        default=None,
+        help=f"{what}: a TPU topology as libtpu names it (v5e:1x1, v5e:2x2, v6e:2x4, ...), "
+        "compiled for without a device",
+    )
+    parser.add_argument(
+        "--topology-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a create option of the topology, overriding the derived ones (repeatable), "
+        "for example chips_per_host_bounds=2,2,1",
+    )
+
+
+def topology_option(args: argparse.Namespace) -> TopologySpec | None:
+    """The TopologySpec --topology and --topology-option name (None for none); a name or an
+    option the topology cannot take is a UsageError."""
+    from worker.plugin.topology import parse_topology
+
+    if args.topology is None:
+        if args.topology_option:
+            raise UsageError("--topology-option needs --topology")
+        return None
+    options: dict[str, Any] = {}
+    for text in args.topology_option:
+        key, equals, value = text.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--topology-option {text!r}: write KEY=VALUE")
+        options[key] = _option_value(value)
+    try:
+        return parse_topology(args.topology, options)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--topology: {error}") from None
+
+
+def _option_value(text: str) -> Any:
+    """A create option's value from the command line: a list of ints, an int, a bool or text."""
+    parts = text.split(",")
+    try:
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        return {"true": True, "false": False}.get(text.lower(), text)
+    return numbers if len(parts) > 1 else numbers[0]

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_remote_option, open_remote_option, remote_url
+from pool.cli.options import (
+    add_remote_option,
+    add_topology_options,
+    open_remote_option,
+    remote_url,
+    topology_option,
+)
 from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, input_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
@@ -72,6 +78,7 @@ def register(subparsers: Any) -> None:
         help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
     )
     warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
+    add_topology_options(warm, "compile for this topology")
     warm.add_argument(
         "--cache-dir",
         metavar="DIR",
@@ -184,6 +191,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         )
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
+    topology_option(args)  # UsageError for a name libtpu would not take
     if args.scheduler is None:  # a cluster's nodes have their own plugins, caches and settings
         open_remote_option(args.remote)  # UsageError for a URL or setting the tier cannot use
         checked_cache_dir(args.cache_dir, create=True)
@@ -260,7 +268,9 @@ def _warm(args: argparse.Namespace) -> int:
             report = warm(
                 spec,
                 workers=args.workers,
-                platform=args.platform,
+                # Named: this command's JAX is on the CPU (pool.cli.main), so JAX's default
+                # device would not say what the workers load.
+                platform=args.platform or default_platform(),
                 cache_dir=args.cache_dir,
                 timeout=args.timeout,
                 fail_fast=args.fail_fast,
@@ -268,6 +278,7 @@ def _warm(args: argparse.Namespace) -> int:
                 progress=progress,
                 scheduler=args.scheduler,
                 remote=args.remote,
+                topology=topology_option(args),
             )
         except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
             report, interrupted = stopped.report, stopped

@@ -57,6 +57,7 @@ from worker.cache.key import check_key
 from worker.cache.remote import RemoteCounters
 from worker.compile.identity import checked_compile_options
 from worker.compile.never_compile import never_compile_on
+from worker.plugin.topology import TopologySpec, parse_topology
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 if TYPE_CHECKING:
@@ -76,11 +77,13 @@ class ClusterPool:
 
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
-    platform, cache_dir, task_timeout, initializer, never_compile and remote
-    are as for Pool and apply on every node; they are checked here, with
-    Pool's errors. never_compile also refuses, at submit, a program its
-    home node's cache lacks (and its remote tier too when there is one),
-    and keeps runs on the nodes whose cache has it (pool.cluster.routing).
+    platform, cache_dir, task_timeout, initializer, never_compile, remote
+    and topology are as for Pool and apply on every node; they are checked
+    here, with Pool's errors (topology: every node compiles for it without a
+    device, so a cluster of CPU machines compiles for a TPU). never_compile
+    also refuses, at submit, a program its home node's cache lacks (and its
+    remote tier too when there is one), and keeps runs on the nodes whose
+    cache has it (pool.cluster.routing).
     remote is the remote cache tier's URL, given to each node's PJRT
     workers (the nodes share the entries one of them compiled, and a
     fleet's other hosts do too); None leaves the nodes' own
@@ -114,12 +117,20 @@ class ClusterPool:
         retry_lost: bool = True,
         spread_at: int | None = None,
         remote: str | Literal[False] | None = None,
+        topology: str | TopologySpec | None = None,
     ) -> None:
         # Checked here, before any node starts a Pool: a bad setting is refused once,
         # not in every run.
         check_flag(retry_lost, "retry_lost")
         options = _node_options(
-            workers_per_node, platform, cache_dir, task_timeout, initializer, never_compile, remote
+            workers_per_node,
+            platform,
+            cache_dir,
+            task_timeout,
+            initializer,
+            never_compile,
+            remote,
+            topology,
         )
         self.client = client
         self._platform: str | None = options["platform"]
@@ -570,6 +581,7 @@ def _node_options(
     initializer: Any,
     never_compile: Any,
     remote: Any,
+    topology: Any = None,
 ) -> dict[str, Any]:
     """The nodes' Pool options, checked here as Pool checks them (pool.executor.settings).
 
@@ -586,6 +598,8 @@ def _node_options(
         "never_compile": never_compile_on(never_compile),
         "remote": check_remote(remote),
     }
+    if topology is not None:  # each node's Pool compiles for it without a device
+        options["topology"] = parse_topology(topology)
     if initializer is not None:
         pickle_initializer(initializer, ())  # it must reach the nodes' workers
         options["initializer"] = initializer

@@ -172,7 +172,12 @@ class Pool:
     runs what they compiled (pool.executor.roles): workers is then the number
     of compile workers (default a third of the cores), the device workers
     come in addition, and a program's first run compiles it on a compile
-    worker before a device worker loads it from the cache.
+    worker before a device worker loads it from the cache. run_workers (at
+    most the chips there) says how many device workers to start. Elsewhere
+    run_workers=r splits the pool the same way: workers compile only, r more
+    workers only run, loading what the others compiled from the cache, so
+    that runs never wait behind long compiles (default 0: every worker does
+    both). See pool.executor.roles.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
@@ -204,6 +209,7 @@ class Pool:
         prime: bool = False,
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
+        run_workers: int | None = None,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -227,6 +233,7 @@ class Pool:
             prime=prime,
             remote=remote,
             topology=topology,
+            run_workers=run_workers,
         )
         # The parts of the pool (see the module docstring), each given what it uses.
         lock = self._lock = threading.Lock()

@@ -20,8 +20,11 @@ A pool given a topology is all compile workers: it never touches a device, so
 it runs beside the process that holds the chip, or on a machine without one.
 
     Pool(n, platform="tpu") on a host with k chips: n compile workers (default
-    DEFAULT_COMPILE_SHARE of the cores) and k device workers
+    a DEFAULT_COMPILE_SHARE-th of the cores) and k device workers
     Pool(n, topology="v5e:2x2"): n compile workers, no device worker
+    Pool(n, run_workers=r) elsewhere: n compile workers and r workers that run
+    (each on its process's device, loading what the compile workers put in
+    the cache), so that runs never wait behind long compiles
     Pool(n) elsewhere: n workers that do both
 """
 
@@ -83,15 +86,27 @@ def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:
 
 
 def plan_workers(
-    workers: int | None, platform: str | None, topology: TopologySpec | None
+    workers: int | None,
+    platform: str | None,
+    topology: TopologySpec | None,
+    run_workers: int | None = None,
 ) -> tuple[WorkerPlan, ...]:
     """The pool's worker slots (see the module); raises ValueError for a TPU pool that can
-    neither find a chip nor was given a topology."""
+    neither find a chip nor was given a topology, and for run workers a pool given a
+    topology cannot have, or more than a TPU host's chips."""
     cores = os.cpu_count() or 1
     if topology is not None:
+        if run_workers:
+            raise ValueError(
+                "a pool given a topology compiles for it without a device: it has no run "
+                f"workers (run_workers={run_workers})"
+            )
         return (WorkerPlan(Role.COMPILE, topology),) * (workers or max(1, cores // 3))
     if platform != "tpu":
-        return (WorkerPlan(Role.ANY),) * (workers or cores)
+        if not run_workers:
+            return (WorkerPlan(Role.ANY),) * (workers or cores)
+        compilers = workers or max(1, cores - run_workers)
+        return (WorkerPlan(Role.COMPILE),) * compilers + (WorkerPlan(Role.DEVICE),) * run_workers
     chips = libtpu.attached_chips()
     if chips == 0:
         raise ValueError(
@@ -99,9 +114,15 @@ def plan_workers(
             "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
             "it, and run where the chip is"
         )
+    if run_workers is not None and run_workers > chips:
+        raise ValueError(
+            f"run_workers={run_workers}, but this host has {chips} TPU chip(s), and one process "
+            "at a time may hold a chip: give at most one run worker per chip"
+        )
+    held = chips if run_workers is None else run_workers
     host = libtpu.host_topology(chips=1)
     role = Role.DEVICE if host is not None else Role.ANY
-    devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(chips))
+    devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(held))
     if host is None:
         return devices  # no name for the host's topology: each chip's worker compiles itself
     compilers = workers or max(1, cores // DEFAULT_COMPILE_SHARE)

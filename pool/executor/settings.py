@@ -85,6 +85,7 @@ class PoolSettings:
         prime: Any = False,
         remote: Any = None,
         topology: Any = None,
+        run_workers: Any = None,
     ) -> PoolSettings:
         """Checks every setting, in the order Pool takes them; raises for the first bad one.
 
@@ -100,7 +101,12 @@ class PoolSettings:
         count = None if workers is None else check_count(workers, "workers", 1, "worker processes")
         platform = check_platform(platform)
         target = None if topology is None else parse_topology(topology)
-        plan = plan_workers(count, platform or default_platform(), target)
+        runners = (
+            None
+            if run_workers is None
+            else check_count(run_workers, "run_workers", 0, "workers that run programs")
+        )
+        plan = plan_workers(count, platform or default_platform(), target, runners)
         directory = check_directory(cache_dir, "cache_dir")
         task_limit = finite(check_timeout(task_timeout, "task_timeout"))
         start_limit = finite(check_timeout(start_timeout, "start_timeout"))

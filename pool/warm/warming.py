@@ -51,6 +51,7 @@ from worker.cache.remote import (
 )
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
+from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, ProgramSpec
 
 
@@ -232,6 +233,7 @@ def _compiler(
     timeout: float | None,
     initializer: Any,
     remote: str | None = None,
+    topology: str | TopologySpec | None = None,
 ) -> Iterator[Any]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
     if scheduler is None:
@@ -242,6 +244,7 @@ def _compiler(
             task_timeout=timeout,
             initializer=initializer,
             remote=remote,
+            topology=topology,
         ) as pool:
             yield pool
         return
@@ -258,6 +261,7 @@ def _compiler(
             task_timeout=timeout,
             initializer=initializer,
             remote=remote,
+            topology=topology,
         ) as cluster,
     ):
         yield cluster
@@ -275,6 +279,7 @@ def warm(
     progress: ProgressDisplay | None = None,
     scheduler: str | None = None,
     remote: str | None = None,
+    topology: str | TopologySpec | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -292,7 +297,10 @@ def warm(
     docstring), and the workers publish to it; with a scheduler, it is
     given to every node (ClusterPool(remote=)), whose workers fetch and
     publish themselves (no prefetch here): the report's remote counters are
-    theirs, summed over the nodes. A Ctrl-C raises WarmInterrupted, with the
+    theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
+    TopologySpec) compiles every program for that topology without a device
+    (Pool(topology=...)): a machine without a TPU warms the cache, and makes
+    the manifest, of a TPU host. A Ctrl-C raises WarmInterrupted, with the
     report of what was warmed before it, once the workers have stopped.
     """
     tier = open_remote(remote) if scheduler is None else None
@@ -385,7 +393,9 @@ def warm(
         task.add_done_callback(lambda f: compiled(index, f))
 
     statistics, counters, workers_remote = CompileStatistics(), CacheCounters(), RemoteCounters()
-    compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer, remote)
+    compiling = _compiler(
+        scheduler, workers, platform, cache_dir, timeout, initializer, remote, topology
+    )
     try:
         with compiling as compiler, _prefetcher(tier, compiler, cache_dir) as prefetcher:
             try:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from worker.compile.executable import Executable, TopologyExecutable
 from worker.errors import PjrtError
+from worker.plugin import libtpu
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
-from worker.plugin.topology import TopologySpec, key_part, parse_topology
+from worker.plugin.topology import TopologySpec, describe_part, key_part, parse_topology
 
 if TYPE_CHECKING:
     from worker.plugin.runtime import Runtime
@@ -117,3 +118,20 @@ def target_for(runtime: Runtime, topology: str | TopologySpec | None) -> Target:
     if topology is None:
         return DeviceTarget(runtime)
     return TopologyTarget(runtime, parse_topology(topology))
+
+
+def needs_topology_here(platform: str) -> bool:
+    """Whether this host has no device of a platform whose executables are tied to a
+    topology: what would load here can then only be judged for a topology named."""
+    return platform in TOPOLOGY_PLATFORMS and libtpu.attached_chips() == 0
+
+
+def describe_environment(parts: dict[str, Any]) -> str:
+    """Key parts' environment for people: the platform, its plugin build and, for a topology's
+    platform, the topology ("tpu, TFRT TPU v5 lite ..., plugin sha256 ff7fdcc8...")."""
+    plugin = parts.get("plugin") if isinstance(parts.get("plugin"), dict) else {}
+    version = " ".join(str(plugin.get("platform_version", "")).split())
+    said = [str(parts.get("platform")), version, f"plugin sha256 {str(plugin.get('sha256'))[:12]}"]
+    if "topology" in parts:
+        said.insert(1, describe_part(parts["topology"]))
+    return ", ".join(part for part in said if part)

@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING, Any
 from worker import _pjrt
 from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
-from worker.errors import DeviceUnavailableError, PjrtError, PlatformMismatchError
+from worker.errors import (
+    DeviceUnavailableError,
+    PjrtError,
+    PlatformMismatchError,
+    TopologyError,
+)
 from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin import libtpu
@@ -187,13 +192,20 @@ class Runtime:
     def topology(self, spec: TopologySpec) -> _pjrt.Topology:
         """The plugin's topology for a spec, made once per process; opens no device.
 
-        Raises PjrtError when the plugin cannot make it (a name it does not
-        know, options that do not fit the name).
+        Raises TopologyError when the plugin cannot make it (a name it does
+        not know, options that do not fit the name, a plugin without topologies).
         """
         with self._making:
             found = self._topologies.get(spec)
             if found is None:
-                found = _pjrt.Topology.create(self.plugin, spec.name, spec.create_options())
+                try:
+                    found = _pjrt.Topology.create(self.plugin, spec.name, spec.create_options())
+                except PjrtError as error:
+                    raise TopologyError(
+                        f"the {self.platform} plugin cannot make the topology {spec} ({error}); "
+                        "name one it takes (for libtpu GENERATION:AxB[xC], such as v5e:1x1, "
+                        "v5e:2x2, v6e:2x4 or v4:2x2x1), with the create options it needs"
+                    ) from None
                 self._topologies[spec] = found
             return found
 
@@ -321,19 +333,27 @@ def _open_client(platform: str, plugin: _pjrt.Plugin, options: dict[str, Any]) -
 def _unavailable(platform: str, error: Exception) -> DeviceUnavailableError | None:
     """The DeviceUnavailableError a failed plugin load or client creation means, if any."""
     message = str(error)
-    holder = libtpu.lock_holder(message)
-    if platform == "tpu" and holder is not None:
-        return DeviceUnavailableError(
-            f"the TPU of this host is held by process {holder} ({message}); one process at "
-            "a time may hold a chip: end that process, or compile beside it without the "
-            "chip (compile_program(..., topology=...), a Pool's compile workers)",
-            holder=holder,
-        )
-    if "No jellyfish device found" in message or "found no addressable device" in message:
+    if platform == "tpu" and libtpu.attached_chips() == 0:
+        # Whatever libtpu says then (no device, or its lock taken by a process
+        # whose JAX loaded it): there is no chip here to run on.
         return DeviceUnavailableError(
             f"no {platform} device is attached to this machine ({message}): compile for a "
             "topology without one (compile_program(..., topology='v5e:1x1'), "
-            "pjrt-pool warm --platform tpu --topology v5e:1x1) and run where the device is"
+            "Pool(topology=...), pjrt-pool warm --platform tpu --topology v5e:1x1) and run "
+            "where the device is"
+        )
+    holder = libtpu.lock_holder(message)
+    if platform == "tpu" and (holder is not None or "lockfile" in message):
+        who = f"process {holder}" if holder is not None else "another process"
+        return DeviceUnavailableError(
+            f"the TPU of this host is held by {who} ({message}); one process at a time may "
+            "hold a chip: end that process, or compile beside it without the chip "
+            "(compile_program(..., topology=...), a Pool's compile workers)",
+            holder=holder,
+        )
+    if "found no addressable device" in message:
+        return DeviceUnavailableError(
+            f"no {platform} device is attached to this machine ({message}); run where one is"
         )
     return None
 

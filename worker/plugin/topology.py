@@ -19,8 +19,10 @@ What a compile is for, in a cache key (key_part), is the plugin's serialized
 topology (which the PJRT C API says is "for use in cache keys"): measured on a
 TPU v5e VM, the client's topology of its one chip serializes to exactly the
 bytes of a deviceless ``v5e:1x1`` made on a CPU-only machine, so an entry
-compiled on either side hits on the other. The part also says the chips'
-bounds and kind, for people reading a key or a miss.
+compiled on either side hits on the other. The part also says the
+topology's name, the chips' bounds and their kind, all read off the devices
+(so they are the same on both sides), for people reading a key or a miss,
+and for ``pjrt-pool bundle check`` on a machine without the devices.
 """
 
 from __future__ import annotations
@@ -158,6 +160,35 @@ def parse_topology(
     return TopologySpec(name, tuple(sorted(merged.items())))
 
 
+_GENERATION_OF_KIND = {
+    "TPU v2": "v2",
+    "TPU v3": "v3",
+    "TPU v4": "v4",
+    "TPU v5": "v5p",
+    "TPU v5 lite": "v5e",
+    "TPU v6 lite": "v6e",
+}
+"""The topology-name generation of each device kind libtpu reports."""
+
+_THREE_AXES = ("v4", "v5p")
+"""Generations whose topology names give three axes (v4:2x2x1); the others give two."""
+
+
+def topology_name(devices: list[dict[str, Any]]) -> str | None:
+    """The name a topology of these devices has as libtpu takes it ("v5e:2x2"), or None when
+    their kind or layout says none. The same devices give the same name, whether they are
+    a deviceless topology's or a client's."""
+    kinds = {d.get("kind") for d in devices}
+    generation = _GENERATION_OF_KIND.get(kinds.pop()) if len(kinds) == 1 else None
+    bounds = _bounds(devices)
+    if generation is None or "x" not in bounds:
+        return None
+    axes = bounds.split("x")
+    if generation not in _THREE_AXES and len(axes) == 3 and axes[2] == "1":
+        axes = axes[:2]
+    return f"{generation}:{'x'.join(axes)}"
+
+
 def _bounds(devices: list[dict[str, Any]]) -> str:
     """The chips' bounding box along each axis ("2x2x1"), from the devices' coords."""
     coords = [d.get("attributes", {}).get("coords") for d in devices]
@@ -172,6 +203,7 @@ def key_part(topology: _pjrt.Topology) -> dict[str, Any]:
     devices = topology.devices
     kinds = sorted({d["kind"] for d in devices})
     return {
+        "name": topology_name(devices),
         "chips": _bounds(devices),
         "device_kind": ", ".join(kinds),
         "devices": len(devices),
@@ -180,7 +212,10 @@ def key_part(topology: _pjrt.Topology) -> dict[str, Any]:
 
 
 def describe_part(part: Any) -> str:
-    """A topology key part for people: "TPU v5 lite, 2x2x1 chips (4 devices)"."""
+    """A topology key part for people: "v5e:2x2 (TPU v5 lite, 2x2x1 chips, 4 devices)"."""
     if not isinstance(part, dict):
         return "no topology"
-    return f"{part.get('device_kind')}, {part.get('chips')} chips ({part.get('devices')} devices)"
+    return (
+        f"{part.get('name') or 'a topology'} ({part.get('device_kind')}, "
+        f"{part.get('chips')} chips, {part.get('devices')} devices)"
+    )
