@@ -33,7 +33,7 @@ from cache_helpers import (
 from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN
 
 import worker
-from worker.cache import DiskCache, entry, explain_key, key_of, open_cache
+from worker.cache import DiskCache, explain_key, key_of, open_cache
 from worker.cache.atomic import TEMP_PREFIX
 from worker.cache.locking import try_acquire
 
@@ -222,14 +222,11 @@ def test_an_entry_from_another_plugin_build_is_not_loaded(tmp_path, cache_dir):
         if "differs" in line
     ]
     assert "plugin.sha256" in differing and "program_sha256" not in differing
-
-    # Defence in depth: an entry forged under the other build's key around this
-    # build's executable is refused by the executable's stamp, then healed.
-    forged = cache.read(mine.stem, touch=False)[0]
-    theirs.write_bytes(entry.encode(theirs.stem, their_parts, forged.metadata, forged.payload))
-    healed = compile_in_child({"programs": [program]}, env={"PJRT_POOL_PLUGIN_CPU": OTHER_PLUGIN})
-    assert healed["stats"][0]["compiled"] == 1 and healed["counters"]["corrupt"] == 1
     assert key_of(their_parts) == theirs.stem
+    # (Executables are stored as the plugin gives them, without the stamp that older
+    # versions appended, which libtpu refuses: an entry forged under the other build's
+    # key, around this build's executable, is a forgery that only signed entries catch:
+    # test_cache_signing.)
 
 
 def _unshare_works() -> bool:
