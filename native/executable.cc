@@ -167,18 +167,21 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
     return;
   }
   // Without a host layout PJRT copies in the buffer's own device layout
-  // (column-major for some TPU results): ask for dense row-major.
+  // (column-major for some TPU results): ask for dense row-major. A scalar's or
+  // a vector's only dense layout is that already, so none is asked for them
+  // (the plugin's own path, without a layout conversion).
   const std::vector<int64_t> minor_to_major = RowMajor(rank);
   auto layout = PJRT_ARGS(PJRT_Buffer_MemoryLayout);
   layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
   layout.tiled = PJRT_ARGS(PJRT_Buffer_MemoryLayout_Tiled);
   layout.tiled.minor_to_major = minor_to_major.data();
   layout.tiled.minor_to_major_size = minor_to_major.size();
+  PJRT_Buffer_MemoryLayout* host_layout = rank > 1 ? &layout : nullptr;
   auto to_host = PJRT_FN(api, PJRT_Buffer_ToHostBuffer);
   // Ask for the size first: PJRT would write past a buffer that is short.
   auto size = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   size.src = buffer;
-  size.host_layout = &layout;
+  size.host_layout = host_layout;
   Check(api, to_host(&size), "PJRT_Buffer_ToHostBuffer");
   Owned<PJRT_Event> size_event(api, size.event);
   if (size.dst_size != output.size) {
@@ -190,7 +193,7 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
   if (output.size == 0) return;
   auto copy = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   copy.src = buffer;
-  copy.host_layout = &layout;
+  copy.host_layout = host_layout;
   copy.dst = output.data;
   copy.dst_size = output.size;
   Check(api, to_host(&copy), "PJRT_Buffer_ToHostBuffer");

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -364,3 +365,22 @@ def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
     copy = tmp_path / "copy.so"
     copy.write_bytes(b"a plugin build")  # the same build at another path: looked at afresh
     warn_known_failures(str(copy))
+
+
+def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here(tmp_path):
+    """For a device one process at a time may hold (TPU), check-plugin runs jax.jit's side
+    after its workers, in a process of its own: the same outputs as here, per case."""
+    from pool.conformance.battery import select
+    from pool.conformance.references import references_elsewhere
+    from pool.conformance.runner import reference, reference_device
+
+    cases = select(["elementwise/sin/float32", "dot/matmul/float64", "sort"])[:8]
+    found = references_elsewhere("cpu", [case.name for case in cases], tmp_path)
+    device = reference_device("cpu")
+    for case, outputs in zip(cases, found, strict=True):
+        assert not isinstance(outputs, str), outputs
+        with jax.enable_x64(case.x64):
+            expected = reference(case, case.make_inputs(), device)
+        assert len(outputs) == len(expected)
+        for got, want in zip(outputs, expected, strict=True):
+            np.testing.assert_array_equal(got, want)

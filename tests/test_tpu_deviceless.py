@@ -18,21 +18,16 @@ import sys
 import textwrap
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO, run_python
 from test_warm import pjrt_pool
+from tpu_programs import NARROW
 
 pytest.importorskip("libtpu", reason="needs libtpu (pip install -e '.[tpu]')")
 
 from pool import Pool, lower
 from pool.errors import PoolError
-from worker import compile_program
-from worker.cache import open_cache
-from worker.compile.executable import TopologyExecutable
-from worker.errors import NotLoadedError, TopologyError
 from worker.plugin import libtpu
 from worker.plugin.topology import derived_options, parse_topology
 
@@ -44,25 +39,20 @@ if libtpu.attached_chips():
     )
 
 
-def f32(*shape: int) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, jnp.float32)
-
-
-NARROW = {
-    "mul_32x16": (lambda x: x * 2, [f32(32, 16)]),
-    "transpose_16x32": (lambda x: x.T, [f32(16, 32)]),
-    "matmul_256x32": (lambda a, b: a @ b, [f32(256, 64), f32(64, 32)]),
-    "batched_4x32x16": (
-        lambda a, b: jnp.einsum("bij,bjk->bik", a, b),
-        [f32(4, 32, 8), f32(4, 8, 16)],
-    ),
-    "mlp_grad": (
-        lambda w1, w2, x: jax.grad(
-            lambda w1, w2: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2) ** 2), argnums=(0, 1)
-        )(w1, w2),
-        [f32(64, 128), f32(128, 16), f32(32, 64)],
-    ),
-}
+def in_child(body: str, env: dict[str, str] | None = None) -> list[str]:
+    """Runs a test's body in a fresh process (this one may hold the CPU plugin, and a
+    process holds one plugin), with the test programs importable; returns its stdout lines.
+    An assertion that fails there fails the test, with the child's output."""
+    prelude = f"""
+        import json, sys
+        import jax, numpy as np, pytest
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        from tpu_programs import NARROW, f32
+        from pool import lower
+        from worker import compile_program
+    """
+    code = textwrap.dedent(prelude) + textwrap.dedent(body)
+    return run_python(code, env=env).stdout.splitlines()
 
 
 # -- topology names ------------------------------------------------------------------
@@ -96,33 +86,48 @@ def test_a_name_that_is_not_a_topology_is_refused_naming_the_form(bad):
 
 
 def test_a_topology_the_plugin_cannot_make_is_a_topology_error(tmp_path):
-    program = lower(lambda x: x + 1, [f32(4)], platform="tpu")
-    with pytest.raises(TopologyError, match="cannot make the topology v9z:2x2"):
-        compile_program(program, cache_dir=tmp_path, topology="v9z:2x2")
+    in_child(
+        f"""
+        from worker.errors import TopologyError
+        program = lower(lambda x: x + 1, [f32(4)], platform="tpu")
+        with pytest.raises(TopologyError, match="cannot make the topology v9z:2x2"):
+            compile_program(program, cache_dir={str(tmp_path)!r}, topology="v9z:2x2")
+        """
+    )
 
 
 # -- compile_program for a topology -----------------------------------------------------
 
 
 def test_a_deviceless_compile_publishes_the_plugins_own_bytes_and_does_not_run(tmp_path):
-    program = lower(NARROW["mul_32x16"][0], NARROW["mul_32x16"][1], platform="tpu")
-    executable, statistics = compile_program(program, cache_dir=tmp_path, topology="v5e:1x1")
-    assert isinstance(executable, TopologyExecutable) and statistics.compiled == 1
-    assert executable.topology == "v5e:1x1" and executable.platform == "tpu"
-    assert executable.output_types == ((np.dtype(np.float32), (32, 16)),)
-    with pytest.raises(NotLoadedError, match="compiled for the topology v5e:1x1 without a device"):
-        executable.run([np.ones((32, 16), np.float32)])
-    with pytest.raises(NotLoadedError):
-        executable.prime()
-    # The entry holds exactly what PJRT_Executable_Serialize gave: no stamp, which libtpu
-    # refuses ("found leftover bytes after parsing all submessages").
-    entry, _ = open_cache(tmp_path).read(executable.key)
-    assert entry.payload == executable.serialize()
-    assert entry.parts["platform"] == "tpu"
-    topology = entry.parts["topology"]
-    assert (topology["name"], topology["chips"], topology["devices"]) == ("v5e:1x1", "1x1x1", 1)
-    assert topology["device_kind"] == "TPU v5 lite"
-    assert entry.metadata["topology"] == "v5e:1x1"
+    in_child(
+        f"""
+        from worker.cache import open_cache
+        from worker.compile.executable import TopologyExecutable
+        from worker.errors import NotLoadedError
+        function, shapes = NARROW["mul_32x16"]
+        program = lower(function, shapes, platform="tpu")
+        executable, statistics = compile_program(
+            program, cache_dir={str(tmp_path)!r}, topology="v5e:1x1"
+        )
+        assert isinstance(executable, TopologyExecutable) and statistics.compiled == 1
+        assert executable.topology == "v5e:1x1" and executable.platform == "tpu"
+        assert executable.output_types == ((np.dtype(np.float32), (32, 16)),)
+        with pytest.raises(NotLoadedError, match="compiled for the topology v5e:1x1 without"):
+            executable.run([np.ones((32, 16), np.float32)])
+        with pytest.raises(NotLoadedError):
+            executable.prime()
+        # The entry holds exactly what PJRT_Executable_Serialize gave: no stamp, which
+        # libtpu refuses ("found leftover bytes after parsing all submessages").
+        entry, _ = open_cache({str(tmp_path)!r}).read(executable.key)
+        assert entry.payload == executable.serialize()
+        assert entry.parts["platform"] == "tpu"
+        topology = entry.parts["topology"]
+        assert (topology["name"], topology["chips"], topology["devices"]) == ("v5e:1x1", "1x1x1", 1)
+        assert topology["device_kind"] == "TPU v5 lite"
+        assert entry.metadata["topology"] == "v5e:1x1"
+        """
+    )
 
 
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
@@ -143,61 +148,57 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
 
 
 def test_topologies_and_libtpu_flags_make_their_own_keys(tmp_path):
-    program = lower(lambda x: x * 3, [f32(8, 128)], platform="tpu")
-    one, _ = compile_program(program, cache_dir=tmp_path, topology="v5e:1x1")
-    four, _ = compile_program(program, cache_dir=tmp_path, topology="v5e:2x2")
-    assert one.key != four.key
-    script = f"""
-        import jax
-        from pool import lower
-        from worker import compile_program
-        program = lower(lambda x: x * 3, [jax.ShapeDtypeStruct((8, 128), "float32")],
-                        platform="tpu")
-        print(compile_program(program, cache_dir={str(tmp_path)!r}, topology="v5e:1x1")[0].key)
+    body = f"""
+        program = lower(lambda x: x * 3, [f32(8, 128)], platform="tpu")
+        for topology in ("v5e:1x1", "v5e:2x2"):
+            print(compile_program(program, cache_dir={str(tmp_path)!r}, topology=topology)[0].key)
     """
-    flagged = run_python(
-        script, env={"LIBTPU_INIT_ARGS": "--xla_tpu_enable_latency_hiding_scheduler=false"}
-    )
-    assert flagged.stdout.split()[-1] not in (one.key, four.key)
-    dumping = run_python(script, env={"LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={tmp_path}/dumps"})
-    assert dumping.stdout.split()[-1] == one.key  # a flag that changes no code changes no key
+    one, four = in_child(body)[-2:]
+    assert one != four
+    flags = "--xla_tpu_enable_latency_hiding_scheduler=false"
+    assert in_child(body, env={"LIBTPU_INIT_ARGS": flags})[-2] not in (one, four)
+    # Flags that change no code change no key: a dump, and the launch barrier JAX adds
+    # to LIBTPU_INIT_ARGS on every Cloud TPU VM (measured: the same executables).
+    quiet = f"--xla_jf_dump_to={tmp_path}/dumps --xla_tpu_use_enhanced_launch_barrier=true"
+    assert in_child(body, env={"LIBTPU_INIT_ARGS": quiet})[-2:] == [one, four]
 
 
 def test_a_deviceless_compile_is_the_executable_jax_compiles_for_the_topology():
     """pjrt-pool's module and options give the executable jax.jit's deviceless compile gives:
     the plugin's fingerprints are equal (JAX's own compile captured and compiled again)."""
-    from jax._src import compiler
-    from jax._src.interpreters import mlir
-    from jax.experimental import topologies
-    from jax.sharding import SingleDeviceSharding
+    in_child(
+        """
+        from jax._src import compiler
+        from jax._src.interpreters import mlir
+        from jax.experimental import topologies
+        from jax.sharding import SingleDeviceSharding
+        from worker import get_runtime
+        from worker.plugin.topology import parse_topology
 
-    from worker import get_runtime
+        captured = {}
+        original = compiler.backend_compile_and_load
 
-    captured: dict[str, bytes] = {}
-    original = compiler.backend_compile_and_load
+        def capture(backend, module, devices, options, callbacks):
+            captured["code"] = mlir.module_to_bytecode(module)
+            captured["options"] = options.SerializeAsString()
+            return original(backend, module, devices, options, callbacks)
 
-    def capture(backend, module, devices, options, callbacks):
-        captured["code"] = mlir.module_to_bytecode(module)
-        captured["options"] = options.SerializeAsString()
-        return original(backend, module, devices, options, callbacks)
-
-    spec = parse_topology("v5e:1x1")
-    devices = topologies.get_topology_desc(spec.name, "tpu", **spec.create_options()).devices
-    sharding = SingleDeviceSharding(devices[0])
-    compiler.backend_compile_and_load = capture
-    try:
+        spec = parse_topology("v5e:1x1")
+        devices = topologies.get_topology_desc(spec.name, "tpu", **spec.create_options()).devices
+        sharding = SingleDeviceSharding(devices[0])
+        compiler.backend_compile_and_load = capture
         for name, (function, shapes) in NARROW.items():
             placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
             jax.jit(function).trace(*placed).lower().compile()
             ours, _ = compile_program(
                 lower(function, shapes, platform="tpu"), disk_cache=False, topology=spec
             )
-            jax_compiled = (
-                get_runtime().topology(spec).compile(captured["code"], captured["options"])
-            )
-            assert ours.fingerprint() == jax_compiled.fingerprint().hex(), name
-    finally:
-        compiler.backend_compile_and_load = original
+            theirs = get_runtime().topology(spec).compile(captured["code"], captured["options"])
+            assert ours.fingerprint() == theirs.fingerprint().hex(), name
+        """,
+        # JAX loads libtpu itself here: without the host's lock, as compile workers do.
+        env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "1"},
+    )
 
 
 # -- a compile-only Pool -----------------------------------------------------------------

@@ -9,7 +9,9 @@
     report: pass / wrong / error / crash / timeout / skipped per case
 
 Lowering and the reference run here while the workers compile and run the
-cases submitted before, so the two sides overlap. A case that crashes or
+cases submitted before, so the two sides overlap; on a device one process
+at a time may hold (TPU), the reference runs after the workers let it go, in
+a process of its own (references.py). A case that crashes or
 hangs a worker fails alone (the pool replaces the worker); a case that the
 plugin cannot run for want of a capability (LAPACK kernels, a StableHLO
 version) is skipped with the reason.
@@ -18,8 +20,10 @@ version) is skipped with the reason.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -33,6 +37,7 @@ import numpy as np
 
 from pool.conformance.case import Case
 from pool.conformance.compare import OutputComparison, compare_case
+from pool.conformance.references import reference, reference_device, references_elsewhere
 from pool.errors import (
     ProgramQuarantinedError,
     TaskTimeoutError,
@@ -41,6 +46,7 @@ from pool.errors import (
     describe_exit,
 )
 from pool.executor.pool import Pool
+from pool.lowering.devices import EXCLUSIVE_PLATFORMS
 from pool.lowering.lower import lower
 from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
@@ -201,19 +207,6 @@ def _check_process_plugin(described: dict[str, Any]) -> None:
         )
 
 
-def _reference(case: Case, inputs: Sequence[np.ndarray], device: Any) -> list[np.ndarray]:
-    placed = [jax.device_put(a, device) for a in inputs]
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.jit(case.function)(*placed))]
-
-
-def _reference_device(platform: str) -> Any:
-    """JAX's own device for the platform if it has one, else its CPU."""
-    for name in (platform, "gpu") if platform in ("cuda", "rocm") else (platform,):
-        with contextlib.suppress(RuntimeError):
-            return jax.devices(name)[0]
-    return jax.devices("cpu")[0]
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return f"{type(error).__name__}: {text.splitlines()[0][:500]}"
@@ -278,7 +271,8 @@ def _finish(pending: _Pending) -> CaseResult:
 
 
 def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | CaseResult:
-    """Lowers a case, submits it to the pool and computes JAX's result meanwhile.
+    """Lowers a case, submits it to the pool and computes JAX's result meanwhile (device
+    None: later, in another process; see references.py).
 
     Returns the case in flight, or its result when it went no further
     (a program the plugin's StableHLO cannot express is skipped).
@@ -299,11 +293,12 @@ def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | Case
             future = pool.submit(program, inputs, name=case.name)
         except Exception as error:
             return CaseResult(case.name, "error", f"submitting: {_first_line(error)}")
-        expected: list[np.ndarray] | BaseException
-        try:
-            expected = _reference(case, inputs, device)
-        except Exception as error:
-            expected = error
+        expected: list[np.ndarray] | BaseException = []
+        if device is not None:
+            try:
+                expected = reference(case, inputs, device)
+            except Exception as error:
+                expected = error
     return _Pending(case, inputs, future, expected, started)
 
 
@@ -344,7 +339,10 @@ def run_cases(
         except ValueError as error:  # a PJRT_POOL_WORKAROUNDS that is neither on nor off
             raise CheckError(str(error)) from None
         off = tuple(w.name for w in build_workarounds(info) if w.name not in applied)
-        device = _reference_device(platform)
+        # On a device one process at a time may hold, JAX's side runs after the workers
+        # let it go, in a process of its own (references.py).
+        apart = platform in EXCLUSIVE_PLATFORMS
+        device = None if apart else reference_device(platform)
         count = (os.cpu_count() or 1) if workers is None else workers
         try:
             with quiet():  # the memo of this very check must not warn about itself
@@ -368,10 +366,14 @@ def run_cases(
                     record(started_case)
                 else:
                     queue.append(started_case)
-                while queue and queue[0].future.done():
+                while not apart and queue and queue[0].future.done():
                     record(_finish(queue.popleft()))
-            while queue:
-                record(_finish(queue.popleft()))
+            if apart:
+                concurrent.futures.wait([pending.future for pending in queue])
+        if apart:
+            _referenced_apart(queue, platform)
+        while queue:
+            record(_finish(queue.popleft()))
     return CheckReport(
         platform=platform,
         plugin=described,
@@ -383,6 +385,15 @@ def run_cases(
         workarounds=applied,
         workarounds_off=off,
     )
+
+
+def _referenced_apart(queue: Sequence[_Pending], platform: str) -> None:
+    """Gives the cases in flight jax.jit's outputs, computed in another process once the
+    pool's workers let the device go (references.py)."""
+    with tempfile.TemporaryDirectory(prefix="pjrt-pool-check-") as directory:
+        found = references_elsewhere(platform, [p.case.name for p in queue], Path(directory))
+    for pending, expected in zip(queue, found, strict=True):
+        pending.expected = RuntimeError(expected) if isinstance(expected, str) else expected
 
 
 def _digest(path: str, cache_dir: str | os.PathLike[str] | None) -> str:

@@ -7,11 +7,12 @@ its platforms given). On a TPU host that opens the chip in the parent
 hold a chip, so the pool's device worker could then never have it.
 
 So lowering for "tpu" in a process whose JAX has not initialized its backends
-yet, and whose platforms nobody chose (no JAX_PLATFORMS, no jax_platforms
-setting), first sets jax_platforms to "cpu": that process's JAX then runs on
-the CPU, and the chip stays free for the workers. A process that chose its
-platforms keeps them (and if it holds the chip itself, the pool's device
-worker says that this process holds it).
+yet, and whose platforms nobody chose (no JAX_PLATFORMS, and jax_platforms
+unset or as JAX sets it itself when imported on a Cloud TPU VM: "tpu,cpu"),
+first sets jax_platforms to "cpu": that process's JAX then runs on the CPU,
+and the chip stays free for the workers. A process that chose its platforms
+keeps them (and if it holds the chip itself, the pool's device worker says
+that this process holds it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ logger = get_logger("pjrt_pool.lower")
 EXCLUSIVE_PLATFORMS = frozenset({"tpu"})
 """Platforms whose devices one process at a time may hold."""
 
+JAX_CLOUD_TPU_DEFAULT = "tpu,cpu"
+"""What JAX sets jax_platforms to, as it is imported on a Cloud TPU VM, when nobody set it
+(jax/_src/cloud_tpu_init.py): not a choice of the process's."""
+
 
 def _backends_initialized() -> bool:
     """Whether JAX has initialized its backends (private in JAX: assumed so if it moved)."""
@@ -41,9 +46,11 @@ def _backends_initialized() -> bool:
 def leave_devices_to_workers(platform: str) -> None:
     """Sets this process's JAX to the CPU before lowering for an exclusive platform (see the
     module), unless its backends are up or its platforms were chosen."""
-    if platform not in EXCLUSIVE_PLATFORMS:
+    if platform not in EXCLUSIVE_PLATFORMS or os.environ.get("JAX_PLATFORMS"):
         return
-    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or _backends_initialized():
+    if jax.config.jax_platforms not in (None, "", JAX_CLOUD_TPU_DEFAULT):
+        return
+    if _backends_initialized():
         return
     jax.config.update("jax_platforms", "cpu")
     logger.info(

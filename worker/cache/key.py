@@ -54,6 +54,12 @@ _NON_CODE_FLAGS = frozenset(
         # Where autotuning results are shared between processes: it decides
         # how fast a GPU program runs, not what it computes.
         "xla_gpu_per_fusion_autotune_cache_dir",
+        # What JAX adds to LIBTPU_INIT_ARGS as it is imported on a Cloud TPU VM
+        # (jax/_src/cloud_tpu_init.py), so every process there has it and a CPU
+        # machine does not: measured with libtpu 0.0.42.1, 14 programs (12 example
+        # programs, 2 training steps) compile for v5e:1x1 to the same serialized
+        # executable with it and without it.
+        "xla_tpu_use_enhanced_launch_barrier",
     }
 )
 

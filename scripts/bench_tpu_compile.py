@@ -1,0 +1,182 @@
+"""Compiling twelve TPU training steps: pjrt-pool's pool against JAX, in one run.
+
+Usage::
+
+    python scripts/bench_tpu_compile.py [--workers 2,4] [--threads 4] [--repeat 1]
+                                        [--programs 12] [--topology v5e:1x1]
+
+Legs, each in a fresh process, alternated --repeat times (this machine's speed
+drifts between hours, so only ratios within one run mean anything):
+
+    jax-serial     jax.jit(step).lower(...).compile() of each step, one by one
+    jax-threads    the same from a thread pool of --threads in one process
+    pool-N         Pool(N compile workers).compile_many of the steps, into a
+                   fresh cache directory (the pool's start is timed apart)
+
+On a TPU host (a chip attached, no --topology) JAX compiles on the chip and
+the pool is Pool(N, platform="tpu"): N compile workers beside the device
+worker, as a user's pool is. Elsewhere, or with --topology, both compile
+for the topology without a device (JAX through jax.experimental.topologies,
+the pool as Pool(N, topology=...)): what a CI machine does. Prints one line
+per leg and then the ratios: each pool's compile time against the best JAX
+leg and against JAX serial, and a JSON summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _steps(count: int) -> list[Any]:
+    sys.path.insert(0, str(HERE))
+    from train_steps import train_steps
+
+    return train_steps()[:count]
+
+
+def _jax_leg(threads: int, count: int, topology: str | None) -> dict[str, Any]:
+    """Compiles the steps with JAX in this process: serially (threads 1) or from a pool."""
+    import jax
+
+    steps = _steps(count)
+    placed = []
+    if topology is not None:
+        from jax.experimental import topologies
+        from jax.sharding import SingleDeviceSharding
+
+        from worker.plugin.topology import parse_topology
+
+        spec = parse_topology(topology)
+        devices = topologies.get_topology_desc(spec.name, "tpu", **spec.create_options()).devices
+        sharding = SingleDeviceSharding(devices[0])
+        for name, function, shapes in steps:
+            placed.append(
+                (
+                    name,
+                    function,
+                    [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes],
+                )
+            )
+    else:
+        jax.devices()  # the backend (the chip) opens before the clock starts
+        placed = steps
+
+    def compile_one(step: Any) -> float:
+        _name, function, shapes = step
+        started = time.perf_counter()
+        jax.jit(function).trace(*shapes).lower().compile()
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    if threads == 1:
+        seconds = [compile_one(step) for step in placed]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(threads) as executor:
+            seconds = list(executor.map(compile_one, placed))
+    return {"wall": time.perf_counter() - started, "per_program": seconds}
+
+
+def _pool_leg(workers: int, count: int, topology: str | None) -> dict[str, Any]:
+    """Compiles the steps with a Pool of `workers` compile workers into a fresh cache."""
+    from pool import Pool, lower
+
+    programs = [lower(f, shapes, platform="tpu") for _, f, shapes in _steps(count)]
+    with tempfile.TemporaryDirectory(prefix="bench-tpu-") as cache:
+        started = time.perf_counter()
+        options: dict[str, Any] = {"topology": topology} if topology else {}
+        with Pool(workers, platform="tpu", cache_dir=cache, **options) as pool:
+            start = time.perf_counter() - started
+            began = time.perf_counter()
+            pool.compile_many(programs)
+            wall = time.perf_counter() - began
+            compiled = pool.statistics.compiled
+            roles = [w["role"] for w in pool.worker_info]
+    return {"wall": wall, "start": start, "compiled": compiled, "roles": roles}
+
+
+def _one(leg: str, count: int, topology: str | None) -> dict[str, Any]:
+    kind, _, size = leg.partition("-")
+    if kind == "jax":
+        return _jax_leg(1 if size == "serial" else int(size), count, topology)
+    return _pool_leg(int(size), count, topology)
+
+
+def _run_leg(leg: str, count: int, topology: str | None) -> dict[str, Any]:
+    environment = dict(os.environ)
+    if topology is not None:  # JAX loads libtpu itself: as pjrt-pool's compile workers do
+        from worker.plugin.libtpu import compile_only_environment
+
+        environment.update(compile_only_environment())
+    if leg.startswith("pool") or topology is not None:
+        environment["JAX_PLATFORMS"] = "cpu"  # the parent only lowers; the chip is the pool's
+    else:
+        environment.pop("JAX_PLATFORMS", None)  # JAX on the chip
+    arguments = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        leg,
+        "--programs",
+        str(count),
+    ]
+    if topology:
+        arguments += ["--topology", topology]
+    done = subprocess.run(arguments, capture_output=True, text=True, env=environment, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"leg {leg} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workers", default="4", help="pool sizes (compile workers), comma-separated"
+    )
+    parser.add_argument("--threads", type=int, default=4, help="threads of the JAX thread-pool leg")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--programs", type=int, default=12)
+    parser.add_argument("--topology", default=None, help="compile for it without a device")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(_one(args.one, args.programs, args.topology)))
+        return
+    from worker.plugin import libtpu
+
+    topology = args.topology
+    if topology is None and libtpu.attached_chips() == 0:
+        topology = "v5e:1x1"
+    legs = ["jax-serial", f"jax-{args.threads}"] + [f"pool-{n}" for n in args.workers.split(",")]
+    where = f"deviceless for {topology}" if topology else "on the chip"
+    print(f"{args.programs} train steps, {where}, {os.cpu_count()} cores", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {leg: [] for leg in legs}
+    for round_ in range(args.repeat):
+        for leg in legs if round_ % 2 == 0 else legs[::-1]:
+            found = _run_leg(leg, args.programs, topology)
+            results[leg].append(found)
+            extra = f", start {found['start']:.1f} s, {found['roles']}" if "start" in found else ""
+            print(f"  {leg:<12} {found['wall']:6.1f} s{extra}", flush=True)
+    median = {leg: statistics.median(r["wall"] for r in runs) for leg, runs in results.items()}
+    best_jax = min(median["jax-serial"], median[f"jax-{args.threads}"])
+    summary = {"where": where, "median_wall": median, "ratios": {}}
+    for leg in legs[2:]:
+        versus_best, versus_serial = median[leg] / best_jax, median[leg] / median["jax-serial"]
+        summary["ratios"][leg] = {"vs_best_jax": versus_best, "vs_jax_serial": versus_serial}
+        print(f"{leg}: {versus_best:.2f}x the best JAX leg, {versus_serial:.2f}x JAX serial")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
