@@ -670,7 +670,12 @@ def test_deserialize_refuses_an_executable_from_another_plugin(tmp_path: Path):
 
 
 def test_serialize_gives_exactly_the_plugins_bytes(many_outputs_executable: Executable):
-    assert many_outputs_executable.serialize() == many_outputs_executable.native.serialize()
+    from worker.compile.stamp import read_stamp
+
+    serialized = many_outputs_executable.serialize()
+    assert read_stamp(serialized) is None  # nothing appended to what the plugin gave
+    if not ON_SECOND_PLUGIN:  # (the 0.81 plugin's serializations of one executable differ)
+        assert serialized == many_outputs_executable.native.serialize()
 
 
 def test_bytes_an_older_version_stamped_for_another_build_are_refused(
