@@ -1,0 +1,100 @@
+"""Compile workers and run workers: the pool a TPU host gets, routed on the CPU.
+
+A Pool whose compiles and runs go to different workers (pool.executor.roles):
+on a TPU host, compile workers compile for the host's topology without the
+chip and the device worker that holds it runs; Pool(n, run_workers=r) splits
+a CPU pool the same way, which is how CI (without a TPU) tests the routing:
+compiles land on compile workers, runs on the run worker, which loads what
+they compiled from the cache, and a program's first run is compiled on a
+compile worker first.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pool import Pool, lower
+from pool.errors import WorkerCrashedError
+from pool.executor.roles import Role, plan_workers
+from pool.executor.tasks import Kind
+from worker.plugin.topology import parse_topology
+
+
+def programs(count: int) -> list:
+    return [
+        lower(lambda x, k=k: jnp.sin(x) * k, [jax.ShapeDtypeStruct((16,), jnp.float32)])
+        for k in range(count)
+    ]
+
+
+def test_the_plan_of_each_kind_of_pool():
+    assert [p.role for p in plan_workers(3, "cpu", None)] == [Role.ANY] * 3
+    split = plan_workers(2, "cpu", None, run_workers=1)
+    assert [p.role for p in split] == [Role.COMPILE, Role.COMPILE, Role.DEVICE]
+    only = plan_workers(2, "tpu", parse_topology("v5e:1x1"))
+    assert [(p.role, p.topology.name) for p in only] == [(Role.COMPILE, "v5e:1x1")] * 2
+    with pytest.raises(ValueError, match="has no run workers"):
+        plan_workers(2, "tpu", parse_topology("v5e:1x1"), run_workers=1)
+    assert Role.COMPILE.takes(Kind.COMPILE) and not Role.COMPILE.takes(Kind.RUN)
+    assert Role.DEVICE.takes(Kind.RUN) and not Role.DEVICE.takes(Kind.COMPILE)
+    assert Role.ANY.takes(Kind.RUN) and Role.ANY.takes(Kind.COMPILE)
+
+
+def test_compiles_go_to_compile_workers_and_runs_to_the_run_worker(tmp_path):
+    batch = programs(5)
+    x = np.linspace(0, 1, 16, dtype=np.float32)
+    with Pool(2, run_workers=1, cache_dir=tmp_path) as pool:
+        roles = {w["pid"]: w["role"] for w in pool.worker_info}
+        assert sorted(roles.values()) == ["compile", "compile", "device"]
+        specs = pool.compile_many(batch)
+        assert len({spec.key for spec in specs}) == 5
+        assert pool.statistics.compiled == 5 and pool.statistics.loaded == 0
+        # The run worker loads each program from the cache the compile workers filled.
+        outputs = [f.result()[0] for f in [pool.submit(p, [x]) for p in batch]]
+        for k, output in enumerate(outputs):
+            np.testing.assert_allclose(output, np.sin(x) * k, rtol=1e-6)
+        assert pool.statistics.compiled == 5 and pool.statistics.loaded == 5
+        loaded = {roles[w["pid"]]: w["loaded"] for w in pool.worker_info}
+        assert loaded["device"] == 5
+
+
+def test_a_new_programs_first_run_compiles_on_a_compile_worker_first(tmp_path):
+    new = lower(lambda x: x * 7 + 1, [jax.ShapeDtypeStruct((16,), jnp.float32)])
+    with Pool(1, run_workers=1, cache_dir=tmp_path) as pool:
+        x = np.ones(16, np.float32)
+        np.testing.assert_array_equal(pool.run(new, [x])[0], x * 8)
+        # One compile (on the compile worker), one load (by the run worker): the run
+        # worker compiled nothing.
+        assert (pool.statistics.compiled, pool.statistics.loaded) == (1, 1)
+        submitted = lower(lambda x: x - 3, [jax.ShapeDtypeStruct((16,), jnp.float32)])
+        np.testing.assert_array_equal(pool.submit(submitted, [x]).result()[0], x - 3)
+        assert (pool.statistics.compiled, pool.statistics.loaded) == (2, 2)
+
+
+def test_a_failed_compile_fails_the_run_that_needed_it(tmp_path):
+    bad = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+    with Pool(1, run_workers=1, cache_dir=tmp_path) as pool:
+        future = pool.submit(bad, [np.ones(4, np.float32)], compile_options=b"")
+        with pytest.raises(WorkerCrashedError):  # an empty CompileOptionsProto aborts it
+            future.result(timeout=120)
+        np.testing.assert_array_equal(pool.run(bad, [np.ones(4, np.float32)])[0], 2)
+
+
+def test_runs_never_wait_behind_a_long_compile_queue(tmp_path):
+    """With compiles queued for the compile worker, a run of a compiled program goes to
+    the run worker at once."""
+    ready = programs(1)[0]
+    queue = programs(12)[1:]
+    x = np.ones(16, np.float32)
+    with Pool(1, run_workers=1, cache_dir=tmp_path) as pool:
+        pool.run(ready, [x])
+        compiles = [pool.submit_compile(p) for p in queue]
+        result = pool.submit(ready, [x]).result(timeout=60)
+        np.testing.assert_array_equal(result[0], np.sin(x) * 0)
+        waiting = sum(not c.done() for c in compiles)
+        assert waiting > 0, "the run was answered only after every compile"
+        for compiled in compiles:
+            compiled.result(timeout=120)
