@@ -170,7 +170,7 @@ class Pool:
     to it raises PoolError. On a TPU host a pool for platform "tpu" without a
     topology has workers compile beside one device worker per chip, which
     runs what they compiled (pool.executor.roles): workers is then the number
-    of compile workers (default a third of the cores), the device workers
+    of compile workers (default a third of the cores, at least 2), the device workers
     come in addition, and a program's first run compiles it on a compile
     worker before a device worker loads it from the cache. run_workers (at
     most the chips there) says how many device workers to start. Elsewhere

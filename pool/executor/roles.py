@@ -20,7 +20,7 @@ A pool given a topology is all compile workers: it never touches a device, so
 it runs beside the process that holds the chip, or on a machine without one.
 
     Pool(n, platform="tpu") on a host with k chips: n compile workers (default
-    a DEFAULT_COMPILE_SHARE-th of the cores) and k device workers
+    a third of the cores, at least 2: DEFAULT_COMPILE_SHARE) and k device workers
     Pool(n, topology="v5e:2x2"): n compile workers, no device worker
     Pool(n, run_workers=r) elsewhere: n compile workers and r workers that run
     (each on its process's device, loading what the compile workers put in
@@ -39,10 +39,14 @@ from worker.plugin import libtpu
 from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
-"""A TPU host's default compile workers: its cores divided by this. Measured on a TPU v5e
-host with 13 cores (scripts/bench_tpu_compile.py): 12 train steps compiled fastest with
-about a third of the cores as processes (4), and more made every compile slower, since
-each XLA TPU compile is multithreaded itself."""
+"""A TPU pool's default compile workers: the cores divided by this, and at least 2.
+Measured on a TPU v5e host with 13 cores (scripts/bench_tpu_compile.py --workers 3,4,6):
+12 training steps compiled in 16.7, 15.8 and 17.3 s (JAX with 4 threads: 18.2 s), so a
+third of the cores (4), and more made every compile slower, since each XLA TPU compile is
+multithreaded itself; on this 2-core machine 2 compile workers for v5e:1x1 beat JAX's
+serial and threaded deviceless compiles (0.60x and 0.76x, 3 steps)."""
+
+MIN_COMPILE_WORKERS = 2
 
 
 class Role(enum.Enum):
@@ -85,6 +89,11 @@ def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:
     )
 
 
+def default_compile_workers() -> int:
+    """A TPU pool's compile workers when none are asked for (see DEFAULT_COMPILE_SHARE)."""
+    return max(MIN_COMPILE_WORKERS, (os.cpu_count() or 1) // DEFAULT_COMPILE_SHARE)
+
+
 def plan_workers(
     workers: int | None,
     platform: str | None,
@@ -101,7 +110,7 @@ def plan_workers(
                 "a pool given a topology compiles for it without a device: it has no run "
                 f"workers (run_workers={run_workers})"
             )
-        return (WorkerPlan(Role.COMPILE, topology),) * (workers or max(1, cores // 3))
+        return (WorkerPlan(Role.COMPILE, topology),) * (workers or default_compile_workers())
     if platform != "tpu":
         if not run_workers:
             return (WorkerPlan(Role.ANY),) * (workers or cores)
@@ -125,5 +134,5 @@ def plan_workers(
     devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(held))
     if host is None:
         return devices  # no name for the host's topology: each chip's worker compiles itself
-    compilers = workers or max(1, cores // DEFAULT_COMPILE_SHARE)
+    compilers = workers or default_compile_workers()
     return (WorkerPlan(Role.COMPILE, host),) * compilers + devices
