@@ -152,7 +152,7 @@ class Manifest:
                     from worker.compile.by_key import load_cached_executable
 
                     executable = load_cached_executable(
-                        spec.key, self.cache_dir, remote=self.remote
+                        spec.key, self.cache_dir, remote=self.remote, platform=spec.platform
                     )
                 if self.prime_on_load:
                     self._primed[name] = executable.prime()

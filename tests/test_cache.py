@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import CORRUPTIONS, corrupt, entries_size, lowered
+from conftest import SECOND_PLUGIN
 
 import worker
 from worker.cache import (
@@ -448,3 +449,33 @@ def test_a_full_disk_degrades_to_no_cache_with_one_warning(cache_dir, monkeypatc
     counters = open_cache(cache_dir).counters
     assert counters.write_errors == 1
     assert not list((cache_dir / "entries").iterdir())  # no entry, no temporary file
+
+
+@pytest.mark.skipif(SECOND_PLUGIN is None, reason="needs both CPU plugins installed")
+def test_an_entry_loaded_by_key_built_by_another_plugin_build_is_left_where_it_is(cache_dir):
+    """A manifest run by key (no program to compile again) may name an entry this process's
+    plugin cannot load: another build's, another host's, another platform's (a TPU
+    manifest run on a CPU machine). It is refused naming the part that differs, and left
+    in the cache, which other hosts or platforms may share: never judged damaged."""
+    from conftest import run_python
+
+    from worker.compile.by_key import load_cached_executable
+    from worker.errors import NotInCacheError
+
+    built = run_python(
+        """
+        import jax
+        from pool import lower
+        from worker import compile_program
+        program = lower(lambda x: x * 2, [jax.ShapeDtypeStruct((8, 8), "float32")])
+        print(compile_program(program)[0].key)
+        """,
+        env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN, "PJRT_POOL_CACHE_DIR": str(cache_dir)},
+    )
+    key = built.stdout.split()[-1]
+    entry = cache_dir / "entries" / f"{key}.pjx"
+    assert entry.exists()
+    with pytest.raises(NotInCacheError, match=r"it was built elsewhere: .*plugin\.sha256"):
+        load_cached_executable(key, cache_dir)
+    assert entry.exists()
+    assert open_cache(cache_dir).counters.corrupt == 0

@@ -261,7 +261,9 @@ def _compiles_beside_the_lock(cache: Path) -> None:
 
 
 def test_a_tpu_pool_on_a_machine_without_one_needs_a_topology():
-    with pytest.raises(ValueError, match="no TPU is attached to this machine"):
+    from worker.errors import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="no TPU is attached to this machine"):
         Pool(1, platform="tpu")
 
 
@@ -301,6 +303,13 @@ def test_warm_bundle_and_check_for_a_tpu_on_a_machine_without_one(tmp_path):
     )
     assert warmed.returncode == 0, warmed.stderr
     assert "33 compiled" in warmed.stdout
+    # Run here, by key, a program compiled for a TPU: said in one line, and its entry
+    # stays in the cache (a CPU plugin once judged it damaged and removed it).
+    ran = pjrt_pool("run", str(tmp_path / "m.json"), "tiny_add_one")
+    assert ran.returncode == 2
+    (line,) = ran.stderr.strip().splitlines()
+    assert "no tpu device is attached to this machine" in line
+    assert len(list((cache / "entries").glob("*.pjx"))) == 33
     made = pjrt_pool(
         "bundle", "create", str(tmp_path / "m.json"), "-o", str(tmp_path / "tpu.bundle")
     )

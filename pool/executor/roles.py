@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass
 
 from pool.executor.tasks import Kind
+from worker.errors import DeviceUnavailableError
 from worker.plugin import libtpu
 from worker.plugin.topology import TopologySpec
 
@@ -100,9 +101,9 @@ def plan_workers(
     topology: TopologySpec | None,
     run_workers: int | None = None,
 ) -> tuple[WorkerPlan, ...]:
-    """The pool's worker slots (see the module); raises ValueError for a TPU pool that can
-    neither find a chip nor was given a topology, and for run workers a pool given a
-    topology cannot have, or more than a TPU host's chips."""
+    """The pool's worker slots (see the module); raises DeviceUnavailableError for a TPU pool
+    that can neither find a chip nor was given a topology, and ValueError for run workers a
+    pool given a topology cannot have, or more than a TPU host's chips."""
     cores = os.cpu_count() or 1
     if topology is not None:
         if run_workers:
@@ -118,7 +119,7 @@ def plan_workers(
         return (WorkerPlan(Role.COMPILE),) * compilers + (WorkerPlan(Role.DEVICE),) * run_workers
     chips = libtpu.attached_chips()
     if chips == 0:
-        raise ValueError(
+        raise DeviceUnavailableError(
             "no TPU is attached to this machine, so a pool for platform 'tpu' has nothing to "
             "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
             "it, and run where the chip is"

@@ -368,8 +368,17 @@ def explain_key(parts: dict[str, Any], other: dict[str, Any] | None = None) -> s
     return "\n".join(lines)
 
 
+LOADING_PARTS = ("format", "platform", "plugin", "host", "topology")
+"""The identity parts an executable cannot be loaded across: another platform, plugin
+build, host (CPU features) or topology. Across the others (client options, XLA flags,
+thread counts) it loads and runs, as what was compiled with them."""
+
+
 def differing_parts(
-    built: dict[str, Any], here: dict[str, Any], cpu_flags: list[str] | None = None
+    built: dict[str, Any],
+    here: dict[str, Any],
+    cpu_flags: list[str] | None = None,
+    sections: tuple[str, ...] = IDENTITY_PARTS,
 ) -> list[str]:
     """Says, one line per part, where an entry's identity differs from this process's.
 
@@ -378,9 +387,10 @@ def differing_parts(
     'ab12...', here 'cd34...'". A part one side lacks shows as None.
     cpu_flags are the builder's CPU flags, when its entry recorded them: a
     difference in CPU features then says which flags this host lacks.
+    sections are the identity parts compared (default: all of them).
     """
     lines = []
-    for section in IDENTITY_PARTS:
+    for section in sections:
         theirs = _flatten(section, built.get(section))
         mine = _flatten(section, here.get(section))
         for name in sorted(theirs.keys() | mine.keys()):

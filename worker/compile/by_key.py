@@ -12,16 +12,17 @@ import contextlib
 import os
 import re
 import threading
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
-from worker.cache.key import check_key
+from worker.cache.key import LOADING_PARTS, check_key, differing_parts
 from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
+from worker.compile.identity import runtime_key_parts
 from worker.errors import NotInCacheError, PjrtError
 from worker.log import get_logger
-from worker.plugin.runtime import loaded_runtime
+from worker.plugin.runtime import get_runtime, loaded_runtime
 from worker.records import ArrayType
 
 if TYPE_CHECKING:
@@ -71,10 +72,20 @@ def _load_payload(entry: Entry, target: Target | None) -> Executable:
 
 
 def load_entry(
-    cache: DiskCache, key: str, target: Target | None = None
+    cache: DiskCache,
+    key: str,
+    target: Target | None = None,
+    here: dict[str, Any] | None = None,
 ) -> tuple[Executable, Entry] | Miss:
     """Reads, verifies and loads a key's entry through target (default: this process's
-    device); returns it loaded, or the Miss."""
+    device); returns it loaded, or the Miss.
+
+    here, for a load by key alone (whose key says nothing of this process), is this
+    process's identity (runtime_key_parts without a program): an entry built for
+    another platform, plugin build, host or topology (LOADING_PARTS) is a miss that
+    removes nothing, never handed to a plugin that would refuse it as damaged (and a
+    cache shared by several hosts or platforms would lose it).
+    """
     try:
         found = cache.read(key)
     except SignatureError as error:
@@ -86,6 +97,13 @@ def load_entry(
     if found is None:
         return Miss("no entry", None, None)
     entry, stat = found
+    if here is not None:
+        differing = differing_parts(
+            entry.parts, here, entry.metadata.get("cpu_flags"), LOADING_PARTS
+        )
+        if differing:
+            reason = "it was built elsewhere: " + "; ".join(differing)
+            return Miss(reason, None, None, publish=False)
     dead = cache.loads.dead(key) if cache.writable else []
     if dead:
         reason = f"{cache.loads.describe(dead)} died while loading it; quarantined"
@@ -206,6 +224,7 @@ def load_cached_executable(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     remote: str | Literal[False] | None = None,
+    platform: str | None = None,
 ) -> Executable:
     """Returns the executable stored under `key`; raises NotInCacheError if there is none.
 
@@ -217,10 +236,16 @@ def load_cached_executable(
     (64 hex digits) raises InvalidKeyError, a ValueError, before any file is
     touched. remote (default PJRT_POOL_CACHE_REMOTE; False: none) is asked
     when the local cache has no usable entry (see load_remote_entry).
+    platform is the program's (ProgramSpec.platform): its plugin loads, if no
+    plugin is loaded yet. An entry built for another platform, plugin build,
+    host or topology than this process's raises NotInCacheError naming what
+    differs, and stays where it is.
     """
     check_key(key)
     cache = open_cache(cache_dir)
-    loaded = load_entry(cache, key)
+    runtime = get_runtime(platform)
+    here = runtime_key_parts(runtime, cache if cache.usable else None)
+    loaded = load_entry(cache, key, here=here)
     settled = False
     tier = _open_remote(remote) if isinstance(loaded, Miss) else None
     if isinstance(loaded, Miss) and tier is not None:
@@ -231,8 +256,11 @@ def load_cached_executable(
     if isinstance(loaded, Miss):
         if loaded.counter is None:
             where = f"{cache.directory} or {tier.location.shown}" if tier else cache.directory
+            found = (
+                "" if loaded.reason == "no entry" else f" for this plugin and host: {loaded.reason}"
+            )
             raise NotInCacheError(
-                f"no executable with key {key} in {where}: warm the cache "
+                f"no executable with key {key} in {where}{found}: warm the cache "
                 "(pjrt-pool warm) with this plugin and cache directory first"
             )
         if not settled:

@@ -390,6 +390,11 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
+        if not deviceless and platform == "tpu" and libtpu.attached_chips() == 0:
+            # Said at once: libtpu would poll a metadata server for minutes first.
+            error = _unavailable(platform, RuntimeError("no TPU chip in /dev"))
+            assert error is not None
+            raise error
         if platform == "cuda":
             with STARTUP.time("preload"):
                 _preload_cuda_libraries(cuda_major(location.path))
