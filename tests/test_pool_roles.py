@@ -98,3 +98,19 @@ def test_runs_never_wait_behind_a_long_compile_queue(tmp_path):
         assert waiting > 0, "the run was answered only after every compile"
         for compiled in compiles:
             compiled.result(timeout=120)
+
+
+def test_only_run_workers_preload(tmp_path):
+    """What a pool preloads is to run: its compile workers (on a TPU host, without a chip to
+    load onto) preload nothing, and the run worker holds it all at start."""
+    from pool.manifest import Manifest
+
+    batch = programs(3)
+    with Pool(1, cache_dir=tmp_path) as pool:
+        specs = pool.compile_many([(f"sin_times_{k}", p) for k, p in enumerate(batch)])
+    manifest = Manifest(specs, str(tmp_path), "cpu")
+    with Pool(2, run_workers=1, cache_dir=tmp_path, preload=manifest) as pool:
+        loaded = {w["role"]: w["loaded"] for w in pool.worker_info}
+        assert loaded == {"compile": 0, "device": 3}
+        x = np.ones(16, np.float32)
+        np.testing.assert_allclose(pool.submit_spec(specs[2], [x]).result()[0], np.sin(x) * 2)

@@ -796,6 +796,10 @@ class Workers:
 
     def _spawn(self, index: int) -> None:
         settings = self._settings
+        plan = settings.plan[index]
+        # What a pool preloads is to run: a compile worker, which runs nothing (and on a
+        # TPU host holds no chip to load onto), preloads none of it.
+        runs = plan.role.takes(Kind.RUN)
         worker = WorkerProcess(
             index,
             settings.platform,
@@ -803,10 +807,10 @@ class Workers:
             settings.max_loaded,
             settings.initializer,
             settings.never_compile,
-            settings.preload,
-            settings.prime,
+            settings.preload if runs else (),
+            settings.prime and runs,
             settings.remote,
-            settings.plan[index],
+            plan,
         )
         with self._lock:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
