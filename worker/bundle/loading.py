@@ -13,8 +13,8 @@ from worker.bundle.preflight import judge
 from worker.bundle.reader import Bundle
 from worker.bundle.signatures import recorded_types
 from worker.compile.executable import Executable
-from worker.compile.identity import runtime_key_parts
 from worker.errors import NotInCacheError, PjrtError
+from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 from worker.records import ProgramSpec
 

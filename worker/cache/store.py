@@ -45,7 +45,6 @@ from worker.cache import space, trust
 from worker.cache.atomic import PendingFile
 from worker.cache.counters import CacheCounters, Tally
 from worker.cache.folders import Folder
-from worker.cache.key import check_key, key_of
 from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
@@ -59,6 +58,7 @@ from worker.cache.locking import HeldLock, try_acquire
 from worker.cache.memos import MemoStore
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
+from worker.identity.keys import check_key, key_of
 from worker.log import get_logger
 
 REJECTION_PREFIX = "rejected-"

@@ -6,7 +6,7 @@ JAX; the cache itself is worker/cache.
     compiler.py       compile_program: one compile per key across processes
     by_key.py         loading an executable by its cache key alone (manifests)
     never_compile.py  never-compile mode: serving processes that only load
-    identity.py       compile options, and the key parts of this process's plugin and host
+    identity.py       the old import path of compile_options (the key's parts: worker/identity)
     executable.py     Executable: a program loaded into the plugin's client
     stamp.py          the plugin build and host stamped into serialized executables
     slots.py          compile slots: how many compiles run at once on the machine

@@ -15,11 +15,11 @@ import threading
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from worker.cache.entry import CorruptEntryError, Entry, SignatureError, UnreadableEntryError
-from worker.cache.key import check_key
 from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache, open_cache
 from worker.compile.executable import Executable
 from worker.errors import NotInCacheError, PjrtError
+from worker.identity.keys import check_key
 from worker.log import get_logger
 from worker.plugin.runtime import loaded_runtime
 from worker.records import ArrayType

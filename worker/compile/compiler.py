@@ -30,15 +30,16 @@ from typing import Any, Literal
 
 from worker.cache import DiskCache, key_of, open_cache, parse_size
 from worker.cache import entry as entry_format
-from worker.cache.key import host_cpu_flags
 from worker.cache.remote import RemoteCache, open_remote
 from worker.cache.signing import signer_from_environment
 from worker.compile.by_key import Miss, load_entry, load_remote_entry, settle_miss
 from worker.compile.executable import Executable
-from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
 from worker.compile.target import Target, target_for
+from worker.identity.environment import host_cpu_flags
+from worker.identity.options import checked_compile_options, options_or_default
+from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
@@ -140,7 +141,7 @@ def _compile_and_publish(
             metadata["topology"] = target.topology  # for people: the key holds what it is
         if target.runtime.platform == "cpu":
             # The key holds only their digest: with the flags, a miss elsewhere
-            # can say which features that host lacks (worker.cache.key.differing_parts).
+            # can say which features that host lacks (worker.identity.keys.differing_parts).
             metadata["cpu_flags"] = list(host_cpu_flags())
         with phases.time("serialize"):
             payload = executable.serialize()

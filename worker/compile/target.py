@@ -9,11 +9,11 @@ that one protocol (cache, lock, remote tier) serves both:
                      PJRT_Compile and no client, opens no device, and "loads" an
                      entry by keeping its bytes (TopologyExecutable: it cannot run)
 
-A target says what it puts into a cache key: the plugin's platform version
-and device kind and, on platforms whose executables are tied to a topology
-(TPU), the topology's key part. A device target and a topology target whose
-devices match give the same key, so an entry compiled on either side loads
-on the other (measured on a TPU v5e VM: see worker.plugin.topology).
+A target says what it puts into a cache key (worker.identity.target: the
+plugin's platform version and device kind and, on platforms whose
+executables are tied to a topology (TPU), the topology's key part). A device
+target and a topology target whose devices match give the same key, so an
+entry compiled on either side loads on the other (measured on a TPU v5e VM).
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from worker.compile.executable import Executable, TopologyExecutable
 from worker.errors import PjrtError
+from worker.identity.target import (
+    TOPOLOGY_PLATFORMS,
+    describe_part,
+    device_fields,
+    topology_fields,
+)
 from worker.plugin import libtpu
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
-from worker.plugin.topology import TopologySpec, describe_part, key_part, parse_topology
+from worker.plugin.topology import TopologySpec, parse_topology
 
 if TYPE_CHECKING:
     from worker.plugin.runtime import Runtime
     from worker.records import ArrayType
-
-TOPOLOGY_PLATFORMS = frozenset({"tpu"})
-"""Platforms whose cache keys name the topology an executable is compiled for."""
 
 
 class DeviceTarget:
@@ -46,18 +49,8 @@ class DeviceTarget:
         return None
 
     def key_fields(self) -> dict[str, Any]:
-        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
-        client = self.runtime.client
-        topology = (
-            key_part(self.runtime.device_topology())
-            if self.runtime.platform in TOPOLOGY_PLATFORMS
-            else None
-        )
-        return {
-            "platform_version": client.platform_version,
-            "device_kind": client.device_kind,
-            "topology": topology,
-        }
+        """The key parts that say what this target is (worker.identity.target.device_fields)."""
+        return device_fields(self.runtime)
 
     def compile(self, code: bytes, options: bytes) -> Executable:
         """Compiles on the client."""
@@ -82,13 +75,8 @@ class TopologyTarget:
         return self.spec.name
 
     def key_fields(self) -> dict[str, Any]:
-        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
-        devices = self.native.devices
-        return {
-            "platform_version": self.native.platform_version,
-            "device_kind": devices[0]["kind"] if devices else "",
-            "topology": key_part(self.native),
-        }
+        """The key parts that say what this target is (worker.identity.target.topology_fields)."""
+        return topology_fields(self.native)
 
     def compile(self, code: bytes, options: bytes) -> Executable:
         """Compiles for the topology with no client (PJRT_Compile)."""

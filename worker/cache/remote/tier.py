@@ -38,7 +38,6 @@ import warnings
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
-from worker.cache.key import differing_parts, is_key
 from worker.cache.remote.client import Failure, ObjectClient, RemoteError, Versioned
 from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
@@ -72,6 +71,7 @@ from worker.cache.remote.verify import (
 )
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
+from worker.identity.keys import differing_parts, is_key
 from worker.log import get_logger
 
 logger = get_logger("pjrt_pool.cache")
@@ -541,7 +541,7 @@ class RemoteCache:
 
     def built_elsewhere(self, key: str, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
         """The other keys the remote holds this program under, each with how its record's
-        key parts differ from parts (worker.cache.key.differing_parts); for refusals.
+        key parts differ from parts (worker.identity.keys.differing_parts); for refusals.
 
         Reads the program's index (layout.py) and, for at most
         ELSEWHERE_READ of its keys, the record this process would trust,
