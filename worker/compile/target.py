@@ -14,13 +14,20 @@ plugin's platform version and device kind and, on platforms whose
 executables are tied to a topology (TPU), the topology's key part). A device
 target and a topology target whose devices match give the same key, so an
 entry compiled on either side loads on the other (measured on a TPU v5e VM).
+What a target compiles or loads is made knowing the key and the argument
+types it is for (worker.compile.executable.compile_executable).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from worker.compile.executable import Executable, TopologyExecutable
+from worker.compile.executable import (
+    Executable,
+    TopologyExecutable,
+    compile_executable,
+    deserialize_executable,
+)
 from worker.errors import PjrtError
 from worker.identity.target import (
     TOPOLOGY_PLATFORMS,
@@ -35,6 +42,9 @@ from worker.plugin.topology import TopologySpec, parse_topology
 if TYPE_CHECKING:
     from worker.plugin.runtime import Runtime
     from worker.records import ArrayType
+
+    InputTypes = tuple[ArrayType, ...] | None
+    OutputTypes = tuple[ArrayType, ...] | None
 
 
 class DeviceTarget:
@@ -52,13 +62,17 @@ class DeviceTarget:
         """The key parts that say what this target is (worker.identity.target.device_fields)."""
         return device_fields(self.runtime)
 
-    def compile(self, code: bytes, options: bytes) -> Executable:
-        """Compiles on the client."""
-        return Executable.compile(code, options)
+    def compile(
+        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+    ) -> Executable:
+        """Compiles on the client an executable known by key, taking input_types."""
+        return compile_executable(code, options, key=key, input_types=input_types)
 
-    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+    def load(
+        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Deserializes an entry's bytes onto the client (the plugin checks them)."""
-        return Executable.deserialize(payload)
+        return deserialize_executable(payload, key=key, input_types=input_types)
 
 
 class TopologyTarget:
@@ -78,23 +92,31 @@ class TopologyTarget:
         """The key parts that say what this target is (worker.identity.target.topology_fields)."""
         return topology_fields(self.native)
 
-    def compile(self, code: bytes, options: bytes) -> Executable:
+    def compile(
+        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Compiles for the topology with no client (PJRT_Compile)."""
         ensure_kernels_for(self.runtime, code)
         try:
             native = self.native.compile(code, options)
         except PjrtError as error:
             raise explain_missing_handler(error, self.runtime) from None
-        return TopologyExecutable.compiled(self.runtime, self.spec.name, native)
+        return TopologyExecutable.compiled(
+            self.runtime, self.spec.name, native, key=key, input_types=input_types
+        )
 
-    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+    def load(
+        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Keeps an entry's bytes: nothing here can load them, and the key vouches for them.
 
         Raises ValueError when the entry did not record its output types.
         """
         if output_types is None:
             raise ValueError("the entry records no output types")
-        return TopologyExecutable(self.runtime, self.spec.name, output_types, payload)
+        return TopologyExecutable(
+            self.runtime, self.spec.name, output_types, payload, input_types, key
+        )
 
 
 Target = DeviceTarget | TopologyTarget

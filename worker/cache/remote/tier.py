@@ -152,6 +152,12 @@ class Lookup(NamedTuple):
     data: bytes | None = None
     entry: entry_format.Entry | None = None
 
+    @property
+    def missed(self) -> bool:
+        """Whether the remote has no entry of the key (not one refused, not a failure): what
+        a host that compiles on a miss may take the key's lease after (RemoteCache.lead)."""
+        return self.outcome is Fetched.MISS
+
 
 class Published(enum.Enum):
     """What one publish did."""
@@ -326,8 +332,15 @@ class RemoteCache:
     def fetch_or_lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
         """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder."""
         found = self.lookup(key, max_size)
-        if found.outcome is not Fetched.MISS:
+        if not found.missed:
             return _entry_of(found)
+        return self.lead(key, max_size)
+
+    def lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """After a lookup that missed (Lookup.missed): takes the key's lease, and returns None
+        (compile here, then publish, which ends the lease), unless the entry was published
+        meanwhile; or waits for the host that holds the lease, and returns what it published
+        (None: compile here after all)."""
         claim, standing = self._claim(key)
         if claim == "mine":
             return self._led(key, max_size)
