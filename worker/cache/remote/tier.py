@@ -34,7 +34,6 @@ import enum
 import hashlib
 import threading
 import time
-import warnings
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
@@ -71,6 +70,7 @@ from worker.cache.remote.verify import (
 )
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
+from worker.cache.warn_once import WarnOnce
 from worker.identity.keys import differing_parts, is_key
 from worker.log import get_logger
 
@@ -194,7 +194,7 @@ class RemoteCache:
         self._counts = dict.fromkeys(RemoteCounters._fields, 0)
         self._refused: dict[str, float] = {}
         """Refused keys, each with when (time.monotonic) it may be fetched again."""
-        self._warned: set[str] = set()
+        self._warnings = WarnOnce(RemoteCacheWarning, stacklevel=3)
         self._lock = threading.Lock()
         self.leases = Leases(self.client, self.limits, lease_seconds(), self._bad_lease)
         """The leases this process takes and waits on (lease.py)."""
@@ -228,14 +228,6 @@ class RemoteCache:
         with self._lock:
             self._counts[name] += 1
 
-    def _warn_once(self, topic: str, message: str) -> None:
-        with self._lock:
-            if topic in self._warned:
-                return
-            self._warned.add(topic)
-        logger.warning(message)
-        warnings.warn(message, RemoteCacheWarning, stacklevel=3)
-
     def _set_state(self, state: State) -> bool:
         """Moves to state (never back from off); whether the state changed."""
         with self._lock:
@@ -248,14 +240,14 @@ class RemoteCache:
         self._count("errors")
         if writing and error.failure is Failure.DENIED:
             self._set_state("read-only")
-            self._warn_once(
+            self._warnings.warn(
                 "read-only",
                 f"pjrt-pool remote cache {self.location.shown} refused a write ({error}); "
                 "reading it only, for this process",
             )
             return
         self._set_state("off")
-        self._warn_once(
+        self._warnings.warn(
             "off",
             f"pjrt-pool remote cache {self.location.shown} switched off for this process: {error}",
         )
@@ -264,7 +256,7 @@ class RemoteCache:
         self._count("refused")
         with self._lock:
             self._refused[key] = time.monotonic() + REFUSAL_MEMORY
-        self._warn_once(
+        self._warnings.warn(
             f"refused {key}",
             f"pjrt-pool remote cache {self.location.shown}: refused the entry of {key}: {why}; "
             "compiling instead",
@@ -272,7 +264,7 @@ class RemoteCache:
 
     def _bad_lease(self, key: str) -> None:
         self._count("refused")
-        self._warn_once(
+        self._warnings.warn(
             "bad lease",
             f"pjrt-pool remote cache {self.location.shown}: the lease of {key} cannot be read "
             "(malformed or oversized); taken for expired",
@@ -303,7 +295,7 @@ class RemoteCache:
             entry = checked_entry(blob, record, self.hmac_signer)
         except OlderRecordError as error:
             shown = self.location.shown
-            self._warn_once("older record", f"pjrt-pool remote cache {shown}: {error}")
+            self._warnings.warn("older record", f"pjrt-pool remote cache {shown}: {error}")
             return self._missed(count_miss)
         except RefusedObjectError as error:
             self._refuse(key, str(error))
