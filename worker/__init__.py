@@ -18,8 +18,9 @@ each thing lives, and so where plugin loading ends and serving begins::
                   a plugin build's digest and the one memo of values computed from a file
     plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
                   device errors, known builds and check-plugin's records
-    compile/      compile_program, loading by key, never-compile mode, Executable,
-                  executable stamps, compile slots
+    compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
+                  lookup, claim, publish), loading by key, never-compile mode,
+                  Executable, what a compile is for, executable stamps, compile slots
     cache/        the shared disk cache of executables (DiskCache)
     bundle/       bundles: warmed programs in one file, checked and loaded read-only
     serve/        a pool worker: the wire protocol, shared memory, the worker's loop

@@ -12,8 +12,9 @@ under which the entry is judged again and a bad one removed. RemoteTier is
 a remote (worker.cache.remote): a lookup fetches into the disk cache when
 there is one, and its claim is the key's lease across hosts, or a wait for
 the host that holds it. Each counts and logs its own hits; Tiers holds one
-compile's tiers, nearest first. The remote's modules are imported only
-where a remote is named (open_remote).
+compile's tiers, nearest first. The remote's modules are imported in one
+place, open_remote, when a remote is first asked for: by compile_program on
+its first call, by loading by key only after a local miss.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def open_remote(remote: str | Literal[False] | None) -> RemoteCache | None:
 
     The one place compiling and loading by key open a remote
     (worker.cache.remote.open_remote): its modules are imported here, when
-    one is asked for, so that a process that never looks past its disk
-    cache does not import them.
+    one is first asked for, so that a process that only loads from its disk
+    cache never imports them.
     """
     from worker.cache.remote import open_remote as open_location
 
