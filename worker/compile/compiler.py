@@ -203,13 +203,13 @@ def _open(
     topology: str | TopologySpec | None,
 ) -> tuple[DiskCache | None, Target]:
     """The disk cache a compile uses (None: none, or one that cannot be used) and its target,
-    loading the plugin if none is loaded."""
+    loading the plugin if none is loaded (compile_program then warns of known failures, in
+    its own frame: the warning names the line that called it)."""
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._existing_memos).
     cache = open_cache(cache_dir) if disk_cache else None
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
-    warn_known_failures(runtime.location.path, cache_dir)
     return (cache if cache is not None and cache.usable else None), target
 
 
@@ -271,6 +271,7 @@ def compile_program(
     never = never_compile_on(never_compile)
     remote_cache = open_remote(remote)
     cache, target = _open(program, disk_cache, cache_dir, topology)
+    warn_known_failures(target.runtime.location.path, cache_dir)  # attributed to our caller
     phases = Phases()
     with phases.time("key"):
         key, parts = program_key(program, target.runtime, cache, options, target)
