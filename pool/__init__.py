@@ -58,8 +58,8 @@ if TYPE_CHECKING:
         compile_program,
         register_custom_call,
     )
-    from worker.cache.key import InvalidKeyError
     from worker.errors import BundleError, NeverCompileError, NotInCacheError
+    from worker.identity.keys import InvalidKeyError
     from worker.serve.protocol import DescriptorLimitError
 
 _ERRORS = (
@@ -105,7 +105,7 @@ _MODULES = {
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
     "DescriptorLimitError": "worker.serve.protocol",
-    "InvalidKeyError": "worker.cache.key",
+    "InvalidKeyError": "worker.identity.keys",
 }
 
 

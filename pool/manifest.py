@@ -35,8 +35,8 @@ import numpy as np
 
 from worker.bundle.container import looks_like_archive
 from worker.bundle.urls import is_url, shown
-from worker.cache.key import InvalidKeyError, check_key
 from worker.errors import BundleError
+from worker.identity.keys import InvalidKeyError, check_key
 from worker.records import ProgramSpec
 from worker.untrusted import parse_json, read_file
 

@@ -109,7 +109,7 @@ def initialize_lapack() -> float:
 
 def time_load_markers(keys: Sequence[str]) -> float:
     """Seconds the load markers of one load per key take: the dead-loader check, then the
-    marker's creation and removal (as compiler.load_entry does around deserialize)."""
+    marker's creation and removal (as worker.compile.entries.load_entry does around deserialize)."""
     from worker.cache import open_cache
 
     cache = open_cache()

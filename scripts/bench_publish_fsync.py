@@ -26,7 +26,7 @@ from pathlib import Path
 
 from worker.cache import DiskCache
 from worker.cache.atomic import PendingFile
-from worker.cache.key import key_of
+from worker.identity.keys import key_of
 
 SIZES = (4 << 10, 256 << 10, 4 << 20)
 ROUNDS = 5

@@ -163,7 +163,7 @@ def measure(name: str, url: str, programs: list, scratch: Path) -> dict[str, flo
 def synthetic_entries(count: int) -> list[tuple[str, dict, bytes]]:
     """count (key, parts, entry file) of distinct entries with 4 KiB random payloads."""
     from worker.cache import entry as entry_format
-    from worker.cache.key import key_of
+    from worker.identity.keys import key_of
 
     made = []
     for index in range(count):

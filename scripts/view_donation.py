@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     compiler = shutil.which("g++")
     if compiler is None:
         raise SystemExit("needs g++ on PATH")
-    from worker.compile.identity import compile_options
+    from worker.identity.options import compile_options
 
     with tempfile.TemporaryDirectory(prefix="view-donation-") as scratch:
         folder = Path(scratch)

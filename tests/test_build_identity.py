@@ -1,5 +1,5 @@
 """A plugin's build identity comes from its installed RECORD without hashing, and only when
-RECORD vouches for the file as it is (worker.plugin.build_identity)."""
+RECORD vouches for the file as it is (worker.plugin.build_identity, worker.identity.build)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import DEFAULT_PLUGIN, REPO, run_python
 
-from worker.cache.key import _file_digest
-from worker.plugin.build_identity import dist_info_of, recorded_sha256
+from worker.identity.build import _file_digest, dist_info_of, recorded_sha256
 from worker.plugin.known_builds import KNOWN_BUILDS
 
 pytestmark = pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="needs lammps-jax-pjrt-cpu")
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="needs lammps-jax
 # A child that reports its plugin identity and how often it hashed a file to get it.
 IDENTITY = """
 import json, os, sys
-import worker.cache.key as key
+import worker.identity.build as key
 
 hashed = []
 real_digest = key._file_digest
@@ -32,7 +31,7 @@ from worker.plugin.build_identity import plugin_build_sha256
 
 path = sys.argv[1]
 if path == "runtime":
-    from worker.compile.identity import runtime_key_parts
+    from worker.identity.target import runtime_key_parts
     from worker.plugin.runtime import get_runtime
 
     runtime = get_runtime("cpu")
@@ -172,7 +171,7 @@ def test_a_known_builds_flags_are_not_read_from_its_library(tmp_path):
     """A known build that its RECORD vouches for loads with JAX's flags, reading no 200 MB."""
     code = """
 import json
-import worker.cache.key as key
+import worker.identity.build as key
 import worker.plugin.xla_flags as xla_flags
 
 scans = []

@@ -573,7 +573,8 @@ def test_bundle_commands_report_usage_errors(warmed, bundles, tmp_path):
 
 def test_a_cpu_features_difference_names_the_flags_this_host_lacks():
     """A pure function of two sets of key parts (no other CPU is at hand to build on)."""
-    from worker.cache.key import differing_parts, host_cpu_flags
+    from worker.identity.environment import host_cpu_flags
+    from worker.identity.keys import differing_parts
 
     here = {"host": {"machine": "x86_64", "cpu_features": "here"}, "plugin": {"sha256": "a"}}
     built = {"host": {"machine": "x86_64", "cpu_features": "there"}, "plugin": {"sha256": "b"}}

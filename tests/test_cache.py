@@ -37,9 +37,10 @@ from worker.cache import (
     store,
 )
 from worker.cache import entry as entry_format
-from worker.cache import key as cache_key
 from worker.cache.atomic import TEMP_PREFIX, PendingFile
 from worker.cache.locking import try_acquire
+from worker.identity import build as plugin_build
+from worker.identity import environment, keys
 
 X = [0.5, 1.0, 1.5, 2.0]
 
@@ -152,9 +153,9 @@ def test_key_parts_and_explain_key(cache_dir):
     key, parts = worker.program_key(lowered(0), runtime, cache)
     assert key == key_of(parts)
     assert parts["platform"] == "cpu"
-    assert parts["plugin"]["sha256"] == cache_key._file_digest(runtime.location.path)
+    assert parts["plugin"]["sha256"] == plugin_build._file_digest(runtime.location.path)
     assert parts["plugin"]["api_version"] == runtime.api_version
-    assert parts["host"]["cpu_features"] == cache_key.host_cpu_features()
+    assert parts["host"]["cpu_features"] == environment.host_cpu_features()
     assert parts["compile_options"] == worker.compile_options().hex()
     other_key, _ = worker.program_key(lowered(1), runtime, cache)
     assert other_key != key
@@ -167,7 +168,7 @@ def test_key_parts_and_explain_key(cache_dir):
     assert key_of(other) != key
     marked = [line for line in explain_key(parts, other).splitlines() if "differs" in line]
     assert len(marked) == 1 and marked[0].startswith("plugin.sha256")
-    assert cache_key.foreign_parts(other, parts) == ["plugin"]
+    assert keys.foreign_parts(other, parts) == ["plugin"]
 
 
 def test_plugin_digest_is_memoized_by_path_size_and_mtime(tmp_path, monkeypatch):
@@ -175,18 +176,18 @@ def test_plugin_digest_is_memoized_by_path_size_and_mtime(tmp_path, monkeypatch)
     library.write_bytes(b"a plugin")
     cache = DiskCache(tmp_path / "cache")
     memo = cache.memos
-    first = cache_key.plugin_digest(str(library), memo)
+    first = plugin_build.plugin_digest(str(library), memo)
     assert len(list(cache.plugins_dir.iterdir())) == 1
-    cache_key._file_memo.clear()  # as a new process would: only the file memo is left
+    plugin_build._file_memo.clear()  # as a new process would: only the file memo is left
 
     def no_hashing(path):
         raise AssertionError("hashed again")
 
-    monkeypatch.setattr(cache_key, "_file_digest", no_hashing)
-    assert cache_key.plugin_digest(str(library), memo) == first
+    monkeypatch.setattr(plugin_build, "_file_digest", no_hashing)
+    assert plugin_build.plugin_digest(str(library), memo) == first
     monkeypatch.undo()
     library.write_bytes(b"another build")  # new size and mtime: hashed again
-    assert cache_key.plugin_digest(str(library), memo) != first
+    assert plugin_build.plugin_digest(str(library), memo) != first
 
 
 # -- compile_program with the cache ---------------------------------------------

@@ -18,7 +18,7 @@ from cache_helpers import compile_in_child, cpu_plugin_params, save_program
 import pool
 import worker
 from worker.cache import explain_key
-from worker.cache.key import codegen_environment, normalized_xla_flags, parse_xla_flags
+from worker.identity.environment import codegen_environment, normalized_xla_flags, parse_xla_flags
 
 FAST_MATH = "--xla_cpu_enable_fast_math=true --xla_cpu_fast_math_honor_nans=false"
 NAN = float("nan")

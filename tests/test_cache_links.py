@@ -12,7 +12,7 @@ import os
 import stat
 
 from worker.cache import DiskCache
-from worker.cache.key import key_of
+from worker.identity.keys import key_of
 
 
 def test_a_hard_linked_lock_file_is_not_used_nor_chmodded(tmp_path):

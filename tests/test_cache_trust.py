@@ -25,7 +25,7 @@ from worker.cache import (
     check_cache_dir,
     open_cache,
 )
-from worker.cache.key import memoized_by_file
+from worker.identity.build import memoized_by_file
 
 X = [0.5, 1.0, 1.5, 2.0]
 NOBODY = 65534
@@ -231,7 +231,7 @@ def test_a_symlinked_memo_file_is_not_read(tmp_path):
     lie.write_text(memo.read_text().replace('"real"', '"planted"'))
     memo.unlink()
     memo.symlink_to(lie)
-    from worker.cache import key as cache_key
+    from worker.identity import build as cache_key
 
     cache_key._file_memo.clear()  # as in a new process
     assert memoized_by_file(str(target), cache.memos, "kind", lambda: "computed") == "computed"

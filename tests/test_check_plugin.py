@@ -193,14 +193,14 @@ def test_known_failures_warn_once_per_process(cache_dir):
     # and the parent of a Pool does not hash the plugin (lower() does, for its workarounds).
     assert run_python(_WARN_CHECK.format(calls=POOL)).stdout.splitlines()[0] == "0"
     done = run_python(
-        "from pool import Pool\nPool(1).close()\nfrom worker.cache.key import _file_memo\n"
+        "from pool import Pool\nPool(1).close()\nfrom worker.identity.build import _file_memo\n"
         "print(sorted(kind for kind, _ in _file_memo))\n"
     )
     assert done.stdout.strip() == "[]"
 
     path = find_plugin("cpu").path
     from worker.cache import open_cache
-    from worker.cache.key import plugin_digest
+    from worker.identity.build import plugin_digest
 
     write_memo(
         None,

@@ -26,7 +26,7 @@ from pathlib import Path
 from pool.manifest import Manifest
 from worker.bundle.writer import Source, write_archive
 from worker.cache import DiskCache
-from worker.cache.key import key_of
+from worker.identity.keys import key_of
 root = Path(sys.argv[1])
 cache = DiskCache(root / "cache")
 parts = {"program": "durability"}

@@ -31,9 +31,10 @@ from worker.cache import (
     entry,
     open_cache,
 )
-from worker.cache.key import InvalidKeyError, memoized_by_file, plugin_digest
 from worker.cache.signing import Signer
 from worker.compile.by_key import load_cached_executable
+from worker.identity.build import memoized_by_file, plugin_digest
+from worker.identity.keys import InvalidKeyError
 
 SECRET = "a-secret-only-the-team-holds-0123456789"
 X = [0.5, 1.0, 1.5, 2.0]
@@ -148,7 +149,7 @@ def test_records_of_plugin_builds_are_checked_like_entries(tmp_path):
     library.write_bytes(b"a plugin build")
     real = hashlib.sha256(b"a plugin build").hexdigest()
     signed = DiskCache(tmp_path / "cache", signer=Signer(SECRET.encode(), "test"))
-    from worker.cache import key as cache_key
+    from worker.identity import build as cache_key
 
     assert plugin_digest(str(library), signed.memos) == real
     (memo,) = signed.plugins_dir.glob("sha256-*.json")

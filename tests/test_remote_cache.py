@@ -30,10 +30,10 @@ from remote_helpers import (
     record_fields,
 )
 
-from worker.cache.key import key_of
 from worker.cache.remote import parse_remote
 from worker.cache.remote.layout import BadRecordError, Record, decode_record, record_name
 from worker.cache.remote.location import redact, redact_text
+from worker.identity.keys import key_of
 
 X = [0.5, 1.0, 1.5, 2.0]
 

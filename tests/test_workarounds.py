@@ -93,7 +93,7 @@ def test_the_list_is_consistent():
 @pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="lammps-jax-pjrt-cpu is not installed")
 def test_the_default_plugin_is_the_known_build(monkeypatch):
     # The shipped knowledge is about the very file pip installs.
-    from worker.cache.key import plugin_digest
+    from worker.identity.build import plugin_digest
 
     assert plugin_digest(DEFAULT_PLUGIN, None) == KNOWN_BUILDS[0].sha256
     # Its failures are all covered: nothing to warn about, so no need to hash it to find out.

@@ -13,18 +13,25 @@ each thing lives, and so where plugin loading ends and serving begins::
     fds.py        closing file descriptors in cleanup
     log.py        loggers that import logging only when a message could be seen
     lazy_names.py package namespaces whose names import on first use
+    identity/     what a cache key is made of: its parts, the code-generation environment,
+                  host CPU features, compile options, a target's and a topology's part,
+                  a plugin build's digest and the one memo of values computed from a file
     plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
                   device errors, known builds and check-plugin's records
-    compile/      compile_program, loading by key, never-compile mode, Executable,
-                  the key parts of this process, executable stamps, compile slots
+    compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
+                  lookup, claim, publish), loading by key, never-compile mode,
+                  Executable, what a compile is for, executable stamps, compile slots
     cache/        the shared disk cache of executables (DiskCache)
     bundle/       bundles: warmed programs in one file, checked and loaded read-only
     serve/        a pool worker: the wire protocol, shared memory, the worker's loop
     _pjrt         the native module (native/): plugins, clients, executables, the hot loop
 
-plugin/ uses cache/ (records about plugin builds), compile/ uses plugin/ and
-cache/, bundle/ uses compile/, and serve/ uses them all; nothing uses serve/
-but the worker's entry point and the parent, which speaks its protocol.
+identity/ uses none of the packages here (only untrusted.py), and the shared
+records take the form of a key from it; cache/ uses identity/, plugin/ uses
+identity/ and cache/ (records about plugin builds), compile/ uses plugin/,
+cache/ and identity/, bundle/ uses compile/, and serve/ uses them all;
+nothing uses serve/ but the worker's entry point and the parent, which
+speaks its protocol.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ if TYPE_CHECKING:
     from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
     from worker.compile.compiler import compile_program, program_key
     from worker.compile.executable import Executable
-    from worker.compile.identity import compile_options
     from worker.compile.stamp import ForeignExecutableError
     from worker.errors import (
         BundleError,
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
         PluginLoadError,
         PluginNotFoundError,
     )
+    from worker.identity.options import compile_options
     from worker.plugin.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
     from worker.plugin.locate import PluginLocation, find_plugin
     from worker.plugin.runtime import get_runtime, loaded_runtime
@@ -58,7 +65,7 @@ _MODULES = {
     "DiskCache": "worker.cache",
     "UntrustedCacheError": "worker.cache",
     "explain_key": "worker.cache",
-    "compile_options": "worker.compile.identity",
+    "compile_options": "worker.identity.options",
     "compile_program": "worker.compile.compiler",
     "program_key": "worker.compile.compiler",
     "BundleError": "worker.errors",

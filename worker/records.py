@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from worker.cache.key import InvalidKeyError, check_key
 from worker.dtypes import code_of_dtype, dtype_by_name
+from worker.identity.keys import InvalidKeyError, check_key
 from worker.untrusted import parse_json
 
 

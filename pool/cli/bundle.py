@@ -52,7 +52,6 @@ from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache.entry import CorruptEntryError
 from worker.cache.location import format_size
 from worker.cache.store import DiskCache
-from worker.compile.identity import runtime_key_parts
 from worker.compile.target import describe_environment, needs_topology_here, target_for
 from worker.errors import (
     BundleError,
@@ -62,6 +61,7 @@ from worker.errors import (
     PluginNotFoundError,
     TopologyError,
 )
+from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec, parse_topology
 

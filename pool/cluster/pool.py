@@ -53,10 +53,10 @@ from pool.executor.settings import (
 from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
-from worker.cache.key import check_key
 from worker.cache.remote import RemoteCounters
-from worker.compile.identity import checked_compile_options
 from worker.compile.never_compile import never_compile_on
+from worker.identity.keys import check_key
+from worker.identity.options import checked_compile_options
 from worker.plugin.topology import TopologySpec, parse_topology
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 

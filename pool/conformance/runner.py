@@ -52,8 +52,8 @@ from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
 from pool.lowering.workarounds import active_workarounds, build_workarounds
 from worker.cache import open_cache
-from worker.cache.key import plugin_digest
 from worker.errors import PluginNotFoundError
+from worker.identity.build import plugin_digest
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV

@@ -45,8 +45,8 @@ from pool.executor.segments import Segment, SegmentCache, map_segment
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
-from worker.cache.key import check_key
 from worker.fds import close_all
+from worker.identity.keys import check_key
 from worker.records import CompileStatistics
 from worker.serve import protocol, shm
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from pool.executor.programs import program_key_parts
-from worker.cache.key import key_of
 from worker.cache.store import DiskCache
 from worker.compile.never_compile import refusal
+from worker.identity.keys import key_of
 from worker.records import LoweredProgram
 
 

@@ -83,9 +83,9 @@ from pool.executor.wait_set import WaitSet
 from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
-from worker.cache.key import check_key
 from worker.cache.remote.location import resolve_remote
-from worker.compile.identity import checked_compile_options
+from worker.identity.keys import check_key
+from worker.identity.options import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program

@@ -12,7 +12,7 @@ import hashlib
 import threading
 from typing import Any
 
-from worker.compile.identity import options_or_default
+from worker.identity.options import options_or_default
 from worker.records import DigestedProgram, LoweredProgram
 
 _MEMO_BYTES = 64 << 20
@@ -79,6 +79,6 @@ def program_key_parts(
     host_parts: dict[str, Any], text_digest: str, compile_options: bytes | None
 ) -> dict[str, Any]:
     """The cache key parts of a program on workers whose plugin and host have host_parts
-    (Pool.key_parts): the parent computes its key (worker.cache.key.key_of) without a worker."""
+    (Pool.key_parts): the parent computes its key (worker.identity.keys.key_of) without a worker."""
     options = options_or_default(compile_options)
     return {**host_parts, "program_sha256": text_digest, "compile_options": options.hex()}

@@ -22,8 +22,8 @@ from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker import find_plugin, loaded_runtime
 from worker.cache import UntrustedCacheError, open_cache
-from worker.cache.key import memoized_by_file, plugin_digest
 from worker.errors import PluginNotFoundError
+from worker.identity.build import memoized_by_file, plugin_digest
 
 PROBE_TIMEOUT = 120.0
 

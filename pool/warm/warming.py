@@ -40,7 +40,6 @@ from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache, open_cache
-from worker.cache.key import key_of
 from worker.cache.remote import (
     Moved,
     Prefetcher,
@@ -51,6 +50,7 @@ from worker.cache.remote import (
 )
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
+from worker.identity.keys import key_of
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, ProgramSpec
 

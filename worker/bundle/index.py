@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.cache.entry import ENTRY_SUFFIX
-from worker.cache.key import InvalidKeyError, check_key, is_key, key_of
 from worker.cache.signing import Signer
 from worker.errors import BundleError
+from worker.identity.keys import InvalidKeyError, check_key, is_key, key_of
 from worker.records import ProgramSpec, types_to_json
 from worker.untrusted import parse_json
 

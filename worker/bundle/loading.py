@@ -12,9 +12,9 @@ from __future__ import annotations
 from worker.bundle.preflight import judge
 from worker.bundle.reader import Bundle
 from worker.bundle.signatures import recorded_types
-from worker.compile.executable import Executable
-from worker.compile.identity import runtime_key_parts
+from worker.compile.executable import Executable, deserialize_executable
 from worker.errors import NotInCacheError, PjrtError
+from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 from worker.records import ProgramSpec
 
@@ -44,8 +44,10 @@ def load_from_bundle(bundle: Bundle, name: str) -> tuple[Executable, ProgramSpec
             differences="\n".join(verdict.describe().splitlines()[1:]),
         )
     entry = bundle.entry(verdict.key)
+    spec = program.spec(verdict.key)  # its types are the entry's: Bundle.entry checked them
+    inputs = recorded_types(entry.metadata)[0]
     try:
-        executable = Executable.deserialize(entry.payload)
+        executable = deserialize_executable(entry.payload, key=verdict.key, input_types=inputs)
     except (PjrtError, ValueError) as error:
         raise NotInCacheError(
             f"the plugin rejected {name}'s entry {verdict.key} in {bundle.path}: {error}",
@@ -53,7 +55,4 @@ def load_from_bundle(bundle: Bundle, name: str) -> tuple[Executable, ProgramSpec
             key=verdict.key,
             location=bundle.path,
         ) from None
-    spec = program.spec(verdict.key)  # its types are the entry's: Bundle.entry checked them
-    executable.key = verdict.key
-    executable.input_types = recorded_types(entry.metadata)[0]
     return executable, spec

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from worker.bundle.index import PROGRAM_PARTS, Index, Program
 from worker.bundle.reader import Bundle
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
-from worker.cache.key import differing_parts, foreign_parts, key_of
 from worker.errors import BundleError
+from worker.identity.keys import differing_parts, foreign_parts, key_of
 
 if TYPE_CHECKING:
     from worker.cache.entry import Entry

@@ -4,16 +4,19 @@ Runs in every process that compiles or loads (the workers, a user's process
 in in-process use) and in ``pjrt-pool cache``; never imports JAX.
 Modules, one job each: location (where, how large), trust (who may write the
 directory), folders (the directories, held open and used through their
-descriptors), key (what identifies an executable, and the form of a key),
-entry (the file format), signing (signed entries), memos (records about
-plugin builds in plugins/, signed too), atomic (publishing files), locking
-(the file locks), loads (markers that catch entries whose load kills a
-process), space (the size bound and eviction), counters, store (DiskCache,
+descriptors), entry (the file format), signing (signed entries, and reading
+key files), memos (records about plugin builds in plugins/, signed too),
+atomic (publishing files), locking (the file locks), loads (markers that
+catch entries whose load kills a process), space (the size bound and
+eviction), counters, warn_once (a warning once per topic), store (DiskCache,
 tying them together), report and verify (inspection for ``pjrt-pool
-cache``).
+cache``); remote/, the object-store tier behind it. What identifies an
+executable, and the form of a key, is worker.identity's (key.py keeps the
+old import path of explain_key and InvalidKeyError; the names below include
+the key's).
 
 The names below are imported on first use (worker.lazy_names): a process
-that only reads a bundle needs key, entry and signing, not the store's
+that only reads a bundle needs entry and signing, not the store's
 locking, eviction and trust checks.
 """
 
@@ -26,7 +29,6 @@ from worker.lazy_names import on_first_use
 if TYPE_CHECKING:
     from worker.cache.counters import CacheCounters
     from worker.cache.entry import CorruptEntryError, SignatureError, UnreadableEntryError
-    from worker.cache.key import InvalidKeyError, check_key, explain_key, is_key, key_of, key_parts
     from worker.cache.location import (
         CACHE_DIR_ENV,
         DEFAULT_MAX_SIZE,
@@ -45,18 +47,26 @@ if TYPE_CHECKING:
         process_counters,
     )
     from worker.cache.trust import SHARED_ENV, UntrustedCacheError, check_cache_dir
+    from worker.identity.keys import (
+        InvalidKeyError,
+        check_key,
+        explain_key,
+        is_key,
+        key_of,
+        key_parts,
+    )
 
 _MODULES = {
     "CacheCounters": "worker.cache.counters",
     "CorruptEntryError": "worker.cache.entry",
     "SignatureError": "worker.cache.entry",
     "UnreadableEntryError": "worker.cache.entry",
-    "InvalidKeyError": "worker.cache.key",
-    "check_key": "worker.cache.key",
-    "explain_key": "worker.cache.key",
-    "is_key": "worker.cache.key",
-    "key_of": "worker.cache.key",
-    "key_parts": "worker.cache.key",
+    "InvalidKeyError": "worker.identity.keys",
+    "check_key": "worker.identity.keys",
+    "explain_key": "worker.identity.keys",
+    "is_key": "worker.identity.keys",
+    "key_of": "worker.identity.keys",
+    "key_parts": "worker.identity.keys",
     "CACHE_DIR_ENV": "worker.cache.location",
     "DEFAULT_MAX_SIZE": "worker.cache.location",
     "MAX_SIZE_ENV": "worker.cache.location",

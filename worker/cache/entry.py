@@ -36,8 +36,8 @@ import stat
 import struct
 from typing import Any, BinaryIO, NamedTuple
 
-from worker.cache.key import key_of
 from worker.cache.signing import MAC_SIZE, Signer
+from worker.identity.keys import key_of
 from worker.untrusted import parse_json
 
 MAGIC = b"PJRTPOOL"

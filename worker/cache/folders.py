@@ -8,7 +8,7 @@ directories once, without following a symlink, checks the descriptor it got
 (trust.py), and from then on names every file relative to that descriptor
 (``dir_fd``): a directory swapped afterwards is never used. The names
 themselves are checked before they are used (cache keys by
-worker.cache.key.check_key, the rest are fixed by the code), so no path
+worker.identity.keys.check_key, the rest are fixed by the code), so no path
 under the cache is built from anything a file or a caller supplied.
 """
 

@@ -28,7 +28,7 @@ import os
 from collections.abc import Iterator
 
 from worker.cache.folders import Folder
-from worker.cache.key import check_key, is_key
+from worker.identity.keys import check_key, is_key
 from worker.log import get_logger
 
 logger = get_logger("pjrt_pool.cache")

@@ -71,29 +71,44 @@ MAX_KEY_FILE_BYTES = 4096
 """A key file holds a secret of a few dozen bytes; anything much larger is not one."""
 
 
-def _read_key_file(path: str) -> bytes:
-    """Reads a key file: checked on the opened descriptor (fstat) before a bounded read.
+def read_key_file(
+    path: str, *, variable: str, limit: int, what: str, secret: str, suggest_group: bool = False
+) -> bytes:
+    """Reads a file holding a key (this module's secret, a remote's private key), named by the
+    environment variable `variable`: checked on the opened descriptor (fstat) before a
+    bounded read (worker.untrusted.read_file).
 
     Opened without blocking, so that a FIFO cannot hang the process, and
-    refused unless it is a regular file (``/dev/zero`` would never end) of
-    at most MAX_KEY_FILE_BYTES that others cannot read or change.
+    refused unless it is a regular file (``/dev/zero`` would never end) of at
+    most `limit` bytes that others cannot read or change and its group
+    cannot change: ValueError naming the variable, `secret` (what the file
+    holds) and the chmod that fixes it (640 too, with suggest_group). Raises
+    OSError when it cannot be read.
     """
 
     def private(found: os.stat_result) -> None:
         mode = stat.S_IMODE(found.st_mode)
         if mode & (stat.S_IRWXO | stat.S_IWGRP):
+            group = " (or 640 to share it with your group)" if suggest_group else ""
             raise ValueError(
-                f"{KEY_FILE_ENV}={path} has mode {mode:04o}: others can read or change the cache "
-                f"signing key; run 'chmod 600 {path}' (or 640 to share it with your group)"
+                f"{variable}={path} has mode {mode:04o}: others can read or change {secret}; "
+                f"run 'chmod 600 {path}'{group}"
             )
 
+    return read_file(Path(path).expanduser(), limit, follow_symlinks=True, what=what, check=private)
+
+
+def _read_key_file(path: str) -> bytes:
+    """Reads the signing secret from a key file (read_key_file), without its surrounding
+    whitespace."""
     try:
-        secret = read_file(
-            Path(path).expanduser(),
-            MAX_KEY_FILE_BYTES,
-            follow_symlinks=True,
+        secret = read_key_file(
+            path,
+            variable=KEY_FILE_ENV,
+            limit=MAX_KEY_FILE_BYTES,
             what="signing key file",
-            check=private,
+            secret="the cache signing key",
+            suggest_group=True,
         )
     except OSError as error:
         raise ValueError(f"{KEY_FILE_ENV}={path}: cannot read the signing key: {error}") from None

@@ -44,8 +44,8 @@ from typing import NamedTuple
 from worker.cache.atomic import is_temp_name
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.folders import Folder
-from worker.cache.key import check_key, is_key
 from worker.fds import close_quietly
+from worker.identity.keys import check_key, is_key
 from worker.log import get_logger
 from worker.untrusted import parse_json, read_file
 

@@ -35,7 +35,6 @@ import hashlib
 import os
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,7 +44,6 @@ from worker.cache import space, trust
 from worker.cache.atomic import PendingFile
 from worker.cache.counters import CacheCounters, Tally
 from worker.cache.folders import Folder
-from worker.cache.key import check_key, key_of
 from worker.cache.loads import LoadMarkers
 from worker.cache.location import (
     DEFAULT_MAX_SIZE,
@@ -59,6 +57,8 @@ from worker.cache.locking import HeldLock, try_acquire
 from worker.cache.memos import MemoStore
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
+from worker.cache.warn_once import WarnOnce
+from worker.identity.keys import check_key, key_of
 from worker.log import get_logger
 
 REJECTION_PREFIX = "rejected-"
@@ -67,6 +67,7 @@ REJECTION_PREFIX = "rejected-"
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 logger = get_logger("pjrt_pool.cache")
 
@@ -157,8 +158,7 @@ class DiskCache:
         """Signs entries written and checks entries read; None when signing is off."""
         self.file_mode = trust.SHARED_FILE_MODE if self.shared else trust.PRIVATE_FILE_MODE
         self._tally = Tally()
-        self._warned: set[str] = set()
-        self._warn_lock = threading.Lock()
+        self._warnings = WarnOnce(CacheUnavailableWarning, stacklevel=4)
         self._locate(resolve_cache_dir(directory))
         self.usable = self._prepare(create)
         self.writable = self.usable
@@ -248,18 +248,10 @@ class DiskCache:
         """The opened directory "entries", "locks", "plugins", "loads" ("": the cache itself)."""
         return self._folders.get(name)
 
-    def _warn_once(self, topic: str, message: str) -> None:
-        with self._warn_lock:
-            if topic in self._warned:
-                return
-            self._warned.add(topic)
-        logger.warning(message)
-        warnings.warn(message, CacheUnavailableWarning, stacklevel=4)
-
     def _degrade(self, reason: str) -> None:
         """Stops writing the cache (entries already there are still read), warning once."""
         self.writable = False
-        self._warn_once("degraded", f"pjrt-pool disk cache disabled for this process: {reason}")
+        self._warnings.warn("degraded", f"pjrt-pool disk cache disabled for this process: {reason}")
 
     def _write_failed(self, what: str, error: OSError) -> None:
         self.count("write_errors")
@@ -277,7 +269,7 @@ class DiskCache:
             return resolve_max_size(None)
         except ValueError as error:
             # A typo in the environment must not fail compiles; say so once.
-            self._warn_once("max_size", f"{error}; using the default cache bound")
+            self._warnings.warn("max_size", f"{error}; using the default cache bound")
             return DEFAULT_MAX_SIZE
 
     @property

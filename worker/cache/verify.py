@@ -25,12 +25,12 @@ import sys
 from typing import Any
 
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
-from worker.cache.key import foreign_parts, is_key
 from worker.cache.report import UNREADABLE
 from worker.cache.store import DiskCache
 from worker.compile.executable import Executable
-from worker.compile.identity import runtime_key_parts
 from worker.errors import PjrtError, PlatformMismatchError, PluginLoadError, PluginNotFoundError
+from worker.identity.keys import foreign_parts, is_key
+from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 
 OTHER = "other plugin/host"

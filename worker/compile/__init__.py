@@ -3,10 +3,13 @@
 Runs in every process that holds a plugin (worker/plugin) and never imports
 JAX; the cache itself is worker/cache.
 
-    compiler.py       compile_program: one compile per key across processes
+    compiler.py       compile_program: one compile per key across processes, walking the tiers
+    tiers.py          the tiers walked (lookup, claim, publish): the disk cache, then a remote
+    entries.py        one key's entry read, checked and loaded through a target, or the Miss
     by_key.py         loading an executable by its cache key alone (manifests)
     never_compile.py  never-compile mode: serving processes that only load
-    identity.py       compile options, and the key parts of this process's plugin and host
+    identity.py       the old import path of compile_options (the key's parts: worker/identity)
+    target.py         what a compile is for: this process's device, or a topology without one
     executable.py     Executable: a program loaded into the plugin's client
     stamp.py          the plugin build and host stamped into serialized executables
     slots.py          compile slots: how many compiles run at once on the machine

@@ -1,15 +1,18 @@
-"""compile_program: compile a LoweredProgram, or load it from the disk cache.
+"""compile_program: compile a LoweredProgram, or load it from the disk cache (or a remote).
 
-The protocol that makes one compile per key across processes::
+The protocol that makes one compile per key across processes, as a walk of
+the tiers (tiers.py: the disk cache, then a remote)::
 
-    read entry (no lock) --hit--> deserialize --ok--> done
+    each tier in turn: look the key up (no lock) --hit--> load --ok--> done
           | miss / corrupt / rejected / wrongly signed / crashed a loader / unreadable
           v
-    take the key's lock (or time out and go on without it)
-    read entry again --hit--> deserialize --ok--> done   (another process compiled it)
+    take the tier's claim: the disk cache's lock (or time out and go on without
+    it), the remote's lease (or wait for the host that holds it)
+    look again --hit--> load --ok--> done   (another process compiled it)
           | miss / bad (removed now, under the lock) / unreadable (left alone)
           v
-    compile, publish atomically (not over an unreadable entry), release the lock
+    the next tier; after the last: compile, publish to each tier (not over an
+    unreadable entry), release the claims
 
 A corrupt or rejected entry, one that signing refuses, or one whose load
 killed an earlier process (see cache/loads.py) is removed under the key's
@@ -19,26 +22,26 @@ counters say what happened, a debug log line says why each miss happened,
 and a warning tells of unreadable, wrongly signed and crashing entries.
 Beyond a cache directory that others could write (UntrustedCacheError),
 nothing here fails because of the cache: an unusable cache only means
-compiling.
+compiling. In never-compile mode each tier is only looked in: no claim is
+taken, since waiting for another process's compile is what that mode forbids.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
 
 from worker.cache import DiskCache, key_of, open_cache, parse_size
-from worker.cache import entry as entry_format
-from worker.cache.key import host_cpu_flags
-from worker.cache.remote import RemoteCache, open_remote
-from worker.cache.signing import signer_from_environment
-from worker.compile.by_key import Miss, load_entry, load_remote_entry, settle_miss
 from worker.compile.executable import Executable
-from worker.compile.identity import checked_compile_options, options_or_default, runtime_key_parts
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
 from worker.compile.target import Target, target_for
+from worker.compile.tiers import Loading, NewEntry, Tier, Tiers, open_remote, open_tiers
+from worker.identity.environment import host_cpu_flags
+from worker.identity.options import checked_compile_options, options_or_default
+from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
@@ -89,99 +92,125 @@ def cache_key_of(
     return program_key(program, runtime, cache if cache.usable else None, options, target)[0]
 
 
-def _load(
-    cache: DiskCache, key: str, program: LoweredProgram, target: Target
-) -> tuple[Executable, None] | tuple[None, Miss]:
-    """Loads a key's entry for a program: (executable, None) on a hit, else (None, why)."""
-    loaded = load_entry(cache, key, target)
-    if isinstance(loaded, Miss):
-        return None, loaded
-    executable = loaded[0]
-    executable.input_types = program.input_types
-    return executable, None
+class _Job(NamedTuple):
+    """One compile_program call, once its key is known."""
+
+    program: LoweredProgram
+    key: str
+    parts: dict[str, Any]
+    options: bytes
+    target: Target
+    tiers: Tiers
+    phases: Phases
+    start: float
+    """When the lookups began: a load's seconds count from here."""
+
+    def loaded(self, executable: Executable, tier: Tier) -> tuple[Executable, CompileStatistics]:
+        """Records a load from a tier; returns the executable and its statistics."""
+        self.phases.record(
+            "compile", program=self.program.name, cache_key=self.key, outcome=tier.outcome
+        )
+        seconds = time.perf_counter() - self.start
+        return executable, CompileStatistics(load_seconds=seconds, loaded=1)
 
 
-def _compile_and_publish(
-    cache: DiskCache | None,
-    key: str,
-    parts: dict[str, Any],
-    program: LoweredProgram,
-    max_size: int | None,
-    options: bytes,
-    phases: Phases,
-    target: Target,
-    remote: RemoteCache | None = None,
-) -> tuple[Executable, float]:
+def _load_or_compile(job: _Job, tiers: Sequence[Tier]) -> tuple[Executable, CompileStatistics]:
+    """Looks the key up in the first tier; on a miss, holds that tier's claim while the rest
+    are walked, and compiles when none has the key (see the module)."""
+    if not tiers:
+        job.tiers.missed()
+        return _compile_and_publish(job)
+    executable = tiers[0].lookup(job.key)
+    if executable is None:
+        with tiers[0].claim(job.key) as executable:
+            if executable is None:
+                return _load_or_compile(job, tiers[1:])
+    return job.loaded(executable, tiers[0])
+
+
+def _load_only(job: _Job) -> tuple[Executable, CompileStatistics]:
+    """Never-compile mode: each tier looked in, none claimed; raises NeverCompileError when
+    none has the key."""
+    for tier in job.tiers.order:
+        executable = tier.lookup(job.key)
+        if executable is not None:
+            return job.loaded(executable, tier)
+    job.tiers.missed()
+    disk, remote = job.tiers
+    miss = None if disk is None else disk.miss
+    if miss is not None:
+        logger.debug(
+            "cache miss for %s (%s): %s; not compiling", job.program.name, job.key, miss.reason
+        )
+    reason = "" if miss is None or miss.counter is None else miss.reason
+    raise refusal(
+        job.program.name,
+        job.key,
+        None if disk is None else disk.cache,
+        job.parts,
+        reason,
+        remote=None if remote is None else remote.remote,
+    )
+
+
+def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
+    """Compiles in a compile slot, then publishes to each tier that takes the entry."""
+    program, target, phases = job.program, job.target, job.phases
+    if job.tiers.disk is None:
+        logger.debug("compiling %s (%s) without the disk cache", program.name, job.key)
     waiting = time.perf_counter()
-    try:
-        with compile_slot(target.runtime.platform):
-            start = time.perf_counter()
-            phases.add("slot_wait", start - waiting)
-            executable = target.compile(program.code, options)
-            seconds = time.perf_counter() - start
-    except BaseException:
-        if remote is not None:  # hosts waiting on this process's lease compile themselves
-            remote.release(key)
-        raise
+    with compile_slot(target.runtime.platform):
+        start = time.perf_counter()
+        phases.add("slot_wait", start - waiting)
+        executable = target.compile(
+            program.code, job.options, key=job.key, input_types=program.input_types
+        )
+        seconds = time.perf_counter() - start
     phases.add("compile", seconds)
-    executable.input_types = program.input_types
-    executable.key = key
-    local = cache is not None and cache.writable
-    if local or (remote is not None and remote.state == "on"):
-        metadata = {
-            "name": program.name,
-            "platform": program.platform,
-            "input_types": types_to_json(program.input_types),
-            "output_types": types_to_json(executable.output_types),
-            "compile_seconds": seconds,
-            "created": time.time(),
-        }
-        if target.topology is not None:
-            metadata["topology"] = target.topology  # for people: the key holds what it is
-        if target.runtime.platform == "cpu":
-            # The key holds only their digest: with the flags, a miss elsewhere
-            # can say which features that host lacks (worker.cache.key.differing_parts).
-            metadata["cpu_flags"] = list(host_cpu_flags())
-        with phases.time("serialize"):
-            payload = executable.serialize()
-        signer = cache.signer if cache is not None else signer_from_environment()
-        data = entry_format.encode(key, parts, metadata, payload, signer)
-        with phases.time("publish"):
-            if local:
-                assert cache is not None
-                cache.publish_file(key, data, max_size)
-        if remote is not None:
-            with phases.time("remote"):
-                remote.publish(key, parts, data)
-    return executable, seconds
+    metadata = _metadata(program, executable, seconds, target)
+    entry = NewEntry(job.key, job.parts, metadata, executable, job.tiers.signer, phases)
+    for tier in job.tiers.order:
+        tier.publish(entry)
+    phases.record("compile", program=program.name, cache_key=job.key, outcome="compiled")
+    return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
 
 
-def _from_remote(
-    remote: RemoteCache | None,
-    cache: DiskCache | None,
-    key: str,
+def _metadata(
+    program: LoweredProgram, executable: Executable, seconds: float, target: Target
+) -> dict[str, Any]:
+    """What an entry records beside its key parts, for people and for loading by key."""
+    metadata: dict[str, Any] = {
+        "name": program.name,
+        "platform": program.platform,
+        "input_types": types_to_json(program.input_types),
+        "output_types": types_to_json(executable.output_types),
+        "compile_seconds": seconds,
+        "created": time.time(),
+    }
+    if target.topology is not None:
+        metadata["topology"] = target.topology  # for people: the key holds what it is
+    if target.runtime.platform == "cpu":
+        # The key holds only their digest: with the flags, a miss elsewhere
+        # can say which features that host lacks (worker.identity.keys.differing_parts).
+        metadata["cpu_flags"] = list(host_cpu_flags())
+    return metadata
+
+
+def _open(
     program: LoweredProgram,
-    phases: Phases,
-    start: float,
-    target: Target,
-    lead: bool = True,
-) -> tuple[Executable, CompileStatistics] | None:
-    """A remote hit, loaded (through the local cache when there is one); None otherwise.
-
-    lead: a miss takes the key's remote lease (this process compiles next),
-    or waits for the host that holds it.
-    """
-    if remote is None:
-        return None
-    with phases.time("remote"):
-        loaded = load_remote_entry(cache, remote, key, target, lead=lead)
-    if loaded is None:
-        return None
-    executable = loaded[0]
-    executable.input_types = program.input_types
-    logger.debug("remote cache hit for %s (%s)", program.name, key)
-    phases.record("compile", program=program.name, cache_key=key, outcome="fetched")
-    return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)
+    disk_cache: bool,
+    cache_dir: str | os.PathLike[str] | None,
+    topology: str | TopologySpec | None,
+) -> tuple[DiskCache | None, Target]:
+    """The disk cache a compile uses (None: none, or one that cannot be used) and its target,
+    loading the plugin if none is loaded (compile_program then warns of known failures, in
+    its own frame: the warning names the line that called it)."""
+    # The cache first: loading the plugin reads (and fills) the default cache's
+    # records about plugin builds only if that cache exists (runtime._existing_memos).
+    cache = open_cache(cache_dir) if disk_cache else None
+    runtime = get_runtime(program.platform, deviceless=topology is not None)
+    target = target_for(runtime, topology)
+    return (cache if cache is not None and cache.usable else None), target
 
 
 def compile_program(
@@ -240,74 +269,13 @@ def compile_program(
     options = options_or_default(checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
-    tier = open_remote(remote)
-    # The cache first: loading the plugin reads (and fills) the default cache's
-    # records about plugin builds only if that cache exists (runtime._existing_memos).
-    cache = open_cache(cache_dir) if disk_cache else None
-    runtime = get_runtime(program.platform, deviceless=topology is not None)
-    target = target_for(runtime, topology)
-    warn_known_failures(runtime.location.path, cache_dir)
-    if cache is not None and not cache.usable:
-        cache = None
+    remote_cache = open_remote(remote)
+    cache, target = _open(program, disk_cache, cache_dir, topology)
+    warn_known_failures(target.runtime.location.path, cache_dir)  # attributed to our caller
     phases = Phases()
     with phases.time("key"):
-        key, parts = program_key(program, runtime, cache, options, target)
-    if cache is None:
-        fetched = _from_remote(
-            tier, None, key, program, phases, time.perf_counter(), target, not never
-        )
-        if fetched is not None:
-            return fetched
-        if never:
-            raise refusal(program.name, key, None, parts, remote=tier)
-        logger.debug("compiling %s (%s) without the disk cache", program.name, key)
-        executable, seconds = _compile_and_publish(
-            None, key, parts, program, bound, options, phases, target, tier
-        )
-        phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
-        return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
-
-    start = time.perf_counter()
-    with phases.time("lookup"):
-        executable, miss = _load(cache, key, program, target)
-    if executable is None and never:
-        # No lock: waiting for another process's compile is what this mode forbids.
-        assert miss is not None
-        fetched = _from_remote(tier, cache, key, program, phases, start, target, lead=False)
-        if fetched is not None:
-            return fetched
-        cache.count("misses")
-        logger.debug("cache miss for %s (%s): %s; not compiling", program.name, key, miss.reason)
-        reason = "" if miss.counter is None else miss.reason
-        raise refusal(program.name, key, cache, parts, reason, remote=tier)
-    if executable is None:
-        waiting = time.perf_counter()
-        with cache.lock(key, lock_timeout):
-            phases.add("lock_wait", time.perf_counter() - waiting)
-            # Judge the entry again under the lock: another process may have
-            # published it while this one waited, or healed a bad one.
-            with phases.time("lookup"):
-                executable, miss = _load(cache, key, program, target)
-            if miss is not None:
-                settle_miss(cache, key, miss, program.name)
-                fetched = _from_remote(tier, cache, key, program, phases, start, target)
-                if fetched is not None:
-                    return fetched
-                cache.count("misses")
-                executable, seconds = _compile_and_publish(
-                    cache if miss.publish else None,
-                    key,
-                    parts,
-                    program,
-                    bound,
-                    options,
-                    phases,
-                    target,
-                    tier,
-                )
-                phases.record("compile", program=program.name, cache_key=key, outcome="compiled")
-                return executable, CompileStatistics(compile_seconds=seconds, compiled=1)
-    cache.count("hits")
-    logger.debug("cache hit for %s (%s)", program.name, key)
-    phases.record("compile", program=program.name, cache_key=key, outcome="loaded")
-    return executable, CompileStatistics(load_seconds=time.perf_counter() - start, loaded=1)
+        key, parts = program_key(program, target.runtime, cache, options, target)
+    loading = Loading(program.name, program.input_types, target, phases)
+    tiers = open_tiers(cache, remote_cache, loading, lock_timeout, bound)
+    job = _Job(program, key, parts, options, target, tiers, phases, time.perf_counter())
+    return _load_only(job) if never else _load_or_compile(job, tiers.order)

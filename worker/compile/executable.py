@@ -68,10 +68,14 @@ class Executable:
         num_outputs: The number of outputs of the program.
         output_types: The ArrayType of each output, as the plugin reports it.
         input_types: The ArrayType of each argument, or None when it is not
-            known. compile_program sets it from the lowered program, and run
-            then converts its arguments to these types.
+            known. compile_program makes the executable with the lowered
+            program's, and run then converts its arguments to these types.
         key: The disk cache key of the executable when compile_program made
             it, else None.
+
+    What an executable is known by (key, input_types) is given as it is
+    made (compile_executable, deserialize_executable), never stored into it
+    from outside this module (tests/test_executable_writers.py).
     """
 
     num_outputs: int
@@ -139,17 +143,7 @@ class Executable:
         proto can make it abort the process, which is why a Pool compiles in
         worker processes.
         """
-        code = _as_bytes_like(code, "code")
-        options = _as_bytes_like(compile_options, "compile_options")
-        if len(code) == 0:
-            raise ValueError("code is empty: pass StableHLO bytecode (LoweredProgram.code)")
-        runtime = get_runtime()
-        ensure_kernels_for(runtime, code)
-        try:
-            native = runtime.client.compile(code, options)
-        except PjrtError as error:
-            raise explain_missing_handler(error, runtime) from None
-        return Executable(native, runtime)
+        return compile_executable(code, compile_options)
 
     @staticmethod
     def deserialize(serialized: bytes) -> Executable:
@@ -161,17 +155,7 @@ class Executable:
         older pjrt-pool stamped with another plugin build or host (see
         worker.compile.stamp).
         """
-        serialized = _as_bytes_like(serialized, "serialized")
-        if len(serialized) == 0:
-            raise ValueError("serialized is empty: pass what Executable.serialize returned")
-        runtime = get_runtime()
-        serialized = check_stamp(serialized, runtime.identity())
-        ensure_kernels_for(runtime, serialized)
-        try:
-            native = runtime.client.deserialize(serialized)
-        except PjrtError as error:
-            raise explain_missing_handler(error, runtime) from None
-        return Executable(native, runtime)
+        return deserialize_executable(serialized)
 
     def serialize(self) -> bytes:
         """Returns the executable in the plugin's serialized form.
@@ -271,6 +255,50 @@ class Executable:
         return f"<Executable ({inputs}) -> ({outputs}) on {self.platform}>"
 
 
+def compile_executable(
+    code: bytes,
+    compile_options: bytes,
+    *,
+    key: str | None = None,
+    input_types: tuple[ArrayType, ...] | None = None,
+) -> Executable:
+    """Executable.compile, for an executable known by a cache key and taking these argument
+    types: compile_program's and the cache's loaders make every Executable through this,
+    deserialize_executable or TopologyExecutable, which alone set what it is known by."""
+    code = _as_bytes_like(code, "code")
+    options = _as_bytes_like(compile_options, "compile_options")
+    if len(code) == 0:
+        raise ValueError("code is empty: pass StableHLO bytecode (LoweredProgram.code)")
+    runtime = get_runtime()
+    ensure_kernels_for(runtime, code)
+    try:
+        native = runtime.client.compile(code, options)
+    except PjrtError as error:
+        raise explain_missing_handler(error, runtime) from None
+    return Executable(native, runtime, input_types, key)
+
+
+def deserialize_executable(
+    serialized: bytes,
+    *,
+    key: str | None = None,
+    input_types: tuple[ArrayType, ...] | None = None,
+) -> Executable:
+    """Executable.deserialize, for an executable known by a cache key and taking these
+    argument types (see compile_executable)."""
+    serialized = _as_bytes_like(serialized, "serialized")
+    if len(serialized) == 0:
+        raise ValueError("serialized is empty: pass what Executable.serialize returned")
+    runtime = get_runtime()
+    serialized = check_stamp(serialized, runtime.identity())
+    ensure_kernels_for(runtime, serialized)
+    try:
+        native = runtime.client.deserialize(serialized)
+    except PjrtError as error:
+        raise explain_missing_handler(error, runtime) from None
+    return Executable(native, runtime, input_types, key)
+
+
 class TopologyExecutable(Executable):
     """A program compiled for a topology without its devices: it serializes, it does not run here.
 
@@ -299,10 +327,17 @@ class TopologyExecutable(Executable):
 
     @staticmethod
     def compiled(
-        runtime: Runtime, topology: str, native: _pjrt.UnloadedExecutable
+        runtime: Runtime,
+        topology: str,
+        native: _pjrt.UnloadedExecutable,
+        *,
+        key: str | None = None,
+        input_types: tuple[ArrayType, ...] | None = None,
     ) -> TopologyExecutable:
         """Wraps what the plugin compiled for a topology."""
-        return TopologyExecutable(runtime, topology, output_types_of(native), native)
+        return TopologyExecutable(
+            runtime, topology, output_types_of(native), native, input_types, key
+        )
 
     def _not_loaded(self) -> NotLoadedError:
         return NotLoadedError(

@@ -15,9 +15,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from worker.cache.entry import CorruptEntryError
-from worker.cache.key import differing_parts
 from worker.cache.store import DiskCache
 from worker.errors import NeverCompileError
+from worker.identity.keys import differing_parts
 
 if TYPE_CHECKING:
     from worker.cache.remote import RemoteCache

@@ -9,29 +9,42 @@ that one protocol (cache, lock, remote tier) serves both:
                      PJRT_Compile and no client, opens no device, and "loads" an
                      entry by keeping its bytes (TopologyExecutable: it cannot run)
 
-A target says what it puts into a cache key: the plugin's platform version
-and device kind and, on platforms whose executables are tied to a topology
-(TPU), the topology's key part. A device target and a topology target whose
-devices match give the same key, so an entry compiled on either side loads
-on the other (measured on a TPU v5e VM: see worker.plugin.topology).
+A target says what it puts into a cache key (worker.identity.target: the
+plugin's platform version and device kind and, on platforms whose
+executables are tied to a topology (TPU), the topology's key part). A device
+target and a topology target whose devices match give the same key, so an
+entry compiled on either side loads on the other (measured on a TPU v5e VM).
+What a target compiles or loads is made knowing the key and the argument
+types it is for (worker.compile.executable.compile_executable).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from worker.compile.executable import Executable, TopologyExecutable
+from worker.compile.executable import (
+    Executable,
+    TopologyExecutable,
+    compile_executable,
+    deserialize_executable,
+)
 from worker.errors import PjrtError
+from worker.identity.target import (
+    TOPOLOGY_PLATFORMS,
+    describe_part,
+    device_fields,
+    topology_fields,
+)
 from worker.plugin import libtpu
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
-from worker.plugin.topology import TopologySpec, describe_part, key_part, parse_topology
+from worker.plugin.topology import TopologySpec, parse_topology
 
 if TYPE_CHECKING:
     from worker.plugin.runtime import Runtime
     from worker.records import ArrayType
 
-TOPOLOGY_PLATFORMS = frozenset({"tpu"})
-"""Platforms whose cache keys name the topology an executable is compiled for."""
+    InputTypes = tuple[ArrayType, ...] | None
+    OutputTypes = tuple[ArrayType, ...] | None
 
 
 class DeviceTarget:
@@ -46,26 +59,20 @@ class DeviceTarget:
         return None
 
     def key_fields(self) -> dict[str, Any]:
-        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
-        client = self.runtime.client
-        topology = (
-            key_part(self.runtime.device_topology())
-            if self.runtime.platform in TOPOLOGY_PLATFORMS
-            else None
-        )
-        return {
-            "platform_version": client.platform_version,
-            "device_kind": client.device_kind,
-            "topology": topology,
-        }
+        """The key parts that say what this target is (worker.identity.target.device_fields)."""
+        return device_fields(self.runtime)
 
-    def compile(self, code: bytes, options: bytes) -> Executable:
-        """Compiles on the client."""
-        return Executable.compile(code, options)
+    def compile(
+        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+    ) -> Executable:
+        """Compiles on the client an executable known by key, taking input_types."""
+        return compile_executable(code, options, key=key, input_types=input_types)
 
-    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+    def load(
+        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Deserializes an entry's bytes onto the client (the plugin checks them)."""
-        return Executable.deserialize(payload)
+        return deserialize_executable(payload, key=key, input_types=input_types)
 
 
 class TopologyTarget:
@@ -82,31 +89,34 @@ class TopologyTarget:
         return self.spec.name
 
     def key_fields(self) -> dict[str, Any]:
-        """The key parts that say what this target is (see worker.cache.key.key_parts)."""
-        devices = self.native.devices
-        return {
-            "platform_version": self.native.platform_version,
-            "device_kind": devices[0]["kind"] if devices else "",
-            "topology": key_part(self.native),
-        }
+        """The key parts that say what this target is (worker.identity.target.topology_fields)."""
+        return topology_fields(self.native)
 
-    def compile(self, code: bytes, options: bytes) -> Executable:
+    def compile(
+        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Compiles for the topology with no client (PJRT_Compile)."""
         ensure_kernels_for(self.runtime, code)
         try:
             native = self.native.compile(code, options)
         except PjrtError as error:
             raise explain_missing_handler(error, self.runtime) from None
-        return TopologyExecutable.compiled(self.runtime, self.spec.name, native)
+        return TopologyExecutable.compiled(
+            self.runtime, self.spec.name, native, key=key, input_types=input_types
+        )
 
-    def load(self, payload: bytes, output_types: tuple[ArrayType, ...] | None) -> Executable:
+    def load(
+        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+    ) -> Executable:
         """Keeps an entry's bytes: nothing here can load them, and the key vouches for them.
 
         Raises ValueError when the entry did not record its output types.
         """
         if output_types is None:
             raise ValueError("the entry records no output types")
-        return TopologyExecutable(self.runtime, self.spec.name, output_types, payload)
+        return TopologyExecutable(
+            self.runtime, self.spec.name, output_types, payload, input_types, key
+        )
 
 
 Target = DeviceTarget | TopologyTarget

@@ -10,7 +10,8 @@ in in-process use, the probe the parent starts) and never imports JAX.
     kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
     device_errors.py        which errors leave a device context unusable
     probe.py                ``python -m worker.plugin.probe``: a plugin's identity, unloaded here
-    build_identity.py       a library's SHA-256, from its installed RECORD or hashed
+    build_identity.py       a library's SHA-256: which installed RECORD vouches for it, else
+                            hashed (the rules and the memo: worker/identity/build.py)
     known_builds.py         plugin builds known to miscompile, and the workarounds
     conformance_records.py  check-plugin's recorded outcomes, and the warning they give
 """

@@ -16,7 +16,7 @@ nothing: after its first call per plugin and cache directory it is a set
 lookup, and the first call hashes the plugin only when some build has a
 record at all or the library has the size of a known build with failures
 that no workaround in effect covers (the digest is memoized too; see
-worker.cache.key).
+worker.identity.build).
 
 Records are read and written as the cache's other records about plugin
 builds (worker.cache.memos): through the checked plugins/ folder, never
@@ -36,10 +36,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.cache.key import check_key
 from worker.cache.location import resolve_cache_dir
 from worker.cache.store import existing_memos, open_cache
 from worker.cache.trust import UntrustedCacheError
+from worker.identity.keys import check_key
 from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.known_builds import (
     WORKAROUNDS_ENV,

@@ -21,11 +21,11 @@ import ctypes
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from worker import _pjrt
-from worker.cache.key import codegen_environment, host_cpu_features
 from worker.cache.location import default_cache_dir
 from worker.errors import (
     DeviceUnavailableError,
@@ -33,6 +33,7 @@ from worker.errors import (
     PlatformMismatchError,
     TopologyError,
 )
+from worker.identity.environment import codegen_environment, host_cpu_features
 from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin import libtpu
@@ -248,15 +249,15 @@ class Runtime:
         show it. Read on first use, by registering a probe handler."""
         return _version(self.plugin.ffi_api_version(self.ffi_platform))
 
-    def plugin_sha256(self) -> str:
+    def plugin_sha256(self, memos: Callable[[], MemoStore | None] | None = None) -> str:
         """The SHA-256 of the plugin library (worker.plugin.build_identity).
 
         From the installed package's RECORD when that vouches for the file;
-        else hashed, memoized in memory and in the default cache directory's
-        records if that directory exists and passes the trust check (it is
-        never created just for this).
+        else hashed, memoized in memory and in the records memos() gives
+        (default: the default cache directory's, if that directory exists and
+        passes the trust check; it is never created just for this).
         """
-        return plugin_build_sha256(self.location.path, _existing_memos)
+        return plugin_build_sha256(self.location.path, memos or _existing_memos)
 
     def identity(self) -> dict[str, Any]:
         """What an executable is tied to: plugin build, API version and, on CPU, host features."""

@@ -15,25 +15,16 @@ fills no whole default host, and a v5e or v6e slice of at most 8 chips (which
 Cloud TPU VMs put on one host: v5litepod-8, v6e-8), is one host of exactly its
 own chips. Options given explicitly win over derived ones.
 
-What a compile is for, in a cache key (key_part), is the plugin's serialized
-topology (which the PJRT C API says is "for use in cache keys"): measured on a
-TPU v5e VM, the client's topology of its one chip serializes to exactly the
-bytes of a deviceless ``v5e:1x1`` made on a CPU-only machine, so an entry
-compiled on either side hits on the other. The part also says the
-topology's name, the chips' bounds and their kind, all read off the devices
-(so they are the same on both sides), for people reading a key or a miss,
-and for ``pjrt-pool bundle check`` on a machine without the devices.
+What a compile for a topology puts in a cache key is the plugin's serialized
+topology, with its name, chips and kind read off the devices:
+worker.identity.target.topology_part.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from worker import _pjrt
+from typing import Any, NamedTuple
 
 OptionValue = str | int | float | bool | tuple[int, ...]
 """A create option's value, as PJRT_NamedValue carries it."""
@@ -158,64 +149,3 @@ def parse_topology(
     for option, given in (options or {}).items():
         merged[option] = _option_value(option, given)
     return TopologySpec(name, tuple(sorted(merged.items())))
-
-
-_GENERATION_OF_KIND = {
-    "TPU v2": "v2",
-    "TPU v3": "v3",
-    "TPU v4": "v4",
-    "TPU v5": "v5p",
-    "TPU v5 lite": "v5e",
-    "TPU v6 lite": "v6e",
-}
-"""The topology-name generation of each device kind libtpu reports."""
-
-_THREE_AXES = ("v4", "v5p")
-"""Generations whose topology names give three axes (v4:2x2x1); the others give two."""
-
-
-def topology_name(devices: list[dict[str, Any]]) -> str | None:
-    """The name a topology of these devices has as libtpu takes it ("v5e:2x2"), or None when
-    their kind or layout says none. The same devices give the same name, whether they are
-    a deviceless topology's or a client's."""
-    kinds = {d.get("kind") for d in devices}
-    generation = _GENERATION_OF_KIND.get(kinds.pop()) if len(kinds) == 1 else None
-    bounds = _bounds(devices)
-    if generation is None or "x" not in bounds:
-        return None
-    axes = bounds.split("x")
-    if generation not in _THREE_AXES and len(axes) == 3 and axes[2] == "1":
-        axes = axes[:2]
-    return f"{generation}:{'x'.join(axes)}"
-
-
-def _bounds(devices: list[dict[str, Any]]) -> str:
-    """The chips' bounding box along each axis ("2x2x1"), from the devices' coords."""
-    coords = [d.get("attributes", {}).get("coords") for d in devices]
-    if not coords or any(not isinstance(c, tuple) or not c for c in coords):
-        return f"{len(devices)} devices"
-    axes = len(coords[0])
-    return "x".join(str(max(c[axis] for c in coords) + 1) for axis in range(axes))
-
-
-def key_part(topology: _pjrt.Topology) -> dict[str, Any]:
-    """What a compile for this topology puts in its cache key (see the module)."""
-    devices = topology.devices
-    kinds = sorted({d["kind"] for d in devices})
-    return {
-        "name": topology_name(devices),
-        "chips": _bounds(devices),
-        "device_kind": ", ".join(kinds),
-        "devices": len(devices),
-        "sha256": hashlib.sha256(topology.serialize()).hexdigest(),
-    }
-
-
-def describe_part(part: Any) -> str:
-    """A topology key part for people: "v5e:2x2 (TPU v5 lite, 2x2x1 chips, 4 devices)"."""
-    if not isinstance(part, dict):
-        return "no topology"
-    return (
-        f"{part.get('name') or 'a topology'} ({part.get('device_kind')}, "
-        f"{part.get('chips')} chips, {part.get('devices')} devices)"
-    )

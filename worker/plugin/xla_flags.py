@@ -15,7 +15,7 @@ it, stay as they were. A flag is added only when the user's XLA_FLAGS does
 not name it (theirs wins), when XLA_FLAGS is not the name of a flag file,
 and when the plugin's library contains the flag's name: XLA aborts on a flag
 it does not know, and a later XLA may drop this one with its fast min/max.
-The flags are part of what the cache key records (cache.key.codegen_environment).
+The flags are part of what the cache key records (worker.identity.environment.codegen_environment).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from worker.cache.key import XLA_FLAGS_ENV, memoized_by_file, parse_xla_flags
+from worker.identity.build import memoized_by_file
+from worker.identity.environment import XLA_FLAGS_ENV, parse_xla_flags
 from worker.log import get_logger
 from worker.plugin.build_identity import installed_sha256
 from worker.plugin.known_builds import known_build

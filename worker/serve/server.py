@@ -43,10 +43,10 @@ from worker.cache.remote import REMOTE_ENV, remote_counters
 from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
-from worker.compile.identity import runtime_key_parts
 from worker.compile.target import target_for
 from worker.dtypes import code_of_dtype
 from worker.fds import close_quietly
+from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error

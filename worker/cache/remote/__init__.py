@@ -9,9 +9,10 @@ writes), layout (object names and records), keys (Ed25519 signatures of
 records), verify (what a reader checks), lease (one compile per key across
 hosts), tier (RemoteCache: lookups, publishes, counters, switching off),
 transfer (prefetch and push of many entries at once), eviction (collect:
-old records, then unreferenced blobs, then dead leases);
-worker.compile.by_key.load_remote_entry loads what it fetches. Importing this
-package imports no client library.
+old records, then unreferenced blobs, then dead leases). To compiling and
+loading by key a remote is one of the tiers (worker.compile.tiers.RemoteTier:
+lookup, claim a lease, publish), and worker.compile.entries loads what it
+fetches. Importing this package imports no client library.
 """
 
 from worker.cache.remote.eviction import CollectReport, collect

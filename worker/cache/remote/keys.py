@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from worker.untrusted import read_file
+from worker.cache.signing import read_key_file
 
 PRIVATE_KEY_FILE_ENV = "PJRT_POOL_CACHE_PRIVATE_KEY_FILE"
 """A PEM file with the Ed25519 private key that signs remote records (writers only)."""
@@ -81,21 +79,13 @@ class RecordKeys:
 
 
 def _private_file(path: str) -> bytes:
-    def private(found: os.stat_result) -> None:
-        mode = stat.S_IMODE(found.st_mode)
-        if mode & (stat.S_IRWXO | stat.S_IWGRP):
-            raise ValueError(
-                f"{PRIVATE_KEY_FILE_ENV}={path} has mode {mode:04o}: others can read or change "
-                f"the signing key; run 'chmod 600 {path}'"
-            )
-
     try:
-        return read_file(
-            Path(path).expanduser(),
-            MAX_PEM_BYTES,
-            follow_symlinks=True,
+        return read_key_file(
+            path,
+            variable=PRIVATE_KEY_FILE_ENV,
+            limit=MAX_PEM_BYTES,
             what="private key file",
-            check=private,
+            secret="the signing key",
         )
     except OSError as error:
         raise ValueError(f"{PRIVATE_KEY_FILE_ENV}={path}: cannot read it: {error}") from None

@@ -46,7 +46,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from worker.cache.key import check_key, is_key
+from worker.identity.keys import check_key, is_key
 from worker.untrusted import parse_json
 
 RECORD_FORMAT = 2

@@ -34,11 +34,9 @@ import enum
 import hashlib
 import threading
 import time
-import warnings
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
-from worker.cache.key import differing_parts, is_key
 from worker.cache.remote.client import Failure, ObjectClient, RemoteError, Versioned
 from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
@@ -72,6 +70,8 @@ from worker.cache.remote.verify import (
 )
 from worker.cache.signing import Signer, signer_from_environment
 from worker.cache.store import CacheUnavailableWarning
+from worker.cache.warn_once import WarnOnce
+from worker.identity.keys import differing_parts, is_key
 from worker.log import get_logger
 
 logger = get_logger("pjrt_pool.cache")
@@ -152,6 +152,12 @@ class Lookup(NamedTuple):
     data: bytes | None = None
     entry: entry_format.Entry | None = None
 
+    @property
+    def missed(self) -> bool:
+        """Whether the remote has no entry of the key (not one refused, not a failure): what
+        a host that compiles on a miss may take the key's lease after (RemoteCache.lead)."""
+        return self.outcome is Fetched.MISS
+
 
 class Published(enum.Enum):
     """What one publish did."""
@@ -188,7 +194,7 @@ class RemoteCache:
         self._counts = dict.fromkeys(RemoteCounters._fields, 0)
         self._refused: dict[str, float] = {}
         """Refused keys, each with when (time.monotonic) it may be fetched again."""
-        self._warned: set[str] = set()
+        self._warnings = WarnOnce(RemoteCacheWarning, stacklevel=3)
         self._lock = threading.Lock()
         self.leases = Leases(self.client, self.limits, lease_seconds(), self._bad_lease)
         """The leases this process takes and waits on (lease.py)."""
@@ -222,14 +228,6 @@ class RemoteCache:
         with self._lock:
             self._counts[name] += 1
 
-    def _warn_once(self, topic: str, message: str) -> None:
-        with self._lock:
-            if topic in self._warned:
-                return
-            self._warned.add(topic)
-        logger.warning(message)
-        warnings.warn(message, RemoteCacheWarning, stacklevel=3)
-
     def _set_state(self, state: State) -> bool:
         """Moves to state (never back from off); whether the state changed."""
         with self._lock:
@@ -242,14 +240,14 @@ class RemoteCache:
         self._count("errors")
         if writing and error.failure is Failure.DENIED:
             self._set_state("read-only")
-            self._warn_once(
+            self._warnings.warn(
                 "read-only",
                 f"pjrt-pool remote cache {self.location.shown} refused a write ({error}); "
                 "reading it only, for this process",
             )
             return
         self._set_state("off")
-        self._warn_once(
+        self._warnings.warn(
             "off",
             f"pjrt-pool remote cache {self.location.shown} switched off for this process: {error}",
         )
@@ -258,7 +256,7 @@ class RemoteCache:
         self._count("refused")
         with self._lock:
             self._refused[key] = time.monotonic() + REFUSAL_MEMORY
-        self._warn_once(
+        self._warnings.warn(
             f"refused {key}",
             f"pjrt-pool remote cache {self.location.shown}: refused the entry of {key}: {why}; "
             "compiling instead",
@@ -266,7 +264,7 @@ class RemoteCache:
 
     def _bad_lease(self, key: str) -> None:
         self._count("refused")
-        self._warn_once(
+        self._warnings.warn(
             "bad lease",
             f"pjrt-pool remote cache {self.location.shown}: the lease of {key} cannot be read "
             "(malformed or oversized); taken for expired",
@@ -297,7 +295,7 @@ class RemoteCache:
             entry = checked_entry(blob, record, self.hmac_signer)
         except OlderRecordError as error:
             shown = self.location.shown
-            self._warn_once("older record", f"pjrt-pool remote cache {shown}: {error}")
+            self._warnings.warn("older record", f"pjrt-pool remote cache {shown}: {error}")
             return self._missed(count_miss)
         except RefusedObjectError as error:
             self._refuse(key, str(error))
@@ -326,8 +324,15 @@ class RemoteCache:
     def fetch_or_lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
         """fetch; on a miss, takes the key's lease (None: compile) or waits for its holder."""
         found = self.lookup(key, max_size)
-        if found.outcome is not Fetched.MISS:
+        if not found.missed:
             return _entry_of(found)
+        return self.lead(key, max_size)
+
+    def lead(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+        """After a lookup that missed (Lookup.missed): takes the key's lease, and returns None
+        (compile here, then publish, which ends the lease), unless the entry was published
+        meanwhile; or waits for the host that holds the lease, and returns what it published
+        (None: compile here after all)."""
         claim, standing = self._claim(key)
         if claim == "mine":
             return self._led(key, max_size)
@@ -541,7 +546,7 @@ class RemoteCache:
 
     def built_elsewhere(self, key: str, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
         """The other keys the remote holds this program under, each with how its record's
-        key parts differ from parts (worker.cache.key.differing_parts); for refusals.
+        key parts differ from parts (worker.identity.keys.differing_parts); for refusals.
 
         Reads the program's index (layout.py) and, for at most
         ELSEWHERE_READ of its keys, the record this process would trust,

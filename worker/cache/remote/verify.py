@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 
 from worker.cache import entry as entry_format
-from worker.cache.key import key_of
 from worker.cache.remote.keys import RecordKeys
 from worker.cache.remote.layout import (
     BadRecordError,
@@ -29,6 +28,7 @@ from worker.cache.remote.layout import (
     split_record,
 )
 from worker.cache.signing import Signer
+from worker.identity.keys import key_of
 
 
 class RefusedObjectError(Exception):

@@ -1,0 +1,36 @@
+"""WarnOnce: a warning a cache or a remote gives once per topic in a process.
+
+A cache directory that cannot be written, a remote switched off or made
+read-only, an entry refused: each is worth one warning (logged, and issued
+with warnings.warn so that a caller can filter or raise it), not one per
+compile. DiskCache and RemoteCache each keep one WarnOnce.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+from worker.log import get_logger
+
+logger = get_logger("pjrt_pool.cache")
+
+
+class WarnOnce:
+    """Warns of each topic once: the first message of a topic is logged and issued as
+    `category` (attributed `stacklevel` frames up from warn); later ones are dropped."""
+
+    def __init__(self, category: type[Warning], stacklevel: int) -> None:
+        self.category = category
+        self.stacklevel = stacklevel
+        self._given: set[str] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, topic: str, message: str) -> None:
+        """Logs and issues message, unless a warning of this topic was given before."""
+        with self._lock:
+            if topic in self._given:
+                return
+            self._given.add(topic)
+        logger.warning(message)
+        warnings.warn(message, self.category, stacklevel=self.stacklevel)
