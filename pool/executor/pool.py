@@ -235,7 +235,31 @@ class Pool:
             topology=topology,
             run_workers=run_workers,
         )
-        # The parts of the pool (see the module docstring), each given what it uses.
+        self._assemble(settings)
+        self._manager.start()
+        # Read once: Thread.ident is a property, and every run compares it.
+        self._manager_ident = self._manager.ident
+        try:
+            started = self._workers.started.wait(settings.start_timeout)
+        except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
+            self.terminate()
+            raise
+        if not started:
+            self.terminate()
+            raise WorkerStartupError(
+                f"the workers did not start within {settings.start_timeout:.0f} s "
+                "(plugin loading hung?); raise start_timeout if plugins load slowly here"
+            )
+        if self._workers.startup_error is not None:
+            self.terminate()
+            raise self._workers.startup_error
+        _live_pools.add(self)
+        self._started(settings)
+        # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
+        warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
+
+    def _assemble(self, settings: PoolSettings) -> None:
+        """Makes the parts of the pool (see the module docstring), each given what it uses."""
         lock = self._lock = threading.Lock()
         wait_set = self._wait_set = WaitSet()
         self._tasks = Tasks(wait_set)
@@ -279,32 +303,16 @@ class Pool:
             self._manager,
             self._pid,
         )
-        self._manager.start()
-        # Read once: Thread.ident is a property, and every run compares it.
-        self._manager_ident = self._manager.ident
-        try:
-            started = self._workers.started.wait(settings.start_timeout)
-        except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
-            self.terminate()
-            raise
-        if not started:
-            self.terminate()
-            raise WorkerStartupError(
-                f"the workers did not start within {settings.start_timeout:.0f} s "
-                "(plugin loading hung?); raise start_timeout if plugins load slowly here"
-            )
-        if self._workers.startup_error is not None:
-            self.terminate()
-            raise self._workers.startup_error
-        _live_pools.add(self)
-        plugin = self._workers.plugin
+
+    def _started(self, settings: PoolSettings) -> None:
+        """What follows the workers' start: never-compile mode's check at submit, which
+        needs the key parts they said."""
         if settings.never_compile:
             self._never_compile_check = NeverCompileCheck(
                 settings.cache_dir,
-                plugin.get("key_parts"),
+                self._workers.plugin.get("key_parts"),
                 remote=resolve_remote(settings.remote) is not None,
             )
-        warn_known_failures(plugin.get("path"), settings.cache_dir)
 
     # -- public API -------------------------------------------------------
 
