@@ -5,8 +5,10 @@ turns JAX functions into LoweredPrograms; the worker-side names
 (compile_program, Executable, ...) are re-exported so that every name of the
 Programs API imports from here. What the folders hold:
 
-    executor/     the Pool and its machinery (tasks, workers, manager thread, shared memory)
-    lowering/     lower(), StableHLO for the plugin's window, Pool.function
+    face.py       Pool, the one users import, and PoolFace: what a Pool and a ClusterPool
+                  both offer (compile, compile_many, map, function), written once
+    executor/     the Pool's machinery (tasks, workers, manager thread, shared memory)
+    lowering/     lower(), StableHLO for the plugin's window, what Pool.function returns
     warm/         warm specs and warming the disk cache
     cli/          the pjrt-pool command line, one module per command
     conformance/  the check-plugin battery
@@ -37,9 +39,9 @@ if TYPE_CHECKING:
         WorkerStartupError,
     )
     from pool.executor.compile_many import CompileResult
+    from pool.face import Pool
     from pool.lowering.inputs import save_inputs
     from pool.lowering.lower import lower, lowering_platform
-    from pool.lowering.pool import Pool
     from worker import (
         ArrayType,
         CompileStatistics,
@@ -97,7 +99,7 @@ _MODULES = {
     **dict.fromkeys(_WORKER, "worker"),
     "ClusterPool": "pool.cluster",
     "CompileResult": "pool.executor.compile_many",
-    "Pool": "pool.lowering.pool",
+    "Pool": "pool.face",
     "lower": "pool.lowering.lower",
     "lowering_platform": "pool.lowering.lower",
     "save_inputs": "pool.lowering.inputs",

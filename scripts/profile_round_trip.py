@@ -134,7 +134,7 @@ def steps(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> Samples:
     samples: Samples = collections.defaultdict(list)
     recording = [False]
     for name in ("_new_task", "_stage"):
-        wrap(pool_module.Pool, name, samples, recording)
+        wrap(pool_module.WorkerPool, name, samples, recording)
     wrap(caller.CallerPath, "claim", samples, recording)
     wrap(requests.Requests, "build", samples, recording)
     for name in ("send", "receive", "_handle_hot", "_finish"):

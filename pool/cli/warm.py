@@ -384,7 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.workers:
             # Here, not at the top: the Pool's machinery (subprocess, cloudpickle, the
             # wire: ~60 ms) is not needed to run in this process, the usual case.
-            from pool.executor.pool import Pool
+            from pool.face import Pool
 
             with Pool(
                 args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote

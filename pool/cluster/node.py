@@ -28,7 +28,7 @@ from pool.cluster.futures import CarriedError
 from pool.cluster.run_once import begin_once
 from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult
-from pool.executor.pool import Pool
+from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
 from worker.records import LoweredProgram, ProgramSpec

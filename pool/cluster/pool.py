@@ -1,4 +1,8 @@
-"""ClusterPool: Pool's API (run, submit, submit_spec, map, function, compile) on a Dask cluster.
+"""ClusterPool: the face of a Pool (pool.face) on a Dask cluster, a Pool per Dask worker.
+
+It implements the face's primitives (run, submit, submit_spec,
+submit_compile, close, the figures); compile, compile_many, map and
+function are PoolFace's, as for a Pool.
 
 Each call becomes one Dask task that runs in the Pool of the node it is
 routed to (pool.cluster.routing; pool.cluster.node for the node's side).
@@ -16,9 +20,9 @@ import contextlib
 import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import distributed
 import numpy as np
@@ -40,7 +44,7 @@ from pool.cluster.node import (
 from pool.cluster.routing import Router, home_of
 from pool.cluster.run_once import ONCE_PREFIX, RUN_ONCE_PREFIX, RunOnce
 from pool.errors import PoolClosedError, PoolError
-from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_id
 from pool.executor.settings import (
     check_count,
@@ -50,6 +54,7 @@ from pool.executor.settings import (
     check_timeout,
     pickle_initializer,
 )
+from pool.face import PoolFace
 from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
@@ -60,9 +65,6 @@ from worker.identity.options import checked_compile_options
 from worker.plugin.topology import TopologySpec, parse_topology
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
-if TYPE_CHECKING:
-    from pool.lowering.function import PoolFunction
-
 HOLD_TEXT_CHARS = 64 << 10
 """Programs with a longer text are sent to the nodes once, as a Dask task of their own
 (node.hold) that runs depend on; shorter ones travel with each run (cheaper than a
@@ -72,8 +74,13 @@ _HELD_PROGRAMS = 1024
 """How many held programs a ClusterPool keeps on the cluster (the oldest go first)."""
 
 
-class ClusterPool:
+class ClusterPool(PoolFace):
     """Compiles and runs programs on a Dask cluster, a Pool per Dask worker, as Pool does.
+
+    It takes the calls a Pool takes (PoolFace: run, submit, submit_spec,
+    submit_compile, compile, compile_many, map, function, close, the with
+    block, the statistics and counters), routed to the nodes; a Pool's
+    terminate, worker_info and key_parts are the nodes' own.
 
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
@@ -232,81 +239,6 @@ class ClusterPool:
         arguments = _arguments(inputs, spec.input_types)
         return self._submit(self._router.choose(spec.key), run_spec_task, spec, arguments, timeout)
 
-    def map(
-        self,
-        program: LoweredProgram | ProgramSpec,
-        batches: Iterable[Sequence[Any]],
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        compile_options: bytes | None = None,
-        max_in_flight: int | None = None,
-        return_exceptions: bool = False,
-    ) -> Iterator[Any]:
-        """Runs a program (or a ProgramSpec's executable) on each inputs of batches; yields
-        the outputs in order.
-
-        Runs are submitted as the iterator is read, at most max_in_flight
-        (default: four per thread of the cluster) ahead of the one it waits
-        for, so a long or endless iterable of batches never floods the
-        cluster nor this process's memory. A run's failure, or a batch's
-        refusal at submit (bad inputs, say), raises when its turn comes
-        (with return_exceptions, the exception is yielded in its place and
-        the runs go on); leaving the iterator early cancels the runs not yet
-        done. A ClusterPool closed meanwhile raises PoolClosedError.
-        """
-        self._check_open()
-        if max_in_flight is None:
-            max_in_flight = 4 * max(1, sum(self.client.nthreads().values()))
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
-        if isinstance(program, ProgramSpec):
-            spec = program
-
-            def submit(inputs: Sequence[Any]) -> ClusterFuture:
-                return self.submit_spec(spec, inputs, timeout=timeout)
-        else:
-
-            def submit(inputs: Sequence[Any]) -> ClusterFuture:
-                return self.submit(
-                    program, inputs, name=name, timeout=timeout, compile_options=compile_options
-                )
-
-        return _bounded(submit, batches, max_in_flight, return_exceptions)
-
-    def function(
-        self,
-        function: Callable[..., Any],
-        *,
-        static_argnums: int | Sequence[int] = (),
-        donate_argnums: int | Sequence[int] = (),
-        platform: str | None = None,
-        custom_calls: Sequence[str] = (),
-        name: str | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-    ) -> PoolFunction:
-        """Returns function as a callable that runs on the cluster, like Pool.function's.
-
-        It lowers here, once per signature, for the nodes' platform (see
-        the platform property) unless platform names another, and runs each
-        call with ClusterPool.run (its submit with ClusterPool.submit, whose
-        result is fetched and rebuilt in the thread that reads it);
-        everything else is as Pool.function says, with the nodes' crash
-        isolation.
-        """
-        from pool.lowering.function import PoolFunction  # imports JAX (about a second)
-
-        return PoolFunction(
-            self,
-            function,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            platform=platform,
-            custom_calls=custom_calls,
-            name=name,
-        )
-
     def follow(self, dask_future: distributed.Future) -> ClusterFuture:
         """A ClusterFuture of a Dask future (of a run's dask_future, say), fetched when done."""
         if not isinstance(dask_future, distributed.Future):
@@ -317,6 +249,10 @@ class ClusterPool:
         """Raises PoolClosedError once close() has begun."""
         if self._closed:
             raise PoolClosedError("the ClusterPool is closed")
+
+    def _parallelism(self) -> int:
+        """How many runs the cluster runs at once: the threads of its Dask workers."""
+        return sum(self.client.nthreads().values())
 
     def _send(
         self, task: Callable[..., Any], address: str, prefix: str, *args: Any
@@ -477,26 +413,10 @@ class ClusterPool:
             self._statistics = self._statistics.add(value.statistics)
         return value
 
-    def compile_many(
-        self,
-        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-        *,
-        timeout: float | None = None,
-        progress: bool | Progress | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Compiles programs across the cluster, as Pool.compile_many does across workers."""
-        return compile_many(
-            self.submit_compile,
-            programs,
-            timeout=timeout,
-            progress=progress,
-            return_exceptions=return_exceptions,
-        )
-
     @property
     def statistics(self) -> CompileStatistics:
-        """Compile and load time and counts of compile_many and submit_compile, summed."""
+        """Compile and load time and counts of its compiles (submit_compile, compile,
+        compile_many), summed."""
         with self._lock:
             return self._statistics
 
@@ -564,9 +484,6 @@ class ClusterPool:
             with contextlib.suppress(FuturesCancelledError):
                 distributed.wait(pending)
 
-    def __enter__(self) -> ClusterPool:
-        return self
-
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
         """Leaving the block closes the ClusterPool; by an exception, without running the
         runs not begun (close(cancel_pending=True))."""
@@ -626,44 +543,3 @@ def _arguments(
             for i, x in enumerate(inputs)
         ]
     return prepare_arguments(inputs, types)
-
-
-def _bounded(
-    submit: Callable[[Sequence[Any]], ClusterFuture],
-    batches: Iterable[Sequence[Any]],
-    max_in_flight: int,
-    return_exceptions: bool,
-) -> Iterator[Any]:
-    """Yields submit(inputs)'s results in order, at most max_in_flight submitted ahead.
-
-    A batch that submit refuses (bad inputs, a never-compile refusal) fails
-    in its place, as a failed run does; a closed ClusterPool raises.
-    """
-    pending: collections.deque[Future[Any]] = collections.deque()
-
-    def take() -> Any:
-        future = pending.popleft()
-        if not return_exceptions:
-            return future.result()
-        try:
-            return future.result()
-        except Exception as error:
-            return error
-
-    try:
-        for inputs in batches:
-            try:
-                pending.append(submit(inputs))
-            except PoolClosedError:
-                raise
-            except Exception as error:
-                refused: Future[Any] = Future()
-                refused.set_exception(error)
-                pending.append(refused)
-            if len(pending) >= max_in_flight:
-                yield take()
-        while pending:
-            yield take()
-    finally:
-        for future in pending:
-            future.cancel()

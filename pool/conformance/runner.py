@@ -45,7 +45,7 @@ from pool.errors import (
     WorkerStartupError,
     describe_exit,
 )
-from pool.executor.pool import Pool
+from pool.face import Pool
 from pool.lowering.devices import EXCLUSIVE_PLATFORMS
 from pool.lowering.lower import lower
 from pool.lowering.plugin_info import PluginProbeError, plugin_info

@@ -1,8 +1,9 @@
 """The Pool: worker processes that compile and run programs, seen from the parent.
 
 Runs in the parent process (the user's, which may import JAX), in the
-callers' threads and the pool's manager thread. pool.py is the public Pool,
-made of parts that each own their state (its docstring draws them):
+callers' threads and the pool's manager thread. pool.py is WorkerPool, what
+the public Pool (pool.face) runs on, made of parts that each own their state
+(its docstring draws them):
 manager.py (the manager thread), dispatch.py (sending tasks, replies,
 settling), workers.py (process bookkeeping), tasks.py (task bookkeeping and
 the queue), quarantine.py, segments.py (shared memory for large inputs and

@@ -1,4 +1,9 @@
-"""Pool: compile and run programs in crash-isolated PJRT worker processes.
+"""WorkerPool: the worker processes behind pool.Pool, compiling and running programs.
+
+pool.Pool (pool.face) is this class behind the face it shares with
+ClusterPool: compile, compile_many, map and function are written there, on
+the primitives written here (submit, run, submit_spec, submit_compile,
+close, terminate, the figures).
 
 Data flow::
 
@@ -21,11 +26,11 @@ Data flow::
     run(program, args): claims an idle worker and does send + receive in the
     caller's thread (one thread switch less per call), then gives it back.
 
-The Pool is the front: it checks what callers give, makes and stages their
-tasks, and stops the pool. The work is done by parts, each owning its
+The WorkerPool is the front: it checks what callers give, makes and stages
+their tasks, and stops the pool. The work is done by parts, each owning its
 state, and calls go from here down, never back up:
 
-    Pool                 what callers call: checks, tasks, staging, close, terminate
+    WorkerPool           what callers call: checks, tasks, staging, close, terminate
      ├─ CallerPath       what a caller's thread does itself: queueing, the direct
      │                   run, reading a waited-for reply, relaying callbacks, and
      │                   putting right what an exception in a caller's call leaves
@@ -57,7 +62,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,7 +72,7 @@ from numpy.typing import ArrayLike
 from pool.errors import PoolClosedError, PoolError, WorkerStartupError
 from pool.executor import forks
 from pool.executor.caller import CallerPath
-from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.compile_many import CompileResult
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
 from pool.executor.inputs import Layouts, TaskMemory
@@ -102,7 +107,7 @@ copied out of the arena (cheaper than mapping a segment for a few KB). Larger
 outputs get a segment of their own that the returned arrays view, with no copy.
 """
 
-_live_pools: set[Pool] = set()
+_live_pools: set[WorkerPool] = set()
 """Pools not closed yet: interpreter exit terminates them. (A pool's manager thread does
 not hold its Pool, so this set is what keeps an unclosed pool alive until then.)"""
 
@@ -118,73 +123,14 @@ def _terminate_live_pools() -> None:
         live.terminate()
 
 
-class Pool:
-    """Worker processes that compile and run LoweredPrograms, each with its own plugin.
+class WorkerPool:
+    """The worker processes behind pool.Pool, and the machinery that feeds them.
 
-    workers is the number of processes (default: the CPU count). platform
-    names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").
-    cache_dir is the shared disk cache (default: PJRT_POOL_CACHE_DIR, else
-    the user cache directory). task_timeout bounds each task's time in a
-    worker (None or inf: no bound); a task past it has its worker killed
-    and replaced. initializer(*initargs) runs in each worker after its
-    plugin loads, for example to register custom calls; if it raises, the
-    pool does not start. A program that crashes max_crashes workers is
-    quarantined. never_compile=True (default: PJRT_POOL_COMPILE=never in the
-    environment) makes the pool load what its cache holds and never compile:
-    a program that is not there fails with NeverCompileError, a LookupError,
-    raised when it is submitted, before any worker is used (see
-    worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
-    segment_cache_bytes of shared memory from finished large inputs and
-    dropped results is kept for reuse (counting what live results will give
-    back), since fresh shared memory is slow to fault in; a result's memory
-    past that goes with its arrays. segment_fds bounds the descriptors the
-    pool keeps for shared memory beyond those of running tasks (queued large
-    inputs, live large results, segments kept for reuse), so a deep queue or
-    many kept results never exhaust the process's descriptor limit. Every
-    setting is checked here, before any worker starts.
-
-    preload (a Manifest, or the path of a manifest or bundle: what
-    load_manifest takes) makes the pool start loaded: every worker loads
-    the programs it names (preload_names: only those; default all) from the
-    cache as it starts, all workers at once, and primes each with prime=True
-    (Executable.prime: one run on zeros, skipped for programs that keep
-    state). The constructor returns once every worker holds them all, so
-    no task for one of them (Pool.submit_spec, Manifest.run(..., pool))
-    waits for a load; start_timeout bounds that too. A program that does
-    not load (not in the cache, as never_compile would find at its first
-    task) raises its NotInCacheError here, naming it, with the workers
-    stopped; a worker that dies preloading raises WorkerStartupError. A
-    bundle is imported into cache_dir first. Replacement workers preload
-    too. remote is the URL of the remote cache tier (worker.cache.remote),
-    given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
-    environment is left as it is); False gives them none, whatever this
-    process's PJRT_POOL_CACHE_REMOTE says; a URL of no known scheme is a
-    ValueError.
-    With a remote (this one, or the environment's), never_compile refuses
-    only what neither the cache nor the remote holds: the worker fetches.
-
-    topology (a name such as "v5e:1x1", or a TopologySpec) makes every worker
-    compile for that topology without a device (compile_program's topology):
-    such a pool opens no device, so it compiles for a TPU on a machine
-    without one, or beside the process that holds the chip; submitting a run
-    to it raises PoolError. On a TPU host a pool for platform "tpu" without a
-    topology has workers compile beside one device worker per chip, which
-    runs what they compiled (pool.executor.roles): workers is then the number
-    of compile workers (default a third of the cores, at least 2), the device workers
-    come in addition, and a program's first run compiles it on a compile
-    worker before a device worker loads it from the cache. run_workers (at
-    most the chips there) says how many device workers to start. Elsewhere
-    run_workers=r splits the pool the same way: workers compile only, r more
-    workers only run, loading what the others compiled from the cache, so
-    that runs never wait behind long compiles (default 0: every worker does
-    both). See pool.executor.roles.
-
-    Submission is thread-safe. The pool is a context manager; close() waits
-    for submitted tasks and stops the workers, and may be called twice.
-    Futures' done-callbacks run on the pool's manager thread: they may
-    submit, but not wait (run, compile and compile_many raise there); one
-    that raises is logged and the pool goes on. A process forked from this
-    one cannot use the pool (PoolForkedError). A Pool is not picklable.
+    It implements what the Pool's face (pool.face.PoolFace) is built on:
+    submit, run, submit_spec, submit_compile, close, terminate, the with
+    block's end, and the figures (statistics, counters, worker_info).
+    pool.face.Pool is this class with that face; its docstring says what
+    each constructor argument means.
     """
 
     def __init__(
@@ -434,42 +380,6 @@ class Pool:
             future.add_done_callback(note)
         return future
 
-    def compile(
-        self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
-    ) -> ProgramSpec:
-        """Compiles (or loads) a program in a worker and returns its ProgramSpec."""
-        self._refuse_on_manager("Pool.compile")
-        return self.submit_compile(program, name=name, timeout=timeout).result().spec
-
-    def compile_many(
-        self,
-        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
-        *,
-        timeout: float | None = None,
-        progress: bool | Progress | None = None,
-        return_exceptions: bool = False,
-    ) -> list[Any]:
-        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
-
-        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
-        return_exceptions, a program that failed has its exception in its
-        place (one the pool refused, or that a stop of the pool failed, too:
-        the programs compiled before keep their specs); otherwise the first
-        failure (in order) is raised after all have finished. progress=True
-        shows progress on stderr (a live bar on a terminal, a line per program
-        otherwise); a callable gets (done, total, spec or exception) as each
-        finishes.
-        """
-        self._refuse_in_child()
-        self._refuse_on_manager("compile_many")
-        return compile_many(
-            self.submit_compile,
-            programs,
-            timeout=timeout,
-            progress=progress,
-            return_exceptions=return_exceptions,
-        )
-
     @property
     def platform(self) -> str | None:
         """The platform of the workers' plugin ("cpu", "cuda", ...): the programs it runs."""
@@ -499,8 +409,10 @@ class Pool:
 
     @property
     def worker_info(self) -> list[dict[str, Any]]:
-        """Each worker's pid, state, start-up seconds, plugin, loaded program count, task, and
-        "hot_runs": the runs it answered as HotRuns (worker.serve.protocol).
+        """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
+        "hot_runs": the runs it answered as HotRuns (worker.serve.protocol), and "role":
+        what it is for ("compile and run"; on a TPU host, or with run_workers, "compile" or
+        "device": see pool.executor.roles).
 
         "task" names the task a worker was given, from the moment it is
         claimed for it; "started" says whether the worker has begun it. Until
@@ -526,6 +438,19 @@ class Pool:
         with self._lock:
             return self._dispatcher.statistics
 
+    def _check_open(self) -> None:
+        """Raises what a task submitted now would meet: PoolClosedError once the pool is
+        closed (or the error that broke it)."""
+        self._refuse_in_child()
+        with self._lock:
+            refusal = self._tasks.refusal_locked()
+        if refusal is not None:
+            raise refusal
+
+    def _parallelism(self) -> int:
+        """How many runs the workers run at once: one per worker that runs programs."""
+        return self._settings.runners
+
     def close(self, cancel_pending: bool = False) -> None:
         """Waits for submitted tasks (or stops queued ones), then stops every worker.
 
@@ -547,10 +472,6 @@ class Pool:
         """
         self._refuse_in_child()
         self._terminate("terminated")
-
-    def __enter__(self) -> Pool:
-        self._refuse_in_child()
-        return self
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
         """Leaving the block closes the pool; by an exception, queued tasks fail instead of

@@ -52,9 +52,14 @@ class PoolSettings:
     topology: TopologySpec | None = None  # the pool compiles for it without a device
 
     @property
+    def runners(self) -> int:
+        """How many workers run programs (those of the plan that do not only compile)."""
+        return sum(plan.role is not Role.COMPILE for plan in self.plan)
+
+    @property
     def runs(self) -> bool:
         """Whether some worker runs programs (a pool given a topology only compiles)."""
-        return any(plan.role is not Role.COMPILE for plan in self.plan)
+        return self.runners > 0
 
     @property
     def compiles_apart(self) -> bool:

@@ -34,8 +34,8 @@ from typing import Any
 
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from pool.executor.compile_many import CompileResult
-from pool.executor.pool import Pool
 from pool.executor.programs import program_key_parts, program_text_digest
+from pool.face import Pool
 from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram

@@ -1,0 +1,386 @@
+"""The face of a pool: what a Pool and a ClusterPool both offer, written once; and Pool.
+
+    PoolFace        compile, compile_many, map, function and the with block, written
+      │             once here on the primitives below, which each pool implements
+      ├─ Pool         (this module) the Pool users import: pool.executor's WorkerPool,
+      │               worker processes on this machine, behind the face
+      └─ ClusterPool  (pool.cluster) a Pool on each Dask worker of a cluster
+
+The primitives: submit, run and submit_spec (a run of a program, or of the
+executable a ProgramSpec names), submit_compile, close and the end of a with
+block; the figures platform, statistics, cache_counters and
+remote_counters; and, for the methods written here, _check_open (the
+pool's refusal once it is closed) and _parallelism (how many runs it runs
+at once). _refuse_in_child and _refuse_on_manager refuse a call where the
+pool cannot serve it (a Pool in a forked child, or a wait on its manager
+thread); they refuse nothing unless a pool says otherwise.
+
+What each worker of a Pool is for (compiling, running on a device, or both:
+pool.executor.roles) stays behind the face: a TPU host's compile workers and
+device workers take the same calls, and Pool.worker_info says each one's
+role.
+
+Importing this module imports no JAX: function imports pool.lowering.function
+(and JAX, about a second) when it is called.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Self
+
+from pool.errors import PoolClosedError
+from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.pool import WorkerPool
+from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pool.lowering.function import PoolFunction
+    from worker.cache import CacheCounters
+    from worker.cache.remote import RemoteCounters
+
+
+class PoolFace(abc.ABC):
+    """What a Pool and a ClusterPool both offer: runs, compiles, map, function, with blocks.
+
+    Its methods compile, compile_many, map and function, and entering a with
+    block, are written once, here, on primitives each pool implements (see
+    the module docstring). A function that takes a PoolFace takes either
+    pool.
+    """
+
+    # -- the primitives each pool implements -------------------------------------------
+
+    @abc.abstractmethod
+    def submit(self, program: LoweredProgram, inputs: Any, /, **options: Any) -> Future[Any]:
+        """Runs a program (compiling or loading it first); returns a Future of its outputs."""
+
+    @abc.abstractmethod
+    def run(self, program: LoweredProgram, inputs: Any, /, **options: Any) -> list[np.ndarray]:
+        """Runs a program (compiling or loading it first) and returns its outputs."""
+
+    @abc.abstractmethod
+    def submit_spec(self, spec: ProgramSpec, inputs: Any, /, **options: Any) -> Future[Any]:
+        """Runs the executable a ProgramSpec names (by its cache key); returns a Future."""
+
+    @abc.abstractmethod
+    def submit_compile(self, program: LoweredProgram, /, **options: Any) -> Future[CompileResult]:
+        """Compiles (or loads) a program; the Future's result is a CompileResult."""
+
+    @abc.abstractmethod
+    def close(self, cancel_pending: bool = False) -> None:
+        """Waits for the tasks submitted (with cancel_pending, fails those not begun), then
+        stops the pool; calling it again does nothing."""
+
+    @abc.abstractmethod
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        """Leaving the with block stops the pool (each pool says how)."""
+
+    @property
+    @abc.abstractmethod
+    def platform(self) -> str | None:
+        """The platform whose plugin runs the programs ("cpu", "cuda", "tpu", ...)."""
+
+    @property
+    @abc.abstractmethod
+    def statistics(self) -> CompileStatistics:
+        """Compile and load time and counts, summed."""
+
+    @property
+    @abc.abstractmethod
+    def cache_counters(self) -> CacheCounters:
+        """Disk cache hits, misses, repairs and evictions, summed over the workers."""
+
+    @property
+    @abc.abstractmethod
+    def remote_counters(self) -> RemoteCounters:
+        """The remote cache tier's counters, summed over the workers."""
+
+    @abc.abstractmethod
+    def _check_open(self) -> None:
+        """Raises PoolClosedError (or what broke the pool) once the pool takes no tasks."""
+
+    @abc.abstractmethod
+    def _parallelism(self) -> int:
+        """How many runs the pool runs at once (map keeps four times as many in flight)."""
+
+    def _refuse_in_child(self) -> None:
+        """Raises where this process cannot use the pool (a Pool in a forked child)."""
+        return  # by default nowhere (a ClusterPool)
+
+    def _refuse_on_manager(self, what: str) -> None:
+        """Raises where a call that waits for tasks would never return (a Pool's manager
+        thread, in a Future's done-callback); `what` names the call."""
+        return  # by default nowhere (a ClusterPool)
+
+    # -- written once ---------------------------------------------------------------
+
+    def compile(
+        self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None
+    ) -> ProgramSpec:
+        """Compiles (or loads) a program in a worker and returns its ProgramSpec.
+
+        It waits for submit_compile's CompileResult, and raises what failed
+        the compile.
+        """
+        self._refuse_on_manager(f"{type(self).__name__}.compile")
+        return self.submit_compile(program, name=name, timeout=timeout).result().spec
+
+    def compile_many(
+        self,
+        programs: Iterable[LoweredProgram | tuple[str, LoweredProgram]],
+        *,
+        timeout: float | None = None,
+        progress: bool | Progress | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Compiles programs in parallel across the workers; returns their ProgramSpecs in order.
+
+        programs are LoweredPrograms or (name, LoweredProgram) pairs. With
+        return_exceptions, a program that failed has its exception in its
+        place (one the pool refused, or that a stop of the pool failed, too:
+        the programs compiled before keep their specs); otherwise the first
+        failure (in order) is raised after all have finished. progress=True
+        shows progress on stderr (a live bar on a terminal, a line per program
+        otherwise); a callable gets (done, total, spec or exception) as each
+        finishes. A ClusterPool compiles across its nodes, each program on
+        the node its hash picks.
+        """
+        self._refuse_in_child()
+        self._refuse_on_manager("compile_many")
+        return compile_many(
+            self.submit_compile,
+            programs,
+            timeout=timeout,
+            progress=progress,
+            return_exceptions=return_exceptions,
+        )
+
+    def map(
+        self,
+        program: LoweredProgram | ProgramSpec,
+        batches: Iterable[Sequence[Any]],
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        compile_options: bytes | None = None,
+        max_in_flight: int | None = None,
+        return_exceptions: bool = False,
+    ) -> Iterator[Any]:
+        """Runs a program (or a ProgramSpec's executable) on each inputs of batches; yields
+        the outputs in order.
+
+        Runs are submitted as the iterator is read, at most max_in_flight
+        (default: four per worker that runs programs; a ClusterPool's, four
+        per thread of its cluster) ahead of the one it waits for, so a long
+        or endless iterable of batches never floods the pool nor this
+        process's memory. A run's failure, or a batch's refusal at submit
+        (bad inputs, say), raises when its turn comes (with
+        return_exceptions, the exception is yielded in its place and the
+        runs go on); leaving the iterator early cancels the runs not yet
+        done. A closed pool raises PoolClosedError, here or, closed
+        meanwhile, in the iteration. name, timeout and compile_options are
+        as for submit (a ProgramSpec's run takes timeout alone, as
+        submit_spec does).
+        """
+        self._refuse_in_child()
+        self._refuse_on_manager(f"{type(self).__name__}.map")
+        self._check_open()
+        if max_in_flight is None:
+            max_in_flight = 4 * max(1, self._parallelism())
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
+        if isinstance(program, ProgramSpec):
+            spec = program
+
+            def submit(inputs: Sequence[Any]) -> Future[Any]:
+                return self.submit_spec(spec, inputs, timeout=timeout)
+        else:
+
+            def submit(inputs: Sequence[Any]) -> Future[Any]:
+                return self.submit(
+                    program, inputs, name=name, timeout=timeout, compile_options=compile_options
+                )
+
+        return _results_in_order(submit, batches, max_in_flight, return_exceptions)
+
+    def function(
+        self,
+        function: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = (),
+        platform: str | None = None,
+        custom_calls: Sequence[str] = (),
+        name: str | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+    ) -> PoolFunction:
+        """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
+
+        Calling it lowers the function in this process once per signature (the
+        arguments' tree structure, shapes, dtypes and weak types, the static
+        arguments' types and values, and JAX's trace context: the config that
+        changes programs, such as jax_enable_x64, numpy_rank_promotion and
+        threefry_partitionable, as jax.jit caches), then runs the program with
+        the pool's run: a worker compiles it or loads it from the disk cache. It
+        returns the result in the structure jax.jit(function)(*args) returns,
+        with numpy arrays as leaves; typed PRNG keys come back as keys and
+        float0 results as float0 arrays. Arguments are pytrees of numpy
+        arrays, JAX arrays, Python scalars (weakly typed, as in jax.jit) and
+        typed keys. static_argnums, static_argnames and custom_calls mean what
+        they mean for jax.jit and lower (a static argument a call leaves out
+        takes the function's default; other keyword arguments are dynamic);
+        platform is the one to lower for (default: that of this pool's
+        plugin; a ClusterPool's nodes', see its platform); name names the
+        tasks (default: the program's name). Its submit method returns a
+        Future of the result (a ClusterPool's is fetched and rebuilt in the
+        thread that reads it) and its lower method the LoweredProgram a call
+        runs. Crash isolation, timeouts and quarantine are those of submit.
+        It runs in another process, so it cannot be traced: jax.grad,
+        jax.vmap or jax.jit of it raise TypeError (make the PoolFunction of
+        the transformed function instead). Called with tracers while a
+        PoolFunction (or lower) is lowering, it traces into its function as
+        a nested jax.jit does, so that the outer program runs it.
+
+        donate_argnums is accepted and ignored, with a warning: arguments are
+        copied into shared memory for the worker, so donated arrays stay
+        valid and no memory is saved.
+        """
+        # Here, not at the top: it imports JAX (about a second), which a pool that
+        # runs warmed programs (pool.manifest) never needs.
+        from pool.lowering.function import PoolFunction
+
+        self._refuse_in_child()
+        return PoolFunction(
+            self,
+            function,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            platform=platform,
+            custom_calls=custom_calls,
+            name=name,
+        )
+
+    def __enter__(self) -> Self:
+        self._refuse_in_child()
+        return self
+
+
+def _results_in_order(
+    submit: Callable[[Sequence[Any]], Future[Any]],
+    batches: Iterable[Sequence[Any]],
+    max_in_flight: int,
+    return_exceptions: bool,
+) -> Iterator[Any]:
+    """Yields submit(inputs)'s results in order, at most max_in_flight submitted ahead.
+
+    A batch that submit refuses (bad inputs, a never-compile refusal) fails
+    in its place, as a failed run does; a closed pool raises.
+    """
+    pending: collections.deque[Future[Any]] = collections.deque()
+
+    def take() -> Any:
+        future = pending.popleft()
+        if not return_exceptions:
+            return future.result()
+        try:
+            return future.result()
+        except Exception as error:
+            return error
+
+    try:
+        for inputs in batches:
+            try:
+                pending.append(submit(inputs))
+            except PoolClosedError:
+                raise
+            except Exception as error:
+                refused: Future[Any] = Future()
+                refused.set_exception(error)
+                pending.append(refused)
+            if len(pending) >= max_in_flight:
+                yield take()
+        while pending:
+            yield take()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+class Pool(WorkerPool, PoolFace):
+    """Worker processes that compile and run LoweredPrograms, each with its own plugin.
+
+    workers is the number of processes (default: the CPU count). platform
+    names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").
+    cache_dir is the shared disk cache (default: PJRT_POOL_CACHE_DIR, else
+    the user cache directory). task_timeout bounds each task's time in a
+    worker (None or inf: no bound); a task past it has its worker killed
+    and replaced. initializer(*initargs) runs in each worker after its
+    plugin loads, for example to register custom calls; if it raises, the
+    pool does not start. A program that crashes max_crashes workers is
+    quarantined. never_compile=True (default: PJRT_POOL_COMPILE=never in the
+    environment) makes the pool load what its cache holds and never compile:
+    a program that is not there fails with NeverCompileError, a LookupError,
+    raised when it is submitted, before any worker is used (see
+    worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
+    segment_cache_bytes of shared memory from finished large inputs and
+    dropped results is kept for reuse (counting what live results will give
+    back), since fresh shared memory is slow to fault in; a result's memory
+    past that goes with its arrays. segment_fds bounds the descriptors the
+    pool keeps for shared memory beyond those of running tasks (queued large
+    inputs, live large results, segments kept for reuse), so a deep queue or
+    many kept results never exhaust the process's descriptor limit. Every
+    setting is checked here, before any worker starts.
+
+    preload (a Manifest, or the path of a manifest or bundle: what
+    load_manifest takes) makes the pool start loaded: every worker loads
+    the programs it names (preload_names: only those; default all) from the
+    cache as it starts, all workers at once, and primes each with prime=True
+    (Executable.prime: one run on zeros, skipped for programs that keep
+    state). The constructor returns once every worker holds them all, so
+    no task for one of them (Pool.submit_spec, Manifest.run(..., pool))
+    waits for a load; start_timeout bounds that too. A program that does
+    not load (not in the cache, as never_compile would find at its first
+    task) raises its NotInCacheError here, naming it, with the workers
+    stopped; a worker that dies preloading raises WorkerStartupError. A
+    bundle is imported into cache_dir first. Replacement workers preload
+    too. remote is the URL of the remote cache tier (worker.cache.remote),
+    given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
+    environment is left as it is); False gives them none, whatever this
+    process's PJRT_POOL_CACHE_REMOTE says; a URL of no known scheme is a
+    ValueError.
+    With a remote (this one, or the environment's), never_compile refuses
+    only what neither the cache nor the remote holds: the worker fetches.
+
+    topology (a name such as "v5e:1x1", or a TopologySpec) makes every worker
+    compile for that topology without a device (compile_program's topology):
+    such a pool opens no device, so it compiles for a TPU on a machine
+    without one, or beside the process that holds the chip; submitting a run
+    to it raises PoolError. On a TPU host a pool for platform "tpu" without a
+    topology has workers compile beside one device worker per chip, which
+    runs what they compiled (pool.executor.roles): workers is then the number
+    of compile workers (default a third of the cores, at least 2), the device workers
+    come in addition, and a program's first run compiles it on a compile
+    worker before a device worker loads it from the cache. run_workers (at
+    most the chips there) says how many device workers to start. Elsewhere
+    run_workers=r splits the pool the same way: workers compile only, r more
+    workers only run, loading what the others compiled from the cache, so
+    that runs never wait behind long compiles (default 0: every worker does
+    both). See pool.executor.roles. Every method takes the same calls
+    whatever the workers' roles (worker_info says each one's).
+
+    Submission is thread-safe. The pool is a context manager; close() waits
+    for submitted tasks and stops the workers, and may be called twice.
+    Futures' done-callbacks run on the pool's manager thread: they may
+    submit, but not wait (run, compile, compile_many and map raise there); one
+    that raises is logged and the pool goes on. A process forked from this
+    one cannot use the pool (PoolForkedError). A Pool is not picklable.
+    What it shares with a ClusterPool (compile, compile_many, map, function)
+    is PoolFace's.
+    """
