@@ -1,9 +1,17 @@
 """Warming the disk cache: lower, compile and record many programs, reporting each.
 
-    spec ──load──▶ WarmPrograms ──Lowerer (thread or N processes)──▶ LoweredPrograms
-                                                                     │ as each is lowered
-                                                                     ▼
-                     WarmReport ◀── outcome per program ◀── Pool.submit_compile (workers)
+    spec ──load──▶ WarmPrograms
+      lower     _Lower      a Lowerer (a thread, or N processes) ──▶ each LoweredProgram,
+                            handed on as soon as it is lowered
+      prefetch  _Prefetch   with a remote tier: its entry fetched into the local cache
+      compile   _Compile    Pool.submit_compile (workers; a ClusterPool's nodes)
+      report    _report     the ProgramReports, checked against the cache directory,
+                            and the pool's figures ──▶ WarmReport
+
+Each stage is an object (or, for the report, a function) with its own state;
+each tells the _Ledger how a program went, and the _Ledger is the one writer
+of the ProgramReports, of the progress display, and of the stop that
+fail-fast and a Ctrl-C set.
 
 Lowering overlaps compiling: each program goes to the pool as soon as it is
 lowered. With a remote cache tier, each lowered program's entry is first
@@ -23,19 +31,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_key_parts, program_text_digest
-from pool.face import Pool
+from pool.face import Pool, PoolFace
 from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
 from pool.warm.spec_file import Spec, WarmProgram
@@ -52,7 +61,7 @@ from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.identity.keys import key_of
 from worker.plugin.topology import TopologySpec
-from worker.records import CompileStatistics, ProgramSpec
+from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
 
 class Outcome(enum.Enum):
@@ -224,6 +233,283 @@ def _error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+class _Ledger:
+    """The programs' reports, and what warm() waits on: the one writer of every ProgramReport.
+
+    Each stage tells it how a program went (lowered, compiled, or finished
+    with an outcome), from whatever thread the stage runs on: the lowering's,
+    a prefetch's, the pool's. It counts the programs finished, shows each on
+    the progress display, and sets `stop` at the first failure under
+    fail-fast; after a Ctrl-C (interrupt) what the interrupt stopped is
+    INTERRUPTED, not a failure of its own.
+    """
+
+    def __init__(
+        self, programs: list[WarmProgram], progress: ProgressDisplay | None, fail_fast: bool
+    ) -> None:
+        self.reports = [ProgramReport(p.name) for p in programs]
+        self.stop = threading.Event()
+        """Set at the first failure under fail-fast, and by a Ctrl-C: no stage starts more."""
+        self._interrupted = threading.Event()
+        self._progress = progress
+        self._fail_fast = fail_fast
+        self._finished = threading.Semaphore(0)
+
+    def lowered(self, index: int, lowered: Lowered) -> None:
+        """Records a program's lowering (its seconds so far are the lowering's)."""
+        report = self.reports[index]
+        report.lower_seconds, report.note = lowered.seconds, lowered.note
+        report.seconds = lowered.seconds
+
+    def compiled(self, index: int, result: CompileResult) -> None:
+        """Records a program's compile (or load) in a worker, which finishes it."""
+        report = self.reports[index]
+        report.spec = result.spec
+        report.key = result.spec.key
+        report.phases = result.phases
+        report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
+        self.finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
+
+    def finish(self, index: int, outcome: Outcome, error: BaseException | None = None) -> None:
+        """Ends a program with its outcome: shown, counted, and under fail-fast a failure
+        stops the rest."""
+        report = self.reports[index]
+        if self._interrupted.is_set() and not outcome.ok:
+            # Stopped by the Ctrl-C (a task the pool's end failed, a lowering it
+            # cancelled): the interrupt's doing, not a failure of the program.
+            outcome, error = Outcome.INTERRUPTED, None
+        report.outcome = outcome
+        report.error = None if error is None else _error_text(error)
+        if self._progress is not None and outcome is not Outcome.INTERRUPTED:
+            detail = report.error or report.note or ""
+            self._progress.update(report.name, outcome.value, report.seconds, detail)
+        if self._fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
+            self.stop.set()
+        self._finished.release()
+
+    def wait_one(self) -> None:
+        """Waits until one more program has finished."""
+        self._finished.acquire()
+
+    def interrupt(self) -> None:
+        """A Ctrl-C: no stage starts more, and what it stops is INTERRUPTED (see finish)."""
+        self._interrupted.set()
+        self.stop.set()
+
+    def interrupted_the_rest(self) -> None:
+        """After a Ctrl-C: the programs never finished (or cancelled) are INTERRUPTED."""
+        self.interrupt()
+        for report in self.reports:
+            if report.outcome is Outcome.SKIPPED:  # never finished (the default), or cancelled
+                report.outcome = Outcome.INTERRUPTED
+
+    def check_stored(self, cache_dir: str | os.PathLike[str] | None) -> None:
+        """Marks programs that compiled or loaded but whose entry is not in the cache directory.
+
+        A cache directory that cannot be written (a regular file, read-only, full)
+        only makes the workers warn and compile without it, and a size bound
+        smaller than the programs evicts some of them: either way warming has
+        not put the program in the cache, and the report must not say it has.
+        """
+        cache = DiskCache(cache_dir, create=False)
+        for report in self.reports:
+            if report.outcome.ok and report.key is not None:
+                if cache.usable and cache.path_of(report.key).is_file():
+                    continue
+                report.outcome = Outcome.NOT_STORED
+                report.error = (
+                    f"compiled, but no entry {report.key} is in the cache directory "
+                    f"{cache.directory}: the directory could not be written (not a directory, "
+                    "read-only or full) or its size bound evicted the entry; warm into a "
+                    "writable directory with room"
+                )
+
+    def end_progress(self) -> None:
+        """Ends the progress display's live line, however warming ended."""
+        if self._progress is not None:
+            self._progress.close()
+
+
+class _Compile:
+    """The compile stage: each program, once lowered (and prefetched), submitted to the pool
+    (a Pool or a ClusterPool); its CompileResult, or what failed it, goes to the ledger."""
+
+    def __init__(
+        self,
+        compiler: PoolFace,
+        programs: list[WarmProgram],
+        timeout: float | None,
+        ledger: _Ledger,
+    ) -> None:
+        self._compiler = compiler
+        self._programs = programs
+        self._timeout = timeout
+        self._ledger = ledger
+        self._submitted: list[Future[CompileResult]] = []
+
+    def submit(self, index: int, program: LoweredProgram) -> None:
+        """Submits a lowered program's compile (nothing, once warming stops)."""
+        ledger = self._ledger
+        if ledger.stop.is_set():
+            ledger.finish(index, Outcome.SKIPPED)
+            return
+        try:
+            task = self._compiler.submit_compile(
+                program,
+                name=self._programs[index].name,
+                timeout=self._timeout,
+                compile_options=self._programs[index].compile_options,
+            )
+        except Exception as failure:  # quarantined, or the pool is shutting down
+            outcome = Outcome.SKIPPED if ledger.stop.is_set() else _classify(failure)
+            ledger.finish(index, outcome, failure)
+            return
+        self._submitted.append(task)
+        task.add_done_callback(functools.partial(self._compiled, index))
+
+    def _compiled(self, index: int, future: Future[CompileResult]) -> None:
+        if future.cancelled():
+            self._ledger.finish(index, Outcome.SKIPPED)
+            return
+        error = future.exception()
+        if error is not None:
+            self._ledger.finish(index, _classify(error), error)
+            return
+        self._ledger.compiled(index, future.result())
+
+    def cancel(self) -> None:
+        """Cancels the compiles submitted that have not begun (fail-fast's stop)."""
+        for task in list(self._submitted):
+            task.cancel()
+
+
+class _Prefetch:
+    """The prefetch stage: with a remote tier, each lowered program's entry fetched into the
+    pool's cache before it goes to compile, a bounded number at a time (see
+    worker.cache.remote.transfer), so that what another host compiled is loaded, not
+    compiled. Without a remote, on a cluster (whose nodes fetch for themselves), or when
+    the workers did not say their key parts, a program goes straight on."""
+
+    def __init__(self, tier: RemoteCache | None) -> None:
+        self._tier = tier
+        self._before = RemoteCounters() if tier is None else tier.counters
+        self._prefetcher: Prefetcher | None = None
+        self._key_parts: dict[str, Any] | None = None
+        self._moved: dict[str, Moved] = {}
+
+    @contextlib.contextmanager
+    def into(self, compiler: PoolFace, cache_dir: str | os.PathLike[str] | None) -> Iterator[None]:
+        """Prefetches into the pool's cache while the with block runs (its fetches end with
+        it), when there is a remote and the workers said their key parts (a Pool with a
+        remote does)."""
+        tier = self._tier
+        key_parts = None if tier is None else getattr(compiler, "key_parts", None)
+        cache = None if key_parts is None else open_cache(cache_dir)
+        if tier is None or cache is None or not cache.writable:
+            yield
+            return
+        with Prefetcher(tier, cache) as prefetcher:
+            self._prefetcher, self._key_parts = prefetcher, key_parts
+            yield
+
+    def then(
+        self,
+        index: int,
+        program: LoweredProgram,
+        compile_options: bytes | None,
+        submit: Callable[[int, LoweredProgram], None],
+    ) -> None:
+        """Fetches a program's entry, then calls submit(index, program) (at once without a
+        prefetcher)."""
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            submit(index, program)
+            return
+        digest = program_text_digest(program)
+        key = key_of(program_key_parts(self._key_parts, digest, compile_options))
+
+        def fetched(done: Future[Moved]) -> None:
+            try:
+                self._moved[key] = done.result()
+            except Exception:  # never expected; the worker then fetches for itself
+                self._moved[key] = Moved.FAILED
+            submit(index, program)
+
+        prefetcher.submit(key).add_done_callback(fetched)
+
+    def remote_report(self, workers: RemoteCounters) -> RemoteCounters | None:
+        """What the remote tier did: the workers' counters and this process's prefetch
+        (None without a remote here)."""
+        if self._tier is None:
+            return None
+        counters = zip(self._tier.counters, self._before, strict=True)
+        return workers.add(RemoteCounters(*(a - b for a, b in counters)))
+
+    def counts(self) -> dict[str, int]:
+        """How many programs' prefetches had each outcome (worker.cache.remote.Moved)."""
+        return TransferReport(self._moved).counts()
+
+
+class _Lower:
+    """The lower stage: a Lowerer (a thread here, or lowering processes) lowers every
+    program and hands each on, to prefetch and then compile, as soon as it is lowered, so
+    that lowering overlaps compiling. run() waits until every program has finished."""
+
+    def __init__(
+        self, programs: list[WarmProgram], ledger: _Ledger, prefetch: _Prefetch, compiles: _Compile
+    ) -> None:
+        self._programs = programs
+        self._ledger = ledger
+        self._prefetch = prefetch
+        self._compiles = compiles
+
+    def run(self, processes: int, platform: str | None) -> None:
+        """Lowers every program and waits for each to finish; at a stop (fail-fast), the
+        lowering and the compiles not begun are cancelled. A Ctrl-C stops everything (see
+        _Ledger.interrupt) before the lowering is cancelled and the pool stops the tasks."""
+        ledger = self._ledger
+        with Lowerer(processes, platform) as lowerer:
+            try:
+                lowerer.lower_all(self._programs, self._lowered)
+                for _ in self._programs:
+                    ledger.wait_one()
+                    if ledger.stop.is_set():
+                        lowerer.close(cancel=True)
+                        self._compiles.cancel()
+            except KeyboardInterrupt:
+                # First, before the lowering is cancelled and the pool stops the
+                # tasks: what they fail with is then the interrupt's (see finish).
+                ledger.interrupt()
+                raise
+
+    def _lowered(self, index: int, future: Future[Lowered]) -> None:
+        ledger = self._ledger
+        if future.cancelled() or ledger.stop.is_set():
+            ledger.finish(index, Outcome.SKIPPED)
+            return
+        error = future.exception()
+        if error is not None:
+            ledger.finish(index, Outcome.LOWERING_ERROR, error)
+            return
+        lowered = future.result()
+        ledger.lowered(index, lowered)
+        options = self._programs[index].compile_options
+        self._prefetch.then(index, lowered.program, options, self._compiles.submit)
+
+
+class _Figures(NamedTuple):
+    """What the pool counted: its compile statistics, cache counters and remote counters."""
+
+    statistics: CompileStatistics = CompileStatistics()
+    cache_counters: CacheCounters = CacheCounters()
+    remote_counters: RemoteCounters = RemoteCounters()
+
+    @classmethod
+    def of(cls, compiler: PoolFace) -> _Figures:
+        """The figures a pool (a Pool, or a ClusterPool's nodes) has counted so far."""
+        return cls(compiler.statistics, compiler.cache_counters, compiler.remote_counters)
+
+
 @contextlib.contextmanager
 def _compiler(
     scheduler: str | None,
@@ -234,7 +520,7 @@ def _compiler(
     initializer: Any,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
-) -> Iterator[Any]:
+) -> Iterator[PoolFace]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
     if scheduler is None:
         with Pool(
@@ -303,149 +589,38 @@ def warm(
     the manifest, of a TPU host. A Ctrl-C raises WarmInterrupted, with the
     report of what was warmed before it, once the workers have stopped.
     """
-    tier = open_remote(remote) if scheduler is None else None
-    before = RemoteCounters() if tier is None else tier.counters
-    moved: dict[str, Moved] = {}
+    prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
-    fail_fast = fail_fast or never_compile_on()
+    ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
     initializer = spec.initializer if isinstance(spec, Spec) else None
-    reports = [ProgramReport(p.name) for p in programs]
     started = time.monotonic()
-    finished = threading.Semaphore(0)
-    stop = threading.Event()
-    interrupted = threading.Event()
-    submitted: list[Any] = []
-
-    def finish(index: int, outcome: Outcome, error: BaseException | None = None) -> None:
-        report = reports[index]
-        if interrupted.is_set() and not outcome.ok:
-            # Stopped by the Ctrl-C (a task the pool's end failed, a lowering it
-            # cancelled): the interrupt's doing, not a failure of the program.
-            outcome, error = Outcome.INTERRUPTED, None
-        report.outcome = outcome
-        report.error = None if error is None else _error_text(error)
-        if progress is not None and outcome is not Outcome.INTERRUPTED:
-            detail = report.error or report.note or ""
-            progress.update(report.name, outcome.value, report.seconds, detail)
-        if fail_fast and not outcome.ok and outcome is not Outcome.SKIPPED:
-            stop.set()
-        finished.release()
-
-    # Called from the pool's, the lowering's and the prefetch's threads, once the
-    # compiler, prefetcher and lowerer below exist.
-    def compiled(index: int, future: Any) -> None:
-        report = reports[index]
-        if future.cancelled():
-            finish(index, Outcome.SKIPPED)
-            return
-        error = future.exception()
-        if error is not None:
-            finish(index, _classify(error), error)
-            return
-        result: CompileResult = future.result()
-        report.spec = result.spec
-        report.key = result.spec.key
-        report.phases = result.phases
-        report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
-        finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
-
-    def lowered(index: int, future: Future[Lowered]) -> None:
-        report = reports[index]
-        if future.cancelled() or stop.is_set():
-            finish(index, Outcome.SKIPPED)
-            return
-        error = future.exception()
-        if error is not None:
-            finish(index, Outcome.LOWERING_ERROR, error)
-            return
-        program, report.lower_seconds, report.note = future.result()
-        report.seconds = report.lower_seconds
-        if prefetcher is None:
-            submit(index, program)
-            return
-        options = programs[index].compile_options
-        key = key_of(program_key_parts(compiler.key_parts, program_text_digest(program), options))
-
-        def fetched(done: Future[Moved]) -> None:
-            try:
-                moved[key] = done.result()
-            except Exception:  # never expected; the worker then fetches for itself
-                moved[key] = Moved.FAILED
-            submit(index, program)
-
-        prefetcher.submit(key).add_done_callback(fetched)
-
-    def submit(index: int, program: Any) -> None:
-        if stop.is_set():
-            finish(index, Outcome.SKIPPED)
-            return
-        try:
-            task = compiler.submit_compile(
-                program,
-                name=programs[index].name,
-                timeout=timeout,
-                compile_options=programs[index].compile_options,
-            )
-        except Exception as failure:  # quarantined, or the pool is shutting down
-            finish(index, Outcome.SKIPPED if stop.is_set() else _classify(failure), failure)
-            return
-        submitted.append(task)
-        task.add_done_callback(lambda f: compiled(index, f))
-
-    statistics, counters, workers_remote = CompileStatistics(), CacheCounters(), RemoteCounters()
+    figures = _Figures()
     compiling = _compiler(
         scheduler, workers, platform, cache_dir, timeout, initializer, remote, topology
     )
     try:
-        with compiling as compiler, _prefetcher(tier, compiler, cache_dir) as prefetcher:
+        with compiling as compiler, prefetch.into(compiler, cache_dir):
             try:
-                with Lowerer(lower_workers, platform) as lowerer:
-                    try:
-                        lowerer.lower_all(programs, lowered)
-                        for _ in programs:
-                            finished.acquire()
-                            if stop.is_set():
-                                lowerer.close(cancel=True)
-                                for task in list(submitted):
-                                    task.cancel()
-                    except KeyboardInterrupt:
-                        # First, before the lowering is cancelled and the pool stops the
-                        # tasks: what they fail with is then the interrupt's (see finish).
-                        interrupted.set()
-                        stop.set()
-                        raise
+                compiles = _Compile(compiler, programs, timeout, ledger)
+                _Lower(programs, ledger, prefetch, compiles).run(lower_workers, platform)
             finally:  # what was compiled before an interrupt counts too
-                statistics, counters = compiler.statistics, compiler.cache_counters
-                workers_remote = compiler.remote_counters
+                figures = _Figures.of(compiler)
     except KeyboardInterrupt as interrupt:
-        interrupted.set()
+        ledger.interrupted_the_rest()
         stopped: KeyboardInterrupt | None = interrupt
-        for program in reports:
-            if program.outcome is Outcome.SKIPPED:  # never finished (the default), or cancelled
-                program.outcome = Outcome.INTERRUPTED
     else:
         stopped = None
     finally:
-        if progress is not None:
-            progress.close()  # ends a live line, however warming ended
-    if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
-        _check_stored(reports, cache_dir)
-    remote_report = None
-    if tier is not None:
-        prefetch = RemoteCounters(*(a - b for a, b in zip(tier.counters, before, strict=True)))
-        remote_report = workers_remote.add(prefetch)
-    elif scheduler is not None and (remote or workers_remote != RemoteCounters()):
-        remote_report = workers_remote  # the nodes' (their own remote, when not given one)
-    prefetched = TransferReport(moved).counts()
-    report = WarmReport(
-        reports,
-        statistics,
-        counters,
-        time.monotonic() - started,
+        ledger.end_progress()
+    report = _report(
+        ledger,
+        figures,
+        prefetch,
+        started,
         platform,
-        None if cache_dir is None else os.fspath(cache_dir),
-        remote_report,
-        prefetched,
+        cache_dir,
+        scheduler,
+        remote,
         interrupted=stopped is not None,
     )
     if stopped is not None:
@@ -453,43 +628,36 @@ def warm(
     return report
 
 
-@contextlib.contextmanager
-def _prefetcher(
-    tier: RemoteCache | None, compiler: Any, cache_dir: str | os.PathLike[str] | None
-) -> Iterator[Prefetcher | None]:
-    """A Prefetcher into the pool's cache, when there is a remote and the workers said their
-    key parts (a Pool with a remote does); None otherwise: the workers fetch for themselves."""
-    if tier is None or getattr(compiler, "key_parts", None) is None:
-        yield None
-        return
-    cache = open_cache(cache_dir)
-    if not cache.writable:
-        yield None
-        return
-    with Prefetcher(tier, cache) as prefetcher:
-        yield prefetcher
-
-
-def _check_stored(reports: list[ProgramReport], cache_dir: str | os.PathLike[str] | None) -> None:
-    """Marks programs that compiled or loaded but whose entry is not in the cache directory.
-
-    A cache directory that cannot be written (a regular file, read-only, full)
-    only makes the workers warn and compile without it, and a size bound
-    smaller than the programs evicts some of them: either way warming has
-    not put the program in the cache, and the report must not say it has.
-    """
-    cache = DiskCache(cache_dir, create=False)
-    for report in reports:
-        if report.outcome.ok and report.key is not None:
-            if cache.usable and cache.path_of(report.key).is_file():
-                continue
-            report.outcome = Outcome.NOT_STORED
-            report.error = (
-                f"compiled, but no entry {report.key} is in the cache directory "
-                f"{cache.directory}: the directory could not be written (not a directory, "
-                "read-only or full) or its size bound evicted the entry; warm into a "
-                "writable directory with room"
-            )
+def _report(
+    ledger: _Ledger,
+    figures: _Figures,
+    prefetch: _Prefetch,
+    started: float,
+    platform: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    scheduler: str | None,
+    remote: str | None,
+    *,
+    interrupted: bool,
+) -> WarmReport:
+    """The report stage: the ledger's reports, checked against the cache directory, and the
+    pool's and the prefetch's figures."""
+    if scheduler is None:  # a cluster's nodes may keep caches this process cannot see
+        ledger.check_stored(cache_dir)
+    remote_report = prefetch.remote_report(figures.remote_counters)
+    if scheduler is not None and (remote or figures.remote_counters != RemoteCounters()):
+        remote_report = figures.remote_counters  # the nodes' (their own, when not given one)
+    return WarmReport(
+        ledger.reports,
+        figures.statistics,
+        figures.cache_counters,
+        time.monotonic() - started,
+        platform,
+        None if cache_dir is None else os.fspath(cache_dir),
+        remote_report,
+        prefetch.counts(),
+        interrupted=interrupted,
+    )
 
 
 def report_json(report: WarmReport) -> str:
