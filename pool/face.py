@@ -1,14 +1,15 @@
 """The face of a pool: what a Pool and a ClusterPool both offer, written once; and Pool.
 
-    PoolFace        compile, compile_many, map, function and the with block, written
-      │             once here on the primitives below, which each pool implements
+    PoolFace        submit_compile, compile, compile_many, map, function and the with
+      │             block, written once here on the primitives below, which each pool
+      │             implements
       ├─ Pool         (this module) the Pool users import: pool.executor's WorkerPool,
       │               worker processes on this machine, behind the face
       └─ ClusterPool  (pool.cluster) a Pool on each Dask worker of a cluster
 
 The primitives: submit, run and submit_spec (a run of a program, or of the
-executable a ProgramSpec names), submit_compile, close and the end of a with
-block; the figures platform, statistics, cache_counters and
+executable a ProgramSpec names), _submit_compile (submit_compile's work),
+close and the end of a with block; the figures platform, statistics, cache_counters and
 remote_counters; and, for the methods written here, _check_open (the
 pool's refusal once it is closed) and _parallelism (how many runs it runs
 at once). _refuse_in_child and _refuse_on_manager refuse a call where the
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 class PoolFace(abc.ABC):
     """What a Pool and a ClusterPool both offer: runs, compiles, map, function, with blocks.
 
-    Its methods compile, compile_many, map and function, and entering a with
-    block, are written once, here, on primitives each pool implements (see
+    Its methods submit_compile, compile, compile_many, map and function, and
+    entering a with block, are written once, here, on primitives each pool implements (see
     the module docstring). A function that takes a PoolFace takes either
     pool.
     """
@@ -69,8 +70,11 @@ class PoolFace(abc.ABC):
         """Runs the executable a ProgramSpec names (by its cache key); returns a Future."""
 
     @abc.abstractmethod
-    def submit_compile(self, program: LoweredProgram, /, **options: Any) -> Future[CompileResult]:
-        """Compiles (or loads) a program; the Future's result is a CompileResult."""
+    def _submit_compile(
+        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
+    ) -> Future[CompileResult]:
+        """submit_compile's work, as this pool does it (the program is what the caller gave,
+        unchecked)."""
 
     @abc.abstractmethod
     def close(self, cancel_pending: bool = False) -> None:
@@ -119,6 +123,28 @@ class PoolFace(abc.ABC):
         return  # by default nowhere (a ClusterPool)
 
     # -- written once ---------------------------------------------------------------
+
+    def submit_compile(
+        self,
+        program: LoweredProgram,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        compile_options: bytes | None = None,
+    ) -> Future[CompileResult]:
+        """Compiles (or loads) a program in a worker; the Future's result is a CompileResult.
+
+        A program's own failure (a compile error, a worker crash, a timeout)
+        is the Future's exception. compile_options replaces the default
+        serialized CompileOptionsProto (one replica, one partition); it is
+        part of the program's identity, so the spec's key is the one
+        compile_program gives for these options, and runs with other options
+        use their own executable. The plugin checks it: malformed options can
+        make the plugin abort, which fails only this task. A ClusterPool
+        compiles each program on the node its hash picks, so that nodes with
+        caches of their own still compile it once.
+        """
+        return self._submit_compile(program, name, timeout, compile_options)
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None

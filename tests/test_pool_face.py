@@ -1,7 +1,7 @@
 """The face a Pool and a ClusterPool share (pool.face), and what it newly guarantees.
 
-PoolFace writes compile, compile_many, map, function and the with block
-once, on primitives each pool implements. Pool.map means what
+PoolFace writes submit_compile, compile, compile_many, map, function and
+the with block once, on primitives each pool implements. Pool.map means what
 ClusterPool.map means: the outputs in order, at most max_in_flight runs
 submitted ahead of the one waited for, and a failing batch failing in its
 place. ClusterPool.compile means what Pool.compile means. A pool whose
@@ -30,7 +30,7 @@ import pool as package
 from pool import Pool, PoolClosedError, PoolError, ProgramSpec, TaskTimeoutError
 from pool.face import PoolFace
 
-WRITTEN_ONCE = ("compile", "compile_many", "map", "function", "__enter__")
+WRITTEN_ONCE = ("submit_compile", "compile", "compile_many", "map", "function", "__enter__")
 
 
 @pytest.fixture(scope="module")

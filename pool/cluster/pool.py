@@ -1,8 +1,8 @@
 """ClusterPool: the face of a Pool (pool.face) on a Dask cluster, a Pool per Dask worker.
 
 It implements the face's primitives (run, submit, submit_spec,
-submit_compile, close, the figures); compile, compile_many, map and
-function are PoolFace's, as for a Pool.
+_submit_compile, close, the figures); submit_compile, compile,
+compile_many, map and function are PoolFace's, as for a Pool.
 
 Each call becomes one Dask task that runs in the Pool of the node it is
 routed to (pool.cluster.routing; pool.cluster.node for the node's side).
@@ -375,30 +375,21 @@ class ClusterPool(PoolFace):
         node its first run goes to."""
         return home_of(program_id(program, compile_options), self._router.addresses())
 
-    def submit_compile(
-        self,
-        program: LoweredProgram,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        compile_options: bytes | None = None,
+    def _submit_compile(
+        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
     ) -> Future[CompileResult]:
-        """Compiles a program on the node its hash picks; the future's result is a CompileResult.
-
-        A program's own failure (compile error, PJRT worker crash, timeout)
-        is the future's exception, as with Pool.submit_compile.
-        """
+        """ClusterPool.submit_compile (see PoolFace's): on the node the program's hash picks."""
         self._check_open()
         program = check_program(program, "ClusterPool.submit_compile")
-        compile_options = checked_compile_options(compile_options)
+        options = checked_compile_options(options)
         remote = self._send(
             compile_task,
-            self._route(program, compile_options),
+            self._route(program, options),
             "pjrt-compile-",
             program,
             name or program.name,
             timeout,
-            compile_options,
+            options,
         )
         done = functools.partial(self._forget, remote.key)
         return ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost)

@@ -1,9 +1,9 @@
 """WorkerPool: the worker processes behind pool.Pool, compiling and running programs.
 
 pool.Pool (pool.face) is this class behind the face it shares with
-ClusterPool: compile, compile_many, map and function are written there, on
-the primitives written here (submit, run, submit_spec, submit_compile,
-close, terminate, the figures).
+ClusterPool: submit_compile, compile, compile_many, map and function are
+written there, on the primitives written here (submit, run, submit_spec,
+_submit_compile, close, terminate, the figures).
 
 Data flow::
 
@@ -127,7 +127,7 @@ class WorkerPool:
     """The worker processes behind pool.Pool, and the machinery that feeds them.
 
     It implements what the Pool's face (pool.face.PoolFace) is built on:
-    submit, run, submit_spec, submit_compile, close, terminate, the with
+    submit, run, submit_spec, _submit_compile, close, terminate, the with
     block's end, and the figures (statistics, counters, worker_info).
     pool.face.Pool is this class with that face; its docstring says what
     each constructor argument means.
@@ -350,25 +350,12 @@ class WorkerPool:
         task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec)
         return self._submit(task, arguments, None)
 
-    def submit_compile(
-        self,
-        program: LoweredProgram,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        compile_options: bytes | None = None,
+    def _submit_compile(
+        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
     ) -> Future[CompileResult]:
-        """Compiles (or loads) a program in a worker; the Future's result is a CompileResult.
-
-        compile_options replaces the default serialized CompileOptionsProto
-        (one replica, one partition); it is part of the program's identity,
-        so the spec's key is the one compile_program gives for these options,
-        and runs with other options use their own executable. The plugin
-        checks it: malformed options can make the plugin abort, which fails
-        only this task.
-        """
+        """Pool.submit_compile (pool.face.PoolFace writes its signature and docstring)."""
         program = check_program(program, "Pool.submit_compile")
-        task = self._new_task(Kind.COMPILE, program, name, timeout, compile_options)
+        task = self._new_task(Kind.COMPILE, program, name, timeout, options)
         future = self._submit(task, None, None)
         if self._settings.compiles_apart:
             identity = task.request.program_id
