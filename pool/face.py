@@ -407,6 +407,6 @@ class Pool(WorkerPool, PoolFace):
     submit, but not wait (run, compile, compile_many and map raise there); one
     that raises is logged and the pool goes on. A process forked from this
     one cannot use the pool (PoolForkedError). A Pool is not picklable.
-    What it shares with a ClusterPool (compile, compile_many, map, function)
-    is PoolFace's.
+    What it shares with a ClusterPool (submit_compile, compile, compile_many,
+    map, function) is PoolFace's.
     """
