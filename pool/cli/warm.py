@@ -402,13 +402,24 @@ def _run(args: argparse.Namespace) -> int:
     except (BundleError, PjrtError) as error:
         # The files were refused, or the plugin failed to run them: a failed operation.
         raise CommandError(f"{args.name}: {error}") from error
+    return _print_run(args, manifest, outputs, ready - started, done - ready)
+
+
+def _print_run(
+    args: argparse.Namespace,
+    manifest: Manifest,
+    outputs: Any,
+    load_seconds: float,
+    run_seconds: float,
+) -> int:
+    """Prints what pjrt-pool run did (--json: as JSON) and returns its exit code."""
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
         "key": spec.key,
-        "load_seconds": ready - started,
+        "load_seconds": load_seconds,
         "primed": args.prime and args.name in manifest.prime([args.name]),
-        "run_seconds": done - ready,
+        "run_seconds": run_seconds,
         "outputs": describe(outputs),
     }
     if args.json:

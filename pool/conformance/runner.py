@@ -302,6 +302,20 @@ def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | Case
     return _Pending(case, inputs, future, expected, started)
 
 
+def _workarounds(platform: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The workarounds lower() applies for the platform's plugin build, and those of the
+    build that are switched off (PJRT_POOL_WORKAROUNDS); CheckError for a bad setting."""
+    try:
+        info = plugin_info(platform)  # what lower() asks: the workarounds it applies follow
+    except PluginProbeError:
+        info = None  # the workers will say why the plugin does not start
+    try:
+        applied = tuple(w.name for w in active_workarounds(info))
+    except ValueError as error:  # a PJRT_POOL_WORKAROUNDS that is neither on nor off
+        raise CheckError(str(error)) from None
+    return applied, tuple(w.name for w in build_workarounds(info) if w.name not in applied)
+
+
 def run_cases(
     cases: Sequence[Case],
     *,
@@ -330,15 +344,7 @@ def run_cases(
             location = find_plugin(platform)
         except PluginNotFoundError as error:
             raise CheckError(str(error)) from None
-        try:
-            info = plugin_info(platform)  # what lower() asks: the workarounds it applies follow
-        except PluginProbeError:
-            info = None  # the workers will say why the plugin does not start
-        try:
-            applied = tuple(w.name for w in active_workarounds(info))
-        except ValueError as error:  # a PJRT_POOL_WORKAROUNDS that is neither on nor off
-            raise CheckError(str(error)) from None
-        off = tuple(w.name for w in build_workarounds(info) if w.name not in applied)
+        applied, off = _workarounds(platform)
         # On a device one process at a time may hold, JAX's side runs after the workers
         # let it go, in a process of its own (references.py).
         apart = platform in EXCLUSIVE_PLATFORMS

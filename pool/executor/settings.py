@@ -103,15 +103,7 @@ class PoolSettings:
         workers go (pool.executor.roles): a pool for TPU on a machine without
         one, and given no topology, is a ValueError.
         """
-        count = None if workers is None else check_count(workers, "workers", 1, "worker processes")
-        platform = check_platform(platform)
-        target = None if topology is None else parse_topology(topology)
-        runners = (
-            None
-            if run_workers is None
-            else check_count(run_workers, "run_workers", 0, "workers that run programs")
-        )
-        plan = plan_workers(count, platform or default_platform(), target, runners)
+        platform, target, plan = _checked_plan(workers, platform, topology, run_workers)
         directory = check_directory(cache_dir, "cache_dir")
         task_limit = finite(check_timeout(task_timeout, "task_timeout"))
         start_limit = finite(check_timeout(start_timeout, "start_timeout"))
@@ -150,6 +142,22 @@ class PoolSettings:
             plan=plan,
             topology=target,
         )
+
+
+def _checked_plan(
+    workers: Any, platform: Any, topology: Any, run_workers: Any
+) -> tuple[str | None, TopologySpec | None, tuple[WorkerPlan, ...]]:
+    """The platform, the topology and the worker slots (pool.executor.roles), checked in that
+    order, as PoolSettings.check takes them."""
+    count = None if workers is None else check_count(workers, "workers", 1, "worker processes")
+    platform = check_platform(platform)
+    target = None if topology is None else parse_topology(topology)
+    runners = (
+        None
+        if run_workers is None
+        else check_count(run_workers, "run_workers", 0, "workers that run programs")
+    )
+    return platform, target, plan_workers(count, platform or default_platform(), target, runners)
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:
