@@ -50,9 +50,9 @@ class PoolFace(abc.ABC):
     """What a Pool and a ClusterPool both offer: runs, compiles, map, function, with blocks.
 
     Its methods submit_compile, compile, compile_many, map and function, and
-    entering a with block, are written once, here, on primitives each pool implements (see
-    the module docstring). A function that takes a PoolFace takes either
-    pool.
+    entering a with block, are written once, here, on primitives each pool
+    implements (see the module docstring). A function that takes a PoolFace
+    takes either pool.
     """
 
     # -- the primitives each pool implements -------------------------------------------
