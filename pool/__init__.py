@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     )
     from worker.errors import BundleError, NeverCompileError, NotInCacheError
     from worker.identity.keys import InvalidKeyError
-    from worker.serve.protocol import DescriptorLimitError
+    from worker.wire.protocol import DescriptorLimitError
 
 _ERRORS = (
     "DeviceFailureError",
@@ -104,7 +104,7 @@ _MODULES = {
     "BundleError": "worker.errors",
     "NeverCompileError": "worker.errors",
     "NotInCacheError": "worker.errors",
-    "DescriptorLimitError": "worker.serve.protocol",
+    "DescriptorLimitError": "worker.wire.protocol",
     "InvalidKeyError": "worker.identity.keys",
 }
 

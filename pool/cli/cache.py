@@ -6,7 +6,7 @@ Human-readable tables by default; ``--json`` prints one JSON document for
 scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
 else the user cache directory); no command but prune, clear and pull changes
 it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
-entries with the plugin in child processes (``python -m worker.cache.verify``),
+entries with the plugin in child processes (``python -m worker.serve.entry_check``),
 so that an entry that crashes the plugin is reported instead of crashing this.
 A directory that others could write is refused (exit 2, as for every command)
 as compiling refuses it (see worker.cache.trust), and with signing on
@@ -34,8 +34,7 @@ from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker.cache import DiskCache, format_size
 from worker.cache import report as cache_report
-from worker.cache.report import UNREADABLE
-from worker.cache.verify import OTHER
+from worker.cache.report import OTHER, UNREADABLE
 from worker.plugin.locate import env_var
 
 LOAD_TIMEOUT = 120.0
@@ -208,7 +207,7 @@ def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list
     """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
     timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
     command = python_command(
-        "worker.cache.verify", "--cache-dir", str(directory), "--platform", platform
+        "worker.serve.entry_check", "--cache-dir", str(directory), "--platform", platform
     )
     try:
         done = subprocess.run(

@@ -89,7 +89,7 @@ from worker.cache.remote.location import REMOTE_ENV
 from worker.errors import DeviceUnavailableError
 from worker.fds import close_quietly
 from worker.records import ArrayType, CompileStatistics
-from worker.serve import protocol, shm
+from worker.wire import protocol, shm
 
 output_log = logging.getLogger("pjrt_pool.worker")
 """Where what workers print goes (at debug level)."""
@@ -144,7 +144,7 @@ _MOVES: dict[State, frozenset[State]] = {
 
 @dataclass(frozen=True)
 class HotProgram:
-    """A program the worker runs by hot slot (worker.serve.protocol.HotRun), and the parent's
+    """A program the worker runs by hot slot (worker.wire.protocol.HotRun), and the parent's
     views of the worker's arena where its inputs and outputs lie."""
 
     slot: int

@@ -53,8 +53,8 @@ from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
-from worker.serve import protocol, shm
-from worker.serve.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
+from worker.wire import protocol, shm
+from worker.wire.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
 
 PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
