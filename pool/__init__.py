@@ -6,14 +6,24 @@ turns JAX functions into LoweredPrograms; the worker-side names
 Programs API imports from here. What the folders hold:
 
     executor/     the Pool and its machinery (tasks, workers, manager thread, shared memory)
-    lowering/     lower(), StableHLO for the plugin's window, Pool.function
-    warm/         warm specs and warming the disk cache
-    cli/          the pjrt-pool command line, one module per command
-    conformance/  the check-plugin battery
-    manifest.py   running warmed programs by name (production jobs)
+    lowering/     lower(), StableHLO for the plugin's window, Pool.function, save_inputs
     cluster/      compiling and running on a Dask cluster (ClusterPool)
+    warm/         warm specs and warming the disk cache
+    conformance/  the check-plugin battery
+    cli/          the pjrt-pool command line, one module per command
+    manifest.py   running warmed programs by name (production jobs)
     errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
     remote_option.py   the remote cache tier as an option of Pool, ClusterPool, load_manifest
+
+The floors, lowest first: a module imports only from its own floor and the
+floors below it, and from worker (tests/test_structure.py checks it)::
+
+    *.py < executor/ < lowering/ < cluster/ < warm/ < conformance/ < cli/
+
+where *.py stands for the modules at the top (manifest.py, errors.py, ...).
+The executor uses none of JAX; lowering/ adds it, with Pool.function;
+cluster/ runs Pools on Dask's workers; warming may use a cluster; the
+conformance battery and the command line use what they need of the rest.
 """
 
 from __future__ import annotations

@@ -16,22 +16,33 @@ each thing lives, and so where plugin loading ends and serving begins::
     identity/     what a cache key is made of: its parts, the code-generation environment,
                   host CPU features, compile options, a target's and a topology's part,
                   a plugin build's digest and the one memo of values computed from a file
+    wire/         the wire between the parent and a pool worker: frames, shared memory
+    cache/        the shared disk cache of executables (DiskCache); cache/remote/ its remote tier
     plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
                   device errors, known builds and check-plugin's records
     compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
                   lookup, claim, publish), loading by key, never-compile mode,
                   Executable, what a compile is for, executable stamps, compile slots
-    cache/        the shared disk cache of executables (DiskCache)
     bundle/       bundles: warmed programs in one file, checked and loaded read-only
-    serve/        a pool worker: the wire protocol, shared memory, the worker's loop
-    _pjrt         the native module (native/): plugins, clients, executables, the hot loop
+    serve/        the child programs that use a plugin: a pool worker's loop, the entry check
+    __main__.py   ``python -m worker``: a pool worker (serve/server.py)
+    _pjrt         the native module (built from ``native/``): plugins, clients, executables,
+                  the hot loop
 
-identity/ uses none of the packages here (only untrusted.py), and the shared
-records take the form of a key from it; cache/ uses identity/, plugin/ uses
-identity/ and cache/ (records about plugin builds), compile/ uses plugin/,
-cache/ and identity/, bundle/ uses compile/, and serve/ uses them all;
-nothing uses serve/ but the worker's entry point and the parent, which
-speaks its protocol.
+The floors, lowest first: a module imports only from its own floor and the
+floors below it (tests/test_structure.py checks it, and that nothing here
+imports the parent's package, pool, or JAX)::
+
+    untrusted.py < identity/ < *.py < wire/ < cache/ < plugin/ < compile/ < bundle/ < serve/
+
+where *.py stands for the other modules at the top (the shared records and
+the helpers above) and _pjrt. identity/ uses none of the packages here (only
+untrusted.py), and the shared records take the form of a key from it; the
+wire uses only the records; cache/ uses identity/, plugin/ uses identity/
+and cache/ (records about plugin builds), compile/ uses plugin/, cache/ and
+identity/, bundle/ uses compile/, and serve/ uses them all. Nothing imports
+serve/ but the entry point (__main__.py), and nothing imports the package
+itself (this file, which only names what the floors hold).
 """
 
 from __future__ import annotations

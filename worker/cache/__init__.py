@@ -2,18 +2,20 @@
 
 Runs in every process that compiles or loads (the workers, a user's process
 in in-process use) and in ``pjrt-pool cache``; never imports JAX.
-Modules, one job each: location (where, how large), trust (who may write the
-directory), folders (the directories, held open and used through their
-descriptors), entry (the file format), signing (signed entries, and reading
-key files), memos (records about plugin builds in plugins/, signed too),
-atomic (publishing files), locking (the file locks), loads (markers that
-catch entries whose load kills a process), space (the size bound and
-eviction), counters, warn_once (a warning once per topic), store (DiskCache,
-tying them together), report and verify (inspection for ``pjrt-pool
-cache``); remote/, the object-store tier behind it. What identifies an
-executable, and the form of a key, is worker.identity's (key.py keeps the
-old import path of explain_key and InvalidKeyError; the names below include
-the key's).
+Modules, one job each: location.py (where, how large), trust.py (who may
+write the directory), folders.py (the directories, held open and used
+through their descriptors), entry.py (the file format), signing.py (signed
+entries, and reading key files), memos.py (records about plugin builds in
+``plugins/``, signed too), atomic.py (publishing files), locking.py (the
+file locks), loads.py (markers that catch entries whose load kills a
+process), space.py (the size bound and eviction), counters.py, warn_once.py
+(a warning once per topic), store.py (DiskCache, tying them together),
+report.py (inspection for ``pjrt-pool cache``; loading entries with the
+plugin is worker.serve.entry_check's, in a child process). remote/ is the
+remote tier behind this cache (an object store shared by a fleet); it uses
+the modules here, and none of them uses it. What identifies an executable,
+and the form of a key, is worker.identity's (key.py keeps the old import
+path of explain_key and InvalidKeyError; the names below include the key's).
 
 The names below are imported on first use (worker.lazy_names): a process
 that only reads a bundle needs entry and signing, not the store's

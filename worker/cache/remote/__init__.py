@@ -2,17 +2,18 @@
 
 Behind the local disk cache (worker.cache): a local miss asks the remote, a
 remote hit is verified and published into the local cache before it is
-loaded, and a compile publishes to both. Modules, one job each: location
-(the URL, read-only mode, time limits), client (the object store: sized
-gets, conditional puts, a deadline), files (a file:// remote's conditional
-writes), layout (object names and records), keys (Ed25519 signatures of
-records), verify (what a reader checks), lease (one compile per key across
-hosts), tier (RemoteCache: lookups, publishes, counters, switching off),
-transfer (prefetch and push of many entries at once), eviction (collect:
-old records, then unreferenced blobs, then dead leases). To compiling and
-loading by key a remote is one of the tiers (worker.compile.tiers.RemoteTier:
-lookup, claim a lease, publish), and worker.compile.entries loads what it
-fetches. Importing this package imports no client library.
+loaded, and a compile publishes to both. Modules, one job each: location.py
+(the URL, read-only mode, time limits), client.py (the object store: sized
+gets, conditional puts, a deadline), files.py (a file:// remote's
+conditional writes), layout.py (object names and records), keys.py (Ed25519
+signatures of records), verify.py (what a reader checks), lease.py (one
+compile per key across hosts), tier.py (RemoteCache: lookups, publishes,
+counters, switching off), transfer.py (prefetch and push of many entries at
+once), eviction.py (collect: old records, then unreferenced blobs, then dead
+leases). To compiling and loading by key a remote is one of the tiers
+(worker.compile.tiers.RemoteTier: lookup, claim a lease, publish), and
+worker.compile.entries loads what it fetches. Importing this package imports
+no client library.
 """
 
 from worker.cache.remote.eviction import CollectReport, collect
