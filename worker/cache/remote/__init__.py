@@ -3,9 +3,11 @@
 Behind the local disk cache (worker.cache): a local miss asks the remote, a
 remote hit is verified and published into the local cache before it is
 loaded, and a compile publishes to both. Modules, one job each: location.py
-(the URL, read-only mode, time limits), client.py (the object store: sized
-gets, conditional puts, a deadline), files.py (a file:// remote's
-conditional writes), layout.py (object names and records), keys.py (Ed25519
+(the URL, read-only mode, time limits), client.py (ObjectClient: sized gets,
+conditional puts, each under a deadline) with one backend per kind of store
+behind it, object_store.py (obstore's: S3, GCS, Azure, http) and files.py (a
+file:// remote, its conditional writes its own), and the records they share
+in objects.py, layout.py (object names and records), keys.py (Ed25519
 signatures of records), verify.py (what a reader checks), lease.py (one
 compile per key across hosts), tier.py (RemoteCache: lookups, publishes,
 counters, switching off), transfer.py (prefetch and push of many entries at

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worker.cache.remote.client import Failure, ObjectInfo, RemoteError
+from worker.cache.remote.objects import Failure, ObjectInfo, RemoteError
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     BadRecordError,
