@@ -204,11 +204,11 @@ def publish_synthetic(url: str, entries: int) -> list[str]:
     """Publishes synthetic entries through RemoteCache.publish (16 at once); returns the keys."""
     from worker.cache.remote import RemoteCache, parse_remote
     from worker.cache.remote.tier import Published
-    from worker.cache.remote.transfer import run_bounded
+    from worker.cache.remote.transfer import run_concurrently
 
     made = {key: (parts, data) for key, parts, data in synthetic_entries(entries)}
     writer = RemoteCache(parse_remote(url))
-    written = run_bounded(list(made), lambda key: writer.publish(key, *made[key]))
+    written = run_concurrently(list(made), lambda key: writer.publish(key, *made[key]))
     assert all(outcome is Published.WRITTEN for outcome in written.values()), writer.counters
     return list(made)
 

@@ -138,7 +138,7 @@ def concurrency_from_environment(concurrency: int | None = None) -> int:
     return concurrency
 
 
-def run_bounded(
+def run_concurrently(
     items: Iterable[str], work: Callable[[str], T], concurrency: int | None = None
 ) -> dict[str, T]:
     """Runs work(item) for every item, at most `concurrency` at once; returns the results."""
@@ -220,7 +220,7 @@ def prefetch(
     keys = list(dict.fromkeys(keys))
     for key in keys:
         entry_name(key)  # InvalidKeyError (a ValueError) for anything but a key, before any work
-    outcomes = run_bounded(keys, lambda key: _fetch_one(remote, cache, key), concurrency)
+    outcomes = run_concurrently(keys, lambda key: _fetch_one(remote, cache, key), concurrency)
     return TransferReport(outcomes, time.monotonic() - started)
 
 
@@ -257,7 +257,7 @@ def push(
     started = time.monotonic()
     if keys is None:
         keys = [entry.key for entry in cache.list_entries() if entry.regular]
-    outcomes = run_bounded(keys, lambda key: _push_one(remote, cache, key), concurrency)
+    outcomes = run_concurrently(keys, lambda key: _push_one(remote, cache, key), concurrency)
     return TransferReport(outcomes, time.monotonic() - started)
 
 
