@@ -32,137 +32,50 @@ from typing import TYPE_CHECKING
 
 from worker.lazy_names import on_first_use
 
-if TYPE_CHECKING:
-    from pool.cluster import ClusterPool
-    from pool.errors import (
-        DeviceFailureError,
-        PoolClosedError,
-        PoolError,
-        PoolForkedError,
-        ProgramQuarantinedError,
-        RemoteWorkerError,
-        TaskTimeoutError,
-        TracedPoolFunctionError,
-        WorkerCrashedError,
-        WorkerStartupError,
-    )
-    from pool.executor.compile_many import CompileResult
-    from pool.lowering.inputs import save_inputs
-    from pool.lowering.lower import lower, lowering_platform
-    from pool.lowering.pool import Pool
-    from worker import (
-        ArrayType,
-        CompileStatistics,
-        Executable,
-        FfiVersionError,
-        ForeignExecutableError,
-        LoweredProgram,
-        MissingCustomCallError,
-        PjrtError,
-        PlatformMismatchError,
-        PluginLoadError,
-        PluginNotFoundError,
-        ProgramSpec,
-        UntrustedCacheError,
-        compile_options,
-        compile_program,
-        register_custom_call,
-    )
-    from worker.errors import BundleError, NeverCompileError, NotInCacheError
-    from worker.identity.keys import InvalidKeyError
-    from worker.wire.protocol import DescriptorLimitError
-
-_ERRORS = (
-    "DeviceFailureError",
-    "PoolClosedError",
-    "PoolError",
-    "PoolForkedError",
-    "ProgramQuarantinedError",
-    "RemoteWorkerError",
-    "TaskTimeoutError",
-    "TracedPoolFunctionError",
-    "WorkerCrashedError",
-    "WorkerStartupError",
-)
-_WORKER = (
-    "ArrayType",
-    "CompileStatistics",
-    "Executable",
-    "FfiVersionError",
-    "ForeignExecutableError",
-    "LoweredProgram",
-    "MissingCustomCallError",
-    "PjrtError",
-    "PlatformMismatchError",
-    "PluginLoadError",
-    "PluginNotFoundError",
-    "ProgramSpec",
-    "UntrustedCacheError",
-    "compile_options",
-    "compile_program",
-    "register_custom_call",
-)
-_MODULES = {
-    **dict.fromkeys(_ERRORS, "pool.errors"),
-    **dict.fromkeys(_WORKER, "worker"),
-    "ClusterPool": "pool.cluster",
-    "CompileResult": "pool.executor.compile_many",
-    "Pool": "pool.lowering.pool",
-    "lower": "pool.lowering.lower",
-    "lowering_platform": "pool.lowering.lower",
-    "save_inputs": "pool.lowering.inputs",
-    "BundleError": "worker.errors",
-    "NeverCompileError": "worker.errors",
-    "NotInCacheError": "worker.errors",
-    "DescriptorLimitError": "worker.wire.protocol",
-    "InvalidKeyError": "worker.identity.keys",
-}
-
-
 # Lazy: Python runs this file before any pool module, so whatever it
 # imported eagerly every production job paid for when it imported
 # pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
 # cloudpickle: ~36 ms of imports), and lower(), which imports JAX (about a
 # second). Each name is imported on first use instead
-# (scripts/bench_cold_start.py measures the cold start).
-__getattr__, __dir__ = on_first_use(__name__, _MODULES)
+# (scripts/bench_cold_start.py measures the cold start). The block below is
+# the one list of the names (worker.lazy_names reads it on first use).
+if TYPE_CHECKING:
+    from pool.cluster import ClusterPool as ClusterPool
+    from pool.errors import DeviceFailureError as DeviceFailureError
+    from pool.errors import PoolClosedError as PoolClosedError
+    from pool.errors import PoolError as PoolError
+    from pool.errors import PoolForkedError as PoolForkedError
+    from pool.errors import ProgramQuarantinedError as ProgramQuarantinedError
+    from pool.errors import RemoteWorkerError as RemoteWorkerError
+    from pool.errors import TaskTimeoutError as TaskTimeoutError
+    from pool.errors import TracedPoolFunctionError as TracedPoolFunctionError
+    from pool.errors import WorkerCrashedError as WorkerCrashedError
+    from pool.errors import WorkerStartupError as WorkerStartupError
+    from pool.executor.compile_many import CompileResult as CompileResult
+    from pool.lowering.inputs import save_inputs as save_inputs
+    from pool.lowering.lower import lower as lower
+    from pool.lowering.lower import lowering_platform as lowering_platform
+    from pool.lowering.pool import Pool as Pool
+    from worker import ArrayType as ArrayType
+    from worker import CompileStatistics as CompileStatistics
+    from worker import Executable as Executable
+    from worker import FfiVersionError as FfiVersionError
+    from worker import ForeignExecutableError as ForeignExecutableError
+    from worker import LoweredProgram as LoweredProgram
+    from worker import MissingCustomCallError as MissingCustomCallError
+    from worker import PjrtError as PjrtError
+    from worker import PlatformMismatchError as PlatformMismatchError
+    from worker import PluginLoadError as PluginLoadError
+    from worker import PluginNotFoundError as PluginNotFoundError
+    from worker import ProgramSpec as ProgramSpec
+    from worker import UntrustedCacheError as UntrustedCacheError
+    from worker import compile_options as compile_options
+    from worker import compile_program as compile_program
+    from worker import register_custom_call as register_custom_call
+    from worker.errors import BundleError as BundleError
+    from worker.errors import NeverCompileError as NeverCompileError
+    from worker.errors import NotInCacheError as NotInCacheError
+    from worker.identity.keys import InvalidKeyError as InvalidKeyError
+    from worker.wire.protocol import DescriptorLimitError as DescriptorLimitError
 
-__all__ = [
-    "ArrayType",
-    "BundleError",
-    "ClusterPool",
-    "CompileResult",
-    "CompileStatistics",
-    "DescriptorLimitError",
-    "DeviceFailureError",
-    "Executable",
-    "FfiVersionError",
-    "ForeignExecutableError",
-    "InvalidKeyError",
-    "LoweredProgram",
-    "MissingCustomCallError",
-    "NeverCompileError",
-    "NotInCacheError",
-    "PjrtError",
-    "PlatformMismatchError",
-    "PluginLoadError",
-    "PluginNotFoundError",
-    "Pool",
-    "PoolClosedError",
-    "PoolError",
-    "PoolForkedError",
-    "ProgramQuarantinedError",
-    "ProgramSpec",
-    "RemoteWorkerError",
-    "TaskTimeoutError",
-    "TracedPoolFunctionError",
-    "UntrustedCacheError",
-    "WorkerCrashedError",
-    "WorkerStartupError",
-    "compile_options",
-    "compile_program",
-    "lower",
-    "lowering_platform",
-    "register_custom_call",
-    "save_inputs",
-]
+__getattr__, __dir__ = on_first_use(__name__)

@@ -23,6 +23,7 @@ The checks read the source (ast), not the running code:
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -428,3 +429,52 @@ def test_the_map_reader_reads_names_not_paths():
     assert _mapped(text) == {"records.py", "dtypes.py", "cache/"}
     assert _mapped("tests/test_structure.py reads *.py < wire/ < cache/") == {"wire/", "cache/"}
     assert _mapped("entries/<key>.pjx, ``plugins/``, ``x.py``, _pjrt") == {"_pjrt"}
+
+
+def _lazy_packages() -> list[tuple[str, ast.Module]]:
+    """The packages whose names are imported on first use (worker.lazy_names), parsed."""
+    found = []
+    for package, path in sorted(_packages().items()):
+        tree = _parse(path)
+        calls = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "on_first_use"
+        ]
+        if calls:
+            found.append((package, tree))
+    return found
+
+
+def test_a_lazy_package_lists_its_names_once_in_its_type_checking_block():
+    from worker.lazy_names import type_checking_imports
+
+    packages = _lazy_packages()
+    assert {name for name, _ in packages} == {"pool", "worker", "worker.cache"}
+    for package, tree in packages:
+        (block,) = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING"
+        ]
+        listed = {}
+        for node in block.body:
+            assert isinstance(node, ast.ImportFrom), f"{package}: only imports in the block"
+            for alias in node.names:
+                # `Name as Name`: what type checkers take for a re-export.
+                assert alias.asname == alias.name, f"{package}: import {alias.name} as itself"
+                listed[alias.name] = node.module
+        importlib.import_module(package)  # cheap: its names wait for their first use
+        assert type_checking_imports(package) == listed
+        stores = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        assert "__all__" not in stores, f"{package}: __all__ comes from the block"

@@ -51,91 +51,40 @@ from typing import TYPE_CHECKING
 
 from worker.lazy_names import on_first_use
 
-if TYPE_CHECKING:
-    from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
-    from worker.compile.compiler import compile_program, program_key
-    from worker.compile.executable import Executable
-    from worker.compile.stamp import ForeignExecutableError
-    from worker.errors import (
-        BundleError,
-        NeverCompileError,
-        NotInCacheError,
-        PjrtError,
-        PlatformMismatchError,
-        PluginLoadError,
-        PluginNotFoundError,
-    )
-    from worker.identity.options import compile_options
-    from worker.plugin.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
-    from worker.plugin.locate import PluginLocation, find_plugin
-    from worker.plugin.runtime import get_runtime, loaded_runtime
-    from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
-
-_MODULES = {
-    "CacheCounters": "worker.cache",
-    "DiskCache": "worker.cache",
-    "UntrustedCacheError": "worker.cache",
-    "explain_key": "worker.cache",
-    "compile_options": "worker.identity.options",
-    "compile_program": "worker.compile.compiler",
-    "program_key": "worker.compile.compiler",
-    "BundleError": "worker.errors",
-    "NeverCompileError": "worker.errors",
-    "NotInCacheError": "worker.errors",
-    "PjrtError": "worker.errors",
-    "PlatformMismatchError": "worker.errors",
-    "PluginLoadError": "worker.errors",
-    "PluginNotFoundError": "worker.errors",
-    "Executable": "worker.compile.executable",
-    "FfiVersionError": "worker.plugin.kernels",
-    "MissingCustomCallError": "worker.plugin.kernels",
-    "register_custom_call": "worker.plugin.kernels",
-    "PluginLocation": "worker.plugin.locate",
-    "find_plugin": "worker.plugin.locate",
-    "ArrayType": "worker.records",
-    "CompileStatistics": "worker.records",
-    "LoweredProgram": "worker.records",
-    "ProgramSpec": "worker.records",
-    "get_runtime": "worker.plugin.runtime",
-    "loaded_runtime": "worker.plugin.runtime",
-    "ForeignExecutableError": "worker.compile.stamp",
-}
-
-
 # Lazy: Python runs this file before any worker module, so names imported
 # here eagerly were paid for by every process that imports one of them: a
 # job running a bundle or a manifest needs no compiler (with its compile
 # slots, conformance records, known builds, tempfile and shutil: ~9 ms of
 # imports). Each name is imported on first use instead
-# (scripts/bench_cold_start.py measures the cold start).
-__getattr__, __dir__ = on_first_use(__name__, _MODULES)
+# (scripts/bench_cold_start.py measures the cold start). The block below is
+# the one list of the names (worker.lazy_names reads it on first use).
+if TYPE_CHECKING:
+    from worker.cache import CacheCounters as CacheCounters
+    from worker.cache import DiskCache as DiskCache
+    from worker.cache import UntrustedCacheError as UntrustedCacheError
+    from worker.cache import explain_key as explain_key
+    from worker.compile.compiler import compile_program as compile_program
+    from worker.compile.compiler import program_key as program_key
+    from worker.compile.executable import Executable as Executable
+    from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
+    from worker.errors import BundleError as BundleError
+    from worker.errors import NeverCompileError as NeverCompileError
+    from worker.errors import NotInCacheError as NotInCacheError
+    from worker.errors import PjrtError as PjrtError
+    from worker.errors import PlatformMismatchError as PlatformMismatchError
+    from worker.errors import PluginLoadError as PluginLoadError
+    from worker.errors import PluginNotFoundError as PluginNotFoundError
+    from worker.identity.options import compile_options as compile_options
+    from worker.plugin.kernels import FfiVersionError as FfiVersionError
+    from worker.plugin.kernels import MissingCustomCallError as MissingCustomCallError
+    from worker.plugin.kernels import register_custom_call as register_custom_call
+    from worker.plugin.locate import PluginLocation as PluginLocation
+    from worker.plugin.locate import find_plugin as find_plugin
+    from worker.plugin.runtime import get_runtime as get_runtime
+    from worker.plugin.runtime import loaded_runtime as loaded_runtime
+    from worker.records import ArrayType as ArrayType
+    from worker.records import CompileStatistics as CompileStatistics
+    from worker.records import LoweredProgram as LoweredProgram
+    from worker.records import ProgramSpec as ProgramSpec
 
-__all__ = [
-    "ArrayType",
-    "BundleError",
-    "CacheCounters",
-    "CompileStatistics",
-    "DiskCache",
-    "Executable",
-    "FfiVersionError",
-    "ForeignExecutableError",
-    "LoweredProgram",
-    "MissingCustomCallError",
-    "NeverCompileError",
-    "NotInCacheError",
-    "PjrtError",
-    "PlatformMismatchError",
-    "PluginLoadError",
-    "PluginLocation",
-    "PluginNotFoundError",
-    "ProgramSpec",
-    "UntrustedCacheError",
-    "compile_options",
-    "compile_program",
-    "explain_key",
-    "find_plugin",
-    "get_runtime",
-    "loaded_runtime",
-    "program_key",
-    "register_custom_call",
-]
+__getattr__, __dir__ = on_first_use(__name__)
