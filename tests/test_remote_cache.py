@@ -598,7 +598,7 @@ def test_of_hosts_racing_for_an_expired_lease_exactly_one_takes_it(remote, monke
 
 
 def test_a_holder_whose_lease_was_taken_over_releases_nothing(remote, monkeypatch):
-    from worker.cache.remote.client import Failure, RemoteError
+    from worker.cache.remote.objects import Failure, RemoteError
 
     key, _, _ = _entry(23)
     monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.3")

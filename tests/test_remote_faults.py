@@ -337,7 +337,7 @@ def test_gc_keeps_the_blobs_a_record_of_a_newer_format_may_name(remote: Remote, 
 @pytest.mark.parametrize("folder", ["blobs", "records", "leases"])
 def test_a_file_remote_refuses_a_link_in_place_of_a_folder(tmp_path, folder):
     from worker.cache.remote import Limits, RemoteCache, collect
-    from worker.cache.remote.client import RemoteError
+    from worker.cache.remote.objects import RemoteError
 
     root, outside = tmp_path / "remote", tmp_path / "outside"
     root.mkdir()

@@ -26,8 +26,8 @@ from pool.cli.options import add_remote_option, argument_type, open_remote_optio
 from pool.cli.paths import checked_cache_dir
 from worker.cache import DiskCache, format_size
 from worker.cache.remote import RemoteCache, TransferReport
-from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
+from worker.cache.remote.objects import RemoteError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 

@@ -30,40 +30,22 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
+from worker.cache.remote import objects
 from worker.cache.remote.files import FileBackend
 from worker.cache.remote.location import Limits, RemoteLocation
 from worker.cache.remote.object_store import AzureBackend, ObstoreBackend
-from worker.cache.remote.objects import (
-    Backend,
-    Failure,
-    ObjectInfo,
-    ObjectVersion,
-    RemoteError,
-    Versioned,
-    Written,
-)
-
-__all__ = [
-    "Failure",
-    "ObjectClient",
-    "ObjectInfo",
-    "ObjectVersion",
-    "RemoteError",
-    "Versioned",
-    "Written",
-    "backend_for",
-]
+from worker.cache.remote.objects import Failure, RemoteError
 
 T = TypeVar("T")
 
-_BACKENDS: dict[str, Callable[[RemoteLocation, Limits], Backend]] = {
+_BACKENDS: dict[str, Callable[[RemoteLocation, Limits], objects.Backend]] = {
     "file": FileBackend,
     "az": AzureBackend,
 }
 """The backend of each scheme that is not obstore's plain one (ObstoreBackend)."""
 
 
-def backend_for(location: RemoteLocation, limits: Limits) -> Backend:
+def backend_for(location: RemoteLocation, limits: Limits) -> objects.Backend:
     """The backend for a remote location's kind of store."""
     return _BACKENDS.get(location.scheme, ObstoreBackend)(location, limits)
 
@@ -78,7 +60,7 @@ class ObjectClient:
 
     def _within_deadline(self, call: Callable[[], T], deadline: float, what: str) -> T:
         """Runs call in a daemon thread; raises RemoteError if it fails (the backend's own
-        errors named by what it did: Backend.failure) or outlives deadline."""
+        errors named by what it did: objects.Backend.failure) or outlives deadline."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise RemoteError(Failure.UNAVAILABLE, f"{what}: the lookup's deadline passed")
@@ -116,7 +98,7 @@ class ObjectClient:
             raise RemoteError(Failure.TOO_LARGE, f"{path} is over {max_size} bytes")
         return found.data
 
-    def get_versioned(self, path: str, max_size: int, deadline: float) -> Versioned | None:
+    def get_versioned(self, path: str, max_size: int, deadline: float) -> objects.Versioned | None:
         """Returns an object's bytes and version, None if there is none; raises RemoteError.
 
         An object larger than max_size is not read: its bytes are None.
@@ -124,7 +106,7 @@ class ObjectClient:
         call = partial(self._backend.get_versioned, path, max_size, deadline)
         return self._within_deadline(call, deadline, f"reading {path}")
 
-    def put_new(self, path: str, data: bytes, deadline: float) -> Written:
+    def put_new(self, path: str, data: bytes, deadline: float) -> objects.Written:
         """Writes an object only if none is there; written False if one was.
 
         Raises RemoteError; "already exists" is not an error, since every
@@ -133,7 +115,7 @@ class ObjectClient:
         call = partial(self._backend.put_new, path, data)
         return self._within_deadline(call, deadline, f"writing {path}")
 
-    def put_if_match(self, path: str, data: bytes, etag: str, deadline: float) -> Written:
+    def put_if_match(self, path: str, data: bytes, etag: str, deadline: float) -> objects.Written:
         """Replaces an object if it is still the version etag names (If-Match); written False
         if it is gone or another version by now. Raises RemoteError."""
         call = partial(self._backend.put_if_match, path, data, etag)
@@ -143,13 +125,13 @@ class ObjectClient:
         """Removes an object (none there is no error); raises RemoteError."""
         self._within_deadline(partial(self._backend.delete, path), deadline, f"removing {path}")
 
-    def list_objects(self, folder: str, deadline: float) -> list[ObjectInfo]:
+    def list_objects(self, folder: str, deadline: float) -> list[objects.ObjectInfo]:
         """Every object whose name starts with folder, with sizes and write times; raises
         RemoteError. Reads only the listing, never an object (and writes nothing)."""
         call = partial(self._backend.list_objects, folder)
         return self._within_deadline(call, deadline, f"listing {folder}")
 
-    def head(self, path: str, deadline: float) -> ObjectVersion | None:
+    def head(self, path: str, deadline: float) -> objects.ObjectVersion | None:
         """Returns an object's size and entity tag, None if there is none; raises RemoteError."""
         call = partial(self._backend.head, path)
         return self._within_deadline(call, deadline, f"asking for {path}")
@@ -171,7 +153,7 @@ class ObjectClient:
 
     def get_tail(
         self, path: str, length: int, deadline: float
-    ) -> tuple[ObjectVersion, bytes] | None:
+    ) -> tuple[objects.ObjectVersion, bytes] | None:
         """Returns an object's size and tag with its last length bytes (all of a shorter one),
         in one request where the store takes suffix ranges; None if there is none; raises
         RemoteError."""

@@ -15,6 +15,27 @@ from typing import NamedTuple, Protocol
 from worker.cache.remote.location import redact_text
 
 
+class Failure(enum.Enum):
+    """Why a request gave no answer to use."""
+
+    DENIED = "denied"
+    """401/403: this process may not do that (no retry helps)."""
+    MISSING = "missing"
+    """The URL's bucket (or container) does not exist (no retry helps)."""
+    UNAVAILABLE = "unavailable"
+    """Refused, reset, timed out, throttled or failing past the retries."""
+    TOO_LARGE = "too large"
+    """The object is larger than the reader's bound (not read)."""
+
+
+class RemoteError(Exception):
+    """A request to the remote failed; `failure` says how (the message holds no credential)."""
+
+    def __init__(self, failure: Failure, message: str) -> None:
+        super().__init__(redact_text(message))
+        self.failure = failure
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One listed object: its name under the prefix, its size, and when the store wrote it."""
@@ -50,27 +71,6 @@ class Written(NamedTuple):
     """False: the condition failed (an object was there; another version is)."""
     etag: str | None = None
     """The version written, for the next conditional replace (None where the store gives none)."""
-
-
-class Failure(enum.Enum):
-    """Why a request gave no answer to use."""
-
-    DENIED = "denied"
-    """401/403: this process may not do that (no retry helps)."""
-    MISSING = "missing"
-    """The URL's bucket (or container) does not exist (no retry helps)."""
-    UNAVAILABLE = "unavailable"
-    """Refused, reset, timed out, throttled or failing past the retries."""
-    TOO_LARGE = "too large"
-    """The object is larger than the reader's bound (not read)."""
-
-
-class RemoteError(Exception):
-    """A request to the remote failed; `failure` says how (the message holds no credential)."""
-
-    def __init__(self, failure: Failure, message: str) -> None:
-        super().__init__(redact_text(message))
-        self.failure = failure
 
 
 class Backend(Protocol):
