@@ -60,6 +60,46 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return directory
 
 
+CLI_COMMAND = (sys.executable, "-c", "import sys; from pool.cli.main import main; sys.exit(main())")
+"""The installed console script's code (pool.cli.main), run in a child."""
+
+
+def repo_environment(
+    env: dict[str, str] | None = None, *, empty_unsets: bool = True
+) -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, and env added to
+    it: a value of "" removes the variable (or, empty_unsets=False, sets it empty)."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
+    )
+    environment.update(env or {})
+    if empty_unsets:
+        environment = {name: value for name, value in environment.items() if value != ""}
+    return environment
+
+
+def pjrt_pool(
+    *args: str,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs the command line (CLI_COMMAND) in a child process, as the console script does.
+
+    env adds to (or, with a value of "", removes from) this process's environment.
+    """
+    return subprocess.run(
+        [*CLI_COMMAND, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=repo_environment(env),
+        cwd=cwd,
+        check=False,
+    )
+
+
 def run_python(
     code: str,
     env: dict[str, str] | None = None,
@@ -67,14 +107,9 @@ def run_python(
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Runs Python code in a fresh interpreter (with this environment plus `env`)."""
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
-    )
-    environment.update(env or {})
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=environment,
+        env=repo_environment(env, empty_unsets=False),
         capture_output=True,
         text=True,
         timeout=timeout,

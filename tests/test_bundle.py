@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
-from conftest import REPO, run_python
-from test_warm import pjrt_pool
+from conftest import REPO, pjrt_pool, run_python
 
 from pool import Pool
 from pool.manifest import Manifest, ManifestError, load_manifest
