@@ -33,19 +33,20 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_command,
     add_remote_option,
     add_topology_options,
     open_remote_option,
+    paragraph,
     remote_url,
     topology_option,
 )
-from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, input_file
+from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, manifest_or_bundle_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
     BUNDLE_FOR_POOLS,
     Manifest,
     ManifestError,
-    does_not_exist,
     is_bundle,
     kind_of,
     load_manifest,
@@ -63,10 +64,12 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> None:
     """Adds the ``warm`` and ``run`` commands."""
-    warm = subparsers.add_parser(
+    warm = add_command(
+        subparsers,
         "warm",
-        help="compile a spec's programs into the disk cache, with a report and a manifest",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        _warm,
+        "compile a spec's programs into the disk cache, with a report and a manifest",
+        paragraph(__doc__, 1),
     )
     warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
     warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
@@ -118,12 +121,14 @@ def register(subparsers: Any) -> None:
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
-    warm.set_defaults(run=_warm, prog=warm.prog)
 
-    run = subparsers.add_parser(
+    run = add_command(
+        subparsers,
         "run",
-        help="run one program of a manifest from the warm cache, or of a bundle",
-        description=__doc__.split("\n\n")[2].replace("\n", " "),
+        _run,
+        "run one program of a manifest from the warm cache, or of a bundle",
+        paragraph(__doc__, 2),
+        exit_at_once=True,
     )
     run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
     run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
@@ -173,7 +178,6 @@ def register(subparsers: Any) -> None:
         help="print the result as JSON (an output's sum that is not finite, NaN or "
         "infinite, is null: JSON has no NaN)",
     )
-    run.set_defaults(run=_run, prog=run.prog, exit_at_once=True)
 
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
@@ -341,7 +345,7 @@ def _run(args: argparse.Namespace) -> int:
             "to use it"
         )
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
-    input_file(args.manifest, f"the {kind_of(args.manifest)}", does_not_exist(args.manifest))
+    manifest_or_bundle_file(args.manifest)
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     if remote is not None and not args.scheduler:  # else the nodes', with their settings
