@@ -89,15 +89,26 @@ def pjrt_pool(
 
     env adds to (or, with a value of "", removes from) this process's environment.
     """
-    return subprocess.run(
-        [*CLI_COMMAND, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=repo_environment(env),
-        cwd=cwd,
-        check=False,
+    command, environment = [*CLI_COMMAND, *args], repo_environment(env)
+    return subprocess.run(  # its exit status is the caller's to check
+        command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=cwd
     )
+
+
+def run_script(
+    name: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs scripts/NAME with args in a child (this environment plus env, the repository first
+    on PYTHONPATH); its exit status is the caller's to check."""
+    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    environment = repo_environment(env, empty_unsets=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def printed(done: subprocess.CompletedProcess[str], *texts: str) -> None:
+    """Asserts that a child printed each of texts (each somewhere in its stdout)."""
+    for text in texts:
+        assert text in done.stdout, done.stdout
 
 
 def run_python(

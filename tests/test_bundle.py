@@ -191,18 +191,11 @@ def everything_under(*folders: Path) -> dict[str, tuple[int, int]]:
 def test_a_bundle_runs_from_a_read_only_directory_in_a_fresh_process(bundles, tmp_path):
     place, home, env = read_only_place(tmp_path, bundles["here"])
     before = everything_under(place, home)
+    inherited = {k: v for k, v in os.environ.items() if k != "PJRT_POOL_CACHE_DIR"}
+    environment = {**inherited, **env, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", READ_ONLY_RUN]
     done = subprocess.run(
-        [sys.executable, "-c", READ_ONLY_RUN],
-        cwd=place,
-        env={
-            **{k: v for k, v in os.environ.items() if k != "PJRT_POOL_CACHE_DIR"},
-            **env,
-            "PYTHONPATH": str(REPO),
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        command, cwd=place, env=environment, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Warning" not in done.stderr, done.stderr

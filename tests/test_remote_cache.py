@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import finish, lowered, save_program, start
+from cache_helpers import CHILD_START, finish, lowered, save_program, start
 from remote_helpers import (
     RESET,
     S3_ENV,
@@ -37,14 +37,9 @@ from worker.identity.keys import key_of
 
 X = [0.5, 1.0, 1.5, 2.0]
 
-HOST = r"""
-import json, os, sys, time, warnings
-spec = json.loads(sys.argv[1])
-warnings.simplefilter("always")
-caught = warnings.catch_warnings(record=True)
-seen = caught.__enter__()
-sys.path.insert(0, spec["tests"])
-from cache_helpers import load_program
+HOST = (
+    CHILD_START
+    + r"""
 import worker
 from worker.cache import CacheUnavailableWarning, open_cache
 from worker.cache.remote import remote_counters
@@ -74,6 +69,7 @@ print(json.dumps({
     "warnings": [str(w.message) for w in seen if issubclass(w.category, CacheUnavailableWarning)],
 }))
 """
+)
 
 
 def expected(variant: int) -> list[float]:
