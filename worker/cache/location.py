@@ -4,7 +4,9 @@ The directory comes from an argument, else ``PJRT_POOL_CACHE_DIR``, else the
 platform's user cache directory (``$XDG_CACHE_HOME/pjrt-pool`` or
 ``~/.cache/pjrt-pool`` on Linux, ``~/Library/Caches/pjrt-pool`` on macOS).
 The size bound comes from an argument, else ``PJRT_POOL_CACHE_MAX_SIZE``
-(bytes, or with a K/M/G/T suffix), else DEFAULT_MAX_SIZE.
+(bytes, or with a K/M/G/T suffix), else DEFAULT_MAX_SIZE. The cache's
+yes-or-no settings (a shared cache, a read-only remote) are read one way:
+flag_from_environment.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
 """The directories under a cache directory, each checked as the directory itself is."""
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+YES = frozenset({"1", "true", "yes", "on"})
+"""What a yes-or-no variable says for yes (any case, spaces around it ignored)..."""
+NO = frozenset({"", "0", "false", "no", "off"})
+"""...and for no: unset or empty is no."""
+
+
+def flag_from_environment(name: str, hint: str = "write 1 or 0") -> bool:
+    """Whether the yes-or-no variable `name` says yes (YES) or no (NO); raises ValueError
+    naming it, its value and the hint for anything else."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in YES:
+        return True
+    if value in NO:
+        return False
+    raise ValueError(f"{name}={value!r}: {hint}")
 
 
 def default_cache_dir() -> Path:
