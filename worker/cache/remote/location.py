@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from worker.cache.location import YES, flag_from_environment
+from worker.cache.location import YES, flag_from_environment, number_from_environment
 
 REMOTE_ENV = "PJRT_POOL_CACHE_REMOTE"
 """The remote tier's URL; unset or empty: no remote."""
@@ -148,18 +148,12 @@ def plain_http(location: RemoteLocation) -> bool:
 def seconds_from_environment(name: str, default: float) -> float:
     """A number of seconds above 0 and at most MAX_SECONDS from the environment, default when
     unset or empty; raises ValueError naming the variable and the range otherwise."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= MAX_SECONDS:  # NaN fails both
-        raise ValueError(
-            f"{name}={text!r}: give a number of seconds above 0 and at most {MAX_SECONDS:g} (a day)"
-        )
-    return value
+    wanted = f"give a number of seconds above 0 and at most {MAX_SECONDS:g} (a day)"
+    return number_from_environment(name, float, default, _in_range, wanted)
+
+
+def _in_range(seconds: float) -> bool:
+    return 0 < seconds <= MAX_SECONDS  # NaN fails both
 
 
 @dataclass(frozen=True)
