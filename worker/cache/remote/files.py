@@ -35,7 +35,6 @@ path the user named, and may be a link.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -43,15 +42,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from worker.cache import trust
+from worker.cache.folders import open_directory
 from worker.cache.remote.location import Limits, RemoteLocation
 from worker.cache.remote.object_store import ObstoreBackend
 from worker.cache.remote.objects import Versioned, Written
 
 LOCK_NAME = ".cas.lock"
 """The remote's lock file, at its root (outside every folder the tier lists)."""
-
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def etag_of(found: os.stat_result) -> str:
@@ -78,12 +75,7 @@ def _folder(root: Path, path: Path, mkdir: bool) -> Iterator[int]:
             if mkdir:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, dir_fd=fd)
-            try:
-                inner = os.open(name, _DIRECTORY_FLAGS, dir_fd=fd)
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise trust.not_a_directory(where) from None
-                raise
+            inner = open_directory(name, fd, where)
             os.close(fd)
             fd = inner
         yield fd
