@@ -71,6 +71,7 @@ from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 from worker.compile.slots import SLOTS_ENV, compile_slots  # noqa: E402
 from worker.phases import PHASE_LOG_ENV  # noqa: E402
+from worker.plugin.locate import environment_variables  # noqa: E402
 from worker.plugin.runtime import loaded_runtime  # noqa: E402
 
 Program = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
@@ -243,20 +244,8 @@ def gpu_memory_mib() -> int | None:
 @contextlib.contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Sets (or, for None, removes) environment variables for the block; workers inherit them."""
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
+    with environment_variables(values):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def read_phase_log(path: Path) -> list[dict[str, Any]]:
