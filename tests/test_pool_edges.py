@@ -101,14 +101,7 @@ def test_a_dropped_result_past_what_is_kept_for_reuse_is_freed_with_its_arrays()
 # -- 2. a forked child sees its parent's pool as not its own ----------------------
 
 
-def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(handlers: str) -> None:
-    # The child of os.fork() inherits the pool but none of its threads: run()
-    # waited forever, an idle pool's worker got the child's requests (and was
-    # retired by the parent as having sent "an unexpected message"), and the
-    # atexit hook's terminate() took the pool's lock, held forever in the child
-    # when another thread held it at the fork, or killed the parent's workers.
-    done = child(
-        """
+FORKED_CHILD = """
         import logging
         logging.basicConfig(level=logging.WARNING)  # the pool's warnings, on stderr
         sleeper, program = sleep_program(), scale_program(2.0)
@@ -198,10 +191,17 @@ def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(hand
             # every Python version, whatever the pool does.
             atexit._run_exitfuncs()
             os._exit(0)
-        """,
-        handlers,
-        timeout=120,
-    )
+        """
+"""A pool used from a forked child, by every call, while another thread holds its lock."""
+
+
+def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(handlers: str) -> None:
+    # The child of os.fork() inherits the pool but none of its threads: run()
+    # waited forever, an idle pool's worker got the child's requests (and was
+    # retired by the parent as having sent "an unexpected message"), and the
+    # atexit hook's terminate() took the pool's lock, held forever in the child
+    # when another thread held it at the fork, or killed the parent's workers.
+    done = child(FORKED_CHILD, handlers, timeout=120)
     for call in ("run", "submit", "compile", "compile_many", "function", "worker_info"):
         assert f"child {call}: refused" in done.stdout, done.stdout
     for call in ("statistics", "close", "terminate"):

@@ -598,25 +598,7 @@ SWEEPS = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sweep", list(SWEEPS))
-def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
-    sweep: str, handlers: str
-) -> None:
-    # CPython runs a signal's handler only at certain instructions: a
-    # function's entry, a loop's backward jump, right after a call returns
-    # (unless it called a Python function directly: CPython runs that in the
-    # same loop, and its return checks nothing). For every such point in
-    # pool/executor/ (every module) that the call passes, a fresh
-    # Pool(1) gets a real SIGINT there (raised under the exception handler of
-    # that point). The pool must then run the next large task, hold no
-    # descriptor reservation once no result is alive, close, and leave no
-    # worker process, no memfd descriptor and no memfd mapping behind.
-    # Before each call, two large results were made and dropped, so that the
-    # call takes in returned segments and reuses them.
-    action, extra = SWEEPS[sweep]
-    done = interrupt_child(
-        f"""
+SWEEP_CHILD = """
         import dis
         import gc
         import importlib
@@ -823,7 +805,30 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
         print("swept", len(points), "points, interrupted", interrupted, flush=True)
         print("in", sorted({{code.co_name for code, _ in points}}), flush=True)
         os._exit(0)
-        """,
+        """
+"""The sweep's child: {action} is what it interrupts, {extra} the modules it also sweeps
+(str.format: its braces are doubled)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep", list(SWEEPS))
+def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
+    sweep: str, handlers: str
+) -> None:
+    # CPython runs a signal's handler only at certain instructions: a
+    # function's entry, a loop's backward jump, right after a call returns
+    # (unless it called a Python function directly: CPython runs that in the
+    # same loop, and its return checks nothing). For every such point in
+    # pool/executor/ (every module) that the call passes, a fresh
+    # Pool(1) gets a real SIGINT there (raised under the exception handler of
+    # that point). The pool must then run the next large task, hold no
+    # descriptor reservation once no result is alive, close, and leave no
+    # worker process, no memfd descriptor and no memfd mapping behind.
+    # Before each call, two large results were made and dropped, so that the
+    # call takes in returned segments and reuses them.
+    action, extra = SWEEPS[sweep]
+    done = interrupt_child(
+        SWEEP_CHILD.format(action=action, extra=extra),
         handlers,
         timeout=3000,
     )

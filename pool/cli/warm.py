@@ -60,6 +60,7 @@ from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
     from pool.warm.warming import WarmReport
+    from worker.records import ProgramSpec
 
 
 def register(subparsers: Any) -> None:
@@ -335,15 +336,7 @@ def _run(args: argparse.Namespace) -> int:
     # A pool's workers and shared memory are cleaned up at exit: only a run in this
     # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
     args.exit_at_once = not args.workers and not args.scheduler
-    if args.workers < 0:
-        raise UsageError(
-            f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
-        )
-    if args.prime and (args.workers or args.scheduler):
-        raise UsageError(
-            "--prime primes the program in this process: leave out --workers and --scheduler "
-            "to use it"
-        )
+    _check_run_options(args)
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     manifest_or_bundle_file(args.manifest)
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
@@ -369,14 +362,38 @@ def _run(args: argparse.Namespace) -> int:
     if args.batch and args.inputs:
         raise UsageError("--batch names the inputs of each run: leave --inputs out")
     if args.scheduler:  # the cluster's nodes have their own plugins
-        from pool.cli.cluster_run import cluster_pool, run_batch
-
         if args.batch:
+            from pool.cli.cluster_run import run_batch
+
             return run_batch(args, manifest, spec, remote)
     else:
         if manifest.bundle is None:
             checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, args.manifest)
         _check_plugin(spec.platform, f"the {kind_of(args.manifest)}'s platform")
+    outputs, load_seconds, run_seconds = _timed_run(args, manifest, spec, remote)
+    _report_run(args, manifest, outputs, load_seconds, run_seconds)
+    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
+
+
+def _check_run_options(args: argparse.Namespace) -> None:
+    if args.workers < 0:
+        raise UsageError(
+            f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
+        )
+    if args.prime and (args.workers or args.scheduler):
+        raise UsageError(
+            "--prime primes the program in this process: leave out --workers and --scheduler "
+            "to use it"
+        )
+
+
+def _timed_run(
+    args: argparse.Namespace, manifest: Manifest, spec: ProgramSpec, remote: str | None
+) -> tuple[Any, float, float]:
+    """Loads and runs the program (on the cluster, in a pool or here); returns its outputs,
+    the seconds loading took (with the cluster's or the pool's start) and the run's."""
+    if args.scheduler:
+        from pool.cli.cluster_run import cluster_pool
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
@@ -406,28 +423,38 @@ def _run(args: argparse.Namespace) -> int:
     except (BundleError, PjrtError) as error:
         # The files were refused, or the plugin failed to run them: a failed operation.
         raise CommandError(f"{args.name}: {error}") from error
+    return outputs, ready - started, done - ready
+
+
+def _report_run(
+    args: argparse.Namespace,
+    manifest: Manifest,
+    outputs: Any,
+    load_seconds: float,
+    run_seconds: float,
+) -> None:
+    """Prints what a run did: JSON, or lines for people."""
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
         "key": spec.key,
-        "load_seconds": ready - started,
+        "load_seconds": load_seconds,
         "primed": args.prime and args.name in manifest.prime([args.name]),
-        "run_seconds": done - ready,
+        "run_seconds": run_seconds,
         "outputs": describe(outputs),
     }
     if args.json:
         print(json.dumps(finite_sums(result), indent=2, allow_nan=False))
-    else:
-        where = f"a pool of {args.workers}" if args.workers else "this process"
-        if args.scheduler:
-            where = f"the cluster at {args.scheduler}"
-        print(
-            f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
-            f"{'bundle' if manifest.bundle else 'cache'} in "
-            f"{result['load_seconds'] * 1000:.1f} ms "
-            f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
-        )
-        for index, output in enumerate(result["outputs"]):
-            total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
-            print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
-    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
+        return
+    where = f"a pool of {args.workers}" if args.workers else "this process"
+    if args.scheduler:
+        where = f"the cluster at {args.scheduler}"
+    print(
+        f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
+        f"{'bundle' if manifest.bundle else 'cache'} in "
+        f"{result['load_seconds'] * 1000:.1f} ms "
+        f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
+    )
+    for index, output in enumerate(result["outputs"]):
+        total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
+        print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
