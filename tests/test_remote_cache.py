@@ -675,8 +675,8 @@ def test_an_unreadable_lease_is_taken_over_counted_and_warned_about_once(
 
 def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatch):
     from worker.cache.remote import generate_private_key
-    from worker.cache.remote.keys import keys_from_environment
     from worker.cache.remote.layout import OldRecordError
+    from worker.cache.remote.signing_keys import keys_from_environment
     from worker.cache.remote.verify import OlderRecordError, RefusedObjectError, checked_record
     from worker.cache.signing import Signer
 

@@ -277,7 +277,7 @@ def test_an_unsigned_record_planted_under_the_signers_name_is_replaced_by_the_ne
     tmp_path, remote, monkeypatch
 ):
     from worker.cache.remote import Limits, RemoteCache, generate_private_key
-    from worker.cache.remote.keys import RecordKeys, keys_from_environment
+    from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
 
     for name, value in remote.env.items():
         monkeypatch.setenv(name, value)

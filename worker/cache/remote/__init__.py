@@ -7,7 +7,7 @@ loaded, and a compile publishes to both. Modules, one job each: location.py
 conditional puts, each under a deadline) with one backend per kind of store
 behind it, object_store.py (obstore's: S3, GCS, Azure, http) and files.py (a
 file:// remote, its conditional writes its own), and the records they share
-in objects.py, layout.py (object names and records), keys.py (Ed25519
+in objects.py, layout.py (object names and records), signing_keys.py (Ed25519
 signatures of records), verify.py (what a reader checks), lease.py (one
 compile per key across hosts), tier.py (RemoteCache: lookups, publishes,
 counters, switching off), transfer.py (prefetch and push of many entries at
@@ -19,7 +19,6 @@ no client library.
 """
 
 from worker.cache.remote.eviction import CollectReport, collect
-from worker.cache.remote.keys import PRIVATE_KEY_FILE_ENV, PUBLIC_KEY_ENV, generate_private_key
 from worker.cache.remote.location import (
     DEADLINE_ENV,
     READ_ONLY_ENV,
@@ -28,6 +27,11 @@ from worker.cache.remote.location import (
     Limits,
     RemoteLocation,
     parse_remote,
+)
+from worker.cache.remote.signing_keys import (
+    PRIVATE_KEY_FILE_ENV,
+    PUBLIC_KEY_ENV,
+    generate_private_key,
 )
 from worker.cache.remote.tier import (
     Fetched,

@@ -38,7 +38,6 @@ from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
 from worker.cache.remote.client import ObjectClient
-from worker.cache.remote.keys import RecordKeys, keys_from_environment
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     UNSIGNED,
@@ -61,6 +60,7 @@ from worker.cache.remote.lease import (
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.objects import Failure, RemoteError, Versioned
+from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
 from worker.cache.remote.verify import (
     NewerRecordError,
     OlderRecordError,
