@@ -336,12 +336,14 @@ class RemoteCache:
         (None: compile here after all)."""
         claim, standing = self._claim(key)
         if claim == "mine":
-            return self._led(key, max_size)
+            return self._published_meanwhile(key, max_size)
         if claim == "theirs" and standing is not None:
             return self._wait(key, max_size, standing)
         return None
 
-    def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+    def _published_meanwhile(
+        self, key: str, max_size: int
+    ) -> tuple[bytes, entry_format.Entry] | None:
         """After taking a lease: the record may have been published between the miss and the
         lease, by a holder that released its lease since; else None (compile)."""
         fetched = self.fetch(key, max_size, count_miss=False)
@@ -417,7 +419,7 @@ class RemoteCache:
             # of the hosts waiting, the one that replaces that version compiles.
             claim, standing = self._claim(key, seen)
             if claim == "mine":
-                return self._led(key, max_size)
+                return self._published_meanwhile(key, max_size)
             return standing if claim == "theirs" else None
 
     def release(self, key: str) -> None:
