@@ -15,7 +15,7 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the frame fields are read as little-endian integers in place");
 
-// worker/serve/protocol.py: a header "<IBB" (payload length, descriptor count,
+// worker/wire/protocol.py: a header "<IBB" (payload length, descriptor count,
 // format), then at least kMinPayload bytes of payload. A HotRun's payload is
 // "<qiB3x" (task id, slot, zero copy), a HotReply's "<q8x" (task id).
 constexpr size_t kHeaderSize = 6;

@@ -2,7 +2,7 @@
 // arena, send the HotReply, all without Python. Python (worker.serve.server) keeps
 // everything else: it registers a slot after a program's first full run, and
 // gets back each frame that is not a HotRun of a registered slot, to finish
-// reading and answer it. The frame layout mirrors worker/serve/protocol.py (a test
+// reading and answer it. The frame layout mirrors worker/wire/protocol.py (a test
 // sends and receives through both).
 #pragma once
 

@@ -14,59 +14,25 @@ namespace pjrt_pool {
 template <typename T>
 struct Destroyer;
 
-template <>
-struct Destroyer<PJRT_Event> {
-  static void Destroy(const PJRT_Api* api, PJRT_Event* event) noexcept {
-    auto args = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    args.event = event;
-    IgnoreError(api, api->PJRT_Event_Destroy(&args));
-  }
-};
+// Destroyer<PJRT_Kind> calls PJRT_Kind_Destroy with its args' `field` set.
+#define PJRT_POOL_DESTROYER(Kind, field)                                      \
+  template <>                                                                 \
+  struct Destroyer<PJRT_##Kind> {                                             \
+    static void Destroy(const PJRT_Api* api, PJRT_##Kind* object) noexcept {  \
+      auto args = PJRT_ARGS(PJRT_##Kind##_Destroy_Args);                      \
+      args.field = object;                                                    \
+      IgnoreError(api, api->PJRT_##Kind##_Destroy(&args));                    \
+    }                                                                         \
+  };
 
-template <>
-struct Destroyer<PJRT_Buffer> {
-  static void Destroy(const PJRT_Api* api, PJRT_Buffer* buffer) noexcept {
-    auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-    args.buffer = buffer;
-    IgnoreError(api, api->PJRT_Buffer_Destroy(&args));
-  }
-};
+PJRT_POOL_DESTROYER(Event, event)
+PJRT_POOL_DESTROYER(Buffer, buffer)
+PJRT_POOL_DESTROYER(Executable, executable)
+PJRT_POOL_DESTROYER(LoadedExecutable, executable)
+PJRT_POOL_DESTROYER(TopologyDescription, topology)
+PJRT_POOL_DESTROYER(Client, client)
 
-template <>
-struct Destroyer<PJRT_Executable> {
-  static void Destroy(const PJRT_Api* api, PJRT_Executable* executable) noexcept {
-    auto args = PJRT_ARGS(PJRT_Executable_Destroy_Args);
-    args.executable = executable;
-    IgnoreError(api, api->PJRT_Executable_Destroy(&args));
-  }
-};
-
-template <>
-struct Destroyer<PJRT_LoadedExecutable> {
-  static void Destroy(const PJRT_Api* api, PJRT_LoadedExecutable* executable) noexcept {
-    auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
-    args.executable = executable;
-    IgnoreError(api, api->PJRT_LoadedExecutable_Destroy(&args));
-  }
-};
-
-template <>
-struct Destroyer<PJRT_TopologyDescription> {
-  static void Destroy(const PJRT_Api* api, PJRT_TopologyDescription* topology) noexcept {
-    auto args = PJRT_ARGS(PJRT_TopologyDescription_Destroy_Args);
-    args.topology = topology;
-    IgnoreError(api, api->PJRT_TopologyDescription_Destroy(&args));
-  }
-};
-
-template <>
-struct Destroyer<PJRT_Client> {
-  static void Destroy(const PJRT_Api* api, PJRT_Client* client) noexcept {
-    auto args = PJRT_ARGS(PJRT_Client_Destroy_Args);
-    args.client = client;
-    IgnoreError(api, api->PJRT_Client_Destroy(&args));
-  }
-};
+#undef PJRT_POOL_DESTROYER
 
 // Sole owner of one PJRT object; move-only.
 template <typename T>

@@ -6,7 +6,7 @@ import importlib
 import signal
 from typing import Any
 
-from worker.serve.protocol import RemoteError
+from worker.wire.protocol import RemoteError
 
 
 def describe_exit(returncode: int | None) -> str:

@@ -121,6 +121,20 @@ def time_load_markers(keys: Sequence[str]) -> float:
     return time.perf_counter() - start
 
 
+def _phases(
+    start: float, imported: float, read: float, initialized: float, lapack: float, done: float
+) -> dict[str, float]:
+    """A child's seconds per phase, from the times (time.perf_counter()) each phase ended:
+    imports, reading the programs, initializing the plugin (less LAPACK's), the loop."""
+    return {
+        "import": imported - start,
+        "read": read - imported,
+        "init": initialized - read - lapack,
+        "lapack": lapack,
+        "loop": done - initialized,
+    }
+
+
 def child_ours(programs_file: str, expect: str) -> dict[str, Any]:
     """Loads (or, warming, compiles) every program with compile_program; no JAX imported."""
     start = time.perf_counter()
@@ -154,11 +168,7 @@ def child_ours(programs_file: str, expect: str) -> dict[str, Any]:
     if (stats.compiled, stats.loaded) != wanted:
         raise RuntimeError(f"expected every program to {expect} the cache, got: {stats}")
     return {
-        "import": imported - start,
-        "read": read - imported,
-        "init": initialized - read - lapack,
-        "lapack": lapack,
-        "loop": done - initialized,
+        **_phases(start, imported, read, initialized, lapack, done),
         "load_seconds": stats.load_seconds,
         "compile_seconds": stats.compile_seconds,
         "markers": markers,
@@ -216,11 +226,7 @@ def child_jax(cache_dir: str, expect: str) -> dict[str, Any]:
             f"expected every program to {expect} JAX's cache, got {hits} hits, {misses} misses"
         )
     return {
-        "import": imported - start,
-        "read": read - imported,
-        "init": initialized - read - lapack,
-        "lapack": lapack,
-        "loop": done - initialized,
+        **_phases(start, imported, read, initialized, lapack, done),
         "lower": lowering,
         "compile": compiling,
         "programs": len(programs),

@@ -28,21 +28,14 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from timing import per_call
 
 from pool import Pool, lower
-
-
-def per_call(function: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        function()
-    return (time.perf_counter() - start) / calls
 
 
 def compare(

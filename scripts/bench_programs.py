@@ -70,6 +70,7 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from examples import example_inputs, example_programs  # noqa: E402
+from timing import per_call  # noqa: E402
 
 from pool import CompileStatistics, LoweredProgram, compile_program, lower, lowering_platform  # noqa: E402
 from worker import get_runtime  # noqa: E402
@@ -178,14 +179,6 @@ def measure_loads(
             assert stats.loaded == 1, f"{name} was compiled, not loaded: {stats}"
             times[name].load_stats.append(stats.load_seconds)
             times[name].load_wall.append(wall)
-
-
-def per_call(call: Callable[[], Any], calls: int) -> float:
-    """Seconds per call of `call`, over `calls` calls."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - start) / calls
 
 
 def measure_run_latency(

@@ -38,7 +38,6 @@ load plus one transfer of its bytes plus one round trip.
 from __future__ import annotations
 
 import argparse
-import http.client
 import http.server
 import logging
 import os
@@ -51,6 +50,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from http_relay import relay
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
 
@@ -71,22 +72,9 @@ class DelayProxy:
             def forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(delay)
-                connection = http.client.HTTPConnection(target, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                connection.request(self.command, self.path, body=body or None, headers=headers)
-                answer = connection.getresponse()
-                data = answer.read()
-                self.send_response(answer.status)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
-                        self.send_header(name, value)
-                # A HEAD answer has no body: its length is the object's, as the server said.
-                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
+                data = relay(self, target, body)
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                connection.close()
 
             do_GET = do_PUT = do_HEAD = forward  # noqa: N815 (http.server's names)
 
@@ -204,11 +192,11 @@ def publish_synthetic(url: str, entries: int) -> list[str]:
     """Publishes synthetic entries through RemoteCache.publish (16 at once); returns the keys."""
     from worker.cache.remote import RemoteCache, parse_remote
     from worker.cache.remote.tier import Published
-    from worker.cache.remote.transfer import run_bounded
+    from worker.cache.remote.transfer import run_concurrently
 
     made = {key: (parts, data) for key, parts, data in synthetic_entries(entries)}
     writer = RemoteCache(parse_remote(url))
-    written = run_bounded(list(made), lambda key: writer.publish(key, *made[key]))
+    written = run_concurrently(list(made), lambda key: writer.publish(key, *made[key]))
     assert all(outcome is Published.WRITTEN for outcome in written.values()), writer.counters
     return list(made)
 

@@ -71,6 +71,7 @@ from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 from worker.compile.slots import SLOTS_ENV, compile_slots  # noqa: E402
 from worker.phases import PHASE_LOG_ENV  # noqa: E402
+from worker.plugin.locate import environment_variables  # noqa: E402
 from worker.plugin.runtime import loaded_runtime  # noqa: E402
 
 Program = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
@@ -243,20 +244,8 @@ def gpu_memory_mib() -> int | None:
 @contextlib.contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Sets (or, for None, removes) environment variables for the block; workers inherit them."""
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
+    with environment_variables(values):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def read_phase_log(path: Path) -> list[dict[str, Any]]:
@@ -542,7 +531,7 @@ def _jax_device(platform: str) -> tuple[Any, str | None]:
         ], f"JAX has no {platform} backend ({error}); references are from {jax.default_backend()}"
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--platform", default="cuda", help="platform to check (cuda; cpu rehearses)"
@@ -556,7 +545,66 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--rtol", type=float, default=1e-3, help="relative error allowed vs jax.jit"
     )
     parser.add_argument("--quick", action="store_true", help="five programs, one small pool")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _busy_program(platform: str) -> tuple[Any, list[np.ndarray]]:
+    """A program (_spin) that keeps a worker busy for about two seconds, and its inputs."""
+    spin = lower(_spin, [_f32(64), jax.ShapeDtypeStruct((1,), jnp.int32)], platform=platform)
+    spin_executable, _ = compile_program(spin, cache_dir=_SCRATCH / "in-process")
+    iterations = 1000
+    while True:  # iterations for about two seconds of work
+        begin = time.perf_counter()
+        spin_executable.run([np.ones(64, np.float32), np.array([iterations], np.int32)])
+        took = time.perf_counter() - begin
+        if took > 0.2 or iterations >= 1 << 30:
+            break
+        iterations *= 4
+    iterations = min(int(iterations * 2.0 / max(took, 1e-6)), (1 << 31) - 1)
+    return spin, [np.ones(64, np.float32), np.array([iterations], np.int32)]
+
+
+def _one_pool_checks(
+    args: argparse.Namespace,
+    size: int,
+    checks: tuple[list[str], list[Any], list[Any], list[Any]],
+    executable: Any,
+    device: Any,
+) -> dict[str, Any]:
+    """Crash isolation, rounds of every program and small round trips through one Pool of
+    size workers; checks are the programs' names, lowered programs, inputs and references."""
+    names, lowered, inputs, references = checks
+    found: dict[str, Any] = {}
+    spin, spin_inputs = _busy_program(args.platform)
+    with Pool(size, platform=args.platform, cache_dir=_SCRATCH / f"pool{size}") as pool:
+        pool.compile_many([spin, *lowered])
+        log("crash isolation: SIGKILL a busy worker")
+        found["crash_isolation"] = crash_check(
+            pool, lowered, inputs, references, args.rtol, spin, spin_inputs
+        )
+        log(f"{args.rounds} rounds of every program")
+        found["rounds"] = rounds_check(
+            pool, names, lowered, inputs, references, args.rtol, args.rounds
+        )
+        found["tiny_round_trip"] = tiny_round_trips(pool, executable, device)
+        found["gpu_memory_mib_with_pool"] = gpu_memory_mib()
+    return found
+
+
+def _in_process_summary(in_proc: dict[str, Any], jax_compile_s: float) -> dict[str, Any]:
+    """The summary's plugin, tolerance and in_process parts, from in_process's figures."""
+    runtime = loaded_runtime()
+    plugin = runtime.describe() if runtime is not None else None
+    in_proc["ratio_vs_jax"] = round(in_proc["compile_s"] / max(jax_compile_s, 1e-9), 3)
+    tolerance = {
+        "max_relative_error": in_proc["max_relative_error"],
+        "per_program": {k: float(f"{v:.3g}") for k, v in in_proc.pop("errors").items()},
+    }
+    return {"plugin": plugin, "tolerance": tolerance, "in_process": in_proc}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
     budget = Budget(args.budget)
     platform = args.platform
     summary: dict[str, Any] = {"platform": platform, "cores": os.cpu_count(), "rtol": args.rtol}
@@ -582,14 +630,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     in_proc, executables = in_process(
         programs, lowered, inputs, references, args.rtol, _SCRATCH / "in-process"
     )
-    runtime = loaded_runtime()
-    summary["plugin"] = runtime.describe() if runtime is not None else None
-    in_proc["ratio_vs_jax"] = round(in_proc["compile_s"] / max(jax_compile_s, 1e-9), 3)
-    summary["tolerance"] = {
-        "max_relative_error": in_proc["max_relative_error"],
-        "per_program": {k: float(f"{v:.3g}") for k, v in in_proc.pop("errors").items()},
-    }
-    summary["in_process"] = in_proc
+    summary.update(_in_process_summary(in_proc, jax_compile_s))
 
     summary["gpu_memory_mib_before_pools"] = gpu_memory_mib()
     sizes = _sizes(args.sizes, platform, args.quick)
@@ -633,30 +674,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         summary["warm_autotune"] = stage
 
     if budget.allows("crash isolation, rounds and round trips", 30.0):
-        spin = lower(_spin, [_f32(64), jax.ShapeDtypeStruct((1,), jnp.int32)], platform=platform)
-        spin_executable, _ = compile_program(spin, cache_dir=_SCRATCH / "in-process")
-        iterations = 1000
-        while True:  # iterations for about two seconds of work
-            begin = time.perf_counter()
-            spin_executable.run([np.ones(64, np.float32), np.array([iterations], np.int32)])
-            took = time.perf_counter() - begin
-            if took > 0.2 or iterations >= 1 << 30:
-                break
-            iterations *= 4
-        iterations = min(int(iterations * 2.0 / max(took, 1e-6)), (1 << 31) - 1)
-        spin_inputs = [np.ones(64, np.float32), np.array([iterations], np.int32)]
-        with Pool(largest, platform=platform, cache_dir=_SCRATCH / f"pool{largest}") as pool:
-            pool.compile_many([spin, *lowered])
-            log("crash isolation: SIGKILL a busy worker")
-            summary["crash_isolation"] = crash_check(
-                pool, lowered, inputs, references, args.rtol, spin, spin_inputs
-            )
-            log(f"{args.rounds} rounds of every program")
-            summary["rounds"] = rounds_check(
-                pool, names, lowered, inputs, references, args.rtol, args.rounds
-            )
-            summary["tiny_round_trip"] = tiny_round_trips(pool, executables[0], device)
-            summary["gpu_memory_mib_with_pool"] = gpu_memory_mib()
+        checks = (names, lowered, inputs, references)
+        summary.update(_one_pool_checks(args, largest, checks, executables[0], device))
 
     summary["budget"] = {
         "limit_s": args.budget,

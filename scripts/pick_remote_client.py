@@ -19,7 +19,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+
+from timing import median_seconds
 
 IMPORTS = {"obstore": "import obstore, obstore.store", "s3fs": "import s3fs"}
 
@@ -34,16 +35,6 @@ def import_seconds(statement: str, rounds: int = 5) -> float:
 
     bare = statistics.median(once("pass") for _ in range(rounds))
     return statistics.median(once(statement) for _ in range(rounds)) - bare
-
-
-def median_seconds(action: Callable[[int], object], rounds: int) -> float:
-    """The median time of action(i) over rounds calls."""
-    times = []
-    for i in range(rounds):
-        start = time.perf_counter()
-        action(i)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure_obstore(endpoint: str, data: bytes, rounds: int) -> dict[str, object]:

@@ -49,7 +49,8 @@ from pool.executor import caller, dispatch, requests
 from pool.executor import pool as pool_module
 from pool.executor.workers import Source
 from worker import _pjrt
-from worker.serve import protocol, server, shm
+from worker.serve import server
+from worker.wire import protocol, shm
 
 Samples = collections.defaultdict[str, list[int]]
 _now = time.perf_counter_ns

@@ -260,7 +260,6 @@ def step_pool(out: Path) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from pool import Pool, lower
-    from pool.errors import WorkerCrashedError
 
     sys.path.insert(0, str(HERE))
     from train_steps import train_steps
@@ -312,18 +311,26 @@ def step_pool(out: Path) -> dict[str, Any]:
         pool.run(spin, [np.full((512, 512), 0.001, np.float32)])  # compiled and loaded
         device = next(w for w in pool.worker_info if w["role"] == "device")
         future = pool.submit(spin, [np.full((512, 512), 0.001, np.float32)])
-        time.sleep(0.3)
-        killed = time.perf_counter()
-        os.kill(device["pid"], signal.SIGKILL)
-        try:
-            future.result()
-            found["killed_run"] = "did not fail"
-        except WorkerCrashedError as error:
-            found["killed_run"] = f"WorkerCrashedError: {str(error).splitlines()[0][:200]}"
+        found["killed_run"], killed = _killed_during(future, device["pid"], 0.3, 200)
         pool.run(tiny, [x])
         found["next_run_after_kill_seconds"] = time.perf_counter() - killed
         found["statistics"] = str(pool.statistics)
     return found
+
+
+def _killed_during(future: Any, pid: int, after: float, width: int) -> tuple[str, float]:
+    """Kills worker pid `after` seconds into a run (future); returns how the run ended (the
+    first `width` characters of its error's first line) and when the kill was."""
+    from pool.errors import WorkerCrashedError
+
+    time.sleep(after)
+    killed = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    try:
+        future.result()
+    except WorkerCrashedError as error:
+        return f"WorkerCrashedError: {str(error).splitlines()[0][:width]}", killed
+    return "did not fail", killed
 
 
 def step_kill(out: Path) -> dict[str, Any]:
@@ -331,7 +338,6 @@ def step_kill(out: Path) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from pool import Pool, lower
-    from pool.errors import WorkerCrashedError
 
     spin = lower(
         lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ y), x),
@@ -350,14 +356,7 @@ def step_kill(out: Path) -> dict[str, Any]:
         found["long_run_seconds"] = time.perf_counter() - began
         device = next(w for w in pool.worker_info if w["role"] != "compile")
         future = pool.submit(spin, [x, np.int32(200000)])
-        time.sleep(1.0)
-        killed = time.perf_counter()
-        os.kill(device["pid"], signal.SIGKILL)
-        try:
-            future.result()
-            found["killed_run"] = "did not fail"
-        except WorkerCrashedError as error:
-            found["killed_run"] = f"WorkerCrashedError: {str(error).splitlines()[0][:160]}"
+        found["killed_run"], killed = _killed_during(future, device["pid"], 1.0, 160)
         began = time.perf_counter()
         pool.run(spin, [x, np.int32(10)])
         found["next_run_seconds"] = time.perf_counter() - began
@@ -511,14 +510,8 @@ def main() -> None:
             environment.pop("JAX_PLATFORMS", None)
         else:
             environment["JAX_PLATFORMS"] = "cpu"
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--one",
-            step,
-            "--out",
-            str(args.out),
-        ]
+        here = str(Path(__file__).resolve())
+        command = [sys.executable, here, "--one", step, "--out", str(args.out)]
         if args.bundle:
             command += ["--bundle", args.bundle]
         started = time.perf_counter()

@@ -70,7 +70,7 @@ def load_program(path: str | os.PathLike[str]) -> LoweredProgram:
     )
 
 
-CHILD = r"""
+CHILD_START = r"""
 import json, os, sys, time, warnings
 spec = json.loads(sys.argv[1])
 warnings.simplefilter("always")
@@ -79,6 +79,13 @@ seen = caught.__enter__()
 
 sys.path.insert(0, spec["tests"])
 from cache_helpers import load_program  # imports worker.records only
+"""
+"""The start of a child program: its spec (argv[1]), the warnings it sees (`seen`), and
+load_program."""
+
+CHILD = (
+    CHILD_START
+    + r"""
 import worker
 from worker.cache import CacheUnavailableWarning, open_cache
 
@@ -126,6 +133,7 @@ print(json.dumps({
     "warnings": [str(w.message) for w in seen if issubclass(w.category, CacheUnavailableWarning)],
 }))
 """
+)
 
 HOLD_LOCK = r"""
 import json, sys, time

@@ -60,6 +60,57 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return directory
 
 
+CLI_COMMAND = (sys.executable, "-c", "import sys; from pool.cli.main import main; sys.exit(main())")
+"""The installed console script's code (pool.cli.main), run in a child."""
+
+
+def repo_environment(
+    env: dict[str, str] | None = None, *, empty_unsets: bool = True
+) -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, and env added to
+    it: a value of "" removes the variable (or, empty_unsets=False, sets it empty)."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
+    )
+    environment.update(env or {})
+    if empty_unsets:
+        environment = {name: value for name, value in environment.items() if value != ""}
+    return environment
+
+
+def pjrt_pool(
+    *args: str,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs the command line (CLI_COMMAND) in a child process, as the console script does.
+
+    env adds to (or, with a value of "", removes from) this process's environment.
+    """
+    command, environment = [*CLI_COMMAND, *args], repo_environment(env)
+    return subprocess.run(  # its exit status is the caller's to check
+        command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=cwd
+    )
+
+
+def run_script(
+    name: str, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs scripts/NAME with args in a child (this environment plus env, the repository first
+    on PYTHONPATH); its exit status is the caller's to check."""
+    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    environment = repo_environment(env, empty_unsets=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def printed(done: subprocess.CompletedProcess[str], *texts: str) -> None:
+    """Asserts that a child printed each of texts (each somewhere in its stdout)."""
+    for text in texts:
+        assert text in done.stdout, done.stdout
+
+
 def run_python(
     code: str,
     env: dict[str, str] | None = None,
@@ -67,14 +118,9 @@ def run_python(
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Runs Python code in a fresh interpreter (with this environment plus `env`)."""
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
-    )
-    environment.update(env or {})
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=environment,
+        env=repo_environment(env, empty_unsets=False),
         capture_output=True,
         text=True,
         timeout=timeout,

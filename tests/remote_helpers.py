@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from http_relay import relay
+
 
 class Remote:
     """A remote under test: its URL, the environment that reaches it, and raw object access."""
@@ -186,28 +188,13 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(text)
                     return
-                import http.client
-
-                upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                upstream.request(method, self.path, body=body or None, headers=headers)
-                answer = upstream.getresponse()
-                data = answer.read()
-                self.send_response(answer.status)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("content-length", "connection", "transfer-encoding"):
-                        self.send_header(name, value)
-                # A HEAD answer has no body: its length is the object's, as the server said.
-                length = answer.getheader("Content-Length") if method == "HEAD" else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
+                data = relay(self, proxy.upstream, body)
                 if method != "HEAD":
                     if status == SHORT:
                         data = data[: len(data) // 2]
                         self.close_connection = True
                     proxy.sent += len(data)  # before: the client may go on once it has it
                     paced_write(self.wfile, data)
-                upstream.close()
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any  # noqa: N815 (http.server's names)
 

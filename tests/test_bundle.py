@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
-from conftest import REPO, run_python
-from test_warm import pjrt_pool
+from conftest import REPO, pjrt_pool, run_python
 
 from pool import Pool
 from pool.manifest import Manifest, ManifestError, load_manifest
@@ -192,18 +191,11 @@ def everything_under(*folders: Path) -> dict[str, tuple[int, int]]:
 def test_a_bundle_runs_from_a_read_only_directory_in_a_fresh_process(bundles, tmp_path):
     place, home, env = read_only_place(tmp_path, bundles["here"])
     before = everything_under(place, home)
+    inherited = {k: v for k, v in os.environ.items() if k != "PJRT_POOL_CACHE_DIR"}
+    environment = {**inherited, **env, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", READ_ONLY_RUN]
     done = subprocess.run(
-        [sys.executable, "-c", READ_ONLY_RUN],
-        cwd=place,
-        env={
-            **{k: v for k, v in os.environ.items() if k != "PJRT_POOL_CACHE_DIR"},
-            **env,
-            "PYTHONPATH": str(REPO),
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        command, cwd=place, env=environment, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Warning" not in done.stderr, done.stderr
@@ -381,6 +373,51 @@ def swap_data(members: list, name: str, data: bytes) -> list:
     return out
 
 
+def _other_entry(members: list) -> list:
+    """The members with the first entry's data swapped for another's (of another size)."""
+    first, second = entry_names(members)[:2]
+    data = dict((info.name, data) for info, data in members)
+    replacement = data[second] if len(data[second]) != len(data[first]) else data[second] + b"x"
+    return swap_data(members, first, replacement)
+
+
+def _other_program_text(members: list) -> list:
+    """The members with the index naming another program text for the first entry."""
+    out = []
+    for info, data in members:
+        if info.name == "index.json":
+            index = json.loads(data)
+            first = sorted(index["entries"])[0]
+            index["entries"][first]["program_sha256"] = "0" * 64
+            data = json.dumps(index).encode()
+            info.size = len(data)
+        out.append((info, data))
+    return out
+
+
+def _cut_short_or_long(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """The bundle truncated, with bytes appended, or with a byte of an entry flipped."""
+    made: dict[str, tuple[Path, str]] = {}
+    data = source.read_bytes()
+    for label, cut, says in (
+        ("truncated in a header", 100, "truncated"),
+        ("truncated in an entry", 512 + 700, "truncated"),
+        ("truncated before the end", len(data.rstrip(b"\0")) + 1, "truncated"),
+    ):
+        (tmp_path / f"{label}.bundle").write_bytes(data[:cut])
+        made[label] = (tmp_path / f"{label}.bundle", says)
+    (tmp_path / "appended.bundle").write_bytes(data + b"more")
+    made["appended"] = (tmp_path / "appended.bundle", "after tar's end-of-archive marker")
+    flipped = bytearray(data)
+    flipped[600] ^= 0xFF  # inside the first entry's data: its digest no longer matches
+    (tmp_path / "flipped.bundle").write_bytes(bytes(flipped))
+    made["flipped byte"] = (
+        tmp_path / "flipped.bundle",
+        "is damaged or was changed after the bundle was made",
+    )
+    return made
+
+
 def tampered(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
     """Each kind of damage and hostility: the bundle, and what the refusal must say."""
     made: dict[str, tuple[Path, str]] = {}
@@ -396,27 +433,9 @@ def tampered(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "was removed",
     )
 
-    def other_entry(members: list) -> list:
-        first, second = entry_names(members)[:2]
-        data = dict((info.name, data) for info, data in members)
-        replacement = data[second] if len(data[second]) != len(data[first]) else data[second] + b"x"
-        return swap_data(members, first, replacement)
+    make("swapped for another entry", _other_entry, r"has \d+ bytes where the index says \d+")
 
-    make("swapped for another entry", other_entry, r"has \d+ bytes where the index says \d+")
-
-    def other_program_text(members: list) -> list:
-        out = []
-        for info, data in members:
-            if info.name == "index.json":
-                index = json.loads(data)
-                first = sorted(index["entries"])[0]
-                index["entries"][first]["program_sha256"] = "0" * 64
-                data = json.dumps(index).encode()
-                info.size = len(data)
-            out.append((info, data))
-        return out
-
-    make("index edited", other_program_text, "does not match the key parts the index gives")
+    make("index edited", _other_program_text, "does not match the key parts the index gives")
     make("traversal", lambda m: [*m, regular("../escape.pjx", b"x")], "outside the bundle")
     make("absolute", lambda m: [*m, regular("/tmp/escape.pjx", b"x")], "outside the bundle")
     make(
@@ -458,24 +477,7 @@ def tampered(source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
         ),
         "more than a bundle index may be",
     )
-    data = source.read_bytes()
-    for label, cut, says in (
-        ("truncated in a header", 100, "truncated"),
-        ("truncated in an entry", 512 + 700, "truncated"),
-        ("truncated before the end", len(data.rstrip(b"\0")) + 1, "truncated"),
-    ):
-        (tmp_path / f"{label}.bundle").write_bytes(data[:cut])
-        made[label] = (tmp_path / f"{label}.bundle", says)
-    (tmp_path / "appended.bundle").write_bytes(data + b"more")
-    made["appended"] = (tmp_path / "appended.bundle", "after tar's end-of-archive marker")
-    flipped = bytearray(data)
-    flipped[600] ^= 0xFF  # inside the first entry's data: its digest no longer matches
-    (tmp_path / "flipped.bundle").write_bytes(bytes(flipped))
-    made["flipped byte"] = (
-        tmp_path / "flipped.bundle",
-        "is damaged or was changed after the bundle was made",
-    )
-    return made
+    return made | _cut_short_or_long(source, tmp_path)
 
 
 def test_damaged_and_hostile_bundles_are_refused_with_nothing_published(bundles, tmp_path):

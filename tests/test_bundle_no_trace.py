@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import pjrt_pool
 from test_bundle_types import edit_index, flipped_shape, one  # noqa: F401 (one: a fixture)
-from test_warm import pjrt_pool
 
 from worker.plugin.locate import env_var, find_plugin
 

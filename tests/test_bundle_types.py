@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
+from conftest import pjrt_pool
 from test_bundle import make_bundle, rebuild
-from test_warm import pjrt_pool
 
 from pool.manifest import Manifest, load_manifest
 from worker import compile_program

@@ -119,13 +119,16 @@ def test_a_writer_killed_mid_write_leaves_no_entry(tmp_path, cache_dir):
     assert cache.trim().temp_removed == 1 and not temps[0].exists()
 
 
+def _lock_holder(tmp_path: Path, cache_dir: Path, key: str) -> tuple[subprocess.Popen, Path]:
+    """A child that takes a key's lock and holds it, and the file it makes once it does."""
+    ready = tmp_path / "holding"
+    lock = cache_dir / "locks" / f"{key}.lock"
+    return start({"lock": str(lock), "ready": str(ready)}, code=HOLD_LOCK), ready
+
+
 def test_a_process_killed_while_holding_the_lock_frees_it(tmp_path, cache_dir):
     program = program_file(tmp_path)
-    key = key_of_program(0, cache_dir)
-    ready = tmp_path / "holding"
-    holder = start(
-        {"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)}, code=HOLD_LOCK
-    )
+    holder, ready = _lock_holder(tmp_path, cache_dir, key_of_program(0, cache_dir))
     wait_for(ready, holder)
     waiter = start({"programs": [program], "lock_timeout": 120})
     time.sleep(2.0)  # the waiter starts and waits on the lock
@@ -139,10 +142,7 @@ def test_a_process_killed_while_holding_the_lock_frees_it(tmp_path, cache_dir):
 def test_a_waiter_whose_lock_wait_times_out_compiles_anyway(tmp_path, cache_dir):
     program = program_file(tmp_path)
     key = key_of_program(0, cache_dir)
-    ready = tmp_path / "holding"
-    holder = start(
-        {"lock": str(cache_dir / "locks" / f"{key}.lock"), "ready": str(ready)}, code=HOLD_LOCK
-    )
+    holder, ready = _lock_holder(tmp_path, cache_dir, key)
     try:
         wait_for(ready, holder)
         report = compile_in_child({"programs": [program], "lock_timeout": 1.0})

@@ -20,8 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_warm import pjrt_pool
+from conftest import REPO, pjrt_pool
 
 TINY_SPEC = """
 import jax, jax.numpy as jnp

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_warm import pjrt_pool
+from conftest import pjrt_pool
 
 from pool.manifest import ManifestError, load_manifest
 

@@ -15,13 +15,11 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_python
-from test_warm import pjrt_pool
+from conftest import CLI_COMMAND, REPO, pjrt_pool, printed, repo_environment, run_python
 
 EXAMPLE_SPEC = str(REPO / "scripts" / "example_spec.py")
 
@@ -53,10 +51,9 @@ SUMMARY = re.compile(r"^interrupted after [\d.]+ s: (?:(\d+) compiled, )?(\d+) n
 
 def start(*arguments: str, env: dict[str, str], **streams) -> subprocess.Popen:
     """`pjrt-pool ARGUMENTS` in a process group of its own, as a terminal's job."""
-    environment = {**os.environ, **env, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-c", "import sys; from pool.cli.main import main; sys.exit(main())"]
+    environment = repo_environment(env, empty_unsets=False)
     return subprocess.Popen(
-        [*command, *arguments], env=environment, start_new_session=True, text=True, **streams
+        [*CLI_COMMAND, *arguments], env=environment, start_new_session=True, text=True, **streams
     )
 
 
@@ -160,8 +157,7 @@ def test_warm_interrupted_leaves_no_lowering_behind_and_the_process_exits(tmp_pa
         check=False,
     )
     assert done.returncode == 0 and not ABORTED.search(done.stderr), done.stderr[-3000:]
-    assert "outcomes: ['compiled', 'interrupted', 'interrupted']" in done.stdout, done.stdout
-    assert "threads left: []" in done.stdout, done.stdout
+    printed(done, "outcomes: ['compiled', 'interrupted', 'interrupted']", "threads left: []")
 
 
 @pytest.mark.parametrize(("after", "lower_workers"), [(1, "0"), (12, "0"), (20, "1")])

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from conftest import REPO  # noqa: E402
+from conftest import CLI_COMMAND, repo_environment  # noqa: E402
 from pool_helpers import scale_program  # noqa: E402
 
 from pool import Pool  # noqa: E402
@@ -103,15 +102,9 @@ def test_warm_command_with_a_local_cluster(tmp_path: Path) -> None:
         "    s = [jax.ShapeDtypeStruct((8,), jnp.float32)]\n"
         "    return [(f'p{i}', (lambda i: lambda x: x * i + 1)(i), s) for i in range(6)]\n"
     )
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
-    )
     done = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "import sys; from pool.cli.main import main; sys.exit(main())",
+            *CLI_COMMAND,
             "warm",
             str(spec),
             "--scheduler",
@@ -125,7 +118,7 @@ def test_warm_command_with_a_local_cluster(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env=environment,
+        env=repo_environment(empty_unsets=False),
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

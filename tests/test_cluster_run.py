@@ -20,6 +20,7 @@ distributed = pytest.importorskip("distributed")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from conftest import CLI_COMMAND  # noqa: E402
 from pool_helpers import (  # noqa: E402
     custom_call_program,
     handler_initializer,
@@ -39,8 +40,6 @@ from pool.cluster.node import node_figures, run_task  # noqa: E402
 from pool.manifest import Manifest  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-MAIN = "import sys; from pool.cli.main import main; sys.exit(main())"
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +317,6 @@ def test_with_retry_lost_off_only_the_run_on_the_lost_worker_fails(
 def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_path: Path) -> None:
     import json
     import subprocess
-    import sys
 
     from conftest import REPO
 
@@ -337,7 +335,7 @@ def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_pat
         *words: str, name: str = "product", of: Path = manifest, **variables: str
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-c", MAIN, "run", str(of), name, *words],
+            [*CLI_COMMAND, "run", str(of), name, *words],
             capture_output=True,
             text=True,
             timeout=300,

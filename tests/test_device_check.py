@@ -8,28 +8,16 @@ not fail on a mistake CI could have caught.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import DEFAULT_PLUGIN, REPO
+from conftest import DEFAULT_PLUGIN, run_script
 
 
 @pytest.mark.slow
 def test_device_check_quick_rehearsal_on_cpu():
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    if DEFAULT_PLUGIN:
-        environment["PJRT_POOL_PLUGIN_CPU"] = DEFAULT_PLUGIN
-    script = str(REPO / "scripts" / "device_check.py")
-    done = subprocess.run(
-        [sys.executable, script, "--platform", "cpu", "--quick", "--rounds", "2"],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    plugin = {"PJRT_POOL_PLUGIN_CPU": DEFAULT_PLUGIN} if DEFAULT_PLUGIN else {}
+    arguments = ("--platform", "cpu", "--quick", "--rounds", "2")
+    done = run_script("device_check.py", *arguments, timeout=300, env=plugin)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["platform"] == "cpu" and summary["programs"] == 5

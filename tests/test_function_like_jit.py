@@ -6,14 +6,12 @@ real Pool of worker processes.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import child
+from timing import median_seconds
 
 from pool import Pool, TracedPoolFunctionError, lower
 
@@ -172,12 +170,7 @@ def test_a_users_own_error_about_host_callbacks_is_the_users(pool) -> None:
 
 def _warm_call_seconds(function, argument, calls: int = 7) -> float:
     function(argument)  # lowered and loaded
-    seconds = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        function(argument)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return median_seconds(lambda _: function(argument), calls)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """The hot path of a small program: after its first run in a worker, a program whose
-inputs and outputs fit the arena goes as a HotRun of a few bytes (worker.serve.protocol),
+inputs and outputs fit the arena goes as a HotRun of a few bytes (worker.wire.protocol),
 which the worker's native hot loop answers without Python (worker._pjrt.HotLoop).
 
 Every guarantee of a full run holds on it: right results, the LRU of loaded
@@ -33,8 +33,8 @@ from pool import (
 )
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
-from worker.serve import protocol, shm
 from worker.serve.server import register_slot
+from worker.wire import protocol, shm
 
 
 def hot_slots(pool: Pool) -> dict[str, int]:

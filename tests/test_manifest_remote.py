@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
+from conftest import pjrt_pool
 from remote_helpers import Remote, closed_port
-from test_warm import pjrt_pool
 
 from pool.manifest import Manifest, load_manifest
 from worker import compile_program

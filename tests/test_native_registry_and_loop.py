@@ -80,7 +80,7 @@ def test_dropping_and_replacing_a_slot_while_it_runs_keeps_the_run_whole(handler
         """
         import gc, mmap, socket, threading
         from worker import _pjrt, compile_program, register_custom_call
-        from worker.serve import protocol, shm
+        from worker.wire import protocol, shm
         from worker.serve.server import register_slot
         import ctypes
         library = ctypes.CDLL(handlers)

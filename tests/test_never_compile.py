@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from cache_helpers import lowered
-from test_warm import pjrt_pool
+from conftest import pjrt_pool
 
 from pool import Pool
 from worker import compile_program

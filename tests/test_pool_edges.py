@@ -10,13 +10,11 @@ import copy
 import os
 import pickle
 import re
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
-from conftest import REPO, child
+from conftest import child, printed, run_script
 
 # -- 1. a Ctrl-C while a large input is copied into shared memory -----------------
 
@@ -54,8 +52,7 @@ def test_a_ctrl_c_during_a_large_submit_leaves_no_shared_memory_behind() -> None
         """,
         timeout=180,
     )
-    assert "next: [2.0, 2.0, 2.0, 2.0] lent: 0" in done.stdout, done.stdout
-    assert "interrupted: 10 left: []" in done.stdout, done.stdout
+    printed(done, "next: [2.0, 2.0, 2.0, 2.0] lent: 0", "interrupted: 10 left: []")
 
 
 # -- 3. a dropped large result frees its memory with its arrays ------------------
@@ -96,8 +93,7 @@ def test_a_dropped_result_past_what_is_kept_for_reuse_is_freed_with_its_arrays()
         """,
         timeout=120,
     )
-    assert "big held: 16 MiB 3.0" in done.stdout, done.stdout
-    assert "big dropped: 0 MiB" in done.stdout, done.stdout
+    printed(done, "big held: 16 MiB 3.0", "big dropped: 0 MiB")
     kept = int(done.stdout.split("five dropped:")[1].split()[0])
     assert kept <= 8, done.stdout  # what the pool keeps for reuse, no more
 
@@ -105,14 +101,7 @@ def test_a_dropped_result_past_what_is_kept_for_reuse_is_freed_with_its_arrays()
 # -- 2. a forked child sees its parent's pool as not its own ----------------------
 
 
-def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(handlers: str) -> None:
-    # The child of os.fork() inherits the pool but none of its threads: run()
-    # waited forever, an idle pool's worker got the child's requests (and was
-    # retired by the parent as having sent "an unexpected message"), and the
-    # atexit hook's terminate() took the pool's lock, held forever in the child
-    # when another thread held it at the fork, or killed the parent's workers.
-    done = child(
-        """
+FORKED_CHILD = """
         import logging
         logging.basicConfig(level=logging.WARNING)  # the pool's warnings, on stderr
         sleeper, program = sleep_program(), scale_program(2.0)
@@ -202,16 +191,22 @@ def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(hand
             # every Python version, whatever the pool does.
             atexit._run_exitfuncs()
             os._exit(0)
-        """,
-        handlers,
-        timeout=120,
-    )
+        """
+"""A pool used from a forked child, by every call, while another thread holds its lock."""
+
+
+def test_a_forked_child_cannot_use_its_parents_pool_and_leaves_it_untouched(handlers: str) -> None:
+    # The child of os.fork() inherits the pool but none of its threads: run()
+    # waited forever, an idle pool's worker got the child's requests (and was
+    # retired by the parent as having sent "an unexpected message"), and the
+    # atexit hook's terminate() took the pool's lock, held forever in the child
+    # when another thread held it at the fork, or killed the parent's workers.
+    done = child(FORKED_CHILD, handlers, timeout=120)
     for call in ("run", "submit", "compile", "compile_many", "function", "worker_info"):
         assert f"child {call}: refused" in done.stdout, done.stdout
     for call in ("statistics", "close", "terminate"):
         assert f"child {call}: refused" in done.stdout, done.stdout
-    assert "child exited" in done.stdout, done.stdout
-    assert "busy: [600.0, 600.0, 600.0]" in done.stdout, done.stdout
+    printed(done, "child exited", "busy: [600.0, 600.0, 600.0]")
     assert "run: 3.0" in done.stdout and "same workers: True" in done.stdout, done.stdout
     assert "unexpected message" not in done.stderr, done.stderr[-3000:]
 
@@ -505,12 +500,7 @@ def test_a_large_output_peaks_at_twice_its_size_in_the_worker() -> None:
     # The README said outputs were "written by the worker straight into shared
     # memory"; the plugin's buffer and the worker's copy into the segment make
     # the peak twice the output (see scripts/output_memory.py for why).
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "output_memory.py"), "--mib", "64"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    done = run_script("output_memory.py", "--mib", "64", timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
     ratio = float(done.stdout.split("= ")[1].split("x")[0])
     assert 1.8 <= ratio <= 2.2, done.stdout

@@ -17,7 +17,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import child, run_python
+from conftest import child, printed, run_python
 from pool_helpers import sds
 
 from pool import Pool, lower
@@ -97,8 +97,7 @@ def test_close_finishes_queued_tasks_when_a_worker_dies_during_close(
         handlers,
         timeout=60,
     )
-    assert "close returned: True" in done.stdout, done.stdout
-    assert "queued task done: True" in done.stdout, done.stdout
+    printed(done, "close returned: True", "queued task done: True")
 
 
 # -- close() twice writes into a descriptor number the pool no longer owns --------
@@ -235,9 +234,7 @@ def test_ctrl_c_right_after_a_claim_leaves_a_pool_that_works_and_stops(where) ->
         """,
         timeout=90,
     )
-    assert "interrupted" in done.stdout, done.stdout
-    assert "next: 3.0" in done.stdout, done.stdout
-    assert "terminate returned: True" in done.stdout, done.stdout
+    printed(done, "interrupted", "next: 3.0", "terminate returned: True")
 
 
 def test_ctrl_c_while_the_workers_start_stops_them() -> None:
@@ -257,9 +254,7 @@ def test_ctrl_c_while_the_workers_start_stops_them() -> None:
         """,
         timeout=90,
     )
-    assert "interrupted" in done.stdout, done.stdout
-    assert "workers left: []" in done.stdout, done.stdout
-    assert "threads left: []" in done.stdout, done.stdout
+    printed(done, "interrupted", "workers left: []", "threads left: []")
 
 
 def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> None:
@@ -287,10 +282,13 @@ def test_ctrl_c_while_a_direct_run_hands_its_worker_back_leaks_no_process() -> N
         """,
         timeout=90,
     )
-    assert "interrupted" in done.stdout, done.stdout
-    assert "runs after: [3.0, 3.0, 3.0, 3.0]" in done.stdout, done.stdout
-    assert "close returned: True" in done.stdout, done.stdout
-    assert "children left: []" in done.stdout, done.stdout
+    printed(
+        done,
+        "interrupted",
+        "runs after: [3.0, 3.0, 3.0, 3.0]",
+        "close returned: True",
+        "children left: []",
+    )
 
 
 # -- Ctrl-C before a direct run's request is sent ----------------------------------
@@ -334,8 +332,7 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
         handlers,
         timeout=90,
     )
-    assert "interrupted" in done.stdout, done.stdout
-    assert "other: 3.0" in done.stdout, done.stdout
+    printed(done, "interrupted", "other: 3.0")
     assert "'abandoned'" not in done.stdout, done.stdout
 
 
@@ -377,8 +374,7 @@ def test_an_idle_worker_that_breaks_the_protocol_is_replaced() -> None:
         """,
         timeout=90,
     )
-    assert "next: 3.0" in done.stdout, done.stdout
-    assert "close returned: True" in done.stdout, done.stdout
+    printed(done, "next: 3.0", "close returned: True")
 
 
 # -- descriptor accounting: a failed segment keeps its reservation ------------------
@@ -602,25 +598,7 @@ SWEEPS = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sweep", list(SWEEPS))
-def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
-    sweep: str, handlers: str
-) -> None:
-    # CPython runs a signal's handler only at certain instructions: a
-    # function's entry, a loop's backward jump, right after a call returns
-    # (unless it called a Python function directly: CPython runs that in the
-    # same loop, and its return checks nothing). For every such point in
-    # pool/executor/ (every module) that the call passes, a fresh
-    # Pool(1) gets a real SIGINT there (raised under the exception handler of
-    # that point). The pool must then run the next large task, hold no
-    # descriptor reservation once no result is alive, close, and leave no
-    # worker process, no memfd descriptor and no memfd mapping behind.
-    # Before each call, two large results were made and dropped, so that the
-    # call takes in returned segments and reuses them.
-    action, extra = SWEEPS[sweep]
-    done = interrupt_child(
-        f"""
+SWEEP_CHILD = """
         import dis
         import gc
         import importlib
@@ -827,7 +805,30 @@ def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
         print("swept", len(points), "points, interrupted", interrupted, flush=True)
         print("in", sorted({{code.co_name for code, _ in points}}), flush=True)
         os._exit(0)
-        """,
+        """
+"""The sweep's child: {action} is what it interrupts, {extra} the modules it also sweeps
+(str.format: its braces are doubled)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep", list(SWEEPS))
+def test_ctrl_c_at_any_point_leaves_a_pool_that_closes_and_leaks_no_worker(
+    sweep: str, handlers: str
+) -> None:
+    # CPython runs a signal's handler only at certain instructions: a
+    # function's entry, a loop's backward jump, right after a call returns
+    # (unless it called a Python function directly: CPython runs that in the
+    # same loop, and its return checks nothing). For every such point in
+    # pool/executor/ (every module) that the call passes, a fresh
+    # Pool(1) gets a real SIGINT there (raised under the exception handler of
+    # that point). The pool must then run the next large task, hold no
+    # descriptor reservation once no result is alive, close, and leave no
+    # worker process, no memfd descriptor and no memfd mapping behind.
+    # Before each call, two large results were made and dropped, so that the
+    # call takes in returned segments and reuses them.
+    action, extra = SWEEPS[sweep]
+    done = interrupt_child(
+        SWEEP_CHILD.format(action=action, extra=extra),
         handlers,
         timeout=3000,
     )

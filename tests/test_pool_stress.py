@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import run_script
 
 
 @pytest.mark.slow
 def test_eight_threads_of_mixed_tasks_are_all_right_and_leave_nothing_behind() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "stress_pool.py"), "--tasks", "400"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_script("stress_pool.py", "--tasks", "400", timeout=600)
     summary = json.loads(done.stdout)
     assert summary["checks"] == dict.fromkeys(summary["checks"], True), summary
     assert summary["results"] == summary["tasks"] == 8 * 400

@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_python
-from test_warm import pjrt_pool
+from conftest import pjrt_pool, run_python
 
 from pool import compile_program, lower
 from pool.manifest import Manifest, load_manifest

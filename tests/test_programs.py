@@ -103,12 +103,7 @@ SEED_NAMES = (
     "Executable",
 )
 WORKER_NAMES = (
-    "ArrayType",
-    "LoweredProgram",
-    "compile_program",
-    "CompileStatistics",
-    "compile_options",
-    "Executable",
+    *SEED_NAMES[1:],  # all but lower
     "ProgramSpec",
     "register_custom_call",
     "PjrtError",

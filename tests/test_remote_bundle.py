@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cache_helpers import lowered
-from conftest import run_python
+from conftest import pjrt_pool, run_python
 from remote_helpers import Hang, RangeServer, closed_port
 from test_bundle import rebuild, swap_data
-from test_warm import pjrt_pool
 
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker import compile_program

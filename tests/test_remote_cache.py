@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import finish, lowered, save_program, start
+from cache_helpers import CHILD_START, finish, lowered, save_program, start
 from remote_helpers import (
     RESET,
     S3_ENV,
@@ -37,14 +37,9 @@ from worker.identity.keys import key_of
 
 X = [0.5, 1.0, 1.5, 2.0]
 
-HOST = r"""
-import json, os, sys, time, warnings
-spec = json.loads(sys.argv[1])
-warnings.simplefilter("always")
-caught = warnings.catch_warnings(record=True)
-seen = caught.__enter__()
-sys.path.insert(0, spec["tests"])
-from cache_helpers import load_program
+HOST = (
+    CHILD_START
+    + r"""
 import worker
 from worker.cache import CacheUnavailableWarning, open_cache
 from worker.cache.remote import remote_counters
@@ -74,6 +69,7 @@ print(json.dumps({
     "warnings": [str(w.message) for w in seen if issubclass(w.category, CacheUnavailableWarning)],
 }))
 """
+)
 
 
 def expected(variant: int) -> list[float]:
@@ -598,7 +594,7 @@ def test_of_hosts_racing_for_an_expired_lease_exactly_one_takes_it(remote, monke
 
 
 def test_a_holder_whose_lease_was_taken_over_releases_nothing(remote, monkeypatch):
-    from worker.cache.remote.client import Failure, RemoteError
+    from worker.cache.remote.objects import Failure, RemoteError
 
     key, _, _ = _entry(23)
     monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE_LEASE", "0.3")
@@ -679,8 +675,8 @@ def test_an_unreadable_lease_is_taken_over_counted_and_warned_about_once(
 
 def test_a_signature_is_checked_before_the_record_is_parsed(tmp_path, monkeypatch):
     from worker.cache.remote import generate_private_key
-    from worker.cache.remote.keys import keys_from_environment
     from worker.cache.remote.layout import OldRecordError
+    from worker.cache.remote.signing_keys import keys_from_environment
     from worker.cache.remote.verify import OlderRecordError, RefusedObjectError, checked_record
     from worker.cache.signing import Signer
 

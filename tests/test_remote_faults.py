@@ -22,7 +22,7 @@ from remote_helpers import S3_ENV, Remote, record_bytes, record_fields
 from test_remote_cache import HOST, close, expected, host, host_spec, programs
 from test_remote_cache import _entry as entry
 from test_remote_cache import _tier as tier
-from test_remote_fleet import pjrt_pool
+from test_remote_fleet import pjrt_pool_json
 
 import worker
 from worker.cache.remote import RemoteCacheWarning, parse_remote
@@ -53,7 +53,7 @@ def test_a_push_to_a_bucket_that_does_not_exist_fails_and_names_it(tmp_path, s3_
     bucket = f"no-such-{uuid.uuid4().hex[:12]}"
     env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "PJRT_POOL_CACHE_REMOTE": ""}
     push = ["cache", "push", "--remote", f"s3://{bucket}/x", "--cache-dir"]
-    code, report, err = pjrt_pool(*push, str(tmp_path / "cache-a"), "--json", env=env)
+    code, report, err = pjrt_pool_json(*push, str(tmp_path / "cache-a"), "--json", env=env)
     assert code == 1, err
     assert report["counts"] == {"failed": 1}, report
     # Said once, as one line naming the bucket (never also as a raw Python warning).
@@ -277,7 +277,7 @@ def test_an_unsigned_record_planted_under_the_signers_name_is_replaced_by_the_ne
     tmp_path, remote, monkeypatch
 ):
     from worker.cache.remote import Limits, RemoteCache, generate_private_key
-    from worker.cache.remote.keys import RecordKeys, keys_from_environment
+    from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
 
     for name, value in remote.env.items():
         monkeypatch.setenv(name, value)
@@ -337,7 +337,7 @@ def test_gc_keeps_the_blobs_a_record_of_a_newer_format_may_name(remote: Remote, 
 @pytest.mark.parametrize("folder", ["blobs", "records", "leases"])
 def test_a_file_remote_refuses_a_link_in_place_of_a_folder(tmp_path, folder):
     from worker.cache.remote import Limits, RemoteCache, collect
-    from worker.cache.remote.client import RemoteError
+    from worker.cache.remote.objects import RemoteError
 
     root, outside = tmp_path / "remote", tmp_path / "outside"
     root.mkdir()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cache_helpers import REPO, finish, lowered, save_program, start
+from cache_helpers import finish, lowered, save_program, start
+from conftest import CLI_COMMAND, pjrt_pool, repo_environment
 from remote_helpers import Hang, Remote, record_fields
 
 from pool.manifest import Manifest
@@ -25,8 +26,6 @@ from worker.records import ProgramSpec
 
 X = [0.5, 1.0, 1.5, 2.0]
 NO_REMOTE = {"PJRT_POOL_CACHE_REMOTE": ""}
-CLI = "import sys; from pool.cli.main import main; sys.exit(main())"
-CLI_COMMAND = (sys.executable, "-c", CLI)
 
 HOST = r"""
 import json, sys
@@ -69,29 +68,15 @@ def host(tmp_path: Path, name: str, paths: list[str], env: dict[str, str]) -> di
     return finish(start(spec, env, code=HOST), 180)
 
 
-def pjrt_pool(*args: str, env: dict[str, str], timeout: float = 300) -> tuple[int, dict, str]:
-    """Runs the command line in a child; returns its exit status, its JSON report and stderr."""
-    done = subprocess.run(
-        [*CLI_COMMAND, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_environment(env),
-        check=False,
-    )
+def pjrt_pool_json(*args: str, env: dict[str, str], timeout: float = 300) -> tuple[int, dict, str]:
+    """Runs the command line in a child (conftest.pjrt_pool); returns its exit status, its
+    JSON report and stderr."""
+    done = pjrt_pool(*args, env=env, timeout=timeout)
     try:
         report = json.loads(done.stdout) if done.stdout.strip() else {}
     except ValueError:
         raise AssertionError(f"not JSON:\n{done.stdout}\n{done.stderr}") from None
     return done.returncode, report, done.stderr
-
-
-def _environment(env: dict[str, str]) -> dict[str, str]:
-    from pool.spawn import child_environment
-
-    environment = child_environment(env)
-    environment["PYTHONPATH"] = str(REPO)
-    return {name: value for name, value in environment.items() if value != ""}
 
 
 def entries(cache: Path) -> set[str]:
@@ -112,18 +97,18 @@ def test_push_from_host_a_then_pull_into_host_b_which_compiles_nothing(tmp_path,
     keys = entries(cache_a)
 
     push = ["cache", "push", "--remote", remote.url, "--cache-dir", str(cache_a), "--json"]
-    code, report, err = pjrt_pool(*push, env=remote.env)
+    code, report, err = pjrt_pool_json(*push, env=remote.env)
     assert code == 0, err
     assert report["counts"] == {"written": 2} and set(report["keys"]) == keys
     assert len([n for n in remote.names() if n.startswith("blobs/")]) == 2
-    code, report, err = pjrt_pool(*push, env=remote.env)  # create-only: nothing written again
+    code, report, err = pjrt_pool_json(*push, env=remote.env)  # create-only: nothing written again
     assert code == 0 and report["counts"] == {"already there": 2}, err
 
     pull = ["cache", "pull", "--remote", remote.url, "--cache-dir", str(cache_b), "--json"]
-    code, report, err = pjrt_pool(*pull, env=remote.env)  # every key the remote lists
+    code, report, err = pjrt_pool_json(*pull, env=remote.env)  # every key the remote lists
     assert code == 0, err
     assert report["counts"] == {"fetched": 2} and entries(cache_b) == keys
-    code, report, err = pjrt_pool(*pull, env=remote.env)
+    code, report, err = pjrt_pool_json(*pull, env=remote.env)
     assert code == 0 and report["counts"] == {"already local": 2}, err
 
     b = host(tmp_path, "b", paths, NO_REMOTE)  # host B, with no remote: all local now
@@ -150,7 +135,7 @@ def test_pull_of_a_manifest_with_a_tampered_object_refuses_it_and_fetches_the_ot
 
     cache_b = tmp_path / "cache-b"
     pull = ["cache", "pull", "--manifest", str(manifest), "--cache-dir", str(cache_b), "--json"]
-    code, report, err = pjrt_pool(*pull, env=remote.env)  # --remote from the environment
+    code, report, err = pjrt_pool_json(*pull, env=remote.env)  # --remote from the environment
     assert code == 1, err
     assert report["counts"] == {"fetched": 2, "refused": 1}
     assert report["keys"][tampered] == "refused"
@@ -179,7 +164,7 @@ def prefetch_in_child(manifest: Path, cache: Path, concurrency: int, env: dict) 
     """Manifest.prefetch in a fresh process; returns its report and the remote's counters."""
     command = [sys.executable, "-c", PREFETCH, str(manifest), str(cache), str(concurrency)]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=120, env=_environment(env), check=True
+        command, capture_output=True, text=True, timeout=120, env=repo_environment(env), check=True
     )
     return json.loads(done.stdout)
 
@@ -234,7 +219,7 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     def gc(*extra: str) -> dict:
         older = f"{time.time() - between:.1f}s"
         command = ["cache", "gc", "--remote", remote.url, "--older-than", older, "--json"]
-        code, report, err = pjrt_pool(*command, *extra, env=remote.env)
+        code, report, err = pjrt_pool_json(*command, *extra, env=remote.env)
         assert code == 0, err
         return report
 
@@ -272,7 +257,7 @@ def test_gc_deletes_old_records_then_unreferenced_blobs_and_keeps_referenced_one
     new_blob = f"blobs/{record_fields(remote.read(new_record))['sha256']}.pjx"
     bound = str(len(remote.read(new_blob)))
     command = ["cache", "gc", "--remote", remote.url, "--max-size", bound, "--grace", "0"]
-    code, report, err = pjrt_pool(*command, "--json", env=remote.env)
+    code, report, err = pjrt_pool_json(*command, "--json", env=remote.env)
     assert code == 0, err
     assert report["old_records"] == [young_record] and report["deleted_blobs"] == [young_blob]
     kinds = ("records/", "blobs/")
@@ -287,14 +272,14 @@ def test_gc_deletes_leases_that_expired_and_keeps_standing_ones(tmp_path, remote
         remote.write(lease_name(key), Lease(key, "host:1:0", time.time() + expires).encode())
     remote.write(lease_name(garbage), b"{not a lease")
     command = ["cache", "gc", "--remote", remote.url, "--older-than", "30d", "--json"]
-    code, report, err = pjrt_pool(*command, "--grace", "0", "--dry-run", env=remote.env)
+    code, report, err = pjrt_pool_json(*command, "--grace", "0", "--dry-run", env=remote.env)
     assert code == 0, err
     ended = sorted(lease_name(key) for key in (dead, released, garbage))
     assert report["deleted_leases"] == ended
     assert len([n for n in remote.names() if n.startswith("leases/")]) == 4
-    code, report, err = pjrt_pool(*command, env=remote.env)  # the default grace: all young
+    code, report, err = pjrt_pool_json(*command, env=remote.env)  # the default grace: all young
     assert code == 0 and report["deleted_leases"] == [], err
-    code, report, err = pjrt_pool(*command, "--grace", "0", env=remote.env)
+    code, report, err = pjrt_pool_json(*command, "--grace", "0", env=remote.env)
     assert code == 0 and report["deleted_leases"] == ended, err
     assert [n for n in remote.names() if n.startswith("leases/")] == [lease_name(live)]
 
@@ -329,7 +314,7 @@ def warm(tmp_path: Path, name: str, env: dict[str, str], *extra: str) -> tuple[i
     spec.write_text(SPEC)
     cache = str(tmp_path / f"cache-{name}")
     command = ["warm", str(spec), "--cache-dir", cache, "--workers", "1", "--json", *extra]
-    return pjrt_pool(*command, env=env)
+    return pjrt_pool_json(*command, env=env)
 
 
 @pytest.mark.slow
@@ -367,9 +352,8 @@ def test_warm_remote_waits_for_another_hosts_lease_and_reports_the_compile_saved
     spec = tmp_path / "fleet_spec.py"
     command = [*CLI_COMMAND, "warm", str(spec), "--cache-dir", str(tmp_path / "cache-c")]
     command += ["--workers", "1", "--json", "--remote", remote.url]
-    host_c = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment(env_c)
-    )
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    host_c = subprocess.Popen(command, text=True, env=repo_environment(env_c), **pipes)
     try:
         deadline = time.monotonic() + 120
         while not traced.exists() and host_c.poll() is None and time.monotonic() < deadline:
@@ -384,7 +368,7 @@ def test_warm_remote_waits_for_another_hosts_lease_and_reports_the_compile_saved
             str(tmp_path / "cache-d"),
             "--json",
         ]
-        code, _, err = pjrt_pool(*push, env=remote.env)
+        code, _, err = pjrt_pool_json(*push, env=remote.env)
         assert code == 0, err
         out, err = host_c.communicate(timeout=150)
     finally:

@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 
 import numpy as np
 import pytest
-from conftest import child
+from conftest import child, printed
 from pool_helpers import handler_initializer, milliseconds, scale_program, sleep_program
 
 from pool import Pool
@@ -107,8 +107,7 @@ def test_ctrl_c_while_waiting_for_a_result_leaves_the_task_running(handlers: str
     )
     assert "interrupted, done: False" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "then: (1,)" in done.stdout, done.stdout + done.stderr[-2000:]
-    assert "same worker: True" in done.stdout, done.stdout
-    assert "next: (1,)" in done.stdout, done.stdout
+    printed(done, "same worker: True", "next: (1,)")
 
 
 def test_a_reply_the_waiting_thread_read_first_is_not_taken_for_the_workers_end() -> None:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from test_warm import pjrt_pool
+from conftest import pjrt_pool
 
 from pool import save_inputs
 from pool.cli.main import UsageError

@@ -13,8 +13,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import pjrt_pool
 from test_bundle_types import one  # noqa: F401 (a fixture)
-from test_warm import pjrt_pool
 
 from pool.manifest import ManifestError, load_manifest
 from worker.bundle.writer import create_bundle

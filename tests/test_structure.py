@@ -1,6 +1,7 @@
-"""The layout stays a map: records with one writer each, and no import cycles.
+"""The layout stays a map: records with one writer each, floors that only point down, no
+import cycles, and package docstrings that name what is there.
 
-Two checks read the source (ast), not the running code:
+The checks read the source (ast), not the running code:
 
 - Every record the Pool's parts share (Task, WorkerProcess, Tasks) is
   changed only by its own class: no store to one of its attributes, no
@@ -9,11 +10,21 @@ Two checks read the source (ast), not the running code:
   the only code that holds these records).
 - No import cycle among the modules of pool/ and worker/, counting every
   import: at module level, inside functions, and under TYPE_CHECKING.
+- The floors: worker/ and pool/ each state theirs in their __init__'s
+  docstring (a line such as ``*.py < wire/ < cache/``, lowest first), and
+  every module imports only from its own floor and those below; worker/
+  imports nothing of pool/ and never JAX.
+- No back-arrows between the parts of any package: of two modules or
+  sub-packages side by side, at most one imports the other.
+- Every package's __init__ docstring names exactly its modules (``name.py``)
+  and sub-packages (``name/``).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,11 +266,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycles_in_pool_and_worker():
-    modules = dict(_modules())
-    known = set(modules) | set(NATIVE)
-    graph = {module: _imports(module, path, known) for module, path in modules.items()}
-    graph.update((name, set()) for name in NATIVE)
-    cycle = _cycle(graph)
+    cycle = _cycle(_import_graph())
     assert cycle is None, " -> ".join(cycle or [])
 
 
@@ -281,3 +288,193 @@ def test_the_worker_side_never_imports_jax():
                     continue
                 for name in names:
                     assert name.split(".")[0] not in ("jax", "jaxlib"), f"{module} imports {name}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = dict(_modules())
+    known = set(modules) | set(NATIVE)
+    graph = {module: _imports(module, path, known) for module, path in modules.items()}
+    graph.update((name, set()) for name in NATIVE)
+    return graph
+
+
+def _packages() -> dict[str, Path]:
+    """Every package of pool/ and worker/, by name, with its __init__.py."""
+    return {module: path for module, path in _modules() if path.name == "__init__.py"}
+
+
+_FLOORS = re.compile(r"^\s*([\w*./, ]+?(?:\s+<\s+[\w*./, ]+?)+)\s*$", re.MULTILINE)
+
+
+def _stated_floors(package: str) -> list[set[str]]:
+    """The floors a package's docstring states, lowest first, as sets of names ("*.py" is
+    every module of the package's own that no floor names, "cache/" a sub-package, "log.py"
+    a module)."""
+    docstring = ast.get_docstring(_parse(ROOT / package / "__init__.py")) or ""
+    lines = _FLOORS.findall(docstring)
+    assert len(lines) == 1, f"{package}/__init__.py states no floors (a line 'a/ < b/ < c/')"
+    return [{name.strip() for name in floor.split(",")} for floor in lines[0].split("<")]
+
+
+def _floor_of(module: str, package: str, floors: list[set[str]]) -> int | None:
+    """The floor (its index, lowest 0) of a module of `package`; None for the package's own
+    face (its __init__ and __main__, above every floor); raises KeyError if none holds it."""
+    part = module.removeprefix(package + ".").split(".")[0]
+    if module == package or part == "__main__":
+        return None
+    names = {f"{part}/", f"{part}.py"} if part != "_pjrt" else {"_pjrt", "*.py"}
+    for index, floor in enumerate(floors):
+        if floor & names:
+            return index
+    if (ROOT / package / part).is_dir():
+        raise KeyError(f"{package}/{part}/ is on no floor of {package}/__init__.py")
+    for index, floor in enumerate(floors):
+        if "*.py" in floor:
+            return index
+    raise KeyError(f"{package}/{part}.py is on no floor of {package}/__init__.py")
+
+
+def test_the_floors_only_point_down():
+    graph = _import_graph()
+    found = []
+    for package in PACKAGES:
+        floors = _stated_floors(package)
+        for module, imported in sorted(graph.items()):
+            if not module.startswith(package):
+                continue
+            here = _floor_of(module, package, floors)
+            for target in sorted(imported):
+                if not target.startswith(package + ".") or here is None:
+                    continue
+                there = _floor_of(target, package, floors)
+                if there is None or there > here:
+                    found.append(f"{module} imports {target}, a floor above it")
+    assert found == [], "\n".join(found)
+
+
+def test_the_worker_side_imports_nothing_of_the_parent():
+    found = [
+        f"{module} imports {target}"
+        for module, imported in _import_graph().items()
+        if module.startswith("worker")
+        for target in imported
+        if target.split(".")[0] == "pool"
+    ]
+    assert found == []
+
+
+def _part(module: str, package: str) -> str | None:
+    """The module or sub-package directly in `package` that holds `module`, or None."""
+    if not module.startswith(package + "."):
+        return None
+    return f"{package}.{module.removeprefix(package + '.').split('.')[0]}"
+
+
+def test_no_back_arrows_between_the_parts_of_a_package():
+    graph = _import_graph()
+    for package in _packages():
+        parts: dict[str, set[str]] = {}
+        for module, imported in graph.items():
+            here = _part(module, package)
+            if here is None:
+                continue
+            parts.setdefault(here, set())
+            for target in imported:
+                there = _part(target, package)
+                if there is not None and there != here:
+                    parts[here].add(there)
+                    parts.setdefault(there, set())
+        cycle = _cycle(parts)
+        assert cycle is None, f"in {package}: " + " -> ".join(cycle or [])
+
+
+_MAP_NAME = re.compile(r"(?<![\w./*-])([A-Za-z_]\w*)(\.py\b|/(?=[\s,;:)]|$))")
+_LITERAL = re.compile(r"``.*?``", re.DOTALL)
+
+
+def _mapped(docstring: str) -> set[str]:
+    """The modules (name.py) and sub-packages (name/) a package docstring names, and the
+    extension modules it names by their bare names; ``literal text`` names none (a path of
+    another folder: ``plugins/``)."""
+    docstring = _LITERAL.sub("", docstring)
+    named = {name + suffix for name, suffix in _MAP_NAME.findall(docstring)}
+    native = {name.rpartition(".")[2] for name in NATIVE}
+    return named | {word for word in re.findall(r"\b\w+\b", docstring) if word in native}
+
+
+def _contents(package: str, path: Path) -> set[str]:
+    folder = path.parent
+    found = {
+        item.name + "/" if item.is_dir() else item.name
+        for item in folder.iterdir()
+        if (item.is_dir() and (item / "__init__.py").is_file())
+        or (item.suffix == ".py" and item.name != "__init__.py")
+    }
+    return found | {n.rpartition(".")[2] for n in NATIVE if n.rpartition(".")[0] == package}
+
+
+def test_each_package_docstring_maps_exactly_its_modules():
+    found = []
+    for package, path in sorted(_packages().items()):
+        docstring = ast.get_docstring(_parse(path)) or ""
+        named, there = _mapped(docstring), _contents(package, path)
+        if named != there:
+            missing, stale = sorted(there - named), sorted(named - there)
+            found.append(f"{package}: names none of {missing}; names {stale}, not there")
+    assert found == [], "\n".join(found)
+
+
+def test_the_map_reader_reads_names_not_paths():
+    text = "records.py, dtypes.py  the records\n  cache/ the cache (see worker/wire, pool/executor)"
+    assert _mapped(text) == {"records.py", "dtypes.py", "cache/"}
+    assert _mapped("tests/test_structure.py reads *.py < wire/ < cache/") == {"wire/", "cache/"}
+    assert _mapped("entries/<key>.pjx, ``plugins/``, ``x.py``, _pjrt") == {"_pjrt"}
+
+
+def _lazy_packages() -> list[tuple[str, ast.Module]]:
+    """The packages whose names are imported on first use (worker.lazy_names), parsed."""
+    found = []
+    for package, path in sorted(_packages().items()):
+        tree = _parse(path)
+        calls = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "on_first_use"
+        ]
+        if calls:
+            found.append((package, tree))
+    return found
+
+
+def test_a_lazy_package_lists_its_names_once_in_its_type_checking_block():
+    from worker.lazy_names import type_checking_imports
+
+    packages = _lazy_packages()
+    assert {name for name, _ in packages} == {"pool", "worker", "worker.cache"}
+    for package, tree in packages:
+        (block,) = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING"
+        ]
+        listed = {}
+        for node in block.body:
+            assert isinstance(node, ast.ImportFrom), f"{package}: only imports in the block"
+            for alias in node.names:
+                # `Name as Name`: what type checkers take for a re-export.
+                assert alias.asname == alias.name, f"{package}: import {alias.name} as itself"
+                listed[alias.name] = node.module
+        importlib.import_module(package)  # cheap: its names wait for their first use
+        assert type_checking_imports(package) == listed
+        stores = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        assert "__all__" not in stores, f"{package}: __all__ comes from the block"

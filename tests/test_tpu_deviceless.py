@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_python
-from test_warm import pjrt_pool
+from conftest import REPO, pjrt_pool, run_python
 from tpu_programs import NARROW
 
 pytest.importorskip("libtpu", reason="needs libtpu (pip install -e '.[tpu]')")

@@ -22,7 +22,7 @@ from conftest import REPO, child
 
 from pool.errors import RemoteWorkerError, rebuild_error
 from worker.errors import NeverCompileError
-from worker.serve import protocol, shm
+from worker.wire import protocol, shm
 
 LIAR = """
 import dataclasses, jax.numpy as jnp
@@ -30,7 +30,7 @@ import dataclasses, jax.numpy as jnp
 def lie(flag, how):
     # In the worker: the next reply whose outputs are in a new segment, once the flag
     # file exists, names another segment: a 4 KiB one, or an unsealed one of the size.
-    from worker.serve import protocol
+    from worker.wire import protocol
     real = protocol.send_frame
 
     def send_frame(sock, message, fds=()):
@@ -159,7 +159,7 @@ def test_an_error_naming_a_module_does_not_make_the_parent_import_it() -> None:
     code = (
         "import sys\n"
         "from pool.errors import rebuild_error\n"
-        "from worker.serve.protocol import RemoteError\n"
+        "from worker.wire.protocol import RemoteError\n"
         "error = rebuild_error(RemoteError('this', 'Error', 'boom', {}, ''))\n"
         "print(type(error).__name__, 'this' in sys.modules)\n"
     )

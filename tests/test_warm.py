@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import pjrt_pool
 
 from pool import Pool
 from pool.manifest import ManifestError, load_manifest
@@ -25,38 +23,6 @@ FAILURES = {
     "hangs": "timeout",
     "compile_error": "compile error",
 }
-
-
-def pjrt_pool(
-    *args: str,
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Runs the installed console script's code (pool.cli.main) in a child process.
-
-    env adds to (or, with a value of "", removes from) this process's environment.
-    """
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), environment.get("PYTHONPATH", "")) if p
-    )
-    environment.update(env or {})
-    environment = {name: value for name, value in environment.items() if value != ""}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from pool.cli.main import main; sys.exit(main())",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environment,
-        cwd=cwd,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,33 @@ each thing lives, and so where plugin loading ends and serving begins::
     identity/     what a cache key is made of: its parts, the code-generation environment,
                   host CPU features, compile options, a target's and a topology's part,
                   a plugin build's digest and the one memo of values computed from a file
+    wire/         the wire between the parent and a pool worker: frames, shared memory
+    cache/        the shared disk cache of executables (DiskCache); cache/remote/ its remote tier
     plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
                   device errors, known builds and check-plugin's records
     compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
                   lookup, claim, publish), loading by key, never-compile mode,
                   Executable, what a compile is for, executable stamps, compile slots
-    cache/        the shared disk cache of executables (DiskCache)
     bundle/       bundles: warmed programs in one file, checked and loaded read-only
-    serve/        a pool worker: the wire protocol, shared memory, the worker's loop
-    _pjrt         the native module (native/): plugins, clients, executables, the hot loop
+    serve/        the child programs that use a plugin: a pool worker's loop, the entry check
+    __main__.py   ``python -m worker``: a pool worker (serve/server.py)
+    _pjrt         the native module (built from ``native/``): plugins, clients, executables,
+                  the hot loop
 
-identity/ uses none of the packages here (only untrusted.py), and the shared
-records take the form of a key from it; cache/ uses identity/, plugin/ uses
-identity/ and cache/ (records about plugin builds), compile/ uses plugin/,
-cache/ and identity/, bundle/ uses compile/, and serve/ uses them all;
-nothing uses serve/ but the worker's entry point and the parent, which
-speaks its protocol.
+The floors, lowest first: a module imports only from its own floor and the
+floors below it (tests/test_structure.py checks it, and that nothing here
+imports the parent's package, pool, or JAX)::
+
+    untrusted.py < identity/ < *.py < wire/ < cache/ < plugin/ < compile/ < bundle/ < serve/
+
+where *.py stands for the other modules at the top (the shared records and
+the helpers above) and _pjrt. identity/ uses none of the packages here (only
+untrusted.py), and the shared records take the form of a key from it; the
+wire uses only the records; cache/ uses identity/, plugin/ uses identity/
+and cache/ (records about plugin builds), compile/ uses plugin/, cache/ and
+identity/, bundle/ uses compile/, and serve/ uses them all. Nothing imports
+serve/ but the entry point (__main__.py), and nothing imports the package
+itself (this file, which only names what the floors hold).
 """
 
 from __future__ import annotations
@@ -40,91 +51,40 @@ from typing import TYPE_CHECKING
 
 from worker.lazy_names import on_first_use
 
-if TYPE_CHECKING:
-    from worker.cache import CacheCounters, DiskCache, UntrustedCacheError, explain_key
-    from worker.compile.compiler import compile_program, program_key
-    from worker.compile.executable import Executable
-    from worker.compile.stamp import ForeignExecutableError
-    from worker.errors import (
-        BundleError,
-        NeverCompileError,
-        NotInCacheError,
-        PjrtError,
-        PlatformMismatchError,
-        PluginLoadError,
-        PluginNotFoundError,
-    )
-    from worker.identity.options import compile_options
-    from worker.plugin.kernels import FfiVersionError, MissingCustomCallError, register_custom_call
-    from worker.plugin.locate import PluginLocation, find_plugin
-    from worker.plugin.runtime import get_runtime, loaded_runtime
-    from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
-
-_MODULES = {
-    "CacheCounters": "worker.cache",
-    "DiskCache": "worker.cache",
-    "UntrustedCacheError": "worker.cache",
-    "explain_key": "worker.cache",
-    "compile_options": "worker.identity.options",
-    "compile_program": "worker.compile.compiler",
-    "program_key": "worker.compile.compiler",
-    "BundleError": "worker.errors",
-    "NeverCompileError": "worker.errors",
-    "NotInCacheError": "worker.errors",
-    "PjrtError": "worker.errors",
-    "PlatformMismatchError": "worker.errors",
-    "PluginLoadError": "worker.errors",
-    "PluginNotFoundError": "worker.errors",
-    "Executable": "worker.compile.executable",
-    "FfiVersionError": "worker.plugin.kernels",
-    "MissingCustomCallError": "worker.plugin.kernels",
-    "register_custom_call": "worker.plugin.kernels",
-    "PluginLocation": "worker.plugin.locate",
-    "find_plugin": "worker.plugin.locate",
-    "ArrayType": "worker.records",
-    "CompileStatistics": "worker.records",
-    "LoweredProgram": "worker.records",
-    "ProgramSpec": "worker.records",
-    "get_runtime": "worker.plugin.runtime",
-    "loaded_runtime": "worker.plugin.runtime",
-    "ForeignExecutableError": "worker.compile.stamp",
-}
-
-
 # Lazy: Python runs this file before any worker module, so names imported
 # here eagerly were paid for by every process that imports one of them: a
 # job running a bundle or a manifest needs no compiler (with its compile
 # slots, conformance records, known builds, tempfile and shutil: ~9 ms of
 # imports). Each name is imported on first use instead
-# (scripts/bench_cold_start.py measures the cold start).
-__getattr__, __dir__ = on_first_use(__name__, _MODULES)
+# (scripts/bench_cold_start.py measures the cold start). The block below is
+# the one list of the names (worker.lazy_names reads it on first use).
+if TYPE_CHECKING:
+    from worker.cache import CacheCounters as CacheCounters
+    from worker.cache import DiskCache as DiskCache
+    from worker.cache import UntrustedCacheError as UntrustedCacheError
+    from worker.cache import explain_key as explain_key
+    from worker.compile.compiler import compile_program as compile_program
+    from worker.compile.compiler import program_key as program_key
+    from worker.compile.executable import Executable as Executable
+    from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
+    from worker.errors import BundleError as BundleError
+    from worker.errors import NeverCompileError as NeverCompileError
+    from worker.errors import NotInCacheError as NotInCacheError
+    from worker.errors import PjrtError as PjrtError
+    from worker.errors import PlatformMismatchError as PlatformMismatchError
+    from worker.errors import PluginLoadError as PluginLoadError
+    from worker.errors import PluginNotFoundError as PluginNotFoundError
+    from worker.identity.options import compile_options as compile_options
+    from worker.plugin.kernels import FfiVersionError as FfiVersionError
+    from worker.plugin.kernels import MissingCustomCallError as MissingCustomCallError
+    from worker.plugin.kernels import register_custom_call as register_custom_call
+    from worker.plugin.locate import PluginLocation as PluginLocation
+    from worker.plugin.locate import find_plugin as find_plugin
+    from worker.plugin.runtime import get_runtime as get_runtime
+    from worker.plugin.runtime import loaded_runtime as loaded_runtime
+    from worker.records import ArrayType as ArrayType
+    from worker.records import CompileStatistics as CompileStatistics
+    from worker.records import LoweredProgram as LoweredProgram
+    from worker.records import ProgramSpec as ProgramSpec
 
-__all__ = [
-    "ArrayType",
-    "BundleError",
-    "CacheCounters",
-    "CompileStatistics",
-    "DiskCache",
-    "Executable",
-    "FfiVersionError",
-    "ForeignExecutableError",
-    "LoweredProgram",
-    "MissingCustomCallError",
-    "NeverCompileError",
-    "NotInCacheError",
-    "PjrtError",
-    "PlatformMismatchError",
-    "PluginLoadError",
-    "PluginLocation",
-    "PluginNotFoundError",
-    "ProgramSpec",
-    "UntrustedCacheError",
-    "compile_options",
-    "compile_program",
-    "explain_key",
-    "find_plugin",
-    "get_runtime",
-    "loaded_runtime",
-    "program_key",
-    "register_custom_call",
-]
+__getattr__, __dir__ = on_first_use(__name__)

@@ -21,30 +21,27 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_command,
     add_remote_option,
     add_topology_options,
     open_remote_option,
+    paragraph,
     topology_option,
 )
 from pool.cli.paths import (
     checked_cache_dir,
     checked_manifest_cache_dir,
     input_file,
+    manifest_or_bundle_file,
     output_file,
 )
-from pool.manifest import (
-    Manifest,
-    ManifestError,
-    does_not_exist,
-    is_bundle,
-    kind_of,
-    load_manifest,
-)
+from pool.manifest import Manifest, ManifestError, is_bundle, load_manifest
 from worker.bundle.importing import check_for_import, import_bundle
+from worker.bundle.index import Index
 from worker.bundle.preflight import Verdict, check_bundle, check_cached, judge
 from worker.bundle.reader import Bundle
 from worker.bundle.urls import shown
@@ -65,9 +62,6 @@ from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec, parse_topology
 
-if TYPE_CHECKING:
-    from worker.bundle.index import Index
-
 # The writer is imported by the commands that write bundles: with it comes
 # tarfile (and the compression modules it imports, ~15 ms), which neither
 # bundle check, the preflight a serving host runs before traffic, nor an
@@ -76,29 +70,28 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> None:
     """Adds the ``bundle`` command and its subcommands."""
-    bundle = subparsers.add_parser(
+    bundle = add_command(
+        subparsers,
         "bundle",
-        help="ship warmed programs as one verified file, and check it on the target",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        _name_a_command,
+        "ship warmed programs as one verified file, and check it on the target",
+        paragraph(__doc__, 1),
     )
-    bundle.set_defaults(run=_name_a_command, prog=bundle.prog)
     commands = bundle.add_subparsers(title="bundle commands", metavar="COMMAND")
 
-    create = commands.add_parser("create", help="bundle the programs of manifests")
+    create = add_command(commands, "create", _create, "bundle the programs of manifests")
     create.add_argument("manifests", metavar="MANIFEST", nargs="+")
     create.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
     create.add_argument(
         "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
     )
     add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
-    create.set_defaults(run=_create, prog=create.prog)
 
-    merge = commands.add_parser("merge", help="one bundle of several (for a mixed fleet)")
+    merge = add_command(commands, "merge", _merge, "one bundle of several (for a mixed fleet)")
     merge.add_argument("bundles", metavar="BUNDLE", nargs="+")
     merge.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
-    merge.set_defaults(run=_merge, prog=merge.prog)
 
-    importing = commands.add_parser("import", help="check a bundle, then put it in a cache")
+    importing = add_command(commands, "import", _import, "check a bundle, then put it in a cache")
     importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
     importing.add_argument(
         "--cache-dir", metavar="DIR", help="cache to import into (default: $PJRT_POOL_CACHE_DIR)"
@@ -109,12 +102,13 @@ def register(subparsers: Any) -> None:
         help="also write a manifest of the entries built for this host (for running "
         "the programs through a Pool)",
     )
-    importing.set_defaults(run=_import, prog=importing.prog)
 
-    check = commands.add_parser(
+    check = add_command(
+        commands,
         "check",
-        help="will each program load here? (exit 0 only if all would)",
-        description="Says for each program of a bundle, or of a manifest and its cache (and "
+        _check,
+        "will each program load here? (exit 0 only if all would)",
+        "Says for each program of a bundle, or of a manifest and its cache (and "
         "remote tier), whether it would load on this machine, and for a miss which key parts "
         "differ. Loads the plugin, deserializes nothing.",
     )
@@ -132,7 +126,6 @@ def register(subparsers: Any) -> None:
         "topology the bundle or manifest was built for)",
     )
     check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    check.set_defaults(run=_check, prog=check.prog)
 
 
 def _name_a_command(_args: argparse.Namespace) -> int:
@@ -304,7 +297,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    input_file(args.file, f"the {kind_of(args.file)}", does_not_exist(args.file))
+    manifest_or_bundle_file(args.file)
     try:
         if is_bundle(args.file):
             if args.cache_dir is not None or args.remote is not None:

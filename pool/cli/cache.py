@@ -6,7 +6,7 @@ Human-readable tables by default; ``--json`` prints one JSON document for
 scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
 else the user cache directory); no command but prune, clear and pull changes
 it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
-entries with the plugin in child processes (``python -m worker.cache.verify``),
+entries with the plugin in child processes (``python -m worker.serve.entry_check``),
 so that an entry that crashes the plugin is reported instead of crashing this.
 A directory that others could write is refused (exit 2, as for every command)
 as compiling refuses it (see worker.cache.trust), and with signing on
@@ -28,14 +28,13 @@ from typing import Any
 
 from pool.cli import cache_remote
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import size_argument
+from pool.cli.options import add_command, size_argument
 from pool.cli.paths import checked_cache_dir
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker.cache import DiskCache, format_size
 from worker.cache import report as cache_report
-from worker.cache.report import UNREADABLE
-from worker.cache.verify import OTHER
+from worker.cache.report import OTHER, UNREADABLE
 from worker.plugin.locate import env_var
 
 LOAD_TIMEOUT = 120.0
@@ -48,15 +47,16 @@ PRUNE_WAIT = 60.0
 
 def register(subparsers: Any) -> None:
     """Adds the ``cache`` command and its subcommands."""
-    cache = subparsers.add_parser(
+    cache = add_command(
+        subparsers,
         "cache",
-        help="inspect and maintain the disk cache of compiled executables",
-        description="Inspect and maintain the disk cache of compiled executables. Tables by "
+        _name_a_command,
+        "inspect and maintain the disk cache of compiled executables",
+        "Inspect and maintain the disk cache of compiled executables. Tables by "
         "default, --json for one JSON document. No command creates the directory; only prune "
         "and clear change it. Exit codes: 0 success, 1 problems found (verify: bad entries), "
         "2 usage or environment error.",
     )
-    cache.set_defaults(run=_name_a_command, prog=cache.prog)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--cache-dir",
@@ -66,23 +66,21 @@ def register(subparsers: Any) -> None:
     common.add_argument("--json", action="store_true", help="print one JSON document")
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 
-    info = commands.add_parser("info", parents=[common], help="where the cache is and how full")
-    info.set_defaults(run=_refusing_bad_settings(_info), prog=info.prog)
-    listing = commands.add_parser("list", parents=[common], help="one line per entry")
-    listing.set_defaults(run=_refusing_bad_settings(_list), prog=listing.prog)
-    verify = commands.add_parser(
+    def command(name: str, run: Any, *texts: str) -> argparse.ArgumentParser:
+        return add_command(commands, name, _refusing_bad_settings(run), *texts, parents=(common,))
+
+    command("info", _info, "where the cache is and how full")
+    command("list", _list, "one line per entry")
+    verify = command(
         "verify",
-        parents=[common],
-        help="check every entry's digests (exit 1 if any is bad)",
-        description="Checks every entry's header and payload digests. With --load, also "
+        _verify,
+        "check every entry's digests (exit 1 if any is bad)",
+        "Checks every entry's header and payload digests. With --load, also "
         "loads each entry with the plugin, in a child process; entries made by another "
         "plugin build or on another host are reported as such, not as bad.",
     )
     verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
-    verify.set_defaults(run=_refusing_bad_settings(_verify), prog=verify.prog)
-    prune = commands.add_parser(
-        "prune", parents=[common], help="evict least-recently-used entries down to a size"
-    )
+    prune = command("prune", _prune, "evict least-recently-used entries down to a size")
     prune.add_argument(
         "--max-size",
         required=True,
@@ -90,10 +88,8 @@ def register(subparsers: Any) -> None:
         metavar="SIZE",
         help="for example 500M or 2G",
     )
-    prune.set_defaults(run=_refusing_bad_settings(_prune), prog=prune.prog)
-    clear = commands.add_parser("clear", parents=[common], help="remove every entry")
+    clear = command("clear", _clear, "remove every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    clear.set_defaults(run=_refusing_bad_settings(_clear), prog=clear.prog)
     cache_remote.register(commands, common)
 
 
@@ -208,7 +204,7 @@ def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list
     """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
     timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
     command = python_command(
-        "worker.cache.verify", "--cache-dir", str(directory), "--platform", platform
+        "worker.serve.entry_check", "--cache-dir", str(directory), "--platform", platform
     )
     try:
         done = subprocess.run(

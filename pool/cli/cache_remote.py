@@ -22,12 +22,18 @@ import re
 from typing import Any
 
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_remote_option, argument_type, open_remote_option, size_argument
+from pool.cli.options import (
+    add_command,
+    add_remote_option,
+    argument_type,
+    open_remote_option,
+    size_argument,
+)
 from pool.cli.paths import checked_cache_dir
 from worker.cache import DiskCache, format_size
 from worker.cache.remote import RemoteCache, TransferReport
-from worker.cache.remote.client import RemoteError
 from worker.cache.remote.eviction import DEFAULT_GRACE
+from worker.cache.remote.objects import RemoteError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -63,31 +69,35 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests in flight at once (default: $PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16)",
     )
-    push = commands.add_parser(
+
+    def command(name: str, run: Any, *texts: str) -> argparse.ArgumentParser:
+        return add_command(commands, name, _checked(run), *texts, parents=(common, remote))
+
+    push = command(
         "push",
-        parents=[common, remote],
-        help="publish local entries to the remote cache",
-        description="Publishes every local entry (or a manifest's) to the remote, create-only: "
+        _push,
+        "publish local entries to the remote cache",
+        "Publishes every local entry (or a manifest's) to the remote, create-only: "
         "reports how many were written, repaired (there, but gone or damaged), were there "
         "already, or were refused.",
     )
-    push.add_argument("--manifest", metavar="FILE", help="push only the programs of a manifest")
-    push.set_defaults(run=_checked(_push), prog=push.prog)
-    pull = commands.add_parser(
+    pull = command(
         "pull",
-        parents=[common, remote],
-        help="fetch entries from the remote cache into the local one",
-        description="Fetches, concurrently, the entries a manifest names (--manifest), or every "
+        _pull,
+        "fetch entries from the remote cache into the local one",
+        "Fetches, concurrently, the entries a manifest names (--manifest), or every "
         "key the remote has a record of for this signer, verifying each, into the local cache; "
         "entries already local are not fetched.",
     )
-    pull.add_argument("--manifest", metavar="FILE", help="fetch only the programs of a manifest")
-    pull.set_defaults(run=_checked(_pull), prog=pull.prog)
-    gc = commands.add_parser(
+    for parser, verb in ((push, "push"), (pull, "fetch")):
+        parser.add_argument(
+            "--manifest", metavar="FILE", help=f"{verb} only the programs of a manifest"
+        )
+    gc = command(
         "gc",
-        parents=[common, remote],
-        help="delete old records from the remote cache, then unreferenced blobs",
-        description="Deletes remote records written more than --older-than ago (they are never "
+        _gc,
+        "delete old records from the remote cache, then unreferenced blobs",
+        "Deletes remote records written more than --older-than ago (they are never "
         "rewritten or touched on reads: their age is the time since they were published), and "
         "with --max-size the oldest others until the blobs the rest name fit, then the blobs no "
         "record names. Blobs younger than --grace are kept (a publish in flight).",
@@ -112,7 +122,6 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         help="keep blobs younger than this (default 1h)",
     )
     gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
-    gc.set_defaults(run=_checked(_gc), prog=gc.prog)
 
 
 def _checked(command: Any) -> Any:

@@ -21,16 +21,19 @@ import sys
 from typing import Any
 
 from pool.cli.main import CommandError, ExitCode, UsageError
+from pool.cli.options import add_command, paragraph
 from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
 
 
 def register(subparsers: Any) -> None:
     """Adds the ``check-plugin`` command."""
-    check = subparsers.add_parser(
+    check = add_command(
+        subparsers,
         "check-plugin",
-        help="compare a PJRT plugin's results with JAX's on a battery of small programs",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        _check,
+        "compare a PJRT plugin's results with JAX's on a battery of small programs",
+        paragraph(__doc__, 1),
     )
     check.add_argument("--platform", default=None, help="platform to check (default: cpu)")
     check.add_argument(
@@ -72,7 +75,6 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--list", action="store_true", help="list the selected cases and exit")
     check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    check.set_defaults(run=_check, prog=check.prog)
 
 
 def _patterns(values: list[str] | None) -> list[str] | None:

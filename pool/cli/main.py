@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         # block terminated its workers, warm joined its lowering thread. Only a
         # second Ctrl-C, which cuts that join short, leaves a thread that may be
         # in jaxlib's native code, which the interpreter's teardown would abort
-        # (pool.lowering.parallel): the command line leaves without that teardown.
+        # (pool.warm.lowerer): the command line leaves without that teardown.
         if argv is None:
             exit_at_once(ExitCode.INTERRUPTED)
         return ExitCode.INTERRUPTED

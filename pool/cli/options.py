@@ -1,19 +1,22 @@
 """Options that several commands take, parsed and reported one way.
 
-``argument_type`` makes an argparse type of a parser that raises ValueError
-(size, and the cache commands' durations), so that a bad value is argparse's
-usage error. ``--remote
-URL`` (``add_remote_option``) names the remote cache tier, by default
-PJRT_POOL_CACHE_REMOTE; ``remote_url`` and ``open_remote_option`` check it as
-the remote tier parses it, and a URL it cannot use is a UsageError naming
-where the URL came from: exit 2 for every command that takes it.
-``open_remote_option`` also reads the tier's other settings (time limits,
-signing keys), and one it cannot use is a UsageError naming the variable.
-The remote tier's modules are imported only when a command asks for its
-remote. ``--topology NAME`` (``add_topology_options``, with repeatable
-``--topology-option KEY=VALUE``) names a topology to compile for, or check
-against, without its devices (worker.plugin.topology); ``topology_option``
-parses it, and a name libtpu would not take is a UsageError.
+``add_command`` adds a command (or a subcommand) the one way main.py runs
+it: its parser knows the function that runs it and its own name (prog), for
+its messages; ``paragraph`` takes a command's description from its module's
+docstring. ``argument_type`` makes an argparse type of a parser that raises
+ValueError (size, and the cache commands' durations), so that a bad value is
+argparse's usage error. ``--remote URL`` (``add_remote_option``) names the
+remote cache tier, by default PJRT_POOL_CACHE_REMOTE; ``remote_url`` and
+``open_remote_option`` check it as the remote tier parses it, and a URL it
+cannot use is a UsageError naming where the URL came from: exit 2 for every
+command that takes it. ``open_remote_option`` also reads the tier's other
+settings (time limits, signing keys), and one it cannot use is a UsageError
+naming the variable. The remote tier's modules are imported only when a
+command asks for its remote. ``--topology NAME`` (``add_topology_options``,
+with repeatable ``--topology-option KEY=VALUE``) names a topology to compile
+for, or check against, without its devices (worker.plugin.topology);
+``topology_option`` parses it, and a name libtpu would not take is a
+UsageError.
 """
 
 from __future__ import annotations
@@ -30,6 +33,34 @@ if TYPE_CHECKING:
     from worker.plugin.topology import TopologySpec
 
 _T = TypeVar("_T")
+
+
+def add_command(
+    commands: Any,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    help: str | None,
+    description: str | None = None,
+    *,
+    parents: tuple[argparse.ArgumentParser, ...] = (),
+    **defaults: Any,
+) -> argparse.ArgumentParser:
+    """Adds a command to `commands` (what add_subparsers returns) and returns its parser.
+
+    help is its line in the list of commands (None: not listed), description
+    what its own --help says first. main.py calls run(args) for it, with
+    args.prog its name as its usage errors say it; defaults are further
+    values args takes (exit_at_once).
+    """
+    texts = {"help": help} if help is not None else {}
+    parser = commands.add_parser(name, parents=list(parents), description=description, **texts)
+    parser.set_defaults(run=run, prog=parser.prog, **defaults)
+    return parser
+
+
+def paragraph(docstring: str | None, index: int) -> str:
+    """The index-th paragraph of a module docstring, on one line: a command's description."""
+    return (docstring or "").split("\n\n")[index].replace("\n", " ")
 
 
 def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 from pool.cli.main import UsageError
+from pool.manifest import does_not_exist, kind_of
 from worker.bundle.urls import is_url
 from worker.cache.location import CACHE_DIR_ENV, resolve_cache_dir
 
@@ -54,6 +55,12 @@ def input_file(path: str | os.PathLike[str], what: str, missing: str | None = No
         raise UsageError(
             f"{what} {os.fspath(path)} cannot be read (permission denied); check its permissions"
         )
+
+
+def manifest_or_bundle_file(path: str) -> None:
+    """input_file for a manifest or a bundle (or a bundle's URL), its messages naming which,
+    and for a missing one where one comes from."""
+    input_file(path, f"the {kind_of(path)}", does_not_exist(path))
 
 
 def output_file(path: str | os.PathLike[str], what: str) -> None:

@@ -33,19 +33,20 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_command,
     add_remote_option,
     add_topology_options,
     open_remote_option,
+    paragraph,
     remote_url,
     topology_option,
 )
-from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, input_file
+from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, manifest_or_bundle_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
     BUNDLE_FOR_POOLS,
     Manifest,
     ManifestError,
-    does_not_exist,
     is_bundle,
     kind_of,
     load_manifest,
@@ -59,14 +60,17 @@ from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
     from pool.warm.warming import WarmReport
+    from worker.records import ProgramSpec
 
 
 def register(subparsers: Any) -> None:
     """Adds the ``warm`` and ``run`` commands."""
-    warm = subparsers.add_parser(
+    warm = add_command(
+        subparsers,
         "warm",
-        help="compile a spec's programs into the disk cache, with a report and a manifest",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        _warm,
+        "compile a spec's programs into the disk cache, with a report and a manifest",
+        paragraph(__doc__, 1),
     )
     warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
     warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
@@ -118,12 +122,14 @@ def register(subparsers: Any) -> None:
     )
     warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
-    warm.set_defaults(run=_warm, prog=warm.prog)
 
-    run = subparsers.add_parser(
+    run = add_command(
+        subparsers,
         "run",
-        help="run one program of a manifest from the warm cache, or of a bundle",
-        description=__doc__.split("\n\n")[2].replace("\n", " "),
+        _run,
+        "run one program of a manifest from the warm cache, or of a bundle",
+        paragraph(__doc__, 2),
+        exit_at_once=True,
     )
     run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
     run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
@@ -173,7 +179,6 @@ def register(subparsers: Any) -> None:
         help="print the result as JSON (an output's sum that is not finite, NaN or "
         "infinite, is null: JSON has no NaN)",
     )
-    run.set_defaults(run=_run, prog=run.prog, exit_at_once=True)
 
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
@@ -331,17 +336,9 @@ def _run(args: argparse.Namespace) -> int:
     # A pool's workers and shared memory are cleaned up at exit: only a run in this
     # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
     args.exit_at_once = not args.workers and not args.scheduler
-    if args.workers < 0:
-        raise UsageError(
-            f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
-        )
-    if args.prime and (args.workers or args.scheduler):
-        raise UsageError(
-            "--prime primes the program in this process: leave out --workers and --scheduler "
-            "to use it"
-        )
+    _check_run_options(args)
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
-    input_file(args.manifest, f"the {kind_of(args.manifest)}", does_not_exist(args.manifest))
+    manifest_or_bundle_file(args.manifest)
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
     if remote is not None and not args.scheduler:  # else the nodes', with their settings
@@ -365,14 +362,38 @@ def _run(args: argparse.Namespace) -> int:
     if args.batch and args.inputs:
         raise UsageError("--batch names the inputs of each run: leave --inputs out")
     if args.scheduler:  # the cluster's nodes have their own plugins
-        from pool.cli.cluster_run import cluster_pool, run_batch
-
         if args.batch:
+            from pool.cli.cluster_run import run_batch
+
             return run_batch(args, manifest, spec, remote)
     else:
         if manifest.bundle is None:
             checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, args.manifest)
         _check_plugin(spec.platform, f"the {kind_of(args.manifest)}'s platform")
+    outputs, load_seconds, run_seconds = _timed_run(args, manifest, spec, remote)
+    _report_run(args, manifest, outputs, load_seconds, run_seconds)
+    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
+
+
+def _check_run_options(args: argparse.Namespace) -> None:
+    if args.workers < 0:
+        raise UsageError(
+            f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
+        )
+    if args.prime and (args.workers or args.scheduler):
+        raise UsageError(
+            "--prime primes the program in this process: leave out --workers and --scheduler "
+            "to use it"
+        )
+
+
+def _timed_run(
+    args: argparse.Namespace, manifest: Manifest, spec: ProgramSpec, remote: str | None
+) -> tuple[Any, float, float]:
+    """Loads and runs the program (on the cluster, in a pool or here); returns its outputs,
+    the seconds loading took (with the cluster's or the pool's start) and the run's."""
+    if args.scheduler:
+        from pool.cli.cluster_run import cluster_pool
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
@@ -402,17 +423,17 @@ def _run(args: argparse.Namespace) -> int:
     except (BundleError, PjrtError) as error:
         # The files were refused, or the plugin failed to run them: a failed operation.
         raise CommandError(f"{args.name}: {error}") from error
-    return _print_run(args, manifest, outputs, ready - started, done - ready)
+    return outputs, ready - started, done - ready
 
 
-def _print_run(
+def _report_run(
     args: argparse.Namespace,
     manifest: Manifest,
     outputs: Any,
     load_seconds: float,
     run_seconds: float,
-) -> int:
-    """Prints what pjrt-pool run did (--json: as JSON) and returns its exit code."""
+) -> None:
+    """Prints what a run did: JSON, or lines for people."""
     spec = manifest.spec(args.name)  # from a bundle: the entry that was loaded
     result = {
         "name": args.name,
@@ -424,17 +445,16 @@ def _print_run(
     }
     if args.json:
         print(json.dumps(finite_sums(result), indent=2, allow_nan=False))
-    else:
-        where = f"a pool of {args.workers}" if args.workers else "this process"
-        if args.scheduler:
-            where = f"the cluster at {args.scheduler}"
-        print(
-            f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
-            f"{'bundle' if manifest.bundle else 'cache'} in "
-            f"{result['load_seconds'] * 1000:.1f} ms "
-            f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
-        )
-        for index, output in enumerate(result["outputs"]):
-            total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
-            print(f"  output {index}: {output['dtype']}{output['shape']}{total}")
-    return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
+        return
+    where = f"a pool of {args.workers}" if args.workers else "this process"
+    if args.scheduler:
+        where = f"the cluster at {args.scheduler}"
+    print(
+        f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
+        f"{'bundle' if manifest.bundle else 'cache'} in "
+        f"{result['load_seconds'] * 1000:.1f} ms "
+        f"({where}), ran in {result['run_seconds'] * 1000:.2f} ms"
+    )
+    for index, output in enumerate(result["outputs"]):
+        total = "" if output["sum"] is None else f", sum {output['sum']:.6g}"
+        print(f"  output {index}: {output['dtype']}{output['shape']}{total}")

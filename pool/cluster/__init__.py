@@ -22,9 +22,10 @@ node, so nodes with separate cache directories still compile it once each
 across repeated runs; with one shared directory (a shared filesystem) any
 node can load what another compiled.
 
-The modules: pool (ClusterPool), node (the Dask worker's side), routing,
-futures (ClusterFuture, NodeLostError), run_once (the retry_lost=False
-scheduler plugin), connect (clients: local_client, connect).
+The modules: pool.py (ClusterPool), node.py (the Dask worker's side),
+routing.py, futures.py (ClusterFuture, NodeLostError), run_once.py (the
+retry_lost=False scheduler plugin), connect.py (clients: local_client,
+connect).
 
 Needs the ``distributed`` extra: ``pip install 'pjrt-pool[cluster]'``.
 """

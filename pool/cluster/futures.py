@@ -46,8 +46,8 @@ class CarriedError(Exception):
     exceptions of two bases (TaskTimeoutError is a PoolError and a
     TimeoutError): the client got a bare Exception of its text. So a node's
     task raises (or returns) this instead, and the client raises the
-    original (uncarry). Dask's own future of such a task shows this, whose
-    text names the original.
+    original (original_error). Dask's own future of such a task shows this,
+    whose text names the original.
     """
 
     def __init__(self, payload: bytes, text: str) -> None:
@@ -69,7 +69,7 @@ class CarriedError(Exception):
         return cls(payload, text)
 
 
-def uncarry(error: BaseException) -> BaseException:
+def original_error(error: BaseException) -> BaseException:
     """The exception a CarriedError carries; any other exception as it is.
 
     One that does not unpickle here (its class is importable on the node
@@ -236,7 +236,7 @@ def _as_pool_error(error: BaseException | None, retry_lost: bool | None) -> Base
     """The exception a caller sees: a lost Dask worker as NodeLostError, a carried one as
     the original, others unchanged."""
     if isinstance(error, CarriedError):
-        return uncarry(error)
+        return original_error(error)
     if isinstance(error, distributed.scheduler.KilledWorker):
         if retry_lost is False:
             why = "ClusterPool(retry_lost=False) runs a run that has begun at most once"

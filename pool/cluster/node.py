@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -41,12 +41,14 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
         "pool.cluster needs Dask's distributed package: pip install 'pjrt-pool[cluster]'"
     ) from missing
 
+T = TypeVar("T")
+
 PLUGIN_PREFIX = "pjrt-pool-"
 """Each ClusterPool registers its PoolPlugin under this prefix and a uuid of its own, so
 that ClusterPools on one cluster (of other options, other users) never share node Pools,
 and closing one closes only its own; its tasks name the plugin they run in."""
 
-Figures = Literal["cache_counters", "remote_counters", "statistics"]
+PoolFigure = Literal["cache_counters", "remote_counters", "statistics"]
 """What node_figures reads of a node's Pool."""
 
 
@@ -122,7 +124,7 @@ def node_pool(name: str) -> Pool:
     return plugin_of(distributed.get_worker(), name).pool()
 
 
-def hold(program: LoweredProgram) -> LoweredProgram:
+def program_task(program: LoweredProgram) -> LoweredProgram:
     """A task whose value is the program: runs depend on it instead of each carrying the text.
 
     A node fetches it once and keeps it while its runs need it; being a
@@ -130,6 +132,17 @@ def hold(program: LoweredProgram) -> LoweredProgram:
     it is lost, so runs stay retryable.
     """
     return program
+
+
+def _in_node_pool(
+    plugin: str, use: Callable[[Pool], T], carried: type[Exception] = Exception
+) -> T | CarriedError:
+    """use(this node's Pool of `plugin`), or what it (or starting the Pool) raised of the
+    `carried` kind, in a CarriedError for the client; other exceptions are raised."""
+    try:
+        return use(node_pool(plugin))
+    except carried as error:
+        return CarriedError.of(error)
 
 
 def run_task(
@@ -142,28 +155,34 @@ def run_task(
 ) -> list[np.ndarray]:
     """Runs a program in this node's Pool of `plugin` and returns its outputs (see the module
     docstring); every failure, the Pool's start included, is carried to the client."""
-    try:
-        pool = node_pool(plugin)
+
+    def run(pool: Pool) -> list[np.ndarray]:
         begin_once()
         return pool.run(
             program, arguments, name=name, timeout=timeout, compile_options=compile_options
         )
-    except Exception as error:
-        carried = CarriedError.of(error)
-    raise carried  # outside the except: no __context__, which Dask would pickle with tblib
+
+    return _raised(_in_node_pool(plugin, run))
 
 
 def run_spec_task(
     plugin: str, spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
 ) -> list[np.ndarray]:
     """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
-    try:
-        pool = node_pool(plugin)
+
+    def run(pool: Pool) -> list[np.ndarray]:
         begin_once()
         return pool.submit_spec(spec, arguments, timeout=timeout).result()
-    except Exception as error:
-        carried = CarriedError.of(error)
-    raise carried  # outside the except (see run_task)
+
+    return _raised(_in_node_pool(plugin, run))
+
+
+def _raised(outputs: list[np.ndarray] | CarriedError) -> list[np.ndarray]:
+    """A run task's outputs, or its failure raised: outside any except clause, so with no
+    __context__, which Dask would pickle with tblib."""
+    if isinstance(outputs, CarriedError):
+        raise outputs
+    return outputs
 
 
 def compile_task(
@@ -179,14 +198,13 @@ def compile_task(
     value of the program (compile_many reports it per program), not a
     failed Dask task.
     """
-    try:
-        return (
-            node_pool(plugin)
-            .submit_compile(program, name=name, timeout=timeout, compile_options=compile_options)
-            .result()
-        )
-    except Exception as error:
-        return CarriedError.of(error)
+
+    def compile_in(pool: Pool) -> CompileResult:
+        return pool.submit_compile(
+            program, name=name, timeout=timeout, compile_options=compile_options
+        ).result()
+
+    return _in_node_pool(plugin, compile_in)
 
 
 def check_task(
@@ -209,19 +227,19 @@ def check_task(
     """
     if distributed.get_worker().address != address:
         return None
-    try:
-        pool = node_pool(plugin)
+
+    def load(pool: Pool) -> None:
         pool.submit_compile(
             program, name=name, timeout=timeout, compile_options=compile_options
         ).result()
-    except NeverCompileError as error:
-        return CarriedError.of(error)
+
+    try:
+        return _in_node_pool(plugin, load, carried=NeverCompileError)
     except Exception:  # a run meets any other failure itself
         return None
-    return None
 
 
-def node_figures(name: str, figures: Figures, dask_worker: distributed.Worker) -> dict[str, Any]:
+def node_figures(name: str, figures: PoolFigure, dask_worker: distributed.Worker) -> dict[str, Any]:
     """One of a node Pool's figures as a dict (for client.run): its cache counters, remote
     counters or compile statistics; empty before that Pool started."""
     pool = _started(dask_worker, name)

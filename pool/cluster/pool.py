@@ -28,21 +28,21 @@ import distributed
 import numpy as np
 from distributed.client import FuturesCancelledError
 
-from pool.cluster.futures import ClusterFuture, uncarry
+from pool.cluster.futures import ClusterFuture, original_error
 from pool.cluster.node import (
     PLUGIN_PREFIX,
-    Figures,
+    PoolFigure,
     PoolPlugin,
     check_task,
     compile_task,
-    hold,
     node_figures,
     node_platform,
+    program_task,
     run_spec_task,
     run_task,
 )
 from pool.cluster.routing import Router, home_of
-from pool.cluster.run_once import ONCE_PREFIX, RUN_ONCE_PREFIX, RunOnce
+from pool.cluster.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
 from pool.errors import PoolClosedError, PoolError
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_id
@@ -67,7 +67,7 @@ from worker.records import ArrayType, CompileStatistics, LoweredProgram, Program
 
 HOLD_TEXT_CHARS = 64 << 10
 """Programs with a longer text are sent to the nodes once, as a Dask task of their own
-(node.hold) that runs depend on; shorter ones travel with each run (cheaper than a
+(node.program_task) that runs depend on; shorter ones travel with each run (cheaper than a
 dependency)."""
 
 _HELD_PROGRAMS = 1024
@@ -150,10 +150,10 @@ class ClusterPool(PoolFace):
         # an identity of no workers, so another thread can read it empty.
         self._router = Router(client.nthreads, spread_at)
         self._retry_lost = retry_lost
-        self._key_prefix = "pjrt-run-" if retry_lost else ONCE_PREFIX
+        self._key_prefix = "pjrt-run-" if retry_lost else ONCE_TASK_PREFIX
         tag = uuid.uuid4().hex
         self._plugin_name = f"{PLUGIN_PREFIX}{tag}"
-        self._run_once_name = None if retry_lost else f"{RUN_ONCE_PREFIX}{tag}"
+        self._run_once_name = None if retry_lost else f"{RUN_ONCE_PLUGIN_PREFIX}{tag}"
         self._statistics = CompileStatistics()
         self._held: collections.OrderedDict[str, distributed.Future] = collections.OrderedDict()
         self._pending: dict[str, distributed.Future] = {}  # tasks submitted, not yet ended
@@ -292,14 +292,14 @@ class ClusterPool(PoolFace):
             self._pending.pop(key, None)
 
     def _hold(self, identity: str, program: LoweredProgram) -> distributed.Future:
-        """The Dask future holding a long program on the cluster (see node.hold)."""
+        """The Dask future holding a long program on the cluster (see node.program_task)."""
         with self._lock:
             held = self._held.get(identity)
             if held is not None:
                 self._held.move_to_end(identity)
                 return held
         held = self.client.submit(
-            hold,
+            program_task,
             program,
             key=f"pjrt-program-{identity}",
             workers=[home_of(identity, self._router.addresses())],
@@ -335,7 +335,7 @@ class ClusterPool(PoolFace):
             allow_other_workers=True,
             pure=False,
         ).result()
-        return None if refusal is None else uncarry(refusal)
+        return None if refusal is None else original_error(refusal)
 
     @property
     def plugin_name(self) -> str:
@@ -397,7 +397,7 @@ class ClusterPool(PoolFace):
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""
         if isinstance(value, BaseException):
-            raise uncarry(value)
+            raise original_error(value)
         # From another machine: its key goes into manifests and cache paths.
         check_key(value.spec.key, "the key in a cluster node's result")
         with self._lock:
@@ -428,7 +428,7 @@ class ClusterPool(PoolFace):
             total = total.add(RemoteCounters(**counters))
         return total
 
-    def _node_figures(self, figures: Figures) -> list[dict[str, Any]]:
+    def _node_figures(self, figures: PoolFigure) -> list[dict[str, Any]]:
         """One figure of each node whose Pool has started (see node.node_figures)."""
         answers = self.client.run(node_figures, self._plugin_name, figures).values()
         return [answer for answer in answers if answer]

@@ -3,7 +3,7 @@
 A run is a pure function of its program and inputs, so by default Dask runs
 a task again elsewhere when the worker running it is lost (up to the
 scheduler's allowed-failures). For ClusterPool(retry_lost=False) the task's
-key starts with ONCE_PREFIX; such a task tells the scheduler, through this
+key starts with ONCE_TASK_PREFIX; such a task tells the scheduler, through this
 plugin's handler, as it begins (before its node's Pool gets the run), and
 the plugin marks it as having used up its allowed failures
 (TaskState.suspicious). Lost after that, it fails with KilledWorker, which
@@ -19,10 +19,10 @@ import distributed
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils import sync
 
-ONCE_PREFIX = "pjrt-once-"
+ONCE_TASK_PREFIX = "pjrt-once-"
 """The key prefix of the tasks that run at most once."""
 
-RUN_ONCE_PREFIX = "pjrt-pool-run-once-"
+RUN_ONCE_PLUGIN_PREFIX = "pjrt-pool-run-once-"
 """Each ClusterPool(retry_lost=False) registers its RunOnce under this prefix and a uuid,
 so that closing it leaves other ClusterPools' plugins registered."""
 _BEGIN = "pjrt_pool_run_begins"
@@ -57,5 +57,5 @@ def begin_once() -> None:
     (one round trip, and only for run-once tasks)."""
     worker = distributed.get_worker()
     key = worker.get_current_task()
-    if isinstance(key, str) and key.startswith(ONCE_PREFIX):
+    if isinstance(key, str) and key.startswith(ONCE_TASK_PREFIX):
         sync(worker.loop, getattr(worker.scheduler, _BEGIN), key=key)

@@ -2,18 +2,29 @@
 
 Runs in the parent process (``pjrt-pool check-plugin``, or a user's script),
 which imports JAX; the plugin under test runs in the Pool's workers.
-A battery of a few hundred small programs (battery.py; one module per group
-of op families) runs on the plugin under test in a Pool and with jax.jit in
-this process, on the same seeded inputs, and each result is compared under
-the case's error budget (budgets.py, compare.py). runner.py runs the cases,
-report.py formats what they found, and remember() records it per plugin
-build (worker.plugin.conformance_records), so that processes that later load a build
-with failing cases warn about them. The programs are those lower() writes,
-with its workarounds for builds known to miscompile something. The list of
-those builds, their failures (each with a reproduction) and the workarounds
-is worker.plugin.known_builds: in worker/ rather than here because processes that
-never import JAX (workers, manifest runs) warn from it. ``pjrt-pool
-check-plugin`` is the command line (pool.cli.check).
+A battery of a few hundred small programs runs on the plugin under test in a
+Pool and with jax.jit in this process, on the same seeded inputs, and each
+result is compared under the case's error budget. remember() records what a
+check found per plugin build (worker.plugin.conformance_records), so that
+processes that later load a build with failing cases warn about them. The
+programs are those lower() writes, with its workarounds for builds known to
+miscompile something. The list of those builds, their failures (each with a
+reproduction) and the workarounds is worker.plugin.known_builds: on the
+worker side rather than here because processes that never import JAX
+(workers, manifest runs) warn from it. ``pjrt-pool check-plugin`` is the
+command line (pool.cli.check).
+
+    battery.py      every case, in a stable order, and selecting cases by name
+    case.py         a case: one small JAX program, its seeded inputs, its error budget
+    inputs.py       seeded inputs in each operation's domain, with special values
+    elementwise.py, reductions.py, linear.py, structure.py, control.py, conversions.py
+                    the cases, one module per group of op families
+    budgets.py      the error budgets, one per kind of computation
+    compare.py      a plugin's outputs against JAX's: exact, or within ULP budgets
+    runner.py       running the cases: in a Pool, and with jax.jit here
+    references.py   ``python -m pool.conformance.references``: jax.jit's answers in a
+                    process of their own, for a device one process at a time may hold
+    report.py       the report: a summary per op family, each failure's details, JSON
 """
 
 from __future__ import annotations

@@ -1,16 +1,28 @@
 """The Pool: worker processes that compile and run programs, seen from the parent.
 
-Runs in the parent process (the user's, which may import JAX), in the
-callers' threads and the pool's manager thread. pool.py is WorkerPool, what
-the public Pool (pool.face) runs on, made of parts that each own their state
-(its docstring draws them):
-manager.py (the manager thread), dispatch.py (sending tasks, replies,
-settling), workers.py (process bookkeeping), tasks.py (task bookkeeping and
-the queue), quarantine.py, segments.py (shared memory for large inputs and
-outputs), watch.py (the manager's one wait point). Beside them: futures.py
-(the futures it hands out), inputs.py (staging a run's inputs), programs.py
-(a program's identity), settings.py (checking what a Pool is given),
-preload.py (what a Pool made with preload= has each worker load as it starts),
-never.py (never-compile mode's check at submit) and compile_many.py
-(compile_many and CompileResult, shared with ClusterPool).
+Runs in the parent process (the user's, which may import JAX, though nothing
+here does), in the callers' threads and the pool's manager thread. pool.py
+is WorkerPool, what the public Pool (pool.face) runs on, made of parts that
+each own their state (its docstring draws them):
+
+    pool.py          WorkerPool: what callers call
+    caller.py        what a caller's thread does itself: the direct run, reading a
+                     waited-for reply, recovering from an interrupt
+    dispatch.py      claiming, sending, replies, settling, from any thread
+    requests.py      each task's message to its worker
+    manager.py       the manager thread
+    wait_set.py      the manager's one wait point (an epoll set)
+    workers.py       the worker processes' records, and the moves between their states
+    roles.py         what each worker is for: compiling, running on a device, or both
+    tasks.py         the tasks' records, their moves, and the queue
+    quarantine.py    programs that crash workers
+    segments.py      shared memory for large inputs and outputs
+    forks.py         which process this is: a pool refuses in a forked child
+
+Beside them: futures.py (the futures it hands out), inputs.py (staging a
+run's inputs), programs.py (a program's identity), settings.py (checking
+what a Pool is given), preload.py (what a Pool made with preload= has each
+worker load as it starts), never_compile_check.py (never-compile mode's
+check at submit) and compile_many.py (compile_many and CompileResult, shared
+with ClusterPool).
 """

@@ -35,7 +35,7 @@ from pool.executor.quarantine import Quarantine
 from pool.executor.tasks import Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.executor.workers import WorkerProcess, Workers
-from worker.serve import protocol
+from worker.wire import protocol
 
 DIRECT_SPIN_SECONDS = 500e-6
 """How long a caller polls for a worker's reply before sleeping (protocol.spin_until_readable)."""

@@ -48,7 +48,7 @@ from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.records import CompileStatistics
-from worker.serve import protocol, shm
+from worker.wire import protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
 

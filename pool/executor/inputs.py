@@ -21,7 +21,7 @@ import numpy as np
 from pool.executor.segments import Segment, SegmentCache, writer
 from worker.arguments import types_of
 from worker.records import ArrayType
-from worker.serve import shm
+from worker.wire import shm
 
 Layout = tuple[tuple[ArrayType, ...], tuple[int, ...], int]
 """Input types, their byte offsets in shared memory, and the size they take."""

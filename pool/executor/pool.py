@@ -54,7 +54,7 @@ Dispatcher.send (-> Requests.build) -> Dispatcher.receive (-> _handle ->
 _outcome -> _finish -> Task.complete). After a program's first run in a
 worker, whose reply gives it a hot slot (WorkerProcess.hot), a run with its
 inputs and outputs in the arena goes as a HotRun frame of a few bytes and
-comes back as a HotReply (Dispatcher._handle_hot): see worker.serve.protocol.
+comes back as a HotReply (Dispatcher._handle_hot): see worker.wire.protocol.
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ class WorkerPool:
     @property
     def worker_info(self) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
-        "hot_runs": the runs it answered as HotRuns (worker.serve.protocol), and "role":
+        "hot_runs": the runs it answered as HotRuns (worker.wire.protocol), and "role":
         what it is for ("compile and run"; on a TPU host, or with run_workers, "compile" or
         "device": see pool.executor.roles).
 

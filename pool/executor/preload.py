@@ -2,7 +2,7 @@
 
 A Pool can start loaded: given a Manifest (load_manifest's), or the path of
 a manifest or of a bundle, every worker loads the programs it names from the
-pool's disk cache before it says it is ready (worker.serve.protocol.Init's
+pool's disk cache before it says it is ready (worker.wire.protocol.Init's
 preload), so that no task for one of them waits for a load. Workers load
 only from the cache directory, so a bundle's entries are imported into it
 first (worker.bundle.importing: every member checked, then published), as

@@ -1,6 +1,6 @@
 """Building the one message that gives a task to the worker claimed for it.
 
-Three kinds of request go to a worker (worker.serve.protocol):
+Three kinds of request go to a worker (worker.wire.protocol):
 
     Compile   compile or load a program, for its ProgramSpec
     Run       run a program (sent with it unless the worker has it loaded), its
@@ -21,7 +21,7 @@ from pool.executor.segments import SegmentCache
 from pool.executor.tasks import Kind, Task
 from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess
 from worker.records import ArrayType
-from worker.serve import protocol, shm
+from worker.wire import protocol, shm
 
 Message = protocol.Compile | protocol.Run | protocol.HotRun
 """What a request is on the wire."""

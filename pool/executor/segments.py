@@ -39,8 +39,8 @@ Python function returns, nor between plain loads and stores. So:
   locked call takes the returned segments in.
 
 What remains: a signal handled right as recvmsg returns loses the
-descriptors of that reply (worker.serve.protocol.recv_frame). A new segment's
-descriptor is found again by its name (worker.serve.shm.new_segment).
+descriptors of that reply (worker.wire.protocol.recv_frame). A new segment's
+descriptor is found again by its name (worker.wire.shm.new_segment).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.serve import shm
+from worker.wire import shm
 
 DEFAULT_CACHE_BYTES = 512 << 20
 """How many bytes of segments a pool keeps for reuse (or will get back from live results)."""

@@ -89,7 +89,7 @@ from worker.cache.remote.location import REMOTE_ENV
 from worker.errors import DeviceUnavailableError
 from worker.fds import close_quietly
 from worker.records import ArrayType, CompileStatistics
-from worker.serve import protocol, shm
+from worker.wire import protocol, shm
 
 output_log = logging.getLogger("pjrt_pool.worker")
 """Where what workers print goes (at debug level)."""
@@ -144,7 +144,7 @@ _MOVES: dict[State, frozenset[State]] = {
 
 @dataclass(frozen=True)
 class HotProgram:
-    """A program the worker runs by hot slot (worker.serve.protocol.HotRun), and the parent's
+    """A program the worker runs by hot slot (worker.wire.protocol.HotRun), and the parent's
     views of the worker's arena where its inputs and outputs lie."""
 
     slot: int
@@ -194,6 +194,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _worker_arguments(
+    fd: int,
+    max_loaded: int,
+    platform: str | None,
+    cache_dir: str | None,
+    never_compile: bool,
+    plan: WorkerPlan,
+) -> list[str]:
+    """A worker's command line after ``python -m worker`` (worker.serve.server.main reads it)."""
+    arguments = ["--fd", str(fd), "--max-loaded", str(max_loaded)]
+    arguments += ["--parent-pid", str(os.getpid())]
+    if platform:
+        arguments += ["--platform", platform]
+    if cache_dir:
+        arguments += ["--cache-dir", str(cache_dir)]
+    if never_compile:
+        arguments.append("--never-compile")
+    if plan.topology is not None:
+        arguments += ["--topology", json.dumps(plan.topology.to_json())]
+    return arguments
+
+
+def _worker_environment(remote: str | Literal[False] | None, plan: WorkerPlan) -> dict[str, str]:
+    """A worker's environment: this process's, with the remote tier the pool was given, for
+    this worker only (False: none at all), its plan's variables, and huge pages for the
+    plugin's large buffers (see with_huge_pages)."""
+    environment = child_environment({REMOTE_ENV: remote} if remote else None)
+    if remote is False:
+        environment.pop(REMOTE_ENV, None)
+    environment.update(plan.environment)
+    return with_huge_pages(environment)
+
+
 class WorkerProcess:
     """One worker: a `python -m worker` subprocess and its socket."""
 
@@ -240,30 +273,17 @@ class WorkerProcess:
         except BaseException:
             close_quietly(arena_fd)
             raise
-        arguments = ["--fd", str(child_end.fileno()), "--max-loaded", str(max_loaded)]
-        arguments += ["--parent-pid", str(os.getpid())]
-        if platform:
-            arguments += ["--platform", platform]
-        if cache_dir:
-            arguments += ["--cache-dir", str(cache_dir)]
-        if never_compile:
-            arguments.append("--never-compile")
-        if plan.topology is not None:
-            arguments += ["--topology", json.dumps(plan.topology.to_json())]
+        arguments = _worker_arguments(
+            child_end.fileno(), max_loaded, platform, cache_dir, never_compile, plan
+        )
         try:
-            # The remote tier the pool was given, for this worker only (False: none at all).
-            environment = child_environment({REMOTE_ENV: remote} if remote else None)
-            if remote is False:
-                environment.pop(REMOTE_ENV, None)
-            environment.update(plan.environment)
             self.process = subprocess.Popen(
                 python_command("worker", *arguments),
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                # Huge pages for the plugin's large buffers (see with_huge_pages).
-                env=with_huge_pages(environment),
+                env=_worker_environment(remote, plan),
                 # Its own session: a Ctrl-C meant for the parent must not kill
                 # workers behind the pool's back; the pool stops them itself.
                 start_new_session=True,

@@ -2,7 +2,8 @@
 
 Runs in the parent process (pjrt-pool warm, or a user's script). spec_file.py
 reads a warm spec (the Python file whose programs() lists the programs);
-warming.py lowers, compiles and reports each program.
+warming.py lowers, compiles and reports each program; lowerer.py lowers them
+while others compile, in a thread or in extra processes (--lower-workers).
 """
 
 from pool.warm.spec_file import SpecError, WarmProgram, load_spec

@@ -45,8 +45,8 @@ from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashed
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_key_parts, program_text_digest
 from pool.face import Pool, PoolFace
-from pool.lowering.parallel import Lowered, Lowerer
 from pool.progress import ProgressDisplay
+from pool.warm.lowerer import Lowered, Lowerer
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache, open_cache
 from worker.cache.remote import (

@@ -58,8 +58,9 @@ from worker.bundle.index import (
     open_index,
 )
 from worker.cache import entry as entry_format
-from worker.cache.remote.client import ObjectClient, ObjectVersion, RemoteError
+from worker.cache.remote.client import ObjectClient
 from worker.cache.remote.location import Limits, parse_remote, redact
+from worker.cache.remote.objects import ObjectVersion, RemoteError
 from worker.cache.signing import Signer
 from worker.errors import BundleError
 

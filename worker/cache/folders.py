@@ -31,6 +31,18 @@ _DIRECTORY_FLAGS = (
 )
 
 
+def open_directory(name: str | Path, dir_fd: int | None, path: Path) -> int:
+    """A descriptor of directory `name` (relative to dir_fd, if given), opened without
+    following a link; NotADirectoryError naming path (trust.not_a_directory) for a link or a
+    file in its place."""
+    try:
+        return os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise trust.not_a_directory(path) from None
+        raise
+
+
 class Folder:
     """One checked directory of a cache, held open: files in it are named relative to fd.
 
@@ -64,12 +76,7 @@ class Folder:
                 made = True
             except FileExistsError:
                 pass
-        try:
-            fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise trust.not_a_directory(path) from None
-            raise
+        fd = open_directory(name, dir_fd, path)
         try:
             if made:
                 os.fchmod(fd, mode)  # exactly: the umask may have taken bits a shared cache needs

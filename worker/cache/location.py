@@ -4,7 +4,10 @@ The directory comes from an argument, else ``PJRT_POOL_CACHE_DIR``, else the
 platform's user cache directory (``$XDG_CACHE_HOME/pjrt-pool`` or
 ``~/.cache/pjrt-pool`` on Linux, ``~/Library/Caches/pjrt-pool`` on macOS).
 The size bound comes from an argument, else ``PJRT_POOL_CACHE_MAX_SIZE``
-(bytes, or with a K/M/G/T suffix), else DEFAULT_MAX_SIZE.
+(bytes, or with a K/M/G/T suffix), else DEFAULT_MAX_SIZE. The cache's
+yes-or-no settings (a shared cache, a read-only remote) are read one way,
+flag_from_environment, and so are its numbers (the remote's time limits and
+concurrency), number_from_environment.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 CACHE_DIR_ENV = "PJRT_POOL_CACHE_DIR"
 MAX_SIZE_ENV = "PJRT_POOL_CACHE_MAX_SIZE"
@@ -22,7 +27,43 @@ DEFAULT_MAX_SIZE = 4 << 30
 SUBDIRECTORIES = ("entries", "locks", "plugins", "loads")
 """The directories under a cache directory, each checked as the directory itself is."""
 
+_N = TypeVar("_N", int, float)
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+YES = frozenset({"1", "true", "yes", "on"})
+"""What a yes-or-no variable says for yes (any case, spaces around it ignored)..."""
+NO = frozenset({"", "0", "false", "no", "off"})
+"""...and for no: unset or empty is no."""
+
+
+def flag_from_environment(name: str, hint: str = "write 1 or 0") -> bool:
+    """Whether the yes-or-no variable `name` says yes (YES) or no (NO); raises ValueError
+    naming it, its value and the hint for anything else."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in YES:
+        return True
+    if value in NO:
+        return False
+    raise ValueError(f"{name}={value!r}: {hint}")
+
+
+def number_from_environment(
+    name: str, kind: type[_N], default: _N, fits: Callable[[_N], bool], wanted: str
+) -> _N:
+    """The number (int or float: kind) the variable `name` gives, default when it is unset or
+    empty; raises ValueError naming it, its value and what is wanted for anything that is not
+    such a number or does not fit."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: {wanted}") from None
+    if not fits(value):
+        raise ValueError(f"{name}={text!r}: {wanted}")
+    return value
 
 
 def default_cache_dir() -> Path:

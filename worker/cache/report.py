@@ -2,8 +2,8 @@
 
 Nothing here loads a plugin or changes the cache: listing reads each
 entry's header, checking reads and verifies whole entries (without touching
-their access times). Loading entries with the plugin is verify.py's job, in
-a child process.
+their access times). Loading entries with the plugin is the job of a child
+process (worker.serve.entry_check), which reports with the statuses here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from worker.cache.store import DiskCache
 
 UNREADABLE = "unreadable"
 """The status of an entry that exists but could not be read (not judged bad)."""
+OTHER = "other plugin/host"
+"""The status of an entry made by another plugin build or on another host: not loaded here
+(it could not be used here), and not judged bad."""
 
 
 def _count_files(folder: Folder | None, suffix: str) -> int:

@@ -42,13 +42,11 @@ import stat
 import struct
 from pathlib import Path
 
-from worker.cache.location import SUBDIRECTORIES, resolve_cache_dir
+from worker.cache.location import SUBDIRECTORIES, flag_from_environment, resolve_cache_dir
 
 SHARED_ENV = "PJRT_POOL_CACHE_SHARED"
 """Set to 1 to trust a cache directory's group (a group-shared cache)."""
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 PRIVATE_DIR_MODE = 0o700
 SHARED_DIR_MODE = 0o2770
@@ -69,12 +67,7 @@ def shared_mode(shared: bool | None = None) -> bool:
     """Returns whether the cache is group-shared: the argument, else PJRT_POOL_CACHE_SHARED."""
     if shared is not None:
         return bool(shared)
-    value = os.environ.get(SHARED_ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{SHARED_ENV}={value!r}: set it to 1 (a group-shared cache) or 0")
+    return flag_from_environment(SHARED_ENV, "set it to 1 (a group-shared cache) or 0")
 
 
 def _owner(uid: int) -> str:

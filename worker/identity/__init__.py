@@ -7,8 +7,8 @@ key is the SHA-256 of those parts. Runs in every process that computes or
 matches keys: pool workers, a user's process compiling or loading in
 process, the parent (Pool.key_parts, warm, bundles, manifests) and the
 command line. It never imports JAX, the native module or another package of
-worker/ (only untrusted.py, for reading RECORD files), so the shared records,
-the cache, plugins, compiling and bundles all take from it::
+the worker side (only worker.untrusted, for reading RECORD files), so the
+shared records, the cache, plugins, compiling and bundles all take from it::
 
     keys.py         key_parts (one key's parts, assembled) and key_of (the key); the form
                     of a key (is_key, check_key); comparing parts (explain_key,

@@ -9,6 +9,8 @@ in in-process use, the probe the parent starts) and never imports JAX.
     runtime.py              the one Runtime of the process: plugin, client, identity
     kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
     device_errors.py        which errors leave a device context unusable
+    topology.py             topologies: the devices a program is compiled for, not held
+    libtpu.py               what libtpu needs around it: environment, this host's chips, its lock
     probe.py                ``python -m worker.plugin.probe``: a plugin's identity, unloaded here
     build_identity.py       a library's SHA-256: which installed RECORD vouches for it, else
                             hashed (the rules and the memo: worker/identity/build.py)

@@ -21,7 +21,7 @@ import contextlib
 import importlib.util
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -172,21 +172,26 @@ def env_var(platform: str) -> str:
 
 
 @contextlib.contextmanager
-def environment_variables(values: dict[str, str]) -> Iterator[None]:
-    """Sets environment variables for the with-block, then puts them back as they were.
+def environment_variables(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Sets (or, for None, removes) environment variables for the with-block, then puts them
+    back as they were.
 
     For what a plugin reads once, as it loads or as a worker starts.
     """
     before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+    _set_environment(values)
     try:
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environment(before)
+
+
+def _set_environment(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _package_dir(package: str) -> Path | None:

@@ -1,10 +1,11 @@
-"""A pool worker serving its parent: the worker's loop and the wire between them.
+"""The child programs a parent starts to use a plugin: a pool worker, and the entry check.
 
-protocol.py and shm.py are the two sides' shared contract, so the parent
-(pool/executor) imports them too; server.py runs only in a worker process
-(``python -m worker``), and never imports JAX.
+Each runs in a process of its own, so that a plugin crash ends that process,
+never its parent; they use every floor below (the wire, the cache, the
+plugin, compile), and never import JAX.
 
-    protocol.py  the frames: Init, Compile, Run, HotRun, Exit; Ready, Reply, HotReply
-    shm.py       shared memory: memfd segments and the 64-byte aligned layout of arrays
-    server.py    the worker's loop: the native hot loop, then compile, load and run requests
+    server.py       a pool worker (``python -m worker``): the native hot loop, then compile,
+                    load and run requests from the parent over the wire (worker/wire)
+    entry_check.py  ``python -m worker.serve.entry_check``: loads cache entries with the
+                    plugin for ``pjrt-pool cache verify --load``
 """

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from itertools import count
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker import _pjrt
 from worker.cache import open_cache, process_counters
@@ -53,8 +53,13 @@ from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
-from worker.serve import protocol, shm
-from worker.serve.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
+from worker.wire import protocol, shm
+from worker.wire.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
+
+if TYPE_CHECKING:
+    from worker.cache.store import DiskCache
+    from worker.compile.target import Target
+    from worker.plugin.runtime import Runtime
 
 PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
@@ -573,6 +578,27 @@ def _run_initializer(payload: bytes) -> None:
     function(*arguments)
 
 
+def _describe_plugin(
+    plugin: dict[str, Any],
+    runtime: Runtime,
+    cache: DiskCache,
+    target: Target,
+    topology: TopologySpec | None,
+    never_compile: bool,
+) -> None:
+    """Fills in what Ready says of the plugin: its description, the topology it compiles for,
+    and the key parts of its plugin and host where the parent computes keys (to refuse
+    programs not in the cache, or to prefetch their entries from the remote tier:
+    pool.warm.warming). What was filled in before a failure stays, for the report."""
+    plugin.update(runtime.describe())
+    if topology is not None:
+        plugin["topology"] = str(topology)
+    if never_compile or os.environ.get(REMOTE_ENV, "").strip():
+        plugin["key_parts"] = runtime_key_parts(
+            runtime, cache if cache.usable else None, target=target
+        )
+
+
 def main(
     fd: int,
     platform: str | None,
@@ -612,15 +638,7 @@ def main(
         cache = open_cache(cache_dir)
         runtime = get_runtime(platform, deviceless=topology is not None)
         target = target_for(runtime, topology)
-        plugin = runtime.describe()
-        if topology is not None:
-            plugin["topology"] = str(topology)
-        # Then the parent computes keys: to refuse programs not in the cache, or
-        # to prefetch their entries from the remote tier (pool.warm.warming).
-        if never_compile or os.environ.get(REMOTE_ENV, "").strip():
-            plugin["key_parts"] = runtime_key_parts(
-                runtime, cache if cache.usable else None, target=target
-            )
+        _describe_plugin(plugin, runtime, cache, target, topology, never_compile)
         request, fds = protocol.recv_frame(sock)
         if not isinstance(request, Init) or len(fds) != 1:
             raise RuntimeError(f"expected Init with an arena first, got {request!r}")

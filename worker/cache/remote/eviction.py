@@ -43,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worker.cache.remote.client import Failure, ObjectInfo, RemoteError
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     BadRecordError,
@@ -54,7 +53,8 @@ from worker.cache.remote.layout import (
     parse_record_name,
 )
 from worker.cache.remote.lease import MAX_LEASE_SIZE, decode_lease, parse_lease_name
-from worker.cache.remote.transfer import run_bounded
+from worker.cache.remote.objects import Failure, ObjectInfo, RemoteError
+from worker.cache.remote.transfer import run_concurrently
 
 if TYPE_CHECKING:
     from worker.cache.remote.tier import RemoteCache
@@ -201,78 +201,133 @@ def collect(
             f"the remote cache {remote.location.shown} is {remote.state} for this process: "
             "collecting deletes objects (drop the read-only setting, or use --dry-run)"
         )
-    client = remote.client
-    report = CollectReport(dry_run)
     now = time.time()
-    cutoff = -1.0 if older_than is None else now - older_than
-    young = now - grace
-
-    def listed(folder: str) -> list[ObjectInfo]:
-        return client.list_objects(folder, time.monotonic() + remote.limits.deadline)
-
-    def delete(path: str) -> None:
-        if not dry_run:
-            client.delete(path, time.monotonic() + remote.limits.deadline)
-
-    records, record_keys = [], {}
-    for item in listed("records/"):
-        parsed = parse_record_name(item.path)
-        if parsed is not None:
-            records.append(item)
-            record_keys[item.path] = parsed[0]
+    sweeps = _Sweeps(remote, CollectReport(dry_run), concurrency, young=now - grace)
+    records = [r for r in sweeps.listed("records/") if parse_record_name(r.path) is not None]
     # Blobs are listed before the records are read: a record written meanwhile
     # names a blob that is either listed (and then kept) or new (young).
     blobs = {
         digest: blob
-        for blob in listed("blobs/")
+        for blob in sweeps.listed("blobs/")
         if (digest := parse_blob_name(blob.path)) is not None
     }
-    old_paths = {r.path for r in records if r.modified < cutoff}
-    remaining = [r for r in records if r.path not in old_paths]
-    by_path = {r.path: r for r in remaining}
-    named = run_bounded(list(by_path), lambda p: _named_blob(remote, by_path[p]), concurrency)
-    if max_size is not None:
-        old_paths |= {r.path for r in _oldest_over(remaining, named, blobs, max_size)}
-        remaining = [r for r in remaining if r.path not in old_paths]
+    cutoff = -1.0 if older_than is None else now - older_than
     # Records first: a blob goes only once no record names it.
-    report.old_records = sorted(old_paths)
-    run_bounded(report.old_records, delete, concurrency)
-    referenced: set[str] = set()
-    dangling = []
-    for record in remaining:
-        digest = named[record.path]
-        if digest == NEWER:
-            report.newer_records.append(record.path)
-        elif digest is None:
-            report.unreadable_records.append(record.path)
-        elif digest in blobs or record.modified >= young:
-            referenced.add(digest)
-        else:
-            dangling.append(record.path)
-    report.dangling_records = sorted(dangling)
-    run_bounded(report.dangling_records, delete, concurrency)
-    report.kept_records = len(remaining) - len(dangling)
-    unreferenced = [
-        blob
-        for digest, blob in blobs.items()
-        if digest not in referenced and blob.modified < young and not report.newer_records
-    ]
-    report.blobs = sorted(blob.path for blob in unreferenced)
-    run_bounded(report.blobs, delete, concurrency)
-    kept_keys = {record_keys[r.path] for r in remaining if r.path not in report.dangling_records}
-    report.index_names = sorted(
-        item.path
-        for item in listed("programs/")
-        if (key := parse_index_name(item.path)) is not None
-        and key not in kept_keys
-        and item.modified < young
-    )
-    run_bounded(report.index_names, delete, concurrency)
-    leases = {item.path: item for item in listed("leases/") if item.modified < young}
-    ended = run_bounded(list(leases), lambda path: _lease_ended(remote, leases[path]), concurrency)
-    report.leases = sorted(path for path, gone in ended.items() if gone)
-    run_bounded(report.leases, delete, concurrency)
-    report.freed_bytes = sum(blob.size for blob in unreferenced)
-    report.kept_blobs = len(blobs) - len(unreferenced)
-    report.kept_bytes = sum(blob.size for blob in blobs.values()) - report.freed_bytes
-    return report
+    remaining, named = sweeps.old_records(records, blobs, cutoff, max_size)
+    kept, referenced = sweeps.dangling_records(remaining, named, blobs)
+    sweeps.unreferenced_blobs(blobs, referenced)
+    sweeps.index_names(kept)
+    sweeps.ended_leases()
+    return sweeps.report
+
+
+@dataclass
+class _Sweeps:
+    """One collection: the five sweeps of the module docstring, in its order, each filling
+    its part of the report; a dry run deletes nothing."""
+
+    remote: RemoteCache
+    report: CollectReport
+    concurrency: int | None
+    young: float
+    """Objects written after this (time.time()) are within the grace period."""
+
+    def listed(self, folder: str) -> list[ObjectInfo]:
+        return self.remote.client.list_objects(folder, self._deadline())
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.remote.limits.deadline
+
+    def _delete(self, paths: list[str]) -> None:
+        def delete(path: str) -> None:
+            self.remote.client.delete(path, self._deadline())
+
+        if not self.report.dry_run:
+            run_concurrently(paths, delete, self.concurrency)
+
+    def old_records(
+        self,
+        records: list[ObjectInfo],
+        blobs: dict[str, ObjectInfo],
+        cutoff: float,
+        max_size: int | None,
+    ) -> tuple[list[ObjectInfo], dict[str, str | None]]:
+        """1. Deletes the records written before the cutoff and, with a size bound, the
+        oldest others until the blobs the rest name fit; returns the rest, and the blob
+        each of them names (_named_blob)."""
+        old = {r.path for r in records if r.modified < cutoff}
+        remaining = [r for r in records if r.path not in old]
+        by_path = {r.path: r for r in remaining}
+        named = run_concurrently(
+            by_path, lambda path: _named_blob(self.remote, by_path[path]), self.concurrency
+        )
+        if max_size is not None:
+            old |= {r.path for r in _oldest_over(remaining, named, blobs, max_size)}
+            remaining = [r for r in remaining if r.path not in old]
+        self.report.old_records = sorted(old)
+        self._delete(self.report.old_records)
+        return remaining, named
+
+    def dangling_records(
+        self,
+        remaining: list[ObjectInfo],
+        named: dict[str, str | None],
+        blobs: dict[str, ObjectInfo],
+    ) -> tuple[list[ObjectInfo], set[str]]:
+        """2. Deletes the records whose blob is gone, unless young; returns the records kept
+        and the blobs they name. Records of a newer format, or unreadable, are kept and
+        reported, and name no blob."""
+        kept, referenced, dangling = [], set(), []
+        for record in remaining:
+            digest = named[record.path]
+            if digest == NEWER:
+                self.report.newer_records.append(record.path)
+            elif digest is None:
+                self.report.unreadable_records.append(record.path)
+            elif digest in blobs or record.modified >= self.young:
+                referenced.add(digest)
+            else:
+                dangling.append(record.path)
+                continue
+            kept.append(record)
+        self.report.dangling_records = sorted(dangling)
+        self._delete(self.report.dangling_records)
+        self.report.kept_records = len(kept)
+        return kept, referenced
+
+    def unreferenced_blobs(self, blobs: dict[str, ObjectInfo], referenced: set[str]) -> None:
+        """3. Deletes the blobs no kept record names, unless young; none while a record of a
+        newer format is there (it may name any)."""
+        report = self.report
+        unreferenced = [
+            blob
+            for digest, blob in blobs.items()
+            if digest not in referenced and blob.modified < self.young and not report.newer_records
+        ]
+        report.blobs = sorted(blob.path for blob in unreferenced)
+        self._delete(report.blobs)
+        report.freed_bytes = sum(blob.size for blob in unreferenced)
+        report.kept_blobs = len(blobs) - len(unreferenced)
+        report.kept_bytes = sum(blob.size for blob in blobs.values()) - report.freed_bytes
+
+    def index_names(self, kept: list[ObjectInfo]) -> None:
+        """4. Deletes the program index names of keys no kept record is for, unless young."""
+        kept_keys = {parsed[0] for r in kept if (parsed := parse_record_name(r.path))}
+        self.report.index_names = sorted(
+            item.path
+            for item in self.listed("programs/")
+            if (key := parse_index_name(item.path)) is not None
+            and key not in kept_keys
+            and item.modified < self.young
+        )
+        self._delete(self.report.index_names)
+
+    def ended_leases(self) -> None:
+        """5. Deletes the leases last written before the grace that have expired or cannot
+        be read."""
+        leases = {item.path: item for item in self.listed("leases/") if item.modified < self.young}
+        ended = run_concurrently(
+            leases, lambda path: _lease_ended(self.remote, leases[path]), self.concurrency
+        )
+        self.report.leases = sorted(path for path, gone in ended.items() if gone)
+        self._delete(self.report.leases)

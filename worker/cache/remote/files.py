@@ -1,11 +1,14 @@
-"""A file:// remote's writes: create-only, and replace-if-unchanged under an flock.
+"""A file:// remote: create-only writes, and replace-if-unchanged under an flock.
 
-object_store's local file system writes create-only (a hard link) but has
-no conditional replace, which leases and record repairs need. Here every
-write to a file:// remote is made the same way, so that one version tag
-serves both: a file is never changed in place (a new version is a new file,
-renamed over the old one), and its tag is its inode, size and change times
-(etag_of), so that each version has its own.
+FileBackend is the file:// kind of store behind ObjectClient. object_store's
+local file system writes create-only (a hard link) but has no conditional
+replace, which leases and record repairs need. Here every write to a file://
+remote is made the same way, so that one version tag serves both: a file is
+never changed in place (a new version is a new file, renamed over the old
+one), and its tag is its inode, size and change times (etag_of), so that
+each version has its own. Versioned reads and deletes are made here too (no
+link followed); listings and ranged reads go through the store's local file
+system (object_store.py), as for any store.
 
 Guarantees: on one host, create is atomic (link(2) fails if the name
 exists) and replace is a compare-and-swap (the check and the rename are made
@@ -32,18 +35,20 @@ path the user named, and may be a link.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from worker.cache import trust
+from worker.cache.folders import open_directory
+from worker.cache.remote.location import Limits, RemoteLocation
+from worker.cache.remote.object_store import ObstoreBackend
+from worker.cache.remote.objects import Versioned, Written
 
 LOCK_NAME = ".cas.lock"
 """The remote's lock file, at its root (outside every folder the tier lists)."""
-
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def etag_of(found: os.stat_result) -> str:
@@ -70,12 +75,7 @@ def _folder(root: Path, path: Path, mkdir: bool) -> Iterator[int]:
             if mkdir:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, dir_fd=fd)
-            try:
-                inner = os.open(name, _DIRECTORY_FLAGS, dir_fd=fd)
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise trust.not_a_directory(where) from None
-                raise
+            inner = open_directory(name, fd, where)
             os.close(fd)
             fd = inner
         yield fd
@@ -160,3 +160,38 @@ def delete(root: Path, path: Path) -> None:
             os.unlink(path.name, dir_fd=folder)
     except FileNotFoundError:
         pass
+
+
+class FileBackend(ObstoreBackend):
+    """A file:// remote: its writes, versioned reads and deletes made here (see the module
+    docstring); listings and ranged reads through obstore's local file system."""
+
+    def __init__(self, location: RemoteLocation, limits: Limits) -> None:
+        super().__init__(location, limits)
+        self.root = Path(unquote(urlsplit(location.url).path))
+
+    def _store_options(self, writing: bool) -> dict[str, Any]:
+        return {"mkdir": not self.location.read_only}
+
+    def _file(self, path: str) -> Path:
+        """Where the remote keeps an object."""
+        return self.root / path
+
+    def get_versioned(self, path: str, max_size: int, deadline: float) -> Versioned | None:
+        """See Backend.get_versioned."""
+        found = read_versioned(self.root, self._file(path), max_size)
+        return None if found is None else Versioned(*found)
+
+    def put_new(self, path: str, data: bytes) -> Written:
+        """See Backend.put_new."""
+        etag = create(self.root, self._file(path), data, mkdir=not self.location.read_only)
+        return Written(etag is not None, etag)
+
+    def put_if_match(self, path: str, data: bytes, etag: str) -> Written:
+        """See Backend.put_if_match."""
+        new = replace_if(self.root, self._file(path), data, etag)
+        return Written(new is not None, new)
+
+    def delete(self, path: str) -> None:
+        """See Backend.delete: the store's own would follow a link."""
+        delete(self.root, self._file(path))

@@ -49,8 +49,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from worker.cache.remote.client import ObjectClient, RemoteError
+from worker.cache.remote.client import ObjectClient
 from worker.cache.remote.location import Limits, seconds_from_environment
+from worker.cache.remote.objects import RemoteError
 from worker.identity.keys import check_key, is_key
 from worker.log import get_logger
 from worker.untrusted import parse_json

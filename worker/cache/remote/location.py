@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from worker.cache.location import YES, flag_from_environment, number_from_environment
+
 REMOTE_ENV = "PJRT_POOL_CACHE_REMOTE"
 """The remote tier's URL; unset or empty: no remote."""
 READ_ONLY_ENV = "PJRT_POOL_CACHE_REMOTE_READ_ONLY"
@@ -43,9 +45,6 @@ Scheme = Literal["s3", "gs", "az", "file", "http", "https"]
 SCHEMES: tuple[Scheme, ...] = ("s3", "gs", "az", "file", "http", "https")
 READ_ONLY_SCHEMES = frozenset({"http", "https"})
 """Plain HTTP servers take no conditional writes: the tier only reads them."""
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -79,15 +78,6 @@ def redact_text(text: str) -> str:
     return re.sub(r"\?[^\s\"'<>]*", "?...", text)
 
 
-def _flag(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r}: write 1 or 0")
-
-
 def parse_remote(url: str, read_only: bool | None = None) -> RemoteLocation:
     """Checks a remote URL and returns its location; raises ValueError saying what is wrong.
 
@@ -113,7 +103,7 @@ def parse_remote(url: str, read_only: bool | None = None) -> RemoteLocation:
             f"{redact(url)!r}: its path has an empty segment (//), which the store refuses; "
             "write one slash between names"
         )
-    explicit = _flag(READ_ONLY_ENV) if read_only is None else read_only
+    explicit = flag_from_environment(READ_ONLY_ENV) if read_only is None else read_only
     return RemoteLocation(url, scheme, explicit or scheme in READ_ONLY_SCHEMES)  # type: ignore[arg-type]
 
 
@@ -148,7 +138,7 @@ def plain_http(location: RemoteLocation) -> bool:
     unless told."""
     if location.scheme == "http":
         return True
-    if location.scheme == "az" and os.environ.get(EMULATOR_ENV, "").strip().lower() in _TRUE:
+    if location.scheme == "az" and os.environ.get(EMULATOR_ENV, "").strip().lower() in YES:
         return True
     names = ENDPOINT_ENV.get(location.scheme, ())
     endpoint = next((os.environ[name] for name in names if os.environ.get(name, "").strip()), "")
@@ -158,18 +148,12 @@ def plain_http(location: RemoteLocation) -> bool:
 def seconds_from_environment(name: str, default: float) -> float:
     """A number of seconds above 0 and at most MAX_SECONDS from the environment, default when
     unset or empty; raises ValueError naming the variable and the range otherwise."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= MAX_SECONDS:  # NaN fails both
-        raise ValueError(
-            f"{name}={text!r}: give a number of seconds above 0 and at most {MAX_SECONDS:g} (a day)"
-        )
-    return value
+    wanted = f"give a number of seconds above 0 and at most {MAX_SECONDS:g} (a day)"
+    return number_from_environment(name, float, default, _in_range, wanted)
+
+
+def _in_range(seconds: float) -> bool:
+    return 0 < seconds <= MAX_SECONDS  # NaN fails both
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,7 @@ import time
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import entry as entry_format
-from worker.cache.remote.client import Failure, ObjectClient, RemoteError, Versioned
-from worker.cache.remote.keys import RecordKeys, keys_from_environment
+from worker.cache.remote.client import ObjectClient
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
     UNSIGNED,
@@ -60,6 +59,8 @@ from worker.cache.remote.lease import (
     lease_seconds,
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
+from worker.cache.remote.objects import Failure, RemoteError, Versioned
+from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
 from worker.cache.remote.verify import (
     NewerRecordError,
     OlderRecordError,
@@ -335,12 +336,14 @@ class RemoteCache:
         (None: compile here after all)."""
         claim, standing = self._claim(key)
         if claim == "mine":
-            return self._led(key, max_size)
+            return self._published_meanwhile(key, max_size)
         if claim == "theirs" and standing is not None:
             return self._wait(key, max_size, standing)
         return None
 
-    def _led(self, key: str, max_size: int) -> tuple[bytes, entry_format.Entry] | None:
+    def _published_meanwhile(
+        self, key: str, max_size: int
+    ) -> tuple[bytes, entry_format.Entry] | None:
         """After taking a lease: the record may have been published between the miss and the
         lease, by a holder that released its lease since; else None (compile)."""
         fetched = self.fetch(key, max_size, count_miss=False)
@@ -416,7 +419,7 @@ class RemoteCache:
             # of the hosts waiting, the one that replaces that version compiles.
             claim, standing = self._claim(key, seen)
             if claim == "mine":
-                return self._led(key, max_size)
+                return self._published_meanwhile(key, max_size)
             return standing if claim == "theirs" else None
 
     def release(self, key: str) -> None:

@@ -14,7 +14,6 @@ its first failure (RemoteCache), so it costs one deadline, not one per key.
 from __future__ import annotations
 
 import enum
-import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from worker.cache import entry as entry_format
+from worker.cache.location import number_from_environment
 from worker.cache.remote.layout import parse_record_name
 from worker.cache.remote.tier import Fetched, Published, RemoteCache
 from worker.cache.space import entry_name
@@ -122,23 +122,19 @@ _PUSH_OUTCOME = {
 
 def concurrency_from_environment(concurrency: int | None = None) -> int:
     """concurrency if given, else PJRT_POOL_CACHE_REMOTE_CONCURRENCY, else 16; raises ValueError."""
+    wanted = "give a whole number above 0"
     if concurrency is None:
-        text = os.environ.get(CONCURRENCY_ENV, "").strip()
-        if not text:
-            return DEFAULT_CONCURRENCY
-        try:
-            concurrency = int(text)
-        except ValueError:
-            raise ValueError(f"{CONCURRENCY_ENV}={text!r}: give a whole number above 0") from None
-        where = f"{CONCURRENCY_ENV}={text!r}"
-    else:
-        where = f"concurrency {concurrency!r}"
+        return number_from_environment(CONCURRENCY_ENV, int, DEFAULT_CONCURRENCY, _positive, wanted)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"{where}: give a whole number above 0")
+        raise ValueError(f"concurrency {concurrency!r}: {wanted}")
     return concurrency
 
 
-def run_bounded(
+def _positive(number: int) -> bool:
+    return number > 0
+
+
+def run_concurrently(
     items: Iterable[str], work: Callable[[str], T], concurrency: int | None = None
 ) -> dict[str, T]:
     """Runs work(item) for every item, at most `concurrency` at once; returns the results."""
@@ -220,7 +216,7 @@ def prefetch(
     keys = list(dict.fromkeys(keys))
     for key in keys:
         entry_name(key)  # InvalidKeyError (a ValueError) for anything but a key, before any work
-    outcomes = run_bounded(keys, lambda key: _fetch_one(remote, cache, key), concurrency)
+    outcomes = run_concurrently(keys, lambda key: _fetch_one(remote, cache, key), concurrency)
     return TransferReport(outcomes, time.monotonic() - started)
 
 
@@ -257,7 +253,7 @@ def push(
     started = time.monotonic()
     if keys is None:
         keys = [entry.key for entry in cache.list_entries() if entry.regular]
-    outcomes = run_bounded(keys, lambda key: _push_one(remote, cache, key), concurrency)
+    outcomes = run_concurrently(keys, lambda key: _push_one(remote, cache, key), concurrency)
     return TransferReport(outcomes, time.monotonic() - started)
 
 

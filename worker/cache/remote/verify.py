@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 
 from worker.cache import entry as entry_format
-from worker.cache.remote.keys import RecordKeys
 from worker.cache.remote.layout import (
     BadRecordError,
     NewRecordError,
@@ -27,6 +26,7 @@ from worker.cache.remote.layout import (
     signed_bytes,
     split_record,
 )
+from worker.cache.remote.signing_keys import RecordKeys
 from worker.cache.signing import Signer
 from worker.identity.keys import key_of
 

@@ -233,8 +233,7 @@ def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
                 received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
         return _finish(sock, data, received, bool(flags & _CTRUNC))
     except BaseException:
-        for fd in received:
-            os.close(fd)
+        _close_all(received)
         raise
 
 
@@ -250,9 +249,14 @@ def finish_frame(
     try:
         return _finish(sock, first, fds, truncated)
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        _close_all(fds)
         raise
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    """Closes descriptors received with a frame that failed: none is left open."""
+    for fd in fds:
+        os.close(fd)
 
 
 def _finish(

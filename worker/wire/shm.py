@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from worker.records import ArrayType
-from worker.serve.protocol import DescriptorLimitError
+from worker.wire.protocol import DescriptorLimitError
 
 ALIGNMENT = 64
 

@@ -1,4 +1,4 @@
-"""``python -m worker.cache.verify --cache-dir DIR --platform P``: load entries with the plugin.
+"""``python -m worker.serve.entry_check --cache-dir DIR --platform P``: load entries, checked.
 
 Runs in a child of ``pjrt-pool cache verify --load``, so that an entry that
 crashes the plugin takes down this process, not the command. It reads keys
@@ -25,15 +25,13 @@ import sys
 from typing import Any
 
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
-from worker.cache.report import UNREADABLE
+from worker.cache.report import OTHER, UNREADABLE
 from worker.cache.store import DiskCache
 from worker.compile.executable import Executable
 from worker.errors import PjrtError, PlatformMismatchError, PluginLoadError, PluginNotFoundError
 from worker.identity.keys import foreign_parts, is_key
 from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
-
-OTHER = "other plugin/host"
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -62,7 +60,7 @@ def _check(cache: DiskCache, key: str, here: dict[str, Any]) -> dict[str, Any] |
 
 def main(argv: list[str] | None = None) -> int:
     """Checks the keys on stdin; see the module docstring for the output."""
-    parser = argparse.ArgumentParser(prog="python -m worker.cache.verify")
+    parser = argparse.ArgumentParser(prog="python -m worker.serve.entry_check")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--platform", required=True)
     args = parser.parse_args(argv)
