@@ -24,8 +24,9 @@ floors below it, and from worker (tests/test_structure.py checks it)::
 
 where *.py stands for the modules at the top (manifest.py, errors.py, ...).
 The executor uses none of JAX; lowering/ adds it, with Pool.function;
-face.py puts the two behind one Pool; cluster/ runs Pools on Dask's workers; warming may use a cluster; the
-conformance battery and the command line use what they need of the rest.
+face.py puts the two behind one Pool; cluster/ runs Pools on Dask's workers;
+warming may use a cluster; the conformance battery and the command line use
+what they need of the rest.
 """
 
 from __future__ import annotations

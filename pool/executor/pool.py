@@ -569,8 +569,12 @@ class WorkerPool:
             raise
 
         def queue_run(done: Future[CompileResult]) -> None:
-            error = done.exception() if not done.cancelled() else PoolClosedError(
-                f"the compile of {request.name!r} before its run was cancelled"
+            error = (
+                done.exception()
+                if not done.cancelled()
+                else PoolClosedError(
+                    f"the compile of {request.name!r} before its run was cancelled"
+                )
             )
             if error is None:
                 try:

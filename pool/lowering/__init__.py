@@ -5,8 +5,8 @@ lowering_platform(); stablehlo.py serializes for the plugin's StableHLO
 window; plugin_info.py learns that window without loading the plugin here;
 workarounds.py rewrites what a plugin build is known to miscompile;
 devices.py keeps this process's JAX off a TPU that the workers must hold;
-function.py is Pool.function, jax.jit's counterpart for a Pool, and pool.py
-the Pool users import, the executor's with .function; inputs.py is
+function.py is PoolFunction, what Pool.function returns: jax.jit's
+counterpart for a Pool (pool.face's Pool makes it); inputs.py is
 save_inputs, a program's inputs from its function's arguments, in the file
 that pjrt-pool run --inputs reads.
 """
