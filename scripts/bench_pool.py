@@ -235,6 +235,224 @@ def _executor_run(x: np.ndarray) -> np.ndarray:
     return _executor_executable.run([x])[0]
 
 
+def part_a(programs: list[LoweredProgram], workers: int, repeat: int) -> None:
+    """(a): compiling every example serially in this process against a pool, alternated."""
+    serial, serial_cpu, parallel, startups = [], [], [], []
+    for rep in range(repeat):
+        if rep % 2 == 0:
+            wall_s, cpu_s = serial_compile(programs)
+            startup, wall = pool_compile(programs, workers)
+        else:
+            startup, wall = pool_compile(programs, workers)
+            wall_s, cpu_s = serial_compile(programs)
+        serial.append(wall_s)
+        serial_cpu.append(cpu_s)
+        parallel.append(wall)
+        startups.append(startup)
+    ratio_a = median(parallel) / median(serial)
+    cores = os.cpu_count() or 1
+    floor = median(serial_cpu) / cores
+    print(f"\n(a) compiling {len(programs)} programs:")
+    print(
+        f"    serial in-process   {median(serial):7.2f} s  "
+        f"({median(serial_cpu):.2f} CPU-s: XLA itself uses "
+        f"{median(serial_cpu) / median(serial):.2f} cores, so {cores} cores cannot "
+        f"beat {floor:.2f} s = {floor / median(serial):.2f}x)"
+    )
+    print(
+        f"    pool of {workers} workers   {median(parallel):7.2f} s  "
+        f"(+ {median(startups):.2f} s pool start-up)"
+    )
+    print(
+        f"    ratio pool/serial   {ratio_a:7.2f}   target <= 0.65: "
+        f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
+    )
+
+
+class Tiny:
+    """The tiny program of (b) and (e), its input, and its executable in this process."""
+
+    def __init__(self) -> None:
+        self.program = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+        self.x = np.ones(4, np.float32)
+        self.executable, _ = compile_program(self.program, disk_cache=False)
+
+
+def sequential_calls(tiny: Tiny, calls: int) -> dict[str, list[float]]:
+    """(b)'s timings, in seconds per call: the pool's run and submit, the run in this
+    process, and bare round trips between two processes (blocking and spinning), taken
+    in eight alternated batches."""
+    tiny_args = (tiny.program, tiny.x)
+    # The spinning echo burns a core while it waits; it runs only in its batches.
+    blocking = Echo(spin=False)
+    times: dict[str, list[float]] = {"pool": [], "submit": [], "local": [], "block": [], "spin": []}
+    with Pool(1, cache_dir=fresh_dir("b-")) as pool:
+        round_trips(pool, *tiny_args, 200)
+        round_trips(pool, *tiny_args, 200, submit=True)
+        in_process_runs(tiny.executable, tiny.x, 200)
+        blocking.round_trips(200)
+        batch = max(calls // 8, 1)
+        for _ in range(8):
+            times["pool"] += round_trips(pool, *tiny_args, batch)
+            times["submit"] += round_trips(pool, *tiny_args, batch, submit=True)
+            times["local"] += in_process_runs(tiny.executable, tiny.x, batch)
+            times["block"] += blocking.round_trips(batch)
+            spinning = Echo(spin=True)
+            spinning.round_trips(min(batch, 50))  # its start-up, untimed
+            times["spin"] += spinning.round_trips(batch)
+            spinning.close()
+    blocking.close()
+    return times
+
+
+def report_b(times: dict[str, list[float]]) -> None:
+    """(b): the pool's round trip against the floors two bare processes set."""
+    rt, submitted, local, bare, bare_spin = (
+        median(times[side]) * 1e6 for side in ("pool", "submit", "local", "block", "spin")
+    )
+    floor_us, spin_floor_us = bare + local, bare_spin + local
+    print("\n(b) tiny program, sequential calls (median):")
+    print(f"    bare round trip     {bare_spin:7.1f} us   (two processes, one byte, spinning)")
+    print(f"    bare round trip     {bare:7.1f} us   (two processes, one byte, blocking recv)")
+    print(f"    in-process run      {local:7.1f} us")
+    print(f"    spinning floor      {spin_floor_us:7.1f} us   (spinning round trip + run)")
+    print(f"    blocking floor      {floor_us:7.1f} us   (blocking round trip + run)")
+    print(
+        f"    pool.run            {rt:7.1f} us   "
+        f"(p90 {np.percentile(times['pool'], 90) * 1e6:.1f} us)   "
+        f"{rt / spin_floor_us:5.2f}x the spinning floor, target <= 2 "
+        f"(ambition 1.5): {'met' if rt <= 2 * spin_floor_us else 'NOT met'}; "
+        f"{rt / floor_us:5.2f}x the blocking floor"
+    )
+    print(
+        f"    submit + result     {submitted:7.1f} us   (result() reads)  "
+        f"{submitted / spin_floor_us:5.2f}x the spinning floor, target <= 3: "
+        f"{'met' if submitted <= 3 * spin_floor_us else 'NOT met'}"
+    )
+
+
+def _pool_with_small_pages(cache_dir: str) -> Pool:
+    """A Pool(1) whose worker runs with glibc's huge pages turned off (see
+    pool.spawn.with_huge_pages): what they save on the plugin's own output buffer."""
+    saved = os.environ.get("GLIBC_TUNABLES")
+    os.environ["GLIBC_TUNABLES"] = f"{HUGE_PAGES_TUNABLE}=0"
+    try:
+        return Pool(1, cache_dir=cache_dir)
+    finally:
+        if saved is None:
+            del os.environ["GLIBC_TUNABLES"]
+        else:
+            os.environ["GLIBC_TUNABLES"] = saved
+
+
+def part_c(repeat: int) -> None:
+    """(c): a 64 MiB output through the pool, in this process and through
+    ProcessPoolExecutor, returned and read."""
+    big = lower(
+        lambda s: jnp.full((BIG,), 1.0, jnp.float32) * s,
+        [jax.ShapeDtypeStruct((), jnp.float32)],
+    )
+    cache_c = fresh_dir("c-")
+    big_exe, _ = compile_program(big, cache_dir=cache_c)
+    scalar = np.float32(3.0)
+    with (
+        _pool_with_small_pages(cache_c) as small_pages,
+        Pool(1, cache_dir=cache_c) as pool,
+        concurrent.futures.ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_executor_init,
+            initargs=(big, cache_c),
+        ) as executor,
+    ):
+        sides = {
+            "pool": lambda: pool.run(big, [scalar])[0],
+            "pool, 4 KiB pages": lambda: small_pages.run(big, [scalar])[0],
+            "in-process": lambda: big_exe.run([scalar])[0],
+            "executor": lambda: executor.submit(_executor_run, scalar).result(),
+        }
+        timings = _timed_big_outputs(sides, max(repeat, 5))
+    print("\n(c) 64 MiB output (median ms):          returned   returned and read")
+    for side in sides:
+        print(
+            f"    {side:<20} {median(timings[side]) * 1e3:12.1f} "
+            f"{median(timings[side + ' read']) * 1e3:14.1f}"
+        )
+    for suffix in ("", " read"):
+        p = median(timings["pool" + suffix])
+        loc = median(timings["in-process" + suffix])
+        ex = median(timings["executor" + suffix])
+        small = median(timings["pool, 4 KiB pages" + suffix])
+        label = "returned and read" if suffix else "returned"
+        print(f"    {label}: pool/pool with 4 KiB pages {p / small:.2f}")
+        print(
+            f"    {label}: pool/in-process {p / loc:.2f} (target <= 1.5: "
+            f"{'met' if p / loc <= 1.5 else 'NOT met'}); pool {ex / p:.2f}x faster than "
+            f"ProcessPoolExecutor (target >= 3: {'met' if ex / p >= 3 else 'NOT met'})"
+        )
+
+
+def _timed_big_outputs(sides: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Each side's seconds to return its 64 MiB output, and to return it and read it all,
+    after two warm-up calls each."""
+    for _ in range(2):  # warm up all four
+        for call in sides.values():
+            assert call()[-1] == 3.0
+    timings: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for side, call in sides.items():
+            start = time.perf_counter()
+            out = call()
+            returned = time.perf_counter()
+            # Reading every element: the pool's array maps its pages lazily,
+            # so "returned" alone would hide that cost.
+            total = float(out.sum(dtype=np.float64))
+            read = time.perf_counter()
+            assert total == 3.0 * BIG
+            timings.setdefault(side, []).append(returned - start)
+            timings.setdefault(side + " read", []).append(read - start)
+            del out
+    return timings
+
+
+def part_d(workers: int, repeat: int) -> None:
+    """(d): how long a worker takes to start, and a Pool to be ready."""
+    ready, constructions = [], []
+    for _ in range(max(repeat, 3)):
+        start = time.perf_counter()
+        with Pool(workers, cache_dir=fresh_dir("d-")) as pool:
+            constructions.append(time.perf_counter() - start)
+            ready += [w["startup_seconds"] for w in pool.worker_info]
+    print("\n(d) worker start to ready:")
+    print(
+        f"    per worker median   {median(ready):7.3f} s   max {max(ready):.3f} s   "
+        f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
+    )
+    print(f"    Pool({workers}) ready     {median(constructions):7.3f} s")
+
+
+def part_e(tiny: Tiny, times: dict[str, list[float]], tasks: int, repeat: int) -> None:
+    """(e): submits from one and from eight threads on Pool(2), against the rate of a
+    blocking round trip and a run each ((b)'s floor)."""
+    floor_rate = 1 / (median(times["block"]) + median(times["local"]))
+    with Pool(2, cache_dir=fresh_dir("e-")) as pool:
+        throughput(pool, tiny.program, tiny.x, 1000, 1)  # both workers load the program
+        throughput(pool, tiny.program, tiny.x, 1000, 8)
+        rates: dict[int, list[float]] = {1: [], 8: []}
+        for _ in range(max(repeat, 3)):
+            for threads in rates:
+                rates[threads].append(throughput(pool, tiny.program, tiny.x, tasks, threads))
+    print(f"\n(e) throughput, {tasks} submits on Pool(2), then every result (median):")
+    print(f"    floor               {floor_rate:9.0f} tasks/s   (a round trip + a run each)")
+    for threads, measured in rates.items():
+        rate = median(measured)
+        print(
+            f"    {threads} thread{'s' if threads > 1 else ' '}"
+            f"           {rate:9.0f} tasks/s   "
+            f"{rate / floor_rate:5.2f}x the floor's rate"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -256,195 +474,17 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     if "a" in args.parts:
-        serial, serial_cpu, parallel, startups = [], [], [], []
-        for rep in range(args.repeat):
-            if rep % 2 == 0:
-                wall_s, cpu_s = serial_compile(programs)
-                startup, wall = pool_compile(programs, args.workers)
-            else:
-                startup, wall = pool_compile(programs, args.workers)
-                wall_s, cpu_s = serial_compile(programs)
-            serial.append(wall_s)
-            serial_cpu.append(cpu_s)
-            parallel.append(wall)
-            startups.append(startup)
-        ratio_a = median(parallel) / median(serial)
-        cores = os.cpu_count() or 1
-        floor = median(serial_cpu) / cores
-        print(f"\n(a) compiling {len(programs)} programs:")
-        print(
-            f"    serial in-process   {median(serial):7.2f} s  "
-            f"({median(serial_cpu):.2f} CPU-s: XLA itself uses "
-            f"{median(serial_cpu) / median(serial):.2f} cores, so {cores} cores cannot "
-            f"beat {floor:.2f} s = {floor / median(serial):.2f}x)"
-        )
-        print(
-            f"    pool of {args.workers} workers   {median(parallel):7.2f} s  "
-            f"(+ {median(startups):.2f} s pool start-up)"
-        )
-        print(
-            f"    ratio pool/serial   {ratio_a:7.2f}   target <= 0.65: "
-            f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
-        )
-
-    tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
-    tiny_x = np.ones(4, np.float32)
-    tiny_executable, _ = compile_program(tiny, disk_cache=False)
-    floor_us = None
-    if "b" in args.parts or "e" in args.parts:
-        # The spinning echo burns a core while it waits; it runs only in its batches.
-        echoes = {"block": Echo(spin=False)}
-        with Pool(1, cache_dir=fresh_dir("b-")) as pool:
-            round_trips(pool, tiny, tiny_x, 200)
-            round_trips(pool, tiny, tiny_x, 200, submit=True)
-            in_process_runs(tiny_executable, tiny_x, 200)
-            echoes["block"].round_trips(200)
-            pool_times, submit_times, local_times = [], [], []
-            bare_times: dict[str, list[float]] = {"block": [], "spin": []}
-            batch = max(args.calls // 8, 1)
-            for _ in range(8):
-                pool_times += round_trips(pool, tiny, tiny_x, batch)
-                submit_times += round_trips(pool, tiny, tiny_x, batch, submit=True)
-                local_times += in_process_runs(tiny_executable, tiny_x, batch)
-                bare_times["block"] += echoes["block"].round_trips(batch)
-                spinning = Echo(spin=True)
-                spinning.round_trips(min(batch, 50))  # its start-up, untimed
-                bare_times["spin"] += spinning.round_trips(batch)
-                spinning.close()
-        echoes["block"].close()
-        rt = median(pool_times) * 1e6
-        submitted = median(submit_times) * 1e6
-        local = median(local_times) * 1e6
-        bare = median(bare_times["block"]) * 1e6
-        bare_spin = median(bare_times["spin"]) * 1e6
-        floor_us = bare + local
-        spin_floor_us = bare_spin + local
+        part_a(programs, args.workers, args.repeat)
+    tiny = Tiny()
+    times = sequential_calls(tiny, args.calls) if set("be") & set(args.parts) else {}
     if "b" in args.parts:
-        print("\n(b) tiny program, sequential calls (median):")
-        print(f"    bare round trip     {bare_spin:7.1f} us   (two processes, one byte, spinning)")
-        print(f"    bare round trip     {bare:7.1f} us   (two processes, one byte, blocking recv)")
-        print(f"    in-process run      {local:7.1f} us")
-        print(f"    spinning floor      {spin_floor_us:7.1f} us   (spinning round trip + run)")
-        print(f"    blocking floor      {floor_us:7.1f} us   (blocking round trip + run)")
-        print(
-            f"    pool.run            {rt:7.1f} us   "
-            f"(p90 {np.percentile(pool_times, 90) * 1e6:.1f} us)   "
-            f"{rt / spin_floor_us:5.2f}x the spinning floor, target <= 2 "
-            f"(ambition 1.5): {'met' if rt <= 2 * spin_floor_us else 'NOT met'}; "
-            f"{rt / floor_us:5.2f}x the blocking floor"
-        )
-        print(
-            f"    submit + result     {submitted:7.1f} us   (result() reads)  "
-            f"{submitted / spin_floor_us:5.2f}x the spinning floor, target <= 3: "
-            f"{'met' if submitted <= 3 * spin_floor_us else 'NOT met'}"
-        )
-
+        report_b(times)
     if "c" in args.parts:
-        big = lower(
-            lambda s: jnp.full((BIG,), 1.0, jnp.float32) * s,
-            [jax.ShapeDtypeStruct((), jnp.float32)],
-        )
-        cache_c = fresh_dir("c-")
-        big_exe, _ = compile_program(big, cache_dir=cache_c)
-        scalar = np.float32(3.0)
-        # The same pool with glibc's huge pages turned off in its worker (see
-        # pool.spawn.with_huge_pages): what they save on the plugin's own output buffer.
-        saved = os.environ.get("GLIBC_TUNABLES")
-        os.environ["GLIBC_TUNABLES"] = f"{HUGE_PAGES_TUNABLE}=0"
-        try:
-            small_pages = Pool(1, cache_dir=cache_c)
-        finally:
-            if saved is None:
-                del os.environ["GLIBC_TUNABLES"]
-            else:
-                os.environ["GLIBC_TUNABLES"] = saved
-        with (
-            small_pages,
-            Pool(1, cache_dir=cache_c) as pool,
-            concurrent.futures.ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_executor_init,
-                initargs=(big, cache_c),
-            ) as executor,
-        ):
-            for _ in range(2):  # warm up all four
-                assert pool.run(big, [scalar])[0][-1] == 3.0
-                assert small_pages.run(big, [scalar])[0][-1] == 3.0
-                assert big_exe.run([scalar])[0][-1] == 3.0
-                assert executor.submit(_executor_run, scalar).result()[-1] == 3.0
-            timings: dict[str, list[float]] = {}
-            sides = {
-                "pool": lambda: pool.run(big, [scalar])[0],
-                "pool, 4 KiB pages": lambda: small_pages.run(big, [scalar])[0],
-                "in-process": lambda: big_exe.run([scalar])[0],
-                "executor": lambda: executor.submit(_executor_run, scalar).result(),
-            }
-            for _ in range(max(args.repeat, 5)):
-                for side, call in sides.items():
-                    start = time.perf_counter()
-                    out = call()
-                    returned = time.perf_counter()
-                    # Reading every element: the pool's array maps its pages lazily,
-                    # so "returned" alone would hide that cost.
-                    total = float(out.sum(dtype=np.float64))
-                    read = time.perf_counter()
-                    assert total == 3.0 * BIG
-                    timings.setdefault(side, []).append(returned - start)
-                    timings.setdefault(side + " read", []).append(read - start)
-                    del out
-        print("\n(c) 64 MiB output (median ms):          returned   returned and read")
-        for side in sides:
-            print(
-                f"    {side:<20} {median(timings[side]) * 1e3:12.1f} "
-                f"{median(timings[side + ' read']) * 1e3:14.1f}"
-            )
-        for suffix in ("", " read"):
-            p = median(timings["pool" + suffix])
-            loc = median(timings["in-process" + suffix])
-            ex = median(timings["executor" + suffix])
-            small = median(timings["pool, 4 KiB pages" + suffix])
-            label = "returned and read" if suffix else "returned"
-            print(f"    {label}: pool/pool with 4 KiB pages {p / small:.2f}")
-            print(
-                f"    {label}: pool/in-process {p / loc:.2f} (target <= 1.5: "
-                f"{'met' if p / loc <= 1.5 else 'NOT met'}); pool {ex / p:.2f}x faster than "
-                f"ProcessPoolExecutor (target >= 3: {'met' if ex / p >= 3 else 'NOT met'})"
-            )
-
+        part_c(args.repeat)
     if "d" in args.parts:
-        ready, constructions = [], []
-        for _ in range(max(args.repeat, 3)):
-            start = time.perf_counter()
-            with Pool(args.workers, cache_dir=fresh_dir("d-")) as pool:
-                constructions.append(time.perf_counter() - start)
-                ready += [w["startup_seconds"] for w in pool.worker_info]
-        print("\n(d) worker start to ready:")
-        print(
-            f"    per worker median   {median(ready):7.3f} s   max {max(ready):.3f} s   "
-            f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
-        )
-        print(f"    Pool({args.workers}) ready     {median(constructions):7.3f} s")
-
+        part_d(args.workers, args.repeat)
     if "e" in args.parts:
-        assert floor_us is not None
-        floor_rate = 1e6 / floor_us
-        with Pool(2, cache_dir=fresh_dir("e-")) as pool:
-            throughput(pool, tiny, tiny_x, 1000, 1)  # both workers load the program
-            throughput(pool, tiny, tiny_x, 1000, 8)
-            rates = {1: [], 8: []}
-            for _ in range(max(args.repeat, 3)):
-                for threads in rates:
-                    rates[threads].append(throughput(pool, tiny, tiny_x, args.tasks, threads))
-        print(f"\n(e) throughput, {args.tasks} submits on Pool(2), then every result (median):")
-        print(f"    floor               {floor_rate:9.0f} tasks/s   (a round trip + a run each)")
-        for threads, measured in rates.items():
-            rate = median(measured)
-            print(
-                f"    {threads} thread{'s' if threads > 1 else ' '}"
-                f"           {rate:9.0f} tasks/s   "
-                f"{rate / floor_rate:5.2f}x the floor's rate"
-            )
+        part_e(tiny, times, args.tasks, args.repeat)
     return 0
 
 

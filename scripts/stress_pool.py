@@ -152,6 +152,21 @@ def stress(threads: int, tasks: int, workers: int, large_every: int) -> dict[str
         fds_after, rss_after = open_descriptors(), rss_mib()
         summary["statistics"] = pool.statistics._asdict()
     gc.collect()
+    return _judged(summary, seen, wrong, samples, (fds_before, fds_after), (rss_before, rss_after))
+
+
+def _judged(
+    summary: dict[str, Any],
+    seen: dict[float, int],
+    wrong: list[str],
+    samples: list[tuple[int, float]],
+    fds: tuple[int, int],
+    rss: tuple[float, float],
+) -> dict[str, Any]:
+    """The summary with what the run found (results, descriptors and memory before,
+    at their peak and after, what close left) and the checks it passed."""
+    (fds_before, fds_after), (rss_before, rss_after) = fds, rss
+    threads, tasks = summary["threads"], summary["tasks_per_thread"]
     expected = threads * tasks
     tags = threads * tasks
     summary.update(
