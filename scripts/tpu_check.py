@@ -16,6 +16,7 @@ Steps (--steps picks some; all by default):
     bundle     a bundle made without a TPU (pjrt-pool warm --platform tpu --topology
                v5e:1x1 on a CPU machine; --bundle): bundle check, then each program
                loaded and run from it with no compile and no cache, timed
+    cli        pjrt-pool run of the bundle's mlp_medium, in a process of its own
     jax        jax.jit of the same functions on the chip, on the same inputs: each
                pjrt-pool output compared with JAX's (bit-exact, or the relative error)
     pool       Pool(platform=PLATFORM) with compile workers and its device worker: start,
@@ -53,7 +54,18 @@ HERE = Path(__file__).resolve().parent
 PLATFORM = os.environ.get("TPU_CHECK_PLATFORM", "tpu")
 """The platform checked: "tpu"; "cpu" rehearses every step on a machine without one (its
 pools then split compiles from runs with run_workers=1, as a TPU host's pools do)."""
-STEPS = ("examples", "again", "bundle", "jax", "pool", "kill", "roundtrip", "beside", "checkplugin")
+STEPS = (
+    "examples",
+    "again",
+    "bundle",
+    "cli",
+    "jax",
+    "pool",
+    "kill",
+    "roundtrip",
+    "beside",
+    "checkplugin",
+)
 TINY_CALLS = 300
 CHECK_CASES = (
     "elementwise/*/float32/*",
@@ -268,11 +280,7 @@ def step_pool(out: Path) -> dict[str, Any]:
         (name, lower(f, shapes, platform=PLATFORM), shapes) for name, f, shapes in train_steps()
     ]
     tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)], platform=PLATFORM)
-    spin = lower(
-        lambda x: jax.lax.fori_loop(0, 4000, lambda i, y: jnp.tanh(y @ y), x),
-        [jax.ShapeDtypeStruct((512, 512), jnp.float32)],
-        platform=PLATFORM,
-    )
+    spin, spin_x = _spin()
     found: dict[str, Any] = {}
     started = time.perf_counter()
     split = {} if PLATFORM == "tpu" else {"run_workers": 1}
@@ -308,14 +316,30 @@ def step_pool(out: Path) -> dict[str, Any]:
             times.append(time.perf_counter() - began)
         found["tiny_round_trip_ms_median"] = statistics.median(times) * 1e3
         # A device worker killed during a run: that run fails alone, the next one runs.
-        pool.run(spin, [np.full((512, 512), 0.001, np.float32)])  # compiled and loaded
+        pool.run(spin, [spin_x, np.int32(10)])  # compiled and loaded
         device = next(w for w in pool.worker_info if w["role"] == "device")
-        future = pool.submit(spin, [np.full((512, 512), 0.001, np.float32)])
-        found["killed_run"], killed = _killed_during(future, device["pid"], 0.3, 200)
+        future = pool.submit(spin, [spin_x, np.int32(200000)])
+        found["killed_run"], killed = _killed_during(future, device["pid"], 1.0, 200)
         pool.run(tiny, [x])
         found["next_run_after_kill_seconds"] = time.perf_counter() - killed
         found["statistics"] = str(pool.statistics)
     return found
+
+
+def _spin() -> tuple[Any, np.ndarray]:
+    """A program that runs on the chip for as long as its second argument says (n products
+    of 1024x1024 matrices: 200000 take minutes), and its first argument."""
+    import jax
+    import jax.numpy as jnp
+
+    from pool import lower
+
+    spin = lower(
+        lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ y), x),
+        [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)],
+        platform=PLATFORM,
+    )
+    return spin, np.full((1024, 1024), 0.001, np.float32)
 
 
 def _killed_during(future: Any, pid: int, after: float, width: int) -> tuple[str, float]:
@@ -334,17 +358,10 @@ def _killed_during(future: Any, pid: int, after: float, width: int) -> tuple[str
 
 
 def step_kill(out: Path) -> dict[str, Any]:
-    import jax
-    import jax.numpy as jnp
 
-    from pool import Pool, lower
+    from pool import Pool
 
-    spin = lower(
-        lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ y), x),
-        [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)],
-        platform=PLATFORM,
-    )
-    x = np.full((1024, 1024), 0.001, np.float32)
+    spin, x = _spin()
     found: dict[str, Any] = {}
     split = {} if PLATFORM == "tpu" else {"run_workers": 1}
     with Pool(1, platform=PLATFORM, cache_dir=out / "kill-cache", **split) as pool:
@@ -472,7 +489,10 @@ def _one(step: str, out: Path, bundle: str | None) -> dict[str, Any]:
         return step_examples(out, again=True)
     if step == "bundle":
         assert bundle is not None
-        return {**step_bundle(out, bundle), "cli": step_cli(bundle)}
+        return step_bundle(out, bundle)
+    if step == "cli":
+        assert bundle is not None
+        return step_cli(bundle)
     if step == "jax":
         return step_jax(out)
     if step == "pool":
@@ -503,7 +523,7 @@ def main() -> None:
         return
     summary: dict[str, Any] = {}
     for step in args.steps.split(","):
-        if step == "bundle" and not args.bundle:
+        if step in ("bundle", "cli") and not args.bundle:
             continue
         environment = dict(os.environ)
         if step in JAX_ON_THE_CHIP:

@@ -316,10 +316,11 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
     then makes clear. Raises FfiVersionError, before anything compiles, when
     the bytes name a target whose handler the plugin's XLA could not take.
     """
+    libraries = [library for library in _LIBRARIES if library.platform == runtime.platform]
+    if not libraries:
+        return  # no copy of the bytes: a TPU entry's are tens of MB (7 ms each, measured)
     data = bytes(blob) if isinstance(blob, memoryview) else blob
-    for library in _LIBRARIES:
-        if library.platform != runtime.platform:
-            continue
+    for library in libraries:
         if not any(marker in data for marker in library.markers):
             continue
         if library.description not in runtime.registered_targets:
