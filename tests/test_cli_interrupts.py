@@ -186,7 +186,12 @@ def test_an_interrupted_warm_reports_what_it_warmed_and_writes_a_partial_manifes
     assert f"partial: the {compiled} of 33 programs warmed before the interrupt" in stdout
     written = json.loads(manifest.read_text())
     assert written["partial"] is True and len(written["programs"]) == compiled
-    assert len(list((cache / "entries").glob("*.pjx"))) == compiled
+    # A worker stopped mid-publish may have stored the program it was compiling before its
+    # reply reached the parent (seen once under load: 27 entries, 26 reported): a valid
+    # entry the next warm loads, never a bad one (the cache verified above). At most one
+    # such per worker.
+    entries = len(list((cache / "entries").glob("*.pjx")))
+    assert compiled <= entries <= compiled + 2, (entries, compiled)
 
 
 def test_an_interrupted_warm_on_a_terminal_ends_its_progress_line(tmp_path: Path) -> None:
