@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_seconds
 from train_steps import train_steps
 
 from pool import compile_program, lower
@@ -87,12 +88,8 @@ def tiny_run() -> None:
     x = np.ones(4, np.float32)
     for _ in range(50):
         executable.run([x])
-    times = []
-    for _ in range(300):
-        started = time.perf_counter()
-        executable.run([x])
-        times.append(time.perf_counter() - started)
-    print(f"Executable.run of x + 1, median of 300: {statistics.median(times) * 1e3:.3f} ms")
+    median = median_seconds(lambda _: executable.run([x]), 300)
+    print(f"Executable.run of x + 1, median of 300: {median * 1e3:.3f} ms")
 
 
 def main() -> None:
