@@ -574,6 +574,36 @@ def test_when_a_dead_hosts_lease_expires_one_waiter_takes_it_over(remote, monkey
     assert sum(c.published for c in counters) == 1
 
 
+@pytest.mark.parametrize("publish_before_look", [1, 2], ids=["while-claiming", "while-waiting"])
+def test_a_host_whose_holder_publishes_as_it_looks_fetches_and_takes_no_lease(
+    remote, monkeypatch, publish_before_look
+):
+    """The holder publishes (record, then release) between a waiting host's record lookup and
+    its look at the lease: the waiter fetches the entry, counted as a compile saved, and takes
+    no lease (a lease counts a compile; seen once in CI as 2 leases for one compile)."""
+    key, parts, data = _entry(25)
+    holder, waiter = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
+    assert holder.fetch_or_lead(key, 1 << 20) is None  # the holder compiles
+    looks = 0
+    look = waiter.leases.look
+
+    def look_after_the_holder_published(key: str):
+        nonlocal looks
+        looks += 1
+        if looks == publish_before_look:
+            holder.publish(key, parts, data)
+        return look(key)
+
+    monkeypatch.setattr(waiter.leases, "look", look_after_the_holder_published)
+    fetched = waiter.fetch_or_lead(key, 1 << 20)
+    assert fetched is not None and fetched[0] == data
+    assert looks >= publish_before_look
+    assert waiter.counters.leases == 0, waiter.counters
+    assert holder.counters.leases == 1 and holder.counters.published == 1
+    if publish_before_look == 2:  # it waited on the holder's lease
+        assert waiter.counters.waited == 1, waiter.counters
+
+
 def test_of_hosts_racing_for_an_expired_lease_exactly_one_takes_it(remote, monkeypatch):
     from worker.cache.remote.lease import Lease, lease_name
 

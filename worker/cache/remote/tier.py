@@ -345,28 +345,33 @@ class RemoteCache:
         self, key: str, max_size: int
     ) -> tuple[bytes, entry_format.Entry] | None:
         """After taking a lease: the record may have been published between the miss and the
-        lease, by a holder that released its lease since; else None (compile)."""
+        lease, by a holder that released its lease since: then the lease is released at once
+        and not counted; else None (compile here: the lease counts)."""
         fetched = self.fetch(key, max_size, count_miss=False)
         if fetched is not None:
             self.release(key)
+        else:
+            self._count("leases")
         return fetched
 
     def _claim(self, key: str, seen: Seen | None = None) -> tuple[Claim, Lease | None]:
-        """leases.claim, counted; never raises (a failing store: none, and counted)."""
+        """leases.claim; never raises (a failing store: none, and counted). A lease taken
+        counts once its taker knows it compiles (_published_meanwhile, claim)."""
         if self.state == "off":
             return "none", None
         try:
-            claim, standing = self.leases.claim(key, writable=self.state == "on", seen=seen)
+            return self.leases.claim(key, writable=self.state == "on", seen=seen)
         except RemoteError as error:
             self._failed(error, writing=True)
             return "none", None
-        if claim == "mine":
-            self._count("leases")
-        return claim, standing
 
     def claim(self, key: str) -> Claim:
-        """Takes a key's lease, or finds another's standing (see lease.py); never raises."""
-        return self._claim(key)[0]
+        """Takes a key's lease to compile it (counted), or finds another's standing (see
+        lease.py); never raises."""
+        claim = self._claim(key)[0]
+        if claim == "mine":
+            self._count("leases")
+        return claim
 
     def _wait(
         self, key: str, max_size: int, lease: Lease
@@ -398,16 +403,18 @@ class RemoteCache:
             last = left <= pause
             time.sleep(max(0.0, min(pause, left)))
             pause = min(pause * 2, POLL_MAX)
+            # The lease before the record: a holder writes its record before it releases, so
+            # a lease read as ended, then no record, means it ended without one.
+            try:
+                seen = self.leases.look(key)
+            except RemoteError as error:
+                self._failed(error, writing=False)
+                return None
             found = self.lookup(key, max_size, count_miss=False)
             if found.outcome is Fetched.HIT:
                 self._count("waited")
                 return _entry_of(found)
             if found.outcome is not Fetched.MISS:
-                return None
-            try:
-                seen = self.leases.look(key)
-            except RemoteError as error:
-                self._failed(error, writing=False)
                 return None
             if seen.standing and seen.lease is not None:
                 if seen.lease.holder != lease.holder:
@@ -419,7 +426,10 @@ class RemoteCache:
             # of the hosts waiting, the one that replaces that version compiles.
             claim, standing = self._claim(key, seen)
             if claim == "mine":
-                return self._published_meanwhile(key, max_size)
+                fetched = self._published_meanwhile(key, max_size)
+                if fetched is not None:  # another waiter took it over and published
+                    self._count("waited")
+                return fetched
             return standing if claim == "theirs" else None
 
     def release(self, key: str) -> None:
