@@ -772,6 +772,11 @@ SWEEP_CHILD = """
         reply_after[0] = 200
         held.clear()
         pool.close()
+        del pool
+        gc.collect()
+        # What is alive now (JAX, the programs) lives to the end: out of the collections
+        # each point makes, which then look at that point's objects only (a third faster).
+        gc.freeze()
         me, known = os.getpid(), set()
         interrupted = 0
         for code, offset in points:
