@@ -775,7 +775,8 @@ SWEEP_CHILD = """
         del pool
         gc.collect()
         # What is alive now (JAX, the programs) lives to the end: out of the collections
-        # each point makes, which then look at that point's objects only (a third faster).
+        # each point makes, which then look at that point's objects only (3 min 0 s for
+        # three of the sweeps before, 2 min 22 s after).
         gc.freeze()
         me, known = os.getpid(), set()
         interrupted = 0

@@ -578,9 +578,10 @@ def test_when_a_dead_hosts_lease_expires_one_waiter_takes_it_over(remote, monkey
 def test_a_host_whose_holder_publishes_as_it_looks_fetches_and_takes_no_lease(
     remote, monkeypatch, publish_before_look
 ):
-    """The holder publishes (record, then release) between a waiting host's record lookup and
-    its look at the lease: the waiter fetches the entry, counted as a compile saved, and takes
-    no lease (a lease counts a compile; seen once in CI as 2 leases for one compile)."""
+    """The holder publishes (record, then release) just before a waiting host looks at the lease
+    (while it claims, or on a poll while it waits): the waiter fetches the entry and takes no
+    lease (a lease counts a compile; seen once in CI as 2 leases for one compile, when a
+    waiter read the record before the lease and the holder published between the two)."""
     key, parts, data = _entry(25)
     holder, waiter = _tier(remote, monkeypatch), _tier(remote, monkeypatch)
     assert holder.fetch_or_lead(key, 1 << 20) is None  # the holder compiles

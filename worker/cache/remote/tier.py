@@ -427,7 +427,9 @@ class RemoteCache:
             claim, standing = self._claim(key, seen)
             if claim == "mine":
                 fetched = self._published_meanwhile(key, max_size)
-                if fetched is not None:  # another waiter took it over and published
+                # Published since it looked (by a holder that outlived its lease, or by a host
+                # that compiled without one): a compile saved.
+                if fetched is not None:
                     self._count("waited")
                 return fetched
             return standing if claim == "theirs" else None
