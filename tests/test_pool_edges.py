@@ -304,14 +304,17 @@ def test_compile_many_stopped_by_terminate_returns_what_compiled() -> None:
 # -- 5. a raising done-callback, and replacements that keep dying ----------------
 
 
-def test_a_done_callback_that_raises_is_logged_and_the_pool_goes_on() -> None:
+def test_a_done_callback_that_raises_is_logged_and_the_pool_goes_on(handlers: str) -> None:
     # concurrent.futures lets a BaseException out of a done-callback into the
     # manager thread: the pool broke and unrelated tasks failed with PoolClosedError.
+    # The run sleeps 500 ms so that the callbacks are added before it ends: one
+    # added to a done future runs at once in the caller's thread, where a
+    # BaseException is the caller's (CI's jax012 leg, busy, once exited 3 so).
     done = child(
         """
         import logging
         logging.basicConfig(level=logging.WARNING)
-        program = scale_program(2.0)
+        program, sleeper = scale_program(2.0), sleep_program()
         x = np.ones(8, np.float32)
         ran = []
 
@@ -321,9 +324,11 @@ def test_a_done_callback_that_raises_is_logged_and_the_pool_goes_on() -> None:
         def leave(future):
             raise SystemExit(3)
 
-        with Pool(workers=2) as pool:
+        with Pool(workers=2, initializer=handler_initializer(handlers)) as pool:
+            pool.run(sleeper, [milliseconds(1)])  # compiled before the timed runs
             for callback in (interrupt, leave):
-                future = pool.submit(program, [x])
+                future = pool.submit(sleeper, [milliseconds(500)])
+                assert not future.done(), "the run ended before its callbacks were added"
                 future.add_done_callback(callback)
                 future.add_done_callback(lambda f, name=callback.__name__: ran.append(name))
                 future.result(timeout=30)
@@ -331,6 +336,7 @@ def test_a_done_callback_that_raises_is_logged_and_the_pool_goes_on() -> None:
             time.sleep(0.2)  # the last callbacks run after the result is set
             print("results:", results, "ran after:", sorted(ran), flush=True)
         """,
+        handlers=handlers,
         timeout=120,
     )
     six = "results: [3.0, 3.0, 3.0, 3.0, 3.0, 3.0]"

@@ -29,8 +29,8 @@ def pids(pool: Pool) -> list[int]:
 def test_result_reads_the_reply_in_the_waiting_thread_and_callbacks_run_on_the_manager(
     handlers: str,
 ) -> None:
-    # Each task sleeps 30 ms, so every result() is called before the reply comes
-    # (when it comes first, the manager may rightly read it).
+    # Each task sleeps 100 ms, so every result() is called before the reply comes
+    # (when it comes first, the manager may rightly read it), even on a busy machine.
     sleeper = sleep_program()
     with Pool(1, initializer=handler_initializer(handlers)) as pool:
         pool.run(sleeper, [milliseconds(1)])
@@ -44,7 +44,7 @@ def test_result_reads_the_reply_in_the_waiting_thread_and_callbacks_run_on_the_m
         pool._dispatcher.receive = recording_receive  # type: ignore[method-assign]
         callback_threads: list[str] = []
         for step in range(20):
-            x = milliseconds(30 + step % 2)
+            x = milliseconds(100 + step % 2)
             future = pool.submit(sleeper, [x])
             future.add_done_callback(
                 lambda f: callback_threads.append(threading.current_thread().name)
@@ -186,12 +186,15 @@ def test_replies_read_by_waiting_threads_never_look_like_a_dead_worker(workers: 
         assert [info["state"] for info in pool.worker_info] == ["idle"] * workers
 
 
-def test_callbacks_of_results_read_just_before_close_run_before_it_returns() -> None:
-    program = scale_program(2.0)
+def test_callbacks_of_results_read_just_before_close_run_before_it_returns(handlers: str) -> None:
+    # The run sleeps 50 ms so that its callback is added before it ends (one added
+    # to a done future runs at once, in the caller's thread).
+    sleeper = sleep_program()
     for _ in range(5):
         ran: list[str] = []
-        pool = Pool(1)
-        future = pool.submit(program, [np.ones(8, np.float32)])
+        pool = Pool(1, initializer=handler_initializer(handlers))
+        future = pool.submit(sleeper, [milliseconds(50)])
+        assert not future.done()
         future.add_done_callback(lambda f, ran=ran: ran.append(threading.current_thread().name))
         future.result(timeout=30)
         pool.close()
