@@ -199,3 +199,44 @@ def test_callbacks_of_results_read_just_before_close_run_before_it_returns(handl
         future.result(timeout=30)
         pool.close()
         assert ran == ["pjrt-pool-manager"], ran
+
+
+def test_a_socket_given_back_while_the_manager_looks_at_a_stale_report_stays_watched() -> None:
+    # The manager's wait collected a worker's reply; before it looked the socket
+    # up, a caller took it over (out of the set), read the reply, and another
+    # caller's claim gave it back (into the set). The wait, finding no value at
+    # its look, unregistered the descriptor: the socket stayed out of the epoll
+    # set while the pool counted it in, and the worker's next reply was never
+    # read (CI's jax012 leg: a future past its 60 s and a close() that hung, with
+    # the reply's 22 bytes unread). Here the take-over and the give-back land
+    # exactly at that look.
+    import socket
+
+    from pool.executor.wait_set import WaitSet
+
+    wait_set = WaitSet()
+    ours, theirs = socket.socketpair()
+    fd = ours.fileno()
+
+    class GivenBackAtTheLook(dict):
+        armed = True
+
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            if key == fd and GivenBackAtTheLook.armed:
+                GivenBackAtTheLook.armed = False
+                wait_set.remove(fd)  # a caller takes the socket over (and reads the reply)
+                wait_set.add(fd, "worker")  # a claim gives it back to the manager
+                found = default  # what the look saw: the take-over came first
+            return found
+
+    try:
+        wait_set._what = GivenBackAtTheLook()
+        wait_set.add(fd, "worker")
+        theirs.sendall(b"a reply")
+        assert wait_set.wait(1.0) == []  # a stale report, dropped
+        assert wait_set.wait(1.0) == ["worker"]  # the next reply is seen
+    finally:
+        wait_set.close()
+        ours.close()
+        theirs.close()

@@ -4,7 +4,8 @@ Worker sockets, worker output pipes and a wake-up pipe all go in one set, so
 that a single wait sees replies, deaths (end of file) and wake-ups alike.
 Caller threads add and remove descriptors while the manager waits: epoll
 takes such changes at once, and an event for a descriptor removed in the
-meantime is dropped by ``wait``. (selectors.EpollSelector does the same
+meantime is dropped by ``wait``, which never changes the set itself (a
+caller may have added the descriptor back since it looked). (selectors.EpollSelector does the same
 with a few microseconds more bookkeeping per change, and callers change the
 set on every task they dispatch.) Adding and removing are idempotent, and do
 nothing once the set is closed, so a late hand-back can never touch a
@@ -29,13 +30,18 @@ MAX_WAIT_SECONDS = 3600.0
 class WaitSet:
     """Descriptors to wait on for reading, each with the value `wait` returns for it.
 
-    The table of values and the epoll set are changed in an order that
-    keeps them right even when a change is cut short (a Ctrl-C can land
-    between the two): `add` records, then registers (an fd registered
-    already is fine); `remove` forgets, then unregisters (an fd unregistered
-    already is fine); and `wait` unregisters an fd it has no value for.
-    Any thread may `wake` the waiting one; `wait` empties the wake-up pipe
-    itself and returns only what was added.
+    Every registered fd has a value in the table, even when a change is
+    cut short (a Ctrl-C can land between its two steps): `add` records,
+    then registers (an fd registered already is fine); `remove`
+    unregisters, then forgets (an fd unregistered already is fine). So an
+    event for an fd with no value is one `wait` collected before a caller
+    removed it: it is dropped, and the set is left alone. Unregistering
+    there raced with callers: one could have added the fd back between the
+    look and the unregistering, which left its socket out of the set for
+    good (a reply never read, a close that waited forever). Callers change
+    the set under the pool's lock; `wait` runs without it. Any thread may
+    `wake` the waiting one; `wait` empties the wake-up pipe itself and
+    returns only what was added.
     """
 
     def __init__(self) -> None:
@@ -71,11 +77,11 @@ class WaitSet:
         """Stops watching a descriptor (nothing happens if it is not watched)."""
         if self._closed or fd < 0:
             return
-        self._what.pop(fd, None)
         try:  # noqa: SIM105 (as in add)
             self._epoll.unregister(fd)
         except (OSError, ValueError):
             pass  # not registered, or closed already
+        self._what.pop(fd, None)
 
     def wait(self, timeout: float | None) -> list[Any]:
         """Waits up to `timeout` seconds (None: no limit); returns what became readable."""
@@ -88,13 +94,8 @@ class WaitSet:
                         pass
                 continue
             what = self._what.get(fd, _MISSING)
-            if what is not _MISSING:
+            if what is not _MISSING:  # else removed since the poll: dropped (see the class)
                 found.append(what)
-            elif not self._closed:  # removed meanwhile, or a removal cut short
-                try:  # noqa: SIM105 (as in add)
-                    self._epoll.unregister(fd)
-                except (OSError, ValueError):
-                    pass
         return found
 
     def close(self) -> None:
