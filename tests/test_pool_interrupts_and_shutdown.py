@@ -33,17 +33,22 @@ def line_of(function, text):
             return number
     raise LookupError(f"{text!r} is not in {function.__qualname__}")
 
-def interrupt_at(function, text, before=None):
-    '''A real SIGINT when this thread reaches that line of `function` (once).
+def interrupt_at(function, text, before=None, skip=0):
+    '''A real SIGINT when this thread reaches that line of `function` (once), after
+    passing it `skip` times.
 
     `before` runs first, at that point (for a second event at that moment).
     '''
     code, number = function.__code__, line_of(function, text)
+    passed = [0]
 
     def trace(frame, event, arg):
         if frame.f_code is not code:
             return None
         if event == "line" and frame.f_lineno == number:
+            passed[0] += 1
+            if passed[0] <= skip:
+                return trace
             sys.settrace(None)
             if before is not None:
                 before()
@@ -334,6 +339,74 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
     )
     printed(done, "interrupted", "other: 3.0")
     assert "'abandoned'" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("Dispatcher.dispatch", "if task.future.running() or", 0),
+        # The first claim is the run's own (Pool.run claims an idle worker directly).
+        ("Workers.claim_locked", "task.claimed()", 1),
+    ],
+    ids=["taken", "half-claimed"],
+)
+def test_ctrl_c_as_a_caller_dispatches_another_threads_task_loses_no_task(
+    handlers: str, where: tuple[str, str, int]
+) -> None:
+    # A caller whose run frees the only worker dispatches what is queued, here
+    # another thread's task. A Ctrl-C after dispatch took that task from the
+    # queue and before it claimed the worker left the task in no queue and on
+    # no worker: its future never settled, and close() returned without it.
+    # One halfway through the claim left the worker busy and held by a thread
+    # that had left (recover raised, "cannot go QUEUED -> QUEUED"): close() hung.
+    function, text, skip = where
+    done = interrupt_child(
+        f"""
+        sleeper, quick = sleep_program(), scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(sleeper, [milliseconds(1)])
+        pool.run(quick, [x])
+        from pool.executor.dispatch import Dispatcher
+        from pool.executor.workers import Workers
+
+        for attempt in range(5):
+            other = []
+
+            def submit_while_busy():
+                # Queued while this thread's run holds the only worker.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    if any(w["state"] == "busy" for w in pool.worker_info):
+                        break
+                    time.sleep(0.001)
+                other.append(pool.submit(quick, [x]))
+
+            thread = threading.Thread(target=submit_while_busy)
+            thread.start()
+            # Only this thread is traced: the manager may dispatch the task instead.
+            interrupt_at({function}, {text!r}, skip={skip})
+            try:
+                pool.run(sleeper, [milliseconds(300)])
+                interrupted = False
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(None)
+            thread.join(30)
+            try:
+                outcome = float(other[0].result(timeout=10)[0][0])
+            except Exception as error:
+                outcome = repr(error)
+            print("interrupted:", interrupted, "other:", outcome, flush=True)
+            if interrupted:
+                break
+        print("closed:", returns_within(pool.close, 15), flush=True)
+        """,
+        handlers,
+        timeout=120,
+    )
+    printed(done, "interrupted: True other: 3.0", "closed: True")
 
 
 # -- an idle worker that breaks the protocol is never killed -----------------------

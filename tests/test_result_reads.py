@@ -240,3 +240,85 @@ def test_a_socket_given_back_while_the_manager_looks_at_a_stale_report_stays_wat
         wait_set.close()
         ours.close()
         theirs.close()
+
+
+def test_a_take_over_as_the_manager_begins_a_wait_never_passes_for_a_fresh_report(
+    handlers: str,
+) -> None:
+    # A take-over was counted before its socket left the manager's set. A wait
+    # the manager began between the two took the count as it now was, and saw
+    # the reply that the caller then read: that report passed as fresh, so the
+    # manager read the socket of the worker the caller had freed (idle: marked
+    # dying) and blocked on it for good. The manager is held here right before
+    # its count is read, let go inside the take-over, and held again after its
+    # wait until the caller has read the reply.
+    done = child(
+        """
+        sleeper, quick = sleep_program(), scale_program(2.0)
+        x = np.ones(8, np.float32)
+        pool = Pool(workers=1, initializer=handler_initializer(handlers))
+        pool.run(sleeper, [milliseconds(1)])
+        pool.run(quick, [x])
+        workers, wait_set = pool._workers, pool._wait_set
+        hold, held, go, polled, read = (threading.Event() for _ in range(5))
+        due, wait, remove = workers.respawn_due, wait_set.wait, wait_set.remove
+
+        def held_before_the_count():  # the manager's turn, right before it reads the count
+            if hold.is_set():
+                hold.clear()
+                held.set()
+                go.wait(10)
+                watching[0] = True
+            return due()
+
+        def held_after_the_wait(timeout):
+            found = wait(timeout)
+            while watching[0] and not found:  # a wake-up left in the pipe: wait for the reply
+                found = wait(timeout)
+            if watching[0]:
+                watching[0] = False
+                polled.set()
+                read.wait(10)
+            return found
+
+        def let_go_inside_the_take_over(fd):
+            if taking[0] and threading.current_thread() is threading.main_thread():
+                taking[0] = False
+                go.set()
+                polled.wait(10)
+            remove(fd)
+
+        on_readable, handled = pool._manager._on_readable, threading.Event()
+
+        def noted(worker, takeovers):  # the manager's handling of the report
+            on_readable(worker, takeovers)
+            handled.set()
+
+        watching, taking = [False], [False]
+        pool._manager._on_readable = noted
+        workers.respawn_due = held_before_the_count
+        wait_set.wait = held_after_the_wait
+        wait_set.remove = let_go_inside_the_take_over
+        hold.set()
+        wait_set.wake()
+        assert held.wait(10)
+        future = pool.submit(sleeper, [milliseconds(50)])
+        time.sleep(0.3)  # its reply waits in the socket: the manager is held
+        taking[0] = True
+        print("result:", future.result(timeout=10)[0].tolist(), flush=True)
+        read.set()
+        # Before the next submit claims the worker: the manager handles the report (or,
+        # taking it for fresh, blocks reading the idle worker's socket).
+        handled.wait(2)
+        print("polled:", polled.is_set(), flush=True)
+        try:
+            print("next:", float(pool.submit(quick, [x]).result(timeout=10)[0][0]), flush=True)
+        except Exception as error:
+            print("next run stalled:", repr(error), flush=True)
+        print("states:", [w["state"] for w in pool.worker_info], flush=True)
+        pool.terminate()
+        """,
+        handlers,
+        timeout=90,
+    )
+    printed(done, "result: [50.0]", "polled: True", "next: 3.0", "states: ['idle']")

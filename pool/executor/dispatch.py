@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from typing import Any, Literal
 
 import numpy as np
@@ -113,24 +113,45 @@ class Dispatcher:
                     if worker is None:
                         return
                     task = tasks.pop_head_locked(head.request.kind)
-                    if task.done:
-                        continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
-                    if task.future.running() or task.future.set_running_or_notify_cancel():
-                        workers.claim_locked(worker, task, holder)
-                    elif holder is not None:
-                        # Cancelled while it waited: the manager gives back its memory
-                        # (a caller completes only its own task).
-                        tasks.orphan_locked(task, CancelledError())
-                        continue
-                    else:
-                        task.settle()
-                        worker = None  # nobody waits for a cancelled future
+                    try:
+                        if task.done:
+                            continue  # stopped, and left to the manager (fail_queued_locked)
+                        if task.future.running() or task.future.set_running_or_notify_cancel():
+                            workers.claim_locked(worker, task, holder)
+                        elif holder is not None:
+                            # Cancelled while it waited: the manager gives back its memory
+                            # (a caller completes only its own task).
+                            tasks.orphan_locked(task, CancelledError())
+                            continue
+                        else:
+                            task.settle()
+                            worker = None  # nobody waits for a cancelled future
+                    except BaseException:
+                        # A Ctrl-C in a caller's thread, between taking the task (maybe
+                        # another thread's) and claiming its worker: both go back as they
+                        # were, or the task was in no queue and on no worker for good.
+                        self._put_back_locked(task, worker)
+                        raise
             if worker is not None:
                 self._send_claimed(worker, task)
             elif error is not None:
                 task.complete(error)
             else:
                 task.release()  # cancelled: only its memory to give back
+
+    def _put_back_locked(self, task: Task, worker: WorkerProcess) -> None:
+        """Undoes dispatch's taking of a task from the queue's head and its claim of `worker`,
+        however far they got: the worker idle again, the task back at the head (a
+        cancelled one to the manager, a settled one dropped, as dispatch does)."""
+        if worker.task is task:
+            self._workers.unclaim_locked(worker)
+        if task.done:
+            return
+        future = task.future
+        if isinstance(future, Future) and future.cancelled():
+            self._tasks.orphan_locked(task, CancelledError())
+        else:
+            self._tasks.restore_head_locked(task)
 
     def _send_claimed(self, worker: WorkerProcess, task: Task) -> None:
         """Sends a worker dispatch claimed its task; a caller then gives the worker back."""

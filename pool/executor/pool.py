@@ -580,8 +580,13 @@ class WorkerPool:
                 try:
                     self._caller.enqueue(task)
                     return
-                except BaseException as refused:  # the pool closed meanwhile
+                except Exception as refused:  # the pool closed meanwhile
                     error = refused
+                except BaseException as interrupted:
+                    # A Ctrl-C in the caller's thread (the callback of a compile done
+                    # already runs there): a worker it claimed goes back, the run stops.
+                    self._caller.recover(task, interrupted)
+                    raise
             if task.settle():
                 task.complete(error)
 

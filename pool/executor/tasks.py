@@ -257,6 +257,14 @@ class Tasks:
         task.queued(lost_worker)
         self._pending[task.request.kind].appendleft(task)
 
+    def restore_head_locked(self, task: Task) -> None:
+        """Puts a task taken from its queue's head back there, as it was (QUEUED), or again
+        (requeue_locked) if a worker was claimed for it meanwhile."""
+        if task.state is TaskState.QUEUED:
+            self._pending[task.request.kind].appendleft(task)
+        else:
+            self.requeue_locked(task)
+
     def head_locked(self, kinds: frozenset[Kind] = frozenset(Kind)) -> Task | None:
         """The oldest task at the head of the queues of these kinds, left there; None when
         none is queued. (Task ids grow with submission; a requeued task keeps its own.)"""

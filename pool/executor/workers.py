@@ -635,8 +635,11 @@ class Workers:
             if worker.manager_using:
                 return None
             worker.held_by(holder)  # first, as in claim_locked
-            self.takeovers += 1
+            # Out of the set before it is counted: a manager's wait that began after the
+            # count must not see the socket, or its report passes as fresh (the manager
+            # then read an idle worker the caller had freed, and blocked on it).
             self._wait_set.remove(worker.sock.fileno())
+            self.takeovers += 1
             return worker
         return None
 
