@@ -375,11 +375,7 @@ def test_ctrl_c_as_a_caller_dispatches_another_threads_task_loses_no_task(
 
             def submit_while_busy():
                 # Queued while this thread's run holds the only worker.
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    if any(w["state"] == "busy" for w in pool.worker_info):
-                        break
-                    time.sleep(0.001)
+                wait_until_started(pool, "held")
                 other.append(pool.submit(quick, [x]))
 
             thread = threading.Thread(target=submit_while_busy)
@@ -387,7 +383,7 @@ def test_ctrl_c_as_a_caller_dispatches_another_threads_task_loses_no_task(
             # Only this thread is traced: the manager may dispatch the task instead.
             interrupt_at({function}, {text!r}, skip={skip})
             try:
-                pool.run(sleeper, [milliseconds(300)])
+                pool.run(sleeper, [milliseconds(300)], name="held")
                 interrupted = False
             except KeyboardInterrupt:
                 interrupted = True

@@ -10,6 +10,7 @@ reply that a caller read for a worker's end.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -20,6 +21,7 @@ from conftest import child, printed
 from pool_helpers import handler_initializer, milliseconds, scale_program, sleep_program
 
 from pool import Pool
+from pool.executor.wait_set import WaitSet
 
 
 def pids(pool: Pool) -> list[int]:
@@ -210,10 +212,6 @@ def test_a_socket_given_back_while_the_manager_looks_at_a_stale_report_stays_wat
     # read (CI's jax012 leg: a future past its 60 s and a close() that hung, with
     # the reply's 22 bytes unread). Here the take-over and the give-back land
     # exactly at that look.
-    import socket
-
-    from pool.executor.wait_set import WaitSet
-
     wait_set = WaitSet()
     ours, theirs = socket.socketpair()
     fd = ours.fileno()

@@ -5,9 +5,10 @@ that a single wait sees replies, deaths (end of file) and wake-ups alike.
 Caller threads add and remove descriptors while the manager waits: epoll
 takes such changes at once, and an event for a descriptor removed in the
 meantime is dropped by ``wait``, which never changes the set itself (a
-caller may have added the descriptor back since it looked). (selectors.EpollSelector does the same
-with a few microseconds more bookkeeping per change, and callers change the
-set on every task they dispatch.) Adding and removing are idempotent, and do
+caller may have added the descriptor back since it looked).
+(selectors.EpollSelector does the same with a few microseconds more
+bookkeeping per change, and callers change the set on every task they
+dispatch.) Adding and removing are idempotent, and do
 nothing once the set is closed, so a late hand-back can never touch a
 descriptor number that has been reused since.
 """
