@@ -113,6 +113,11 @@ class Executable {
   void Execute(const std::vector<HostInput>& inputs,
                const std::vector<HostOutput>& outputs, bool zero_copy) const;
 
+  // Runs once on the client's device on argument buffers there (one per input,
+  // borrowed) and returns the output buffers, owned, once the run finished.
+  // Blocks; call without the GIL.
+  std::vector<Owned<PJRT_Buffer>> ExecuteBuffers(const std::vector<PJRT_Buffer*>& arguments) const;
+
  private:
   std::shared_ptr<Client> client_;
   Owned<PJRT_LoadedExecutable> executable_;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client.h"
+#include "transfers.h"
 
 namespace pjrt_pool {
 namespace {
@@ -31,73 +32,9 @@ std::string DimsText(const std::vector<int64_t>& dims) {
   return text + "]";
 }
 
-// Checks an input before PJRT sees it: PJRT reads dims x element-size bytes
-// from the pointer whatever the buffer holds, and aborts the process on an
-// element type it does not know. The Python side converts arguments to the
-// program's types first; this is the last line, for every caller.
-void CheckInput(const HostInput& input, size_t index) {
-  const std::string which = "input " + std::to_string(index);
-  const size_t element_size = ElementSize(input.element_type);
-  if (element_size == 0) {
-    throw std::invalid_argument(
-        which + " has element type " + std::to_string(input.element_type) +
-        ", which is not a PJRT_Buffer_Type with a byte-sized host layout that pjrt-pool "
-        "supports (codes 1-20 and 26-28)");
-  }
-  const std::optional<size_t> bytes = ArrayBytes(input.element_type, input.dims);
-  if (!bytes) {
-    throw std::invalid_argument(which + " has invalid dimensions " + DimsText(input.dims));
-  }
-  const size_t expected = *bytes;
-  if (expected != input.size) {
-    throw std::invalid_argument(
-        which + " has dimensions " + DimsText(input.dims) + " of element type " +
-        std::to_string(input.element_type) + " (" + std::to_string(element_size) +
-        " bytes each), which need " + std::to_string(expected) + " bytes, but its buffer has " +
-        std::to_string(input.size) + " bytes");
-  }
-}
-
 bool IsAligned(const void* data, uintptr_t alignment) {
   return reinterpret_cast<uintptr_t>(data) % alignment == 0;
 }
-
-// Input buffers and the events that say when PJRT is done with their host
-// memory. Destroying the buffers first is what makes the zero-copy events
-// fire; only after both may the caller's memory be released.
-class InputBuffers {
- public:
-  explicit InputBuffers(const PJRT_Api* api) : api_(api) {}
-  InputBuffers(const InputBuffers&) = delete;
-  InputBuffers& operator=(const InputBuffers&) = delete;
-  ~InputBuffers() {
-    buffers_.clear();
-    for (auto& event : done_events_) {
-      auto args = PJRT_ARGS(PJRT_Event_Await_Args);
-      args.event = event.get();
-      IgnoreError(api_, api_->PJRT_Event_Await(&args));
-    }
-  }
-
-  void Add(PJRT_Buffer* buffer, PJRT_Event* done) {
-    // Own both before anything can throw.
-    Owned<PJRT_Event> done_owner(api_, done);
-    buffers_.emplace_back(api_, buffer);
-    if (done_owner) done_events_.push_back(std::move(done_owner));
-  }
-
-  std::vector<PJRT_Buffer*> raw() const {
-    std::vector<PJRT_Buffer*> result;
-    result.reserve(buffers_.size());
-    for (const auto& buffer : buffers_) result.push_back(buffer.get());
-    return result;
-  }
-
- private:
-  const PJRT_Api* api_;
-  std::vector<Owned<PJRT_Event>> done_events_;  // declared first, destroyed last
-  std::vector<Owned<PJRT_Buffer>> buffers_;
-};
 
 // The row-major ("descending") minor-to-major order of a rank: the last
 // dimension varies fastest, as numpy's C order has it.
@@ -130,9 +67,78 @@ bool IsDenseRowMajor(const PJRT_Api* api, PJRT_Buffer* buffer, size_t rank) {
   return std::equal(expected.begin(), expected.end(), tiled.minor_to_major);
 }
 
-// Host memory a buffer lives in, or nullptr when it lives on a device, is not
-// dense row-major, or the plugin cannot say. CPU plugins keep buffers in host
-// memory.
+}  // namespace
+
+// PJRT reads dims x element-size bytes from an input's pointer whatever the
+// buffer holds, and aborts the process on an element type it does not know.
+// The Python side converts arguments to the program's types first; this is the
+// last line, for every caller.
+void CheckInput(const HostInput& input, size_t index) {
+  const std::string which = "input " + std::to_string(index);
+  const size_t element_size = ElementSize(input.element_type);
+  if (element_size == 0) {
+    throw std::invalid_argument(
+        which + " has element type " + std::to_string(input.element_type) +
+        ", which is not a PJRT_Buffer_Type with a byte-sized host layout that pjrt-pool "
+        "supports (codes 1-20 and 26-28)");
+  }
+  const std::optional<size_t> bytes = ArrayBytes(input.element_type, input.dims);
+  if (!bytes) {
+    throw std::invalid_argument(which + " has invalid dimensions " + DimsText(input.dims));
+  }
+  const size_t expected = *bytes;
+  if (expected != input.size) {
+    throw std::invalid_argument(
+        which + " has dimensions " + DimsText(input.dims) + " of element type " +
+        std::to_string(input.element_type) + " (" + std::to_string(element_size) +
+        " bytes each), which need " + std::to_string(expected) + " bytes, but its buffer has " +
+        std::to_string(input.size) + " bytes");
+  }
+}
+
+InputBuffers::~InputBuffers() {
+  buffers_.clear();
+  for (auto& event : done_events_) {
+    auto args = PJRT_ARGS(PJRT_Event_Await_Args);
+    args.event = event.get();
+    IgnoreError(api_, api_->PJRT_Event_Await(&args));
+  }
+}
+
+Owned<PJRT_Buffer> BufferFromHost(const Client& client, const HostInput& input,
+                                  PJRT_HostBufferSemantics semantics, Owned<PJRT_Event>* done) {
+  const PJRT_Api* api = client.api();
+  auto args = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = client.get();
+  args.data = input.data;
+  args.type = static_cast<PJRT_Buffer_Type>(input.element_type);
+  args.dims = input.dims.data();
+  args.num_dims = input.dims.size();
+  args.host_buffer_semantics = semantics;
+  args.device = client.device();
+  Check(api, PJRT_FN(api, PJRT_Client_BufferFromHostBuffer)(&args),
+        "PJRT_Client_BufferFromHostBuffer");
+  // Own both before anything can throw.
+  *done = Owned<PJRT_Event>(api, args.done_with_host_buffer);
+  return Owned<PJRT_Buffer>(api, args.buffer);
+}
+
+PJRT_Buffer* InputBuffers::FromHost(const Client& client, const HostInput& input,
+                                    bool zero_copy) {
+  // XLA CPU aliases host memory only when it is 64-byte aligned; anything
+  // else it would copy anyway, so ask for the copy explicitly.
+  const PJRT_HostBufferSemantics semantics =
+      zero_copy && IsAligned(input.data, 64)
+          ? PJRT_HostBufferSemantics_kImmutableZeroCopy
+          : PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  Owned<PJRT_Event> done;
+  Owned<PJRT_Buffer> buffer = BufferFromHost(client, input, semantics, &done);
+  PJRT_Buffer* raw = buffer.get();
+  if (done) done_events_.push_back(std::move(done));
+  buffers_.push_back(std::move(buffer));
+  return raw;
+}
+
 const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
                         size_t rank) {
   if (offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) + sizeof(void*) > api->struct_size ||
@@ -155,8 +161,6 @@ const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expecte
   return reinterpret_cast<const void*>(pointer.buffer_pointer);
 }
 
-// Copies a finished output buffer into caller memory of exactly its size, in
-// numpy's C order whatever layout the buffer has on its device.
 void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& output,
                 size_t rank, size_t index) {
   // On CPU, a row-major result already sits in host memory: one memcpy.
@@ -201,7 +205,6 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
   if (copied) AwaitEvent(api, copied.get(), "copying an output to host memory");
 }
 
-}  // namespace
 
 size_t ElementSize(int element_type) {
   switch (element_type) {
@@ -340,26 +343,21 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) CheckInput(inputs[i], i);
 
   InputBuffers input_buffers(api);
-  auto from_host = PJRT_FN(api, PJRT_Client_BufferFromHostBuffer);
+  std::vector<PJRT_Buffer*> arguments;
+  arguments.reserve(inputs.size());
   for (const HostInput& input : inputs) {
-    auto args = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-    args.client = client_->get();
-    args.data = input.data;
-    args.type = static_cast<PJRT_Buffer_Type>(input.element_type);
-    args.dims = input.dims.data();
-    args.num_dims = input.dims.size();
-    // XLA CPU aliases host memory only when it is 64-byte aligned; anything
-    // else it would copy anyway, so ask for the copy explicitly.
-    args.host_buffer_semantics =
-        zero_copy && IsAligned(input.data, 64)
-            ? PJRT_HostBufferSemantics_kImmutableZeroCopy
-            : PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-    args.device = client_->device();
-    Check(api, from_host(&args), "PJRT_Client_BufferFromHostBuffer");
-    input_buffers.Add(args.buffer, args.done_with_host_buffer);
+    arguments.push_back(input_buffers.FromHost(*client_, input, zero_copy));
   }
+  std::vector<Owned<PJRT_Buffer>> output_buffers = ExecuteBuffers(arguments);
+  for (size_t i = 0; i < output_buffers.size(); ++i) {
+    CopyToHost(api, output_buffers[i].get(), outputs[i], output_types_[i].dims.size(), i);
+  }
+}
 
-  std::vector<PJRT_Buffer*> argument_list = input_buffers.raw();
+std::vector<Owned<PJRT_Buffer>> Executable::ExecuteBuffers(
+    const std::vector<PJRT_Buffer*>& arguments) const {
+  const PJRT_Api* api = client_->api();
+  std::vector<PJRT_Buffer*> argument_list = arguments;
   PJRT_Buffer* const* argument_lists[] = {argument_list.data()};
   std::vector<PJRT_Buffer*> output_list(output_types_.size(), nullptr);
   PJRT_Buffer** output_lists[] = {output_list.data()};
@@ -382,10 +380,7 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
   for (PJRT_Buffer* buffer : output_list) output_buffers.emplace_back(api, buffer);
   Owned<PJRT_Event> complete(api, complete_events[0]);
   if (complete) AwaitEvent(api, complete.get(), "executing the program");
-
-  for (size_t i = 0; i < output_buffers.size(); ++i) {
-    CopyToHost(api, output_buffers[i].get(), outputs[i], output_types_[i].dims.size(), i);
-  }
+  return output_buffers;
 }
 
 }  // namespace pjrt_pool

@@ -14,9 +14,12 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "client.h"
+#include "device_values.h"
+#include "segments.h"
 
 namespace pjrt_pool {
 
@@ -28,6 +31,38 @@ class SocketException : public std::runtime_error {
 
  private:
   int error_;
+};
+
+// A run's slot is not registered (its program was unloaded): Python's
+// LookupError, after which the parent sends the full Run.
+class SlotMissingException : public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+};
+
+// Where one array of a placed run comes from or goes to (worker/wire/protocol.py,
+// PlacedRun): a place in shared memory (`segment`, 0 for the arena, and the byte
+// `offset` there), or a value the worker keeps (`id`: an input's value, or the
+// id to keep an output under).
+struct Where {
+  enum Kind : int64_t { kPlace = 0, kValue = 1 };
+  int64_t kind;
+  int64_t id;  // the segment, or the value
+  int64_t offset;  // in the segment; 0 for a value
+};
+
+// A placed run (a run whose arrays lie anywhere in shared memory, or stay in the
+// worker), with what comes with it: segments to map first (each with its
+// descriptor, in order), values to drop and segments to forget.
+struct PlacedRequest {
+  int64_t task_id = -1;
+  int64_t slot = -1;
+  bool zero_copy = true;
+  std::vector<Where> sources;
+  std::vector<Where> destinations;
+  std::vector<std::pair<int64_t, int64_t>> segments;  // (id, size)
+  std::vector<int64_t> drops;
+  std::vector<int64_t> forgets;
 };
 
 // One input of a hot slot: its place in the arena and its type.
@@ -66,8 +101,14 @@ class HotLoop {
 
   // Registers (or replaces) a slot; throws std::invalid_argument for a place
   // outside the arena or an input whose size is not its dims x element size.
+  // A slot whose inputs have no place in the arena (SlotInput::offset < 0,
+  // and no outputs given) runs only as placed runs.
   void SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
                std::vector<SlotInput> inputs, std::vector<SlotOutput> outputs);
+  // Registers (or replaces) a slot that runs only as placed runs: its
+  // executable and each input's (PJRT_Buffer_Type, dims).
+  void SetPlacedSlot(int64_t slot, std::shared_ptr<Executable> executable,
+                     const std::vector<std::pair<int, std::vector<int64_t>>>& inputs);
   // Forgets a slot (its program was unloaded); an unknown slot is ignored.
   void DropSlot(int64_t slot);
   bool HasSlot(int64_t slot) const;
@@ -83,6 +124,18 @@ class HotLoop {
   // Blocks; call without the GIL.
   void Run(int64_t task_id, int64_t slot, bool zero_copy);
 
+  // Runs a placed request as Serve does, without the socket: maps its new
+  // segments (`fds`, one per entry of request.segments, closed here whatever
+  // happens), drops and forgets what it names, writes the started id, runs.
+  // Throws SlotMissingException for an unknown slot, std::invalid_argument for
+  // a place outside its segment or a value that is not held or does not fit.
+  // Blocks; call without the GIL.
+  void RunPlaced(const PlacedRequest& request, const std::vector<int>& fds);
+
+  // The segments mapped and the values kept (for a worker's own bookkeeping).
+  SegmentTable& segments() { return segments_; }
+  ValueTable& values() { return values_; }
+
   // The task of the last run begun (Serve's or Run's), -1 before any.
   int64_t last_task_id() const { return last_task_id_.load(std::memory_order_acquire); }
 
@@ -93,8 +146,9 @@ class HotLoop {
  private:
   struct Slot {
     std::shared_ptr<Executable> executable;
-    std::vector<HostInput> inputs;
+    std::vector<HostInput> inputs;  // data is null for a slot with no arena places
     std::vector<HostOutput> outputs;
+    bool in_arena = true;  // runs as a HotRun on the arena
   };
   struct Entry {
     // Shared with a run under way, which holds it until its Execute returns.
@@ -106,6 +160,9 @@ class HotLoop {
   std::shared_ptr<const Slot> Take(int64_t slot);
   void RunSlot(int64_t task_id, const Slot& value, bool zero_copy);
   void SendReply(int64_t task_id);
+  void Started(int64_t task_id);
+  // Reads the rest of a placed run's frame (its first read is in `frame`).
+  PlacedRequest ReadPlaced(const Unanswered& frame);
 
   int fd_;
   uint8_t* arena_;
@@ -117,6 +174,12 @@ class HotLoop {
   uint64_t clock_ = 0;  // counts runs; a slot's last_use is the count at its last run
   uint64_t taken_at_ = 0;  // clock_ at the last TakeUsed
   std::atomic<int64_t> last_task_id_{-1};
+  SegmentTable segments_;  // 0 is the arena's data bytes
+  ValueTable values_;
 };
+
+// Parses a placed run's payload (the bytes after the frame's header).
+// Throws std::invalid_argument for one whose counts do not fit its length.
+PlacedRequest ParsePlaced(const char* payload, size_t length);
 
 }  // namespace pjrt_pool

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <system_error>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,7 +20,9 @@
 #include <variant>
 
 #include "client.h"
+#include "device_values.h"
 #include "hot_loop.h"
+#include "segments.h"
 #include "plugin.h"
 #include "status.h"
 #include "topology.h"
@@ -132,37 +135,73 @@ py::object OptionalBytes(const std::optional<std::string>& bytes) {
   return py::bytes(*bytes);
 }
 
-void Execute(const Executable& executable, const py::list& inputs,
-             const std::vector<int>& element_types, const py::list& outputs, bool zero_copy) {
+// Host inputs viewing Python buffers; `infos` holds the buffers' views, and so
+// the memory, for as long as the inputs are used (the GIL may be released).
+std::vector<HostInput> HostInputs(const py::list& inputs, const std::vector<int>& element_types,
+                                  std::vector<py::buffer_info>& infos) {
   if (element_types.size() != inputs.size()) {
     throw py::value_error("one element type is needed per input");
   }
-  // The buffer_info objects hold the Python buffers' views for the whole call,
-  // so the memory stays valid while the GIL is released.
-  std::vector<py::buffer_info> input_infos;
   std::vector<HostInput> host_inputs;
-  input_infos.reserve(inputs.size());
+  infos.reserve(inputs.size());
   host_inputs.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    input_infos.push_back(inputs[i].cast<py::buffer>().request());
-    const py::buffer_info& info = input_infos.back();
+    infos.push_back(inputs[i].cast<py::buffer>().request());
+    const py::buffer_info& info = infos.back();
     if (!IsCContiguous(info)) throw py::value_error("input buffers must be C-contiguous");
     host_inputs.push_back(HostInput{info.ptr, static_cast<size_t>(info.size * info.itemsize),
                                     element_types[i],
                                     std::vector<int64_t>(info.shape.begin(), info.shape.end())});
   }
+  return host_inputs;
+}
+
+// Host memory viewing a writable Python buffer; `info` holds the view.
+HostOutput HostOutputOf(const py::handle& item, std::vector<py::buffer_info>& infos) {
+  infos.push_back(item.cast<py::buffer>().request(/*writable=*/true));
+  const py::buffer_info& info = infos.back();
+  if (!IsCContiguous(info)) throw py::value_error("output buffers must be C-contiguous");
+  return HostOutput{info.ptr, static_cast<size_t>(info.size * info.itemsize)};
+}
+
+void Execute(const Executable& executable, const py::list& inputs,
+             const std::vector<int>& element_types, const py::list& outputs, bool zero_copy) {
+  std::vector<py::buffer_info> input_infos;
+  std::vector<HostInput> host_inputs = HostInputs(inputs, element_types, input_infos);
   std::vector<py::buffer_info> output_infos;
   std::vector<HostOutput> host_outputs;
   output_infos.reserve(outputs.size());
   host_outputs.reserve(outputs.size());
-  for (const py::handle& item : outputs) {
-    output_infos.push_back(item.cast<py::buffer>().request(/*writable=*/true));
-    const py::buffer_info& info = output_infos.back();
-    if (!IsCContiguous(info)) throw py::value_error("output buffers must be C-contiguous");
-    host_outputs.push_back(HostOutput{info.ptr, static_cast<size_t>(info.size * info.itemsize)});
-  }
+  for (const py::handle& item : outputs) host_outputs.push_back(HostOutputOf(item, output_infos));
   py::gil_scoped_release release;
   executable.Execute(host_inputs, host_outputs, zero_copy);
+}
+
+std::vector<std::shared_ptr<DeviceValue>> ExecuteToValues(const Executable& executable,
+                                                          const py::list& inputs,
+                                                          const std::vector<int>& element_types,
+                                                          bool zero_copy) {
+  std::vector<py::buffer_info> infos;
+  std::vector<HostInput> host_inputs = HostInputs(inputs, element_types, infos);
+  std::vector<Argument> arguments;
+  arguments.reserve(host_inputs.size());
+  for (HostInput& input : host_inputs) arguments.push_back(Argument{std::move(input), nullptr});
+  py::gil_scoped_release release;
+  return RunToValues(executable, arguments, zero_copy);
+}
+
+// A placed run's sources or destinations from Python's (kind, id, offset) tuples.
+std::vector<Where> Wheres(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& items) {
+  std::vector<Where> result;
+  result.reserve(items.size());
+  for (const auto& [kind, id, offset] : items) {
+    if (kind != Where::kPlace && kind != Where::kValue) {
+      throw py::value_error("a place's kind is 0 (shared memory) or 1 (a value), not " +
+                            std::to_string(kind));
+    }
+    result.push_back(Where{kind, id, offset});
+  }
+  return result;
 }
 
 // The hot loop and the exported buffer of its arena, which stays mapped (and
@@ -243,6 +282,11 @@ PYBIND11_MODULE(_pjrt, m) {
     } catch (const SocketException& e) {
       errno = e.error();
       PyErr_SetFromErrno(PyExc_OSError);
+    } catch (const SlotMissingException& e) {
+      PyErr_SetString(PyExc_LookupError, e.what());
+    } catch (const std::system_error& e) {
+      PyErr_SetObject(PyExc_OSError,
+                      py::make_tuple(e.code().value(), std::string(e.what())).ptr());
     }
   });
 
@@ -392,6 +436,43 @@ PYBIND11_MODULE(_pjrt, m) {
            "Compiles MLIR bytecode with a serialized CompileOptionsProto for this topology, "
            "with no client.");
 
+  py::class_<DeviceValue, std::shared_ptr<DeviceValue>>(
+      m, "DeviceValue", py::buffer_protocol(),
+      "A program's value held by the plugin (an output, or a value a worker keeps). Its "
+      "buffer is the host memory it lies in, where it lies in host memory (CPU plugins).")
+      .def_buffer([](DeviceValue& value) -> py::buffer_info {
+        const void* data = value.HostView();
+        if (data == nullptr) {
+          throw py::buffer_error("the value lies on a device, not in host memory: to_host copies it");
+        }
+        // Writable: the buffer is the value's alone (an output PJRT allocated for it).
+        return py::buffer_info(const_cast<void*>(data), 1, py::format_descriptor<uint8_t>::format(),
+                               1, {static_cast<py::ssize_t>(value.size())}, {1}, false);
+      })
+      .def_property_readonly("element_type", &DeviceValue::element_type)
+      .def_property_readonly("dims", [](const DeviceValue& value) {
+        return py::tuple(py::cast(value.dims()));
+      })
+      .def_property_readonly("nbytes", &DeviceValue::size)
+      .def_property_readonly("in_host_memory", [](const DeviceValue& value) {
+        return value.HostView() != nullptr;
+      }, "Whether the value lies in host memory, which its buffer exposes without a copy.")
+      .def("to_host",
+           [](const DeviceValue& value, const py::buffer& out) {
+             std::vector<py::buffer_info> infos;
+             HostOutput output = HostOutputOf(out, infos);
+             py::gil_scoped_release release;
+             value.ToHost(output);
+           },
+           py::arg("out"), "Copies the value, row-major, into a writable buffer of its size.");
+
+  py::class_<Mapping, std::shared_ptr<Mapping>>(
+      m, "Mapping", py::buffer_protocol(), "A shared-memory segment a worker keeps mapped.")
+      .def_buffer([](Mapping& mapping) -> py::buffer_info {
+        return py::buffer_info(mapping.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(mapping.size())}, {1}, false);
+      });
+
   py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable",
                                                       "A loaded PJRT executable.")
       .def_property_readonly("num_outputs", &Executable::num_outputs)
@@ -414,7 +495,11 @@ PYBIND11_MODULE(_pjrt, m) {
            "Runs with C-contiguous input buffers of the given PJRT element types and "
            "writes each output into the matching writable buffer. Raises ValueError, "
            "before the plugin sees anything, for an unknown element type or a buffer "
-           "whose size is not its dims times the element size.");
+           "whose size is not its dims times the element size.")
+      .def("execute_values", &ExecuteToValues, py::arg("inputs"), py::arg("element_types"),
+           py::arg("zero_copy"),
+           "Runs as execute does, and returns the outputs as DeviceValues, which stay where "
+           "the plugin put them (on a CPU, host memory numpy can view without a copy).");
 
   py::class_<ArenaHotLoop>(m, "HotLoop",
                            "A worker's loop that answers HotRuns of registered slots without "
@@ -463,5 +548,84 @@ PYBIND11_MODULE(_pjrt, m) {
              return self.loop.last_task_id();
            }, "The task of the last run begun, -1 before any.")
       .def("take_used", [](ArenaHotLoop& self) { return self.loop.TakeUsed(); },
-           "The slots run since the last call, least recently run first.");
+           "The slots run since the last call, least recently run first.")
+      .def("set_placed_slot",
+           [](ArenaHotLoop& self, int64_t slot, std::shared_ptr<Executable> executable,
+              const std::vector<std::pair<int, std::vector<int64_t>>>& inputs) {
+             self.loop.SetPlacedSlot(slot, std::move(executable), inputs);
+           },
+           py::arg("slot"), py::arg("executable"), py::arg("inputs"),
+           "Registers a slot that runs only as placed runs: inputs as (PJRT_Buffer_Type, dims).")
+      .def("run_placed",
+           [](ArenaHotLoop& self, int64_t task_id, int64_t slot,
+              const std::vector<std::tuple<int64_t, int64_t, int64_t>>& sources,
+              const std::vector<std::tuple<int64_t, int64_t, int64_t>>& destinations,
+              bool zero_copy) {
+             PlacedRequest request;
+             request.task_id = task_id;
+             request.slot = slot;
+             request.zero_copy = zero_copy;
+             request.sources = Wheres(sources);
+             request.destinations = Wheres(destinations);
+             py::gil_scoped_release release;
+             self.loop.RunPlaced(request, {});
+           },
+           py::arg("task_id"), py::arg("slot"), py::arg("sources"), py::arg("destinations"),
+           py::arg("zero_copy"),
+           "Runs a slot as a placed run does: sources and destinations as (kind, id, offset), "
+           "kind 0 a place in a mapped segment (0: the arena), 1 a kept value. Raises "
+           "LookupError for an unknown slot, ValueError for a place or value that does not fit.")
+      .def("map_segments",
+           [](ArenaHotLoop& self, const std::vector<std::tuple<int64_t, int, int64_t>>& segments) {
+             for (const auto& [id, fd, size] : segments) {
+               if (size <= 0) throw py::value_error("a segment of no bytes");
+               self.loop.segments().Map(id, fd, static_cast<size_t>(size));
+             }
+           },
+           py::arg("segments"),
+           "Maps segments, given as (id, descriptor, size), and keeps them by id (the "
+           "descriptors stay the caller's).")
+      .def("forget_segments",
+           [](ArenaHotLoop& self, const std::vector<int64_t>& ids) {
+             self.loop.segments().Forget(ids);
+           },
+           py::arg("ids"), "Unmaps segments (once no run or view uses them).")
+      .def("segment", [](ArenaHotLoop& self, int64_t id) { return self.loop.segments().Get(id); },
+           py::arg("id"), "A mapped segment, as a buffer (it stays mapped while viewed).")
+      .def("drop_values",
+           [](ArenaHotLoop& self, const std::vector<int64_t>& ids) { self.loop.values().Drop(ids); },
+           py::arg("ids"), "Drops kept values (unknown ids are ignored).")
+      .def("put_value",
+           [](ArenaHotLoop& self, int64_t id, std::shared_ptr<Client> client, int64_t segment,
+              int64_t offset, int element_type, const std::vector<int64_t>& dims) {
+             std::optional<size_t> size = ArrayBytes(element_type, dims);
+             if (!size) throw py::value_error("a value's type has no byte-sized host layout");
+             std::shared_ptr<Mapping> mapping = self.loop.segments().Get(segment);
+             HostInput input{mapping->At(offset, *size, "a value"), *size, element_type, dims};
+             py::gil_scoped_release release;
+             self.loop.values().Put(id, DeviceValue::FromHost(std::move(client), input));
+           },
+           py::arg("id"), py::arg("client"), py::arg("segment"), py::arg("offset"),
+           py::arg("element_type"), py::arg("dims"),
+           "Copies an array from a place in a mapped segment to the client's device and keeps "
+           "it under id.")
+      .def("fetch_value",
+           [](ArenaHotLoop& self, int64_t id, int64_t segment, int64_t offset) {
+             std::shared_ptr<const DeviceValue> value = self.loop.values().Get(id);
+             std::shared_ptr<Mapping> mapping = self.loop.segments().Get(segment);
+             HostOutput output{mapping->At(offset, value->size(), "a value"), value->size()};
+             py::gil_scoped_release release;
+             value->ToHost(output);
+           },
+           py::arg("id"), py::arg("segment"), py::arg("offset"),
+           "Copies a kept value into a place in a mapped segment, row-major.")
+      .def_property_readonly("value_count", [](ArenaHotLoop& self) {
+             return self.loop.values().count();
+           })
+      .def_property_readonly("value_bytes", [](ArenaHotLoop& self) {
+             return self.loop.values().bytes();
+           })
+      .def_property_readonly("segment_count", [](ArenaHotLoop& self) {
+             return self.loop.segments().count();
+           }, "Segments mapped, the arena included.");
 }

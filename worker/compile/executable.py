@@ -55,6 +55,17 @@ def output_types_of(native: _pjrt.Executable | _pjrt.UnloadedExecutable) -> tupl
     return tuple(ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types)
 
 
+def host_array(value: _pjrt.DeviceValue, array_type: ArrayType) -> np.ndarray:
+    """A native value as a numpy array: a view of it where it lies in host memory (a CPU
+    plugin's output: no copy, as jax.jit's np.asarray of a CPU array), else a copy."""
+    dtype, shape = array_type
+    if value.in_host_memory and value.nbytes:
+        return np.frombuffer(value, np.uint8).view(dtype).reshape(shape)
+    out = np.empty(shape, dtype)
+    value.to_host(buffer_view(out))
+    return out
+
+
 def _as_bytes_like(value: Any, what: str) -> bytes | bytearray | memoryview:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
@@ -213,9 +224,11 @@ class Executable:
         to the type that the program takes, and otherwise it keeps its own dtype.
         """
         prepared = self.prepare_arguments(arguments)
-        outputs = [np.empty(shape, dtype) for dtype, shape in self.output_types]
-        self.run_into(prepared, outputs, zero_copy)
-        return outputs
+        codes = self._input_codes
+        if codes is None:
+            codes = [code_of_dtype(a.dtype) for a in prepared]
+        values = self._native.execute_values([buffer_view(a) for a in prepared], codes, zero_copy)
+        return [host_array(value, t) for value, t in zip(values, self.output_types, strict=True)]
 
     def prime(self) -> bool:
         """Runs the program PRIME_RUNS times on zeros of its input types, dropping the outputs.

@@ -1,0 +1,128 @@
+#include "device_values.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "transfers.h"
+
+namespace pjrt_pool {
+
+DeviceValue::DeviceValue(std::shared_ptr<Client> client, std::vector<Owned<PJRT_Buffer>> buffers,
+                         int element_type, std::vector<int64_t> dims)
+    : client_(std::move(client)),
+      buffers_(std::move(buffers)),
+      element_type_(element_type),
+      dims_(std::move(dims)),
+      size_(ArrayBytes(element_type_, dims_).value_or(0)) {
+  if (buffers_.empty()) throw std::invalid_argument("a device value needs a buffer");
+}
+
+std::shared_ptr<DeviceValue> DeviceValue::FromHost(std::shared_ptr<Client> client,
+                                                   const HostInput& input) {
+  CheckInput(input, 0);
+  // Copied during the call: the caller's memory (a shared-memory segment the
+  // parent reuses) may change as soon as this returns.
+  Owned<PJRT_Event> done;
+  Owned<PJRT_Buffer> buffer = BufferFromHost(
+      *client, input, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall, &done);
+  if (done) AwaitEvent(client->api(), done.get(), "copying a value to the device");
+  std::vector<Owned<PJRT_Buffer>> buffers;
+  buffers.push_back(std::move(buffer));
+  return std::make_shared<DeviceValue>(std::move(client), std::move(buffers),
+                                       input.element_type, input.dims);
+}
+
+const void* DeviceValue::HostView() const {
+  return HostPointer(client_->api(), buffer(), size_, dims_.size());
+}
+
+void DeviceValue::ToHost(const HostOutput& output) const {
+  if (output.size != size_) {
+    throw std::invalid_argument("a value of " + std::to_string(size_) +
+                                " bytes cannot be copied into " + std::to_string(output.size));
+  }
+  CopyToHost(client_->api(), buffer(), output, dims_.size(), 0);
+}
+
+std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
+                                                      const std::vector<Argument>& arguments,
+                                                      bool zero_copy) {
+  const std::shared_ptr<Client>& client = executable.client();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const Argument& argument = arguments[i];
+    if (argument.value == nullptr) {
+      CheckInput(argument.host, i);
+    } else if (argument.value->element_type() != argument.host.element_type ||
+               argument.value->dims() != argument.host.dims) {
+      throw std::invalid_argument("input " + std::to_string(i) +
+                                  " is a value of another element type or shape than the "
+                                  "program takes there");
+    } else if (argument.value->client() != client) {
+      throw std::invalid_argument("input " + std::to_string(i) +
+                                  " is a value of another client than the program's");
+    }
+  }
+  InputBuffers input_buffers(client->api());  // outlives the run: zero-copy inputs
+  std::vector<PJRT_Buffer*> buffers;
+  buffers.reserve(arguments.size());
+  for (const Argument& argument : arguments) {
+    buffers.push_back(argument.value != nullptr
+                          ? argument.value->buffer()
+                          : input_buffers.FromHost(*client, argument.host, zero_copy));
+  }
+  std::vector<Owned<PJRT_Buffer>> outputs = executable.ExecuteBuffers(buffers);
+  const std::vector<OutputType>& types = executable.output_types();
+  std::vector<std::shared_ptr<DeviceValue>> values;
+  values.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    std::vector<Owned<PJRT_Buffer>> one;
+    one.push_back(std::move(outputs[i]));
+    values.push_back(std::make_shared<DeviceValue>(client, std::move(one),
+                                                   types[i].element_type, types[i].dims));
+  }
+  return values;
+}
+
+void ValueTable::Put(int64_t id, std::shared_ptr<const DeviceValue> value) {
+  std::shared_ptr<const DeviceValue> replaced;  // released after the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<const DeviceValue>& entry = values_[id];
+  replaced = std::move(entry);
+  entry = std::move(value);
+}
+
+std::shared_ptr<const DeviceValue> ValueTable::Get(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = values_.find(id);
+  if (found == values_.end()) {
+    throw std::invalid_argument("value " + std::to_string(id) +
+                                " is not held by this worker (dropped, or never kept here)");
+  }
+  return found->second;
+}
+
+void ValueTable::Drop(const std::vector<int64_t>& ids) {
+  std::vector<std::shared_ptr<const DeviceValue>> dropped;  // released after the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int64_t id : ids) {
+    auto found = values_.find(id);
+    if (found == values_.end()) continue;
+    dropped.push_back(std::move(found->second));
+    values_.erase(found);
+  }
+}
+
+size_t ValueTable::count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return values_.size();
+}
+
+size_t ValueTable::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& entry : values_) total += entry.second->size();
+  return total;
+}
+
+}  // namespace pjrt_pool

@@ -1,0 +1,91 @@
+// Program values that stay where the plugin put them: the outputs a pool worker
+// keeps on its device between runs (a pool's kept values), and the outputs
+// Executable.run hands to numpy without a copy where they live in host memory.
+//
+// A value is a list of buffers, one per device it lies on: one today; a value
+// sharded over k devices will hold k (an argument then gives each device its
+// own buffer).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "client.h"
+
+namespace pjrt_pool {
+
+class DeviceValue {
+ public:
+  // Takes the buffers, which hold an array of `element_type` and `dims`.
+  DeviceValue(std::shared_ptr<Client> client, std::vector<Owned<PJRT_Buffer>> buffers,
+              int element_type, std::vector<int64_t> dims);
+  DeviceValue(const DeviceValue&) = delete;
+  DeviceValue& operator=(const DeviceValue&) = delete;
+
+  // A value copied from host memory to the client's device (the memory may be
+  // reused as soon as this returns). Throws std::invalid_argument for an input
+  // CheckInput refuses. Blocks; call without the GIL.
+  static std::shared_ptr<DeviceValue> FromHost(std::shared_ptr<Client> client,
+                                               const HostInput& input);
+
+  int element_type() const { return element_type_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  // Bytes of the array in host memory (dense, row-major).
+  size_t size() const { return size_; }
+  const std::shared_ptr<Client>& client() const { return client_; }
+  // The buffer on the value's one device.
+  PJRT_Buffer* buffer() const { return buffers_.front().get(); }
+
+  // The host memory the value lies in, dense row-major, or nullptr where it lies
+  // on a device (or in another layout): CPU plugins give it.
+  const void* HostView() const;
+  // Copies the value into caller memory of exactly size() bytes, row-major.
+  // Blocks; call without the GIL.
+  void ToHost(const HostOutput& output) const;
+
+ private:
+  std::shared_ptr<Client> client_;
+  std::vector<Owned<PJRT_Buffer>> buffers_;
+  int element_type_;
+  std::vector<int64_t> dims_;
+  size_t size_;
+};
+
+// One argument of a run: host memory, or (value set) a value on the device.
+struct Argument {
+  HostInput host;
+  std::shared_ptr<const DeviceValue> value;
+};
+
+// Runs `executable` once on its client's device and returns its outputs as
+// values there. Host arguments are read without a copy where `zero_copy` and
+// the plugin allow it; a value argument must have the input's element type and
+// dims. Throws std::invalid_argument, before any PJRT call, for an argument
+// that does not fit. Blocks; call without the GIL.
+std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
+                                                      const std::vector<Argument>& arguments,
+                                                      bool zero_copy);
+
+// The values a worker keeps between runs, by the id the parent gave each.
+class ValueTable {
+ public:
+  // Keeps `value` under `id`, replacing any value held under it.
+  void Put(int64_t id, std::shared_ptr<const DeviceValue> value);
+  // The value under `id`; throws std::invalid_argument when none is held.
+  std::shared_ptr<const DeviceValue> Get(int64_t id) const;
+  // Drops the values under these ids (unknown ids are ignored); their device
+  // memory is freed once no run uses them.
+  void Drop(const std::vector<int64_t>& ids);
+  size_t count() const;
+  size_t bytes() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<int64_t, std::shared_ptr<const DeviceValue>> values_;
+};
+
+}  // namespace pjrt_pool

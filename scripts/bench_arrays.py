@@ -1,0 +1,302 @@
+"""Large arrays through the pool, against one process and jax.jit, in one run.
+
+Usage::
+
+    python scripts/bench_arrays.py [--parts sizes,memory,loop,tiny] [--mib 1,16,256]
+                                   [--rounds N] [--steps N] [--width N]
+
+Parts (each prints ratios against a baseline measured in the same run; this
+machine's speed drifts 2-3x between hours, so only ratios mean anything):
+
+    sizes   f(x) = x * 2 + 1 on float32 arrays of --mib MiB, numpy in and out:
+            jax.jit(f) (np.asarray of its result), compile_program +
+            Executable.run in this process, Pool(1).run, and Pool(1).run of an
+            input made in shared memory (pool.asarray), alternated round by
+            round; medians. Goals: Pool.run <= 1.3x in-process at 16 and 256
+            MiB and <= 1.5x at 1 MiB; in-process <= 1.1x jax.jit.
+    memory  a 256 MiB round trip of the same program: how much memory the
+            parent and its worker touched at their peak (VmHWM growth of each,
+            and the parent's private growth), as multiples of the array.
+            Goal: at most 3x in all.
+    loop    --steps SGD steps of an MLP (two hidden layers of --width, batch
+            256): jax.jit with the parameters fed back (they stay on JAX's
+            device), Pool.function with numpy parameters fed back, and
+            Pool.function(keep=0) with the parameters kept in the worker
+            (pool values); ms per step, and whether the kept loop's final
+            parameters equal jax.jit's bit for bit (on the CPU the pool's
+            plugin is another XLA build than jaxlib's, so allclose is shown too).
+    tiny    the tiny round trip of scripts/bench_pool.py --parts b: Pool(1).run
+            against two processes spinning on a socket (goal: within 2x).
+
+Parts a tree does not have (pool.asarray, keep=) are left out, so the same
+script measures older trees too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_SCRATCH = tempfile.mkdtemp(prefix="bench-arrays-")
+os.environ.setdefault("PJRT_POOL_CACHE_DIR", str(Path(_SCRATCH) / "cache"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pool import Pool, compile_program, lower  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def affine(x: jax.Array) -> jax.Array:
+    """The program of the sizes and memory parts."""
+    return x * 2 + 1
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+# -- sizes ---------------------------------------------------------------------------------
+
+
+def _sides(pool: Pool, mib: int) -> tuple[dict[str, Callable[[], Any]], np.ndarray]:
+    """Each side's call for an array of `mib` MiB, and the array."""
+    n = mib << 18
+    x = np.random.default_rng(0).random(n, dtype=np.float32)
+    program = lower(affine, [jax.ShapeDtypeStruct((n,), jnp.float32)])
+    executable, _ = compile_program(program)
+    jitted = jax.jit(affine)
+    sides: dict[str, Callable[[], Any]] = {
+        "jax.jit": lambda: np.asarray(jitted(x)),
+        "in-process": lambda: executable.run([x])[0],
+        "Pool.run": lambda: pool.run(program, [x])[0],
+    }
+    if hasattr(pool, "asarray"):
+        shared = pool.asarray(x)
+        sides["Pool.run, shared input"] = lambda: pool.run(program, [shared])[0]
+    return sides, x
+
+
+def part_sizes(sizes: list[int], rounds: int) -> None:
+    print("\nsizes: f(x) = x * 2 + 1, float32, numpy in and out (median ms)")
+    with Pool(1) as pool:
+        rows = {}
+        for mib in sizes:
+            sides, x = _sides(pool, mib)
+            expected = x * 2 + 1
+            for call in sides.values():  # compile, warm up, check
+                for _ in range(2):
+                    out = call()
+                assert np.array_equal(out, expected)
+                del out
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            count = max(3, rounds if mib < 64 else max(3, rounds // 4))
+            order = list(sides)
+            for i in range(count):
+                for side in order if i % 2 == 0 else order[::-1]:
+                    started = time.perf_counter()
+                    out = sides[side]()
+                    times[side].append(time.perf_counter() - started)
+                    del out
+            rows[mib] = {side: median_ms(t) for side, t in times.items()}
+            del sides, x, expected
+        names = list(next(iter(rows.values())))
+        print("    " + f"{'':<24}" + "".join(f"{f'{m} MiB':>12}" for m in sizes))
+        for name in names:
+            print("    " + f"{name:<24}" + "".join(f"{rows[m][name]:>12.2f}" for m in sizes))
+        print("    ratios")
+        for name, over, goal in (
+            ("in-process / jax.jit", ("in-process", "jax.jit"), {m: 1.1 for m in sizes}),
+            ("Pool.run / in-process", ("Pool.run", "in-process"), {1: 1.5}),
+            ("shared input / in-process", ("Pool.run, shared input", "in-process"), {1: 1.5}),
+            ("Pool.run / jax.jit", ("Pool.run", "jax.jit"), {}),
+        ):
+            if over[0] not in names:
+                continue
+            cells = []
+            for m in sizes:
+                ratio = rows[m][over[0]] / rows[m][over[1]]
+                target = goal.get(m, 1.3 if "in-process" == over[1] else None)
+                mark = "" if target is None else (" ok" if ratio <= target else " NO")
+                cells.append(f"{ratio:>9.2f}{mark:<3}")
+            print("    " + f"{name:<24}" + "".join(cells))
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def _status(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+class _PeakSampler:
+    """The largest private (anonymous) resident set a process had while it ran."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _status(self.pid, "RssAnon"))
+            time.sleep(0.0005)
+
+    def __enter__(self) -> _PeakSampler:
+        self.peak = _status(self.pid, "RssAnon")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def part_memory(mib: int) -> None:
+    n = mib << 18
+    size = n * 4
+    program = lower(affine, [jax.ShapeDtypeStruct((n,), jnp.float32)])
+    small = lower(affine, [jax.ShapeDtypeStruct((1 << 18,), jnp.float32)])
+    print(f"\nmemory: a {mib} MiB round trip of f(x) = x * 2 + 1 (growth of peaks, x the array)")
+    for shared in (False, True):
+        with Pool(1) as pool:
+            if shared and not hasattr(pool, "asarray"):
+                continue
+            pid = pool.worker_info[0]["pid"]
+            pool.run(small, [np.ones(1 << 18, np.float32)])
+            pool.compile(program)
+            me = os.getpid()
+            before_parent, before_worker = _status(me, "VmHWM"), _status(pid, "VmHWM")
+            before_anon = _status(me, "RssAnon")
+            with _PeakSampler(me) as sampler:
+                x = pool.asarray(np.ones(n, np.float32)) if shared else np.ones(n, np.float32)
+                (out,) = pool.run(program, [x])
+                assert float(out[-1]) == 3.0
+                touched = float(out.sum(dtype=np.float64))
+            assert touched == 3.0 * n
+            parent = _status(me, "VmHWM") - before_parent
+            worker = _status(pid, "VmHWM") - before_worker
+            private = sampler.peak - before_anon
+            label = "input made with pool.asarray" if shared else "numpy input"
+            print(
+                f"    {label:<30} worker {worker / size:4.2f}x, parent {parent / size:4.2f}x "
+                f"(of it private {private / size:4.2f}x); distinct memory at most "
+                f"{(worker + private) / size:4.2f}x (worker's peak + parent's private)"
+            )
+            del x, out
+
+
+# -- loop ----------------------------------------------------------------------------------
+
+
+def mlp_problem(width: int, batch: int = 256, features: int = 128, seed: int = 0) -> Any:
+    """An MLP's parameters, a batch, and its SGD step."""
+    rng = np.random.default_rng(seed)
+
+    def dense(m: int, k: int) -> dict[str, np.ndarray]:
+        scale = np.float32(1 / np.sqrt(m))
+        return {"w": (rng.standard_normal((m, k)) * scale).astype(np.float32),
+                "b": np.zeros(k, np.float32)}  # fmt: skip
+
+    params = [dense(features, width), dense(width, width), dense(width, 16)]
+    batch_x = rng.standard_normal((batch, features)).astype(np.float32)
+    batch_y = rng.standard_normal((batch, 16)).astype(np.float32)
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        for layer in params[:-1]:
+            x = jnp.tanh(x @ layer["w"] + layer["b"])
+        x = x @ params[-1]["w"] + params[-1]["b"]
+        return jnp.mean((x - y) ** 2)
+
+    def step(params: Any, x: jax.Array, y: jax.Array) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.05 * g, params, grads), value
+
+    return params, batch_x, batch_y, step
+
+
+def _loop(step: Callable[..., Any], params: Any, x: Any, y: Any, steps: int) -> tuple[float, Any]:
+    params, _ = step(params, x, y)  # compiled and warm
+    started = time.perf_counter()
+    for _ in range(steps):
+        params, value = step(params, x, y)
+    value = float(np.asarray(value))
+    return (time.perf_counter() - started) / steps, params
+
+
+def part_loop(steps: int, width: int) -> None:
+    params, x, y, step = mlp_problem(width)
+    print(f"\nloop: {steps} SGD steps of an MLP (width {width}, batch 256), ms per step")
+    results: dict[str, tuple[float, Any]] = {}
+    jitted = jax.jit(step)
+    with Pool(1) as pool:
+        legs: dict[str, Callable[[], tuple[float, Any]]] = {
+            "jax.jit": lambda: _loop(jitted, params, x, y, steps),
+            "Pool.function": lambda: _loop(pool.function(step), params, x, y, steps),
+        }
+        if hasattr(pool, "put"):
+            kept = pool.function(step, keep=0)
+            legs["Pool.function, kept"] = lambda: _loop(kept, params, x, y, steps)
+        for _ in range(2):  # alternated twice; the faster of each
+            for name, leg in legs.items():
+                seconds, final = leg()
+                if name not in results or seconds < results[name][0]:
+                    results[name] = (seconds, final)
+        reference = jax.tree_util.tree_leaves(results["jax.jit"][1])
+        for name, (seconds, final) in results.items():
+            leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(final)]
+            same = all(np.array_equal(a, b) for a, b in zip(leaves, reference, strict=True))
+            close = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(leaves, reference))
+            ratio = seconds / results["jax.jit"][0]
+            print(
+                f"    {name:<22} {seconds * 1e3:8.3f} ms  {ratio:5.2f}x jax.jit  "
+                f"bit-identical {same}, allclose {close}"
+            )
+
+
+# -- tiny ----------------------------------------------------------------------------------
+
+
+def part_tiny(calls: int) -> None:
+    sys.path.insert(0, str(HERE))
+    import bench_pool
+
+    bench_pool.report_b(bench_pool.sequential_calls(bench_pool.Tiny(), calls))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="sizes,memory,loop,tiny")
+    parser.add_argument("--mib", default="1,16,256")
+    parser.add_argument("--rounds", type=int, default=21, help="rounds of the sizes part")
+    parser.add_argument("--steps", type=int, default=300, help="steps of the loop part")
+    parser.add_argument("--width", type=int, default=256, help="hidden width in the loop part")
+    parser.add_argument("--calls", type=int, default=2000, help="round trips in the tiny part")
+    args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    print(f"bench_arrays: {os.cpu_count()} CPUs, jax {jax.__version__}, parts {parts}")
+    if "sizes" in parts:
+        part_sizes([int(m) for m in args.mib.split(",")], args.rounds)
+    if "memory" in parts:
+        part_memory(256)
+    if "loop" in parts:
+        part_loop(args.steps, args.width)
+    if "tiny" in parts:
+        part_tiny(args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
