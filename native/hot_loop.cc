@@ -35,7 +35,7 @@ constexpr size_t kPlacedHead = 24;
 constexpr size_t kWhereSize = 24;
 constexpr size_t kSegmentSize = 16;
 constexpr size_t kMaxPlacedPayload = 1 << 20;
-constexpr size_t kMaxFds = 8;  // protocol.MAX_FDS
+constexpr size_t kMaxFds = 64;  // protocol.MAX_FDS
 
 template <typename T>
 T Field(const char* data, size_t offset) {

@@ -96,13 +96,13 @@ def test_errors_arrive_as_in_process_exceptions_and_the_worker_lives(
         assert pool.worker_info[0]["pid"] == pid
 
 
-def test_large_outputs_view_shared_memory_freed_with_the_arrays() -> None:
+def test_large_outputs_view_shared_memory_kept_for_reuse_or_freed_with_the_arrays() -> None:
     size = 1 << 20  # 4 MiB of float32: past the arena, so a segment of its own
     program = lower(lambda x: x * 2.0, [jax.ShapeDtypeStruct((size,), np.float32)])
     x = np.arange(size, dtype=np.float32)
 
-    def mapped_outputs() -> list[str]:
-        return [line for line in memfds_of() if "pjrt-pool-outputs" in line and "fd " not in line]
+    def mapped() -> list[str]:
+        return [line for line in memfds_of() if "fd " not in line]
 
     pool = Pool(workers=1)
     try:
@@ -110,23 +110,32 @@ def test_large_outputs_view_shared_memory_freed_with_the_arrays() -> None:
         np.testing.assert_array_equal(out, x * 2)
         assert out.flags.writeable
         # The array views a mapping of the worker's segment: no copy was made.
-        assert len(mapped_outputs()) == 1
+        assert len([line for line in mapped() if "pjrt-pool-outputs" in line]) == 1
         del out
         gc.collect()
-        assert mapped_outputs() == []  # unmapped with the array...
-        # ...and the segments are reused: repeated runs make no new memfds.
+        # Kept for reuse, mapped (its pages stay faulted in): repeated runs make no new
+        # memfds and no new mappings.
         counts = []
         for i in range(6):
             (again,) = pool.run(program, [x + i])
             np.testing.assert_array_equal(again, (x + i) * 2)
             del again
             gc.collect()
-            counts.append(len(memfds_of()))
+            counts.append((len(memfds_of()), len(mapped())))
         assert len(set(counts[2:])) == 1, counts
     finally:
         pool.close()
     gc.collect()
     assert memfds_of() == []
+    # With no room to keep segments, a result's memory goes with its arrays.
+    with Pool(workers=1, segment_cache_bytes=0) as pool:
+        for i in range(3):
+            (out,) = pool.run(program, [x + i])
+            np.testing.assert_array_equal(out, (x + i) * 2)
+            assert len([line for line in mapped() if "pjrt-pool-outputs" in line]) == 1
+            del out
+            gc.collect()
+            assert [line for line in mapped() if "pjrt-pool-outputs" in line] == []
 
 
 def test_small_outputs_are_independent_copies(programs: list[LoweredProgram]) -> None:

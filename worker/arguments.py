@@ -16,7 +16,7 @@ costs nothing to prepare.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,13 +29,17 @@ if TYPE_CHECKING:
 
 
 def prepare_arguments(
-    arguments: Sequence[ArrayLike], types: Sequence[ArrayType] | None
+    arguments: Sequence[ArrayLike],
+    types: Sequence[ArrayType] | None,
+    skip: Collection[int] = (),
 ) -> list[np.ndarray]:
     """Returns the arguments as C-contiguous arrays of the program's input types.
 
     With types None (unknown), each argument keeps its own dtype. Raises
     TypeError for a wrong number of arguments or a value that does not
-    convert to its input type, and ValueError for a wrong shape.
+    convert to its input type, and ValueError for a wrong shape. Arguments at
+    the positions `skip` names are passed as they are (a pool's kept values,
+    which are checked apart).
     """
     if type(arguments) not in (list, tuple) and (
         isinstance(arguments, (np.ndarray, str, bytes)) or not isinstance(arguments, Sequence)
@@ -51,6 +55,9 @@ def prepare_arguments(
         )
     prepared = []
     for index, argument in enumerate(arguments):
+        if skip and index in skip:
+            prepared.append(argument)  # type: ignore[arg-type]
+            continue
         if (
             types is not None
             and type(argument) is np.ndarray

@@ -83,6 +83,9 @@ class CallerPath:
     def refusal_locked(self, task: Task) -> BaseException | None:
         """Why the pool will not take a task now (closed, broken, quarantined); else None."""
         refusal = self._tasks.refusal_locked()
+        pinned = task.request.worker
+        if refusal is None and pinned is not None:
+            refusal = self._workers.lost_locked(pinned)
         return refusal or self._quarantine.refusal_locked(task.request.program_id)
 
     # -- the direct path of Pool.run -----------------------------------------
@@ -94,7 +97,8 @@ class CallerPath:
             competing = self._workers.competing_kinds(kind)
             if self._tasks.queued_of(competing) or self.refusal_locked(task) is not None:
                 return None  # the queue keeps the order, or reports the refusal
-            worker = self._workers.idle_locked(task.request.program_id, kind)
+            request = task.request
+            worker = self._workers.idle_locked(request.program_id, kind, request.worker)
             if worker is None:
                 return None
             # No set_running_or_notify_cancel: Pool.run's future is its own, so

@@ -41,13 +41,14 @@ from pool.errors import DeviceFailureError, PoolError, rebuild_error
 from pool.executor.compile_many import CompileResult
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
-from pool.executor.segments import Segment, SegmentCache, map_segment
+from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task, Tasks
+from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
 from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
-from worker.records import CompileStatistics
+from worker.records import ArrayType, CompileStatistics
 from worker.wire import protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -76,7 +77,9 @@ class Dispatcher:
         segments: SegmentCache,
         requests: Requests,
         wait_set: WaitSet,
+        owner: Fetcher,
     ) -> None:
+        self._owner = owner  # what the handles of kept values fetch themselves through
         self._lock = lock  # the pool's: claims, the queue and settling happen under it
         self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
         self._workers = workers  # claimed, given back, freed and retired here
@@ -95,24 +98,24 @@ class Dispatcher:
             worker: WorkerProcess | None = None
             error: BaseException | None = None
             with self._lock:
-                head = tasks.head_locked(workers.idle_kinds_locked())
+                head = self._head_locked()
                 if tasks.broken is not None or head is None:
                     return
-                program_id = head.request.program_id
-                refusal = self._quarantine.refusal_locked(program_id)
+                request = head.request
+                refusal = self._quarantine.refusal_locked(request.program_id)
                 if refusal is not None:
                     if holder is not None:
                         self._wait_set.wake()  # the manager fails it (a caller completes its own)
                         return
-                    task = tasks.pop_head_locked(head.request.kind)
+                    task = self._pop_locked(head)
                     if not task.settle():
                         continue  # stopped, and left to the manager (Tasks.fail_queued_locked)
                     error = refusal
                 else:
-                    worker = workers.idle_locked(program_id, head.request.kind)
+                    worker = workers.idle_locked(request.program_id, request.kind, request.worker)
                     if worker is None:
                         return
-                    task = tasks.pop_head_locked(head.request.kind)
+                    task = self._pop_locked(head)
                     try:
                         if task.done:
                             continue  # stopped, and left to the manager (fail_queued_locked)
@@ -138,6 +141,23 @@ class Dispatcher:
                 task.complete(error)
             else:
                 task.release()  # cancelled: only its memory to give back
+
+    def _head_locked(self) -> Task | None:
+        """The oldest task an idle worker can take: at the head of the queue of a kind some
+        idle worker takes, or of an idle worker's own queue (tasks that need its values)."""
+        tasks, workers = self._tasks, self._workers
+        head = tasks.head_locked(workers.idle_kinds_locked())
+        pinned = tasks.pinned_head_locked([w.memory for w in workers.idle_workers_locked()])
+        if pinned is not None and (head is None or pinned.request.id < head.request.id):
+            return pinned
+        return head
+
+    def _pop_locked(self, head: Task) -> Task:
+        """Takes the task _head_locked found from its queue."""
+        worker = head.request.worker
+        if worker is None:
+            return self._tasks.pop_head_locked(head.request.kind)
+        return self._tasks.pop_pinned_locked(worker)
 
     def _put_back_locked(self, task: Task, worker: WorkerProcess) -> None:
         """Undoes dispatch's taking of a task from the queue's head and its claim of `worker`,
@@ -181,13 +201,14 @@ class Dispatcher:
         another worker. What making the request raises (no shared memory)
         comes out of here, with nothing sent.
         """
-        message, fds = self._requests.build(task, worker)
+        message, fds, deliveries = self._requests.build(task, worker)
         task.sending()
         try:
             worker.send(message, fds)
         except OSError:
             self._workers.retire(worker)
             return False
+        worker.memory.delivered(deliveries)  # once it went (see pool.executor.worker_memory)
         return True
 
     # -- replies -------------------------------------------------------------------
@@ -273,15 +294,21 @@ class Dispatcher:
     ) -> None:
         """Handles a HotReply: the task's outputs are in the arena where its hot slot has them."""
         program_id = None if task is None else task.request.program_id
-        hot = None if program_id is None else worker.hot.get(program_id)
-        if task is None or hot is None or fds or reply.task_id != task.request.id:
+        memory = None if task is None else task.memory
+        placed = memory is not None and memory.plan is not None  # a PlacedRun's reply
+        hot = None if program_id is None or placed else worker.hot.get(program_id)
+        if task is None or (hot is None and not placed) or fds or reply.task_id != task.request.id:
             self._unexpected(worker, reply, fds)
             return
         outcome: Result | None = None
         try:
-            # The arena is reused by the next task: copy the (small) outputs out.
-            outcome = [view.copy() for view in hot.outputs]
-            worker.ran_hot(program_id)
+            if hot is None:
+                outcome = self._placed_outputs(worker, task, None)
+                worker.note_loaded(task.request.program_id, ())
+            else:
+                # The arena is reused by the next task: copy the (small) outputs out.
+                outcome = [view.copy() for view in hot.outputs]
+                worker.ran_hot(program_id)
         except Exception as error:  # no memory for the copies
             outcome = error
         except BaseException as error:  # interrupted while copying, as in _handle
@@ -319,38 +346,51 @@ class Dispatcher:
         if reply.error is not None:
             if reply.fatal:
                 raise self._device_failure(worker, task, reply.error)
-            lost = reply.error.qualname == "LookupError" and request.program is not None
-            if lost and not task.resend_program:
+            lost = reply.error.qualname == "LookupError" and request.kind is Kind.RUN
+            loadable = request.program is not None or request.cache_key is not None
+            if lost and loadable and not task.resend_program:
                 # The worker unloaded the program although the parent's mirror
                 # said otherwise: send it again, with the program this time.
                 worker.forget(program_id)
                 task.resend_with_program()
                 return Resend.WITH_PROGRAM
             raise rebuild_error(reply.error)
-        worker.note_loaded(program_id, reply.evicted)
+        if request.kind is not Kind.VALUE:
+            worker.note_loaded(program_id, reply.evicted)
         if request.kind is Kind.COMPILE:
             assert reply.spec is not None
             check_key(reply.spec.key, "the key in a worker's reply")  # it goes into manifests
             return CompileResult(reply.spec, reply.statistics or CompileStatistics(), reply.phases)
         memory = task.memory
         assert memory is not None, "a run's reply answers a staged run"
+        if request.kind is Kind.VALUE:
+            return self._value_outcome(worker, task)
         types = reply.output_types
         if types is None:
             types = self._requests.output_types(program_id)
+        if reply.placed_slot >= 0:
+            worker.memory.note_placed(program_id, reply.placed_slot, memory.all_types)
         place, offsets = reply.output_place, reply.output_offsets
+        if place == "placed":
+            if memory.plan is None or memory.plan.destinations is None:
+                raise self._broken_reply(worker, task, ValueError("outputs placed unasked"))
+            if reply.output_types is not None:
+                self._requests.note_output_types(program_id, types)
+            return self._placed_outputs(worker, task, types)
+        kept = {} if memory.plan is None else memory.plan.kept
+        placed_types = [t for index, t in enumerate(types) if index not in kept]
+        placed_offsets = tuple(o for index, o in enumerate(offsets) if index not in kept)
         # Nothing the reply says is mapped or viewed before it is checked against what
         # the parent knows: a wrong size or offset would fault (SIGBUS) in this process.
         try:
+            if len(offsets) != len(types):
+                raise ValueError(f"{len(offsets)} offsets for {len(types)} outputs")
             if place == "arena":
-                shm.check_layout(types, offsets, ARENA_SIZE, "the worker's arena")
-            elif place == "given":
-                given = memory.output
-                if given is None or given.fd < 0:
-                    raise ValueError("it wrote into an output segment it was not given")
-                shm.check_layout(types, offsets, given.capacity, "the output segment given")
+                shm.check_layout(placed_types, placed_offsets, ARENA_SIZE, "the worker's arena")
             elif place == "new" and len(fds) == 1:
-                shm.check_layout(types, offsets, reply.output_size, "its output segment")
-                shm.check_received(fds[0], reply.output_size, "its output segment")
+                size = reply.output_size
+                shm.check_layout(placed_types, placed_offsets, size, "its output segment")
+                shm.check_received(fds[0], size, "its output segment")
             else:
                 raise ValueError(f"outputs in {place!r} with {len(fds)} descriptors")
         except (ValueError, TypeError, AttributeError) as problem:
@@ -358,7 +398,7 @@ class Dispatcher:
         if reply.output_types is not None:
             self._requests.note_output_types(program_id, types)
         if place == "arena":
-            if reply.hot_slot >= 0:
+            if reply.hot_slot >= 0 and not kept:
                 worker.note_hot(
                     program_id,
                     reply.hot_slot,
@@ -366,24 +406,85 @@ class Dispatcher:
                     (types, offsets),
                 )
             # The arena is reused by the next task: copy the (small) outputs out.
-            return [view.copy() for view in shm.views(worker.arena, types, offsets)]
-        if place == "given":
-            segment = memory.output  # the one offered with the request (pool.executor.requests)
-            assert segment is not None
+            arrays = [view.copy() for view in shm.views(worker.arena, placed_types, placed_offsets)]
         else:
             segment = Segment()
             segment.capacity = reply.output_size
             segment.fd = fds[0]
             del fds[0]  # the segment holds it now (no call since the line above)
-        try:
-            mapping = map_segment(segment.fd, segment.capacity)
-            # The arrays view the mapping; the cache gets the segment back after them.
-            self._segments.adopt(segment, mapping)
-        except BaseException:
-            if segment is not memory.output:  # the task's own goes back with the task
+            self._segments.identify(segment)
+            try:
+                lease = self._segments.adopt(segment)
+            except BaseException:
                 self._segments.give(segment)
-            raise
-        return shm.views(mapping, types, offsets)
+                raise
+            arrays = lease.views(placed_types, placed_offsets)
+        return self._with_kept(worker, task, types, arrays)
+
+    def _placed_outputs(
+        self, worker: WorkerProcess, task: Task, types: tuple[ArrayType, ...] | None
+    ) -> list[Any]:
+        """The outputs of a run that went where its request said (OutputPlan): copied out of
+        the arena, viewing its output segment, or kept (handles)."""
+        memory = task.memory
+        assert memory is not None and memory.plan is not None
+        plan = memory.plan
+        if types is None:
+            types = self._requests.output_types(task.request.program_id)
+        destinations = plan.destinations
+        assert destinations is not None
+        placed = [(t, where[2]) for t, where in zip(types, destinations, strict=True)
+                  if where[0] == protocol.PLACE]  # fmt: skip
+        placed_types = [t for t, _ in placed]
+        placed_offsets = [offset for _, offset in placed]
+        if plan.in_arena or not placed:
+            arrays = [view.copy() for view in shm.views(worker.arena, placed_types, placed_offsets)]
+        else:
+            assert memory.output is not None
+            lease = self._segments.adopt(memory.output)
+            arrays = lease.views(placed_types, placed_offsets)
+        return self._with_kept(worker, task, types, arrays)
+
+    def _with_kept(
+        self,
+        worker: WorkerProcess,
+        task: Task,
+        types: tuple[ArrayType, ...],
+        arrays: list[np.ndarray],
+    ) -> list[Any]:
+        """A run's outputs in order: its arrays, and a handle for each output it kept."""
+        memory = task.memory
+        assert memory is not None
+        kept = {} if memory.plan is None else memory.plan.kept
+        if not kept:
+            return arrays
+        found = iter(arrays)
+        outputs: list[Any] = []
+        for index, array_type in enumerate(types):
+            value_id = kept.get(index)
+            if value_id is None:
+                outputs.append(next(found))
+                continue
+            name = f"output {index} of {task.request.name!r}"
+            outputs.append(self._keep(worker, value_id, array_type, name))
+        return outputs
+
+    def _keep(self, worker: WorkerProcess, value_id: int, array_type: ArrayType, name: str) -> Any:
+        """The handle of a value a worker now keeps, recorded in the worker's memory."""
+        value = DeviceValue(self._owner, worker.memory, value_id, array_type, name)
+        worker.memory.keep(value)
+        return value
+
+    def _value_outcome(self, worker: WorkerProcess, task: Task) -> Any:
+        """A Put's handle, or a Fetch's array."""
+        request = task.request
+        operation = request.value
+        memory = task.memory
+        assert operation is not None and memory is not None and memory.plan is not None
+        if operation.op == "put":
+            (value_id,) = memory.plan.kept.values()
+            return self._keep(worker, value_id, operation.array_type, request.name)
+        return self._placed_outputs(worker, task, (operation.array_type,))[0]
 
     def _broken_reply(self, worker: WorkerProcess, task: Task, problem: Exception) -> PoolError:
         """A reply that cannot be true (outputs outside their memory): the worker broke the

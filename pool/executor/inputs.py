@@ -5,23 +5,28 @@ Small inputs go through the worker's arena (copied at submit, or straight
 from the caller's arrays when the caller waits, as Pool.run does); large
 ones into a shared-memory segment of their own, made here so that the
 manager thread never copies much, or into private memory while the pool's
-descriptor budget is spent (pool.executor.segments). A TaskMemory is changed
+descriptor budget is spent (pool.executor.segments). Two kinds of input are
+not copied: a large array that already lies in one of the pool's segments
+(a result, or an array of Pool.empty / Pool.asarray: `shared`, its segment
+pinned open until the task ends) goes as it is, and a value a worker keeps
+(pool.executor.values: `values`) is named by its id. A TaskMemory is changed
 only by its own methods: staging (copy_in), copying into the arena or a
-segment at dispatch, taking an output segment offered for large outputs,
-and giving everything back when the task ends.
+segment at dispatch, planning where the outputs go (OutputPlan), and giving
+everything back when the task ends.
 """
 
 from __future__ import annotations
 
 import mmap
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from pool.executor.segments import Segment, SegmentCache, writer
+from pool.executor.segments import Segment, SegmentCache, lease_of, writer
+from pool.executor.values import DeviceValue
 from worker.arguments import types_of
 from worker.records import ArrayType
-from worker.wire import shm
+from worker.wire import protocol, shm
 
 Layout = tuple[tuple[ArrayType, ...], tuple[int, ...], int]
 """Input types, their byte offsets in shared memory, and the size they take."""
@@ -42,6 +47,21 @@ class Layouts:
         return layout
 
 
+class OutputPlan(NamedTuple):
+    """Where a run's outputs go, as its request says, and how the parent reads them back.
+
+    `destinations` give each output's Where, or are None when the parent does
+    not know the outputs yet (the worker lays them out: a first run). `kept`
+    maps the outputs kept in the worker to their value ids. The others lie in
+    the arena (`in_arena`: copied out, they are small) or in the task's output
+    segment (TaskMemory.output), which the results view without a copy.
+    """
+
+    destinations: tuple[protocol.Where, ...] | None
+    kept: dict[int, int]
+    in_arena: bool
+
+
 def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytearray:
     """Copies arrays into private memory laid out as they will be in shared memory."""
     packed = bytearray(size)
@@ -50,61 +70,116 @@ def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytea
 
 
 class TaskMemory:
-    """A run task's inputs as staged, and the segments it holds until it is released."""
+    """A run's inputs as staged, and the segments it holds until it is released."""
 
     __slots__ = (
+        "all_types",
         "arrays",
+        "count",
         "declared_types",
+        "held",
         "in_arena",
         "input",
         "offsets",
         "output",
         "packed",
+        "plan",
         "segments",
+        "shared",
         "size",
         "types",
+        "values",
         "zero_copy",
     )
 
-    def __init__(
-        self,
-        types: tuple[ArrayType, ...],
-        offsets: tuple[int, ...],
-        size: int,
-        zero_copy: bool,
-        declared_types: bool,
-    ) -> None:
-        self.types = types
-        self.offsets = offsets  # byte offsets in the arena or the input segment
-        self.size = size
+    def __init__(self, zero_copy: bool, declared_types: bool) -> None:
+        self.types: tuple[ArrayType, ...] = ()  # of the staged inputs (see lay_out)
+        self.offsets: tuple[int, ...] = ()  # byte offsets in the arena or the input segment
+        self.size = 0
         self.zero_copy = zero_copy
         self.declared_types = declared_types  # the inputs have the program's declared types
+        self.count = 0  # inputs in all
+        self.all_types: tuple[ArrayType, ...] = ()  # of every input
         self.in_arena = False  # the inputs go through the worker's arena
         self.arrays: list[np.ndarray] | None = None  # the caller's arrays, while it waits (run)
         self.packed: bytearray | None = None  # copied at submit, laid out as in shared memory
         self.input: Segment | None = None  # the segment holding large inputs
-        self.output: Segment | None = None  # a recycled segment offered for large outputs
+        self.output: Segment | None = None  # the segment the outputs go to, if not the arena
         self.segments: SegmentCache | None = None  # where released segments go
+        self.shared: dict[int, tuple[Segment, int]] = {}  # input index -> (pinned, offset)
+        self.values: dict[int, DeviceValue] = {}  # input index -> the value it is
+        self.held: list[object] = []  # the caller's shared arrays: their segments stay theirs
+        self.plan: OutputPlan | None = None  # set when the request is built
 
-    @classmethod
-    def of(
-        cls,
-        arrays: list[np.ndarray],
-        layout: Layout | None,
-        zero_copy: bool,
-        declared_types: bool,
-    ) -> TaskMemory:
-        """The memory a run's inputs will take, holding nothing yet (see copy_in).
+    @property
+    def plain(self) -> bool:
+        """Whether every input is staged (none shared, none a value): a hot slot's run."""
+        return not self.shared and not self.values
 
-        `layout` gives the types, offsets and size when they are known (the
-        program's declared types, computed once per program).
-        """
-        if layout is not None:
-            types, offsets, size = layout
-        else:
-            types = types_of(arrays)
-            offsets, size = shm.layout(types)
-        return cls(types, offsets, size, zero_copy, declared_types)
+    def share(
+        self,
+        arrays: list[Any],
+        values: dict[int, DeviceValue],
+        segments: SegmentCache,
+        smallest: int,
+    ) -> None:
+        """Takes the inputs that are not copied: values, and arrays of more than `smallest`
+        bytes that view one of this pool's segments, C-contiguous and 64-byte aligned
+        (each segment pinned open, and recorded at once, for release to unpin)."""
+        self.segments = segments
+        self.values = values
+        for index, array in enumerate(arrays):
+            if index in values or array.nbytes <= smallest or not array.flags.c_contiguous:
+                continue
+            lease = lease_of(array)
+            if lease is None:
+                continue
+            offset = array.ctypes.data - lease.address
+            if offset % shm.ALIGNMENT or not 0 <= offset <= lease.size - array.nbytes:
+                continue
+            segment = segments.pin(lease)
+            if segment is not None:
+                self.shared[index] = (segment, offset)
+
+    def lay_out(self, arrays: list[Any], layout: Layout | None) -> None:
+        """Lays the staged inputs out: `layout` is the program's declared one (computed once
+        per program), for when every input is staged."""
+        self.count = len(arrays)
+        if layout is not None and self.plain:
+            self.types, self.offsets, self.size = layout
+            self.all_types = self.types
+            return
+        self.all_types = types_of(arrays)  # a value's handle has a dtype and a shape too
+        skipped = self.shared.keys() | self.values.keys()
+        self.types = tuple(t for i, t in enumerate(self.all_types) if i not in skipped)
+        self.offsets, self.size = shm.layout(self.types)
+
+    def sources(self) -> tuple[protocol.Where, ...]:
+        """Each input's Where: a value's id, a shared input's segment, or where it was
+        staged (the arena, or the input segment)."""
+        staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
+        offsets = iter(self.offsets)
+        found: list[protocol.Where] = []
+        for index in range(self.count):
+            value = self.values.get(index)
+            if value is not None:
+                found.append((protocol.VALUE, value.id, 0))
+                continue
+            shared = self.shared.get(index)
+            if shared is not None:
+                found.append((protocol.PLACE, shared[0].id, shared[1]))
+            else:
+                found.append((protocol.PLACE, staged, next(offsets)))
+        return tuple(found)
+
+    def used_segments(self) -> list[Segment]:
+        """The segments a request names (for the descriptors of those its worker lacks)."""
+        used = [segment for segment, _ in self.shared.values()]
+        if not self.in_arena and self.input is not None:
+            used.append(self.input)
+        if self.output is not None and self.output.fd >= 0:
+            used.append(self.output)
+        return used
 
     def copy_in(
         self,
@@ -127,6 +202,11 @@ class TaskMemory:
         into a segment at dispatch.
         """
         offsets, size = self.offsets, self.size
+        self.segments = segments
+        if not self.plain:
+            skipped = self.shared.keys() | self.values.keys()
+            self.held = [arrays[i] for i in self.shared] + list(self.values.values())
+            arrays = [a for i, a in enumerate(arrays) if i not in skipped]
         if size <= arena_limit:
             self.in_arena = True
             if caller_waits:
@@ -134,7 +214,6 @@ class TaskMemory:
             else:
                 self.packed = pack(arrays, offsets, size)
             return
-        self.segments = segments
         self.input = Segment()
         if segments.reserve(self.input):
             segments.fill(self.input, size, writer(arrays, offsets))
@@ -168,22 +247,20 @@ class TaskMemory:
         self.segments.fill(self.input, self.size, write)
         self.packed = None
 
-    def offer_output(self, segments: SegmentCache, size: int) -> None:
-        """Takes a recycled segment of at least `size` bytes for outputs too large for the
-        arena, if the cache has one that fits (it goes back with the task)."""
-        self.segments = segments
-        if self.output is None:
-            self.output = Segment()
-        segments.take(self.output, size)
-
-    @property
-    def output_fd(self) -> int:
-        """The descriptor of the output segment offered to the worker; -1 when none is."""
-        output = self.output
-        return -1 if output is None else output.fd
+    def plan_outputs(self, plan: OutputPlan | None, output: Segment | None) -> None:
+        """Records where the request being built sends the outputs (None: a HotRun, whose
+        outputs are where its slot's are), and the segment it took for them (it goes back
+        with the task, unless results adopt it)."""
+        self.plan = plan
+        if output is not None:
+            self.output = output
 
     def release(self) -> None:
         """Gives the segments back for reuse once the worker is done with them."""
         if self.segments is not None:
             self.segments.give(self.input, self.output)
+            shared, self.shared = self.shared, {}  # first: a second release unpins nothing
+            if shared:
+                self.segments.unpin(*(segment for segment, _ in shared.values()))
         self.arrays = self.packed = None
+        self.held = []

@@ -184,6 +184,12 @@ class Manager(ManagerThread):
             task, started, was_starting = self._workers.lose_locked(worker)
         returncode = self._workers.reap(worker)
         tail = worker.output_tail()
+        with self._lock:
+            # Its values went with it: what needed them fails, naming them.
+            lost = worker.memory.lose(describe_exit(returncode))
+            self._tasks.fail_pinned_locked(
+                worker.memory, lost or WorkerCrashedError(f"the worker {describe_exit(returncode)}")
+            )
         if task is not None:
             self._on_task_lost(task, worker, started, returncode, tail)
         failure = worker.startup_failure
@@ -207,8 +213,14 @@ class Manager(ManagerThread):
                 error = task.kill_error  # its deadline, its caller, or terminate()
             elif worker.killed_by_pool or not started:
                 # Not the program's fault: the worker died before taking the task
-                # up, or was retired for another reason. Send it elsewhere.
+                # up, or was retired for another reason. Send it elsewhere, unless
+                # it needed that worker's values, which are gone.
                 if self._tasks.broken is not None:
+                    error = self._tasks.broken
+                elif request.worker is not None:
+                    error = worker.memory.lost or WorkerCrashedError(
+                        f"the worker that held the task's values {describe_exit(returncode)}"
+                    )
                     error = self._tasks.broken
                 elif task.requeues >= MAX_REQUEUES:
                     error = WorkerCrashedError(

@@ -62,6 +62,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal
@@ -81,19 +82,28 @@ from pool.executor.never_compile_check import NeverCompileCheck
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
-from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
+from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, Segment, SegmentCache
 from pool.executor.settings import PoolSettings, check_timeout, finite
-from pool.executor.tasks import Kind, Request, Task, Tasks
+from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
+from pool.executor.values import DeviceValue, check_values
 from pool.executor.wait_set import WaitSet
+from pool.executor.worker_memory import WorkerMemory
 from pool.executor.workers import ARENA_SIZE, Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
+from worker.dtypes import code_of_dtype
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.topology import TopologySpec
-from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
+from worker.records import (
+    ArrayType,
+    CompileStatistics,
+    LoweredProgram,
+    ProgramSpec,
+    check_program,
+)
 
 if TYPE_CHECKING:
     from pool.manifest import Manifest
@@ -104,8 +114,47 @@ ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 
 Smaller tasks then cost no system calls for memory, and their outputs are
 copied out of the arena (cheaper than mapping a segment for a few KB). Larger
-outputs get a segment of their own that the returned arrays view, with no copy.
+outputs get a segment of their own that the returned arrays view, with no copy
+(pool.executor.requests.ARENA_OUTPUT_LIMIT). An array larger than this that
+lies in one of the pool's segments already (a result, Pool.empty, Pool.asarray)
+is passed as it is, never copied.
 """
+
+
+class _ValueOwner:
+    """What a pool's DeviceValues fetch themselves through: the pool, held weakly (a
+    handle does not keep a pool alive), and the token other pools refuse them by."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = weakref.ref(pool)
+
+    def _fetch(self, value: DeviceValue) -> np.ndarray:
+        pool = self._pool()
+        if pool is None:
+            raise PoolClosedError(f"the pool of {value.name} is gone, and the value with it")
+        return pool._fetch(value)
+
+
+def _values_in(arguments: Any) -> dict[int, DeviceValue]:
+    """The arguments that are a pool's kept values, by position."""
+    if type(arguments) not in (list, tuple):
+        return {}  # prepare_arguments says what is wrong with them
+    return {i: a for i, a in enumerate(arguments) if type(a) is DeviceValue}
+
+
+def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
+    """keep= as sorted output indices; TypeError or ValueError for what is not."""
+    indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
+    if not isinstance(indices, Sequence) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in indices
+    ):
+        raise TypeError(f"keep must be an output index or a sequence of them, not {keep!r}")
+    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+        raise ValueError(f"keep names outputs by their indices, each once: {keep!r}")
+    return tuple(sorted(indices))
+
 
 _live_pools: set[WorkerPool] = set()
 """Pools not closed yet: interpreter exit terminates them. (A pool's manager thread does
@@ -207,6 +256,7 @@ class WorkerPool:
     def _assemble(self, settings: PoolSettings) -> None:
         """Makes the parts of the pool (see the module docstring), each given what it uses."""
         lock = self._lock = threading.Lock()
+        self._value_owner = _ValueOwner(self)  # what this pool's DeviceValues name as theirs
         wait_set = self._wait_set = WaitSet()
         self._tasks = Tasks(wait_set)
         self._quarantine = Quarantine(lock, settings.max_crashes)
@@ -220,6 +270,7 @@ class WorkerPool:
             self._segments,
             Requests(self._segments),
             wait_set,
+            self._value_owner,
         )
         self._layouts = Layouts()
         # Programs a compile task of this pool compiled or loaded (by program id): their
@@ -271,23 +322,33 @@ class WorkerPool:
         timeout: float | None = None,
         zero_copy: bool | None = None,
         compile_options: bytes | None = None,
+        keep: int | Sequence[int] = (),
     ) -> Future[list[np.ndarray]]:
         """Runs a program in a worker (compiling or loading it there first); returns a Future.
 
         The arguments are checked, converted to the program's input types and
         copied here, raising the same TypeError or ValueError as
         Executable.run; changing them after submit returns does not change
-        the task. The Future's result is the list of outputs as numpy arrays
-        (large ones view shared memory, freed when the arrays are).
-        timeout (seconds; inf for none) overrides the pool's task_timeout.
-        compile_options compiles the program with other options than the
-        default, as submit_compile does. A thread that waits in the Future's
-        result() reads the worker's reply itself when it can, as run does
-        (its done-callbacks still run on the manager thread); a Ctrl-C there
-        while the reply is awaited leaves the task running.
+        the task. Two kinds of argument are not copied: an array in the pool's
+        shared memory (a result's, Pool.empty's or Pool.asarray's, larger than
+        the arena's share) goes as it is, so changes made to it before the run
+        starts reach the run; and a DeviceValue (Pool.put, or an output kept
+        by keep=) stays in its worker, and the task runs on that worker. The
+        Future's result is the list of outputs as numpy arrays (large ones view
+        shared memory, freed when the arrays are), with a DeviceValue in place
+        of each output `keep` names (its index, or a sequence of them): those
+        stay in the worker. timeout (seconds; inf for none) overrides the
+        pool's task_timeout. compile_options compiles the program with other
+        options than the default, as submit_compile does. A thread that waits
+        in the Future's result() reads the worker's reply itself when it can,
+        as run does (its done-callbacks still run on the manager thread); a
+        Ctrl-C there while the reply is awaited leaves the task running.
         """
         program = check_program(program, "Pool.submit")
-        task = self._new_task(Kind.RUN, program, name, timeout, compile_options)
+        pinned = self._pinned(arguments, program.input_types)
+        task = self._new_task(
+            Kind.RUN, program, name, timeout, compile_options, keep=keep, pinned=pinned
+        )
         if self._needs_compile(task):
             return self._submit_after_compile(task, arguments, zero_copy)
         return self._submit(task, arguments, zero_copy)
@@ -300,6 +361,7 @@ class WorkerPool:
         name: str | None = None,
         timeout: float | None = None,
         compile_options: bytes | None = None,
+        keep: int | Sequence[int] = (),
     ) -> list[np.ndarray]:
         """Runs a program in a worker and returns its outputs (see submit).
 
@@ -307,16 +369,32 @@ class WorkerPool:
         the worker itself instead of going through the manager thread: one
         thread switch less per call, which is most of a small program's
         round trip. An exception while it runs (Ctrl-C) stops the task: its
-        worker, if it had the task, is killed and replaced, and the pool goes on.
+        worker, if it had the task, is killed and replaced (and the values it
+        kept with it), and the pool goes on.
         """
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
-        task = self._new_task(Kind.RUN, program, name, timeout, compile_options, handed_out=False)
+        pinned = self._pinned(arguments, program.input_types)
+        task = self._new_task(
+            Kind.RUN,
+            program,
+            name,
+            timeout,
+            compile_options,
+            handed_out=False,
+            keep=keep,
+            pinned=pinned,
+        )
         if self._needs_compile(task):
             # On a compile worker first (see pool.executor.roles); the device worker loads it.
             self.submit_compile(
                 program, name=name, timeout=timeout, compile_options=compile_options
             ).result()
+        return self._call(task, arguments)
+
+    def _call(self, task: Task, arguments: Sequence[Any]) -> Any:
+        """Stages a task, runs it on an idle worker from this thread (or queues it), and
+        returns its result (Pool.run's path; put and fetch take it too)."""
         caller = self._caller
         try:
             self._stage(task, arguments, None, caller_waits=True)
@@ -329,6 +407,92 @@ class WorkerPool:
         except BaseException as error:
             caller.recover(task, error)
             raise
+
+    # -- values and shared arrays ---------------------------------------------------
+
+    def put(
+        self, array: ArrayLike, *, like: DeviceValue | None = None, name: str | None = None
+    ) -> DeviceValue:
+        """Copies an array into a worker's device memory, where it stays; returns its handle.
+
+        Pass the DeviceValue to later calls of this pool in place of the array:
+        each runs on the worker that holds it, reading it there, without
+        copying it again. The worker is one that runs programs (the one that
+        holds `like`, another DeviceValue of this pool, when given: a call
+        takes values of one worker only). np.asarray(value) or value.fetch()
+        copies it back; dropping the handle frees its device memory.
+        """
+        self._refuse_on_manager("Pool.put")
+        (prepared,) = prepare_arguments([array], None)
+        array_type = ArrayType(prepared.dtype, prepared.shape)
+        pinned = None if like is None else self._pinned([like], None)
+        operation = ValueOp("put", array_type)
+        label = name or f"a {array_type} put in the pool"
+        task = self._new_task(
+            Kind.VALUE, None, label, None, None, handed_out=False, pinned=pinned, value=operation
+        )
+        return self._call(task, [prepared])
+
+    def _fetch(self, value: DeviceValue) -> np.ndarray:
+        """DeviceValue.fetch: the value copied out of its worker (into shared memory)."""
+        self._refuse_on_manager("DeviceValue.fetch")
+        pinned = self._pinned([value], None)
+        operation = ValueOp("fetch", value.array_type, value)
+        task = self._new_task(
+            Kind.VALUE,
+            None,
+            f"fetch {value.name}",
+            None,
+            None,
+            handed_out=False,
+            pinned=pinned,
+            value=operation,
+        )
+        return self._call(task, [])
+
+    def empty(self, shape: int | Sequence[int], dtype: Any) -> np.ndarray:
+        """A numpy array in the pool's shared memory, of undefined contents, to fill.
+
+        Passed to this pool's calls (larger than the arena's share, 256 KiB),
+        it is not copied: the worker reads it where it is. So a data loader
+        that fills arrays from Pool.empty sends batches with no copy in this
+        process. It is passed by reference: a task submitted with it sees
+        changes made to it before the task runs. Its memory goes back to the
+        pool when the array (and every view of it) is garbage, as a result's.
+        """
+        self._check_open()
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        array_type = ArrayType(np.dtype(dtype), tuple(int(d) for d in dims))
+        code_of_dtype(array_type.dtype)  # TypeError for a type the runtime has not
+        if any(d < 0 for d in array_type.shape):
+            raise ValueError(f"a shape has no negative lengths: {shape!r}")
+        size = max(array_type.nbytes, 1)
+        segment = Segment()
+        try:
+            if not self._segments.make(segment, size):  # past the bounds: its own, not kept
+                self._segments.fill(segment, size, lambda _: None)
+            lease = self._segments.adopt(segment)
+        except BaseException:
+            self._segments.give(segment)
+            raise
+        return lease.views([array_type], [0])[0]
+
+    def asarray(self, array: ArrayLike) -> np.ndarray:
+        """A copy of an array in the pool's shared memory (see empty): calls pass it as it is."""
+        source = np.asarray(array)
+        copy = self.empty(source.shape, source.dtype)
+        copy[...] = source
+        return copy
+
+    def _pinned(
+        self, arguments: Sequence[Any], types: tuple[ArrayType, ...] | None
+    ) -> WorkerMemory | None:
+        """The memory of the worker a call must run on, the one that holds its values (each
+        checked: this pool's, alive, of its input's type); None when it passes none."""
+        values = _values_in(arguments)
+        if not values:
+            return None
+        return check_values(self._value_owner, values, types)
 
     def submit_spec(
         self,
@@ -602,8 +766,13 @@ class WorkerPool:
         compile_options: bytes | None,
         spec: ProgramSpec | None = None,
         handed_out: bool = True,
+        keep: int | Sequence[int] = (),
+        pinned: WorkerMemory | None = None,
+        value: ValueOp | None = None,
     ) -> Task:
-        """A task for a program, or (program None) for the executable a ProgramSpec names.
+        """A task for a program, or (program None) for the executable a ProgramSpec names, or
+        a VALUE task (value: its operation; pinned: the memory of the worker it must run
+        on, which holds its values; keep: the outputs a run keeps there).
 
         Everything a caller gives is checked here, before any worker is claimed.
         A run whose future is handed out gets a TaskFuture, whose result() reads
@@ -612,7 +781,7 @@ class WorkerPool:
         """
         if self._pid != forks.pid:
             self._refuse_in_child()
-        if kind is Kind.RUN and not self._settings.runs:
+        if kind is not Kind.COMPILE and not self._settings.runs:
             raise PoolError(
                 f"this pool compiles for the topology {self._settings.topology} without a device "
                 "(Pool(topology=...)): it cannot run programs. Run them where that device is, "
@@ -620,7 +789,9 @@ class WorkerPool:
             )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
-        if program is None:
+        if value is not None:
+            identity, key = f"({value.op})", None
+        elif program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key
         else:
@@ -639,6 +810,9 @@ class WorkerPool:
             key,
             None if spec is None else spec.input_types,
             compile_options,
+            pinned,
+            _keep_indices(keep),
+            value,
         )
         future: Future[Any] | RunOutcome
         if not handed_out:
@@ -675,13 +849,16 @@ class WorkerPool:
         """Checks and converts a run task's arguments and stages them (TaskMemory.stage)."""
         request = task.request
         types = request.program.input_types if request.program is not None else request.spec_types
-        arrays = prepare_arguments(arguments, types)
+        values = _values_in(arguments)
+        arrays = prepare_arguments(arguments, types, values.keys())
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
         # checks them against the executable's own (worker.serve.server.check_run_inputs).
         declared = types is not None and request.cache_key is None
         layout = self._layouts.of(request.program_id, types) if declared else None
         zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
-        memory = TaskMemory.of(arrays, layout, zero_copy, declared)
-        task.stage(memory)  # first: what copy_in takes goes back with the task
+        memory = TaskMemory(zero_copy, declared)
+        task.stage(memory)  # first: what share and copy_in take goes back with the task
+        memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
+        memory.lay_out(arrays, layout)
         memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)

@@ -1,38 +1,57 @@
 """Building the one message that gives a task to the worker claimed for it.
 
-Three kinds of request go to a worker (worker.wire.protocol):
+The requests a worker takes (worker.wire.protocol):
 
-    Compile   compile or load a program, for its ProgramSpec
-    Run       run a program (sent with it unless the worker has it loaded), its
-              inputs in the worker's arena or in a segment sent along, and a
-              recycled segment offered for outputs too large for the arena
-    HotRun    a few bytes: run the program in a hot slot the worker gave it, on
-              inputs written into the arena where that slot reads them
+    Compile     compile or load a program, for its ProgramSpec
+    HotRun      a few bytes: run the program in a hot slot the worker gave it, on
+                inputs written into the arena where that slot reads them
+    PlacedRun   run a program the worker has loaded, each input and output where the
+                frame says: the arena, a shared-memory segment (mapped once per
+                worker: a segment's descriptor goes with the first frame that
+                names it), or a value the worker keeps
+    Run         the full form, for a program's first run in a worker (it loads the
+                program, and says the slots of later runs), with the program when the
+                worker does not have it
+    Put, Fetch  a value: an input to keep on the device, or a kept one to copy out
+
+Every request but a HotRun also brings the worker what the parent let go of
+since its last one (pool.executor.worker_memory): values to drop, segments to
+forget. The mirror of what the worker holds changes only once the request has
+gone (Deliveries, applied by the dispatcher after the send).
 
 Requests owns what building them learns: each program's output types, known
-from its first reply, which size the output segment offered to later runs.
-The caller holds the worker claimed for the task (and so its arena) while a
-request is built, and sends it; nothing here sends.
+from its first reply, which lay out later runs' outputs; and the ids of kept
+values. The caller holds the worker claimed for the task (and so its arena)
+while a request is built, and sends it; nothing here sends.
 """
 
 from __future__ import annotations
 
-from pool.executor.segments import SegmentCache
+import itertools
+
+from pool.executor.inputs import OutputPlan, TaskMemory
+from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task
+from pool.executor.worker_memory import NOTHING, Deliveries
 from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess
 from worker.records import ArrayType
 from worker.wire import protocol, shm
 
-Message = protocol.Compile | protocol.Run | protocol.HotRun
-"""What a request is on the wire."""
+Message = protocol.Compile | protocol.Run | protocol.HotRun | protocol.PlacedRun | protocol.Put
+"""What a request is on the wire (protocol.Fetch too)."""
+
+ARENA_OUTPUT_LIMIT = ARENA_SIZE // 4
+"""Outputs up to this many bytes in all come back through the worker's arena, copied out
+(cheaper than a segment for a few KB); larger ones in a segment the results view."""
 
 
 class Requests:
     """Builds tasks' requests; knows each program's output types once a worker said them."""
 
     def __init__(self, segments: SegmentCache) -> None:
-        self._segments = segments  # recycled segments offered to runs for their outputs
+        self._segments = segments  # recycled segments the outputs go to
         self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
+        self._value_ids = itertools.count(1)  # the ids of kept values, never reused
 
     def output_types(self, program_id: str) -> tuple[ArrayType, ...]:
         """A program's output types, which an earlier reply gave (KeyError if none did)."""
@@ -42,8 +61,11 @@ class Requests:
         """Records a program's output types from a reply that gave them."""
         self._output_types[program_id] = types
 
-    def build(self, task: Task, worker: WorkerProcess) -> tuple[Message, tuple[int, ...]]:
-        """The message and descriptors that give a task to the worker claimed for it.
+    def build(
+        self, task: Task, worker: WorkerProcess
+    ) -> tuple[Message | protocol.Fetch, tuple[int, ...], Deliveries]:
+        """The message and descriptors that give a task to the worker claimed for it, and
+        what the worker holds once it went.
 
         Small inputs are written into the worker's arena here; large inputs
         staged in private memory (pool.executor.inputs) go into their segment.
@@ -59,67 +81,162 @@ class Requests:
                 request.name,
                 request.compile_options,
             )
-            return message, ()
+            return message, (), NOTHING
         memory = task.memory
         assert memory is not None, "a run is staged before it is claimed"
+        pending = worker.memory.pending(self._segments)
         hot = _hot_program(worker, task)
-        if hot is not None:
+        if hot is not None and pending is NOTHING:
+            memory.plan_outputs(None, None)
             memory.write_to_arena(worker.arena, hot.inputs)
-            return protocol.HotRun(request.id, hot.slot, memory.zero_copy), ()
-        if memory.output_fd < 0:
-            self._offer_output_segment(task)
-        in_arena = memory.in_arena
-        if in_arena:
+            return protocol.HotRun(request.id, hot.slot, memory.zero_copy), (), NOTHING
+        if memory.in_arena:
             memory.write_to_arena(worker.arena)
         elif memory.packed is not None:
             memory.to_segment()
+        if request.kind is Kind.VALUE:
+            return self._value(task, memory, worker, pending)
+        destinations = self._plan_outputs(task, memory)
+        segments, fds, deliveries = _deliveries(worker, memory, pending)
+        placed = worker.memory.placed.get(request.program_id)
         include = request.cache_key is None and (
             task.resend_program or request.program_id not in worker.loaded
         )
-        output = memory.output
-        output_fd = memory.output_fd
+        sources = memory.sources()
+        if destinations is not None and placed is not None and not include:
+            slot, types = placed
+            if types == memory.all_types:
+                message: Message = protocol.PlacedRun(
+                    request.id,
+                    slot,
+                    memory.zero_copy,
+                    sources,
+                    destinations,
+                    segments,
+                    deliveries.drops,
+                    deliveries.forgets,
+                )
+                return message, fds, deliveries
+        assert memory.plan is not None
         run = protocol.Run(
             request.id,
             request.program_id,
             request.program if include else None,
             request.name,
-            None if memory.declared_types else memory.types,
-            memory.offsets,
-            memory.size,
+            None if memory.declared_types else memory.all_types,
+            sources,
+            destinations,
             memory.zero_copy,
-            in_arena=in_arena,
             cache_key=request.cache_key,
             want_output_types=request.program_id not in self._output_types,
-            output_capacity=output.capacity if output is not None and output_fd >= 0 else 0,
             compile_options=request.compile_options if include else None,
+            keep=tuple(memory.plan.kept.items()) if destinations is None else (),
+            segments=segments,
+            drops=deliveries.drops,
+            forgets=deliveries.forgets,
         )
-        fds = () if in_arena else (memory.input.fd,)  # type: ignore[union-attr]
-        if output_fd >= 0:
-            fds += (output_fd,)
-        return run, fds
+        return run, fds, deliveries
 
-    def _offer_output_segment(self, task: Task) -> None:
-        """Gives a run whose outputs will not fit the arena a recycled segment, if one fits."""
-        memory = task.memory
-        assert memory is not None
-        types = self._output_types.get(task.request.program_id)
+    def _plan_outputs(self, task: Task, memory: TaskMemory) -> tuple[protocol.Where, ...] | None:
+        """Where a run's outputs go (see OutputPlan), recorded in its memory; the
+        destinations, or None to leave them to the worker (a first run, whose outputs the
+        parent does not know yet, or outputs too large for the bounds of kept segments)."""
+        request = task.request
+        kept = {index: next(self._value_ids) for index in request.keep}
+        types = self._output_types.get(request.program_id)
         if types is None:
-            return  # the first run of a program: its output size is not known yet
+            memory.plan_outputs(OutputPlan(None, kept, False), None)
+            return None
+        placed = [t for index, t in enumerate(types) if index not in kept]
         start = shm.aligned(memory.size) if memory.in_arena else 0
-        if shm.layout(types, start)[1] <= ARENA_SIZE:
-            return
-        memory.offer_output(self._segments, shm.layout(types)[1])
+        offsets, end = shm.layout(placed, start)
+        output: Segment | None = None
+        in_arena = end <= ARENA_SIZE and sum(t.nbytes for t in placed) <= ARENA_OUTPUT_LIMIT
+        segment_id = 0
+        if not in_arena:
+            offsets, end = shm.layout(placed)
+            output = memory.output
+            if output is None or output.fd < 0 or output.capacity < end:
+                output = Segment()
+                if not self._segments.make(output, end):
+                    memory.plan_outputs(OutputPlan(None, kept, False), None)
+                    return None
+            segment_id = output.id
+        found = iter(offsets)
+        destinations = tuple(
+            (protocol.VALUE, kept[index], 0)
+            if index in kept
+            else (protocol.PLACE, segment_id, next(found))
+            for index in range(len(types))
+        )
+        memory.plan_outputs(OutputPlan(destinations, kept, in_arena), output)
+        return destinations
+
+    def _value(
+        self, task: Task, memory: TaskMemory, worker: WorkerProcess, pending: Deliveries
+    ) -> tuple[protocol.Put | protocol.Fetch, tuple[int, ...], Deliveries]:
+        """A VALUE task's request: Put of its staged input, or Fetch of a kept value into the
+        arena (small) or a segment the result views."""
+        request = task.request
+        operation = request.value
+        assert operation is not None
+        if operation.op == "put":
+            value_id = next(self._value_ids)
+            memory.plan_outputs(OutputPlan(None, {0: value_id}, False), None)
+            segments, fds, deliveries = _deliveries(worker, memory, pending)
+            put = protocol.Put(
+                request.id,
+                value_id,
+                memory.sources()[0],
+                operation.array_type,
+                segments,
+                deliveries.drops,
+                deliveries.forgets,
+            )
+            return put, fds, deliveries
+        size = operation.array_type.nbytes
+        output: Segment | None = None
+        where: protocol.Where = (protocol.PLACE, 0, 0)
+        if size > ARENA_OUTPUT_LIMIT:
+            output = Segment()
+            if not self._segments.make(output, size):  # past the bounds: kept only while used
+                self._segments.fill(output, size, lambda _: None)
+            where = (protocol.PLACE, output.id, 0)
+        memory.plan_outputs(OutputPlan((where,), {}, output is None), output)
+        segments, fds, deliveries = _deliveries(worker, memory, pending)
+        fetch = protocol.Fetch(
+            request.id, operation.value.id, where, segments, deliveries.drops, deliveries.forgets
+        )
+        return fetch, fds, deliveries
+
+
+def _deliveries(
+    worker: WorkerProcess, memory: TaskMemory, pending: Deliveries
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], Deliveries]:
+    """The segments a request names that its worker has not mapped ((id, size) and their
+    descriptors, sent with it), and everything the request delivers."""
+    mapped = worker.memory.mapped
+    new: dict[int, Segment] = {}
+    for segment in memory.used_segments():
+        if segment.id not in mapped:
+            new[segment.id] = segment
+    sizes = tuple((segment.id, segment.capacity) for segment in new.values())
+    fds = tuple(segment.fd for segment in new.values())
+    return sizes, fds, pending._replace(segments=tuple(new))
 
 
 def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
     """The worker's hot slot for a task, if the task can go as a HotRun: a run of a program
-    the worker runs by slot, on inputs laid out as that slot's, in the arena."""
+    the worker runs by slot, on inputs laid out as that slot's, in the arena, none shared
+    or a value, keeping no output, with outputs small enough to copy out."""
     memory = task.memory
-    if memory is None or not memory.in_arena or task.resend_program:
+    if memory is None or not memory.in_arena or task.resend_program or not memory.plain:
         return None
-    if memory.output is not None:  # offered a segment for outputs too large for the arena
+    if task.request.keep or task.request.kind is not Kind.RUN:
         return None
     hot = worker.hot.get(task.request.program_id)
     if hot is None or not hot.fits(memory.types, memory.offsets):
+        return None
+    if hot.output_bytes > ARENA_OUTPUT_LIMIT:
         return None
     return hot

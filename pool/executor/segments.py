@@ -48,15 +48,17 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import itertools
 import mmap
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from worker.records import ArrayType
 from worker.wire import shm
 
 DEFAULT_CACHE_BYTES = 512 << 20
@@ -106,6 +108,15 @@ def map_segment(fd: int, size: int, populate: bool = False) -> mmap.mmap:
     return mapping
 
 
+PAGE = mmap.PAGESIZE
+
+
+def page_rounded(size: int) -> int:
+    """A segment's capacity for `size` bytes: whole pages (a worker registers whole segments
+    with the plugin for direct transfers, PJRT_Client_DmaMap, which takes pages)."""
+    return max(PAGE, -(-size // PAGE) * PAGE)
+
+
 class Segment:
     """A segment's descriptor outside the cache (a task's input or output), if any.
 
@@ -113,23 +124,84 @@ class Segment:
     size, so one given back before then is closed, never kept. lent says
     whether the cache counts it against max_fds. The cache moves
     descriptors in and out with plain stores (see the module docstring).
+    id names the segment to the workers (0 until it has one), which map it
+    once and keep it mapped, as this process keeps `mapping`: a segment
+    reused for call after call faults its pages in once on both sides.
     """
 
-    __slots__ = ("capacity", "fd", "lent")
+    __slots__ = ("capacity", "fd", "id", "lent", "mapping", "pins")
 
     def __init__(self) -> None:
         self.fd = -1
         self.capacity = 0
         self.lent = False
+        self.id = 0
+        self.mapping: mmap.mmap | None = None
+        self.pins = 0  # tasks passing a result's segment to a worker: it stays open meanwhile
+
+    def mapped(self, populate: bool = False) -> mmap.mmap:
+        """The segment's mapping in this process, made on first use (populate: every page
+        mapped at once, for a segment about to be written whole)."""
+        mapping = self.mapping
+        if mapping is None:
+            mapping = self.mapping = map_segment(self.fd, self.capacity, populate)
+        return mapping
+
+
+class SegmentLease:
+    """What the arrays of one result (or one Pool.empty array) view: a segment's mapping.
+
+    numpy reads __array_interface__, and an array made from it keeps the
+    lease as its base, as every view of that array does: when the last one
+    is garbage, the lease is, and the cache takes the segment back (see
+    SegmentCache.adopt). The lease holds the mapping, which is never closed,
+    only dropped, so the memory lives as long as any array views it.
+    """
+
+    __slots__ = ("__array_interface__", "__weakref__", "_mapping", "address", "segment", "size")
+
+    def __init__(self, segment: Segment, mapping: mmap.mmap) -> None:
+        self.segment = segment
+        self._mapping = mapping
+        self.size = segment.capacity
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        self.__array_interface__ = {
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.address, False),
+            "version": 3,
+        }
+
+    def views(self, types: Sequence[ArrayType], offsets: Sequence[int]) -> list[np.ndarray]:
+        """Numpy arrays of these types at these offsets, viewing the lease."""
+        memory = np.asarray(self)
+        return [
+            memory[offset : offset + t.nbytes].view(t.dtype).reshape(t.shape)
+            if t.size
+            else np.empty(t.shape, t.dtype)
+            for t, offset in zip(types, offsets, strict=True)
+        ]
+
+
+def lease_of(array: np.ndarray) -> SegmentLease | None:
+    """The lease an array views, if it views one (its base, or its base's base, ...)."""
+    base: Any = array
+    for _ in range(8):  # numpy collapses views' bases; a few steps reach the owner
+        base = getattr(base, "base", None)
+        if base is None or type(base) is SegmentLease:
+            return base
+    return None
 
 
 class SegmentCache:
-    """Unused memfd segments (capacity, descriptor), best fit first, within two bounds.
+    """Unused memfd segments, best fit first, within two bounds; the segments results view.
 
     `_lent` counts kept descriptors in use (reserved or taken by Segments,
-    viewed by live results); `_free` holds the ones waiting for reuse; their
-    sum never exceeds max_fds. `_bytes` (free) plus `_adopted_bytes` (viewed
-    by live results, to come back) never exceeds max_bytes.
+    viewed by live results); `_free` holds the ones waiting for reuse, as
+    (capacity, id, Segment); their sum never exceeds max_fds. `_bytes` (free)
+    plus `_adopted_bytes` (viewed by live results, to come back) never
+    exceeds max_bytes. `_open` holds the ids of every segment whose descriptor
+    is still open: a worker that maps one no longer open is told to forget it.
     """
 
     def __init__(
@@ -137,12 +209,15 @@ class SegmentCache:
     ) -> None:
         self.max_bytes = max_bytes
         self.max_fds = max_fds
-        self._free: list[tuple[int, int]] = []  # (capacity, fd), sorted
+        self._free: list[tuple[int, int, Segment]] = []  # sorted
         self._bytes = 0
         self._lent = 0
-        self._adopted: dict[weakref.ref[mmap.mmap], tuple[int, int]] = {}  # (capacity, fd)
+        self._adopted: dict[weakref.ref[SegmentLease], Segment] = {}
         self._adopted_bytes = 0
-        self._returned: collections.deque[weakref.ref[mmap.mmap]] = collections.deque()
+        self._returned: collections.deque[weakref.ref[SegmentLease]] = collections.deque()
+        self._ids = itertools.count(1)
+        self._open: set[int] = set()
+        self.closings = 0  # segments closed so far: workers look for ones to forget when it grows
         self._closed = False
         self._lock = threading.Lock()
 
@@ -159,6 +234,11 @@ class SegmentCache:
         with self._lock:
             self._take_returned_locked()
             return self._lent
+
+    def is_open(self, segment_id: int) -> bool:
+        """Whether the segment of that id still has its descriptor (a worker may keep it
+        mapped); a plain read of a set, safe without the lock."""
+        return segment_id in self._open
 
     def reserve(self, segment: Segment) -> bool:
         """Counts one more kept descriptor, for `segment`; False when the bound is reached."""
@@ -181,13 +261,34 @@ class SegmentCache:
             index = bisect.bisect_left(self._free, (size, -1))
             if index == len(self._free) or self._free[index][0] > 2 * size:
                 return
-            capacity, fd = self._free[index]
+            capacity, _, kept = self._free[index]
             # No call from here to the last store: the descriptor moves at once.
             del self._free[index]
             self._bytes -= capacity
             if not segment.lent:
                 self._lent += 1
-            segment.fd, segment.capacity, segment.lent = fd, capacity, True
+            segment.fd, segment.capacity, segment.lent = kept.fd, capacity, True
+            segment.id, segment.mapping = kept.id, kept.mapping
+
+    def make(self, segment: Segment, size: int) -> bool:
+        """Puts a kept segment of at least `size` bytes into `segment` (empty), or a new one
+        when the bounds leave room for it to be kept once its results are gone; False (and
+        `segment` empty) when they leave none: a worker makes the outputs' segment then."""
+        self.take(segment, size)
+        if segment.fd >= 0:
+            return True
+        with self._lock:
+            self._take_returned_locked()
+            room = not self._closed and self._make_room_locked(
+                page_rounded(size), descriptor=not segment.lent
+            )
+            if not room:
+                return False
+            if not segment.lent:
+                self._lent += 1
+                segment.lent = True
+        self._new(segment, size)
+        return True
 
     def fill(self, segment: Segment, size: int, write: Callable[[Any], None]) -> None:
         """Puts a segment of at least `size` bytes that `write` filled into `segment`.
@@ -200,10 +301,23 @@ class SegmentCache:
         if segment.fd < 0:
             self.take(segment, size)
         if segment.fd < 0:
-            segment.capacity = 0  # not sized yet (see Segment)
-            segment.fd = shm.new_segment(size, "pjrt-pool-segment")
-            segment.capacity = size
-        write(map_segment(segment.fd, segment.capacity, populate=True))
+            self._new(segment, size)
+        write(segment.mapped(populate=True))
+
+    def _new(self, segment: Segment, size: int) -> None:
+        """Makes a new segment of at least `size` bytes into `segment` (empty)."""
+        segment.capacity = 0  # not sized yet (see Segment)
+        segment.mapping = None
+        segment.fd = shm.new_segment(page_rounded(size), "pjrt-pool-segment")
+        segment.id = next(self._ids)
+        self._open.add(segment.id)
+        segment.capacity = page_rounded(size)
+
+    def identify(self, segment: Segment) -> None:
+        """Gives a segment a worker made (a reply's outputs), whose descriptor `segment`
+        holds, the id workers will know it by."""
+        segment.id = next(self._ids)
+        self._open.add(segment.id)
 
     def give(self, *segments: Segment | None) -> None:
         """Takes back segments nothing uses any more: each is kept for reuse, or closed."""
@@ -229,21 +343,25 @@ class SegmentCache:
         if fd < 0:
             return
         if not keep:
-            os.closerange(fd, fd + 1)
+            self._close(fd, segment)
             return
+        kept = Segment()
+        kept.fd, kept.capacity, kept.id, kept.mapping = fd, capacity, segment.id, segment.mapping
         self._bytes += capacity
-        bisect.insort(self._free, (capacity, fd))
+        bisect.insort(self._free, (capacity, segment.id, kept))
         self._make_room_locked(0, descriptor=False)
 
-    def adopt(self, segment: Segment, mapping: mmap.mmap) -> None:
-        """Takes over a segment that live result arrays view through `mapping`.
+    def adopt(self, segment: Segment) -> SegmentLease:
+        """Takes over a segment whose outputs the caller's arrays are to view; returns the
+        lease they view it through.
 
-        The segment comes back for reuse when the mapping is garbage (see the
+        The segment comes back for reuse when the lease is garbage (see the
         module docstring). One the bounds leave no room for, even after
-        closing unused segments, is closed now: the mapping alone keeps its
+        closing unused segments, is closed now: the lease alone keeps its
         memory, which goes with the arrays.
         """
-        ref = weakref.ref(mapping, self._returned.append)
+        lease = SegmentLease(segment, segment.mapped())
+        ref = weakref.ref(lease, self._returned.append)
         with self._lock:
             self._take_returned_locked()
             fd, capacity, lent = segment.fd, segment.capacity, segment.lent
@@ -256,15 +374,51 @@ class SegmentCache:
             # No call from here to the last store or the close.
             segment.fd, segment.lent = -1, False
             if room:
-                self._adopted[ref] = (capacity, fd)
+                kept = Segment()
+                kept.fd, kept.capacity, kept.id, kept.mapping = (
+                    fd,
+                    capacity,
+                    segment.id,
+                    segment.mapping,
+                )
+                lease.segment = kept
+                self._adopted[ref] = kept
                 self._adopted_bytes += capacity
                 if not lent:
                     self._lent += 1
-                return
+                return lease
             if lent:
                 self._lent -= 1
             if fd >= 0:
-                os.closerange(fd, fd + 1)
+                self._close(fd, segment)
+        return lease
+
+    def pin(self, lease: SegmentLease) -> Segment | None:
+        """The segment of a live lease of this cache, pinned open for a task that passes it to
+        a worker (unpin gives it back), or None when it cannot be passed: another pool's,
+        or one whose descriptor was closed for want of room."""
+        with self._lock:
+            segment = lease.segment
+            if segment.fd < 0 or segment.id not in self._open:
+                return None
+            segment.pins += 1
+            return segment
+
+    def unpin(self, *segments: Segment) -> None:
+        """A task is done with the segments it pinned; one the cache closed meanwhile goes now."""
+        with self._lock:
+            for segment in segments:
+                segment.pins -= 1
+                if self._closed and segment.pins == 0 and segment.fd >= 0:
+                    self._close(segment.fd, segment)
+
+    def _close(self, fd: int, segment: Segment) -> None:
+        """Closes a segment's descriptor (never raises) and says it is no longer open."""
+        os.closerange(fd, fd + 1)
+        segment.fd = -1
+        self._open.discard(segment.id)
+        self.closings += 1
+        segment.mapping = None
 
     def _make_room_locked(self, size: int, descriptor: bool) -> bool:
         """Whether `size` more bytes (and, with `descriptor`, one more descriptor) fit the
@@ -277,25 +431,25 @@ class SegmentCache:
         while self._bytes + self._adopted_bytes + size > self.max_bytes or (
             descriptor and self._lent + len(self._free) >= self.max_fds
         ):
-            capacity, fd = self._free[-1]
+            capacity, _, kept = self._free[-1]
             del self._free[-1]
             self._bytes -= capacity
-            os.closerange(fd, fd + 1)
+            self._close(kept.fd, kept)
         return True
 
     def _take_returned_locked(self) -> None:
         """Takes in the segments of results that are gone (see adopt): kept for reuse."""
         while self._returned:
             ref = self._returned[0]
-            entry = self._adopted.get(ref)
-            if entry is not None:
+            kept = self._adopted.get(ref)
+            if kept is not None:
                 # No call from here to the insort: the descriptor moves at once.
                 # adopt kept room for it, so it fits the byte bound.
                 del self._adopted[ref]
-                self._adopted_bytes -= entry[0]
+                self._adopted_bytes -= kept.capacity
                 self._lent -= 1
-                self._bytes += entry[0]
-                bisect.insort(self._free, entry)
+                self._bytes += kept.capacity
+                bisect.insort(self._free, (kept.capacity, kept.id, kept))
             self._returned.popleft()
 
     def close(self) -> None:
@@ -305,12 +459,13 @@ class SegmentCache:
         """
         with self._lock:
             self._closed = True
-            held = self._free + list(self._adopted.values())
+            held = [kept for _, _, kept in self._free] + list(self._adopted.values())
             self._free, self._bytes = [], 0
             self._adopted, self._adopted_bytes = {}, 0
             self._returned.clear()
-        for _, fd in held:
-            os.closerange(fd, fd + 1)
+            for kept in held:
+                if not kept.pins:  # else its task's unpin closes it
+                    self._close(kept.fd, kept)
 
 
 def writer(arrays: list[np.ndarray], offsets: tuple[int, ...]) -> Callable[[Any], None]:

@@ -58,6 +58,17 @@ class Kind(enum.Enum):
 
     COMPILE = "compile"  # compile or load the program; the result is a CompileResult
     RUN = "run"  # run it; the result is its outputs
+    VALUE = "value"  # put a value on a worker's device, or fetch one (ValueOp)
+
+
+class ValueOp(NamedTuple):
+    """What a VALUE task does: "put" its staged input on the device as a new value, or
+    "fetch" `value` (a pool.executor.values.DeviceValue, held alive by the task) into
+    shared memory."""
+
+    op: str
+    array_type: ArrayType
+    value: Any = None
 
 
 class Request(NamedTuple):
@@ -78,6 +89,13 @@ class Request(NamedTuple):
     spec_types: tuple[ArrayType, ...] | None = None
     """That ProgramSpec's input types."""
     compile_options: bytes | None = None
+    worker: Any = None
+    """The memory (pool.executor.worker_memory.WorkerMemory) of the worker that must run
+    it, which holds the task's values; None: any worker that takes its kind."""
+    keep: tuple[int, ...] = ()
+    """The outputs a run keeps in its worker, as values (their indices, ascending)."""
+    value: ValueOp | None = None
+    """A VALUE task's operation."""
 
 
 class TaskState(enum.Enum):
@@ -224,6 +242,9 @@ class Tasks:
         self._pending: dict[Kind, collections.deque[Task]] = {
             kind: collections.deque() for kind in Kind
         }
+        # Tasks only one worker can run (it holds their values), by worker, in order:
+        # they wait for that worker without holding up the tasks any worker takes.
+        self._pinned: dict[Any, collections.deque[Task]] = {}
         self._orphans: list[tuple[Task, BaseException]] = []
         self._relayed: list[Callable[[], object]] = []  # calls for the manager to make
         self._relaying = True  # the manager takes relayed calls (until it ends)
@@ -240,30 +261,61 @@ class Tasks:
     def queued(self) -> bool:
         """Whether any task is queued. Read without the lock it is a hint, which may be
         stale by the time the caller acts on it."""
-        return any(self._pending.values())
+        return any(self._pending.values()) or bool(self._pinned)
 
     def queued_of(self, kinds: frozenset[Kind]) -> bool:
         """Whether a task of one of the kinds is queued (a hint without the lock, as queued)."""
-        return any(self._pending[kind] for kind in kinds)
+        return any(self._pending[kind] for kind in kinds) or bool(self._pinned)
+
+    def _queue(self, task: Task) -> collections.deque[Task]:
+        """The queue a task waits in: its kind's, or its worker's."""
+        worker = task.request.worker
+        if worker is None:
+            return self._pending[task.request.kind]
+        queue = self._pinned.get(worker)
+        if queue is None:
+            queue = self._pinned[worker] = collections.deque()
+        return queue
 
     def push_locked(self, task: Task) -> None:
-        """Queues a new task at the tail of its kind's queue."""
+        """Queues a new task at the tail of its kind's queue (or its worker's)."""
         task.queued()
-        self._pending[task.request.kind].append(task)
+        self._queue(task).append(task)
 
     def requeue_locked(self, task: Task, lost_worker: bool = False) -> None:
-        """Puts a task back at the head of its kind's queue, to be sent (again) to another
-        worker; lost_worker counts a worker that died before starting it."""
+        """Puts a task back at the head of its kind's queue (or its worker's), to be sent
+        (again) to another worker; lost_worker counts a worker that died before starting it."""
         task.queued(lost_worker)
-        self._pending[task.request.kind].appendleft(task)
+        self._queue(task).appendleft(task)
 
     def restore_head_locked(self, task: Task) -> None:
         """Puts a task taken from its queue's head back there, as it was (QUEUED), or again
         (requeue_locked) if a worker was claimed for it meanwhile."""
         if task.state is TaskState.QUEUED:
-            self._pending[task.request.kind].appendleft(task)
+            self._queue(task).appendleft(task)
         else:
             self.requeue_locked(task)
+
+    def pinned_head_locked(self, idle: list[Any]) -> Task | None:
+        """The oldest task at the head of the queues of these (idle) workers, left there."""
+        heads = [self._pinned[worker][0] for worker in idle if worker in self._pinned]
+        return min(heads, key=lambda task: task.request.id, default=None)
+
+    def pop_pinned_locked(self, worker: Any) -> Task:
+        """Takes the task at the head of a worker's queue (the caller moves it on)."""
+        queue = self._pinned[worker]
+        task = queue.popleft()
+        if not queue:
+            del self._pinned[worker]
+        return task
+
+    def fail_pinned_locked(self, worker: Any, error: BaseException) -> None:
+        """Empties a worker's queue (it ended): each task is left to the manager, to fail with
+        `error` (what it needed of that worker is gone)."""
+        queue = self._pinned.pop(worker, ())
+        self._orphans.extend((task, error) for task in queue)
+        if queue:
+            self._wait_set.wake()
 
     def head_locked(self, kinds: frozenset[Kind] = frozenset(Kind)) -> Task | None:
         """The oldest task at the head of the queues of these kinds, left there; None when
@@ -277,10 +329,14 @@ class Tasks:
 
     def unqueue_locked(self, task: Task) -> bool:
         """Takes a task out of the queue wherever it is; False when it is not queued."""
+        queue = self._queue(task)
         try:
-            self._pending[task.request.kind].remove(task)
+            queue.remove(task)
         except ValueError:
             return False
+        finally:
+            if not queue and task.request.worker is not None:
+                self._pinned.pop(task.request.worker, None)
         return True
 
     def fail_queued_of_locked(self, kind: Kind, error: BaseException) -> None:
@@ -289,6 +345,13 @@ class Tasks:
         queue = self._pending[kind]
         self._orphans.extend((task, error) for task in queue)
         queue.clear()
+        for worker, pinned in list(self._pinned.items()):
+            kept = [task for task in pinned if task.request.kind is not kind]
+            self._orphans.extend((task, error) for task in pinned if task.request.kind is kind)
+            if kept:
+                self._pinned[worker] = collections.deque(kept)
+            else:
+                del self._pinned[worker]
         self._wait_set.wake()
 
     # -- whether tasks are taken --------------------------------------------------------
@@ -321,12 +384,13 @@ class Tasks:
 
         The message says why they never ran.
         """
-        for queue in self._pending.values():
+        for queue in [*self._pending.values(), *self._pinned.values()]:
             for task in queue:
                 error = kind(message)
                 error.__cause__ = cause
                 self._orphans.append((task, error))
             queue.clear()
+        self._pinned.clear()
         self._wait_set.wake()
 
     def relay_locked(self, call: Callable[[], object]) -> bool:

@@ -77,11 +77,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pool.errors import WorkerStartupError, rebuild_error
+from pool.errors import WorkerCrashedError, WorkerStartupError, rebuild_error
 from pool.executor.roles import Role, WorkerPlan
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.wait_set import WaitSet
+from pool.executor.worker_memory import WorkerMemory
 from pool.spawn import child_environment, python_command, with_huge_pages
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
@@ -156,6 +157,11 @@ class HotProgram:
     def fits(self, types: tuple[ArrayType, ...], offsets: tuple[int, ...]) -> bool:
         """Whether inputs of these types, at these offsets, are the ones the slot runs on."""
         return offsets == self.input_offsets and types == self.input_types
+
+    @property
+    def output_bytes(self) -> int:
+        """The bytes of its outputs, which a HotReply's reader copies out of the arena."""
+        return sum(view.nbytes for view in self.outputs)
 
 
 def check_hot_slots(slots: tuple[protocol.HotSlot, ...]) -> None:
@@ -295,6 +301,8 @@ class WorkerProcess:
         finally:
             child_end.close()
         self.sock = parent_end
+        # The segments, values and placed slots it holds (what its requests bring it).
+        self.memory = WorkerMemory(self.process.pid)
         self.poller = select.poll()  # the socket, for Pool.run's spin (spin_until_readable)
         self.poller.register(parent_end, select.POLLIN)
         self.output_fd = self.process.stdout.fileno() if self.process.stdout else -1
@@ -437,9 +445,10 @@ class WorkerProcess:
         self.note_loaded(program_id, ())
 
     def forget(self, program_id: str) -> None:
-        """Records that the worker no longer holds a program (nor its hot slot)."""
+        """Records that the worker no longer holds a program (nor its hot and placed slots)."""
         self.loaded.pop(program_id, None)
         self.hot.pop(program_id, None)
+        self.memory.forget_program(program_id)
 
     def note_hot(
         self,
@@ -584,9 +593,18 @@ class Workers:
 
     # -- claiming and giving back (any thread) -------------------------------------------
 
-    def idle_locked(self, program_id: str, kind: Kind) -> WorkerProcess | None:
+    def idle_locked(
+        self, program_id: str, kind: Kind, pinned: WorkerMemory | None = None
+    ) -> WorkerProcess | None:
         """An idle worker that takes tasks of the kind (pool.executor.roles), one that has the
-        program loaded if there is one."""
+        program loaded if there is one; with `pinned` (the memory of the worker that holds a
+        task's values), that worker if it is idle."""
+        if pinned is not None:
+            for worker in self._all:
+                if worker.memory is pinned:
+                    idle = worker.state is State.IDLE and worker.holder is None
+                    return worker if idle else None
+            return None
         first = None
         for worker in self._all:
             if worker.state is State.IDLE and worker.holder is None and worker.role.takes(kind):
@@ -594,6 +612,23 @@ class Workers:
                     return worker
                 first = first or worker
         return first
+
+    def lost_locked(self, memory: WorkerMemory) -> BaseException | None:
+        """Why a task that needs the values of the worker with this memory cannot run: the
+        worker ended or is ending (they are lost). None while it lives."""
+        if memory.lost is not None:
+            return memory.lost
+        worker = next((w for w in self._all if w.memory is memory), None)
+        if worker is None or worker.state in (State.DYING, State.DEAD):
+            return WorkerCrashedError(
+                f"the worker (pid {memory.pid}) that holds the task's values is ending, and "
+                "its values with it"
+            )
+        return None
+
+    def idle_workers_locked(self) -> list[WorkerProcess]:
+        """The workers idle now, with no caller holding them."""
+        return [w for w in self._all if w.state is State.IDLE and w.holder is None]
 
     def idle_kinds_locked(self) -> frozenset[Kind]:
         """The kinds of task some idle worker takes now."""
@@ -803,6 +838,8 @@ class Workers:
                 "loaded": len(w.loaded),
                 "hot_runs": w.hot_runs,
                 "role": w.role.value,
+                "values": w.memory.value_count,
+                "value_bytes": w.memory.value_bytes,
                 "task": None if w.task is None else w.task.request.name,
                 # A dead worker has no task (its arena is closed by then).
                 "started": w.task is not None and w.started(w.task.request.id),

@@ -37,6 +37,8 @@ from collections import OrderedDict
 from itertools import count
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from worker import _pjrt
 from worker.cache import open_cache, process_counters
 from worker.cache.remote import REMOTE_ENV, remote_counters
@@ -45,7 +47,6 @@ from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
 from worker.compile.target import target_for
 from worker.dtypes import code_of_dtype
-from worker.fds import close_quietly
 from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
 from worker.phases import last_phases
@@ -54,7 +55,18 @@ from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
 from worker.wire import protocol, shm
-from worker.wire.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
+from worker.wire.protocol import (
+    Compile,
+    Exit,
+    Fetch,
+    HotRun,
+    Init,
+    Put,
+    Ready,
+    RemoteError,
+    Reply,
+    Run,
+)
 
 if TYPE_CHECKING:
     from worker.cache.store import DiskCache
@@ -116,38 +128,110 @@ class InputLayout(NamedTuple):
 
 
 def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, ...]:
-    """Returns the types of a Run request's inputs; raises if they do not fit the executable.
+    """Returns the types of a Run request's inputs; raises if they cannot be its inputs.
 
     own is the executable's own input layout (None when its input types are
     unknown). A request without input_types says its inputs have those own
-    types, laid out as InputLayout.of lays them out: its offsets and size must
-    be exactly those, or the worker would read memory the parent did not
-    write (another task's inputs). A request with input_types (a program of
-    unknown types, or a ProgramSpec's run, whose types are the spec's) must
-    be laid out for those, and Executable.prepare_arguments then converts
-    them to the executable's own types, refusing a wrong count or shape.
-    This runs before every run, so it compares a cached layout's tuples:
-    no work per element.
+    types; one with input_types (a program of unknown types, or a ProgramSpec's
+    run, whose types are the spec's) has them converted to the executable's own
+    types by Executable.prepare_arguments, which refuses a wrong count or shape.
+    Each input is one Where (a place, or a kept value); where a place lies is
+    checked against its segment when it is read (native/segments.cc).
     """
     if request.input_types is None:
         if own is None:
             raise ValueError("the input types are unknown: the parent must send them")
-        if request.input_offsets != own.offsets or request.input_size != own.size:
-            raise ValueError(
-                f"the request's {len(request.input_offsets)} inputs ({request.input_size} "
-                f"bytes) are not laid out as the program's {len(own.types)} inputs "
-                f"({', '.join(map(str, own.types))}; {own.size} bytes): the parent and the "
-                "worker disagree about the program"
-            )
-        return own.types
-    given = tuple(request.input_types)
-    offsets, size = shm.layout(given)
-    if request.input_offsets != offsets or request.input_size != size:
+        types = own.types
+    else:
+        types = tuple(request.input_types)
+    if len(request.sources) != len(types):
         raise ValueError(
-            f"the request's inputs are not laid out as its own types say "
-            f"({', '.join(map(str, given))})"
+            f"the request places {len(request.sources)} inputs for {len(types)} input types "
+            f"({', '.join(map(str, types))}): the parent and the worker disagree about the program"
         )
-    return given
+    if any(kind not in (protocol.PLACE, protocol.VALUE) for kind, _, _ in request.sources):
+        raise ValueError("an input is neither in shared memory nor a kept value")
+    return types
+
+
+def in_arena_at(sources: tuple[protocol.Where, ...], offsets: tuple[int, ...]) -> bool:
+    """Whether every input lies in the arena, at these offsets (a hot slot's layout)."""
+    return len(sources) == len(offsets) and all(
+        kind == protocol.PLACE and segment == 0 and offset == expected
+        for (kind, segment, offset), expected in zip(sources, offsets, strict=True)
+    )
+
+
+class OutputLayout(NamedTuple):
+    """Where a Run's outputs go: where its destinations say ("placed"), or laid out here:
+    after the arena's inputs ("arena"), or in a segment made for them ("new"), with the
+    outputs the request keeps left out."""
+
+    place: str
+    offsets: tuple[int, ...]
+    """Each output's offset in its place; -1 for a kept one."""
+    size: int
+    """The bytes the laid-out outputs span ("new": the segment's size)."""
+    fd: int | None
+    """The "new" segment's descriptor."""
+    wheres: tuple[protocol.Where, ...] | None
+    """The request's destinations ("placed"), or None."""
+    keep: dict[int, int]
+    """Output index -> the value id it is kept as (laid out here)."""
+
+    @classmethod
+    def of(
+        cls, request: Run, types: tuple[ArrayType, ...], outputs: tuple[ArrayType, ...],
+        arena_size: int,
+    ) -> OutputLayout:  # fmt: skip
+        """The layout of a Run's outputs; `types` are its inputs'."""
+        if request.destinations is not None:
+            if len(request.destinations) != len(outputs):
+                raise ValueError(
+                    f"the request places {len(request.destinations)} outputs of a program of "
+                    f"{len(outputs)}"
+                )
+            offsets = tuple(
+                offset if kind == protocol.PLACE else -1 for kind, _, offset in request.destinations
+            )
+            return cls("placed", offsets, 0, None, tuple(request.destinations), {})
+        keep = dict(request.keep)
+        if any(not 0 <= index < len(outputs) for index in keep):
+            raise ValueError(f"the request keeps outputs {sorted(keep)} of {len(outputs)}")
+        start = max(
+            (offset + t.nbytes for (kind, segment, offset), t in zip(request.sources, types,
+             strict=True) if kind == protocol.PLACE and segment == 0),
+            default=0,
+        )  # fmt: skip
+        return cls.arena_or_new(outputs, shm.aligned(start), arena_size, keep)
+
+    @classmethod
+    def arena_or_new(
+        cls, outputs: tuple[ArrayType, ...], start: int, arena_size: int,
+        keep: dict[int, int] | None = None,
+    ) -> OutputLayout:  # fmt: skip
+        """Outputs (but those kept) after `start` in the arena if they fit, else in a new
+        segment of their own."""
+        keep = keep or {}
+        placed = [t for i, t in enumerate(outputs) if i not in keep]
+        offsets, end = shm.layout(placed, start)
+        place, fd = "arena", None
+        if end > arena_size:
+            offsets, end = shm.layout(placed)
+            place, fd = "new", shm.new_segment(end, "pjrt-pool-outputs")
+        found = iter(offsets)
+        every = tuple(-1 if i in keep else next(found) for i in range(len(outputs)))
+        return cls(place, every, end, fd, None, keep)
+
+    def destinations(self, new_segment: int) -> list[protocol.Where]:
+        """Each output's Where; `new_segment` is the id the "new" segment is mapped under."""
+        if self.wheres is not None:
+            return list(self.wheres)
+        segment = 0 if self.place == "arena" else new_segment
+        return [
+            (protocol.VALUE, self.keep[i], 0) if i in self.keep else (protocol.PLACE, segment, o)
+            for i, o in enumerate(self.offsets)
+        ]
 
 
 def register_slot(
@@ -225,6 +309,7 @@ class Server:
         self._slots = count()
         self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
         self._preloaded: set[str] = set()  # the keys Init.preload loaded
+        self._placed: dict[str, int] = {}  # each loaded program's slot for PlacedRuns
 
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
@@ -286,6 +371,9 @@ class Server:
             self._arena_views = {k: v for k, v in self._arena_views.items() if k[0] not in gone}
             for program in gone:
                 self._layouts.pop(program, None)
+                slot = self._placed.pop(program, None)
+                if slot is not None:
+                    self._hot_loop.drop_slot(slot)
         return executable, statistics, tuple(evicted)
 
     def preload(
@@ -379,24 +467,43 @@ class Server:
             executable.run_into(views.inputs, views.outputs, request.zero_copy)
         return views
 
-    def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
-        input_fd = None if request.in_arena else _pop(fds, "the input segment")
-        given_fd = _pop(fds, "the output segment") if request.output_capacity else None
-        try:
-            return self._run(request, input_fd, given_fd)
-        finally:
-            for fd in (input_fd, given_fd):
-                if fd is not None:
-                    close_quietly(fd)
+    def _placed_slot(self, program_id: str, executable: Executable) -> int:
+        """The slot its placed runs name (worker.wire.protocol.PlacedRun), made on first use."""
+        slot = self._placed.get(program_id)
+        if slot is None:
+            types = executable.input_types
+            assert types is not None, "placed runs are of programs of known input types"
+            slot = next(self._slots)
+            inputs = [(code_of_dtype(t.dtype), list(t.shape)) for t in types]
+            self._hot_loop.set_placed_slot(slot, executable.native, inputs)
+            self._placed[program_id] = slot
+        return slot
 
-    def _run(
-        self, request: Run, input_fd: int | None, given_fd: int | None
-    ) -> tuple[Reply, tuple[int, ...]]:
+    def _apply(
+        self,
+        segments: tuple[tuple[int, int], ...],
+        fds: list[int],
+        drops: tuple[int, ...],
+        forgets: tuple[int, ...],
+    ) -> None:
+        """Maps a request's new segments (one descriptor each; the caller closes them), then
+        drops and forgets what it names: first, whatever fails later (the parent counts the
+        segments as mapped once sent)."""
+        if len(fds) != len(segments):
+            raise ValueError(f"{len(segments)} new segments came with {len(fds)} descriptors")
+        self._hot_loop.map_segments(
+            [(segment, fd, size) for (segment, size), fd in zip(segments, fds, strict=True)]
+        )
+        self._hot_loop.drop_values(list(drops))
+        self._hot_loop.forget_segments(list(forgets))
+
+    def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
+        self._apply(request.segments, fds, request.drops, request.forgets)
         executable, statistics, evicted = self._load(
             request.program_id, request.program, request.cache_key, request.compile_options
         )
         own = self._layouts[request.program_id]
-        input_types = check_run_inputs(request, own)
+        types = check_run_inputs(request, own)
         reply = functools.partial(
             Reply,
             request.task_id,
@@ -404,7 +511,12 @@ class Server:
             statistics=statistics,
             evicted=evicted,
         )
-        if request.in_arena and own is not None and input_types == own.types:
+        if own is None or types != own.types:
+            layout = self._run_converted(request, executable, types)
+            return reply(
+                output_offsets=layout.offsets, output_size=layout.size, output_place=layout.place
+            ), () if layout.fd is None else (layout.fd,)
+        if self._hot_layout(request, executable, own):
             views = self._run_in_arena(request, executable, own)
             if views is not None:
                 return reply(
@@ -412,38 +524,123 @@ class Server:
                     output_size=views.end,
                     output_place="arena",
                     hot_slot=views.slot,
+                    placed_slot=self._placed_slot(request.program_id, executable),
                 ), ()
-        # Mappings are released by reference counting, not close(): numpy views
-        # of a segment may outlive this call in an exception's traceback.
-        if input_fd is None:
-            inputs, start = self.arena, shm.aligned(request.input_size)
-        else:
-            inputs, start = shm.attach(input_fd, request.input_size, keep_fd=True), 0
-        arguments = executable.prepare_arguments(
-            shm.views(inputs, input_types, request.input_offsets)
+        placed_slot = self._placed_slot(request.program_id, executable)
+        layout = OutputLayout.of(request, types, executable.output_types, self.arena_size)
+        self._run_placed(request, placed_slot, layout)
+        answer = reply(
+            output_offsets=layout.offsets,
+            output_size=layout.size,
+            output_place=layout.place,
+            placed_slot=placed_slot,
         )
-        output_types = executable.output_types
-        offsets, end = shm.layout(output_types, start)
-        out_fds: tuple[int, ...] = ()
-        if end <= self.arena_size:
-            outputs, place = self.arena, "arena"
-        else:
-            offsets, end = shm.layout(output_types)
-            if given_fd is not None and end <= request.output_capacity:
-                outputs = shm.attach(given_fd, request.output_capacity, True, keep_fd=True)
-                place = "given"
-            else:
-                out_fd, outputs = shm.create(end, "pjrt-pool-outputs", populate=True)
-                out_fds, place = (out_fd,), "new"
+        return answer, () if layout.fd is None else (layout.fd,)
+
+    def _hot_layout(self, request: Run, executable: Executable, own: InputLayout) -> bool:
+        """Whether a Run's inputs and outputs lie in the arena as a hot slot lays them out
+        (outputs right after the inputs; destinations None lays them so, if they fit), so
+        that it runs through, and gives, the program's hot slot."""
+        if request.keep or not in_arena_at(request.sources, own.offsets):
+            return False
+        if request.destinations is None:
+            return True
+        offsets, _ = shm.layout(executable.output_types, shm.aligned(own.size))
+        return request.destinations == tuple((protocol.PLACE, 0, o) for o in offsets)
+
+    def _run_placed(self, request: Run, slot: int, layout: OutputLayout) -> None:
+        """Runs a Run through its placed slot, its "new" segment (if any) mapped meanwhile
+        under an id no parent segment has; the segment's descriptor is closed if this fails."""
+        temporary = -1 - request.task_id
         try:
-            executable.run_into(
-                arguments, shm.views(outputs, output_types, offsets), request.zero_copy
+            if layout.fd is not None:
+                self._hot_loop.map_segments([(temporary, layout.fd, layout.size)])
+            self._hot_loop.run_placed(
+                request.task_id,
+                slot,
+                list(request.sources),
+                layout.destinations(temporary),
+                request.zero_copy,
             )
         except BaseException:
-            for fd in out_fds:
-                os.close(fd)
+            if layout.fd is not None:
+                os.close(layout.fd)
             raise
-        return reply(output_offsets=offsets, output_size=end, output_place=place), out_fds
+        finally:
+            self._hot_loop.forget_segments([temporary])
+
+    def _run_converted(
+        self, request: Run, executable: Executable, types: tuple[ArrayType, ...]
+    ) -> OutputLayout:
+        """Runs on inputs of other types than the executable's own (a ProgramSpec's, or a
+        program of unknown types): views of their places, converted by prepare_arguments,
+        outputs where the request says or laid out here. Kept values have no such path:
+        their types are the program's own."""
+        destinations = request.destinations or ()
+        kept = any(kind != protocol.PLACE for kind, _, _ in (*request.sources, *destinations))
+        if request.keep or kept:
+            raise ValueError(
+                "inputs of other types than the program's own cannot go with kept values"
+            )
+        arrays = [
+            self._view(where, array_type)
+            for where, array_type in zip(request.sources, types, strict=True)
+        ]
+        arguments = executable.prepare_arguments(arrays)
+        layout = OutputLayout.of(request, types, executable.output_types, self.arena_size)
+        try:
+            if layout.wheres is not None:
+                outputs = [
+                    self._view(where, array_type)
+                    for where, array_type in zip(layout.wheres, executable.output_types,
+                                                 strict=True)
+                ]  # fmt: skip
+            else:
+                memory: Any = self.arena
+                if layout.fd is not None:
+                    memory = shm.attach(layout.fd, layout.size, populate=True, keep_fd=True)
+                outputs = shm.views(memory, executable.output_types, layout.offsets)
+            executable.run_into(arguments, outputs, request.zero_copy)
+        except BaseException:
+            if layout.fd is not None:
+                os.close(layout.fd)
+            raise
+        return layout
+
+    def _view(self, where: protocol.Where, array_type: ArrayType) -> np.ndarray:
+        """A numpy view of an array at a place in a mapped segment (ValueError outside it)."""
+        _, segment, offset = where
+        memory = self._hot_loop.segment(segment)
+        count, shape = array_type.size, array_type.shape
+        return np.frombuffer(memory, array_type.dtype, count, offset).reshape(shape)
+
+    def put(self, request: Put, fds: list[int]) -> Reply:
+        """Copies an array from shared memory to the device and keeps it (Pool.put)."""
+        self._apply(request.segments, fds, request.drops, request.forgets)
+        kind, segment, offset = request.source
+        if kind != protocol.PLACE:
+            raise ValueError("a value is put from shared memory")
+        array_type = request.array_type
+        self._hot_loop.put_value(
+            request.value_id,
+            get_runtime().client,
+            segment,
+            offset,
+            code_of_dtype(array_type.dtype),
+            list(array_type.shape),
+        )
+        return Reply(request.task_id)
+
+    def fetch(self, request: Fetch, fds: list[int]) -> Reply:
+        """Copies a kept value into shared memory (DeviceValue.fetch), or, with no value, only
+        takes what the parent let go of."""
+        self._apply(request.segments, fds, request.drops, request.forgets)
+        if request.value_id >= 0:
+            kind, segment, offset = request.destination
+            if kind != protocol.PLACE:
+                raise ValueError("a value is fetched into shared memory")
+            self._hot_loop.fetch_value(request.value_id, segment, offset)
+        return Reply(request.task_id)
 
     def run_hot(self, request: HotRun) -> None:
         """Answers a HotRun that the hot loop left to Python: runs its slot and says so.
@@ -492,6 +689,10 @@ class Server:
                 reply = self.compile(request)
             elif isinstance(request, Run):
                 reply, out_fds = self.run(request, fds)
+            elif isinstance(request, Put):
+                reply = self.put(request, fds)
+            elif isinstance(request, Fetch):
+                reply = self.fetch(request, fds)
             else:
                 raise TypeError(f"unknown request {type(request).__name__}")
         except Exception as error:  # every request failure is that request's reply
@@ -553,12 +754,6 @@ class Server:
             finally:
                 self._note_hot_runs()
             return protocol.finish_frame(self.sock, first, fds, truncated)
-
-
-def _pop(fds: list[int], what: str) -> int:
-    if not fds:
-        raise ValueError(f"the request lacks {what}")
-    return fds.pop(0)
 
 
 def _with_counters(reply: Reply) -> Reply:

@@ -4,8 +4,8 @@ Each worker has its own socketpair. A frame is::
 
     length   4 bytes, little-endian, of the payload
     nfds     1 byte, the number of file descriptors sent with the frame
-    format   1 byte: Format.PICKLE, Format.HOT_RUN or Format.HOT_REPLY
-    payload  a pickled message (below), or a hot message's fixed fields
+    format   1 byte: Format.PICKLE, Format.HOT_RUN, Format.HOT_REPLY or Format.PLACED_RUN
+    payload  a pickled message (below), a hot message's fixed fields, or a placed run's
 
 Every payload is at least MIN_PAYLOAD bytes (pickles are padded: unpickling
 stops at the pickle's end), so a reader takes the header and MIN_PAYLOAD
@@ -20,6 +20,18 @@ on what the arena holds, and HotReply says the outputs are where they were
 last time. Anything else that happens to a HotRun (an error, a program the
 worker unloaded) is answered by a pickled Reply, as for a Run.
 
+A placed run (PlacedRun) is the hot path of every other run of a program the
+worker has loaded: its inputs and outputs anywhere in shared memory (the
+arena, or a segment the parent made) or kept in the worker as values. Each
+array is a `Where` (kind, id, offset): PLACE, the id of a segment (0: the
+arena) and the byte offset there; or VALUE, the id of a value the worker
+keeps (an input's, or the id to keep an output under). The worker maps each
+segment once, when the first frame that names it brings its descriptor,
+and keeps it mapped (so its pages fault in once), until a later frame names
+it among `forgets`; `drops` are values the parent no longer holds. The
+native hot loop answers a PlacedRun with a HotReply; the outputs are where
+the frame said.
+
 File descriptors (memfd shared-memory segments) travel as SCM_RIGHTS
 ancillary data on the frame's first byte. Pickle is safe here: both ends are
 the same user's processes, started by the parent for itself; nothing from the
@@ -27,8 +39,8 @@ disk cache or the network is ever unpickled.
 
 Messages are small dataclasses. Parent to worker: Init (which may name
 executables to load before Ready: a preloaded Pool), Compile, Run, HotRun,
-Exit. Worker to parent: Ready once after start-up, then one Reply or
-HotReply per request, in order.
+PlacedRun, Put and Fetch (of kept values), Exit. Worker to parent: Ready
+once after start-up, then one Reply or HotReply per request, in order.
 
 Besides the frames, the worker's arena ends with CONTROL_BYTES that the
 worker writes and the parent reads: the id of the request the worker took
@@ -58,7 +70,8 @@ from typing import Any, NamedTuple
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 
 _HEADER = struct.Struct("<IBB")
-MAX_FDS = 8
+MAX_FDS = 64
+"""The most descriptors one frame carries (native/hot_loop.cc's kMaxFds)."""
 MIN_PAYLOAD = 16
 """The least bytes of any frame's payload: a hot message's size (see the module docstring)."""
 _FIRST_READ = _HEADER.size + MIN_PAYLOAD
@@ -72,6 +85,18 @@ class Format(enum.IntEnum):
     PICKLE = 0  # a pickled message
     HOT_RUN = 1  # HotRun's fields
     HOT_REPLY = 2  # HotReply's fields
+    PLACED_RUN = 3  # PlacedRun's fields
+
+
+PLACE = 0
+"""A Where's kind: an array in shared memory, at (segment id, byte offset); segment 0 is the
+worker's arena."""
+
+VALUE = 1
+"""A Where's kind: a value the worker keeps, by id (offset 0)."""
+
+Where = tuple[int, int, int]
+"""Where one array of a run comes from or goes to: (PLACE, segment, offset) or (VALUE, id, 0)."""
 
 
 class HotRun(NamedTuple):
@@ -83,18 +108,41 @@ class HotRun(NamedTuple):
 
 
 class HotReply(NamedTuple):
-    """The HotRun of this task ran: its outputs are where the slot's last ones were."""
+    """The HotRun (or PlacedRun) of this task ran: its outputs are where the slot's last ones
+    were (where the PlacedRun said)."""
 
     task_id: int
 
 
+class PlacedRun(NamedTuple):
+    """Run the program in a slot on inputs and outputs where each Where says (see the module
+    docstring), after mapping `segments` ((id, size), one descriptor each, sent with the
+    frame in order), dropping the values `drops` and unmapping the segments `forgets`."""
+
+    task_id: int
+    slot: int
+    zero_copy: bool
+    sources: tuple[Where, ...]
+    destinations: tuple[Where, ...]
+    segments: tuple[tuple[int, int], ...] = ()
+    drops: tuple[int, ...] = ()
+    forgets: tuple[int, ...] = ()
+
+
 _HOT_RUN = struct.Struct("<IBBqiB3x")  # the header and HotRun's fields, MIN_PAYLOAD of them
+# The header and PlacedRun's head: task id, slot, zero copy, and the counts of sources,
+# destinations, segments, drops and forgets (native/hot_loop.cc reads the same layout).
+_PLACED_HEAD = struct.Struct("<IBBqiBxHHHHH")
+_WHERE = struct.Struct("<qqq")
+_PAIR = struct.Struct("<qq")
 _HOT_REPLY = struct.Struct("<IBBq8x")  # the header and HotReply's field, padded likewise
 assert _HOT_RUN.size == _HOT_REPLY.size == _FIRST_READ
 # Plain ints of the hot formats: reading an enum member off its class costs more than
 # packing the frame, and the hot path does it on every run.
 _HOT_RUN_FORMAT = int(Format.HOT_RUN)
 _HOT_REPLY_FORMAT = int(Format.HOT_REPLY)
+_PLACED_RUN_FORMAT = int(Format.PLACED_RUN)
+_MAX_PLACED = 1 << 20  # native/hot_loop.cc's kMaxPlacedPayload
 _ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 CONTROL_BYTES = 64
@@ -148,11 +196,13 @@ def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> 
     if type(message) is HotReply:
         sock.sendall(_HOT_REPLY.pack(MIN_PAYLOAD, 0, _HOT_REPLY_FORMAT, *message))
         return
-    kind = _KINDS[type(message)]
-    payload = pickle.dumps((kind, *vars(message).values()), protocol=pickle.HIGHEST_PROTOCOL)
-    if len(payload) < MIN_PAYLOAD:
-        payload += bytes(MIN_PAYLOAD - len(payload))
-    data = _HEADER.pack(len(payload), len(fds), Format.PICKLE) + payload
+    if type(message) is PlacedRun:
+        data = _placed_frame(message, len(fds))
+        if not fds:
+            sock.sendall(data)
+            return
+    else:
+        data = _pickled_frame(message, len(fds))
     if fds:
         # The descriptors ride on the first chunk; a stream socket may take
         # only part of a large frame per sendmsg, so send the rest plainly.
@@ -161,6 +211,63 @@ def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> 
             sock.sendall(data[sent:])
     else:
         sock.sendall(data)
+
+
+def _pickled_frame(message: Any, nfds: int) -> bytes:
+    """A pickled message's frame: the header and the padded pickle."""
+    kind = _KINDS[type(message)]
+    payload = pickle.dumps((kind, *vars(message).values()), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(payload) < MIN_PAYLOAD:
+        payload += bytes(MIN_PAYLOAD - len(payload))
+    return _HEADER.pack(len(payload), nfds, Format.PICKLE) + payload
+
+
+def _placed_frame(message: PlacedRun, nfds: int) -> bytes:
+    """A PlacedRun's frame: its head, then each Where, segment, drop and forget."""
+    if nfds != len(message.segments):
+        raise ValueError(f"{len(message.segments)} new segments but {nfds} descriptors")
+    counts = (message.sources, message.destinations, message.segments, message.drops)
+    body = b"".join(
+        [
+            *(_WHERE.pack(*where) for where in message.sources),
+            *(_WHERE.pack(*where) for where in message.destinations),
+            *(_PAIR.pack(*pair) for pair in message.segments),
+            struct.pack(f"<{len(message.drops)}q", *message.drops),
+            struct.pack(f"<{len(message.forgets)}q", *message.forgets),
+        ]
+    )
+    length = _PLACED_HEAD.size - _HEADER.size + len(body)
+    head = _PLACED_HEAD.pack(
+        length,
+        nfds,
+        _PLACED_RUN_FORMAT,
+        message.task_id,
+        message.slot,
+        message.zero_copy,
+        *map(len, counts),
+        len(message.forgets),
+    )
+    return head + body
+
+
+def _decode_placed(payload: bytes) -> PlacedRun:
+    """The PlacedRun a placed frame's payload holds (the parent never receives one: for
+    tests, and for a worker that reads one in Python)."""
+    head = bytes(_HEADER.size) + payload  # offsets as in the frame
+    task_id, slot, zero_copy, *counts = _PLACED_HEAD.unpack_from(head)[3:]
+    sources, destinations, segments, drops, forgets = counts
+    at = _PLACED_HEAD.size
+
+    def take(unit: struct.Struct, count: int) -> tuple[tuple[int, ...], ...]:
+        nonlocal at
+        items = tuple(unit.unpack_from(head, at + i * unit.size) for i in range(count))
+        at += count * unit.size
+        return items
+
+    read = (take(_WHERE, sources), take(_WHERE, destinations), take(_PAIR, segments))
+    ids = struct.unpack_from(f"<{drops + forgets}q", head, at)
+    found = (*read, ids[:drops], ids[drops:])
+    return PlacedRun(task_id, slot, bool(zero_copy), *found)  # type: ignore[arg-type]
 
 
 def spin_until_readable(poller: select.poll, seconds: float) -> bool:
@@ -268,7 +375,7 @@ def _finish(
     if len(data) < _FIRST_READ:
         data += _recv_exactly(sock, _FIRST_READ - len(data))
     length, sent_fds, form = _HEADER.unpack_from(data)
-    if form != Format.PICKLE and length != MIN_PAYLOAD:
+    if form not in (Format.PICKLE, Format.PLACED_RUN) and length != MIN_PAYLOAD:
         # A hot frame is exactly its fields: with any other length, what follows
         # would be read as the next frame. Descriptors sent with one come back to
         # the caller, which closes them (the worker does).
@@ -287,6 +394,9 @@ def _decode(sock: socket.socket, first: bytes, length: int, form: int) -> Any:
     if form == Format.HOT_RUN:
         _, _, _, task_id, slot, zero_copy = _HOT_RUN.unpack(first)
         return HotRun(task_id, slot, bool(zero_copy))
+    if form == Format.PLACED_RUN and _PLACED_HEAD.size - _HEADER.size <= length <= _MAX_PLACED:
+        payload = first[_HEADER.size :] + _recv_exactly(sock, length - MIN_PAYLOAD)
+        return _decode_placed(payload)
     if form != Format.PICKLE or length < MIN_PAYLOAD:
         raise ValueError(f"not a frame of ours (format {form}, {length} bytes)")
     payload = first[_HEADER.size :]
@@ -336,21 +446,26 @@ class Compile:
 
 @dataclass(frozen=True)
 class Run:
-    """Run a program on inputs in shared memory.
+    """Run a program on inputs in shared memory (or kept values), its full form.
 
-    The inputs are in the worker's arena when `in_arena`, else in the segment
-    sent with the frame; `input_offsets` are their byte offsets there, and
+    The parent sends it for a program's first run in a worker (which loads
+    it, and gives it the slots its later runs name: Reply.hot_slot,
+    Reply.placed_slot), and for a run its slot cannot take (inputs of other
+    types than the program's own). `sources` give each input's Where;
     `input_types` their types, or None when they are the program's own input
-    types (the usual case: only programs of unknown types send them).
+    types (the usual case: only programs of unknown types, or ProgramSpec
+    runs, send them). `destinations` give each output's Where, or are None
+    when the parent does not know the outputs yet (a first run): the worker
+    then lays them out in the arena after the arena's inputs if they fit,
+    else in a segment it makes and sends back ("new"), and keeps the outputs
+    `keep` names ((output index, value id)) instead. `segments`, `drops` and
+    `forgets` are as in PlacedRun (the descriptors come with the frame).
     `want_output_types` asks for the output types in the reply; the parent
-    remembers them per program, so that small replies stay small.
-    `program` is None when the parent knows the worker has it loaded, or when
-    the task names a cache key instead (`cache_key`: run what the disk cache
-    holds under that key, as a manifest does). With `output_capacity`, the
-    frame also carries a segment of that many bytes (after the input
-    segment, if any) that the outputs should go to if they need more than
-    the arena: a segment the parent recycled, whose pages are allocated.
-    `compile_options` go with `program`, for compiling it (None: the default).
+    remembers them per program, so that small replies stay small. `program`
+    is None when the parent knows the worker has it loaded, or when the task
+    names a cache key instead (`cache_key`: run what the disk cache holds
+    under that key, as a manifest does). `compile_options` go with
+    `program`, for compiling it (None: the default).
     """
 
     task_id: int
@@ -358,14 +473,43 @@ class Run:
     program: LoweredProgram | None
     name: str
     input_types: tuple[ArrayType, ...] | None
-    input_offsets: tuple[int, ...]
-    input_size: int
+    sources: tuple[Where, ...]
+    destinations: tuple[Where, ...] | None
     zero_copy: bool
-    in_arena: bool
     cache_key: str | None = None
     want_output_types: bool = True
-    output_capacity: int = 0
     compile_options: bytes | None = None
+    keep: tuple[tuple[int, int], ...] = ()
+    segments: tuple[tuple[int, int], ...] = ()
+    drops: tuple[int, ...] = ()
+    forgets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Put:
+    """Copy the array at `source` (a PLACE Where) of `array_type` to the device and keep it as
+    value `value_id`; `segments`, `drops` and `forgets` as in PlacedRun."""
+
+    task_id: int
+    value_id: int
+    source: Where
+    array_type: ArrayType
+    segments: tuple[tuple[int, int], ...] = ()
+    drops: tuple[int, ...] = ()
+    forgets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Copy the kept value `value_id` (row-major) to `destination` (a PLACE Where), or, with
+    value_id -1, only map, drop and forget (the parent hands back what it let go of)."""
+
+    task_id: int
+    value_id: int
+    destination: Where
+    segments: tuple[tuple[int, int], ...] = ()
+    drops: tuple[int, ...] = ()
+    forgets: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -450,9 +594,9 @@ class Reply:
     """The result of one request.
 
     For Compile: `spec`. For Run: the outputs at `output_offsets` in the
-    `output_place`: "arena", "given" (the segment the request carried) or
-    "new" (a segment sent with this frame), of `output_types` when the
-    request wanted them. `statistics` is what the request added to
+    `output_place`: "placed" (where the request's destinations said), "arena"
+    or "new" (a segment sent with this frame), of `output_types` when the
+    request wanted them (a kept output's offset is -1). `statistics` is what the request added to
     the worker's CompileStatistics and `counters` the worker's disk cache
     counters, both only when the request compiled or loaded something (None
     otherwise: nothing changed), with `remote_counters` the worker's remote
@@ -461,7 +605,8 @@ class Reply:
     worker.plugin.device_errors): the worker exits after this reply. `phases` are
     the seconds per phase of the compile or load a Compile request did
     (worker.phases). `hot_slot` (not -1) names the run's program for HotRun
-    requests: its inputs and outputs lie in the arena as they did now. Fields are
+    requests: its inputs and outputs lie in the arena as they did now.
+    `placed_slot` (not -1) names it for PlacedRun requests. Fields are
     kept few and plain because every reply is pickled, and a small
     program's whole round trip is a few hundred microseconds.
     """
@@ -480,7 +625,8 @@ class Reply:
     fatal: bool = False
     phases: dict[str, float] | None = None
     hot_slot: int = -1
+    placed_slot: int = -1
 
 
-_MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply)
+_MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply, Put, Fetch)
 _KINDS = {cls: index for index, cls in enumerate(_MESSAGES)}

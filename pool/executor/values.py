@@ -1,0 +1,148 @@
+"""Values that stay in a worker: what the parent holds of an array kept on a worker's device.
+
+A run can keep outputs in its worker (Pool.run/submit with keep=, Pool.function with
+keep=), and Pool.put sends an array there to stay; each is a DeviceValue in the
+parent, a handle that later calls of the same pool take as an argument in place of
+an array. The array itself never leaves the worker unless asked for
+(DeviceValue.fetch, np.asarray), so a training loop's parameters go from one step
+into the next without crossing the process boundary::
+
+    parent                                   worker
+    ──────                                   ──────
+    params = pool.put(params)  ──Put──▶      value 1 on the device
+    step(params, batch)        ──run──▶      inputs: value 1, batch (shared memory)
+      keep=0: new params  ◀── handle ──      outputs: value 2 kept, loss to shared memory
+    del params (value 1)       ──next request drops it──▶ its device memory freed
+
+A call that takes a value runs on the worker that holds it. The worker's values
+die with it: a crash (or a kill: a timeout, an interrupted run) loses them, and
+every call that needs one fails with WorkerCrashedError naming the values lost
+(WorkerMemory.lose). Handles belong to their pool: another pool refuses them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from pool.errors import WorkerCrashedError
+from worker.records import ArrayType
+
+if TYPE_CHECKING:
+    from pool.executor.worker_memory import WorkerMemory
+
+
+class Fetcher(Protocol):
+    """What a DeviceValue fetches itself through: its pool."""
+
+    def _fetch(self, value: DeviceValue) -> np.ndarray:
+        """The value's array, copied out of its worker."""
+        ...
+
+
+class DeviceValue:
+    """An array that stays on a pool worker's device between calls.
+
+    Made by Pool.put and by runs that keep outputs (keep=); pass it to a later
+    call of the same pool in place of an array, and the call runs on the
+    worker that holds it, reading it where it is. fetch() (or np.asarray)
+    copies it out; dropping the last reference frees its device memory (the
+    worker lets go of it with its next request). Attributes: shape, dtype,
+    ndim, size, nbytes, as numpy's, and name, what made it.
+    """
+
+    __slots__ = ("__weakref__", "_memory", "_owner", "array_type", "id", "name")
+
+    def __init__(
+        self,
+        owner: Fetcher,
+        memory: WorkerMemory,
+        value_id: int,
+        array_type: ArrayType,
+        name: str,
+    ) -> None:
+        self._owner = owner
+        self._memory = memory  # its worker's: whether the worker (and so the value) lives
+        self.id = value_id
+        self.array_type = array_type
+        self.name = name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
+        return self.array_type.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The array's element type."""
+        return np.dtype(self.array_type.dtype)
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return len(self.array_type.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return self.array_type.size
+
+    @property
+    def nbytes(self) -> int:
+        """The array's size in bytes (what it holds of its worker's device memory)."""
+        return self.array_type.nbytes
+
+    @property
+    def pid(self) -> int:
+        """The process id of the worker that holds it."""
+        return self._memory.pid
+
+    def lost_error(self) -> WorkerCrashedError | None:
+        """Why the value is gone (its worker died), or None while its worker holds it."""
+        return self._memory.lost
+
+    def fetch(self) -> np.ndarray:
+        """Copies the value out of its worker into a numpy array (of shared memory, like a
+        run's outputs); the value stays in the worker."""
+        return self._owner._fetch(self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self.fetch()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        where = "lost" if self._memory.lost is not None else f"in worker {self._memory.pid}"
+        return f"<DeviceValue {self.array_type} {where}: {self.name}>"
+
+
+def check_values(
+    owner: object, values: dict[int, DeviceValue], types: tuple[ArrayType, ...] | None
+) -> WorkerMemory | None:
+    """The worker memory that holds every value a call passes (by argument index), checked:
+    the call's own pool's, alive, of the program's input types, all on one worker.
+    Raises ValueError, TypeError or WorkerCrashedError saying what is wrong."""
+    held: WorkerMemory | None = None
+    for index, value in values.items():
+        if value._owner is not owner:
+            raise ValueError(
+                f"argument {index} is a DeviceValue of another pool ({value.name}): a value "
+                "stays in the worker that holds it, so only its own pool can use it; fetch it "
+                "(np.asarray) and pass the array instead"
+            )
+        lost = value._memory.lost
+        if lost is not None:
+            raise lost
+        if types is not None and value.array_type != types[index]:
+            raise TypeError(
+                f"argument {index} is a DeviceValue of {value.array_type}, but the program "
+                f"takes {types[index]} there: a value is used as it is, never converted"
+            )
+        if held is not None and value._memory is not held:
+            raise ValueError(
+                f"argument {index} is held by worker {value.pid}, another than the call's other "
+                f"values (worker {held.pid}): one call runs on one worker; put the values on one "
+                "worker (Pool.put(..., like=value))"
+            )
+        held = value._memory
+    return held

@@ -1,0 +1,152 @@
+"""What one worker holds of the pool's memory, as the parent mirrors it.
+
+A worker keeps the shared-memory segments it was sent mapped (by id, so that a
+segment reused for call after call faults its pages in once), the values runs
+kept there (pool.executor.values), and a slot per loaded program for its
+placed runs (worker.wire.protocol.PlacedRun). The parent mirrors each, so that
+a request sends a segment's descriptor only the first time, names a slot, and
+brings the worker what the parent let go of since its last request:
+
+    forgets   segments the parent closed (evicted from its cache, or past its bounds)
+    drops     values whose last handle was garbage
+
+Both go with the worker's next request of any kind, so a worker that gets none
+keeps them until it does, or ends. The mirror changes only once a request has
+gone (Deliveries, then WorkerMemory.delivered): a request built but never sent
+(its caller interrupted) changes nothing. Only the thread that holds the worker
+builds and sends its requests and handles its replies, so that thread alone
+changes this record, but for `_dropped`, which the garbage collector appends to
+(a deque's append: no Python code runs in the collector, see
+pool.executor.segments).
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from typing import NamedTuple, Protocol
+
+from pool.errors import WorkerCrashedError
+from worker.records import ArrayType
+
+
+class OpenSegments(Protocol):
+    """What the record asks of the pool's segments (pool.executor.segments.SegmentCache)."""
+
+    @property
+    def closings(self) -> int:
+        """How many segments were closed so far."""
+        ...
+
+    def is_open(self, segment_id: int) -> bool:
+        """Whether a segment still has its descriptor."""
+        ...
+
+
+class Kept(Protocol):
+    """What the record knows of a value's handle (pool.executor.values.DeviceValue)."""
+
+    id: int
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it holds of the device's memory."""
+        ...
+
+
+LOST_NAMES_SHOWN = 8
+"""How many lost values an error names before it says how many more."""
+
+
+class Deliveries(NamedTuple):
+    """What a request brings its worker: new segments (ids), the number of dropped handles
+    taken, their value ids, and the segments to forget."""
+
+    segments: tuple[int, ...]
+    dropped: int
+    drops: tuple[int, ...]
+    forgets: tuple[int, ...]
+
+
+NOTHING = Deliveries((), 0, (), ())
+
+
+class WorkerMemory:
+    """One worker's segments, values and placed slots, as the parent knows them."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.mapped: set[int] = set()  # segment ids the worker keeps mapped
+        # program id -> the slot its PlacedRuns name, and the input types that slot takes
+        self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
+        self._values: dict[weakref.ref[Kept], tuple[int, int, str]] = {}
+        self._dropped: collections.deque[weakref.ref[Kept]] = collections.deque()
+        self.value_bytes = 0  # what the worker's kept values take on its device
+        self.lost: WorkerCrashedError | None = None  # set when the worker ended
+        self._closings = -1  # the segments' closings when forgets were last looked for
+
+    @property
+    def value_count(self) -> int:
+        """Values the worker holds (dropped ones it has not been told of included)."""
+        return len(self._values)
+
+    def keep(self, value: Kept) -> None:
+        """Records a value the worker now holds (its handle was just made)."""
+        ref = weakref.ref(value, self._dropped.append)
+        self._values[ref] = (value.id, value.nbytes, value.name)
+        self.value_bytes += value.nbytes
+
+    def pending(self, segments: OpenSegments) -> Deliveries:
+        """What the worker's next request brings it, besides its new segments: values
+        dropped, and the segments it maps that `segments` closed since."""
+        dropped = len(self._dropped)
+        forgets: tuple[int, ...] = ()
+        closings = segments.closings
+        if closings != self._closings:  # looked for only when a segment was closed since
+            forgets = tuple(i for i in self.mapped if not segments.is_open(i))
+            if not forgets:
+                self._closings = closings
+        if not dropped and not forgets:
+            return NOTHING
+        drops = tuple(self._values[self._dropped[i]][0] for i in range(dropped))
+        return Deliveries((), dropped, drops, forgets)
+
+    def delivered(self, deliveries: Deliveries) -> None:
+        """A request went with these: the worker maps, drops and forgets them now."""
+        if deliveries is NOTHING:
+            return
+        self.mapped.update(deliveries.segments)
+        self.mapped.difference_update(deliveries.forgets)
+        for _ in range(deliveries.dropped):
+            ref = self._dropped.popleft()
+            _, nbytes, _ = self._values.pop(ref)
+            self.value_bytes -= nbytes
+
+    def note_placed(self, program_id: str, slot: int, types: tuple[ArrayType, ...]) -> None:
+        """The worker gave a program a slot for PlacedRuns of inputs of these types."""
+        self.placed[program_id] = (slot, types)
+
+    def forget_program(self, program_id: str) -> None:
+        """The worker unloaded a program: its slot is gone."""
+        self.placed.pop(program_id, None)
+
+    def lose(self, how: str) -> WorkerCrashedError | None:
+        """The worker ended: every value it held is lost. Returns the error every call that
+        needs one raises (naming them), or None when it held none."""
+        names = [name for ref, (_, _, name) in self._values.items() if ref() is not None]
+        self._values.clear()
+        self._dropped.clear()
+        self.value_bytes = 0
+        if not names:
+            return None
+        shown = ", ".join(names[:LOST_NAMES_SHOWN])
+        more = len(names) - LOST_NAMES_SHOWN
+        if more > 0:
+            shown += f" and {more} more"
+        self.lost = WorkerCrashedError(
+            f"the worker (pid {self.pid}) that held {len(names)} value(s) {how}, and they are "
+            f"lost: {shown}. A value lives in its worker's device memory; make it again "
+            "(Pool.put, or the run that kept it) on the pool's new worker"
+        )
+        return self.lost
