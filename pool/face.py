@@ -55,6 +55,9 @@ class PoolFace(abc.ABC):
     takes either pool.
     """
 
+    _keeps_values = False
+    """Whether its runs can keep outputs in a worker (keep=): a Pool's can."""
+
     # -- the primitives each pool implements -------------------------------------------
 
     @abc.abstractmethod
@@ -245,6 +248,7 @@ class PoolFace(abc.ABC):
         custom_calls: Sequence[str] = (),
         name: str | None = None,
         static_argnames: str | Sequence[str] | None = None,
+        keep: int | Sequence[int] | bool = (),
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
 
@@ -273,6 +277,16 @@ class PoolFace(abc.ABC):
         PoolFunction (or lower) is lowering, it traces into its function as
         a nested jax.jit does, so that the outer program runs it.
 
+        keep makes parts of the result stay in the worker instead of coming
+        back: True keeps all of it, an int or a sequence of them the elements
+        of the result's tuple at those positions. Each kept array comes back as
+        a DeviceValue (pool.executor.values) that later calls take in place of
+        the array, and they run on the worker that holds it: a training step
+        `step = pool.function(train_step, keep=0)` returning (params, loss)
+        gives params as values, which the next call takes as they are, so the
+        parameters never leave the worker between steps (np.asarray or fetch()
+        copies them out). A Pool's only: a ClusterPool refuses it.
+
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
@@ -282,6 +296,11 @@ class PoolFace(abc.ABC):
         from pool.lowering.function import PoolFunction
 
         self._refuse_in_child()
+        if keep is not False and keep != () and not self._keeps_values:
+            raise TypeError(
+                f"{type(self).__name__}.function takes no keep=: its tasks run on whichever "
+                "node is free, so no value stays between calls; use a Pool"
+            )
         return PoolFunction(
             self,
             function,
@@ -291,6 +310,7 @@ class PoolFace(abc.ABC):
             platform=platform,
             custom_calls=custom_calls,
             name=name,
+            keep=keep,
         )
 
     def __enter__(self) -> Self:
@@ -409,4 +429,13 @@ class Pool(WorkerPool, PoolFace):
     one cannot use the pool (PoolForkedError). A Pool is not picklable.
     What it shares with a ClusterPool (submit_compile, compile, compile_many,
     map, function) is PoolFace's.
+
+    Large arrays move at memory speed: a worker maps each shared-memory
+    segment once and the pool reuses segments (so their pages fault in
+    once), the plugin reads inputs where they are and writes outputs into
+    shared memory, and results view it. empty() and asarray() make arrays in
+    that memory, which calls pass without a copy; put() and keep= leave
+    arrays on a worker's device (DeviceValue), for later calls to take there.
     """
+
+    _keeps_values = True

@@ -43,6 +43,7 @@ import numpy as np
 
 from pool.errors import TracedPoolFunctionError
 from pool.executor.futures import adapt
+from pool.executor.values import DeviceValue
 from pool.lowering.lower import (
     TreeProgram,
     allow_custom_calls,
@@ -64,13 +65,13 @@ class Runner(Protocol):
     def run(
         self, program: LoweredProgram, arguments: Sequence[Any], *, name: str | None = None
     ) -> list[np.ndarray]:
-        """Runs a program and returns its outputs."""
+        """Runs a program and returns its outputs (a Pool's run also takes keep=)."""
         ...
 
     def submit(
         self, program: LoweredProgram, arguments: Sequence[Any], *, name: str | None = None
     ) -> Future[list[np.ndarray]]:
-        """Runs a program; returns a Future of its outputs."""
+        """Runs a program; returns a Future of its outputs (a Pool's submit also takes keep=)."""
         ...
 
 
@@ -92,6 +93,8 @@ class _Compiled(NamedTuple):
     """Flat outputs that are key data, wrapped back into keys for the caller."""
     name: str
     """What the tasks are called (computed once: the program's text is not read per call)."""
+    kept: tuple[int, ...] = ()
+    """Flat outputs that stay in the worker as DeviceValues (the function's keep=)."""
 
 
 _canonical: dict[tuple[np.dtype, bool], Any] = {}
@@ -104,6 +107,8 @@ def _leaf_type(leaf: Any, x64: bool) -> LeafType:
         if dtype is None:
             dtype = _canonical[(leaf.dtype, x64)] = jax.dtypes.canonicalize_dtype(leaf.dtype)
         return leaf.shape, dtype, False
+    if type(leaf) is DeviceValue:  # a value the pool keeps: its program takes its type
+        return leaf.shape, leaf.dtype, False
     if isinstance(leaf, jax.core.Tracer):
         raise TracedPoolFunctionError(
             f"a PoolFunction was called with a JAX tracer ({type(leaf).__name__}): it runs its "
@@ -243,6 +248,7 @@ class PoolFunction:
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
         name: str | None = None,
+        keep: int | Sequence[int] | bool = (),
     ) -> None:
         if not callable(function):
             raise TypeError(f"function must be callable, not {type(function).__name__}")
@@ -267,6 +273,7 @@ class PoolFunction:
         self._platform = platform
         self._custom_calls = tuple(custom_calls)
         self._name = name
+        self._keep = _keep_positions(keep)
         self._compiled: dict[Any, _Compiled] = {}
         # Signatures being lowered: another thread's call of one waits for it, unless
         # that thread is lowering something itself (see _lower_once).
@@ -289,7 +296,8 @@ class PoolFunction:
                 raise
             allow_custom_calls(self._custom_calls)
             return self._nested(*args, **kwargs)
-        outputs = self._pool.run(compiled.tree.program, inputs, name=compiled.name)
+        options = {"keep": compiled.kept} if compiled.kept else {}
+        outputs = self._pool.run(compiled.tree.program, inputs, name=compiled.name, **options)
         return _rebuild(compiled, outputs)
 
     @functools.cached_property
@@ -308,7 +316,8 @@ class PoolFunction:
         arguments happen here, so their errors raise here, as Pool.submit's do.
         """
         compiled, inputs = self._prepare(args, kwargs)
-        future = self._pool.submit(compiled.tree.program, inputs, name=compiled.name)
+        options = {"keep": compiled.kept} if compiled.kept else {}
+        future = self._pool.submit(compiled.tree.program, inputs, name=compiled.name, **options)
         return adapt(future, functools.partial(_rebuild, compiled))
 
     def lower(self, *args: Any, **kwargs: Any) -> LoweredProgram:
@@ -434,11 +443,13 @@ class PoolFunction:
                 f"argument {positions[i]}{path}" if i >= 0 else f"keyword argument {path}"
             ),
         )
+        key_outputs = tuple(i for i, key in enumerate(lowered.output_keys) if key is not None)
         return _Compiled(
             lowered,
             tuple(i for i, key in enumerate(lowered.input_keys) if key is not None),
-            tuple(i for i, key in enumerate(lowered.output_keys) if key is not None),
+            key_outputs,
             self._name or lowered.program.name,
+            _kept_outputs(self._keep, lowered, key_outputs),
         )
 
     def _pool_platform(self) -> str | None:
@@ -472,6 +483,63 @@ class PoolFunction:
 
     def __repr__(self) -> str:
         return f"<PoolFunction {function_name(self._function)} ({len(self._compiled)} signatures)>"
+
+
+def _keep_positions(keep: int | Sequence[int] | bool) -> tuple[int, ...] | bool:
+    """keep= checked: True (the whole result) or the positions in the result's tuple."""
+    if keep is True or keep is False:
+        return bool(keep)
+    positions = (keep,) if isinstance(keep, int) else keep
+    if not isinstance(positions, Sequence) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in positions
+    ):
+        raise TypeError(
+            f"keep must be True, a position in the function's result tuple or a sequence of "
+            f"them, not {keep!r}"
+        )
+    return tuple(sorted(set(positions)))
+
+
+def _kept_outputs(
+    keep: tuple[int, ...] | bool, lowered: TreeProgram, key_outputs: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The flat outputs a function's keep= keeps: every leaf of the result (True), or of the
+    elements of its result tuple at those positions. Refuses (ValueError) positions the
+    result does not have and kept leaves that are keys or float0 (data JAX rebuilds)."""
+    tree = lowered.out_tree
+    if keep is False or keep == ():
+        return ()
+    if keep is True:
+        flat = tuple(range(tree.num_leaves))
+    else:
+        children = tree.children() if _is_tuple(tree) else []
+        if any(not -len(children) <= p < len(children) for p in keep):
+            raise ValueError(
+                f"keep={keep!r}, but the function returns "
+                + (f"a tuple of {len(children)}" if children else "no tuple")
+                + ": keep names positions in the result's tuple (keep=True keeps it all)"
+            )
+        starts = [0]
+        for child in children:
+            starts.append(starts[-1] + child.num_leaves)
+        flat = tuple(
+            leaf
+            for p in sorted({p % len(children) for p in keep})
+            for leaf in range(starts[p], starts[p + 1])
+        )
+    special = set(flat) & (set(key_outputs) | set(lowered.float0_outputs))
+    if special:
+        raise ValueError(
+            f"keep would keep outputs {sorted(special)}, which are PRNG keys or float0 "
+            "gradients: those are rebuilt in this process and cannot stay in the worker; "
+            "keep the other elements of the result"
+        )
+    return flat
+
+
+def _is_tuple(tree: Any) -> bool:
+    """Whether a tree definition is a tuple's (the result of a function returning several)."""
+    return bool(tree == jax.tree_util.treedef_tuple(tree.children()))
 
 
 def _dynamic_positions(count: int, statics: tuple[tuple[int, Any], ...]) -> list[int]:
