@@ -114,3 +114,41 @@ def test_only_run_workers_preload(tmp_path):
         assert loaded == {"compile": 0, "device": 3}
         x = np.ones(16, np.float32)
         np.testing.assert_allclose(pool.submit_spec(specs[2], [x]).result()[0], np.sin(x) * 2)
+
+
+def test_a_split_pool_compiles_while_its_device_worker_starts(tmp_path):
+    """The pool a TPU host gets (compile workers beside a device worker that opens the chip)
+    takes compiles as soon as its compile workers are up: compile_many finishes while the
+    device worker is still starting, and runs wait for it. Here the device worker's start
+    is held by a gate the test opens; before, Pool() itself waited for it (and timed out)."""
+    gate = tmp_path / "gate"
+
+    def hold_the_device_worker(gate: str) -> None:  # a closure: pickled by value
+        """In the device worker only, wait until the gate file exists (what a TPU host's
+        device worker does while it opens the chip, 5-10 s there)."""
+        import os
+        import time
+
+        if os.environ.get("PJRT_POOL_WORKER_ROLE") == "device":
+            while not os.path.exists(gate):
+                time.sleep(0.01)
+
+    batch = programs(3)
+    x = np.linspace(0, 1, 16, dtype=np.float32)
+    with Pool(
+        1,
+        run_workers=1,
+        cache_dir=tmp_path / "cache",
+        initializer=hold_the_device_worker,
+        initargs=(str(gate),),
+        start_timeout=60,
+    ) as pool:
+        specs = pool.compile_many(batch)
+        assert len(specs) == 3 and pool.statistics.compiled == 3
+        states = {w["role"]: w["state"] for w in pool.worker_info}
+        assert states == {"compile": "idle", "device": "starting"}
+        future = pool.submit(batch[1], [x])  # queued until the device worker is up
+        assert not future.done()
+        gate.touch()
+        np.testing.assert_allclose(future.result(timeout=60)[0], np.sin(x), rtol=1e-6)
+        assert (pool.statistics.compiled, pool.statistics.loaded) == (3, 1)

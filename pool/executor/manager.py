@@ -64,6 +64,7 @@ class Manager(ManagerThread):
         segments: SegmentCache,
         wait_set: WaitSet,
         stop_grace: float,
+        start_timeout: float,
     ) -> None:
         super().__init__(name="pjrt-pool-manager", daemon=True)
         # The pool's lock, under which every worker's state and the queue change.
@@ -83,6 +84,8 @@ class Manager(ManagerThread):
         self._wait_set = wait_set
         # Seconds between the exit request, SIGTERM and SIGKILL when it stops the workers.
         self._stop_grace = stop_grace
+        # Seconds a worker may take to start once the pool has (Workers.expire_starts_locked).
+        self._start_timeout = start_timeout
 
     def run(self) -> None:
         try:
@@ -159,6 +162,7 @@ class Manager(ManagerThread):
         now = time.monotonic()
         nearest = None
         with self._lock:
+            self._workers.expire_starts_locked(self._start_timeout)
             for worker in self._workers:
                 task = worker.task
                 if worker.state is not State.BUSY or task is None or task.deadline is None:

@@ -289,6 +289,7 @@ class WorkerPool:
             self._segments,
             wait_set,
             settings.stop_grace,
+            settings.start_timeout,
         )
         self._caller = CallerPath(
             lock,

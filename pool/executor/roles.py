@@ -16,6 +16,11 @@ multithreaded. So a pool there is two kinds of worker::
 Compiles (submit_compile, compile_many, warm, and the compile a new program
 needs before its first run) go to compile workers; runs go to device workers,
 which find the executable in the cache (the key is the same on both sides).
+The pool's start waits for the compile workers only (start_awaits): a device
+worker opens its chip beside them (5-10 s on a TPU v5e host), so compile_many
+starts at once, and runs wait in the queue until a device worker is ready.
+Each worker finds its role in its environment (ROLE_ENV), for an initializer
+that does different work in each.
 A pool given a topology is all compile workers: it never touches a device, so
 it runs beside the process that holds the chip, or on a machine without one.
 
@@ -49,6 +54,10 @@ serial and threaded deviceless compiles (0.60x and 0.76x, 3 steps)."""
 
 MIN_COMPILE_WORKERS = 2
 
+ROLE_ENV = "PJRT_POOL_WORKER_ROLE"
+"""The environment variable that tells a worker its role (Role's value: "compile and run",
+"compile" or "device")."""
+
 
 class Role(enum.Enum):
     """What a worker is for (see the module)."""
@@ -73,6 +82,16 @@ class WorkerPlan:
     """A compile worker's topology (compiled for without a device); None: its device."""
     environment: tuple[tuple[str, str], ...] = ()
     """Variables set for this worker alone (a device worker's chip, on a host of several)."""
+
+
+def start_awaits(plan: tuple[WorkerPlan, ...], preloads: bool) -> frozenset[Role]:
+    """The roles whose workers a pool's start waits for: every one, but the device workers of
+    a pool with compile workers (they start beside them, and runs wait for them in the
+    queue), unless the pool preloads programs, which its constructor promises loaded."""
+    roles = {worker.role for worker in plan}
+    if Role.COMPILE in roles and not preloads:
+        roles.discard(Role.DEVICE)
+    return frozenset(roles)
 
 
 def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:

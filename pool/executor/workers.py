@@ -78,7 +78,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pool.errors import WorkerCrashedError, WorkerStartupError, rebuild_error
-from pool.executor.roles import Role, WorkerPlan
+from pool.executor.roles import ROLE_ENV, Role, WorkerPlan, start_awaits
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.wait_set import WaitSet
@@ -230,6 +230,7 @@ def _worker_environment(remote: str | Literal[False] | None, plan: WorkerPlan) -
     if remote is False:
         environment.pop(REMOTE_ENV, None)
     environment.update(plan.environment)
+    environment[ROLE_ENV] = plan.role.value
     return with_huge_pages(environment)
 
 
@@ -574,6 +575,8 @@ class Workers:
         self.takeovers = 0  # sockets callers took over so far (take_over_locked), under the lock
         # What every worker's preloading (Init.preload) loaded, replacements' too, under the lock.
         self.preload_statistics = CompileStatistics()
+        # The roles whose workers the pool's start waits for (see start_awaits).
+        self._awaited = start_awaits(settings.plan, bool(settings.preload))
         roles = {plan.role for plan in settings.plan}
         self._competing = {
             kind: frozenset(
@@ -933,9 +936,30 @@ class Workers:
             if ready.statistics is not None:
                 self.preload_statistics = self.preload_statistics.add(ready.statistics)
             self._failed_starts = 0
-            everyone = all(w.state is not State.STARTING for w in self._all)
+            everyone = self._all_started_locked()
         if everyone and not self.started.is_set():
             self.started.set()
+
+    def _all_started_locked(self) -> bool:
+        """Whether every worker the pool's start waits for (start_awaits) has started."""
+        return all(w.state is not State.STARTING for w in self._all if w.role in self._awaited)
+
+    def expire_starts_locked(self, timeout: float) -> None:
+        """Kills the workers of a started pool still starting after `timeout` seconds (a
+        device worker that opens its chip beside the pool's start, or a replacement): each
+        is a failed start (start_failed), as one that exits is."""
+        if not self.started.is_set():
+            return  # the constructor's own wait bounds the first start
+        now = time.monotonic()
+        for worker in self._all:
+            if worker.state is State.STARTING and now - worker.started_at > timeout:
+                worker.failed_to_start(
+                    WorkerStartupError(
+                        f"a worker (pid {worker.pid}, {worker.role.value}) did not start within "
+                        f"{timeout:.0f} s (start_timeout); it was killed"
+                    )
+                )
+                self.kill_locked(worker)
 
     def reap(self, worker: WorkerProcess) -> int | None:
         """Unwatches a dead worker, reaps it and collects the rest of its output."""
@@ -1015,15 +1039,21 @@ class Workers:
             delay,
             error,
         )
+        if failures < FAILED_STARTS_TO_FAIL_QUEUE:
+            return
         with self._lock:
-            running = any(w.state in (State.IDLE, State.BUSY) for w in self._all)
-            if not running and failures >= FAILED_STARTS_TO_FAIL_QUEUE:
-                self._tasks.fail_queued_locked(
-                    WorkerStartupError,
-                    f"no worker is running, and the last {failures} attempts to start one "
-                    f"failed ({error}); the pool tries again in {delay:.1f} s",
-                    error,
+            for kind in Kind:  # the tasks no running worker takes (a pool's runs, say)
+                running = any(
+                    w.state in (State.IDLE, State.BUSY) and w.role.takes(kind) for w in self._all
                 )
+                if not running:
+                    failed = WorkerStartupError(
+                        f"no worker that takes this task ({kind.value}) is running, and the "
+                        f"last {failures} attempts to start one failed ({error}); the pool "
+                        f"tries again in {delay:.1f} s"
+                    )
+                    failed.__cause__ = error
+                    self._tasks.fail_queued_of_locked(kind, failed)
 
     def device_unavailable(self, index: int, error: DeviceUnavailableError) -> None:
         """A device worker found its chip held by another process, or gone: the pool goes on.
@@ -1052,7 +1082,7 @@ class Workers:
             foreign = holder is not None and holder not in ours and _alive(holder)
             if foreign:
                 self._tasks.fail_queued_of_locked(Kind.RUN, error)
-            everyone = all(w.state is not State.STARTING for w in self._all)
+            everyone = self._all_started_locked()
         delay = DEVICE_HELD_RETRY_SECONDS if foreign else DEVICE_RETRY_SECONDS
         self._respawns[index] = time.monotonic() + delay
         logger.info("the device worker could not take its chip; trying again: %s", error)
