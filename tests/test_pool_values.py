@@ -1,0 +1,228 @@
+"""Large arrays at memory speed, and values that stay in a worker.
+
+- Segments are mapped once on both sides and reused: call after call makes no new
+  memfd and no new mapping, in the parent or in the worker.
+- Arrays in the pool's shared memory (Pool.empty, Pool.asarray, a result) are passed
+  as they are: a submitted task reads them where they are (so a change made before
+  it runs reaches it, as for any reference), where a plain array is copied at submit.
+- Values (Pool.put, keep=) stay in their worker: runs take them there, fetch copies
+  them out, dropping them frees the worker's memory; a crash of their worker fails
+  every call that needs them, naming them, and the pool goes on; misuse is a clear
+  error.
+- The native loop's placed runs refuse places outside their segments.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import signal
+import socket
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from pool_helpers import handler_initializer, milliseconds, sleep_program, wait_until_started
+
+from pool import Pool, compile_program, lower
+from pool.errors import PoolClosedError, WorkerCrashedError
+from pool.executor.values import DeviceValue
+from worker import _pjrt
+from worker.dtypes import code_of_dtype
+from worker.wire import protocol, shm
+
+N = 1 << 18  # float32: 1 MiB, past the arena's share, so a segment of its own
+
+
+def f32(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+AFFINE = lower(lambda x: x * 2 + 1, [f32(N)])
+STEP = lower(lambda w, x: (w - 0.5 * x, jnp.sum(w * x)), [f32(N), f32(N)])
+
+
+def memfd_mappings(pid: int | str = "self") -> list[str]:
+    """The memfd mappings of a process, by address range and name."""
+    maps = open(f"/proc/{pid}/maps").read().splitlines()
+    return sorted(" ".join((line.split()[0], line.split()[-2])) for line in maps if "/memfd:" in line)
+
+
+@pytest.fixture(scope="module")
+def pool(handlers: str):
+    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+        yield pool
+
+
+def test_segments_are_mapped_once_on_both_sides_and_reused(pool) -> None:
+    x = np.arange(N, dtype=np.float32)
+    worker = pool.worker_info[0]["pid"]
+    seen = []
+    for i in range(6):
+        (out,) = pool.run(AFFINE, [x + i])
+        np.testing.assert_array_equal(out, (x + i) * 2 + 1)
+        del out
+        gc.collect()
+        seen.append((memfd_mappings(), memfd_mappings(worker)))
+    assert all(found == seen[2] for found in seen[2:]), seen
+
+
+def test_arrays_in_shared_memory_are_passed_as_they_are(pool) -> None:
+    sleeper = sleep_program()
+    shared = pool.asarray(np.ones(N, np.float32))
+    plain = np.ones(N, np.float32)
+    (result,) = pool.run(AFFINE, [shared])  # a result is in shared memory too
+    busy = pool.submit(sleeper, [milliseconds(300)])  # the one worker is busy meanwhile
+    wait_until_started(pool, sleeper.name)
+    by_reference = [pool.submit(AFFINE, [a]) for a in (shared, result, plain)]
+    shared[:] = 10  # before the tasks run: only the arrays passed as they are see it
+    result[:] = 20
+    plain[:] = 30
+    busy.result(timeout=60)
+    outs = [future.result(timeout=60)[0] for future in by_reference]
+    assert [float(o[0]) for o in outs] == [21.0, 41.0, 3.0]
+    filled = pool.empty((N,), np.float32)
+    filled[:] = np.arange(N, dtype=np.float32)
+    np.testing.assert_array_equal(pool.run(AFFINE, [filled])[0], filled * 2 + 1)
+    with pytest.raises(TypeError, match="not supported"):
+        pool.empty((4,), object)
+
+
+def test_values_stay_in_their_worker_and_come_back_on_request(pool) -> None:
+    x = np.full(N, 2.0, np.float32)
+    w = pool.put(np.ones(N, np.float32))
+    assert (w.shape, w.dtype, w.nbytes) == ((N,), np.float32, 4 * N)
+    before = pool.worker_info[0]
+    for _ in range(4):
+        w, total = pool.run(STEP, [w, x], keep=0)
+        assert isinstance(w, DeviceValue) and isinstance(total, np.ndarray)
+    np.testing.assert_allclose(np.asarray(w), np.ones(N) - 4.0)
+    info = pool.worker_info[0]
+    assert info["pid"] == before["pid"]
+    # The current value, and at most the one its last request did not yet drop.
+    assert 4 * N <= info["value_bytes"] <= 8 * N
+    future = pool.submit(STEP, [w, x], keep=(0, 1))
+    w2, kept_total = future.result(timeout=60)
+    assert isinstance(kept_total, DeviceValue) and float(kept_total.fetch()) == -6.0 * N
+    del w, w2, kept_total, future  # the future holds its result
+    gc.collect()
+    pool.run(AFFINE, [x])  # a request brings the worker the values dropped
+    assert pool.worker_info[0]["values"] == 0 and pool.worker_info[0]["value_bytes"] == 0
+
+
+def test_a_training_loop_keeps_its_parameters_in_the_worker(pool) -> None:
+    def step(params, x):
+        value, grads = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.5 * g, params, grads), value
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((16, 4)).astype(np.float32)}
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    kept, plain = pool.function(step, keep=0), pool.function(step)
+    a, b = params, params
+    for _ in range(10):
+        a, loss_a = kept(a, x)
+        b, loss_b = plain(b, x)
+    assert isinstance(a["w"], DeviceValue) and isinstance(loss_a, np.ndarray)
+    np.testing.assert_array_equal(np.asarray(a["w"]), b["w"])
+    assert float(loss_a) == float(loss_b)
+    with pytest.raises(ValueError, match="returns a tuple of 2"):
+        pool.function(step, keep=2)(params, x)
+
+
+def test_misused_values_are_clear_errors(pool, tmp_path) -> None:
+    w = pool.put(np.ones(N, np.float32))
+    with pytest.raises(TypeError, match="never converted"):
+        pool.run(AFFINE, [pool.put(np.ones(N, np.int32))])
+    with pytest.raises(TypeError, match="keep must be"):
+        pool.run(AFFINE, [w], keep="0")
+    with Pool(1, cache_dir=tmp_path) as other:
+        with pytest.raises(ValueError, match="another pool"):
+            other.run(AFFINE, [w])
+        mine = other.put(np.ones(N, np.float32))
+    with pytest.raises(PoolClosedError):
+        mine.fetch()
+    with pytest.raises(PoolClosedError):
+        other.put(np.ones(4, np.float32))
+
+
+def test_a_crash_fails_every_call_that_needs_its_values_and_the_pool_goes_on(
+    tmp_path, handlers: str
+) -> None:
+    x = np.ones(N, np.float32)
+    with Pool(2, cache_dir=tmp_path, initializer=handler_initializer(handlers)) as pool:
+        w = pool.put(x, name="the weights")
+        other = pool.put(x)  # on either worker
+        sleeper = sleep_program()
+        holder = w.pid
+        # Its worker busy, then killed with a call that needs w queued behind.
+        busy = pool.submit(sleeper, [milliseconds(30_000)])
+        if wait_until_started(pool, sleeper.name) != holder:
+            busy.result(timeout=120)
+            busy = pool.submit(STEP, [w, x], keep=0)  # on w's worker, for sure
+        queued = pool.submit(STEP, [w, x], keep=0)
+        os.kill(holder, signal.SIGKILL)
+        with pytest.raises(WorkerCrashedError, match="the weights"):
+            queued.result(timeout=60)
+        for call in (lambda: pool.run(STEP, [w, x]), w.fetch, lambda: pool.put(x, like=w)):
+            with pytest.raises(WorkerCrashedError, match=f"pid {holder}.*the weights"):
+                call()
+        with pytest.raises(WorkerCrashedError):
+            busy.result(timeout=60)
+        assert "lost" in repr(w)
+        if other.pid != holder:
+            np.testing.assert_array_equal(other.fetch(), x)
+        np.testing.assert_array_equal(pool.run(AFFINE, [x])[0], x * 3)
+        assert np.asarray(pool.put(x)).sum() == N
+
+
+def test_the_native_loop_refuses_places_outside_their_segments() -> None:
+    executable, _ = compile_program(AFFINE, disk_cache=False)
+    ours, theirs = socket.socketpair()
+    arena = mmap.mmap(-1, 4096 + protocol.CONTROL_BYTES)
+    loop = _pjrt.HotLoop(theirs.fileno(), arena, 4096, 0.0)
+    loop.set_placed_slot(3, executable.native, [(code_of_dtype(np.float32), [N])])
+    segment = shm.new_segment(4 * N)
+    try:
+        # Sent by the protocol module with the segment's descriptor: the loop maps it,
+        # runs and replies; the outputs are where the frame said.
+        data = np.frombuffer(mmap.mmap(segment, 4 * N), np.float32)
+        data[:] = 1.0
+        whole = ((protocol.PLACE, 5, 0),)
+        run = protocol.PlacedRun(11, 3, True, whole, whole, ((5, 4 * N),))
+        protocol.send_frame(ours, run, (segment,))
+        protocol.send_frame(ours, protocol.Exit())
+        message = protocol.finish_frame(theirs, *loop.serve())
+        assert message == (protocol.Exit(), [])
+        assert protocol.recv_frame(ours) == (protocol.HotReply(11), [])
+        assert float(data[0]) == 3.0 and loop.segment_count == 2
+        with pytest.raises(ValueError, match="does not lie in its segment"):
+            loop.run_placed(12, 3, [(protocol.PLACE, 5, 64)], list(whole), True)
+        with pytest.raises(ValueError, match="not mapped"):
+            loop.run_placed(13, 3, [(protocol.PLACE, 9, 0)], list(whole), True)
+        with pytest.raises(LookupError):
+            loop.run_placed(14, 4, list(whole), list(whole), True)
+        with pytest.raises(ValueError, match="not held"):
+            loop.run_placed(15, 3, [(protocol.VALUE, 1, 0)], list(whole), True)
+        assert protocol._decode_placed(protocol._placed_frame(run, 1)[6:]) == run
+    finally:
+        os.close(segment)
+        ours.close()
+        theirs.close()
+
+
+def test_dropped_results_and_values_give_their_memory_back() -> None:
+    x = np.ones(N, np.float32)
+    with Pool(1, segment_cache_bytes=8 * N) as pool:
+        worker = pool.worker_info[0]["pid"]
+        held = [pool.run(AFFINE, [x])[0] for _ in range(12)]  # past the bound: not kept
+        values = [pool.put(x) for _ in range(4)]
+        assert pool._segments.lent <= pool._segments.max_fds
+        assert len(memfd_mappings(worker)) < 12  # the worker keeps only kept segments
+        del held, values
+        gc.collect()
+        pool.run(AFFINE, [x])
+        assert pool.worker_info[0]["values"] == 0
+        assert pool._segments.lent == 0
