@@ -19,6 +19,7 @@ import mmap
 import os
 import signal
 import socket
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +47,8 @@ STEP = lower(lambda w, x: (w - 0.5 * x, jnp.sum(w * x)), [f32(N), f32(N)])
 
 def memfd_mappings(pid: int | str = "self") -> list[str]:
     """The memfd mappings of a process, by address range and name."""
-    maps = open(f"/proc/{pid}/maps").read().splitlines()
-    return sorted(" ".join((line.split()[0], line.split()[-2])) for line in maps if "/memfd:" in line)
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted(" ".join(line.split()[::5]) for line in maps if "/memfd:" in line)
 
 
 @pytest.fixture(scope="module")
