@@ -484,6 +484,8 @@ class Dispatcher:
         if operation.op == "put":
             (value_id,) = memory.plan.kept.values()
             return self._keep(worker, value_id, operation.array_type, request.name)
+        if operation.op == "release":
+            return None
         return self._placed_outputs(worker, task, (operation.array_type,))[0]
 
     def _broken_reply(self, worker: WorkerProcess, task: Task, problem: Exception) -> PoolError:

@@ -27,6 +27,8 @@ import socket
 import threading
 import time
 
+import numpy as np
+
 from pool.errors import (
     PoolClosedError,
     TaskTimeoutError,
@@ -36,12 +38,15 @@ from pool.errors import (
     likely_cause,
 )
 from pool.executor.dispatch import Dispatcher
-from pool.executor.futures import ManagerThread
+from pool.executor.futures import ManagerThread, PoolFuture
+from pool.executor.inputs import TaskMemory
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
-from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
+from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp
 from pool.executor.wait_set import WaitSet
+from pool.executor.worker_memory import NOTHING, WorkerMemory
 from pool.executor.workers import PARKED_SECONDS, Source, State, WorkerProcess, Workers
+from worker.records import ArrayType
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -107,6 +112,7 @@ class Manager(ManagerThread):
         tasks, workers = self._tasks, self._workers
         while True:
             self._complete_orphans()
+            self._hand_back_released()
             self._dispatcher.dispatch(None)
             with self._lock:
                 done = not workers.busy_locked() and (
@@ -124,6 +130,21 @@ class Manager(ManagerThread):
                         self._wait_set.remove(worker.output_fd)
                     continue
                 self._on_readable(worker, takeovers)
+
+    def _hand_back_released(self) -> None:
+        """Queues a release for each idle worker the pool let go of something on (values
+        dropped, segments closed: WorkerMemory.pending), so that dropping a value frees its
+        device memory within a turn of this loop (PARKED_SECONDS), not only at the
+        worker's next request. Only while nothing else is queued: a queued task brings
+        the same to its worker."""
+        with self._lock:
+            if self._tasks.queued or self._tasks.closing:
+                return
+            for worker in self._workers.idle_workers_locked():
+                if worker.memory.pending(self._segments) is not NOTHING:
+                    self._tasks.push_locked(
+                        _release_task(self._tasks.next_id(), worker.memory, self._segments)
+                    )
 
     def _complete_orphans(self, last: bool = False) -> None:
         """Completes the orphans and makes the relayed calls; last: the manager is ending."""
@@ -295,6 +316,28 @@ class Manager(ManagerThread):
         with self._lock:  # wakes write to the pipe under the lock: close it under the lock
             self._wait_set.close()
         self._complete_orphans(last=True)  # callbacks relayed since, and no more after
+
+
+def _release_task(task_id: int, memory: WorkerMemory, segments: SegmentCache) -> Task:
+    """A task that brings one worker what the pool let go of, and does nothing else (its
+    request is a Fetch of no value: pool.executor.requests)."""
+    nothing = ArrayType(np.dtype(np.uint8), (0,))
+    request = Request(
+        task_id,
+        Kind.VALUE,
+        None,
+        "(release)",
+        "hand back what the pool let go of",
+        None,
+        worker=memory,
+        value=ValueOp("release", nothing),
+    )
+    task = Task(request, PoolFuture())
+    staged = TaskMemory(zero_copy=True, declared_types=False)
+    task.stage(staged)
+    staged.lay_out([], None)
+    staged.copy_in([], 1 << 10, segments, caller_waits=False)
+    return task
 
 
 def _has_input(worker: WorkerProcess) -> bool:

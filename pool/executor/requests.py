@@ -194,6 +194,14 @@ class Requests:
                 deliveries.forgets,
             )
             return put, fds, deliveries
+        if operation.op == "release":
+            memory.plan_outputs(OutputPlan(None, {}, True), None)
+            segments, fds, deliveries = _deliveries(worker, memory, pending)
+            release = protocol.Fetch(
+                request.id, -1, (protocol.PLACE, 0, 0), segments, deliveries.drops,
+                deliveries.forgets,
+            )  # fmt: skip
+            return release, fds, deliveries
         size = operation.array_type.nbytes
         output: Segment | None = None
         where: protocol.Where = (protocol.PLACE, 0, 0)

@@ -62,9 +62,9 @@ class Kind(enum.Enum):
 
 
 class ValueOp(NamedTuple):
-    """What a VALUE task does: "put" its staged input on the device as a new value, or
-    "fetch" `value` (a pool.executor.values.DeviceValue, held alive by the task) into
-    shared memory."""
+    """What a VALUE task does: "put" its staged input on the device as a new value, "fetch"
+    `value` (a pool.executor.values.DeviceValue, held alive by the task) into shared
+    memory, or "release": only bring the worker what the pool let go of."""
 
     op: str
     array_type: ArrayType
