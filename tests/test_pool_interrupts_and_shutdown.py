@@ -202,8 +202,8 @@ def test_a_worker_that_could_not_be_replaced_is_replaced_later() -> None:
         # Dispatcher._send_claimed: the request went out (the signal is handled on
         # entering Workers.give_back, before it takes the lock).
         ("submit", "Workers.give_back", "with self._lock:"),
-        # Pool.run: the worker is claimed, CallerPath.run_directly not entered yet.
-        ("run", "Pool.run", "caller.run_directly(worker, task)"),
+        # Pool.run (its _call): the worker is claimed, CallerPath.run_directly not entered yet.
+        ("run", "Pool._call", "caller.run_directly(worker, task)"),
         # Dispatcher.dispatch: claimed under the lock, _send_claimed not called yet.
         ("submit", "Dispatcher.dispatch", "self._send_claimed(worker, task)"),
     ],
@@ -318,7 +318,7 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
         from pool.executor.dispatch import Dispatcher
         interrupt_at(
             Dispatcher.send,
-            "message, fds = self._requests.build(task, worker)",
+            "message, fds, deliveries = self._requests.build(task, worker)",
             before=lambda: other.append(pool.submit(quick, [x])),
         )
         try:
@@ -661,6 +661,10 @@ SWEEPS = {
     # Inputs and outputs past the arena: segments made, recycled and given back.
     "run-large": ("pool.run(large, [big])", ()),
     "submit-large": ("pool.submit(large, [big])", ()),
+    # An input in the pool's shared memory (pinned, passed as it is), and a value kept in
+    # the worker, taken and kept again (held[1] and held[2], made by prepare).
+    "run-shared": ("pool.run(large, [held[1]])", ()),
+    "run-kept": ("pool.run(large, [held[2]], keep=0)", ()),
     # The arrays of a large result are dropped: what runs when they are freed
     # (weakref.finalize's own code too, which calls the pool's finalizers).
     "free-result": ("held.clear()", ("weakref",)),
@@ -696,7 +700,7 @@ SWEEP_CHILD = """
             pool.run(sleeper, [milliseconds(1)])
             for _ in range(2):
                 pool.run(large, [big])  # dropped at once: its segment comes back
-            held[:] = pool.run(large, [big])
+            held[:] = pool.run(large, [big]) + [pool.asarray(big), pool.put(big)]
 
         waiting = []  # futures whose result() was interrupted: each must settle
 

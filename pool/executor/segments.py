@@ -212,7 +212,9 @@ class SegmentCache:
         self._free: list[tuple[int, int, Segment]] = []  # sorted
         self._bytes = 0
         self._lent = 0
-        self._adopted: dict[weakref.ref[SegmentLease], Segment] = {}
+        # Segments live leases view, and whether each comes back for reuse (counted in
+        # _adopted_bytes) or is closed when its lease is gone.
+        self._adopted: dict[weakref.ref[SegmentLease], tuple[Segment, bool]] = {}
         self._adopted_bytes = 0
         self._returned: collections.deque[weakref.ref[SegmentLease]] = collections.deque()
         self._ids = itertools.count(1)
@@ -355,35 +357,32 @@ class SegmentCache:
         """Takes over a segment whose outputs the caller's arrays are to view; returns the
         lease they view it through.
 
-        The segment comes back for reuse when the lease is garbage (see the
-        module docstring). One the bounds leave no room for, even after
-        closing unused segments, is closed now: the lease alone keeps its
-        memory, which goes with the arrays.
+        While the lease lives the segment keeps its descriptor (so that the
+        arrays can be passed to a worker as they are), if the descriptor bound
+        leaves room; once it is garbage the segment comes back for reuse (see
+        the module docstring), if the byte bound left room for that when it was
+        adopted, and is closed otherwise, its memory going with the arrays.
+        One with no descriptor room is closed now: the lease alone keeps its
+        memory.
         """
         lease = SegmentLease(segment, segment.mapped())
         ref = weakref.ref(lease, self._returned.append)
         with self._lock:
             self._take_returned_locked()
             fd, capacity, lent = segment.fd, segment.capacity, segment.lent
-            room = (
-                fd >= 0
-                and capacity > 0
-                and not self._closed
-                and self._make_room_locked(capacity, descriptor=not lent)
-            )
+            usable = fd >= 0 and capacity > 0 and not self._closed
+            counted = usable and self._make_room_locked(capacity, descriptor=not lent)
+            opened = counted or (usable and self._make_room_locked(0, descriptor=not lent))
             # No call from here to the last store or the close.
             segment.fd, segment.lent = -1, False
-            if room:
+            if opened:
                 kept = Segment()
-                kept.fd, kept.capacity, kept.id, kept.mapping = (
-                    fd,
-                    capacity,
-                    segment.id,
-                    segment.mapping,
-                )
+                kept.fd, kept.capacity, kept.id = fd, capacity, segment.id
+                kept.mapping = segment.mapping
                 lease.segment = kept
-                self._adopted[ref] = kept
-                self._adopted_bytes += capacity
+                self._adopted[ref] = (kept, counted)
+                if counted:
+                    self._adopted_bytes += capacity
                 if not lent:
                     self._lent += 1
                 return lease
@@ -438,18 +437,23 @@ class SegmentCache:
         return True
 
     def _take_returned_locked(self) -> None:
-        """Takes in the segments of results that are gone (see adopt): kept for reuse."""
+        """Takes in the segments of results that are gone (see adopt): kept for reuse, or
+        closed."""
         while self._returned:
             ref = self._returned[0]
-            kept = self._adopted.get(ref)
-            if kept is not None:
-                # No call from here to the insort: the descriptor moves at once.
-                # adopt kept room for it, so it fits the byte bound.
+            entry = self._adopted.get(ref)
+            if entry is not None:
+                kept, counted = entry
+                # No call from here to the insort or the close: the descriptor moves at once.
+                # adopt kept room for a counted one, so it fits the byte bound.
                 del self._adopted[ref]
-                self._adopted_bytes -= kept.capacity
                 self._lent -= 1
-                self._bytes += kept.capacity
-                bisect.insort(self._free, (kept.capacity, kept.id, kept))
+                if counted:
+                    self._adopted_bytes -= kept.capacity
+                    self._bytes += kept.capacity
+                    bisect.insort(self._free, (kept.capacity, kept.id, kept))
+                else:
+                    self._close(kept.fd, kept)
             self._returned.popleft()
 
     def close(self) -> None:
@@ -459,7 +463,7 @@ class SegmentCache:
         """
         with self._lock:
             self._closed = True
-            held = [kept for _, _, kept in self._free] + list(self._adopted.values())
+            held = [kept for _, _, kept in self._free] + [k for k, _ in self._adopted.values()]
             self._free, self._bytes = [], 0
             self._adopted, self._adopted_bytes = {}, 0
             self._returned.clear()
