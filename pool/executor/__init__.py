@@ -17,6 +17,8 @@ each own their state (its docstring draws them):
     tasks.py         the tasks' records, their moves, and the queue
     quarantine.py    programs that crash workers
     segments.py      shared memory for large inputs and outputs
+    values.py        DeviceValue: an array a worker keeps on its device between calls
+    worker_memory.py what each worker holds of the pool's memory (segments, values, slots)
     forks.py         which process this is: a pool refuses in a forked child
 
 Beside them: futures.py (the futures it hands out), inputs.py (staging a

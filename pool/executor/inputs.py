@@ -137,9 +137,7 @@ class TaskMemory:
             offset = array.ctypes.data - lease.address
             if offset % shm.ALIGNMENT or not 0 <= offset <= lease.size - array.nbytes:
                 continue
-            segment = segments.pin(lease)
-            if segment is not None:
-                self.shared[index] = (segment, offset)
+            segments.pin(lease, self.shared, index, offset)
 
     def lay_out(self, arrays: list[Any], layout: Layout | None) -> None:
         """Lays the staged inputs out: `layout` is the program's declared one (computed once
@@ -246,6 +244,27 @@ class TaskMemory:
 
         self.segments.fill(self.input, self.size, write)
         self.packed = None
+
+    def output_segment(
+        self, segments: SegmentCache, size: int, past_the_bounds: bool = False
+    ) -> Segment | None:
+        """A segment of at least `size` bytes for the outputs (SegmentCache.make), held by the
+        task from before it holds anything, so that whatever cuts this short, the task's
+        release gives it back; None when the bounds leave no room for one (past_the_bounds:
+        one is made anyway, and closed once its results are gone)."""
+        output = self.output
+        if output is not None and output.fd >= 0 and output.capacity >= size:
+            return output  # made for an earlier request of this task
+        if output is not None:
+            segments.give(output)
+        self.segments = segments
+        self.output = output = Segment()
+        if segments.make(output, size):
+            return output
+        if past_the_bounds:
+            segments.fill(output, size, lambda _: None)
+            return output
+        return None
 
     def plan_outputs(self, plan: OutputPlan | None, output: Segment | None) -> None:
         """Records where the request being built sends the outputs (None: a HotRun, whose

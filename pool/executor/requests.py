@@ -155,12 +155,10 @@ class Requests:
         segment_id = 0
         if not in_arena:
             offsets, end = shm.layout(placed)
-            output = memory.output
-            if output is None or output.fd < 0 or output.capacity < end:
-                output = Segment()
-                if not self._segments.make(output, end):
-                    memory.plan_outputs(OutputPlan(None, kept, False), None)
-                    return None
+            output = memory.output_segment(self._segments, end)
+            if output is None:
+                memory.plan_outputs(OutputPlan(None, kept, False), None)
+                return None
             segment_id = output.id
         found = iter(offsets)
         destinations = tuple(
@@ -206,9 +204,8 @@ class Requests:
         output: Segment | None = None
         where: protocol.Where = (protocol.PLACE, 0, 0)
         if size > ARENA_OUTPUT_LIMIT:
-            output = Segment()
-            if not self._segments.make(output, size):  # past the bounds: kept only while used
-                self._segments.fill(output, size, lambda _: None)
+            output = memory.output_segment(self._segments, size, past_the_bounds=True)
+            assert output is not None
             where = (protocol.PLACE, output.id, 0)
         memory.plan_outputs(OutputPlan((where,), {}, output is None), output)
         segments, fds, deliveries = _deliveries(worker, memory, pending)

@@ -2,12 +2,22 @@
 
 A new memfd's pages are allocated and zeroed one 4 KiB fault at a time
 (shared memory gets no transparent huge pages), which for a 64 MiB output
-costs several times the copy itself. So the parent keeps the segments of
-large inputs and outputs once nothing uses them any more (an input segment
-when its task is done, an output segment when the numpy arrays viewing it
-are garbage) and hands them to later tasks. What it keeps, or will get
-back from live results, is bounded in bytes (`max_bytes`): a result's
+costs several times the copy itself, and even a mapping of pages that exist
+faults each one in again. So the parent keeps the segments of large inputs
+and outputs once nothing uses them any more (an input segment when its task
+is done, an output segment when the numpy arrays viewing it are garbage) and
+hands them to later tasks, each with its mapping (Segment.mapping): a
+segment is mapped once in this process, as in each worker that uses it
+(native/segments.cc; it is named to them by its id), so a loop of calls
+faults no page in. What it keeps, or will get back from live results, is
+bounded in bytes (`max_bytes`), the longest unused closed first: a result's
 segment past that bound is not kept, and its memory goes with its arrays.
+
+The arrays of a result (or of Pool.empty) view the segment through a
+SegmentLease: numpy keeps the lease as their base, so the lease dies with
+the last of them, and its weak reference brings the segment back. While the
+lease lives the segment keeps its descriptor, so that the arrays can be
+passed to a worker as they are (pin, for the task that does, unpin after).
 
 Every kept descriptor counts against a second bound, `max_fds`: segments
 waiting for reuse, segments of queued tasks' inputs and segments that live
@@ -32,15 +42,19 @@ Python function returns, nor between plain loads and stores. So:
   between letting go of it and closing it. It is always in exactly one
   place; a task's Segments go back when the task is released, whatever cut
   it short.
-- A result's segment comes back through a weak reference whose callback is
-  a deque's append, so freeing the arrays runs no Python code: nothing an
-  interrupt could cut short, nothing that could run inside this cache's
-  lock (the cyclic garbage collector frees at any allocation). The next
-  locked call takes the returned segments in.
+- A result's segment comes back through a weak reference to its lease whose
+  callback is a deque's append, so freeing the arrays runs no Python code:
+  nothing an interrupt could cut short, nothing that could run inside this
+  cache's lock (the cyclic garbage collector frees at any allocation). The
+  next locked call takes the returned segments in.
 
 What remains: a signal handled right as recvmsg returns loses the
 descriptors of that reply (worker.wire.protocol.recv_frame). A new segment's
-descriptor is found again by its name (worker.wire.shm.new_segment).
+descriptor is found again by its name (worker.wire.shm.new_segment). A
+signal between closing a descriptor and forgetting its id (_forget_locked)
+leaves a worker a mapping it is never told to drop (freed when the worker
+ends); one
+pin records what it pins as it pins it.
 """
 
 from __future__ import annotations
@@ -129,7 +143,7 @@ class Segment:
     reused for call after call faults its pages in once on both sides.
     """
 
-    __slots__ = ("capacity", "fd", "id", "lent", "mapping", "pins")
+    __slots__ = ("capacity", "fd", "freed", "id", "lent", "mapping", "pins")
 
     def __init__(self) -> None:
         self.fd = -1
@@ -138,6 +152,7 @@ class Segment:
         self.id = 0
         self.mapping: mmap.mmap | None = None
         self.pins = 0  # tasks passing a result's segment to a worker: it stays open meanwhile
+        self.freed = 0  # when it was last given back (the cache's clock): the oldest goes first
 
     def mapped(self, populate: bool = False) -> mmap.mmap:
         """The segment's mapping in this process, made on first use (populate: every page
@@ -218,6 +233,7 @@ class SegmentCache:
         self._adopted_bytes = 0
         self._returned: collections.deque[weakref.ref[SegmentLease]] = collections.deque()
         self._ids = itertools.count(1)
+        self._clock = itertools.count(1)  # stamps segments as they come back (Segment.freed)
         self._open: set[int] = set()
         self.closings = 0  # segments closed so far: workers look for ones to forget when it grows
         self._closed = False
@@ -330,6 +346,8 @@ class SegmentCache:
                     self._give_locked(segment)
 
     def _give_locked(self, segment: Segment) -> None:
+        kept = Segment()  # made, and stamped, before the descriptor moves (see below)
+        kept.freed = next(self._clock)
         fd, capacity, lent = segment.fd, segment.capacity, segment.lent
         keep = (
             fd >= 0
@@ -345,9 +363,9 @@ class SegmentCache:
         if fd < 0:
             return
         if not keep:
-            self._close(fd, segment)
+            os.closerange(fd, fd + 1)
+            self._forget_locked(segment)
             return
-        kept = Segment()
         kept.fd, kept.capacity, kept.id, kept.mapping = fd, capacity, segment.id, segment.mapping
         self._bytes += capacity
         bisect.insort(self._free, (capacity, segment.id, kept))
@@ -367,6 +385,8 @@ class SegmentCache:
         """
         lease = SegmentLease(segment, segment.mapped())
         ref = weakref.ref(lease, self._returned.append)
+        hash(ref)  # now, while the lease lives: a dead weak reference has no hash to look up
+        kept = Segment()  # before the descriptor moves
         with self._lock:
             self._take_returned_locked()
             fd, capacity, lent = segment.fd, segment.capacity, segment.lent
@@ -376,7 +396,6 @@ class SegmentCache:
             # No call from here to the last store or the close.
             segment.fd, segment.lent = -1, False
             if opened:
-                kept = Segment()
                 kept.fd, kept.capacity, kept.id = fd, capacity, segment.id
                 kept.mapping = segment.mapping
                 lease.segment = kept
@@ -389,31 +408,44 @@ class SegmentCache:
             if lent:
                 self._lent -= 1
             if fd >= 0:
-                self._close(fd, segment)
+                os.closerange(fd, fd + 1)
+                self._forget_locked(segment)
         return lease
 
-    def pin(self, lease: SegmentLease) -> Segment | None:
-        """The segment of a live lease of this cache, pinned open for a task that passes it to
-        a worker (unpin gives it back), or None when it cannot be passed: another pool's,
-        or one whose descriptor was closed for want of room."""
+    def pin(
+        self,
+        lease: SegmentLease,
+        into: dict[int, tuple[Segment, int]],
+        index: int,
+        offset: int,
+    ) -> bool:
+        """Pins the segment of a live lease of this cache open for a task that passes it to
+        a worker (unpin gives it back), recording it as into[index] = (segment, offset) in
+        the same breath (plain stores: no signal between pinning and recording); False
+        when it cannot be passed: another pool's, or one whose descriptor was closed."""
         with self._lock:
             segment = lease.segment
             if segment.fd < 0 or segment.id not in self._open:
-                return None
+                return False
             segment.pins += 1
-            return segment
+            into[index] = (segment, offset)
+            return True
 
     def unpin(self, *segments: Segment) -> None:
         """A task is done with the segments it pinned; one the cache closed meanwhile goes now."""
         with self._lock:
             for segment in segments:
                 segment.pins -= 1
-                if self._closed and segment.pins == 0 and segment.fd >= 0:
-                    self._close(segment.fd, segment)
+                fd = segment.fd
+                if self._closed and segment.pins == 0 and fd >= 0:
+                    segment.fd = -1
+                    os.closerange(fd, fd + 1)
+                    self._forget_locked(segment)
 
-    def _close(self, fd: int, segment: Segment) -> None:
-        """Closes a segment's descriptor (never raises) and says it is no longer open."""
-        os.closerange(fd, fd + 1)
+    def _forget_locked(self, segment: Segment) -> None:
+        """A segment's descriptor was closed (os.closerange, right where it was let go of:
+        see the module docstring): it is no longer open, and its mapping goes with the
+        last array viewing it."""
         segment.fd = -1
         self._open.discard(segment.id)
         self.closings += 1
@@ -421,8 +453,9 @@ class SegmentCache:
 
     def _make_room_locked(self, size: int, descriptor: bool) -> bool:
         """Whether `size` more bytes (and, with `descriptor`, one more descriptor) fit the
-        bounds, closing unused segments, largest first, to make room; none is closed
-        when closing them all would not be enough."""
+        bounds, closing unused segments, the longest unused first (the one a loop of calls
+        reuses was given back last), to make room; none is closed when closing them all
+        would not be enough."""
         if size + self._adopted_bytes > self.max_bytes:
             return False
         if descriptor and self._lent >= self.max_fds:
@@ -430,10 +463,13 @@ class SegmentCache:
         while self._bytes + self._adopted_bytes + size > self.max_bytes or (
             descriptor and self._lent + len(self._free) >= self.max_fds
         ):
-            capacity, _, kept = self._free[-1]
-            del self._free[-1]
+            oldest = min(range(len(self._free)), key=lambda i: self._free[i][2].freed)
+            capacity, _, kept = self._free[oldest]
+            # No call from here to the close.
+            del self._free[oldest]
             self._bytes -= capacity
-            self._close(kept.fd, kept)
+            os.closerange(kept.fd, kept.fd + 1)
+            self._forget_locked(kept)
         return True
 
     def _take_returned_locked(self) -> None:
@@ -444,6 +480,7 @@ class SegmentCache:
             entry = self._adopted.get(ref)
             if entry is not None:
                 kept, counted = entry
+                kept.freed = next(self._clock)
                 # No call from here to the insort or the close: the descriptor moves at once.
                 # adopt kept room for a counted one, so it fits the byte bound.
                 del self._adopted[ref]
@@ -453,7 +490,8 @@ class SegmentCache:
                     self._bytes += kept.capacity
                     bisect.insort(self._free, (kept.capacity, kept.id, kept))
                 else:
-                    self._close(kept.fd, kept)
+                    os.closerange(kept.fd, kept.fd + 1)
+                    self._forget_locked(kept)
             self._returned.popleft()
 
     def close(self) -> None:
@@ -469,7 +507,8 @@ class SegmentCache:
             self._returned.clear()
             for kept in held:
                 if not kept.pins:  # else its task's unpin closes it
-                    self._close(kept.fd, kept)
+                    os.closerange(kept.fd, kept.fd + 1)
+                    self._forget_locked(kept)
 
 
 def writer(arrays: list[np.ndarray], offsets: tuple[int, ...]) -> Callable[[Any], None]:
