@@ -376,9 +376,9 @@ class Pool(WorkerPool, PoolFace):
     raised when it is submitted, before any worker is used (see
     worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
     segment_cache_bytes of shared memory from finished large inputs and
-    dropped results is kept for reuse (counting what live results will give
-    back), since fresh shared memory is slow to fault in; a result's memory
-    past that goes with its arrays. segment_fds bounds the descriptors the
+    dropped results is kept for reuse (what nothing uses; the longest unused
+    goes first), since fresh shared memory is slow to fault in; a dropped
+    result's memory past that goes with its arrays. segment_fds bounds the descriptors the
     pool keeps for shared memory beyond those of running tasks (queued large
     inputs, live large results, segments kept for reuse), so a deep queue or
     many kept results never exhaust the process's descriptor limit. Every

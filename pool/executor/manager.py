@@ -112,6 +112,7 @@ class Manager(ManagerThread):
         tasks, workers = self._tasks, self._workers
         while True:
             self._complete_orphans()
+            self._segments.collect()
             self._hand_back_released()
             self._dispatcher.dispatch(None)
             with self._lock:

@@ -9,9 +9,10 @@ is done, an output segment when the numpy arrays viewing it are garbage) and
 hands them to later tasks, each with its mapping (Segment.mapping): a
 segment is mapped once in this process, as in each worker that uses it
 (native/segments.cc; it is named to them by its id), so a loop of calls
-faults no page in. What it keeps, or will get back from live results, is
-bounded in bytes (`max_bytes`), the longest unused closed first: a result's
-segment past that bound is not kept, and its memory goes with its arrays.
+faults no page in. What it keeps unused is bounded in bytes (`max_bytes`),
+the longest unused closed first (a loop of calls gives back last the
+segments it reuses); segments in use, by tasks or live results, are the
+caller's memory and count only against the descriptor bound.
 
 The arrays of a result (or of Pool.empty) view the segment through a
 SegmentLease: numpy keeps the lease as their base, so the lease dies with
@@ -214,9 +215,10 @@ class SegmentCache:
     `_lent` counts kept descriptors in use (reserved or taken by Segments,
     viewed by live results); `_free` holds the ones waiting for reuse, as
     (capacity, id, Segment); their sum never exceeds max_fds. `_bytes` (free)
-    plus `_adopted_bytes` (viewed by live results, to come back) never
-    exceeds max_bytes. `_open` holds the ids of every segment whose descriptor
-    is still open: a worker that maps one no longer open is told to forget it.
+    never exceeds max_bytes: segments in use (by tasks, or viewed by live
+    results) are the caller's memory, not the cache's. `_open` holds the ids
+    of every segment whose descriptor is still open: a worker that maps one no
+    longer open is told to forget it.
     """
 
     def __init__(
@@ -227,10 +229,8 @@ class SegmentCache:
         self._free: list[tuple[int, int, Segment]] = []  # sorted
         self._bytes = 0
         self._lent = 0
-        # Segments live leases view, and whether each comes back for reuse (counted in
-        # _adopted_bytes) or is closed when its lease is gone.
-        self._adopted: dict[weakref.ref[SegmentLease], tuple[Segment, bool]] = {}
-        self._adopted_bytes = 0
+        # Segments live leases view: each comes back when its lease is gone.
+        self._adopted: dict[weakref.ref[SegmentLease], Segment] = {}
         self._returned: collections.deque[weakref.ref[SegmentLease]] = collections.deque()
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)  # stamps segments as they come back (Segment.freed)
@@ -252,6 +252,14 @@ class SegmentCache:
         with self._lock:
             self._take_returned_locked()
             return self._lent
+
+    def collect(self) -> None:
+        """Takes in the segments of results that are gone (the manager thread calls this each
+        turn, so that one not kept for reuse is closed, and its memory freed, soon after its
+        arrays are gone, not only at the next call that takes the lock)."""
+        if self._returned:
+            with self._lock:
+                self._take_returned_locked()
 
     def is_open(self, segment_id: int) -> bool:
         """Whether the segment of that id still has its descriptor (a worker may keep it
@@ -289,17 +297,18 @@ class SegmentCache:
             segment.id, segment.mapping = kept.id, kept.mapping
 
     def make(self, segment: Segment, size: int) -> bool:
-        """Puts a kept segment of at least `size` bytes into `segment` (empty), or a new one
-        when the bounds leave room for it to be kept once its results are gone; False (and
-        `segment` empty) when they leave none: a worker makes the outputs' segment then."""
+        """Puts a kept segment of at least `size` bytes into `segment` (empty), or a new one;
+        False (and `segment` empty) when one that size could never be kept for reuse (past
+        max_bytes) or the descriptor bound leaves no room: a worker makes the outputs'
+        segment then, which goes with its results."""
         self.take(segment, size)
         if segment.fd >= 0:
             return True
         with self._lock:
             self._take_returned_locked()
-            room = not self._closed and self._make_room_locked(
-                page_rounded(size), descriptor=not segment.lent
-            )
+            if page_rounded(size) > self.max_bytes:
+                return False
+            room = not self._closed and self._make_room_locked(0, descriptor=not segment.lent)
             if not room:
                 return False
             if not segment.lent:
@@ -354,7 +363,7 @@ class SegmentCache:
             and capacity > 0
             and not self._closed
             and self._lent - lent + len(self._free) < self.max_fds
-            and capacity + self._adopted_bytes <= self.max_bytes
+            and capacity <= self.max_bytes
         )
         # No call from here to the insort or the close: the descriptor moves at once.
         segment.fd, segment.lent = -1, False
@@ -378,10 +387,10 @@ class SegmentCache:
         While the lease lives the segment keeps its descriptor (so that the
         arrays can be passed to a worker as they are), if the descriptor bound
         leaves room; once it is garbage the segment comes back for reuse (see
-        the module docstring), if the byte bound left room for that when it was
-        adopted, and is closed otherwise, its memory going with the arrays.
-        One with no descriptor room is closed now: the lease alone keeps its
-        memory.
+        the module docstring), the longest unused segments closed to keep
+        within max_bytes (one larger than that is closed at once, its memory
+        going with the arrays). One with no descriptor room is closed now: the
+        lease alone keeps its memory.
         """
         lease = SegmentLease(segment, segment.mapped())
         ref = weakref.ref(lease, self._returned.append)
@@ -391,17 +400,15 @@ class SegmentCache:
             self._take_returned_locked()
             fd, capacity, lent = segment.fd, segment.capacity, segment.lent
             usable = fd >= 0 and capacity > 0 and not self._closed
-            counted = usable and self._make_room_locked(capacity, descriptor=not lent)
-            opened = counted or (usable and self._make_room_locked(0, descriptor=not lent))
+            opened = usable and self._make_room_locked(0, descriptor=not lent)
             # No call from here to the last store or the close.
             segment.fd, segment.lent = -1, False
             if opened:
                 kept.fd, kept.capacity, kept.id = fd, capacity, segment.id
-                kept.mapping = segment.mapping
+                # One too large to keep goes when its lease does: only the lease maps it.
+                kept.mapping = segment.mapping if capacity <= self.max_bytes else None
                 lease.segment = kept
-                self._adopted[ref] = (kept, counted)
-                if counted:
-                    self._adopted_bytes += capacity
+                self._adopted[ref] = kept
                 if not lent:
                     self._lent += 1
                 return lease
@@ -456,11 +463,11 @@ class SegmentCache:
         bounds, closing unused segments, the longest unused first (the one a loop of calls
         reuses was given back last), to make room; none is closed when closing them all
         would not be enough."""
-        if size + self._adopted_bytes > self.max_bytes:
+        if size > self.max_bytes:
             return False
         if descriptor and self._lent >= self.max_fds:
             return False
-        while self._bytes + self._adopted_bytes + size > self.max_bytes or (
+        while self._bytes + size > self.max_bytes or (
             descriptor and self._lent + len(self._free) >= self.max_fds
         ):
             oldest = min(range(len(self._free)), key=lambda i: self._free[i][2].freed)
@@ -477,18 +484,16 @@ class SegmentCache:
         closed."""
         while self._returned:
             ref = self._returned[0]
-            entry = self._adopted.get(ref)
-            if entry is not None:
-                kept, counted = entry
+            kept = self._adopted.get(ref)
+            if kept is not None:
                 kept.freed = next(self._clock)
                 # No call from here to the insort or the close: the descriptor moves at once.
-                # adopt kept room for a counted one, so it fits the byte bound.
                 del self._adopted[ref]
                 self._lent -= 1
-                if counted:
-                    self._adopted_bytes -= kept.capacity
+                if kept.capacity <= self.max_bytes:
                     self._bytes += kept.capacity
                     bisect.insort(self._free, (kept.capacity, kept.id, kept))
+                    self._make_room_locked(0, descriptor=False)  # the oldest go first
                 else:
                     os.closerange(kept.fd, kept.fd + 1)
                     self._forget_locked(kept)
@@ -501,9 +506,9 @@ class SegmentCache:
         """
         with self._lock:
             self._closed = True
-            held = [kept for _, _, kept in self._free] + [k for k, _ in self._adopted.values()]
+            held = [kept for _, _, kept in self._free] + list(self._adopted.values())
             self._free, self._bytes = [], 0
-            self._adopted, self._adopted_bytes = {}, 0
+            self._adopted = {}
             self._returned.clear()
             for kept in held:
                 if not kept.pins:  # else its task's unpin closes it

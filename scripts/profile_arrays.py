@@ -1,0 +1,154 @@
+"""Where a large run's time goes, on both sides: copies, page faults, the plugin's own work.
+
+Usage::
+
+    python scripts/profile_arrays.py [--mib 1,16,256] [--calls 10] [--perf]
+
+For f(x) = x * 2 + 1 on float32 arrays of each size, after two warm-up calls, runs
+--calls calls each of jax.jit (numpy in and out), Executable.run in this process, and
+Pool(1).run (with a numpy input, and with one made by pool.asarray), and prints per
+call: the median time, the minor page faults taken by this process and by the
+worker (/proc/PID/stat), and the CPU seconds of each. With --perf, `perf record`
+samples the worker and this process during the Pool.run calls and the report
+groups their samples: the copies (memmove), the kernel zeroing fresh pages
+(clear_page), other page-fault handling, XLA's own code (JIT-compiled kernels
+and the plugin library), Python, and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PJRT_POOL_CACHE_DIR", tempfile.mkdtemp(prefix="profile-arrays-"))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pool import Pool, compile_program, lower
+
+CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+def counters(pid: int) -> tuple[int, float]:
+    """A process's minor page faults and CPU seconds so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7]), (int(fields[11]) + int(fields[12])) / CLOCK
+
+
+def measure(call: Callable[[], Any], calls: int, worker: int | None) -> dict[str, float]:
+    """Per call: the median seconds, and the faults and CPU seconds of both processes."""
+    for _ in range(2):
+        call()
+    me = os.getpid()
+    before = counters(me), counters(worker) if worker else (0, 0.0)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    after = counters(me), counters(worker) if worker else (0, 0.0)
+    return {
+        "ms": statistics.median(times) * 1e3,
+        "faults": (after[0][0] - before[0][0]) / calls,
+        "cpu_ms": (after[0][1] - before[0][1]) / calls * 1e3,
+        "worker_faults": (after[1][0] - before[1][0]) / calls,
+        "worker_cpu_ms": (after[1][1] - before[1][1]) / calls * 1e3,
+    }
+
+
+GROUPS = (
+    ("copies (memmove)", ("memmove", "memcpy")),
+    ("zeroing fresh pages", ("clear_page", "clear_huge_page", "folio_zero")),
+    ("page faults, mappings", ("fault", "mmap", "munmap", "unmap", "pte", "folio", "tlb", "page")),
+    ("the plugin (XLA)", ("pjrt_c_api", "[JIT]", "xla", "Eigen", "tsl")),
+    ("Python", ("libpython", "_PyEval", "Py")),
+)
+
+
+def perf_report(data: Path) -> list[str]:
+    """The samples of a perf record, grouped (see GROUPS), by process."""
+    done = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "pid,dso,sym", "-g",
+         "none", "--stdio"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    shares: dict[str, dict[str, float]] = {}
+    for line in done.stdout.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "%" not in line.split()[0]:
+            continue
+        share = float(line.split()[0].rstrip("%"))
+        process = line.split()[1]
+        group = next((g for g, keys in GROUPS if any(k in line for k in keys)), "other")
+        shares.setdefault(process, {}).setdefault(group, 0.0)
+        shares[process][group] += share
+    return [
+        f"      {process}: " + ", ".join(f"{g} {v:.0f}%" for g, v in sorted(groups.items(),
+                                                                          key=lambda i: -i[1]))
+        for process, groups in shares.items()
+    ]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", default="1,16,256")
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--perf", action="store_true", help="sample both processes with perf")
+    args = parser.parse_args()
+    if args.perf and shutil.which("perf") is None:
+        parser.error("perf is not installed")
+    with Pool(1) as pool:
+        worker = pool.worker_info[0]["pid"]
+        print(f"profile_arrays: jax {jax.__version__}, {os.cpu_count()} CPUs, worker {worker}")
+        for mib in (int(m) for m in args.mib.split(",")):
+            n = mib << 18
+            program = lower(lambda x: x * 2 + 1, [jax.ShapeDtypeStruct((n,), jnp.float32)])
+            executable, _ = compile_program(program)
+            jitted = jax.jit(lambda x: x * 2 + 1)
+            x = np.random.default_rng(0).random(n, dtype=np.float32)
+            shared = pool.asarray(x)
+            sides = {
+                "jax.jit": (lambda: np.asarray(jitted(x)), None),
+                "Executable.run": (lambda: executable.run([x]), None),
+                "Pool.run": (lambda: pool.run(program, [x]), worker),
+                "Pool.run, shared input": (lambda: pool.run(program, [shared]), worker),
+            }
+            print(f"\n  {mib} MiB: per call   ms      faults here   CPU ms here   "
+                  "faults worker   CPU ms worker")  # fmt: skip
+            for name, (call, pid) in sides.items():
+                found = measure(call, args.calls, pid)
+                print(
+                    f"    {name:<22} {found['ms']:8.2f} {found['faults']:12.0f} "
+                    f"{found['cpu_ms']:12.2f} {found['worker_faults']:15.0f} "
+                    f"{found['worker_cpu_ms']:14.2f}"
+                )
+            if args.perf:
+                data = Path(tempfile.mkdtemp(prefix="perf-")) / "perf.data"
+                recorder = subprocess.Popen(
+                    ["perf", "record", "-F", "2000", "-o", str(data), "-p",
+                     f"{os.getpid()},{worker}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                time.sleep(1.0)
+                measure(sides["Pool.run"][0], args.calls, worker)
+                recorder.terminate()
+                recorder.wait()
+                print("    Pool.run's samples (this process, then the worker):")
+                print("\n".join(perf_report(data)))
+            del shared
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
