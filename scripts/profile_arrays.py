@@ -100,6 +100,46 @@ def perf_report(data: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def profile_size(pool: Pool, worker: int, mib: int, calls: int, perf: bool) -> None:
+    """Prints the four sides' figures for one size (and Pool.run's samples, with perf)."""
+    n = mib << 18
+    program = lower(lambda x: x * 2 + 1, [jax.ShapeDtypeStruct((n,), jnp.float32)])
+    executable, _ = compile_program(program)
+    jitted = jax.jit(lambda x: x * 2 + 1)
+    x = np.random.default_rng(0).random(n, dtype=np.float32)
+    shared = pool.asarray(x)
+    sides = {
+        "jax.jit": (lambda: np.asarray(jitted(x)), None),
+        "Executable.run": (lambda: executable.run([x]), None),
+        "Pool.run": (lambda: pool.run(program, [x]), worker),
+        "Pool.run, shared input": (lambda: pool.run(program, [shared]), worker),
+    }
+    print(
+        f"\n  {mib} MiB: per call   ms      faults here   CPU ms here   faults worker   "
+        "CPU ms worker"
+    )
+    for name, (call, pid) in sides.items():
+        found = measure(call, calls, pid)
+        print(
+            f"    {name:<22} {found['ms']:8.2f} {found['faults']:12.0f} "
+            f"{found['cpu_ms']:12.2f} {found['worker_faults']:15.0f} "
+            f"{found['worker_cpu_ms']:14.2f}"
+        )
+    if perf:
+        data = Path(tempfile.mkdtemp(prefix="perf-")) / "perf.data"
+        recorder = subprocess.Popen(
+            ["perf", "record", "-F", "2000", "-o", str(data), "-p", f"{os.getpid()},{worker}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)
+        measure(sides["Pool.run"][0], calls, worker)
+        recorder.terminate()
+        recorder.wait()
+        print("    Pool.run's samples, by process (this one, the worker and its threads):")
+        print("\n".join(perf_report(data)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", default="1,16,256")
@@ -112,41 +152,7 @@ def main() -> int:
         worker = pool.worker_info[0]["pid"]
         print(f"profile_arrays: jax {jax.__version__}, {os.cpu_count()} CPUs, worker {worker}")
         for mib in (int(m) for m in args.mib.split(",")):
-            n = mib << 18
-            program = lower(lambda x: x * 2 + 1, [jax.ShapeDtypeStruct((n,), jnp.float32)])
-            executable, _ = compile_program(program)
-            jitted = jax.jit(lambda x: x * 2 + 1)
-            x = np.random.default_rng(0).random(n, dtype=np.float32)
-            shared = pool.asarray(x)
-            sides = {
-                "jax.jit": (lambda: np.asarray(jitted(x)), None),
-                "Executable.run": (lambda: executable.run([x]), None),
-                "Pool.run": (lambda: pool.run(program, [x]), worker),
-                "Pool.run, shared input": (lambda: pool.run(program, [shared]), worker),
-            }
-            print(f"\n  {mib} MiB: per call   ms      faults here   CPU ms here   "
-                  "faults worker   CPU ms worker")  # fmt: skip
-            for name, (call, pid) in sides.items():
-                found = measure(call, args.calls, pid)
-                print(
-                    f"    {name:<22} {found['ms']:8.2f} {found['faults']:12.0f} "
-                    f"{found['cpu_ms']:12.2f} {found['worker_faults']:15.0f} "
-                    f"{found['worker_cpu_ms']:14.2f}"
-                )
-            if args.perf:
-                data = Path(tempfile.mkdtemp(prefix="perf-")) / "perf.data"
-                recorder = subprocess.Popen(
-                    ["perf", "record", "-F", "2000", "-o", str(data), "-p",
-                     f"{os.getpid()},{worker}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-                time.sleep(1.0)
-                measure(sides["Pool.run"][0], args.calls, worker)
-                recorder.terminate()
-                recorder.wait()
-                print("    Pool.run's samples (this process, then the worker):")
-                print("\n".join(perf_report(data)))
-            del shared
+            profile_size(pool, worker, mib, args.calls, args.perf)
     return 0
 
 
