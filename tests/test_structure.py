@@ -3,7 +3,7 @@ import cycles, and package docstrings that name what is there.
 
 The checks read the source (ast), not the running code:
 
-- Every record the Pool's parts share (Task, WorkerProcess, Tasks) is
+- Every record the Pool's parts share (Task, WorkerProcess, Tasks, WorkerStarts) is
   changed only by its own class: no store to one of its attributes, no
   mutating call on one of its attributes' containers, and no use of its
   private attributes, from anywhere else in the executor (pool/executor,
@@ -37,7 +37,8 @@ NATIVE = ("worker._pjrt",)
 OWNED = {
     "Task": "pool/executor/tasks.py",
     "Tasks": "pool/executor/tasks.py",
-    "WorkerProcess": "pool/executor/workers.py",
+    "WorkerProcess": "pool/executor/worker_process.py",
+    "WorkerStarts": "pool/executor/starts.py",
 }
 """The records whose attributes only their own class may change, and where each is defined."""
 
