@@ -42,10 +42,12 @@ from pool.executor.futures import ManagerThread, PoolFuture
 from pool.executor.inputs import TaskMemory
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
+from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_memory import NOTHING, WorkerMemory
-from pool.executor.workers import PARKED_SECONDS, Source, State, WorkerProcess, Workers
+from pool.executor.worker_process import State, WorkerProcess
+from pool.executor.workers import PARKED_SECONDS, Source, Workers
 from worker.records import ArrayType
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -64,6 +66,7 @@ class Manager(ManagerThread):
         lock: threading.Lock,
         tasks: Tasks,
         workers: Workers,
+        starts: WorkerStarts,
         dispatcher: Dispatcher,
         quarantine: Quarantine,
         segments: SegmentCache,
@@ -77,8 +80,10 @@ class Manager(ManagerThread):
         # The queue it dispatches and whose orphans it completes; whether the pool is
         # closing (it ends once nothing is queued or running) or broken.
         self._tasks = tasks
-        # The workers it starts, replaces, kills at their deadline and reaps.
+        # The workers it kills at their deadline, reaps and stops.
         self._workers = workers
+        # Starts the workers, and replaces each that ends.
+        self._starts = starts
         # Sends queued tasks and reads the replies of the workers it holds.
         self._dispatcher = dispatcher
         # Counts the crash when a worker dies running a task.
@@ -89,15 +94,15 @@ class Manager(ManagerThread):
         self._wait_set = wait_set
         # Seconds between the exit request, SIGTERM and SIGKILL when it stops the workers.
         self._stop_grace = stop_grace
-        # Seconds a worker may take to start once the pool has (Workers.expire_starts_locked).
+        # Seconds a worker may take to start once the pool has (WorkerStarts.expire_starts).
         self._start_timeout = start_timeout
 
     def run(self) -> None:
         try:
             try:
-                self._workers.start()
+                self._starts.start()
             except Exception as error:
-                self._workers.start_failed(
+                self._starts.start_failed(
                     0, WorkerStartupError(f"a worker could not start: {error}")
                 )
                 return
@@ -123,7 +128,7 @@ class Manager(ManagerThread):
                 return
             with self._lock:
                 workers.unpark_locked()  # see pool.executor.workers: parked sockets go back
-            timeout = _earliest(self._expire(), workers.respawn_due(), PARKED_SECONDS)
+            timeout = _earliest(self._expire(), self._starts.respawn_due(), PARKED_SECONDS)
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
             for source, worker in self._wait_set.wait(timeout):
                 if source is Source.OUTPUT:
@@ -183,8 +188,8 @@ class Manager(ManagerThread):
         """Kills workers whose task is past its deadline; returns seconds to the next deadline."""
         now = time.monotonic()
         nearest = None
+        self._starts.expire_starts(self._start_timeout)
         with self._lock:
-            self._workers.expire_starts_locked(self._start_timeout)
             for worker in self._workers:
                 task = worker.task
                 if worker.state is not State.BUSY or task is None or task.deadline is None:
@@ -224,7 +229,7 @@ class Manager(ManagerThread):
                 f"a worker {describe_exit(returncode)} while starting; its output ends "
                 f"with:\n{tail or '(nothing)'}"
             )
-        self._workers.replace(worker.index, failure)
+        self._starts.replace(worker.index, failure)
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str

@@ -33,7 +33,7 @@ from pool.executor.inputs import OutputPlan, TaskMemory
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task
 from pool.executor.worker_memory import NOTHING, Deliveries
-from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess
+from pool.executor.worker_process import ARENA_SIZE, HotProgram, WorkerProcess
 from worker.records import ArrayType
 from worker.wire import protocol, shm
 
