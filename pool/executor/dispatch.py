@@ -369,6 +369,16 @@ class Dispatcher:
         assert memory is not None, "a run's reply answers a staged run"
         if request.kind is Kind.VALUE:
             return self._value_outcome(worker, task)
+        return self._run_outcome(worker, task, reply, fds)
+
+    def _run_outcome(
+        self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]
+    ) -> list[Any]:
+        """A run's outputs from its Reply: where its request placed them, or where the worker
+        laid them out (the arena, or a segment it sent), each checked first."""
+        program_id = task.request.program_id
+        memory = task.memory
+        assert memory is not None
         types = reply.output_types
         if types is None:
             types = self._requests.output_types(program_id)

@@ -118,7 +118,7 @@ ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 Smaller tasks then cost no system calls for memory, and their outputs are
 copied out of the arena (cheaper than mapping a segment for a few KB). Larger
 outputs get a segment of their own that the returned arrays view, with no copy
-(pool.executor.requests.ARENA_OUTPUT_LIMIT). An array larger than this that
+(pool.executor.worker_process.ARENA_OUTPUT_LIMIT). An array larger than this that
 lies in one of the pool's segments already (a result, Pool.empty, Pool.asarray)
 is passed as it is, never copied.
 """

@@ -33,16 +33,18 @@ from pool.executor.inputs import OutputPlan, TaskMemory
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task
 from pool.executor.worker_memory import NOTHING, Deliveries
-from pool.executor.worker_process import ARENA_SIZE, HotProgram, WorkerProcess
+from pool.executor.worker_process import (
+    ARENA_OUTPUT_LIMIT,
+    ARENA_SIZE,
+    HotProgram,
+    WorkerProcess,
+)
 from worker.records import ArrayType
 from worker.wire import protocol, shm
 
 Message = protocol.Compile | protocol.Run | protocol.HotRun | protocol.PlacedRun | protocol.Put
 """What a request is on the wire (protocol.Fetch too)."""
 
-ARENA_OUTPUT_LIMIT = ARENA_SIZE // 4
-"""Outputs up to this many bytes in all come back through the worker's arena, copied out
-(cheaper than a segment for a few KB); larger ones in a segment the results view."""
 
 
 class Requests:
@@ -233,7 +235,8 @@ def _deliveries(
 def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
     """The worker's hot slot for a task, if the task can go as a HotRun: a run of a program
     the worker runs by slot, on inputs laid out as that slot's, in the arena, none shared
-    or a value, keeping no output, with outputs small enough to copy out."""
+    or a value, keeping no output (a program has a hot slot only if its outputs are small
+    enough to copy out: WorkerProcess.note_hot)."""
     memory = task.memory
     if memory is None or not memory.in_arena or task.resend_program or not memory.plain:
         return None
@@ -241,7 +244,5 @@ def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
         return None
     hot = worker.hot.get(task.request.program_id)
     if hot is None or not hot.fits(memory.types, memory.offsets):
-        return None
-    if hot.output_bytes > ARENA_OUTPUT_LIMIT:
         return None
     return hot

@@ -69,6 +69,10 @@ _FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
 
+ARENA_OUTPUT_LIMIT = ARENA_SIZE // 4
+"""Outputs up to this many bytes in all come back through the worker's arena, copied out
+(cheaper than a segment for a few KB); larger ones in a segment the results view."""
+
 
 class State(enum.Enum):
     """Where a worker is in its life (see the module docstring)."""
@@ -107,11 +111,6 @@ class HotProgram:
     def fits(self, types: tuple[ArrayType, ...], offsets: tuple[int, ...]) -> bool:
         """Whether inputs of these types, at these offsets, are the ones the slot runs on."""
         return offsets == self.input_offsets and types == self.input_types
-
-    @property
-    def output_bytes(self) -> int:
-        """The bytes of its outputs, which a HotReply's reader copies out of the arena."""
-        return sum(view.nbytes for view in self.outputs)
 
 
 def check_hot_slots(slots: tuple[protocol.HotSlot, ...]) -> None:
@@ -314,6 +313,8 @@ class WorkerProcess:
         """Records the hot slot the worker gave a program, with its inputs' and outputs'
         (types, offsets) in the arena."""
         (input_types, input_offsets), (output_types, output_offsets) = inputs, outputs
+        if sum(t.nbytes for t in output_types) > ARENA_OUTPUT_LIMIT:
+            return  # a HotReply's outputs are copied out: these go to a segment instead
         self.hot[program_id] = HotProgram(
             slot,
             input_types,
