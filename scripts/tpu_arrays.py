@@ -214,8 +214,9 @@ def _one(leg: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     return leg_jax_compile(1 if leg == "jax-serial" else 4, args.programs)
 
 
-def _run_leg(leg: str, out: Path, argv: list[str]) -> dict[str, Any]:
-    """Runs a leg in a process of its own; tries again while the chip is still held."""
+def _run_leg(leg: str, out: Path, argv: list[str], seconds: float) -> dict[str, Any]:
+    """Runs a leg in a process of its own, for at most `seconds`; tries again while the chip
+    is still held by the last leg's process."""
     environment = dict(os.environ)
     if leg.startswith("jax"):
         environment.pop("JAX_PLATFORMS", None)  # JAX on the chip
@@ -227,7 +228,14 @@ def _run_leg(leg: str, out: Path, argv: list[str]) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
         started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=environment)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=environment, timeout=seconds
+            )
+        except subprocess.TimeoutExpired as expired:
+            raw = expired.stderr or b""
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            return {"failed": f"over {seconds:g} s", "stderr": text.strip().splitlines()[-12:]}
         lines = done.stdout.strip().splitlines()
         if done.returncode == 0 and lines:
             found = json.loads(lines[-1])
@@ -301,6 +309,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--width", type=int, default=1024, help="the MLP's hidden width")
     parser.add_argument("--programs", type=int, default=12, help="training steps compiled")
+    parser.add_argument("--leg-timeout", type=float, default=150.0, help="seconds per leg")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out = args.out.resolve()
@@ -312,7 +321,7 @@ def main() -> None:
             "--programs", str(args.programs)]  # fmt: skip
     found: dict[str, dict[str, Any]] = {}
     for leg in args.legs.split(","):
-        found[leg] = _run_leg(leg, args.out, argv)
+        found[leg] = _run_leg(leg, args.out, argv, args.leg_timeout)
         print(f"{leg}: {json.dumps(found[leg], default=str)}", flush=True)
     rows = _table(found, args.out)
     (args.out / "summary.json").write_text(json.dumps(found, indent=1, default=str))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import pickle
 import signal
 import socket
 import time
@@ -142,6 +143,8 @@ def test_misused_values_are_clear_errors(pool, tmp_path) -> None:
         pool.run(AFFINE, [pool.put(np.ones(N, np.int32))])
     with pytest.raises(TypeError, match="keep must be"):
         pool.run(AFFINE, [w], keep="0")
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(w)
     with Pool(1, cache_dir=tmp_path) as other:
         with pytest.raises(ValueError, match="another pool"):
             other.run(AFFINE, [w])

@@ -568,9 +568,10 @@ class WorkerPool:
     @property
     def worker_info(self) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
-        "hot_runs": the runs it answered as HotRuns (worker.wire.protocol), and "role":
+        "hot_runs": the runs it answered as HotRuns (worker.wire.protocol), "role":
         what it is for ("compile and run"; on a TPU host, or with run_workers, "compile" or
-        "device": see pool.executor.roles).
+        "device": see pool.executor.roles), and "values" and "value_bytes": the values it
+        keeps on its device (pool.executor.values) and their bytes.
 
         "task" names the task a worker was given, from the moment it is
         claimed for it; "started" says whether the worker has begun it. Until

@@ -111,6 +111,12 @@ class DeviceValue:
         array = self.fetch()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"a DeviceValue cannot be pickled or copied ({self.name}): it stays in the worker "
+            "that holds it; fetch it (np.asarray, fetch()) to send the array"
+        )
+
     def __repr__(self) -> str:
         where = "lost" if self._memory.lost is not None else f"in worker {self._memory.pid}"
         return f"<DeviceValue {self.array_type} {where}: {self.name}>"
