@@ -46,6 +46,7 @@ from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
+from pool.executor.worker_memory import NOTHING
 from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
 from pool.executor.workers import Workers
 from worker.fds import close_all
@@ -212,7 +213,8 @@ class Dispatcher:
         except OSError:
             self._workers.retire(worker)
             return False
-        worker.memory.delivered(deliveries)  # once it went (see pool.executor.worker_memory)
+        if deliveries is not NOTHING:  # once it went (see pool.executor.worker_memory)
+            worker.memory.delivered(deliveries)
         return True
 
     # -- replies -------------------------------------------------------------------

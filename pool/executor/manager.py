@@ -115,10 +115,12 @@ class Manager(ManagerThread):
 
     def _loop(self) -> None:
         tasks, workers = self._tasks, self._workers
+        idle = False  # the last wait saw nothing: the pool is quiet
         while True:
             self._complete_orphans()
-            self._segments.collect()
-            self._hand_back_released()
+            if idle:  # only then: a busy pool's requests bring the same, and cost no turn
+                self._segments.collect()
+                self._hand_back_released()
             self._dispatcher.dispatch(None)
             with self._lock:
                 done = not workers.busy_locked() and (
@@ -130,7 +132,9 @@ class Manager(ManagerThread):
                 workers.unpark_locked()  # see pool.executor.workers: parked sockets go back
             timeout = _earliest(self._expire(), self._starts.respawn_due(), PARKED_SECONDS)
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
-            for source, worker in self._wait_set.wait(timeout):
+            found = self._wait_set.wait(timeout)
+            idle = not found
+            for source, worker in found:
                 if source is Source.OUTPUT:
                     if not worker.read_output():
                         self._wait_set.remove(worker.output_fd)
@@ -140,9 +144,9 @@ class Manager(ManagerThread):
     def _hand_back_released(self) -> None:
         """Queues a release for each idle worker the pool let go of something on (values
         dropped, segments closed: WorkerMemory.pending), so that dropping a value frees its
-        device memory within a turn of this loop (PARKED_SECONDS), not only at the
-        worker's next request. Only while nothing else is queued: a queued task brings
-        the same to its worker."""
+        device memory within a quiet turn of this loop (its waits last PARKED_SECONDS at
+        most), not only at the worker's next request. Only while nothing else is queued:
+        a queued task brings the same to its worker."""
         with self._lock:
             if self._tasks.queued or self._tasks.closing:
                 return

@@ -142,13 +142,15 @@ class _ValueOwner:
 
 def _values_in(arguments: Any) -> dict[int, DeviceValue]:
     """The arguments that are a pool's kept values, by position."""
-    if type(arguments) not in (list, tuple):
-        return {}  # prepare_arguments says what is wrong with them
+    if type(arguments) not in (list, tuple) or DeviceValue not in map(type, arguments):
+        return {}  # (prepare_arguments says what is wrong with arguments of another type)
     return {i: a for i, a in enumerate(arguments) if type(a) is DeviceValue}
 
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     """keep= as sorted output indices; TypeError or ValueError for what is not."""
+    if type(keep) is tuple and not keep:
+        return keep  # the usual case, on every run's path
     indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
     if not isinstance(indices, Sequence) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in indices
@@ -352,7 +354,7 @@ class WorkerPool:
         Ctrl-C there while the reply is awaited leaves the task running.
         """
         program = check_program(program, "Pool.submit")
-        pinned = self._pinned(arguments, program.input_types)
+        pinned = self._pinned(_values_in(arguments), program.input_types)
         task = self._new_task(
             Kind.RUN, program, name, timeout, compile_options, keep=keep, pinned=pinned
         )
@@ -381,7 +383,8 @@ class WorkerPool:
         """
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
-        pinned = self._pinned(arguments, program.input_types)
+        values = _values_in(arguments)
+        pinned = None if not values else self._pinned(values, program.input_types)
         task = self._new_task(
             Kind.RUN,
             program,
@@ -397,14 +400,17 @@ class WorkerPool:
             self.submit_compile(
                 program, name=name, timeout=timeout, compile_options=compile_options
             ).result()
-        return self._call(task, arguments)
+        return self._call(task, arguments, values)
 
-    def _call(self, task: Task, arguments: Sequence[Any]) -> Any:
+    def _call(
+        self, task: Task, arguments: Sequence[Any], values: dict[int, DeviceValue] | None = None
+    ) -> Any:
         """Stages a task, runs it on an idle worker from this thread (or queues it), and
-        returns its result (Pool.run's path; put and fetch take it too)."""
+        returns its result (Pool.run's path; put and fetch take it too); `values` are the
+        arguments that are DeviceValues, where the caller found them already."""
         caller = self._caller
         try:
-            self._stage(task, arguments, None, caller_waits=True)
+            self._stage(task, arguments, None, caller_waits=True, values=values)
             worker = caller.claim(task)
             if worker is None:
                 caller.enqueue(task)
@@ -432,7 +438,7 @@ class WorkerPool:
         self._refuse_on_manager("Pool.put")
         (prepared,) = prepare_arguments([array], None)
         array_type = ArrayType(prepared.dtype, prepared.shape)
-        pinned = None if like is None else self._pinned([like], None)
+        pinned = None if like is None else self._pinned({0: like}, None)
         operation = ValueOp("put", array_type)
         label = name or f"a {array_type} put in the pool"
         task = self._new_task(
@@ -443,7 +449,7 @@ class WorkerPool:
     def _fetch(self, value: DeviceValue) -> np.ndarray:
         """DeviceValue.fetch: the value copied out of its worker (into shared memory)."""
         self._refuse_on_manager("DeviceValue.fetch")
-        pinned = self._pinned([value], None)
+        pinned = self._pinned({0: value}, None)
         operation = ValueOp("fetch", value.array_type, value)
         task = self._new_task(
             Kind.VALUE,
@@ -492,11 +498,11 @@ class WorkerPool:
         return copy
 
     def _pinned(
-        self, arguments: Sequence[Any], types: tuple[ArrayType, ...] | None
+        self, values: dict[int, DeviceValue], types: tuple[ArrayType, ...] | None
     ) -> WorkerMemory | None:
-        """The memory of the worker a call must run on, the one that holds its values (each
-        checked: this pool's, alive, of its input's type); None when it passes none."""
-        values = _values_in(arguments)
+        """The memory of the worker a call must run on, the one that holds its values (the
+        arguments that are DeviceValues, by position; each checked: this pool's, alive, of
+        its input's type); None when it passes none."""
         if not values:
             return None
         return check_values(self._value_owner, values, types)
@@ -853,11 +859,14 @@ class WorkerPool:
         arguments: Sequence[ArrayLike] | None,
         zero_copy: bool | None,
         caller_waits: bool,
+        values: dict[int, DeviceValue] | None = None,
     ) -> None:
-        """Checks and converts a run task's arguments and stages them (TaskMemory.stage)."""
+        """Checks and converts a run task's arguments and stages them (TaskMemory.stage);
+        `values`, the arguments that are DeviceValues, where the caller found them."""
         request = task.request
         types = request.program.input_types if request.program is not None else request.spec_types
-        values = _values_in(arguments)
+        if values is None:
+            values = _values_in(arguments)
         arrays = prepare_arguments(arguments, types, values.keys())
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
@@ -867,6 +876,7 @@ class WorkerPool:
         zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
         memory = TaskMemory(zero_copy, declared)
         task.stage(memory)  # first: what share and copy_in take goes back with the task
-        memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
+        if values or layout is None or layout[2] > ARENA_INPUT_LIMIT:  # else all are small
+            memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
         memory.lay_out(arrays, layout)
         memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)

@@ -238,11 +238,12 @@ def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:
     or a value, keeping no output (a program has a hot slot only if its outputs are small
     enough to copy out: WorkerProcess.note_hot)."""
     memory = task.memory
-    if memory is None or not memory.in_arena or task.resend_program or not memory.plain:
+    if memory is None or not memory.in_arena or task.resend_program:
         return None
-    if task.request.keep or task.request.kind is not Kind.RUN:
+    request = task.request
+    if request.keep or memory.shared or memory.values or request.kind is not Kind.RUN:
         return None
-    hot = worker.hot.get(task.request.program_id)
+    hot = worker.hot.get(request.program_id)
     if hot is None or not hot.fits(memory.types, memory.offsets):
         return None
     return hot

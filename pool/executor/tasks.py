@@ -60,6 +60,10 @@ class Kind(enum.Enum):
     RUN = "run"  # run it; the result is its outputs
     VALUE = "value"  # put a value on a worker's device, or fetch one (ValueOp)
 
+    # Members are singletons: hashing by identity is right, and C-fast (Enum's own hash
+    # runs in Python), for the queues keyed by kind, looked up on every task.
+    __hash__ = object.__hash__
+
 
 class ValueOp(NamedTuple):
     """What a VALUE task does: "put" its staged input on the device as a new value, "fetch"
@@ -265,7 +269,10 @@ class Tasks:
 
     def queued_of(self, kinds: frozenset[Kind]) -> bool:
         """Whether a task of one of the kinds is queued (a hint without the lock, as queued)."""
-        return any(self._pending[kind] for kind in kinds) or bool(self._pinned)
+        if self._pinned:
+            return True
+        pending = self._pending
+        return any(map(pending.__getitem__, kinds))  # no generator: this runs every run
 
     def _queue(self, task: Task) -> collections.deque[Task]:
         """The queue a task waits in: its kind's, or its worker's."""
