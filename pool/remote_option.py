@@ -13,8 +13,9 @@ from worker.cache.remote.location import parse_remote
 
 
 def check_remote(value: Any) -> str | Literal[False] | None:
-    """Returns the remote cache tier's URL, checked as the workers will parse it; None
-    (PJRT_POOL_CACHE_REMOTE decides) and False (no remote, whatever it says) as they are."""
+    """Returns the remote cache tier's URL, checked as the workers will parse it, its store's
+    client installed (else MissingExtraError); None (PJRT_POOL_CACHE_REMOTE decides) and
+    False (no remote, whatever it says) as they are."""
     if value is None or value is False:
         return value
     if not isinstance(value, str):
@@ -22,5 +23,7 @@ def check_remote(value: Any) -> str | Literal[False] | None:
             f"remote must be a URL such as 's3://bucket/prefix' or 'file:///dir', None (the "
             f"environment's) or False (none), not {type(value).__name__} {value!r}"
         )
-    parse_remote(value)  # ValueError: the scheme, or the URL's form
+    # ValueError: the scheme, or the URL's form; MissingExtraError: no client for the store.
+    parse_remote(value).require_client()
     return value.strip()
+

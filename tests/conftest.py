@@ -37,7 +37,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 def _package_dir(package: str) -> Path | None:
     import importlib.util
 
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:  # its parent package is not installed (only pytest is, say)
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))

@@ -10,6 +10,8 @@ each thing lives, and so where plugin loading ends and serving begins::
                   CompileStatistics; converting arguments; the dtypes the runtime
                   takes; the errors; seconds per phase of compiles and start-ups
     untrusted.py  reading files someone else may have written: bounded, then parsed
+    extras.py     pjrt-pool's optional extras: the package each feature needs, the one
+                  error for a missing one (MissingExtraError), where to install it from
     fds.py        closing file descriptors in cleanup
     log.py        loggers that import logging only when a message could be seen
     lazy_names.py package namespaces whose names import on first use
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from worker.compile.executable import Executable as Executable
     from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
     from worker.errors import BundleError as BundleError
+    from worker.errors import MissingExtraError as MissingExtraError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
     from worker.errors import PjrtError as PjrtError

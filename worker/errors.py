@@ -12,6 +12,7 @@ from worker._pjrt import PjrtError, PluginLoadError
 __all__ = [
     "BundleError",
     "DeviceUnavailableError",
+    "MissingExtraError",
     "NeverCompileError",
     "NotInCacheError",
     "NotLoadedError",
@@ -21,6 +22,23 @@ __all__ = [
     "PluginNotFoundError",
     "TopologyError",
 ]
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A feature needs a package that one of pjrt-pool's extras installs, and it is not installed.
+
+    The message names the feature, the package, the extra and the pip
+    command that installs the extra from where this pjrt-pool came from (a
+    checkout or a wheel: no package index serves pjrt-pool). `name` is the
+    missing module (as for any ModuleNotFoundError), `extra` the extra and
+    `install` the command. The plugins, extras too, have their own error:
+    PluginNotFoundError, which names their extras the same way.
+    """
+
+    def __init__(self, message: str, *, name: str = "", extra: str = "", install: str = "") -> None:
+        super().__init__(message, name=name or None)
+        self.extra = extra
+        self.install = install
 
 
 class PluginNotFoundError(RuntimeError):

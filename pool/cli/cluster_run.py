@@ -39,11 +39,9 @@ def cluster_pool(
 ) -> Iterator[Any]:
     """A ClusterPool on --scheduler, for the manifest's platform and cache directory, whose
     nodes use the remote tier run's --remote names (checked; None: the nodes' own)."""
-    try:
-        # Here, not at the top: Dask's distributed is an optional extra.
-        from pool.cluster import ClusterPool, connect
-    except ImportError as error:
-        raise UsageError(f"--scheduler: {error}") from None
+    # Here, not at the top: Dask's distributed is an optional extra (MissingExtraError).
+    from pool.cluster import ClusterPool, connect
+
     with contextlib.ExitStack() as stack:
         try:
             client = stack.enter_context(connect(args.scheduler))

@@ -20,11 +20,12 @@ Exit codes, for every command (ExitCode):
 A command reports what stopped it by raising a CommandError (exit 1) or a
 UsageError (exit 2): main prints its message as one line on stderr. The
 library's errors that mean this machine is not set up for the command (no
-plugin, a file that is not one, a cache directory others can write: see
-_environment_error), raised anywhere, even in a worker that failed to start,
-are usage errors too. Any other exception is a bug (or a failure the command
-did not foresee) and keeps its traceback. A Ctrl-C ends every command with
-130, once what it started has stopped.
+plugin, a file that is not one, a cache directory others can write, an
+extra's package not installed: see _environment_error), raised anywhere,
+even in a worker that failed to start, are usage errors too. Any other
+exception is a bug (or a failure the command did not foresee) and keeps its
+traceback. A Ctrl-C ends every command with 130, once what it started has
+stopped.
 
 The command line's own JAX only lowers (for the platform a command names), so
 it runs on the CPU: JAX_PLATFORMS defaults to "cpu" here, except for the
@@ -102,12 +103,14 @@ def _environment_error(error: BaseException) -> bool:
     """Whether an error, or one it was raised from, says this machine is not set up for
     the command: no plugin for the platform, a plugin file that does not load, a cache
     directory that others can write, no device for the platform (or another process
-    holds it), or a topology the plugin cannot make. Each message says what to do."""
+    holds it), a topology the plugin cannot make, or a package of an extra that is not
+    installed. Each message says what to do."""
     # Imported here, once a command failed: main imports nothing of the library,
     # so that each command starts as fast as its own module lets it.
     from worker.cache.trust import UntrustedCacheError
     from worker.errors import (
         DeviceUnavailableError,
+        MissingExtraError,
         PluginLoadError,
         PluginNotFoundError,
         TopologyError,
@@ -119,8 +122,22 @@ def _environment_error(error: BaseException) -> bool:
         UntrustedCacheError,
         DeviceUnavailableError,
         TopologyError,
+        MissingExtraError,
     )
     return any(isinstance(cause, kinds) for cause in _causes(error))
+
+
+class _ShowVersion(argparse.Action):
+    """--version: prints pool.cli.version's lines and exits 0 (computed only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from pool.cli.version import describe
+
+        print(describe())
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -130,6 +147,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Compile and run JAX programs on PJRT plugins in worker processes.",
         epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage or "
         "environment error, 130 interrupted (Ctrl-C)",
+    )
+    parser.add_argument(
+        "--version",
+        action=_ShowVersion,
+        help="print pjrt-pool's version, where it was installed from, and the plugin found for "
+        "each platform, then exit",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     # Only the command's module: a production job's ``pjrt-pool run`` need not import

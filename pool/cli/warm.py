@@ -55,6 +55,7 @@ from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
+from worker.extras import Feature, require
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
@@ -202,6 +203,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         checked_cache_dir(args.cache_dir, create=True)
         _check_plugin(args.platform or default_platform(), "--platform")
     else:
+        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
         remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
 
 
@@ -376,6 +378,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_run_options(args: argparse.Namespace) -> None:
+    if args.scheduler:
+        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
     if args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"

@@ -22,7 +22,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+import distributed
 import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from pool.cluster.futures import CarriedError
 from pool.cluster.run_once import begin_once
@@ -32,14 +34,6 @@ from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
 from worker.records import LoweredProgram, ProgramSpec
-
-try:
-    import distributed
-    from distributed.diagnostics.plugin import WorkerPlugin
-except ImportError as missing:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "pool.cluster needs Dask's distributed package: pip install 'pjrt-pool[cluster]'"
-    ) from missing
 
 T = TypeVar("T")
 
