@@ -27,3 +27,16 @@ def check_remote(value: Any) -> str | Literal[False] | None:
     parse_remote(value).require_client()
     return value.strip()
 
+
+def open_for_workers(remote: str | Literal[False] | None) -> None:
+    """Opens, in this process, the remote tier a Pool's workers will use (remote: a checked
+    URL, None for PJRT_POOL_CACHE_REMOTE, False for none), so that what would go wrong in
+    every worker is said here, once, where the caller sees it (a worker's output is kept
+    for crash reports): a setting the tier cannot use (ValueError), its store's client not
+    installed (MissingExtraError), and records the workers would publish unsigned (a
+    warning: hosts that require signatures never load them)."""
+    from worker.cache.remote import open_remote  # only here: the tier's modules
+
+    tier = open_remote(remote)
+    if tier is not None:
+        tier.warn_if_unsigned()

@@ -12,6 +12,7 @@ each thing lives, and so where plugin loading ends and serving begins::
     untrusted.py  reading files someone else may have written: bounded, then parsed
     extras.py     pjrt-pool's optional extras: the package each feature needs, the one
                   error for a missing one (MissingExtraError), where to install it from
+    words.py      counts in messages, their nouns agreeing
     fds.py        closing file descriptors in cleanup
     log.py        loggers that import logging only when a message could be seen
     lazy_names.py package namespaces whose names import on first use

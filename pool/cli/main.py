@@ -32,11 +32,9 @@ it runs on the CPU: JAX_PLATFORMS defaults to "cpu" here, except for the
 commands in JAX_ON_DEVICES.
 
 The caches warn of what they could not do (worker.cache's
-CacheUnavailableWarning, the remote tier's RemoteCacheWarning) both through
-their logger, one line on stderr, and as a Python warning, for programs that
-catch or filter those: while a command runs, such a warning is not printed a
-second time (with the file and line that raised it); it is still raised, for
-whoever records warnings.
+CacheUnavailableWarning, the remote tier's RemoteCacheWarning) through their
+logger, one line on stderr; the Python warning they also issue, for programs
+that record or filter it, is not printed (worker.cache.store).
 """
 
 from __future__ import annotations
@@ -48,7 +46,6 @@ import importlib
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -185,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("pjrt-pool: error: name a command", file=sys.stderr)
         return ExitCode.USAGE
-    formatting = warnings.formatwarning
-    warnings.formatwarning = _format_warning
     try:
         code = int(run(args))
     except KeyboardInterrupt:
@@ -208,27 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         prog = getattr(args, "prog", parser.prog)
         print(f"{prog}: {' '.join(str(error).split())}", file=sys.stderr)
         return code
-    finally:
-        warnings.formatwarning = formatting  # a caller's process, as it was
     if argv is None and getattr(args, "exit_at_once", False):
         exit_at_once(code)
     return code
-
-
-_python_format_warning = warnings.formatwarning
-
-
-def _format_warning(
-    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: Any = None
-) -> str:
-    """A warning's text as Python prints it; nothing for the caches' own, which their logger
-    printed already (recording them, as pytest.warns does, formats nothing)."""
-    # Imported here, when something warns: by then whatever warned has imported it.
-    from worker.cache.store import CacheUnavailableWarning
-
-    if issubclass(category, CacheUnavailableWarning):
-        return ""
-    return _python_format_warning(message, category, filename, lineno, line)
 
 
 def exit_at_once(code: int) -> None:

@@ -42,25 +42,76 @@ def add_command(
     help: str | None,
     description: str | None = None,
     *,
+    epilog: str | None = None,
     parents: tuple[argparse.ArgumentParser, ...] = (),
     **defaults: Any,
 ) -> argparse.ArgumentParser:
     """Adds a command to `commands` (what add_subparsers returns) and returns its parser.
 
     help is its line in the list of commands (None: not listed), description
-    what its own --help says first. main.py calls run(args) for it, with
-    args.prog its name as its usage errors say it; defaults are further
-    values args takes (exit_at_once).
+    what its own --help says first (default: help), epilog what it says
+    last (its exit statuses). These texts are for users, in plain text: the
+    command line's reference (docs/cli.md) is made of them (scripts/cli_reference.py).
+    main.py calls run(args) for it, with args.prog its name as its usage
+    errors say it; defaults are further values args takes (exit_at_once).
     """
     texts = {"help": help} if help is not None else {}
-    parser = commands.add_parser(name, parents=list(parents), description=description, **texts)
+    parser = commands.add_parser(
+        name,
+        parents=list(parents),
+        description=description or _sentence(help),
+        epilog=epilog,
+        **texts,
+    )
     parser.set_defaults(run=run, prog=parser.prog, **defaults)
     return parser
 
 
+def _sentence(text: str | None) -> str | None:
+    """A command's line in a list of commands, as the sentence its own --help starts with."""
+    return None if not text else text[0].upper() + text[1:] + "."
+
+
 def paragraph(docstring: str | None, index: int) -> str:
-    """The index-th paragraph of a module docstring, on one line: a command's description."""
-    return (docstring or "").split("\n\n")[index].replace("\n", " ")
+    """The index-th paragraph of a module docstring, on one line, without reStructuredText's
+    double backticks: a command's description."""
+    return (docstring or "").split("\n\n")[index].replace("\n", " ").replace("``", "")
+
+
+def add_cache_dir_option(
+    parser: argparse.ArgumentParser | Any,
+    what: str,
+    default: str = "$PJRT_POOL_CACHE_DIR, else the user cache directory",
+) -> None:
+    """Adds ``--cache-dir DIR`` to a command's parser: what it is to the command, its default."""
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", default=None, help=f"{what} (default: {default})"
+    )
+
+
+def add_platform_option(
+    parser: argparse.ArgumentParser | Any,
+    what: str,
+    default: str = "$PJRT_POOL_PLATFORM, else cpu",
+) -> None:
+    """Adds ``--platform P`` to a command's parser: what it is to the command, its default."""
+    parser.add_argument(
+        "--platform", metavar="P", default=None, help=f"{what} (default: {default})"
+    )
+
+
+def add_scheduler_option(
+    parser: argparse.ArgumentParser | Any, verb: str, how: str | None = None
+) -> None:
+    """Adds ``--scheduler ADDRESS`` (a Dask cluster, or local:N) to a command's parser."""
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help=f"{verb} the Dask cluster at ADDRESS (tcp://host:8786), or on a local cluster of "
+        f"N workers started for this run (local:N){', ' + how if how else ''}; needs the "
+        "cluster extra",
+    )
 
 
 def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
@@ -123,21 +174,21 @@ def open_remote_option(option: str | None) -> RemoteCache | None:
 
 
 def add_topology_options(parser: argparse.ArgumentParser | Any, what: str) -> None:
-    """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser."""
+    """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser;
+    what says what the command does for the topology."""
     parser.add_argument(
         "--topology",
         metavar="NAME",
         default=None,
-        help=f"{what}: a TPU topology as libtpu names it (v5e:1x1, v5e:2x2, v6e:2x4, ...), "
-        "compiled for without a device",
+        help=f"{what}; NAME as libtpu names topologies: v5e:1x1, v5e:2x2, v6e:2x4, ...",
     )
     parser.add_argument(
         "--topology-option",
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="a create option of the topology, overriding the derived ones (repeatable), "
-        "for example chips_per_host_bounds=2,2,1",
+        help="a create option of the --topology, overriding the ones derived from its name "
+        "(repeatable), for example chips_per_host_bounds=2,2,1",
     )
 
 

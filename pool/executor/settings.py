@@ -19,8 +19,8 @@ import cloudpickle
 
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
-from pool.remote_option import check_remote
-from worker.cache import check_cache_dir
+from pool.remote_option import check_remote, open_for_workers
+from worker.cache import open_cache
 from worker.compile.never_compile import never_compile_on
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec, parse_topology
@@ -94,12 +94,16 @@ class PoolSettings:
     ) -> PoolSettings:
         """Checks every setting, in the order Pool takes them; raises for the first bad one.
 
-        The cache directory is checked too: one that others could write fails
-        here (UntrustedCacheError), not in every task. So are the remote's URL
-        (a ValueError for one the remote tier cannot use) and what preload
-        names: a manifest that does not read, or a name not in it, raises
-        ManifestError; a bundle is imported into the cache directory here
-        (pool.executor.preload). So is the topology's name, and where the
+        The cache directory is opened too (made if missing): one that others
+        could write fails here (UntrustedCacheError), not in every task, and one
+        that cannot be made or written is warned of here, once, where the
+        caller sees it (the workers' own output is kept for crash reports). So
+        is the remote tier (pool.remote_option.open_for_workers: a URL or
+        setting it cannot use is a ValueError, its store's client missing a
+        MissingExtraError, and records the workers would publish unsigned a
+        warning), and what preload names: a manifest that does not read, or
+        a name not in it, raises ManifestError; a bundle is imported into the
+        cache directory here (pool.executor.preload). So is the topology's name, and where the
         workers go (pool.executor.roles): a pool for TPU on a machine without
         one, and given no topology, is a ValueError.
         """
@@ -120,7 +124,8 @@ class PoolSettings:
         pickled = pickle_initializer(initializer, check_initargs(initargs))
         prime = check_flag(prime, "prime")
         remote_url = check_remote(remote)
-        check_cache_dir(directory)
+        open_for_workers(remote_url)
+        open_cache(directory)  # its workers' cache: untrusted raises, unusable warns once, here
         programs = preload_programs(preload, preload_names, directory)
         return cls(
             workers=len(plan),

@@ -62,6 +62,7 @@ from worker.errors import NeverCompileError
 from worker.identity.keys import key_of
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+from worker.words import counted
 
 
 class Outcome(enum.Enum):
@@ -180,16 +181,23 @@ class WarmReport:
             said.append(f"{stopped} not compiled")
             first = f"interrupted after {self.wall_seconds:.2f} s: {', '.join(said)}"
         else:
-            first = f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: "
-            first += ", ".join(said)
-        lines = [first, f"statistics: {self.statistics}"]
+            warmed = sum(program.outcome.ok for program in self.programs)
+            total = counted(len(self.programs), "program")
+            first = (
+                f"warmed {total}" if warmed == len(self.programs) else f"warmed {warmed} of {total}"
+            )
+            first += f" in {self.wall_seconds:.2f} s: {', '.join(said)}"
+        # The workers' seconds, each program's counted once where it was compiled or
+        # loaded: with several workers at once, more than the wall time above.
+        lines = [first, f"statistics, times summed over the workers: {self.statistics}"]
         if self.remote is not None:
             remote = self.remote
             lines.append(
-                f"remote cache: {remote.hits} entries fetched "
-                f"({self.prefetched.get('fetched', 0)} by prefetch), {remote.waited} compiles "
-                f"saved by waiting on another host's lease, {remote.published} published, "
-                f"{remote.refused} refused, {remote.errors} failed requests"
+                f"remote cache: {counted(remote.hits, 'entry')} fetched "
+                f"({self.prefetched.get('fetched', 0)} by prefetch), "
+                f"{counted(remote.waited, 'compile')} saved by waiting on another host's lease, "
+                f"{remote.published} published, {remote.refused} refused, "
+                f"{counted(remote.errors, 'failed request')}"
             )
         if self.statistics.compiled == 0 and self.ok:
             lines.append("nothing was compiled: every program came from the warm cache")

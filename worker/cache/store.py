@@ -35,6 +35,7 @@ import hashlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -88,7 +89,18 @@ _FROM_ENVIRONMENT: Any = object()
 
 
 class CacheUnavailableWarning(UserWarning):
-    """The cache directory cannot be used; compiling goes on without the cache."""
+    """The cache directory cannot be used; compiling goes on without the cache.
+
+    Each is said once, as one line, through the "pjrt_pool.cache" logger
+    (WarnOnce), and issued as this warning too, for programs that record it,
+    filter it or make it an error. Python does not print it a second time:
+    its default is to ignore it (the filter below), and a filter of the
+    program's own, which comes first, decides otherwise.
+    """
+
+
+# Appended: any filter the program or -W sets is before it and wins.
+warnings.filterwarnings("ignore", category=CacheUnavailableWarning, append=True)
 
 
 class TrimResult(NamedTuple):
@@ -191,10 +203,15 @@ class DiskCache:
         it before it has passed the check, and each directory is held open
         from then on (see folders.py).
         """
-        try:
-            if create:
+        if create:
+            try:
                 trust.make_parents(self.directory, self.shared)
                 trust.make_directory(self.directory, self.shared)
+            except OSError as error:  # a folder above it cannot be made (read-only, /proc)
+                self._degrade(f"cannot create cache directory {self.directory}: {error.strerror}")
+                self.problem = str(error)
+                return False
+        try:
             real = trust.check_cache_directory(self.directory, shared=self.shared)
             root = Folder.open(real, self.shared)
         except FileNotFoundError:

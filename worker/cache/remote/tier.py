@@ -60,7 +60,12 @@ from worker.cache.remote.lease import (
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.objects import Failure, RemoteError, Versioned
-from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
+from worker.cache.remote.signing_keys import (
+    PRIVATE_KEY_FILE_ENV,
+    PUBLIC_KEY_ENV,
+    RecordKeys,
+    keys_from_environment,
+)
 from worker.cache.remote.verify import (
     NewerRecordError,
     OlderRecordError,
@@ -218,6 +223,41 @@ class RemoteCache:
         if self.hmac_signer is not None:
             return f"hmac-{self.hmac_signer.key_id}"
         return UNSIGNED
+
+    @property
+    def signs(self) -> bool:
+        """Whether the records this process publishes carry a signature (Ed25519 with a
+        private key, else the HMAC secret)."""
+        return (self.keys is not None and self.keys.private is not None) or (
+            self.keys is None and self.hmac_signer is not None
+        )
+
+    def signing(self) -> str:
+        """How this process signs and verifies records, for people (pjrt-pool cache info)."""
+        if self.keys is not None:
+            if self.keys.private is None:
+                return (
+                    f"verifies {self.signer} records; publishes none (a public key without "
+                    f"{PRIVATE_KEY_FILE_ENV})"
+                )
+            return f"signs its records as {self.signer} (Ed25519) and reads only those"
+        if self.hmac_signer is not None:
+            return f"signs its records as {self.signer} (the cache's secret) and reads only those"
+        return (
+            "unsigned: it publishes and reads unsigned records, which hosts that require "
+            f"signatures ({PUBLIC_KEY_ENV}, or a secret) never load"
+        )
+
+    def warn_if_unsigned(self) -> None:
+        """Warns, once per process, that what it publishes is unsigned, if it publishes and
+        signs nothing: hosts that require signatures would never load it, and say nothing."""
+        if self.state == "on" and not self.signs:
+            self._warnings.warn(
+                "unsigned",
+                f"pjrt-pool remote cache {self.location.shown}: this process publishes unsigned "
+                f"records (neither {PRIVATE_KEY_FILE_ENV} nor a cache secret is set); hosts "
+                f"that require signed records ({PUBLIC_KEY_ENV}, or a secret) never load them",
+            )
 
     @property
     def counters(self) -> RemoteCounters:
@@ -479,6 +519,8 @@ class RemoteCache:
             self.release(key)
             return Published.READ_ONLY if error.failure is Failure.DENIED else Published.FAILED
         self._count(_PUBLISHED_COUNTER[outcome])
+        if outcome is not Published.ALREADY_THERE:
+            self.warn_if_unsigned()
         if outcome is Published.REPAIRED:
             with self._lock:  # mended: what this process refused of it is served now
                 self._refused.pop(key, None)
