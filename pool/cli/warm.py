@@ -44,7 +44,6 @@ from pool.cli.options import (
 from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, manifest_or_bundle_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
-    BUNDLE_FOR_POOLS,
     Manifest,
     ManifestError,
     is_bundle,
@@ -354,15 +353,17 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
             return ExitCode.OK
         spec = manifest.spec(args.name)
-        if manifest.bundle is not None and (args.workers or args.scheduler):
-            option = f"--workers {args.workers}" if args.workers else "--scheduler"
-            raise ManifestError(f"{option}: {BUNDLE_FOR_POOLS}")
     except ManifestError as error:
         raise UsageError(str(error)) from None
     if args.batch and not args.scheduler:
         raise UsageError("--batch runs on a cluster: give --scheduler ADDRESS (or local:N)")
     if args.batch and args.inputs:
         raise UsageError("--batch names the inputs of each run: leave --inputs out")
+    if args.batch and manifest.bundle is not None:
+        raise UsageError(
+            "--batch runs a manifest's program from the nodes' caches: import the bundle there "
+            "(pjrt-pool bundle import FILE --manifest HOST.json) and give that manifest"
+        )
     if args.scheduler:  # the cluster's nodes have their own plugins
         if args.batch:
             from pool.cli.cluster_run import run_batch
@@ -412,7 +413,11 @@ def _timed_run(
             from pool.face import Pool
 
             with Pool(
-                args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote
+                args.workers,
+                platform=spec.platform,
+                cache_dir=manifest.cache_dir,
+                # A bundle's programs come from the bundle: the workers use no remote tier.
+                remote=remote if manifest.bundle is None else False,
             ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)

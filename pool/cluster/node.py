@@ -160,13 +160,18 @@ def run_task(
 
 
 def run_spec_task(
-    plugin: str, spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
+    plugin: str,
+    spec: ProgramSpec,
+    arguments: Sequence[Any],
+    timeout: float | None,
+    bundle: str | None = None,
 ) -> list[np.ndarray]:
-    """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
+    """Runs the executable a ProgramSpec names, from this node's cache (or from the bundle at
+    that path or URL), in its Pool."""
 
     def run(pool: Pool) -> list[np.ndarray]:
         begin_once()
-        return pool.submit_spec(spec, arguments, timeout=timeout).result()
+        return pool.submit_spec(spec, arguments, timeout=timeout, bundle=bundle).result()
 
     return _raised(_in_node_pool(plugin, run))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -57,6 +58,7 @@ from pool.executor.settings import (
 from pool.face import PoolFace
 from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
+from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
 from worker.compile.never_compile import never_compile_on
@@ -226,18 +228,23 @@ class ClusterPool(PoolFace):
         inputs: Sequence[Any] | distributed.Future,
         *,
         timeout: float | None = None,
+        bundle: str | os.PathLike[str] | None = None,
     ) -> ClusterFuture:
         """Runs the executable a ProgramSpec names on a node, as Pool.submit_spec does.
 
         The executable must be in that node's disk cache (a shared cache, or
-        one each node was warmed into).
+        one each node was warmed into), or with bundle in that bundle: a path
+        every node can read (a shared filesystem), or a URL.
         """
         self._check_open()
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
+        source = bundle_source(bundle)
         arguments = _arguments(inputs, spec.input_types)
-        return self._submit(self._router.choose(spec.key), run_spec_task, spec, arguments, timeout)
+        return self._submit(
+            self._router.choose(spec.key), run_spec_task, spec, arguments, timeout, source
+        )
 
     def follow(self, dask_future: distributed.Future) -> ClusterFuture:
         """A ClusterFuture of a Dask future (of a run's dask_future, say), fetched when done."""

@@ -90,6 +90,7 @@ from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE
 from pool.executor.workers import Workers
 from worker.arguments import prepare_arguments
+from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
 from worker.identity.keys import check_key
@@ -342,18 +343,24 @@ class WorkerPool:
         arguments: Sequence[ArrayLike],
         *,
         timeout: float | None = None,
+        bundle: str | os.PathLike[str] | None = None,
     ) -> Future[list[np.ndarray]]:
         """Runs the executable a ProgramSpec names (by its cache key), as a manifest does.
 
         The executable must be in the pool's disk cache (put there by warming
         or compiling the program with the same plugin); no program is needed.
+        With bundle (a bundle's path or URL: Manifest.run passes its own), the
+        workers load the program from that bundle instead, read-only: the
+        entry of the program built for their plugin and host, checked as it
+        is read (worker.bundle.loading), each bundle opened once per worker.
         A key that is not a cache key raises InvalidKeyError (a ValueError);
         the worker refuses inputs that do not fit the executable's own types.
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
-        task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec)
+        source = bundle_source(bundle)
+        task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec, bundle=source)
         return self._submit(task, arguments, None)
 
     def _submit_compile(
@@ -608,6 +615,7 @@ class WorkerPool:
         compile_options: bytes | None,
         spec: ProgramSpec | None = None,
         handed_out: bool = True,
+        bundle: str | None = None,
     ) -> Task:
         """A task for a program, or (program None) for the executable a ProgramSpec names.
 
@@ -645,6 +653,7 @@ class WorkerPool:
             key,
             None if spec is None else spec.input_types,
             compile_options,
+            bundle,
         )
         future: Future[Any] | RunOutcome
         if not handed_out:

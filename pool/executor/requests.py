@@ -92,6 +92,7 @@ class Requests:
             want_output_types=request.program_id not in self._output_types,
             output_capacity=output.capacity if output is not None and output_fd >= 0 else 0,
             compile_options=request.compile_options if include else None,
+            bundle=request.bundle,
         )
         fds = () if in_arena else (memory.input.fd,)  # type: ignore[union-attr]
         if output_fd >= 0:

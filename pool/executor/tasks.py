@@ -78,6 +78,9 @@ class Request(NamedTuple):
     spec_types: tuple[ArrayType, ...] | None = None
     """That ProgramSpec's input types."""
     compile_options: bytes | None = None
+    bundle: str | None = None
+    """A run by ProgramSpec from a bundle (its absolute path or URL): the worker loads the
+    program from it, read-only, instead of from the disk cache."""
 
 
 class TaskState(enum.Enum):

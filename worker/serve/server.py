@@ -57,6 +57,7 @@ from worker.wire import protocol, shm
 from worker.wire.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
 
 if TYPE_CHECKING:
+    from worker.bundle.reader import Bundle
     from worker.cache.store import DiskCache
     from worker.compile.target import Target
     from worker.plugin.runtime import Runtime
@@ -225,6 +226,7 @@ class Server:
         self._slots = count()
         self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
         self._preloaded: set[str] = set()  # the keys Init.preload loaded
+        self._bundles: dict[str, Bundle] = {}  # those runs came from, by source, kept open
 
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
@@ -241,8 +243,11 @@ class Server:
         program: Any,
         cache_key: str | None = None,
         compile_options: bytes | None = None,
+        bundle: tuple[str, str] | None = None,
     ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
-        """Returns the program's executable, compiling or loading it if needed.
+        """Returns the program's executable, compiling or loading it if needed: from the disk
+        cache by cache_key, or with bundle (its path or URL, and the program's name) from
+        that bundle, read-only.
 
         The statistics are None when the executable was loaded already, or when
         a preloaded one serves the program (see preload).
@@ -266,7 +271,10 @@ class Server:
             )
         elif cache_key is not None:
             started = time.perf_counter()
-            executable = load_cached_executable(cache_key, self.cache_dir)
+            if bundle is None:
+                executable = load_cached_executable(cache_key, self.cache_dir)
+            else:
+                executable = self._from_bundle(*bundle)
             statistics = CompileStatistics(load_seconds=time.perf_counter() - started, loaded=1)
         else:
             raise LookupError(f"program {program_id} is not loaded in this worker")
@@ -287,6 +295,18 @@ class Server:
             for program in gone:
                 self._layouts.pop(program, None)
         return executable, statistics, tuple(evicted)
+
+    def _from_bundle(self, source: str, name: str) -> Executable:
+        """A program of a bundle, loaded read-only (worker.bundle.loading: the entry built for
+        this plugin and host); each bundle is opened, and checked, once per worker."""
+        # Here: a worker that runs no bundle's programs starts without the bundle modules.
+        from worker.bundle.loading import load_from_bundle
+        from worker.bundle.reader import Bundle
+
+        bundle = self._bundles.get(source)
+        if bundle is None:
+            bundle = self._bundles[source] = Bundle(source)
+        return load_from_bundle(bundle, name)[0]
 
     def preload(
         self, programs: tuple[tuple[str, str], ...], prime: bool
@@ -393,7 +413,11 @@ class Server:
         self, request: Run, input_fd: int | None, given_fd: int | None
     ) -> tuple[Reply, tuple[int, ...]]:
         executable, statistics, evicted = self._load(
-            request.program_id, request.program, request.cache_key, request.compile_options
+            request.program_id,
+            request.program,
+            request.cache_key,
+            request.compile_options,
+            (request.bundle, request.name) if request.bundle else None,
         )
         own = self._layouts[request.program_id]
         input_types = check_run_inputs(request, own)

@@ -351,6 +351,10 @@ class Run:
     segment, if any) that the outputs should go to if they need more than
     the arena: a segment the parent recycled, whose pages are allocated.
     `compile_options` go with `program`, for compiling it (None: the default).
+    With `bundle` (a bundle's absolute path or URL), `cache_key` names a
+    program of that bundle: the worker loads the entry of the program (`name`)
+    built for its plugin and host from the bundle, read-only, as
+    Manifest.run in one process does (worker.bundle.loading).
     """
 
     task_id: int
@@ -366,6 +370,7 @@ class Run:
     want_output_types: bool = True
     output_capacity: int = 0
     compile_options: bytes | None = None
+    bundle: str | None = None
 
 
 @dataclass(frozen=True)
