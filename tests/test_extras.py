@@ -21,11 +21,11 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import pjrt_pool
+from conftest import REPO, pjrt_pool
 from extras_helpers import environment_variables, make_environment
 
 import pool
-from worker.extras import install_extra_command, installed_from
+from worker.extras import Feature, install_extra_command, installed_from
 from worker.plugin.locate import find_plugin
 
 TINY_SPEC = """
@@ -177,6 +177,16 @@ def test_the_api_raises_one_exception_naming_the_extra(
     assert raised["install"] == install_extra_command(extra), raised
     assert raised["message"].endswith(f"{extra} extra installs: {raised['install']}"), raised
     assert not (tmp_path / "k.pem").exists()  # nothing made on the way
+
+
+def test_every_feature_and_its_message_is_in_the_command_line_page() -> None:
+    """The closing note's table of messages is docs/cli.md's: one row per feature."""
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    for feature in Feature:
+        text = str(feature.missing())
+        head = text[: text.index(": pip install")]
+        assert f"`{feature.module}`" in page, feature
+        assert head.split(", which")[1] in page or head in page, (feature, head)
 
 
 # -- where pjrt-pool came from: the command that installs an extra -----------------------

@@ -7,6 +7,9 @@ run), bundle.py (bundle ...), cache.py (cache ...) and check.py
 (check-plugin) each register their subcommands; cache_remote.py (cache
 push/pull/gc) and cluster_run.py (run --scheduler) hold the remote tier's and
 the cluster's halves of those commands. Shared by several: options.py (the
---remote option, sizes and durations), run_files.py (a run's inputs from
-.npz/.npy files and its report), paths.py (paths given on the command line).
+options several commands take, --remote among them, sizes and durations),
+run_files.py (a run's inputs from .npz/.npy files and its report), paths.py
+(paths given on the command line). version.py says what ``pjrt-pool
+--version`` prints. Every help text is for users, and docs/cli.md's
+reference is made of them (scripts/cli_reference.py).
 """

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_command, paragraph
+from pool.cli.options import add_command, add_platform_option, paragraph
 from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
 
@@ -35,14 +35,20 @@ def register(subparsers: Any) -> None:
         "compare a PJRT plugin's results with JAX's on a battery of small programs",
         paragraph(__doc__, 1),
     )
-    check.add_argument("--platform", default=None, help="platform to check (default: cpu)")
+    add_platform_option(check, "platform to check")
     check.add_argument(
         "--plugin",
         metavar="PATH",
         default=None,
         help="plugin library to check (default: the platform's plugin, see PJRT_POOL_PLUGIN_*)",
     )
-    check.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs)")
+    check.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: one per CPU)",
+    )
     check.add_argument(
         "--cases",
         metavar="PATTERN",

@@ -33,11 +33,13 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_cache_dir_option,
     add_command,
+    add_platform_option,
     add_remote_option,
+    add_scheduler_option,
     add_topology_options,
     open_remote_option,
-    paragraph,
     remote_url,
     topology_option,
 )
@@ -65,15 +67,37 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> None:
     """Adds the ``warm`` and ``run`` commands."""
+    _register_warm(subparsers)
+    _register_run(subparsers)
+
+
+def _register_warm(subparsers: Any) -> None:
     warm = add_command(
         subparsers,
         "warm",
         _warm,
         "compile a spec's programs into the disk cache, with a report and a manifest",
-        paragraph(__doc__, 1),
+        "Lowers every program of a spec and compiles it into the disk cache with a pool of "
+        "workers, showing progress; prints a report (--json for scripts) and writes a manifest "
+        "of the programs warmed (--manifest FILE), which run and bundle create take.",
+        epilog="exit status: 0 when every program is in the cache; 1 when any failed "
+        "(lowering error, compile error, worker crash, timeout, not stored, not warmed) or was "
+        "skipped; 2 for usage and environment errors and specs that do not load; 130 after a "
+        "Ctrl-C, which reports what was warmed and writes the manifest of those programs, "
+        "marked partial.",
     )
-    warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
-    warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
+    warm.add_argument(
+        "spec",
+        metavar="SPEC",
+        help="spec.py (its programs() lists the programs), spec.py:function or module:function",
+    )
+    warm.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile workers (default: one per CPU)",
+    )
     warm.add_argument(
         "--lower-workers",
         type=int,
@@ -81,14 +105,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
     )
-    warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
-    add_topology_options(warm, "compile for this topology")
-    warm.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        default=None,
-        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    add_platform_option(warm, "platform to compile for")
+    add_topology_options(
+        warm,
+        "compile for this TPU topology, without its devices: on a machine without one, or beside "
+        "the process that holds the chip (with --scheduler, on every node)",
     )
+    add_cache_dir_option(warm, "cache directory, made if missing")
     warm.add_argument(
         "--timeout",
         type=float,
@@ -107,46 +130,74 @@ def register(subparsers: Any) -> None:
     mode.add_argument(
         "--fail-fast", dest="fail_fast", action="store_true", help="stop at the first failure"
     )
-    warm.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        default=None,
-        help="compile on the Dask cluster at ADDRESS (tcp://host:8786), or on a "
-        "local cluster of N workers started for this run (local:N); needs the "
-        "cluster extra",
-    )
+    add_scheduler_option(warm, "compile on")
     add_remote_option(
         warm,
         "a remote cache tier: entries are prefetched from it before compiling, and what is "
         "compiled is published to it",
     )
-    warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
+    warm.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout (alone there: what the spec prints goes to "
+        "stderr)",
+    )
+    warm.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="write a manifest of the warmed programs (checked before warming: its directory "
+        "must exist and be writable)",
+    )
 
+
+def _register_run(subparsers: Any) -> None:
     run = add_command(
         subparsers,
         "run",
         _run,
         "run one program of a manifest from the warm cache, or of a bundle",
-        paragraph(__doc__, 2),
+        "Loads one program of a manifest from the warm cache, or of a bundle from the bundle "
+        "itself (writing nothing), and runs it on the inputs of --inputs or on seeded random "
+        "inputs of its input types; prints how long loading and running took and each output's "
+        "dtype, shape and sum. With --workers it runs through a Pool, with --scheduler on a "
+        "Dask cluster, once or once per --batch file. Without NAME, lists the programs.",
+        epilog="exit status: 0 when the program ran (with --batch: every run); 1 when its "
+        "entry was refused as it was read (damaged, or changed after the bundle was made), the "
+        "plugin failed to load or run it, or a --batch run failed; 2 for usage and environment "
+        "errors, among them a program whose key is not in the cache and a bundle refused as it "
+        "opens; 130 after a Ctrl-C.",
         exit_at_once=True,
     )
-    run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
-    run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
+    run.add_argument(
+        "manifest", metavar="MANIFEST", help="a manifest, or a bundle (a file or its URL)"
+    )
+    run.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        help="the program to run (default: list the programs, with their types)",
+    )
     run.add_argument(
         "--inputs",
         metavar="FILE",
-        help=".npz file with arr_0, arr_1, ... as inputs (or .npy: a program's one input)",
+        help="an .npz file with arr_0, arr_1, ... as the inputs, or an .npy file of a program's "
+        "one input (pool.save_inputs writes one); without it, seeded random inputs",
     )
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument(
-        "--cache-dir", metavar="DIR", default=None, help="cache directory (default: the manifest's)"
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the random inputs (default 0)",
     )
+    add_cache_dir_option(run, "cache directory", default="the manifest's")
     run.add_argument(
         "--workers",
         type=int,
         default=0,
-        help="run through a pool of N workers (default 0: in this process)",
+        metavar="N",
+        help="run through a Pool of N workers, which load from the cache or the bundle "
+        "(default 0: in this process)",
     )
     add_remote_option(
         run,
@@ -156,16 +207,10 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--prime",
         action="store_true",
-        help="prime the program (run it twice on zeros) as it loads (timed with loading), so "
+        help="prime the program (run it twice on zeros) as it loads, timed with loading, so "
         "that the timed run is at the warm speed",
     )
-    run.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        default=None,
-        help="run on the Dask cluster at ADDRESS (or local:N), each node loading from its cache; "
-        "see pool.cli.cluster_run",
-    )
+    add_scheduler_option(run, "run on", "each node loading the program from its cache")
     run.add_argument(
         "--batch",
         metavar="FILE",
@@ -176,8 +221,8 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--json",
         action="store_true",
-        help="print the result as JSON (an output's sum that is not finite, NaN or "
-        "infinite, is null: JSON has no NaN)",
+        help="print the result as JSON (an output's sum that is not finite is null: JSON has "
+        "no NaN)",
     )
 
 
