@@ -613,6 +613,12 @@ def test_bundle_commands_report_usage_errors(warmed, bundles, tmp_path):
     assert pooled.returncode == 0, pooled.stderr
     assert "p0: loaded from the bundle in" in pooled.stdout and "(a pool of 1)" in pooled.stdout
     assert not any((cache / "entries").iterdir())
+    inputs = tmp_path / "x.npy"
+    np.save(inputs, X)
+    batch = pjrt_pool(
+        "run", str(bundles["here"]), "p0", "--scheduler", "local:1", "--batch", str(inputs)
+    )
+    assert batch.returncode == 2 and "--batch runs a manifest's program" in batch.stderr
 
 
 def test_a_cpu_features_difference_names_the_flags_this_host_lacks():

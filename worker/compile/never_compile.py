@@ -18,6 +18,7 @@ from worker.cache.entry import CorruptEntryError
 from worker.cache.store import DiskCache
 from worker.errors import NeverCompileError
 from worker.identity.keys import differing_parts
+from worker.words import counted
 
 if TYPE_CHECKING:
     from worker.cache.remote import RemoteCache
@@ -104,7 +105,7 @@ def refusal(
         ]
         if found:
             said += (
-                f" The {holder} holds it built elsewhere ({len(found)} entries): "
+                f" The {holder} holds it built elsewhere ({counted(len(found), 'entry')}): "
                 + " | ".join(found[:_SHOWN])
                 + (" | ..." if len(found) > _SHOWN else "")
                 + "."
