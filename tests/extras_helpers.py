@@ -5,7 +5,8 @@ site-packages holds links to every entry of this environment's
 site-packages except the packages of the extras left out: for each extra
 of pyproject.toml not asked for, the distributions it names (and, for one
 named with extras of its own such as ``jax[tpu]``, what those extras add:
-libtpu), unless the core dependencies or an extra asked for need them too.
+libtpu), unless the core dependencies or an extra asked for need them, or
+need what needs them (pyyaml: distributed needs it, and moto's server too).
 To Python's import system a package left out is simply not installed:
 ``find_spec`` finds nothing, ``import`` raises ModuleNotFoundError,
 importlib.metadata knows no such distribution, and a child process the
@@ -65,15 +66,41 @@ def _added_by(distribution: str, extra: str) -> set[str]:
     return _distributions([r.partition(";")[0] for r in marked])
 
 
+def _needed(requirements: list[str]) -> set[str]:
+    """The distributions requirements name, with every one those need, as installed here:
+    their requirements for the extras asked of them, and the rest whatever their markers
+    (a python_version marker that does not hold keeps a distribution more, never less)."""
+    needed: set[str] = set()
+    pending = list(requirements)
+    while pending:
+        requirement = pending.pop()
+        match = _REQUIREMENT.match(requirement)
+        if match is None:
+            continue
+        name = _normal(match.group(1))
+        asked = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not installed here: nothing of it to keep
+        if name in needed and not asked:
+            continue
+        needed.add(name)
+        for line in requires:
+            marker = _EXTRA_MARKER.search(line.partition(";")[2])
+            if marker is None or marker.group(1) in asked:
+                pending.append(line.partition(";")[0])
+    return needed
+
+
 def left_out(extras: set[str]) -> set[str]:
     """The distributions an environment with only these extras of pjrt-pool lacks."""
     project = _pyproject()
     optional = project["optional-dependencies"]
     unknown = extras - set(optional)
     assert not unknown, f"pjrt-pool has no extra {sorted(unknown)}"
-    kept = _distributions(project["dependencies"]) | {"pjrt-pool"}
-    for extra in extras:
-        kept |= _distributions(optional[extra])
+    asked = [requirement for extra in extras for requirement in optional[extra]]
+    kept = _needed([*project["dependencies"], *asked]) | {"pjrt-pool"}
     dropped: set[str] = set()
     for extra, requirements in optional.items():
         if extra not in extras:
