@@ -11,6 +11,7 @@ from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
     "BundleError",
+    "DeviceCountError",
     "DeviceUnavailableError",
     "NeverCompileError",
     "NotInCacheError",
@@ -39,6 +40,20 @@ class DeviceUnavailableError(PjrtError):
         self.holder = holder
         self.code = 14  # PJRT_Error_Code_UNAVAILABLE
         self.code_name = "UNAVAILABLE"
+
+
+class DeviceCountError(ValueError):
+    """A program over several devices needs more devices than the process (or a pool's
+    worker, or a topology) has; refused before it compiles.
+
+    `needed` and `available` are the two counts; the message names the setting that gives
+    more (a Pool's devices_per_worker, a larger topology).
+    """
+
+    def __init__(self, message: str, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
 
 
 class NotLoadedError(RuntimeError):

@@ -60,6 +60,7 @@ from worker.cache.remote import (
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.identity.keys import key_of
+from worker.partitioning import compile_options_for
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -426,7 +427,8 @@ class _Prefetch:
             submit(index, program)
             return
         digest = program_text_digest(program)
-        key = key_of(program_key_parts(self._key_parts, digest, compile_options))
+        options = compile_options_for(program.partitioning, compile_options)
+        key = key_of(program_key_parts(self._key_parts, digest, options))
 
         def fetched(done: Future[Moved]) -> None:
             try:

@@ -38,6 +38,13 @@ from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin import libtpu
 from worker.plugin.build_identity import plugin_build_sha256
+from worker.plugin.devices import (
+    GROWING_PLATFORMS,
+    SETTING,
+    device_options,
+    fixed_devices,
+    too_few_devices,
+)
 from worker.plugin.locate import (
     PluginLocation,
     cuda_major,
@@ -144,6 +151,7 @@ class Runtime:
         client_options: dict[str, Any] | None = None,
         codegen_environment: dict[str, Any] | None = None,
         deviceless: bool = False,
+        devices: int | None = None,
     ) -> None:
         self.location = location
         """Which plugin library was loaded, and why."""
@@ -169,6 +177,9 @@ class Runtime:
         self.codegen_environment = dict(codegen_environment or {})
         """What the plugin read from the environment when it loaded and that changes the
         code it generates (XLA_FLAGS, thread counts): part of the cache key."""
+        self.fixed_devices = devices
+        """The devices a pool gave this process's client (worker.plugin.devices.DEVICES_ENV),
+        or None: as many as the platform gives, or (CPU) as the largest program needs."""
 
     def __repr__(self) -> str:
         return f"Runtime({self.location!r})"
@@ -182,7 +193,36 @@ class Runtime:
         """
         with self._making:
             if self._client is None:
-                self._client = _open_client(self.platform, self.plugin, self.client_options)
+                self._client = _open_client(self.platform, self.plugin, self._create_options())
+            return self._client
+
+    def _create_options(self, devices: int | None = None) -> dict[str, Any]:
+        """The client's create options: the key's (client_options) and those that give it
+        `devices` devices (default: as many as the pool fixed). The device count is left
+        out of the key: the device assignment in a program's compile options says it."""
+        wanted = self.fixed_devices if devices is None else devices
+        return {**self.client_options, **device_options(self.platform, wanted)}
+
+    def client_for(self, devices: int, what: str = "") -> _pjrt.Client:
+        """A client that holds at least `devices` devices, for a program over that many
+        (`what` describes it for the refusal).
+
+        The runtime's own client when it holds enough; else, on a platform that makes
+        devices on demand (the CPU) in a process whose count no pool fixed, a new client
+        of that many, which later compiles use too (executables made on the old one keep
+        it). Raises DeviceCountError otherwise, naming both counts and what gives more.
+        """
+        client = self.client
+        if client.num_devices >= devices:
+            return client
+        if self.platform not in GROWING_PLATFORMS or self.fixed_devices is not None:
+            setting = SETTING if self.fixed_devices is not None else None
+            raise too_few_devices(devices, client.num_devices, what, setting=setting)
+        with self._making:
+            if self._client is None or self._client.num_devices < devices:
+                self._client = _open_client(
+                    self.platform, self.plugin, self._create_options(devices)
+                )
             return self._client
 
     @property
@@ -401,6 +441,7 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
                 _preload_cuda_libraries(cuda_major(location.path))
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         options = dict(_CLIENT_OPTIONS.get(platform, {}))
+        devices = fixed_devices()
         loading = loading_environment(platform, deviceless)
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
@@ -416,7 +457,13 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
                 ) from None
             except PjrtError as error:  # PJRT_Plugin_Initialize: libtpu's lock is one cause
                 raise _unavailable(platform, error) or error from None
-            client = None if deviceless else _open_client(platform, plugin, options)
+            client = (
+                None
+                if deviceless
+                else _open_client(
+                    platform, plugin, {**options, **device_options(platform, devices)}
+                )
+            )
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location,
@@ -425,5 +472,6 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             client_options=options,
             codegen_environment=environment,
             deviceless=deviceless,
+            devices=devices,
         )
         return _runtime
