@@ -401,6 +401,17 @@ class Pool(WorkerPool, PoolFace):
     both). See pool.executor.roles. Every method takes the same calls
     whatever the workers' roles (worker_info says each one's).
 
+    devices_per_worker (default 1) is how many devices each worker holds, for
+    programs over several devices (a jax.jit with shardings over a Mesh, a
+    shard_map: see docs/sharding.md): on the CPU that many host devices
+    (the CPU plugin's cpu_device_count), on a TPU host one chip per worker or
+    all of them (devices_per_worker=1 or the host's chips; compile workers
+    then compile for that many chips), on a GPU the GPUs the worker sees. A
+    program over more devices than that is refused when it is submitted,
+    before it compiles, with a DeviceCountError naming both counts and this
+    setting. Such a program takes and returns global arrays, as jax.jit
+    does: each worker splits them over its devices and runs once over all.
+
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.
     Futures' done-callbacks run on the pool's manager thread: they may

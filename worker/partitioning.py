@@ -133,10 +133,14 @@ class Partitioning(NamedTuple):
             self.num_replicas, self.num_partitions, self.device_ids, self.shardy
         )
 
+    @property
+    def mesh_text(self) -> str:
+        """The mesh for people: "mesh data=2 x model=2"."""
+        return "mesh " + (" x ".join(f"{name}={size}" for name, size in self.mesh) or "()")
+
     def describe(self) -> str:
         """For people: "4 devices (mesh data=2 x model=2)"."""
-        axes = " x ".join(f"{name}={size}" for name, size in self.mesh) or "no named axes"
-        return f"{self.devices} devices (mesh {axes})"
+        return f"{self.devices} devices ({self.mesh_text})"
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON-ready data."""

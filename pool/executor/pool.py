@@ -91,7 +91,9 @@ from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
+from worker.partitioning import Partitioning
 from worker.plugin.conformance_records import warn_known_failures
+from worker.plugin.devices import more_per_worker, too_few_devices
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
@@ -156,6 +158,7 @@ class WorkerPool:
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
+        devices_per_worker: int = 1,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -180,6 +183,7 @@ class WorkerPool:
             remote=remote,
             topology=topology,
             run_workers=run_workers,
+            devices_per_worker=devices_per_worker,
         )
         self._assemble(settings)
         self._manager.start()
@@ -593,6 +597,22 @@ class WorkerPool:
         compiled.add_done_callback(queue_run)
         return task.future
 
+    def _check_devices(self, partitioning: Partitioning | None) -> None:
+        """Refuses a program over more devices than a worker holds (DeviceCountError naming both
+        counts and devices_per_worker), before any worker is claimed. A pool given a topology
+        leaves it to its workers, which know how many devices the topology has."""
+        settings = self._settings
+        if partitioning is None or settings.topology is not None:
+            return
+        if partitioning.devices > settings.devices_per_worker:
+            raise too_few_devices(
+                partitioning.devices,
+                settings.devices_per_worker,
+                partitioning.mesh_text,
+                "each worker of this pool holds",
+                more_per_worker(partitioning.devices),
+            )
+
     def _new_task(
         self,
         kind: Kind,
@@ -620,6 +640,7 @@ class WorkerPool:
             )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
+        self._check_devices(program.partitioning if spec is None else spec.partitioning)
         if program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pool.executor.tasks import Kind
 from worker.errors import DeviceUnavailableError
 from worker.plugin import libtpu
+from worker.plugin.devices import DEVICES_ENV
 from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
@@ -75,19 +76,34 @@ class WorkerPlan:
     """Variables set for this worker alone (a device worker's chip, on a host of several)."""
 
 
-def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:
-    """The variables that give a device worker one chip of a host with `chips` of them.
+def device_environment(worker: int, count: int, chips: int) -> tuple[tuple[str, str], ...]:
+    """The variables that give the TPU device worker number `worker` `count` chips of a host
+    with `chips` of them, and tell it its count (worker.plugin.devices.DEVICES_ENV).
 
-    One chip alone needs none. With several, each worker sees its own chip as a
-    job of one process and one chip, as JAX's multi-process TPU tests set them.
+    Every chip of the host needs no variable: libtpu's client holds what the
+    process sees. One chip of several: each worker sees its own chip as a job
+    of one process and one chip, as JAX's multi-process TPU tests set them.
+    Any other share is refused (check_chip_share): its process bounds are
+    not measured here.
     """
-    if chips <= 1:
-        return ()
+    told = ((DEVICES_ENV, str(count)),)
+    if count == chips:
+        return told
     return (
-        (libtpu.VISIBLE_CHIPS_ENV, str(chip)),
+        (libtpu.VISIBLE_CHIPS_ENV, str(worker)),
         ("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1"),
         ("TPU_PROCESS_BOUNDS", "1,1,1"),
+        *told,
     )
+
+
+def check_chip_share(count: int, chips: int) -> None:
+    """Raises ValueError for a TPU pool's devices_per_worker other than 1 or the host's chips."""
+    if count not in (1, chips):
+        raise ValueError(
+            f"devices_per_worker={count}, but this TPU host has {chips} chip(s): a TPU worker "
+            f"holds one chip or all of them (devices_per_worker=1 or {chips})"
+        )
 
 
 def default_compile_workers() -> int:
@@ -100,10 +116,12 @@ def plan_workers(
     platform: str | None,
     topology: TopologySpec | None,
     run_workers: int | None = None,
+    devices: int = 1,
 ) -> tuple[WorkerPlan, ...]:
-    """The pool's worker slots (see the module); raises DeviceUnavailableError for a TPU pool
-    that can neither find a chip nor was given a topology, and ValueError for run workers a
-    pool given a topology cannot have, or more than a TPU host's chips."""
+    """The pool's worker slots (see the module), each worker holding `devices` devices (a
+    compile worker none); raises DeviceUnavailableError for a TPU pool that can neither find
+    a chip nor was given a topology, and ValueError for run workers a pool given a topology
+    cannot have, or more than a TPU host's chips, or a share of its chips it cannot give."""
     cores = os.cpu_count() or 1
     if topology is not None:
         if run_workers:
@@ -113,10 +131,13 @@ def plan_workers(
             )
         return (WorkerPlan(Role.COMPILE, topology),) * (workers or default_compile_workers())
     if platform != "tpu":
+        told = ((DEVICES_ENV, str(devices)),)  # worker.plugin.devices: the client's devices
         if not run_workers:
-            return (WorkerPlan(Role.ANY),) * (workers or cores)
+            return (WorkerPlan(Role.ANY, None, told),) * (workers or cores)
         compilers = workers or max(1, cores - run_workers)
-        return (WorkerPlan(Role.COMPILE),) * compilers + (WorkerPlan(Role.DEVICE),) * run_workers
+        return (WorkerPlan(Role.COMPILE, None, told),) * compilers + (
+            WorkerPlan(Role.DEVICE, None, told),
+        ) * run_workers
     chips = libtpu.attached_chips()
     if chips == 0:
         raise DeviceUnavailableError(
@@ -124,16 +145,20 @@ def plan_workers(
             "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
             "it, and run where the chip is"
         )
-    if run_workers is not None and run_workers > chips:
+    check_chip_share(devices, chips)
+    if run_workers is not None and run_workers > chips // devices:
         raise ValueError(
             f"run_workers={run_workers}, but this host has {chips} TPU chip(s), and one process "
-            "at a time may hold a chip: give at most one run worker per chip"
+            f"at a time may hold a chip: give at most one run worker per {devices} chip(s)"
         )
-    held = chips if run_workers is None else run_workers
-    host = libtpu.host_topology(chips=1)
+    held = chips // devices if run_workers is None else run_workers
+    # Compile workers compile for what one device worker holds: the key is the same there.
+    host = libtpu.host_topology(chips=devices)
     role = Role.DEVICE if host is not None else Role.ANY
-    devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(held))
+    runners = tuple(
+        WorkerPlan(role, None, device_environment(i, devices, chips)) for i in range(held)
+    )
     if host is None:
-        return devices  # no name for the host's topology: each chip's worker compiles itself
+        return runners  # no name for the host's topology: each chip's worker compiles itself
     compilers = workers or default_compile_workers()
-    return (WorkerPlan(Role.COMPILE, host),) * compilers + devices
+    return (WorkerPlan(Role.COMPILE, host),) * compilers + runners

@@ -352,7 +352,7 @@ def _client_for(runtime: Runtime, partitioning: Partitioning | None) -> _pjrt.Cl
     (Runtime.client_for: DeviceCountError where there are not that many)."""
     if partitioning is None:
         return runtime.client
-    return runtime.client_for(partitioning.devices, partitioning.describe())
+    return runtime.client_for(partitioning.devices, partitioning.mesh_text)
 
 
 def deserialize_executable(

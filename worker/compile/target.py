@@ -68,7 +68,7 @@ class DeviceTarget:
         """Raises DeviceCountError, before anything compiles, when the program needs more
         devices than a client here can hold (worker.plugin.runtime.Runtime.client_for)."""
         if partitioning is not None:
-            self.runtime.client_for(partitioning.devices, partitioning.describe())
+            self.runtime.client_for(partitioning.devices, partitioning.mesh_text)
 
     def compile(
         self,
@@ -125,8 +125,9 @@ class TopologyTarget:
             raise too_few_devices(
                 partitioning.devices,
                 chips,
-                f"{partitioning.describe()}; the topology {self.spec.name} has {chips}",
-                setting=None,
+                partitioning.mesh_text,
+                f"the topology {self.spec.name} has",
+                f"compile it for a topology of {partitioning.devices} devices",
             )
 
     def compile(

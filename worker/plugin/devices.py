@@ -66,18 +66,18 @@ def device_options(platform: str, devices: int | None) -> dict[str, Any]:
 
 
 def too_few_devices(
-    needed: int, available: int, what: str, *, setting: str | None = SETTING
+    needed: int, available: int, mesh: str, where: str, hint: str
 ) -> DeviceCountError:
-    """The refusal of a program that needs `needed` devices where `available` are: what it is
-    (its partitioning, described), and the setting that gives more."""
-    hint = (
-        f"give each worker {needed} (Pool(..., {setting}={needed}))"
-        if setting
-        else f"run it where {needed} devices are"
-    )
+    """The refusal of a program that needs `needed` devices (over `mesh`, described) where
+    `available` are (`where` says whose: "each worker of this pool holds"), with what gives
+    more (`hint`)."""
     return DeviceCountError(
-        f"the program needs {needed} devices ({what}) but {available} "
-        f"{'is' if available == 1 else 'are'} available here: {hint}",
+        f"the program needs {needed} devices ({mesh}) but {where} {available}: {hint}",
         needed,
         available,
     )
+
+
+def more_per_worker(needed: int) -> str:
+    """What gives a pool's workers `needed` devices each."""
+    return f"give each worker {needed} (Pool(..., {SETTING}={needed}))"

@@ -40,9 +40,9 @@ from worker.plugin import libtpu
 from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.devices import (
     GROWING_PLATFORMS,
-    SETTING,
     device_options,
     fixed_devices,
+    more_per_worker,
     too_few_devices,
 )
 from worker.plugin.locate import (
@@ -203,9 +203,9 @@ class Runtime:
         wanted = self.fixed_devices if devices is None else devices
         return {**self.client_options, **device_options(self.platform, wanted)}
 
-    def client_for(self, devices: int, what: str = "") -> _pjrt.Client:
+    def client_for(self, devices: int, mesh: str = "") -> _pjrt.Client:
         """A client that holds at least `devices` devices, for a program over that many
-        (`what` describes it for the refusal).
+        (over `mesh`, described for the refusal).
 
         The runtime's own client when it holds enough; else, on a platform that makes
         devices on demand (the CPU) in a process whose count no pool fixed, a new client
@@ -215,9 +215,20 @@ class Runtime:
         client = self.client
         if client.num_devices >= devices:
             return client
-        if self.platform not in GROWING_PLATFORMS or self.fixed_devices is not None:
-            setting = SETTING if self.fixed_devices is not None else None
-            raise too_few_devices(devices, client.num_devices, what, setting=setting)
+        if self.fixed_devices is not None:
+            where = "this pool worker holds"
+            raise too_few_devices(
+                devices, client.num_devices, mesh, where, more_per_worker(devices)
+            )
+        if self.platform not in GROWING_PLATFORMS:
+            raise too_few_devices(
+                devices,
+                client.num_devices,
+                mesh,
+                f"this process's {self.platform} client has",
+                f"run it on a host with {devices} devices, or compile it here for a topology of "
+                f"{devices} (compile_program(..., topology=...)) and run it there",
+            )
         with self._making:
             if self._client is None or self._client.num_devices < devices:
                 self._client = _open_client(
