@@ -245,6 +245,8 @@ class PoolFace(abc.ABC):
         custom_calls: Sequence[str] = (),
         name: str | None = None,
         static_argnames: str | Sequence[str] | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
 
@@ -276,6 +278,14 @@ class PoolFace(abc.ABC):
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
+
+        in_shardings and out_shardings are as jax.jit takes them (a sharding,
+        or a pytree prefix of the dynamic positional arguments and of the
+        result): the program runs over the devices of their mesh, as does a
+        function that is a jax.jit with shardings, or a shard_map, or is
+        called with arrays placed on a mesh (its shardings are kept). It still
+        takes and returns whole arrays; each worker needs that many devices
+        (Pool's devices_per_worker). See docs/sharding.md.
         """
         # Here, not at the top: it imports JAX (about a second), which a pool that
         # runs warmed programs (pool.manifest) never needs.
@@ -291,6 +301,8 @@ class PoolFace(abc.ABC):
             platform=platform,
             custom_calls=custom_calls,
             name=name,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
         )
 
     def __enter__(self) -> Self:

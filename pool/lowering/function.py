@@ -243,6 +243,8 @@ class PoolFunction:
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
         name: str | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
     ) -> None:
         if not callable(function):
             raise TypeError(f"function must be callable, not {type(function).__name__}")
@@ -267,6 +269,8 @@ class PoolFunction:
         self._platform = platform
         self._custom_calls = tuple(custom_calls)
         self._name = name
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
         self._compiled: dict[Any, _Compiled] = {}
         # Signatures being lowered: another thread's call of one waits for it, unless
         # that thread is lowering something itself (see _lower_once).
@@ -433,6 +437,8 @@ class PoolFunction:
             label=lambda i, path: (
                 f"argument {positions[i]}{path}" if i >= 0 else f"keyword argument {path}"
             ),
+            in_shardings=self._in_shardings,
+            out_shardings=self._out_shardings,
         )
         return _Compiled(
             lowered,

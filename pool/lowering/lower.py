@@ -424,6 +424,9 @@ def lower(
     shapes: Sequence[jax.ShapeDtypeStruct | jax.Array],
     platform: str | None = None,
     custom_calls: Sequence[str] = (),
+    *,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> LoweredProgram:
     """Lowers a function to StableHLO for a platform, which by default follows JAX.
 
@@ -463,9 +466,29 @@ def lower(
     for example, jnp.arctan on the default CPU plugin. Programs for other
     plugins are exactly as JAX writes them. PJRT_POOL_WORKAROUNDS=off turns
     the workarounds off.
+
+    A function over several devices (SPMD) lowers to one program for all of
+    them, which records its Partitioning (LoweredProgram.partitioning): a
+    jax.jit with shardings over a Mesh, a shard_map, arguments placed on a
+    mesh (jax.Array, or ShapeDtypeStruct(..., sharding=NamedSharding(...))),
+    or in_shardings and out_shardings given here as jax.jit takes them (a
+    pytree prefix of shapes, and of the result). The mesh may hold this
+    process's devices, TPU devices of jax.experimental.topologies (no chip
+    needed), or be a jax.sharding.AbstractMesh. Every input and output of the
+    program gets a sharding: the one given, placed or said inside, else
+    replicated (see pool.lowering.sharding); the program is the one
+    jax.jit(function, in_shardings=..., out_shardings=...) compiles with
+    those. It takes and returns global arrays, as jax.jit does.
     """
     if isinstance(shapes, (jax.ShapeDtypeStruct, np.ndarray, jax.Array)) or not isinstance(
         shapes, Sequence
     ):
         raise TypeError("shapes must be a sequence with one shape or array per argument")
-    return lower_tree(function, shapes, platform=platform, custom_calls=custom_calls).program
+    return lower_tree(
+        function,
+        shapes,
+        platform=platform,
+        custom_calls=custom_calls,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+    ).program
