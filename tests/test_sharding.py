@@ -346,3 +346,135 @@ def test_sharded_programs_run_on_the_second_cpu_plugin(tmp_path):
         env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN, "PYTHONPATH": _scripts_path()},
     )
     assert done.stdout.count("ok ") == 7
+
+
+# -- a crash, a cluster, a manifest and a bundle ----------------------------------------------
+
+
+def test_a_crash_in_one_sharded_run_fails_only_that_run(handlers):
+    from pool_helpers import handler_initializer
+
+    from pool.errors import WorkerCrashedError
+
+    mesh = make_mesh(jax.devices(), (4,))
+
+    def crash(x):
+        return jax.ffi.ffi_call("null_deref", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    crasher = lower(
+        jax.shard_map(crash, mesh=mesh, in_specs=P("data"), out_specs=P("data")),
+        [jax.ShapeDtypeStruct((8,), np.float32)],
+        custom_calls=["null_deref"],
+    )
+    case = sharded_cases(mesh)[3]  # psum
+    program, arguments = _lowered(case), case.arguments()
+    initializer = handler_initializer(handlers)
+    with Pool(1, devices_per_worker=4, initializer=initializer, max_crashes=2) as pool:
+        before = pool.submit(program, arguments)
+        doomed = pool.submit(crasher, [np.ones(8, np.float32)])
+        after = pool.submit(program, arguments)
+        with pytest.raises(WorkerCrashedError, match="SIGSEGV"):
+            doomed.result(timeout=120)
+        for future in (before, after):
+            (out,) = future.result(timeout=120)
+            _assert_same(case, out, _expected(case, arguments)[0])
+
+
+@pytest.mark.slow
+def test_a_cluster_pool_runs_and_refuses_sharded_programs_as_a_pool_does():
+    pytest.importorskip("distributed")
+    from pool import ClusterPool
+    from pool.cluster import local_client
+
+    mesh = make_mesh(jax.devices(), (2, 2))
+    ins, outs = mlp_shardings(mesh)
+    case = sharded_cases(mesh)[4]  # all_gather
+    with local_client(1, threads_per_worker=1) as client:
+        with ClusterPool(client, workers_per_node=1, devices_per_worker=4) as cluster:
+            (out,) = cluster.run(_lowered(case), case.arguments())
+            _assert_same(case, out, _expected(case, case.arguments())[0])
+            step = cluster.function(mlp_step, in_shardings=ins, out_shardings=outs)
+            _, loss = step(mlp_parameters(), mlp_batch())
+            _, expected = jax.jit(mlp_step, in_shardings=ins, out_shardings=outs)(
+                mlp_parameters(), mlp_batch()
+            )
+            np.testing.assert_allclose(loss, expected, rtol=2e-6)
+        with (
+            ClusterPool(client, workers_per_node=1, devices_per_worker=2) as small,
+            pytest.raises(DeviceCountError, match=r"needs 4 devices .* holds 2"),
+        ):
+            small.submit(_lowered(case), case.arguments())
+
+
+SPEC = """
+import jax
+from jax.sharding import AbstractMesh
+from sharded_examples import mlp_batch, mlp_parameters, mlp_shardings, mlp_step
+from pool.warm import WarmProgram
+
+MESH = AbstractMesh((2, 2), ("data", "model"))  # a mesh without devices: any host's 4
+
+
+def programs():
+    ins, outs = mlp_shardings(MESH)
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                          [mlp_parameters(), mlp_batch()])
+    yield WarmProgram("mlp_step", mlp_step, shapes, in_shardings=ins, out_shardings=outs)
+"""
+
+
+@pytest.mark.slow
+def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_process(tmp_path):
+    """Warmed (pjrt-pool warm --devices-per-worker 4), bundled, then fed back for 10 steps in
+    a process without JAX: from the manifest through a Pool of 4 devices per worker, from the
+    bundle in that process; the numbers are jax.jit's."""
+    from conftest import pjrt_pool
+
+    (tmp_path / "spec.py").write_text(SPEC)
+    env = {"PYTHONPATH": _scripts_path(), "PJRT_POOL_CACHE_DIR": str(tmp_path / "cache")}
+    manifest, bundle = tmp_path / "m.json", tmp_path / "app.bundle"
+    warm = pjrt_pool(
+        "warm", str(tmp_path / "spec.py"), "--workers", "1", "--devices-per-worker", "4",
+        "--manifest", str(manifest), env=env,
+    )  # fmt: skip
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    assert pjrt_pool("bundle", "create", str(manifest), "-o", str(bundle), env=env).returncode == 0
+    mesh = make_mesh(jax.devices(), (2, 2))
+    ins, outs = mlp_shardings(mesh)
+    reference = jax.jit(mlp_step, in_shardings=ins, out_shardings=outs)
+    params, batch = mlp_parameters(), mlp_batch()
+    np.savez(tmp_path / "start.npz", x=batch[0], y=batch[1], **params)
+    for _ in range(10):
+        params, loss = reference(params, batch)
+    np.savez(tmp_path / "expected.npz", loss=loss, **{k: np.asarray(v) for k, v in params.items()})
+    done = run_python(
+        f"""
+        import sys, numpy as np
+        from pool import Pool
+        from pool.manifest import load_manifest
+
+        expected = np.load({str(tmp_path / "expected.npz")!r})
+        start = np.load({str(tmp_path / "start.npz")!r})
+
+        def ten_steps(run):
+            params = {{k: start[k] for k in ("b1", "b2", "w1", "w2")}}
+            batch = (start["x"], start["y"])
+            for _ in range(10):  # flat leaves: b1, b2, w1, w2 (sorted keys), x, y
+                leaves = [params[k] for k in sorted(params)] + list(batch)
+                *new, loss = run(leaves)
+                params = dict(zip(sorted(params), new))
+            for name in params:
+                np.testing.assert_allclose(params[name], expected[name], rtol=2e-6, atol=1e-7)
+            np.testing.assert_allclose(loss, expected["loss"], rtol=2e-6)
+
+        manifest = load_manifest({str(manifest)!r})
+        with Pool(1, devices_per_worker=4) as pool:
+            ten_steps(lambda leaves: manifest.run("mlp_step", leaves, pool=pool))
+        bundled = load_manifest({str(bundle)!r})
+        ten_steps(lambda leaves: bundled.run("mlp_step", leaves))
+        assert "jax" not in sys.modules
+        print("ok")
+        """,
+        env=env,
+    )
+    assert done.stdout.strip().endswith("ok")

@@ -55,6 +55,7 @@ from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
+from worker.partitioning import devices_needed
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
@@ -83,6 +84,14 @@ def register(subparsers: Any) -> None:
     )
     warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
     add_topology_options(warm, "compile for this topology")
+    warm.add_argument(
+        "--devices-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="devices each compile worker holds, for programs over several devices (default 1; "
+        "a topology's programs compile without any)",
+    )
     warm.add_argument(
         "--cache-dir",
         metavar="DIR",
@@ -185,6 +194,8 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if args.devices_per_worker < 1:
+        raise UsageError(f"--devices-per-worker must be at least 1, not {args.devices_per_worker}")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -284,6 +295,7 @@ def _warm(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler,
                 remote=args.remote,
                 topology=topology_option(args),
+                devices_per_worker=args.devices_per_worker,
             )
         except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
             report, interrupted = stopped.report, stopped
@@ -408,7 +420,11 @@ def _timed_run(
             from pool.face import Pool
 
             with Pool(
-                args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote
+                args.workers,
+                platform=spec.platform,
+                cache_dir=manifest.cache_dir,
+                remote=remote,
+                devices_per_worker=devices_needed(spec.partitioning),  # what the program needs
             ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)

@@ -82,7 +82,7 @@ from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.settings import PoolSettings, check_devices, check_timeout, finite
 from pool.executor.tasks import Kind, Request, Task, Tasks
 from pool.executor.wait_set import WaitSet
 from pool.executor.workers import ARENA_SIZE, Workers
@@ -91,9 +91,7 @@ from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
-from worker.partitioning import Partitioning
 from worker.plugin.conformance_records import warn_known_failures
-from worker.plugin.devices import more_per_worker, too_few_devices
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
@@ -597,22 +595,6 @@ class WorkerPool:
         compiled.add_done_callback(queue_run)
         return task.future
 
-    def _check_devices(self, partitioning: Partitioning | None) -> None:
-        """Refuses a program over more devices than a worker holds (DeviceCountError naming both
-        counts and devices_per_worker), before any worker is claimed. A pool given a topology
-        leaves it to its workers, which know how many devices the topology has."""
-        settings = self._settings
-        if partitioning is None or settings.topology is not None:
-            return
-        if partitioning.devices > settings.devices_per_worker:
-            raise too_few_devices(
-                partitioning.devices,
-                settings.devices_per_worker,
-                partitioning.mesh_text,
-                "each worker of this pool holds",
-                more_per_worker(partitioning.devices),
-            )
-
     def _new_task(
         self,
         kind: Kind,
@@ -640,7 +622,8 @@ class WorkerPool:
             )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
-        self._check_devices(program.partitioning if spec is None else spec.partitioning)
+        partitioning = program.partitioning if spec is None else spec.partitioning
+        check_devices(partitioning, self._settings.devices_per_worker, self._settings.topology)
         if program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key

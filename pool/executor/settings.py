@@ -22,6 +22,8 @@ from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import check_remote
 from worker.cache import check_cache_dir
 from worker.compile.never_compile import never_compile_on
+from worker.partitioning import Partitioning
+from worker.plugin.devices import more_per_worker, too_few_devices
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec, parse_topology
 
@@ -165,6 +167,24 @@ def _checked_plan(
     )
     plan = plan_workers(count, platform or default_platform(), target, runners, devices)
     return platform, target, plan
+
+
+def check_devices(
+    partitioning: Partitioning | None, devices_per_worker: int, topology: Any = None
+) -> None:
+    """Refuses a program over more devices than a pool's worker holds (a DeviceCountError
+    naming both counts and devices_per_worker), before any worker is claimed. A pool given a
+    topology leaves it to its workers, which know how many chips the topology has."""
+    if partitioning is None or topology is not None:
+        return
+    if partitioning.devices > devices_per_worker:
+        raise too_few_devices(
+            partitioning.devices,
+            devices_per_worker,
+            partitioning.mesh_text,
+            "each worker of this pool holds",
+            more_per_worker(partitioning.devices),
+        )
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:

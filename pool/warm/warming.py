@@ -522,6 +522,7 @@ def _compiler(
     initializer: Any,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> Iterator[PoolFace]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
     if scheduler is None:
@@ -533,6 +534,7 @@ def _compiler(
             initializer=initializer,
             remote=remote,
             topology=topology,
+            devices_per_worker=devices_per_worker,
         ) as pool:
             yield pool
         return
@@ -550,6 +552,7 @@ def _compiler(
             initializer=initializer,
             remote=remote,
             topology=topology,
+            devices_per_worker=devices_per_worker,
         ) as cluster,
     ):
         yield cluster
@@ -568,6 +571,7 @@ def warm(
     scheduler: str | None = None,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -588,8 +592,11 @@ def warm(
     theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
     TopologySpec) compiles every program for that topology without a device
     (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. A Ctrl-C raises WarmInterrupted, with the
-    report of what was warmed before it, once the workers have stopped.
+    the manifest, of a TPU host. devices_per_worker is the devices each
+    compiling worker holds, as for Pool: a CPU or GPU program over several
+    devices compiles on that many (a topology's programs compile without any).
+    A Ctrl-C raises WarmInterrupted, with the report of what was warmed
+    before it, once the workers have stopped.
     """
     prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
@@ -598,7 +605,15 @@ def warm(
     started = time.monotonic()
     figures = _Figures()
     compiling = _compiler(
-        scheduler, workers, platform, cache_dir, timeout, initializer, remote, topology
+        scheduler,
+        workers,
+        platform,
+        cache_dir,
+        timeout,
+        initializer,
+        remote,
+        topology,
+        devices_per_worker,
     )
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):

@@ -80,4 +80,7 @@ def too_few_devices(
 
 def more_per_worker(needed: int) -> str:
     """What gives a pool's workers `needed` devices each."""
-    return f"give each worker {needed} (Pool(..., {SETTING}={needed}))"
+    return (
+        f"give each worker {needed} (Pool(..., {SETTING}={needed}); "
+        f"pjrt-pool warm --devices-per-worker {needed})"
+    )
