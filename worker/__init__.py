@@ -5,10 +5,11 @@ Everything here runs in any process that holds a plugin: a pool worker
 never imports JAX, so that a worker starts in a fraction of a second. Where
 each thing lives, and so where plugin loading ends and serving begins::
 
-    records.py, arguments.py, dtypes.py, errors.py, phases.py
+    records.py, partitioning.py, arguments.py, dtypes.py, errors.py, phases.py
                   the shared records: ArrayType, LoweredProgram, ProgramSpec,
-                  CompileStatistics; converting arguments; the dtypes the runtime
-                  takes; the errors; seconds per phase of compiles and start-ups
+                  CompileStatistics; a sharded program's Partitioning; converting
+                  arguments; the dtypes the runtime takes; the errors; seconds per
+                  phase of compiles and start-ups
     untrusted.py  reading files someone else may have written: bounded, then parsed
     fds.py        closing file descriptors in cleanup
     log.py        loggers that import logging only when a message could be seen
