@@ -108,6 +108,8 @@ def test_a_sharded_deviceless_compile_is_jaxs_own(topology, shape):
 
 
 def test_a_program_over_more_chips_than_the_topology_is_refused_before_it_compiles(tmp_path):
+    """In this process and in a compile-only pool's worker, whose refusal the parent raises
+    as the same DeviceCountError."""
     lines = in_child(
         f"""
         from worker.errors import DeviceCountError
@@ -117,6 +119,11 @@ def test_a_program_over_more_chips_than_the_topology_is_refused_before_it_compil
         with pytest.raises(DeviceCountError) as refused:
             compile_program(program, cache_dir={str(tmp_path)!r}, topology="v5e:2x2")
         assert (refused.value.needed, refused.value.available) == (8, 4)
+        from pool import Pool
+        with Pool(1, topology="v5e:2x2", cache_dir={str(tmp_path)!r}) as pool:
+            with pytest.raises(DeviceCountError) as in_worker:  # the worker's, rebuilt here
+                pool.compile(program)
+        assert (in_worker.value.needed, in_worker.value.available) == (8, 4)
         print(refused.value)
         """
     )

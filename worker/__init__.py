@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from worker.compile.executable import Executable as Executable
     from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
     from worker.errors import BundleError as BundleError
+    from worker.errors import DeviceCountError as DeviceCountError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
     from worker.errors import PjrtError as PjrtError

@@ -50,7 +50,8 @@ class DeviceCountError(ValueError):
     more (a Pool's devices_per_worker, a larger topology).
     """
 
-    def __init__(self, message: str, needed: int, available: int) -> None:
+    def __init__(self, message: str, needed: int = 0, available: int = 0) -> None:
+        # Defaults: a pool rebuilds a worker's error from its message, then sets the counts.
         super().__init__(message)
         self.needed = needed
         self.available = available

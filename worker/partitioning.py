@@ -140,7 +140,7 @@ class Partitioning(NamedTuple):
 
     def describe(self) -> str:
         """For people: "4 devices (mesh data=2 x model=2)"."""
-        return f"{self.devices} devices ({self.mesh_text})"
+        return f"{self.devices} device{'' if self.devices == 1 else 's'} ({self.mesh_text})"
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON-ready data."""
