@@ -169,6 +169,21 @@ def test_pool_function_keeps_a_sharded_jits_own_shardings(pool8):
     np.testing.assert_allclose(loss, expected_loss, rtol=2e-6)
 
 
+def test_pool_function_keeps_the_placement_of_arrays_on_a_mesh(pool8):
+    """Arrays placed on a mesh (jax.device_put with a NamedSharding) choose the program's
+    input shardings, as jax.jit's; another placement is another signature."""
+    mesh = make_mesh(jax.devices(), (2, 2))
+    x = np.arange(128, dtype=np.float32).reshape(16, 8)
+    rows = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    blocks = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
+    f = pool8.function(lambda a: a * 2 + 1)
+    assert [s.spec for s in f.lower(rows).partitioning.inputs] == ["P('data', None)"]
+    assert [s.spec for s in f.lower(blocks).partitioning.inputs] == ["P('data', 'model')"]
+    assert f.lower(x).partitioning is None  # numpy: a program of one device
+    for placed in (rows, blocks):
+        assert np.array_equal(f(placed), x * 2 + 1)
+
+
 # -- refusals ---------------------------------------------------------------------------------
 
 
@@ -478,3 +493,11 @@ def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_pr
         env=env,
     )
     assert done.stdout.strip().endswith("ok")
+    for ran in (  # the command line, from the manifest and from the bundle
+        pjrt_pool("run", str(manifest), "mlp_step", "--json", env=env),
+        pjrt_pool("run", str(bundle), "mlp_step", "--json", env=env),
+        pjrt_pool("run", str(manifest), "mlp_step", "--workers", "1", "--json", env=env),
+    ):
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        shapes = [o["shape"] for o in json.loads(ran.stdout)["outputs"]]
+        assert shapes == [[16], [8], [8, 16], [16, 8], []]
