@@ -120,7 +120,7 @@ def test_a_program_over_more_chips_than_the_topology_is_refused_before_it_compil
             compile_program(program, cache_dir={str(tmp_path)!r}, topology="v5e:2x2")
         assert (refused.value.needed, refused.value.available) == (8, 4)
         from pool import Pool
-        with Pool(1, topology="v5e:2x2", cache_dir={str(tmp_path)!r}) as pool:
+        with Pool(1, platform="tpu", topology="v5e:2x2", cache_dir={str(tmp_path)!r}) as pool:
             with pytest.raises(DeviceCountError) as in_worker:  # the worker's, rebuilt here
                 pool.compile(program)
         assert (in_worker.value.needed, in_worker.value.available) == (8, 4)
