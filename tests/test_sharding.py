@@ -337,6 +337,7 @@ def test_the_partitioning_travels_in_a_program_spec_and_old_specs_are_one_device
 # -- the second CPU plugin ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
 def test_sharded_programs_run_on_the_second_cpu_plugin(tmp_path):
     """xla-cpu-pjrt (PJRT API 0.81, StableHLO 1.13.3) takes cpu_device_count and partitions

@@ -57,12 +57,9 @@ def in_child(body: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("topology", "shape"),
-    [
-        ("v5e:2x2", (2, 2)),
-        ("v5e:2x4", (2, 4)),
-        pytest.param("v6e:2x2", (4,), marks=pytest.mark.slow),
-    ],
+    [("v5e:2x2", (2, 2)), ("v5e:2x4", (2, 4)), ("v6e:2x2", (4,))],
 )
+@pytest.mark.slow  # 4-15 s each; CI's py311 leg, the one with libtpu, runs the slow tests
 def test_a_sharded_deviceless_compile_is_jaxs_own(topology, shape):
     """Each case (jit over a mesh of the topology's chips, shard_map collectives, a sharded
     MLP step over a pytree): JAX's own deviceless compile captured and compiled again by the
@@ -107,6 +104,7 @@ def test_a_sharded_deviceless_compile_is_jaxs_own(topology, shape):
     assert sum(line.startswith("same") for line in lines) == 8
 
 
+@pytest.mark.slow
 def test_a_program_over_more_chips_than_the_topology_is_refused_before_it_compiles(tmp_path):
     """In this process and in a compile-only pool's worker, whose refusal the parent raises
     as the same DeviceCountError."""
