@@ -161,9 +161,10 @@ def test_pool_function_keeps_a_sharded_jits_own_shardings(pool8):
     program = pool8.function(jitted).lower(mlp_parameters(), mlp_batch())
     specs = [s.spec for s in program.partitioning.inputs]
     # Flattened as jax.tree_util does: the parameters' leaves (b1, b2, w1, w2), then x, y.
-    assert specs == ["P('model',)", "P()", "P(None, 'model')", "P('model', None)"] + [
-        "P('data', None)"
-    ] * 2
+    assert (
+        specs
+        == ["P('model',)", "P()", "P(None, 'model')", "P('model', None)"] + ["P('data', None)"] * 2
+    )
     _, loss = pool8.function(jitted)(mlp_parameters(), mlp_batch())
     _, expected_loss = jitted(mlp_parameters(), mlp_batch())
     np.testing.assert_allclose(loss, expected_loss, rtol=2e-6)
