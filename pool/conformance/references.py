@@ -28,6 +28,7 @@ import numpy as np
 from pool.conformance.case import Case
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
+from worker.plugin.platforms.registry import platform_named
 
 REFERENCE_TIMEOUT = 1800.0
 """Seconds the reference process may take for the whole battery (each case compiles once)."""
@@ -78,8 +79,9 @@ def reference(case: Case, inputs: Sequence[np.ndarray], device: Any) -> list[np.
 
 
 def reference_device(platform: str) -> Any:
-    """JAX's own device for the platform if it has one, else its CPU."""
-    for name in (platform, "gpu") if platform in ("cuda", "rocm") else (platform,):
+    """JAX's own device for the platform if it has one (by any of its JAX names), else its
+    CPU."""
+    for name in platform_named(platform).jax_names:
         with contextlib.suppress(RuntimeError):
             return jax.devices(name)[0]
     return jax.devices("cpu")[0]

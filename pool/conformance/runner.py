@@ -46,7 +46,6 @@ from pool.errors import (
     describe_exit,
 )
 from pool.face import Pool
-from pool.lowering.devices import EXCLUSIVE_PLATFORMS
 from pool.lowering.lower import lower
 from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
@@ -58,6 +57,7 @@ from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV
 from worker.plugin.locate import env_var, environment_variables, find_plugin
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform, loaded_runtime
 
 DEFAULT_TIMEOUT = 60.0
@@ -347,7 +347,7 @@ def run_cases(
         applied, off = _workarounds(platform)
         # On a device one process at a time may hold, JAX's side runs after the workers
         # let it go, in a process of its own (references.py).
-        apart = platform in EXCLUSIVE_PLATFORMS
+        apart = platform_named(platform).references_apart
         device = None if apart else reference_device(platform)
         count = (os.cpu_count() or 1) if workers is None else workers
         try:

@@ -21,6 +21,8 @@ it runs beside the process that holds the chip, or on a machine without one.
 
     Pool(n, platform="tpu") on a host with k chips: n compile workers (default
     a third of the cores, at least 2: DEFAULT_COMPILE_SHARE) and k device workers
+    (devices_per_worker=k: one device worker holding every chip, the compile
+    workers compiling for them all)
     Pool(n, topology="v5e:2x2"): n compile workers, no device worker
     Pool(n, run_workers=r) elsewhere: n compile workers and r workers that run
     (each on its process's device, loading what the compile workers put in
@@ -36,8 +38,9 @@ from dataclasses import dataclass
 
 from pool.executor.tasks import Kind
 from worker.errors import DeviceUnavailableError
-from worker.plugin import libtpu
 from worker.plugin.devices import DEVICES_ENV
+from worker.plugin.platforms.platform import DeviceAccess, Platform
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
@@ -76,39 +79,18 @@ class WorkerPlan:
     """Variables set for this worker alone (a device worker's chip, on a host of several)."""
 
 
-def device_environment(worker: int, count: int, chips: int) -> tuple[tuple[str, str], ...]:
-    """The variables that give the TPU device worker number `worker` `count` chips of a host
-    with `chips` of them, and tell it its count (worker.plugin.devices.DEVICES_ENV).
-
-    Every chip of the host needs no variable: libtpu's client holds what the
-    process sees. One chip of several: each worker sees its own chip as a job
-    of one process and one chip, as JAX's multi-process TPU tests set them.
-    Any other share is refused (check_chip_share): its process bounds are
-    not measured here.
-    """
-    told = ((DEVICES_ENV, str(count)),)
-    if count == chips:
-        return told
-    return (
-        (libtpu.VISIBLE_CHIPS_ENV, str(worker)),
-        ("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1"),
-        ("TPU_PROCESS_BOUNDS", "1,1,1"),
-        *told,
-    )
-
-
-def check_chip_share(count: int, chips: int) -> None:
-    """Raises ValueError for a TPU pool's devices_per_worker other than 1 or the host's chips."""
-    if count not in (1, chips):
-        raise ValueError(
-            f"devices_per_worker={count}, but this TPU host has {chips} chip(s): a TPU worker "
-            f"holds one chip or all of them (devices_per_worker=1 or {chips})"
-        )
-
-
 def default_compile_workers() -> int:
     """A TPU pool's compile workers when none are asked for (see DEFAULT_COMPILE_SHARE)."""
     return max(MIN_COMPILE_WORKERS, (os.cpu_count() or 1) // DEFAULT_COMPILE_SHARE)
+
+
+def given(facts: Platform, devices: int, first: int = 0) -> tuple[tuple[str, str], ...]:
+    """A worker's own variables that give it `devices` devices from device `first`
+    (Platform.device_settings), and tell it its count (worker.plugin.devices.DEVICES_ENV),
+    which a program over more is then refused by. Raises ValueError for a share the platform
+    cannot give one process."""
+    settings = facts.device_settings(devices, first=first)
+    return (*settings.environment.items(), (DEVICES_ENV, str(devices)))
 
 
 def plan_workers(
@@ -118,10 +100,11 @@ def plan_workers(
     run_workers: int | None = None,
     devices: int = 1,
 ) -> tuple[WorkerPlan, ...]:
-    """The pool's worker slots (see the module), each worker holding `devices` devices (a
-    compile worker none); raises DeviceUnavailableError for a TPU pool that can neither find
-    a chip nor was given a topology, and ValueError for run workers a pool given a topology
-    cannot have, or more than a TPU host's chips, or a share of its chips it cannot give."""
+    """The pool's worker slots (see the module), each worker that runs holding `devices`
+    devices (a compile worker for a topology none); raises DeviceUnavailableError for a TPU
+    pool that can neither find a chip nor was given a topology, and ValueError for run
+    workers a pool given a topology cannot have, or more than a TPU host's chips, or a share
+    of a host's devices the platform cannot give one process."""
     cores = os.cpu_count() or 1
     if topology is not None:
         if run_workers:
@@ -130,33 +113,36 @@ def plan_workers(
                 f"workers (run_workers={run_workers})"
             )
         return (WorkerPlan(Role.COMPILE, topology),) * (workers or default_compile_workers())
-    if platform != "tpu":
-        told = ((DEVICES_ENV, str(devices)),)  # worker.plugin.devices: the client's devices
+    facts = platform_named(platform or "")
+    if facts.device_access is not DeviceAccess.EXCLUSIVE:
+        # Every worker opens the same devices, as each opens the first one by default (and
+        # with one device, as a worker always did: whatever devices its process sees).
+        told = given(facts, devices) if devices > 1 else ((DEVICES_ENV, "1"),)
         if not run_workers:
             return (WorkerPlan(Role.ANY, None, told),) * (workers or cores)
         compilers = workers or max(1, cores - run_workers)
         return (WorkerPlan(Role.COMPILE, None, told),) * compilers + (
             WorkerPlan(Role.DEVICE, None, told),
         ) * run_workers
-    chips = libtpu.attached_chips()
+    chips = facts.attached_devices() or 0
     if chips == 0:
         raise DeviceUnavailableError(
-            "no TPU is attached to this machine, so a pool for platform 'tpu' has nothing to "
-            "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
-            "it, and run where the chip is"
+            f"no {facts.name.upper()} is attached to this machine, so a pool for platform "
+            f"{facts.name!r} has nothing to run on: give it a topology "
+            "(Pool(topology='v5e:1x1')) to compile for one without it, and run where the chip is"
         )
-    check_chip_share(devices, chips)
     if run_workers is not None and run_workers > chips // devices:
         raise ValueError(
-            f"run_workers={run_workers}, but this host has {chips} TPU chip(s), and one process "
-            f"at a time may hold a chip: give at most one run worker per {devices} chip(s)"
+            f"run_workers={run_workers}, but this host has {chips} {facts.name.upper()} chip(s), "
+            f"and one process at a time may hold a chip: give at most one run worker per "
+            f"{devices} chip(s)"
         )
     held = chips // devices if run_workers is None else run_workers
     # Compile workers compile for what one device worker holds: the key is the same there.
-    host = libtpu.host_topology(chips=devices)
+    host = facts.host_topology(devices)
     role = Role.DEVICE if host is not None else Role.ANY
     runners = tuple(
-        WorkerPlan(role, None, device_environment(i, devices, chips)) for i in range(held)
+        WorkerPlan(role, None, given(facts, devices, first=i * devices)) for i in range(held)
     )
     if host is None:
         return runners  # no name for the host's topology: each chip's worker compiles itself

@@ -45,8 +45,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from worker.identity.target import TOPOLOGY_PLATFORMS
+from worker.identity.keys import PlatformPart
 from worker.partitioning import ArraySharding, Partitioning
+from worker.plugin.platforms.registry import platform_named
 
 Mesh = Any
 """A jax.sharding.Mesh or AbstractMesh."""
@@ -183,8 +184,8 @@ def _mesh_devices(mesh: Mesh, platform: str) -> tuple[int, ...]:
     if isinstance(mesh, jax.sharding.AbstractMesh):
         return tuple(range(mesh.size))
     ids = [int(d.id) for d in mesh.devices.flat]
-    if platform in TOPOLOGY_PLATFORMS:
-        return tuple(ids)
+    if PlatformPart.TOPOLOGY in platform_named(platform).platform_parts:
+        return tuple(ids)  # a TPU's: its ids name chips, whose places in the topology matter
     rank = {device: position for position, device in enumerate(sorted(ids))}
     return tuple(rank[i] for i in ids)
 
