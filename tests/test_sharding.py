@@ -503,3 +503,24 @@ def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_pr
         assert ran.returncode == 0, ran.stdout + ran.stderr
         shapes = [o["shape"] for o in json.loads(ran.stdout)["outputs"]]
         assert shapes == [[16], [8], [8, 16], [16, 8], []]
+
+
+@pytest.mark.parametrize(
+    "spec", [P("data", "model"), P("model", None), P(("data", "model")), P(None, "data"), P()]
+)
+def test_an_abstract_meshs_blocks_are_those_jax_gives_a_real_mesh(spec):
+    """A program over an AbstractMesh (no devices to ask) gets each device's block from its
+    PartitionSpec; JAX's devices_indices_map on a real mesh of that shape gives the same."""
+    from jax.sharding import AbstractMesh
+
+    from pool.lowering.sharding import partitioning_of
+
+    real = make_mesh(jax.devices(), (2, 4))
+    abstract = AbstractMesh((2, 4), ("data", "model"))
+    shape = (16, 8)
+
+    def blocks(mesh):
+        sharding = NamedSharding(mesh, spec)
+        return partitioning_of(mesh, [(sharding, shape)], [], "cpu", "").inputs[0].blocks
+
+    assert blocks(abstract) == blocks(real)
