@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from worker import compile_program as compile_program
     from worker import register_custom_call as register_custom_call
     from worker.errors import BundleError as BundleError
+    from worker.errors import DeviceCountError as DeviceCountError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
     from worker.identity.keys import InvalidKeyError as InvalidKeyError

@@ -245,6 +245,8 @@ class PoolFace(abc.ABC):
         custom_calls: Sequence[str] = (),
         name: str | None = None,
         static_argnames: str | Sequence[str] | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
 
@@ -276,6 +278,14 @@ class PoolFace(abc.ABC):
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
+
+        in_shardings and out_shardings are as jax.jit takes them (a sharding,
+        or a pytree prefix of the dynamic positional arguments and of the
+        result): the program runs over the devices of their mesh, as does a
+        function that is a jax.jit with shardings, or a shard_map, or is
+        called with arrays placed on a mesh (its shardings are kept). It still
+        takes and returns whole arrays; each worker needs that many devices
+        (Pool's devices_per_worker). See docs/sharding.md.
         """
         # Here, not at the top: it imports JAX (about a second), which a pool that
         # runs warmed programs (pool.manifest) never needs.
@@ -291,6 +301,8 @@ class PoolFace(abc.ABC):
             platform=platform,
             custom_calls=custom_calls,
             name=name,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
         )
 
     def __enter__(self) -> Self:
@@ -400,6 +412,17 @@ class Pool(WorkerPool, PoolFace):
     that runs never wait behind long compiles (default 0: every worker does
     both). See pool.executor.roles. Every method takes the same calls
     whatever the workers' roles (worker_info says each one's).
+
+    devices_per_worker (default 1) is how many devices each worker holds, for
+    programs over several devices (a jax.jit with shardings over a Mesh, a
+    shard_map: see docs/sharding.md): on the CPU that many host devices
+    (the CPU plugin's cpu_device_count), on a TPU host one chip per worker or
+    all of them (devices_per_worker=1 or the host's chips; compile workers
+    then compile for that many chips), on a GPU the GPUs the worker sees. A
+    program over more devices than that is refused when it is submitted,
+    before it compiles, with a DeviceCountError naming both counts and this
+    setting. Such a program takes and returns global arrays, as jax.jit
+    does: each worker splits them over its devices and runs once over all.
 
     Submission is thread-safe. The pool is a context manager; close() waits
     for submitted tasks and stops the workers, and may be called twice.

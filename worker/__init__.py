@@ -5,10 +5,11 @@ Everything here runs in any process that holds a plugin: a pool worker
 never imports JAX, so that a worker starts in a fraction of a second. Where
 each thing lives, and so where plugin loading ends and serving begins::
 
-    records.py, arguments.py, dtypes.py, errors.py, phases.py
+    records.py, partitioning.py, arguments.py, dtypes.py, errors.py, phases.py
                   the shared records: ArrayType, LoweredProgram, ProgramSpec,
-                  CompileStatistics; converting arguments; the dtypes the runtime
-                  takes; the errors; seconds per phase of compiles and start-ups
+                  CompileStatistics; a sharded program's Partitioning; converting
+                  arguments; the dtypes the runtime takes; the errors; seconds per
+                  phase of compiles and start-ups
     untrusted.py  reading files someone else may have written: bounded, then parsed
     extras.py     pjrt-pool's optional extras: the package each feature needs, the one
                   error for a missing one (MissingExtraError), where to install it from
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from worker.compile.executable import Executable as Executable
     from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
     from worker.errors import BundleError as BundleError
+    from worker.errors import DeviceCountError as DeviceCountError
     from worker.errors import MissingExtraError as MissingExtraError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError

@@ -11,6 +11,7 @@ from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
     "BundleError",
+    "DeviceCountError",
     "DeviceUnavailableError",
     "MissingExtraError",
     "NeverCompileError",
@@ -57,6 +58,21 @@ class DeviceUnavailableError(PjrtError):
         self.holder = holder
         self.code = 14  # PJRT_Error_Code_UNAVAILABLE
         self.code_name = "UNAVAILABLE"
+
+
+class DeviceCountError(ValueError):
+    """A program over several devices needs more devices than the process (or a pool's
+    worker, or a topology) has; refused before it compiles.
+
+    `needed` and `available` are the two counts; the message names the setting that gives
+    more (a Pool's devices_per_worker, a larger topology).
+    """
+
+    def __init__(self, message: str, needed: int = 0, available: int = 0) -> None:
+        # Defaults: a pool rebuilds a worker's error from its message, then sets the counts.
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
 
 
 class NotLoadedError(RuntimeError):

@@ -30,6 +30,7 @@ from pool.cli.main import ExitCode, UsageError
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import Manifest
 from pool.progress import ProgressDisplay
+from worker.partitioning import devices_needed
 from worker.records import ProgramSpec
 
 
@@ -54,6 +55,7 @@ def cluster_pool(
                 platform=spec.platform,
                 cache_dir=manifest.cache_dir,
                 remote=remote,
+                devices_per_worker=devices_needed(spec.partitioning),
             )
         )
 

@@ -57,6 +57,7 @@ from worker.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.extras import Feature, require
+from worker.partitioning import devices_needed
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
@@ -110,6 +111,14 @@ def _register_warm(subparsers: Any) -> None:
         warm,
         "compile for this TPU topology, without its devices: on a machine without one, or beside "
         "the process that holds the chip (with --scheduler, on every node)",
+    )
+    warm.add_argument(
+        "--devices-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="devices each compile worker holds, for programs over several devices (default 1; "
+        "a topology's programs compile without any)",
     )
     add_cache_dir_option(warm, "cache directory, made if missing")
     warm.add_argument(
@@ -230,6 +239,8 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if args.devices_per_worker < 1:
+        raise UsageError(f"--devices-per-worker must be at least 1, not {args.devices_per_worker}")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -330,6 +341,7 @@ def _warm(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler,
                 remote=args.remote,
                 topology=topology_option(args),
+                devices_per_worker=args.devices_per_worker,
             )
         except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
             report, interrupted = stopped.report, stopped
@@ -463,6 +475,7 @@ def _timed_run(
                 cache_dir=manifest.cache_dir,
                 # A bundle's programs come from the bundle: the workers use no remote tier.
                 remote=remote if manifest.bundle is None else False,
+                devices_per_worker=devices_needed(spec.partitioning),  # what the program needs
             ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)

@@ -49,6 +49,7 @@ from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_id
 from pool.executor.settings import (
     check_count,
+    check_devices,
     check_directory,
     check_flag,
     check_platform,
@@ -87,9 +88,11 @@ class ClusterPool(PoolFace):
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
     platform, cache_dir, task_timeout, initializer, never_compile, remote
-    and topology are as for Pool and apply on every node; they are checked
-    here, with Pool's errors (topology: every node compiles for it without a
-    device, so a cluster of CPU machines compiles for a TPU). never_compile
+    topology and devices_per_worker are as for Pool and apply on every node;
+    they are checked here, with Pool's errors (topology: every node compiles
+    for it without a device, so a cluster of CPU machines compiles for a TPU;
+    devices_per_worker: a program over more devices than that is refused at
+    submit, as a Pool refuses it). never_compile
     also refuses, at submit, a program its home node's cache lacks (and its
     remote tier too when there is one), and keeps runs on the nodes whose
     cache has it (pool.cluster.routing).
@@ -127,6 +130,7 @@ class ClusterPool(PoolFace):
         spread_at: int | None = None,
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
+        devices_per_worker: int = 1,
     ) -> None:
         # Checked here, before any node starts a Pool: a bad setting is refused once,
         # not in every run.
@@ -140,8 +144,10 @@ class ClusterPool(PoolFace):
             never_compile,
             remote,
             topology,
+            devices_per_worker,
         )
         self.client = client
+        self._devices = (options["devices_per_worker"], options.get("topology"))
         self._platform: str | None = options["platform"]
         self._never_compile: bool = options["never_compile"]
         if spread_at is None:
@@ -191,6 +197,7 @@ class ClusterPool(PoolFace):
         self._check_open()
         program = check_program(program, "ClusterPool.submit")
         compile_options = checked_compile_options(compile_options)
+        check_devices(program.partitioning, *self._devices)
         identity = program_id(program, compile_options)
         name = name or program.name
         arguments = _arguments(inputs, program.input_types)
@@ -240,6 +247,7 @@ class ClusterPool(PoolFace):
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
+        check_devices(spec.partitioning, *self._devices)
         source = bundle_source(bundle)
         arguments = _arguments(inputs, spec.input_types)
         return self._submit(
@@ -389,6 +397,7 @@ class ClusterPool(PoolFace):
         self._check_open()
         program = check_program(program, "ClusterPool.submit_compile")
         options = checked_compile_options(options)
+        check_devices(program.partitioning, *self._devices)
         remote = self._send(
             compile_task,
             self._route(program, options),
@@ -497,6 +506,7 @@ def _node_options(
     never_compile: Any,
     remote: Any,
     topology: Any = None,
+    devices_per_worker: Any = 1,
 ) -> dict[str, Any]:
     """The nodes' Pool options, checked here as Pool checks them (pool.executor.settings).
 
@@ -512,6 +522,9 @@ def _node_options(
         "task_timeout": check_timeout(task_timeout, "task_timeout"),
         "never_compile": never_compile_on(never_compile),
         "remote": check_remote(remote),
+        "devices_per_worker": check_count(
+            devices_per_worker, "devices_per_worker", 1, "devices each worker holds"
+        ),
     }
     if topology is not None:  # each node's Pool compiles for it without a device
         options["topology"] = parse_topology(topology)

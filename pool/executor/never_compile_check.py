@@ -23,6 +23,7 @@ from pool.executor.programs import program_key_parts
 from worker.cache.store import DiskCache
 from worker.compile.never_compile import refusal
 from worker.identity.keys import key_of
+from worker.partitioning import compile_options_for
 from worker.records import LoweredProgram
 
 
@@ -51,7 +52,8 @@ class NeverCompileCheck:
             return  # known to be there, or the workers did not say: they refuse themselves
         if program.platform not in (None, self._parts.get("platform")):
             return  # the worker refuses it for its platform, which says more
-        parts = program_key_parts(self._parts, text_digest, compile_options)
+        options = compile_options_for(program.partitioning, compile_options)
+        parts = program_key_parts(self._parts, text_digest, options)
         key = key_of(parts)
         if self._cache.usable and self._cache.path_of(key).is_file():
             self._present.add(program_id)

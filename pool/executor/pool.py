@@ -83,7 +83,7 @@ from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.settings import PoolSettings, check_devices, check_timeout, finite
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks
 from pool.executor.wait_set import WaitSet
@@ -160,6 +160,7 @@ class WorkerPool:
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
+        devices_per_worker: int = 1,
     ) -> None:
         self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
         # Every setting is checked before anything starts (see pool.executor.settings).
@@ -184,6 +185,7 @@ class WorkerPool:
             remote=remote,
             topology=topology,
             run_workers=run_workers,
+            devices_per_worker=devices_per_worker,
         )
         self._assemble(settings)
         self._manager.start()
@@ -634,6 +636,8 @@ class WorkerPool:
             )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
+        partitioning = program.partitioning if spec is None else spec.partitioning
+        check_devices(partitioning, self._settings.devices_per_worker, self._settings.topology)
         if program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key

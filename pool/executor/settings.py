@@ -22,6 +22,8 @@ from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import check_remote, open_for_workers
 from worker.cache import open_cache
 from worker.compile.never_compile import never_compile_on
+from worker.partitioning import Partitioning
+from worker.plugin.devices import more_per_worker, too_few_devices
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec, parse_topology
 
@@ -50,6 +52,7 @@ class PoolSettings:
     # Each worker slot's role, topology and own environment (pool.executor.roles).
     plan: tuple[WorkerPlan, ...] = ()
     topology: TopologySpec | None = None  # the pool compiles for it without a device
+    devices_per_worker: int = 1  # the devices each worker's client holds (worker.plugin.devices)
 
     @property
     def runners(self) -> int:
@@ -91,6 +94,7 @@ class PoolSettings:
         remote: Any = None,
         topology: Any = None,
         run_workers: Any = None,
+        devices_per_worker: Any = 1,
     ) -> PoolSettings:
         """Checks every setting, in the order Pool takes them; raises for the first bad one.
 
@@ -107,7 +111,10 @@ class PoolSettings:
         workers go (pool.executor.roles): a pool for TPU on a machine without
         one, and given no topology, is a ValueError.
         """
-        platform, target, plan = _checked_plan(workers, platform, topology, run_workers)
+        devices = check_count(
+            devices_per_worker, "devices_per_worker", 1, "devices each worker holds"
+        )
+        platform, target, plan = _checked_plan(workers, platform, topology, run_workers, devices)
         directory = check_directory(cache_dir, "cache_dir")
         task_limit = finite(check_timeout(task_timeout, "task_timeout"))
         start_limit = finite(check_timeout(start_timeout, "start_timeout"))
@@ -146,11 +153,12 @@ class PoolSettings:
             remote=remote_url,
             plan=plan,
             topology=target,
+            devices_per_worker=devices,
         )
 
 
 def _checked_plan(
-    workers: Any, platform: Any, topology: Any, run_workers: Any
+    workers: Any, platform: Any, topology: Any, run_workers: Any, devices: int = 1
 ) -> tuple[str | None, TopologySpec | None, tuple[WorkerPlan, ...]]:
     """The platform, the topology and the worker slots (pool.executor.roles), checked in that
     order, as PoolSettings.check takes them."""
@@ -162,7 +170,26 @@ def _checked_plan(
         if run_workers is None
         else check_count(run_workers, "run_workers", 0, "workers that run programs")
     )
-    return platform, target, plan_workers(count, platform or default_platform(), target, runners)
+    plan = plan_workers(count, platform or default_platform(), target, runners, devices)
+    return platform, target, plan
+
+
+def check_devices(
+    partitioning: Partitioning | None, devices_per_worker: int, topology: Any = None
+) -> None:
+    """Refuses a program over more devices than a pool's worker holds (a DeviceCountError
+    naming both counts and devices_per_worker), before any worker is claimed. A pool given a
+    topology leaves it to its workers, which know how many chips the topology has."""
+    if partitioning is None or topology is not None:
+        return
+    if partitioning.devices > devices_per_worker:
+        raise too_few_devices(
+            partitioning.devices,
+            devices_per_worker,
+            partitioning.mesh_text,
+            "each worker of this pool holds",
+            more_per_worker(partitioning.devices),
+        )
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:

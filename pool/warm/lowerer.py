@@ -47,10 +47,18 @@ OnLowered = Callable[[int, "Future[Lowered]"], None]
 
 
 def _lower_pickled(payload: bytes) -> Lowered:
-    """Runs in a lowering process: unpickles (function, shapes, platform, calls) and lowers."""
+    """Runs in a lowering process: unpickles (function, shapes, platform, calls, in_shardings,
+    out_shardings) and lowers."""
     started = time.perf_counter()
-    function, shapes, platform, custom_calls = cloudpickle.loads(payload)
-    program = lower(function, shapes, platform=platform, custom_calls=custom_calls)
+    function, shapes, platform, custom_calls, ins, outs = cloudpickle.loads(payload)
+    program = lower(
+        function,
+        shapes,
+        platform=platform,
+        custom_calls=custom_calls,
+        in_shardings=ins,
+        out_shardings=outs,
+    )
     return Lowered(program, time.perf_counter() - started)
 
 
@@ -63,6 +71,8 @@ def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
         program.shapes,
         platform=program.platform or platform,
         custom_calls=tuple(program.custom_calls),
+        in_shardings=program.in_shardings,
+        out_shardings=program.out_shardings,
     )
 
 
@@ -137,6 +147,8 @@ class Lowerer:
                         list(program.shapes),
                         program.platform or self._platform,
                         tuple(program.custom_calls),
+                        program.in_shardings,
+                        program.out_shardings,
                     )
                 )
             except Exception as error:  # pickling runs the user's __reduce__ and the like

@@ -60,6 +60,7 @@ from worker.cache.remote import (
 from worker.compile.never_compile import never_compile_on
 from worker.errors import NeverCompileError
 from worker.identity.keys import key_of
+from worker.partitioning import compile_options_for
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 from worker.words import counted
@@ -434,7 +435,8 @@ class _Prefetch:
             submit(index, program)
             return
         digest = program_text_digest(program)
-        key = key_of(program_key_parts(self._key_parts, digest, compile_options))
+        options = compile_options_for(program.partitioning, compile_options)
+        key = key_of(program_key_parts(self._key_parts, digest, options))
 
         def fetched(done: Future[Moved]) -> None:
             try:
@@ -528,6 +530,7 @@ def _compiler(
     initializer: Any,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> Iterator[PoolFace]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
     if scheduler is None:
@@ -539,6 +542,7 @@ def _compiler(
             initializer=initializer,
             remote=remote,
             topology=topology,
+            devices_per_worker=devices_per_worker,
         ) as pool:
             yield pool
         return
@@ -556,6 +560,7 @@ def _compiler(
             initializer=initializer,
             remote=remote,
             topology=topology,
+            devices_per_worker=devices_per_worker,
         ) as cluster,
     ):
         yield cluster
@@ -574,6 +579,7 @@ def warm(
     scheduler: str | None = None,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -594,8 +600,11 @@ def warm(
     theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
     TopologySpec) compiles every program for that topology without a device
     (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. A Ctrl-C raises WarmInterrupted, with the
-    report of what was warmed before it, once the workers have stopped.
+    the manifest, of a TPU host. devices_per_worker is the devices each
+    compiling worker holds, as for Pool: a CPU or GPU program over several
+    devices compiles on that many (a topology's programs compile without any).
+    A Ctrl-C raises WarmInterrupted, with the report of what was warmed
+    before it, once the workers have stopped.
     """
     prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
@@ -604,7 +613,15 @@ def warm(
     started = time.monotonic()
     figures = _Figures()
     compiling = _compiler(
-        scheduler, workers, platform, cache_dir, timeout, initializer, remote, topology
+        scheduler,
+        workers,
+        platform,
+        cache_dir,
+        timeout,
+        initializer,
+        remote,
+        topology,
+        devices_per_worker,
     )
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):

@@ -41,9 +41,10 @@ from worker.compile.target import Target, target_for
 from worker.compile.tiers import Loading, NewEntry, Tier, Tiers, open_remote, open_tiers
 from worker.identity.environment import host_cpu_flags
 from worker.identity.keys import PlatformPart
-from worker.identity.options import checked_compile_options, options_or_default
+from worker.identity.options import checked_compile_options
 from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
+from worker.partitioning import compile_options_for
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.runtime import Runtime, get_runtime
@@ -86,7 +87,7 @@ def cache_key_of(
 ) -> str:
     """The cache key compile_program would give a program here, without loading or compiling
     it: the same plugin, host, topology and cache directory make the same key."""
-    options = options_or_default(checked_compile_options(compile_options))
+    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
     cache = open_cache(cache_dir)
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
@@ -164,7 +165,11 @@ def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
         start = time.perf_counter()
         phases.add("slot_wait", start - waiting)
         executable = target.compile(
-            program.code, job.options, key=job.key, input_types=program.input_types
+            program.code,
+            job.options,
+            key=job.key,
+            input_types=program.input_types,
+            partitioning=program.partitioning,
         )
         seconds = time.perf_counter() - start
     phases.add("compile", seconds)
@@ -188,6 +193,9 @@ def _metadata(
         "compile_seconds": seconds,
         "created": time.time(),
     }
+    if program.partitioning is not None:
+        # What a load by key alone (a manifest, a bundle, a preload) runs it with.
+        metadata["partitioning"] = program.partitioning.to_json()
     if target.topology is not None:
         metadata["topology"] = target.topology  # for people: the key holds what it is
     if PlatformPart.HOST in target.runtime.platform_parts:
@@ -267,7 +275,7 @@ def compile_program(
     see worker.cache.trust, and worker.cache.signing for signed entries.
     """
     program = _check_code(check_program(program, "compile_program"))
-    options = options_or_default(checked_compile_options(compile_options))
+    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
     remote_cache = open_remote(remote)
@@ -276,6 +284,7 @@ def compile_program(
     phases = Phases()
     with phases.time("key"):
         key, parts = program_key(program, target.runtime, cache, options, target)
+    target.check_devices(program.partitioning)
     loading = Loading(program.name, program.input_types, target, phases)
     tiers = open_tiers(cache, remote_cache, loading, lock_timeout, bound)
     job = _Job(program, key, parts, options, target, tiers, phases, time.perf_counter())

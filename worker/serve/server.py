@@ -368,13 +368,16 @@ class Server:
         self, program_id: str, executable: Executable, layout: InputLayout
     ) -> _ArenaViews | None:
         """A program's views of the arena and its hot slot for inputs laid out so, made on
-        first use; None when its inputs and outputs do not fit the arena together."""
+        first use; None when its inputs and outputs do not fit the arena together, and for a
+        program over several devices: the hot loop runs programs of one device
+        (native/hot_loop.cc), and the others take the general path, splitting and
+        assembling their arrays in the native module (Executable.run_into)."""
         key = (program_id, layout.offsets)
         views = self._arena_views.get(key)
         if views is None:
             types = executable.input_types
             offsets, end = shm.layout(executable.output_types, shm.aligned(layout.size))
-            if types is None or end > self.arena_size:
+            if types is None or end > self.arena_size or executable.partitioning is not None:
                 return None
             views = _ArenaViews(
                 program_id,

@@ -115,7 +115,8 @@ class DeviceSettings(NamedTuple):
     """What gives a worker process its devices (Platform.device_settings)."""
 
     create_options: Mapping[str, Any]
-    """Client create options to add to the platform's own (client_options): part of the key."""
+    """Client create options to add to the platform's own (client_options). Not part of the
+    key: a program's compile options say the devices it runs on (worker.plugin.runtime)."""
 
     environment: Mapping[str, str]
     """Variables to set for the worker process alone, before its plugin loads."""
@@ -224,7 +225,7 @@ class Platform:
         compiled for `count` devices runs on them; whether it has others is the platform's
         (a CPU client has 4 of its own by default; a GPU worker sees only those given).
         Where a worker has the devices without any, no create option is asked for, so that
-        the keys of today's workers, which hold the create options, stay as they are.
+        its client is made as it always was.
 
         Raises ValueError for counts below 1 or a first below 0, and for what the platform
         cannot give one process.
