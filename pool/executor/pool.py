@@ -73,6 +73,7 @@ from numpy.typing import ArrayLike
 from pool.errors import PoolClosedError, PoolError, WorkerStartupError
 from pool.executor import forks
 from pool.executor.caller import CallerPath
+from pool.executor.checks import check_timeout, finite
 from pool.executor.compile_many import CompileResult
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
@@ -83,7 +84,7 @@ from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
-from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.settings import PoolSettings
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks
 from pool.executor.wait_set import WaitSet
@@ -133,7 +134,7 @@ class WorkerPool:
     submit, run, submit_spec, _submit_compile, close, terminate, the with
     block's end, and the figures (statistics, counters, worker_info).
     pool.face.Pool is this class with that face; its docstring says what
-    each constructor argument means.
+    each option means (pool.executor.options declares them).
     """
 
     def __init__(
@@ -160,30 +161,13 @@ class WorkerPool:
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
     ) -> None:
-        self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
-        # Every setting is checked before anything starts (see pool.executor.settings).
-        settings = self._settings = PoolSettings.check(
-            workers,
-            platform=platform,
-            cache_dir=cache_dir,
-            task_timeout=task_timeout,
-            start_timeout=start_timeout,
-            initializer=initializer,
-            initargs=initargs,
-            max_loaded=max_loaded,
-            max_crashes=max_crashes,
-            zero_copy=zero_copy,
-            stop_grace=stop_grace,
-            segment_cache_bytes=segment_cache_bytes,
-            segment_fds=segment_fds,
-            never_compile=never_compile,
-            preload=preload,
-            preload_names=preload_names,
-            prime=prime,
-            remote=remote,
-            topology=topology,
-            run_workers=run_workers,
-        )
+        # The parameters are the options pool.executor.options declares, in its order, with
+        # its types and defaults (tests/test_pool_options.py checks that they agree).
+        given = dict(locals())
+        del given["self"]
+        self._pid = forks.pid  # first after that: every call compares it (pool.executor.forks)
+        # Every option is checked before anything starts (see pool.executor.settings).
+        settings = self._settings = PoolSettings.check(given)
         self._assemble(settings)
         self._manager.start()
         # Read once: Thread.ident is a property, and every run compares it.

@@ -522,16 +522,17 @@ def _compiler(
     topology: str | TopologySpec | None = None,
 ) -> Iterator[PoolFace]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
+    # The options both take alike (a ClusterPool's apply on every node).
+    options: dict[str, Any] = {
+        "platform": platform,
+        "cache_dir": cache_dir,
+        "task_timeout": timeout,
+        "initializer": initializer,
+        "remote": remote,
+        "topology": topology,
+    }
     if scheduler is None:
-        with Pool(
-            workers,
-            platform=platform,
-            cache_dir=cache_dir,
-            task_timeout=timeout,
-            initializer=initializer,
-            remote=remote,
-            topology=topology,
-        ) as pool:
+        with Pool(workers, **options) as pool:
             yield pool
         return
     # Here, not at the top: pool.cluster needs Dask's distributed, an optional extra.
@@ -539,16 +540,7 @@ def _compiler(
 
     with (
         connect(scheduler) as client,
-        ClusterPool(
-            client,
-            workers_per_node=workers,
-            platform=platform,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            task_timeout=timeout,
-            initializer=initializer,
-            remote=remote,
-            topology=topology,
-        ) as cluster,
+        ClusterPool(client, workers_per_node=workers, **options) as cluster,
     ):
         yield cluster
 
