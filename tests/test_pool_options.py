@@ -99,3 +99,21 @@ def test_cluster_pool_takes_pool_options_with_pool_defaults() -> None:
 def test_the_docs_state_the_signature() -> None:
     text = " ".join((REPO / "docs" / "pool.md").read_text().split())
     assert f"`{signature_text()}`" in text
+
+
+def test_a_worker_command_reads_back_as_the_parent_wrote_it() -> None:
+    from worker.plugin.topology import parse_topology
+    from worker.serve.command_line import WorkerCommand
+
+    full = WorkerCommand(
+        fd=5,
+        max_loaded=3,
+        parent_pid=7,
+        platform="cpu",
+        never_compile=True,
+        topology=parse_topology("v5e:2x2", {"chips_per_host_bounds": [2, 2, 1]}),
+    )
+    bare = WorkerCommand(fd=5, max_loaded=64)
+    for command in (full, bare):
+        assert WorkerCommand.parse(command.arguments()) == command
+    assert "--cache-dir" not in full.arguments()  # the environment carries it, alone

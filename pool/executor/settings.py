@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pool.executor.checks import finite, pickle_initializer
@@ -20,6 +21,7 @@ from pool.executor.options import check_options
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
 from worker.cache import check_cache_dir
+from worker.cache.location import resolve_cache_dir
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
 
@@ -30,7 +32,7 @@ class PoolSettings:
 
     workers: int
     platform: str | None
-    cache_dir: str | None
+    cache_dir: Path  # resolved once, here: the workers are given it (pool.executor.processes)
     task_timeout: float | None  # None: no bound
     start_timeout: float | None  # None: no bound
     max_loaded: int
@@ -87,9 +89,13 @@ class PoolSettings:
             values["topology"],
             values["run_workers"],
         )
-        directory = values["cache_dir"]
+        # The one place the pool's cache directory is resolved: the parent and every
+        # worker, the replacements too, use this directory (a relative one, or the
+        # environment's default, cannot change under a pool that is running).
+        directory = resolve_cache_dir(values["cache_dir"]).absolute()
         check_cache_dir(directory)
         derived: dict[str, Any] = {
+            "cache_dir": directory,
             "workers": len(plan),
             "plan": plan,
             "task_timeout": finite(values["task_timeout"]),
