@@ -8,13 +8,17 @@ declarations, or written out beside them, agrees with them.
   its own name holding its checked value, or combined with others.
 - ClusterPool's options that are Pool's have Pool's defaults and checks.
 - docs/pool.md states the signature.
+- A worker's command line reads back as the parent wrote it.
+- `pjrt-pool`'s flags for Pool options are the declared ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import pydoc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -117,3 +121,28 @@ def test_a_worker_command_reads_back_as_the_parent_wrote_it() -> None:
     for command in (full, bare):
         assert WorkerCommand.parse(command.arguments()) == command
     assert "--cache-dir" not in full.arguments()  # the environment carries it, alone
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """A parser and every subcommand's parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _parsers(child)
+
+
+def test_pjrt_pool_flags_for_pool_options_are_made_from_the_declarations() -> None:
+    from pool.cli.main import build_parser
+
+    flags = {o.flag.flag: o for o in POOL_OPTIONS if o.flag is not None}
+    seen = set()
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            for text in set(action.option_strings) & set(flags):
+                declared = flags[text].flag
+                assert declared is not None
+                made = (action.metavar, action.type or str, action.default)
+                assert made == (declared.metavar, declared.type, None), (parser.prog, text)
+                seen.add(text)
+    assert seen == set(flags)  # each declared flag is some command's

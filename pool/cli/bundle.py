@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_command,
+    add_pool_option,
     add_remote_option,
     add_topology_options,
     open_remote_option,
@@ -82,9 +83,7 @@ def register(subparsers: Any) -> None:
     create = add_command(commands, "create", _create, "bundle the programs of manifests")
     create.add_argument("manifests", metavar="MANIFEST", nargs="+")
     create.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
-    create.add_argument(
-        "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
-    )
+    add_pool_option(create, "cache_dir", "the cache the entries are in (default: each manifest's)")
     add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
 
     merge = add_command(commands, "merge", _merge, "one bundle of several (for a mixed fleet)")
@@ -93,9 +92,7 @@ def register(subparsers: Any) -> None:
 
     importing = add_command(commands, "import", _import, "check a bundle, then put it in a cache")
     importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
-    importing.add_argument(
-        "--cache-dir", metavar="DIR", help="cache to import into (default: $PJRT_POOL_CACHE_DIR)"
-    )
+    add_pool_option(importing, "cache_dir", "cache to import into (default: $PJRT_POOL_CACHE_DIR)")
     importing.add_argument(
         "--manifest",
         metavar="FILE",
@@ -113,13 +110,11 @@ def register(subparsers: Any) -> None:
         "differ. Loads the plugin, deserializes nothing.",
     )
     check.add_argument("file", metavar="FILE", help="a bundle (or its URL), or a manifest")
-    check.add_argument(
-        "--cache-dir", metavar="DIR", help="for a manifest: its cache (default: the manifest's)"
-    )
+    add_pool_option(check, "cache_dir", "for a manifest: its cache (default: the manifest's)")
     add_remote_option(
         check, "for a manifest: the remote cache tier, asked for what its cache lacks"
     )
-    check.add_argument("--platform", help="the plugin to check with (default: the programs')")
+    add_pool_option(check, "platform", "the plugin to check with (default: the programs')")
     add_topology_options(
         check,
         "judge for a host of this topology (default: this host's devices; without any, each "

@@ -28,11 +28,11 @@ from typing import Any
 
 from pool.cli import cache_remote
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_command, size_argument
+from pool.cli.options import add_command, add_pool_option, size_argument
 from pool.cli.paths import checked_cache_dir
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, format_size
+from worker.cache import CACHE_DIR_ENV, DiskCache, format_size
 from worker.cache import report as cache_report
 from worker.cache.report import OTHER, UNREADABLE
 from worker.plugin.locate import env_var
@@ -58,10 +58,10 @@ def register(subparsers: Any) -> None:
         "2 usage or environment error.",
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache directory)",
+    add_pool_option(
+        common,
+        "cache_dir",
+        "cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache directory)",
     )
     common.add_argument("--json", action="store_true", help="print one JSON document")
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
@@ -203,14 +203,12 @@ def _list(args: argparse.Namespace) -> int:
 def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list[Any], str | None]:
     """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
     timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
-    command = python_command(
-        "worker.serve.entry_check", "--cache-dir", str(directory), "--platform", platform
-    )
+    command = python_command("worker.serve.entry_check", "--platform", platform)
     try:
         done = subprocess.run(
             command,
             input="\n".join(keys),
-            env=child_environment(),
+            env=child_environment({CACHE_DIR_ENV: str(directory)}),
             capture_output=True,
             text=True,
             timeout=timeout,

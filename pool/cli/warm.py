@@ -34,10 +34,12 @@ import numpy as np
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_command,
+    add_pool_option,
     add_remote_option,
     add_topology_options,
     open_remote_option,
     paragraph,
+    pool_option,
     remote_url,
     topology_option,
 )
@@ -73,7 +75,7 @@ def register(subparsers: Any) -> None:
         paragraph(__doc__, 1),
     )
     warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
-    warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
+    add_pool_option(warm, "workers", "compile workers (default: CPUs)")
     warm.add_argument(
         "--lower-workers",
         type=int,
@@ -81,21 +83,12 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
     )
-    warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
+    add_pool_option(warm, "platform", "platform to compile for (default: cpu)")
     add_topology_options(warm, "compile for this topology")
-    warm.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        default=None,
-        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    add_pool_option(
+        warm, "cache_dir", "cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache)"
     )
-    warm.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="per-program compile timeout (default: none)",
-    )
+    add_pool_option(warm, "task_timeout", "per-program compile timeout (default: none)")
     mode = warm.add_mutually_exclusive_group()
     mode.add_argument(
         "--keep-going",
@@ -139,15 +132,8 @@ def register(subparsers: Any) -> None:
         help=".npz file with arr_0, arr_1, ... as inputs (or .npy: a program's one input)",
     )
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument(
-        "--cache-dir", metavar="DIR", default=None, help="cache directory (default: the manifest's)"
-    )
-    run.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="run through a pool of N workers (default 0: in this process)",
-    )
+    add_pool_option(run, "cache_dir", "cache directory (default: the manifest's)")
+    add_pool_option(run, "workers", "run through a pool of N workers (default: in this process)")
     add_remote_option(
         run,
         "for a manifest: the remote cache tier, from which an entry the cache lacks is "
@@ -183,8 +169,7 @@ def register(subparsers: Any) -> None:
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    pool_option(args, "workers")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -376,7 +361,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_run_options(args: argparse.Namespace) -> None:
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )

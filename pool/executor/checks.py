@@ -13,8 +13,6 @@ import numbers
 import os
 from typing import Any
 
-import cloudpickle
-
 
 def check_timeout(value: Any, what: str = "timeout") -> float | None:
     """Returns a timeout in seconds: None for None, math.inf for no limit; refuses the rest.
@@ -113,6 +111,8 @@ def pickle_initializer(initializer: Any, initargs: tuple[Any, ...]) -> bytes:
     """Returns the initializer and its arguments as cloudpickle bytes (b"" for none)."""
     if check_initializer(initializer) is None:
         return b""
+    import cloudpickle  # here: a Pool given no initializer, and the CLI, never need it
+
     try:
         return cloudpickle.dumps((initializer, tuple(initargs)))
     except Exception as error:  # what pickling raises varies with what it met

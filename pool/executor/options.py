@@ -34,10 +34,13 @@ from pool.executor.checks import (
     check_platform,
     check_timeout,
 )
-from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS
-from pool.remote_option import check_remote
-from worker.compile.never_compile import never_compile_on
 from worker.plugin.topology import parse_topology
+
+DEFAULT_CACHE_BYTES = 512 << 20
+"""How many bytes of segments a pool keeps for reuse (or will get back from live results)."""
+
+DEFAULT_MAX_FDS = 64
+"""How many segment descriptors a pool keeps beyond those of tasks in flight."""
 
 Check = Callable[[Any, str], Any]
 """An option's check: (value, the name to call it in errors) -> the value checked, itself a
@@ -90,6 +93,20 @@ def _count(minimum: int, meaning: str) -> Check:
     return lambda value, name: check_count(value, name, minimum, meaning)
 
 
+def _never_compile(value: Any, name: str) -> bool:
+    # Imported here, as _remote's check: `pjrt-pool`'s commands read the declarations
+    # for their flags, and one that runs a bundle imports none of the cache's machinery.
+    from worker.compile.never_compile import never_compile_on
+
+    return never_compile_on(value)
+
+
+def _remote(value: Any, name: str) -> Any:
+    from pool.remote_option import check_remote
+
+    return check_remote(value)
+
+
 def _as_given(value: Any, name: str) -> Any:
     # Checked with what it takes together with other options (PoolSettings.check).
     return value
@@ -112,7 +129,7 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         None,
         lambda value, name: check_platform(value),
         'platform names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").',
-        flag=Flag("--platform", "NAME"),
+        flag=Flag("--platform", "P"),
     ),
     PoolOption(
         "cache_dir",
@@ -216,7 +233,7 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         "never_compile",
         "bool | None",
         None,
-        lambda value, name: never_compile_on(value),
+        _never_compile,
         "never_compile=True (default: PJRT_POOL_COMPILE=never in the environment) makes "
         "the pool load what its cache holds and never compile: a program that is not there "
         "fails with NeverCompileError, a LookupError, raised when it is submitted, before "
@@ -258,7 +275,7 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         "remote",
         "str | Literal[False] | None",
         None,
-        lambda value, name: check_remote(value),
+        _remote,
         "remote is the URL of the remote cache tier (worker.cache.remote), given to the "
         "workers as their PJRT_POOL_CACHE_REMOTE (this process's environment is left as it "
         "is); False gives them none, whatever this process's PJRT_POOL_CACHE_REMOTE says; "

@@ -80,10 +80,11 @@ from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
 from pool.executor.inputs import Layouts, TaskMemory
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
+from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
-from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
+from pool.executor.segments import SegmentCache
 from pool.executor.settings import PoolSettings
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks
