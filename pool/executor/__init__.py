@@ -11,6 +11,7 @@ each own their state (its docstring draws them):
     dispatch.py        claiming, sending, replies, settling, from any thread
     requests.py        each task's message to its worker
     manager.py         the manager thread
+    closing.py         close() and terminate(), and interpreter exit's end of a pool
     wait_set.py        the manager's one wait point (an epoll set)
     starts.py          starting workers, replacing those that end, failed starts
     workers.py         the pool's workers: who holds each, the moves any thread makes
