@@ -61,7 +61,7 @@ from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
-    from pool.warm.warming import WarmReport
+    from pool.warm.report import WarmReport
     from worker.records import ProgramSpec
 
 
@@ -244,8 +244,9 @@ def _warm(args: argparse.Namespace) -> int:
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
+    from pool.warm.report import WarmInterrupted, report_json
     from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import WarmInterrupted, report_json, warm
+    from pool.warm.warming import warm
 
     interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
