@@ -36,7 +36,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.cache.store import DiskCache, existing_memos, open_cache
+from worker.cache.open_caches import existing_memos, open_cache
+from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
 from worker.identity.keys import check_key
 from worker.plugin.build_identity import plugin_build_sha256
