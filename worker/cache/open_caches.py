@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from worker.cache import trust
-from worker.cache.counters import CacheCounters
+from worker.cache.counters import CacheCounters, summed
 from worker.cache.location import resolve_cache_dir
 from worker.cache.memos import MemoStore
 from worker.cache.store import DiskCache
@@ -57,7 +57,4 @@ def process_counters() -> CacheCounters:
     """Returns the counters of every cache this process opened with open_cache, summed."""
     with _caches_lock:
         caches = list(_caches.values())
-    total = CacheCounters()
-    for cache in caches:
-        total = total.add(cache.counters)
-    return total
+    return summed((cache.counters for cache in caches), CacheCounters())

@@ -37,6 +37,7 @@ import time
 from typing import Any, Literal
 
 from worker.cache import entry as entry_format
+from worker.cache.counters import summed
 from worker.cache.remote.client import ObjectClient
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
@@ -550,7 +551,4 @@ def remote_counters() -> RemoteCounters:
     """The counters of every remote this process opened with open_remote, summed."""
     with _remotes_lock:
         remotes = list(_remotes.values())
-    total = RemoteCounters()
-    for remote in remotes:
-        total = total.add(remote.counters)
-    return total
+    return summed((remote.counters for remote in remotes), RemoteCounters())
