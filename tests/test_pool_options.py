@@ -135,7 +135,7 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 def test_pjrt_pool_flags_for_pool_options_are_made_from_the_declarations() -> None:
     from pool.cli.main import build_parser
 
-    flags = {o.flag.flag: o for o in POOL_OPTIONS if o.flag is not None}
+    flags = {o.flag.name: o for o in POOL_OPTIONS if o.flag is not None}
     seen = set()
     for parser in _parsers(build_parser()):
         for action in parser._actions:

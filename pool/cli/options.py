@@ -92,7 +92,7 @@ def add_pool_option(parser: argparse.ArgumentParser | Any, name: str, help: str)
     flag = OPTIONS[name].flag
     if flag is None:
         raise ValueError(f"Pool option {name!r} declares no flag")
-    parser.add_argument(flag.flag, metavar=flag.metavar, type=flag.type, default=None, help=help)
+    parser.add_argument(flag.name, metavar=flag.metavar, type=flag.type, default=None, help=help)
 
 
 def pool_option(args: argparse.Namespace, name: str) -> Any:
@@ -100,9 +100,9 @@ def pool_option(args: argparse.Namespace, name: str) -> Any:
     checked by the option's own check; a bad one is a UsageError naming the flag."""
     option = OPTIONS[name]
     assert option.flag is not None, name
-    value = getattr(args, option.flag.flag.removeprefix("--").replace("-", "_"))
+    value = getattr(args, option.flag.name.removeprefix("--").replace("-", "_"))
     try:
-        return option.checked(value, option.flag.flag)
+        return option.checked(value, option.flag.name)
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
 

@@ -14,7 +14,9 @@ POOL_OPTIONS is the one list. What is made of it:
 
 Adding an option is one PoolOption here, its parameter in WorkerPool's
 signature (the test names what is missing) and its use: a PoolSettings field
-of the same name carries its checked value to the executor.
+of the same name carries its checked value to the executor, and a field of
+worker.serve.command_line.WorkerCommand (stated there once for both sides)
+carries it to a worker that needs it.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ out of range."""
 
 @dataclass(frozen=True)
 class Flag:
-    """How `pjrt-pool`'s commands take an option: its flag, the word its help shows for the
-    value, and the type argparse converts the text to."""
+    """How `pjrt-pool`'s commands take an option: its flag (``--cache-dir``), the word its
+    help shows for the value, and the type argparse converts the text to."""
 
-    flag: str
+    name: str
     metavar: str
     type: Callable[[str], Any] = str
 

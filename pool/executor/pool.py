@@ -149,8 +149,7 @@ class WorkerPool:
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
     ) -> None:
-        # The parameters are the options pool.executor.options declares, in its order, with
-        # its types and defaults (tests/test_pool_options.py checks that they agree).
+        # The options pool.executor.options declares (tests/test_pool_options.py: they agree).
         given = dict(locals())
         del given["self"]
         self._pid = forks.pid  # first after that: every call compares it (pool.executor.forks)
