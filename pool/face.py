@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.options import document
 from pool.executor.pool import WorkerPool
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -352,84 +353,23 @@ def _results_in_order(
 
 
 class Pool(WorkerPool, PoolFace):
-    """Worker processes that compile and run LoweredPrograms, each with its own plugin.
+    # The docstring's options section is made of the options' declarations
+    # (pool.executor.options), so that it says what the signature takes.
+    __doc__ = "\n\n".join(
+        (
+            """Worker processes that compile and run LoweredPrograms, each with its own plugin.
 
-    workers is the number of processes (default: the CPU count). platform
-    names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").
-    cache_dir is the shared disk cache (default: PJRT_POOL_CACHE_DIR, else
-    the user cache directory). task_timeout bounds each task's time in a
-    worker (None or inf: no bound); a task past it has its worker killed
-    and replaced. initializer(*initargs) runs in each worker after its
-    plugin loads, for example to register custom calls; if it raises, the
-    pool does not start. A program that crashes max_crashes workers is
-    quarantined. never_compile=True (default: PJRT_POOL_COMPILE=never in the
-    environment) makes the pool load what its cache holds and never compile:
-    a program that is not there fails with NeverCompileError, a LookupError,
-    raised when it is submitted, before any worker is used (see
-    worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
-    segment_cache_bytes of shared memory from finished large inputs and
-    dropped results is kept for reuse (counting what live results will give
-    back), since fresh shared memory is slow to fault in; a result's memory
-    past that goes with its arrays. segment_fds bounds the descriptors the
-    pool keeps for shared memory beyond those of running tasks (queued large
-    inputs, live large results, segments kept for reuse), so a deep queue or
-    many kept results never exhaust the process's descriptor limit. Every
-    setting is checked here, before any worker starts.
-
-    preload (a Manifest, or the path of a manifest or bundle: what
-    load_manifest takes) makes the pool start loaded: every worker loads
-    the programs it names (preload_names: only those; default all) from the
-    cache as it starts, all workers at once, and primes each with prime=True
-    (Executable.prime: one run on zeros, skipped for programs that keep
-    state). The constructor returns once every worker holds them all, so
-    no task for one of them (Pool.submit_spec, Manifest.run(..., pool))
-    waits for a load; start_timeout bounds that too. A program that does
-    not load (not in the cache, as never_compile would find at its first
-    task) raises its NotInCacheError here, naming it, with the workers
-    stopped; a worker that dies preloading raises WorkerStartupError. A
-    bundle is imported into cache_dir first. Replacement workers preload
-    too. remote is the URL of the remote cache tier (worker.cache.remote),
-    given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
-    environment is left as it is); False gives them none, whatever this
-    process's PJRT_POOL_CACHE_REMOTE says; a URL of no known scheme is a
-    ValueError.
-    With a remote (this one, or the environment's), never_compile refuses
-    only what neither the cache nor the remote holds: the worker fetches.
-
-    topology (a name such as "v5e:1x1", or a TopologySpec) makes every worker
-    compile for that topology without a device (compile_program's topology):
-    such a pool opens no device, so it compiles for a TPU on a machine
-    without one, or beside the process that holds the chip; submitting a run
-    to it raises PoolError. On a TPU host a pool for platform "tpu" without a
-    topology has workers compile beside one device worker per chip, which
-    runs what they compiled (pool.executor.roles): workers is then the number
-    of compile workers (default a third of the cores, at least 2), the device workers
-    come in addition, and a program's first run compiles it on a compile
-    worker before a device worker loads it from the cache. run_workers (at
-    most the chips there) says how many device workers to start. Elsewhere
-    run_workers=r splits the pool the same way: workers compile only, r more
-    workers only run, loading what the others compiled from the cache, so
-    that runs never wait behind long compiles (default 0: every worker does
-    both). See pool.executor.roles. Every method takes the same calls
-    whatever the workers' roles (worker_info says each one's).
-
-    devices_per_worker (default 1) is how many devices each worker holds, for
-    programs over several devices (a jax.jit with shardings over a Mesh, a
-    shard_map: see docs/sharding.md): on the CPU that many host devices
-    (the CPU plugin's cpu_device_count), on a TPU host one chip per worker or
-    all of them (devices_per_worker=1 or the host's chips; compile workers
-    then compile for that many chips), on a GPU the GPUs the worker sees. A
-    program over more devices than that is refused when it is submitted,
-    before it compiles, with a DeviceCountError naming both counts and this
-    setting. Such a program takes and returns global arrays, as jax.jit
-    does: each worker splits them over its devices and runs once over all.
-
-    Submission is thread-safe. The pool is a context manager; close() waits
-    for submitted tasks and stops the workers, and may be called twice.
-    Futures' done-callbacks run on the pool's manager thread: they may
-    submit, but not wait (run, compile, compile_many and map raise there); one
-    that raises is logged and the pool goes on. A process forked from this
-    one cannot use the pool (PoolForkedError). A Pool is not picklable.
-    What it shares with a ClusterPool (submit_compile, compile, compile_many,
-    map, function) is PoolFace's.
-    """
+The constructor returns once every worker has started: loaded its plugin,
+run the initializer and preloaded what preload names.""",
+            document(),
+            """Submission is thread-safe. The pool is a context manager; close() waits
+for submitted tasks and stops the workers, and may be called twice.
+Futures' done-callbacks run on the pool's manager thread: they may
+submit, but not wait (run, compile, compile_many and map raise there); one
+that raises is logged and the pool goes on. A process forked from this
+one cannot use the pool (PoolForkedError). A Pool is not picklable.
+What it shares with a ClusterPool (submit_compile, compile, compile_many,
+map, function) is PoolFace's; the options are declared in
+pool.executor.options.""",
+        )
+    )

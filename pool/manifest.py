@@ -192,8 +192,8 @@ class Manifest:
         if self.bundle is not None:
             raise ManifestError("a bundle carries its executables: there is nothing to prefetch")
         # Here: a manifest's runs need neither the remote tier nor the cache's store.
+        from worker.cache.open_caches import open_cache
         from worker.cache.remote import open_remote, prefetch
-        from worker.cache.store import open_cache
 
         tier = open_remote(self.remote if remote is None else remote)
         if tier is None:

@@ -357,14 +357,14 @@ def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
     common = {"plugin_sha256": digest, "platform": "cpu", "path": str(library), "jax_version": "x"}
     memo = write_memo(None, **common, outcomes={"a/b/c/d": "timeout"})
     with pytest.warns(KnownPluginFailuresWarning, match="a/b/c/d"):
-        warn_known_failures(str(library))
+        warn_known_failures(str(library), cache_dir)
     # A damaged record (valid JSON, wrong types) is ignored, never raised.
     record = json.loads(memo.read_text())
     record["checked"] = "yesterday"
     memo.write_text(json.dumps(record))
     copy = tmp_path / "copy.so"
     copy.write_bytes(b"a plugin build")  # the same build at another path: looked at afresh
-    warn_known_failures(str(copy))
+    warn_known_failures(str(copy), cache_dir)
 
 
 def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here(tmp_path):

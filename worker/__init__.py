@@ -45,8 +45,9 @@ untrusted.py), and the shared records take the form of a key from it; the
 wire uses only the records; cache/ uses identity/, plugin/ uses identity/
 and cache/ (records about plugin builds), compile/ uses plugin/, cache/ and
 identity/, bundle/ uses compile/, and serve/ uses them all. Nothing imports
-serve/ but the entry point (__main__.py), and nothing imports the package
-itself (this file, which only names what the floors hold).
+serve/ but the entry point (__main__.py) and, for a pool worker's command
+line (serve/command_line.py), the parent that spawns it; nothing imports the
+package itself (this file, which only names what the floors hold).
 """
 
 from __future__ import annotations

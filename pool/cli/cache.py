@@ -38,7 +38,7 @@ from pool.cli.options import (
 from pool.cli.paths import checked_cache_dir
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, format_size
+from worker.cache import CACHE_DIR_ENV, DiskCache, format_size
 from worker.cache import report as cache_report
 from worker.cache.report import OTHER, UNREADABLE
 from worker.plugin.locate import env_var
@@ -260,14 +260,12 @@ def _list(args: argparse.Namespace) -> int:
 def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list[Any], str | None]:
     """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
     timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
-    command = python_command(
-        "worker.serve.entry_check", "--cache-dir", str(directory), "--platform", platform
-    )
+    command = python_command("worker.serve.entry_check", "--platform", platform)
     try:
         done = subprocess.run(
             command,
             input="\n".join(keys),
-            env=child_environment(),
+            env=child_environment({CACHE_DIR_ENV: str(directory)}),
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -200,8 +200,8 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from worker.cache.open_caches import open_cache
     from worker.cache.remote import prefetch, remote_keys
-    from worker.cache.store import open_cache
 
     tier = _remote(args, writing=False)
     keys = _manifest_keys(args)

@@ -16,7 +16,12 @@ command asks for its remote. ``--topology NAME`` (``add_topology_options``,
 with repeatable ``--topology-option KEY=VALUE``) names a topology to compile
 for, or check against, without its devices (worker.plugin.topology);
 ``topology_option`` parses it, and a name libtpu would not take is a
-UsageError.
+UsageError. A flag that sets a Pool option (``--workers``, ``--platform``,
+``--cache-dir``, ``--timeout``, ``--remote``, ``--topology``) is made from the
+option's declaration (pool.executor.options: its flag, the word for its
+value, its type) by ``add_pool_option``, with each command's own help, and
+``pool_option`` checks its value with the option's own check: a bad one is a
+UsageError naming the flag.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pool.cli.main import UsageError
+from pool.executor.options import OPTIONS
 from worker.cache.location import parse_size
 
 if TYPE_CHECKING:
@@ -84,9 +90,7 @@ def add_cache_dir_option(
     default: str = "$PJRT_POOL_CACHE_DIR, else the user cache directory",
 ) -> None:
     """Adds ``--cache-dir DIR`` to a command's parser: what it is to the command, its default."""
-    parser.add_argument(
-        "--cache-dir", metavar="DIR", default=None, help=f"{what} (default: {default})"
-    )
+    add_pool_option(parser, "cache_dir", f"{what} (default: {default})")
 
 
 def add_platform_option(
@@ -95,9 +99,7 @@ def add_platform_option(
     default: str = "$PJRT_POOL_PLATFORM, else cpu",
 ) -> None:
     """Adds ``--platform P`` to a command's parser: what it is to the command, its default."""
-    parser.add_argument(
-        "--platform", metavar="P", default=None, help=f"{what} (default: {default})"
-    )
+    add_pool_option(parser, "platform", f"{what} (default: {default})")
 
 
 def add_scheduler_option(
@@ -130,13 +132,37 @@ size_argument = argument_type(parse_size)
 """The argparse type of a size (500M, 2G)."""
 
 
+def add_pool_option(parser: argparse.ArgumentParser | Any, name: str, help: str) -> None:
+    """Adds the flag of the Pool option `name` to a command's parser, as its declaration
+    says (pool.executor.options), with help saying what the command does with it. Its
+    default is None: what the option's default is, where the command passes it on."""
+    flag = OPTIONS[name].flag
+    if flag is None:
+        raise ValueError(f"Pool option {name!r} declares no flag")
+    parser.add_argument(flag.name, metavar=flag.metavar, type=flag.type, default=None, help=help)
+
+
+def pool_option(args: argparse.Namespace, name: str) -> Any:
+    """The value a command was given for the Pool option `name` (add_pool_option's flag),
+    checked by the option's own check, or the option's default where it was not given; a bad
+    one is a UsageError naming the flag."""
+    option = OPTIONS[name]
+    assert option.flag is not None, name
+    value = getattr(args, option.flag.name.removeprefix("--").replace("-", "_"))
+    if value is None:  # not given: the option's default
+        return option.default
+    try:
+        return option.checked(value, option.flag.name)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
 def add_remote_option(parser: argparse.ArgumentParser | Any, what: str) -> None:
     """Adds ``--remote URL`` to a command's parser; what says what the command does with it."""
-    parser.add_argument(
-        "--remote",
-        metavar="URL",
-        default=None,
-        help=f"{what} (s3://bucket/prefix, file:///dir, ...; default: $PJRT_POOL_CACHE_REMOTE)",
+    add_pool_option(
+        parser,
+        "remote",
+        f"{what} (s3://bucket/prefix, file:///dir, ...; default: $PJRT_POOL_CACHE_REMOTE)",
     )
 
 
@@ -176,11 +202,10 @@ def open_remote_option(option: str | None) -> RemoteCache | None:
 def add_topology_options(parser: argparse.ArgumentParser | Any, what: str) -> None:
     """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser;
     what says what the command does for the topology."""
-    parser.add_argument(
-        "--topology",
-        metavar="NAME",
-        default=None,
-        help=f"{what}; NAME as libtpu names topologies: v5e:1x1, v5e:2x2, v6e:2x4, ...",
+    add_pool_option(
+        parser,
+        "topology",
+        f"{what}; NAME as libtpu names topologies: v5e:1x1, v5e:2x2, v6e:2x4, ...",
     )
     parser.add_argument(
         "--topology-option",

@@ -36,10 +36,12 @@ from pool.cli.options import (
     add_cache_dir_option,
     add_command,
     add_platform_option,
+    add_pool_option,
     add_remote_option,
     add_scheduler_option,
     add_topology_options,
     open_remote_option,
+    pool_option,
     remote_url,
     topology_option,
 )
@@ -62,7 +64,7 @@ from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
-    from pool.warm.warming import WarmReport
+    from pool.warm.report import WarmReport
     from worker.records import ProgramSpec
 
 
@@ -92,13 +94,7 @@ def _register_warm(subparsers: Any) -> None:
         metavar="SPEC",
         help="spec.py (its programs() lists the programs), spec.py:function or module:function",
     )
-    warm.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="compile workers (default: one per CPU)",
-    )
+    add_pool_option(warm, "workers", "compile workers (default: one per CPU)")
     warm.add_argument(
         "--lower-workers",
         type=int,
@@ -112,22 +108,14 @@ def _register_warm(subparsers: Any) -> None:
         "compile for this TPU topology, without its devices: on a machine without one, or beside "
         "the process that holds the chip (with --scheduler, on every node)",
     )
-    warm.add_argument(
-        "--devices-per-worker",
-        type=int,
-        default=1,
-        metavar="N",
-        help="devices each compile worker holds, for programs over several devices (default 1; "
+    add_pool_option(
+        warm,
+        "devices_per_worker",
+        "devices each compile worker holds, for programs over several devices (default 1; "
         "a topology's programs compile without any)",
     )
     add_cache_dir_option(warm, "cache directory, made if missing")
-    warm.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="per-program compile timeout (default: none)",
-    )
+    add_pool_option(warm, "task_timeout", "per-program compile timeout (default: none)")
     mode = warm.add_mutually_exclusive_group()
     mode.add_argument(
         "--keep-going",
@@ -200,13 +188,11 @@ def _register_run(subparsers: Any) -> None:
         help="seed of the random inputs (default 0)",
     )
     add_cache_dir_option(run, "cache directory", default="the manifest's")
-    run.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run through a Pool of N workers, which load from the cache or the bundle "
-        "(default 0: in this process)",
+    add_pool_option(
+        run,
+        "workers",
+        "run through a Pool of N workers, which load from the cache or the bundle "
+        "(default: in this process)",
     )
     add_remote_option(
         run,
@@ -237,10 +223,8 @@ def _register_run(subparsers: Any) -> None:
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, not {args.workers}")
-    if args.devices_per_worker < 1:
-        raise UsageError(f"--devices-per-worker must be at least 1, not {args.devices_per_worker}")
+    pool_option(args, "workers")
+    args.devices_per_worker = pool_option(args, "devices_per_worker")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -316,8 +300,9 @@ def _warm(args: argparse.Namespace) -> int:
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
+    from pool.warm.report import WarmInterrupted, report_json
     from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import WarmInterrupted, report_json, warm
+    from pool.warm.warming import warm
 
     interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
@@ -438,7 +423,7 @@ def _run(args: argparse.Namespace) -> int:
 def _check_run_options(args: argparse.Namespace) -> None:
     if args.scheduler:
         require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )

@@ -45,27 +45,19 @@ from pool.cluster.node import (
 from pool.cluster.routing import Router, home_of
 from pool.cluster.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
 from pool.errors import PoolClosedError, PoolError
+from pool.executor.checks import check_flag, pickle_initializer
 from pool.executor.compile_many import CompileResult
+from pool.executor.options import OPTIONS
 from pool.executor.programs import program_id
-from pool.executor.settings import (
-    check_count,
-    check_devices,
-    check_directory,
-    check_flag,
-    check_platform,
-    check_timeout,
-    pickle_initializer,
-)
+from pool.executor.settings import check_devices
 from pool.face import PoolFace
-from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
 from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
-from worker.compile.never_compile import never_compile_on
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
-from worker.plugin.topology import TopologySpec, parse_topology
+from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 HOLD_TEXT_CHARS = 64 << 10
@@ -122,7 +114,7 @@ class ClusterPool(PoolFace):
         *,
         workers_per_node: int | None = None,
         platform: str | None = None,
-        cache_dir: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         task_timeout: float | None = None,
         initializer: Callable[[], Any] | None = None,
         never_compile: bool | None = None,
@@ -508,26 +500,22 @@ def _node_options(
     topology: Any = None,
     devices_per_worker: Any = 1,
 ) -> dict[str, Any]:
-    """The nodes' Pool options, checked here as Pool checks them (pool.executor.settings).
+    """The nodes' Pool options, checked here by Pool's own checks (pool.executor.options).
 
     The nodes check them again as their Pools start, with what only a node
-    can see (its cache directory's trust, its plugin).
+    can see (its cache directory, resolved there, and its trust; its plugin).
     """
     options: dict[str, Any] = {
-        "workers": None
-        if workers_per_node is None
-        else check_count(workers_per_node, "workers_per_node", 1, "PJRT workers per node"),
-        "platform": check_platform(platform),
-        "cache_dir": check_directory(cache_dir, "cache_dir"),
-        "task_timeout": check_timeout(task_timeout, "task_timeout"),
-        "never_compile": never_compile_on(never_compile),
-        "remote": check_remote(remote),
-        "devices_per_worker": check_count(
-            devices_per_worker, "devices_per_worker", 1, "devices each worker holds"
-        ),
+        "workers": OPTIONS["workers"].checked(workers_per_node, "workers_per_node"),
+        "platform": OPTIONS["platform"].checked(platform),
+        "cache_dir": OPTIONS["cache_dir"].checked(cache_dir),
+        "task_timeout": OPTIONS["task_timeout"].checked(task_timeout),
+        "never_compile": OPTIONS["never_compile"].checked(never_compile),
+        "remote": OPTIONS["remote"].checked(remote),
+        "devices_per_worker": OPTIONS["devices_per_worker"].checked(devices_per_worker),
     }
     if topology is not None:  # each node's Pool compiles for it without a device
-        options["topology"] = parse_topology(topology)
+        options["topology"] = OPTIONS["topology"].checked(topology)
     if initializer is not None:
         pickle_initializer(initializer, ())  # it must reach the nodes' workers
         options["initializer"] = initializer

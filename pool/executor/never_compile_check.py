@@ -17,6 +17,7 @@ remote itself, since that would be a download here as well as there.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pool.executor.programs import program_key_parts
@@ -31,9 +32,9 @@ class NeverCompileCheck:
     """The check (see the module docstring) for one pool's cache and workers."""
 
     def __init__(
-        self, cache_dir: str | None, parts: dict[str, Any] | None, *, remote: bool = False
+        self, directory: Path, parts: dict[str, Any] | None, *, remote: bool = False
     ) -> None:
-        self._cache = DiskCache(cache_dir, create=False)
+        self._cache = DiskCache(directory, create=False)
         self._parts = parts
         self._remote = remote
         """Whether the workers have a remote tier (then a local miss is theirs to settle)."""

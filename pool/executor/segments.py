@@ -59,12 +59,6 @@ import numpy as np
 
 from worker.wire import shm
 
-DEFAULT_CACHE_BYTES = 512 << 20
-"""How many bytes of segments a pool keeps for reuse (or will get back from live results)."""
-
-DEFAULT_MAX_FDS = 64
-"""How many segment descriptors a pool keeps beyond those of tasks in flight."""
-
 _MAP_FIXED = 0x10  # Linux; the mmap module does not export it
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -132,9 +126,7 @@ class SegmentCache:
     by live results, to come back) never exceeds max_bytes.
     """
 
-    def __init__(
-        self, max_bytes: int = DEFAULT_CACHE_BYTES, max_fds: int = DEFAULT_MAX_FDS
-    ) -> None:
+    def __init__(self, max_bytes: int, max_fds: int) -> None:
         self.max_bytes = max_bytes
         self.max_fds = max_fds
         self._free: list[tuple[int, int]] = []  # (capacity, fd), sorted

@@ -31,9 +31,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import DiskCache, key_of, open_cache, parse_size
+from worker.cache.location import resolve_cache_dir
 from worker.compile.executable import Executable
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
@@ -208,7 +210,7 @@ def _metadata(
 def _open(
     program: LoweredProgram,
     disk_cache: bool,
-    cache_dir: str | os.PathLike[str] | None,
+    directory: Path,
     topology: str | TopologySpec | None,
 ) -> tuple[DiskCache | None, Target]:
     """The disk cache a compile uses (None: none, or one that cannot be used) and its target,
@@ -216,7 +218,7 @@ def _open(
     its own frame: the warning names the line that called it)."""
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._existing_memos).
-    cache = open_cache(cache_dir) if disk_cache else None
+    cache = open_cache(directory) if disk_cache else None
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
     return (cache if cache is not None and cache.usable else None), target
@@ -279,8 +281,9 @@ def compile_program(
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
     remote_cache = open_remote(remote)
-    cache, target = _open(program, disk_cache, cache_dir, topology)
-    warn_known_failures(target.runtime.location.path, cache_dir)  # attributed to our caller
+    directory = resolve_cache_dir(cache_dir)  # once: what follows is given the directory
+    cache, target = _open(program, disk_cache, directory, topology)
+    warn_known_failures(target.runtime.location.path, directory)  # attributed to our caller
     phases = Phases()
     with phases.time("key"):
         key, parts = program_key(program, target.runtime, cache, options, target)

@@ -286,7 +286,7 @@ def _existing_memos() -> MemoStore | None:
     """
     # Imported here: a process whose plugin's RECORD vouches for it (worker.plugin.build_identity)
     # never opens a cache, and a loader from a bundle then never imports the store.
-    from worker.cache.store import existing_memos
+    from worker.cache.open_caches import existing_memos
 
     return existing_memos(default_cache_dir())
 

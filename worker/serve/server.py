@@ -53,6 +53,7 @@ from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
+from worker.serve.command_line import WorkerCommand
 from worker.wire import protocol, shm
 from worker.wire.protocol import Compile, Exit, HotRun, Init, Ready, RemoteError, Reply, Run
 
@@ -200,7 +201,6 @@ class Server:
         sock: socket.socket,
         arena: mmap.mmap,
         arena_size: int,
-        cache_dir: str | None,
         max_loaded: int,
         never_compile: bool = False,
         topology: TopologySpec | None = None,
@@ -208,7 +208,6 @@ class Server:
         self.sock = sock
         self.arena = arena  # arena_size bytes of data, then the control bytes
         self.arena_size = arena_size
-        self.cache_dir = cache_dir
         self.max_loaded = max_loaded
         self.never_compile = never_compile
         self.topology = topology
@@ -231,7 +230,7 @@ class Server:
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
         if it is still loaded: the same cache key, and the same input types (else None)."""
-        key = cache_key_of(program, self.cache_dir, compile_options, topology=self.topology)
+        key = cache_key_of(program, compile_options=compile_options, topology=self.topology)
         executable = self.loaded.get(key) if key in self._preloaded else None
         if executable is None or executable.input_types != program.input_types:
             return None
@@ -264,7 +263,6 @@ class Server:
             options = {} if compile_options is None else {"compile_options": compile_options}
             executable, statistics = compile_program(
                 program,
-                cache_dir=self.cache_dir,
                 never_compile=self.never_compile,
                 topology=self.topology,
                 **options,
@@ -272,7 +270,7 @@ class Server:
         elif cache_key is not None:
             started = time.perf_counter()
             if bundle is None:
-                executable = load_cached_executable(cache_key, self.cache_dir)
+                executable = load_cached_executable(cache_key)
             else:
                 executable = self._from_bundle(*bundle)
             statistics = CompileStatistics(load_seconds=time.perf_counter() - started, loaded=1)
@@ -626,16 +624,9 @@ def _describe_plugin(
         )
 
 
-def main(
-    fd: int,
-    platform: str | None,
-    cache_dir: str | None,
-    max_loaded: int,
-    parent_pid: int | None = None,
-    never_compile: bool = False,
-    topology: TopologySpec | None = None,
-) -> int:
-    """Starts the worker on an inherited socket descriptor; returns the exit status.
+def main(command: WorkerCommand) -> int:
+    """Starts the worker its command line describes (an inherited socket descriptor, ...);
+    returns the exit status.
 
     In never-compile mode the worker loads what the disk cache holds and
     refuses the rest (worker.compile.never_compile), and its Ready message carries
@@ -646,10 +637,11 @@ def main(
     NotLoadedError.
     """
     started = time.perf_counter()
-    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    platform, never_compile, topology = command.platform, command.never_compile, command.topology
+    parent_pid = os.getppid() if command.parent_pid is None else command.parent_pid
     _die_with_parent(parent_pid)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    sock = socket.socket(fileno=fd)
+    sock = socket.socket(fileno=command.fd)
     error = None
     plugin: dict[str, Any] = {}
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
@@ -662,7 +654,9 @@ def main(
     try:
         # The cache before the plugin: loading it reads and fills the cache's
         # records about plugin builds only if the cache exists (runtime._existing_memos).
-        cache = open_cache(cache_dir)
+        # It is this process's default cache: the parent gave the worker its directory
+        # as PJRT_POOL_CACHE_DIR (worker.serve.command_line).
+        cache = open_cache()
         runtime = get_runtime(platform, deviceless=topology is not None)
         target = target_for(runtime, topology)
         _describe_plugin(plugin, runtime, cache, target, topology, never_compile)
@@ -673,7 +667,7 @@ def main(
         arena_size = request.arena_size
         if request.initializer:
             _run_initializer(request.initializer)
-        server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile, topology)
+        server = Server(sock, arena, arena_size, command.max_loaded, never_compile, topology)
         if request.preload:
             loaded, statistics, hot = server.preload(request.preload, request.prime)
     except protocol.ConnectionLostError:
