@@ -367,20 +367,23 @@ def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
     warn_known_failures(str(copy))
 
 
-def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here(tmp_path):
-    """For a device one process at a time may hold (TPU), check-plugin runs jax.jit's side
-    after its workers, in a process of its own: the same outputs as here, per case."""
-    from pool.conformance.battery import select
-    from pool.conformance.references import references_elsewhere
-    from pool.conformance.runner import reference, reference_device
+def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here():
+    """check-plugin runs jax.jit's side in a process of its own (one for the battery): the
+    same outputs as jax.jit here, per case, battery cases sent by name and others by value."""
+    from pool.conformance.reference_side import ReferenceSide
+    from pool.conformance.references import reference, reference_device
 
-    cases = select(["elementwise/sin/float32", "dot/matmul/float64", "sort"])[:8]
-    found = references_elsewhere("cpu", [case.name for case in cases], tmp_path)
+    cases = [*select(["elementwise/sin/float32", "dot/matmul/float64", "sort"])[:8], _quick_case()]
+    with ReferenceSide("cpu", timeout=60) as references:
+        references.start()
+        found = [references.submit(case) for case in cases]
+        outputs = [future.result() for future in found]
+        assert references.processes_started == 1 and references.device == "cpu:0"
     device = reference_device("cpu")
-    for case, outputs in zip(cases, found, strict=True):
-        assert not isinstance(outputs, str), outputs
+    for case, got in zip(cases, outputs, strict=True):
         with jax.enable_x64(case.x64):
             expected = reference(case, case.make_inputs(), device)
-        assert len(outputs) == len(expected)
-        for got, want in zip(outputs, expected, strict=True):
-            np.testing.assert_array_equal(got, want)
+        assert len(got) == len(expected)
+        for one, want in zip(got, expected, strict=True):
+            assert one.dtype == want.dtype
+            np.testing.assert_array_equal(one, want)

@@ -122,6 +122,8 @@ def _check(args: argparse.Namespace) -> int:
             if progress is None
             else lambda r: progress.update(r.name, r.status, r.seconds),
             workarounds=args.workarounds,
+            # Cases chosen by name run even where their types are unsupported.
+            run_unsupported=args.cases is not None,
             **options,
         )
     except PluginStartError as error:
