@@ -28,9 +28,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import os
+import site
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -39,6 +42,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import cloudpickle
@@ -371,7 +375,26 @@ def _in_battery(case: Case) -> bool:
     return id(case) in _battery_ids()
 
 
+def _installed(module: ModuleType) -> bool:
+    """Whether a module is pjrt-pool's or installed (importable in a child as it is here),
+    rather than a script's or a test's own."""
+    if module.__name__.split(".")[0] in ("pool", "worker"):
+        return True
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return True  # built in
+    roots = {sys.prefix, sys.base_prefix, *site.getsitepackages(), site.getusersitepackages()}
+    where = Path(file).resolve()
+    return any(where.is_relative_to(Path(root).resolve()) for root in roots)
+
+
 def _pickled(case: Case) -> bytes | Exception:
+    """A case of the caller's, for the reference process: its function's module by value
+    when that process could not import it (a script's, a test's), as the warm command's
+    lowering processes get spec modules."""
+    module = inspect.getmodule(case.function)
+    if module is not None and module.__name__ != "__main__" and not _installed(module):
+        cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(case)
     except Exception as error:  # pickling runs the caller's objects' __reduce__
