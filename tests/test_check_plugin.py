@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from jax import lax
 
 from pool import Pool, compile_program, lower
 from pool.cli.main import main
-from pool.conformance import Case, battery, remember, run_cases, select
+from pool.conformance import Case, battery, format_report, remember, run_cases, select
 from pool.conformance.budgets import ELEMENTARY
 from worker.plugin.conformance_records import failing_cases, read_memo
 
@@ -387,3 +388,86 @@ def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here():
         for one, want in zip(got, expected, strict=True):
             assert one.dtype == want.dtype
             np.testing.assert_array_equal(one, want)
+
+
+def _reference_aborts(name: str) -> Case:
+    """A case whose jax.jit side aborts its process (SIGABRT, as libtpu's failed checks do):
+    its function aborts when traced in any process but this one, which lowers it for the
+    plugin."""
+    here = os.getpid()
+
+    def function(x):
+        if os.getpid() != here:
+            os.abort()
+        return jnp.cos(x)
+
+    return Case(name, function, lambda rng: [np.ones(8, np.float32)], ELEMENTARY)
+
+
+def _reference_hangs(name: str) -> Case:
+    """A case whose jax.jit side never finishes (it sleeps while traced elsewhere)."""
+    here = os.getpid()
+
+    def function(x):
+        if os.getpid() != here:
+            time.sleep(3600)
+        return jnp.sin(x)
+
+    return Case(name, function, lambda rng: [np.ones(8, np.float32)], ELEMENTARY)
+
+
+@pytest.mark.slow
+def test_a_crash_or_hang_on_jaxs_side_costs_its_case_only(cache_dir):
+    """jax.jit's side runs in a process of its own: a case that aborts it, or hangs it, gets a
+    status of its own (not the plugin's failure), the process is started again, and the
+    cases after it are checked as usual."""
+    cases = [
+        _quick_case(),
+        _reference_aborts("test/reference_abort/float32/n8"),
+        *select(["elementwise/sin/float32/n64", "integer/bits/int32/n256"]),
+        _reference_hangs("test/reference_hang/float32/n8"),
+        *select(["sort/top_k/float32/n1000"]),
+    ]
+    report = run_cases(cases, workers=2, timeout=20)
+    status = {r.name: r for r in report.results}
+    aborted = status["test/reference_abort/float32/n8"]
+    assert aborted.status == "reference crash", aborted
+    assert "was killed by SIGABRT (signal 6)" in aborted.message, aborted.message
+    hung = status["test/reference_hang/float32/n8"]
+    assert hung.status == "reference timeout", hung
+    assert "did not finish within 20 s" in hung.message
+    others = [r for r in report.results if not r.name.startswith("test/reference_")]
+    assert [r.status for r in others] == ["pass"] * 4, others
+    # One process at first, one more after the crash, one more after the hang.
+    assert report.reference_processes == 3 and report.reference_device == "cpu:0"
+    assert not report.ok and len(report.failures) == 2
+    text = format_report(report)
+    assert "REFERENCE CRASH test/reference_abort/float32/n8: the process that runs jax.jit" in text
+    assert "(started again 2 time(s), after a crash or a hang)" in text
+    assert "2 case(s) FAILED (2 unchecked: jax.jit's side failed), 4 of 6 pass" in text
+    # Not the plugin's failure: the build's record names no failing case.
+    memo = remember(report)
+    assert memo is not None and failing_cases(read_memo(cache_dir, report.plugin_sha256)) == []
+
+
+@pytest.mark.slow
+def test_a_crash_among_several_cases_in_flight_is_charged_to_its_case():
+    """With several cases compiling at once in jax.jit's process (an exclusive device's check
+    runs them so, after the pool), a crash says nothing of which one did it: the cases in
+    flight are sent again one at a time, and only the one that crashes alone is charged."""
+    from pool.conformance.reference_side import JaxSideError, ReferenceSide
+
+    cases = [
+        _quick_case(),
+        _reference_aborts("test/abort/float32/n8"),
+        *select(["elementwise/sin/float32/n64", "elementwise/exp/float32/n64"]),
+    ]
+    with ReferenceSide("cpu", timeout=60, threads=4) as references:
+        futures = [references.submit(case) for case in cases]
+        references.start()
+        concurrent.futures.wait(futures)
+        started = references.processes_started
+    crashed = futures[1].exception()
+    assert isinstance(crashed, JaxSideError) and crashed.status == "reference crash"
+    assert all(f.exception() is None and f.result() for i, f in enumerate(futures) if i != 1)
+    assert 2 <= started <= 3  # a crash alone, or one among others and once more alone

@@ -34,7 +34,13 @@ from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir
 from worker.bundle.preflight import parts_here
 from worker.cache import DiskCache
 from worker.cache.entry import CorruptEntryError
-from worker.compile.explain_miss import Explanation, Related, explain, related_entries
+from worker.compile.explain_miss import (
+    Explanation,
+    Likeness,
+    Related,
+    explain,
+    related_entries,
+)
 from worker.compile.target import needs_topology_here, target_for
 from worker.errors import (
     PjrtError,
@@ -47,6 +53,7 @@ from worker.identity.keys import IDENTITY_PARTS, differing_parts
 from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import default_platform, get_runtime
 from worker.plugin.topology import TopologySpec
+from worker.records import types_to_json
 
 
 def register(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -151,7 +158,8 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
         except Exception as error:  # the spec's function does not lower: its own error
             raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
         parts = here.parts(platform, lowered.text, program.compile_options)
-        found.append(explain(here.cache, parts, name, remote))
+        like = Likeness(lowered.name, types_to_json(lowered.input_types))
+        found.append(explain(here.cache, parts, name, like, remote))
     return found
 
 
@@ -163,7 +171,7 @@ def _entry_parts(cache: DiskCache, remote: Any, key: str) -> dict[str, Any] | No
     except (OSError, CorruptEntryError):
         pass
     fetched = None if remote is None else remote.fetch(key, cache.max_size)
-    return None if fetched is None else fetched[1].parts
+    return None if fetched is None else dict(fetched[1].parts)
 
 
 def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation]:
@@ -181,16 +189,18 @@ def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation
     for name in _chosen(list(manifest.specs), args.names, f"the manifest {args.file}"):
         spec = manifest.specs[name]
         identity = here.parts(spec.platform)
+        like = Likeness(None, types_to_json(spec.input_types), types_to_json(spec.output_types))
         parts = _entry_parts(here.cache, remote, spec.key)
         if parts is None:
             note = (
                 "the manifest's entry is in neither the cache nor the remote, so its program "
-                "is unknown here: entries of the same name are compared by where they were built"
+                "is unknown here: entries of programs with its types are compared by where "
+                "they were built"
             )
-            related = related_entries(here.cache, identity, name, IDENTITY_PARTS)
+            related = related_entries(here.cache, identity, like, IDENTITY_PARTS)
             found.append(Explanation(name, spec.key, "", tuple(related), note))
             continue
-        explained = explain(here.cache, parts_here(parts, identity), name, remote)
+        explained = explain(here.cache, parts_here(parts, identity), name, like, remote)
         if explained.key == spec.key:
             found.append(explained)
             continue

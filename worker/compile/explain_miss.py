@@ -5,11 +5,12 @@ A program hits when an entry has its key, the digest of all its key parts
 is built (platform, plugin build and platform version, host CPU features,
 topology, XLA flags, client options). A miss means one of them differs from
 every entry's. The entries nearest to the program are those of the same
-program (text and compile options) under another key, built elsewhere, and,
-failing those, entries of the same name (the same program lowered from other
-text, or compiled with other options); each says exactly which parts
-differ, as differing_parts words them ("environment.xla_flags: built with
-[...], here [...]"), fewest first. Only entry headers are read, never
+program (text and compile options) under another key, built elsewhere, then
+entries alike (Likeness: lowered under the same name, or taking the same
+argument types: the same program lowered from other text, or compiled with
+other options); each says exactly which parts differ, as differing_parts
+words them ("environment.xla_flags: built with [...], here [...]"), fewest
+first. Only entry headers are read, never
 payloads, at most SCANNED_ENTRIES of them.
 """
 
@@ -32,11 +33,12 @@ ALL_PARTS = (*PROGRAM_PARTS, *IDENTITY_PARTS)
 
 
 class Related(NamedTuple):
-    """An entry near a program: of the same program built elsewhere, or of the same name."""
+    """An entry near a program: of the same program built elsewhere, or of a program of the
+    same name or the same argument types."""
 
     key: str
     name: str
-    """The name the entry's program was compiled under ("" when it has none)."""
+    """The name the entry's program was lowered under ("" when it has none)."""
     same_program: bool
     """Whether it holds the same program (text and compile options), built elsewhere."""
     differences: tuple[str, ...]
@@ -45,15 +47,42 @@ class Related(NamedTuple):
     """"cache", or "remote" for an entry of the remote tier."""
 
 
+class Likeness(NamedTuple):
+    """What else makes an entry near a program than being the same program: its name (as
+    lowered: LoweredProgram.name) and its types (as an entry's metadata writes them)."""
+
+    name: str | None = None
+    input_types: list[Any] | None = None
+    output_types: list[Any] | None = None
+
+    def of(self, metadata: dict[str, Any]) -> int:
+        """How alike an entry is, from its metadata: 0 not at all; more is nearer."""
+        types = [
+            (given, metadata.get(field))
+            for given, field in (
+                (self.input_types, "input_types"),
+                (self.output_types, "output_types"),
+            )
+            if given is not None
+        ]
+        same_types = bool(types) and all(given == theirs for given, theirs in types)
+        same_name = self.name is not None and metadata.get("name") == self.name
+        return 2 * same_name + same_types
+
+
+NOTHING_ALIKE = Likeness()
+"""Only the same program is near."""
+
+
 def related_entries(
     cache: DiskCache,
     parts: dict[str, Any],
-    name: str | None = None,
+    like: Likeness = NOTHING_ALIKE,
     sections: tuple[str, ...] = ALL_PARTS,
 ) -> list[Related]:
-    """The cache's entries of the program `parts` describe under another key, and (name
-    given) those of the same name; each with the parts (of `sections`) in which it differs,
-    nearest first: the same program before the same name, then fewer differences."""
+    """The cache's entries of the program `parts` describe under another key, and those
+    alike (like: same name, same types); each with the parts (of `sections`) in which it
+    differs, nearest first: the same program, then the most alike, then fewer differences."""
     if not cache.usable:
         return []
     wanted = key_of(parts)
@@ -70,13 +99,14 @@ def related_entries(
             continue
         metadata = metadata if isinstance(metadata, dict) else {}
         same = all(theirs.get(part) == parts.get(part) for part in PROGRAM_PARTS)
-        called = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
-        if not same and (name is None or called != name):
+        alike = like.of(metadata)
+        if not same and not alike:
             continue
         flags = metadata.get("cpu_flags")
         lines = differing_parts(theirs, parts, flags if isinstance(flags, list) else None, sections)
-        found.append(Related(item.key, called, same, tuple(lines)))
-    return sorted(found, key=lambda r: (not r.same_program, len(r.differences), r.key))
+        called = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
+        found.append((not same, -alike, len(lines), Related(item.key, called, same, tuple(lines))))
+    return [entry for *_, entry in sorted(found, key=lambda f: (*f[:3], f[3].key))]
 
 
 class Explanation(NamedTuple):
@@ -107,7 +137,7 @@ class Explanation(NamedTuple):
             return "\n".join(lines)
         lines.append("  nearest entries:")
         for entry in self.related[:shown]:
-            kind = "same program" if entry.same_program else f"program named {entry.name!r}"
+            kind = "same program" if entry.same_program else f"a program {entry.name!r}"
             place = " in the remote" if entry.where == "remote" else ""
             count = len(entry.differences)
             lines.append(f"  entry {entry.key}{place} ({kind}), {count} part(s) differ:")
@@ -140,10 +170,12 @@ def explain(
     cache: DiskCache,
     parts: dict[str, Any],
     name: str,
+    like: Likeness = NOTHING_ALIKE,
     remote: RemoteCache | None = None,
 ) -> Explanation:
-    """Whether the program `parts` describe would hit the cache (or the remote tier, which is
-    asked for what the cache lacks), and for a miss its nearest entries in both."""
+    """Whether the program `parts` describe (called `name` in the report) would hit the cache
+    (or the remote tier, which is asked for what the cache lacks), and for a miss its nearest
+    entries in both."""
     key = key_of(parts)
     if cache.usable and cache.path_of(key).is_file():
         try:
@@ -153,7 +185,7 @@ def explain(
             pass  # a damaged entry misses: the nearest entries say the rest
     if remote is not None and remote.fetch(key, cache.max_size) is not None:
         return Explanation(name, key, f"the remote {remote.location.shown}", ())
-    related = related_entries(cache, parts, name)
+    related = related_entries(cache, parts, like)
     if remote is not None:
         related += [
             Related(other, "", True, tuple(lines), "remote")
