@@ -36,7 +36,8 @@ def test_a_cpu_entry_warmed_with_other_xla_flags_names_the_flags(tmp_path):
     assert warmed.returncode == 0, warmed.stderr
 
     # Here, without the flag: both programs would miss, and each one's entry says why.
-    done = pjrt_pool("cache", "explain", str(spec), "--cache-dir", str(cache), env={"XLA_FLAGS": ""})
+    here = {"XLA_FLAGS": ""}
+    done = pjrt_pool("cache", "explain", str(spec), "--cache-dir", str(cache), env=here)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("double: would miss (") and lines[1] == "  nearest entries:"
@@ -62,9 +63,7 @@ def test_a_cpu_entry_warmed_with_other_xla_flags_names_the_flags(tmp_path):
     assert sine["key"] == next(p["key"] for p in keys if p["name"] == "sine")
     assert "the manifest names an entry built elsewhere; here the key is" in sine["note"]
     assert sine["nearest"][0]["key"] == sine["key"] and sine["nearest"][0]["same_program"]
-    assert [d.split(":")[0] for d in sine["nearest"][0]["differences"]] == [
-        "environment.xla_flags"
-    ]
+    assert [d.split(":")[0] for d in sine["nearest"][0]["differences"]] == ["environment.xla_flags"]
 
     # The same name lowered from other text: the program's own part differs.
     changed = _spec(tmp_path, factor=3)
