@@ -5,7 +5,7 @@ Usage::
     python scripts/bench_check_plugin.py --baseline PYTHON [--runs N] [--cases PATTERN]
         [--workers N] [--platform P]
 
-Runs ``python -m pool.cli.main check-plugin --json`` with this interpreter
+Runs ``pjrt-pool check-plugin --json`` (the console script's code) with this interpreter
 and with --baseline, an interpreter whose pjrt-pool is the one to compare
 with (another checkout's virtual environment, or one whose site-packages
 has a .pth naming that checkout first), alternately, --runs times each,
@@ -28,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+CLI = "import sys; from pool.cli.main import main; sys.exit(main())"
+"""The pjrt-pool console script's code (python -m pool.cli.main imports the module twice)."""
+
 
 def _run(python: str, options: list[str]) -> tuple[float, collections.Counter[str], int]:
     """One check in a fresh cache: (wall seconds, outcomes, exit status)."""
@@ -35,7 +38,7 @@ def _run(python: str, options: list[str]) -> tuple[float, collections.Counter[st
         environment = {**os.environ, "PJRT_POOL_CACHE_DIR": cache}
         started = time.perf_counter()
         done = subprocess.run(
-            [python, "-m", "pool.cli.main", "check-plugin", "--json", *options],
+            [python, "-c", CLI, "check-plugin", "--json", *options],
             env=environment,
             cwd=tempfile.gettempdir(),  # neither checkout's tree on sys.path by accident
             capture_output=True,
