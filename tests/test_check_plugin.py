@@ -24,6 +24,7 @@ from pool import Pool, compile_program, lower
 from pool.cli.main import main
 from pool.conformance import Case, battery, format_report, remember, run_cases, select
 from pool.conformance.budgets import ELEMENTARY
+from pool.conformance.type_probe import TypeProbe, element_types, probe_program
 from worker.plugin.conformance_records import failing_cases, read_memo
 
 ARCTAN = ["elementwise/arctan/float32/n64", "elementwise/atan2_const1/float32/n64"]
@@ -76,6 +77,16 @@ def test_subset_passes_on_the_default_plugin_and_flags_arctan_without_workaround
     # As lower() writes the programs (with the workaround for this build): every case passes.
     report = run_cases(select(SUBSET), workers=2)
     assert report.ok, [(r.name, r.status, r.message) for r in report.failures]
+    # Each element type the programs use was probed, once, and compiles on this plugin.
+    used = set()
+    for case in select(SUBSET):
+        with jax.enable_x64(case.x64):
+            used |= element_types(lower(case.function, case.make_inputs()).text)
+    assert sorted(t.name for t in report.types) == sorted(np.dtype(d).name for d in used)
+    assert all(t.supported for t in report.types) and not report.unsupported
+    assert f"types: all {len(used)} element types the cases use compile here" in (
+        format_report(report).splitlines()
+    )
     assert report.workarounds == ("atan2-divisor-barrier",) and not report.workarounds_off
     assert report.plugin["api_version"] == "0.115"
     memo = remember(report)
@@ -471,3 +482,60 @@ def test_a_crash_among_several_cases_in_flight_is_charged_to_its_case():
     assert isinstance(crashed, JaxSideError) and crashed.status == "reference crash"
     assert all(f.exception() is None and f.result() for i, f in enumerate(futures) if i != 1)
     assert 2 <= started <= 3  # a crash alone, or one among others and once more alone
+
+
+def test_each_type_probe_names_its_type_and_compiles_on_the_cpu():
+    """The probe of every type pjrt-pool passes: its program's StableHLO names the type (so
+    the names read off a case's module map to every dtype), and it compiles on the CPU."""
+    from worker.dtypes import supported_dtypes
+
+    for dtype in supported_dtypes():
+        assert dtype in element_types(probe_program(dtype, "cpu").text), dtype
+    with Pool(2) as pool:
+        probe = TypeProbe(pool, "cpu", 60, str)
+        probe.ask(supported_dtypes())
+        probe.ask(supported_dtypes())  # asked once only
+        found = probe.outcomes()
+    assert [t.name for t in found] == sorted(np.dtype(d).name for d in supported_dtypes())
+    assert [t.name for t in found if not t.supported] == []
+
+
+def test_the_report_says_once_per_type_what_the_plugin_does_not_compile():
+    """The text report's lines for an unsupported type (one line each, with the probe's
+    failure and how many cases need it), and the headline; unsupported cases fail nothing."""
+    from pool.conformance import CaseResult, CheckReport
+    from pool.conformance.report import report_json
+    from pool.conformance.type_probe import TypeSupport
+
+    why = "the worker was killed by SIGABRT (signal 6); its output ends with: Unsupported CVT"
+    needing = ("convert/int32/to_float/n256", "elementwise/add/complex128/n64")
+    results = [
+        CaseResult(n, "unsupported", "...", "needs complex128", unsupported_types=("complex128",))
+        for n in needing
+    ] + [CaseResult("elementwise/add/float32/n64", "pass")]
+    report = CheckReport(
+        platform="tpu",
+        plugin={"path": "/lib/libtpu.so", "api_version": "0.112"},
+        plugin_sha256="ab" * 32,
+        jax_version="jax 0.10.2, jaxlib 0.10.2",
+        results=results,
+        seconds=1.0,
+        workers=2,
+        types=[
+            TypeSupport(np.dtype("complex128"), False, why),
+            TypeSupport(np.dtype("float32"), True),
+        ],
+        reference_device="TPU_0",
+        reference_processes=1,
+    )
+    lines = format_report(report).splitlines()
+    assert "types: 1 of the 2 element types the cases use compile here" in lines
+    assert (
+        "unsupported here: complex128: 2 case(s) need it, not run (--cases runs them anyway); "
+        f"its probe: {why}"
+    ) in lines
+    assert not any(name in line for line in lines for name in needing)  # said once, per type
+    assert report.ok and lines[-1].startswith(
+        "1 of 3 cases pass, none failed; 2 unsupported here (2: needs complex128)"
+    )
+    assert json.loads(report_json(report))["types"] == {"complex128": why, "float32": "supported"}

@@ -123,6 +123,8 @@ class ReferenceSide:
         self._wake_read, self._wake_write = os.pipe()
         self._child: _Child | None = None
         self._start_failure: str | None = None
+        self._broken: str | None = None
+        """Why the dispatcher stopped, if it did: later cases fail at once with it."""
         self._thread: threading.Thread | None = None
         self._directory = tempfile.TemporaryDirectory(prefix="pjrt-pool-references-")
         self._log = Path(self._directory.name) / "reference.log"
@@ -134,7 +136,11 @@ class ReferenceSide:
         future: Future[list[np.ndarray]] = Future()
         with self._lock:
             self._count += 1
-            self._queue.append(_Request(self._count, case, future, needed))
+            request = _Request(self._count, case, future, needed)
+            if self._broken is None:
+                self._queue.append(request)
+        if self._broken is not None:
+            _settle(request, JaxSideError(Status.REFERENCE_ERROR, self._broken))
         self._wake()
         return future
 
@@ -174,6 +180,20 @@ class ReferenceSide:
             os.write(self._wake_write, b"\0")
 
     def _serve(self) -> None:
+        try:
+            self._dispatch()
+        except BaseException as error:  # a bug here must fail the cases, never hang the check
+            self._broken = f"jax.jit's side stopped: {type(error).__name__}: {error}"
+            self._stop_child(polite=False)
+            with self._lock:
+                left = [*self._outstanding.values(), *self._queue]
+                self._outstanding.clear()
+                self._queue.clear()
+            for request in left:
+                _settle(request, JaxSideError(Status.REFERENCE_ERROR, self._broken))
+            raise
+
+    def _dispatch(self) -> None:
         while not self._closing.is_set():
             self._send_queued()
             waitables: list[Any] = [self._wake_read]
