@@ -70,6 +70,10 @@ DEFAULT_TIMEOUT = 60.0
 """Seconds a case may take in a worker (compile and run), and jax.jit on it, before it counts
 as a hang."""
 
+REFERENCE_MIN_TIMEOUT = 10.0
+"""The least jax.jit's side gets per case: a timeout set low to find the plugin's hangs fast
+must not fail the yardstick's ordinary compiles."""
+
 __all__ = ["STATUSES"]  # re-exported: the report's order of outcomes (status.py)
 
 
@@ -499,7 +503,8 @@ def run_cases(
     """Runs cases on a platform's plugin (or the plugin at `plugin`) and compares them with JAX.
 
     workers is the Pool's size (default: the CPU count), cache_dir its disk
-    cache, timeout each case's limit in a worker and in jax.jit's process.
+    cache, timeout each case's limit in a worker and in jax.jit's process
+    (there at least REFERENCE_MIN_TIMEOUT).
     on_result is called with each result as it is known. The programs are
     those lower() writes for the plugin, with its workarounds for known
     builds unless workarounds is False. Each element type the cases use is
@@ -531,7 +536,8 @@ def run_cases(
                 f"no {platform} device is attached to this machine, and check-plugin runs every "
                 f"case on one (the plugin's side, then jax.jit's): run it on a {platform} host"
             ) from None
-        with ReferenceSide(platform, timeout, reference_threads(apart)) as references:
+        limit = max(timeout, REFERENCE_MIN_TIMEOUT)
+        with ReferenceSide(platform, limit, reference_threads(apart)) as references:
             probe = TypeProbe(pool, platform, timeout, _probe_failure)
             run = _Run(pool, references, probe, platform, run_unsupported, on_result)
             with pool:
