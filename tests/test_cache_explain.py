@@ -27,6 +27,7 @@ def _spec(folder: Path, factor: int = 2) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_cpu_entry_warmed_with_other_xla_flags_names_the_flags(tmp_path):
     cache, spec, manifest = tmp_path / "cache", _spec(tmp_path), tmp_path / "m.json"
     warmed = pjrt_pool(
