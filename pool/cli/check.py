@@ -56,8 +56,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="per-case limit in a worker, and for jax.jit's side (there at least 10 s; "
-        "default 60)",
+        help="per-case limit in a worker, and for jax.jit's side (there at least 10 s; default 60)",
     )
     check.add_argument(
         "--cache-dir",
