@@ -17,8 +17,10 @@ import pytest
 from conftest import DEFAULT_PLUGIN, run_python
 
 from worker.errors import PluginNotFoundError
-from worker.plugin.kernels import _LIBRARIES, kernel_package
-from worker.plugin.locate import cuda_major, find_plugin
+from worker.plugin.kernels import kernel_package
+from worker.plugin.locate import find_plugin
+from worker.plugin.platforms.cuda import cuda_major
+from worker.plugin.platforms.registry import platform_named
 
 
 def _plugin_file(root: Path, directory: str) -> Path:
@@ -55,6 +57,16 @@ def test_a_plugin_elsewhere_is_matched_by_its_cuda_version(tmp_path: Path):
 
 def test_cpu_kernels_come_from_jaxlib_and_other_platforms_have_none(tmp_path: Path):
     assert kernel_package("cpu", str(tmp_path / "any.so"), "cpu") == "jaxlib.cpu"
+    assert kernel_package("tpu", str(tmp_path / "libtpu.so"), "TFRT TPU v5 lite") is None
+    assert kernel_package("unlisted", str(tmp_path / "any.so"), None) is None
+
+
+def test_rocm_kernels_come_only_from_the_package_its_plugin_names(tmp_path: Path):
+    """jax-rocm7-pjrt installs its plugin as jax_plugins/xla_rocm7; its kernels are
+    jax_rocm7_plugin's. A ROCm plugin elsewhere gets none: its version is not guessed."""
+    for major in (7, 60):
+        path = tmp_path / "jax_plugins" / f"xla_rocm{major}" / "xla_rocm_plugin.so"
+        assert kernel_package("rocm", str(path), "rocm 6.0") == f"jax_rocm{major}_plugin"
     assert kernel_package("rocm", str(tmp_path / "any.so"), "rocm 6.0") is None
 
 
@@ -149,10 +161,11 @@ def test_the_installed_cuda_kernels_register_with_the_cuda_plugin():
     code = f"""
         import sys
         from worker import _pjrt
-        from worker.plugin.kernels import _LIBRARIES, register_kernels
+        from worker.plugin.kernels import register_kernels
+        from worker.plugin.platforms.registry import platform_named
 
         plugin = _pjrt.Plugin.load({path!r})
-        cuda = next(library for library in _LIBRARIES if library.platform == "cuda")
+        (cuda,) = platform_named("cuda").kernels
         registration = register_kernels(plugin, "CUDA", {package!r}, cuda.modules)
         assert not registration.refused, registration.refused
         registered = registration.registered
@@ -166,15 +179,20 @@ def test_the_installed_cuda_kernels_register_with_the_cuda_plugin():
     assert "ok" in run_python(code).stdout
 
 
-def test_markers_cover_every_cuda_kernel_target():
-    """Targets of jax-cuda 0.10-0.11's kernel modules, one per module (from their registrations)."""
-    cuda = next(library for library in _LIBRARIES if library.platform == "cuda")
+@pytest.mark.parametrize("platform, prefix", [("cuda", "cu"), ("rocm", "hip")])
+def test_markers_cover_every_gpu_kernel_target(platform: str, prefix: str):
+    """Targets of jax-cuda 0.10-0.11's kernel modules, one per module (from their
+    registrations), and their ROCm names (jax names each target with the platform's prefix)."""
+    (library,) = platform_named(platform).kernels
     targets = (
-        "cusolver_getrf_ffi",  # _solver
-        "cuhybrid_eig_real",  # _hybrid
-        "cu_lu_pivots_to_permutation",  # _linalg
-        "cu_threefry2x32_ffi",  # _prng
-        "cusparse_csr_matvec_ffi",  # _sparse
+        "solver_getrf_ffi",  # _solver
+        "hybrid_eig_real",  # _hybrid
+        "_lu_pivots_to_permutation",  # _linalg
+        "_threefry2x32_ffi",  # _prng
+        "sparse_csr_matvec_ffi",  # _sparse
     )
     for target in targets:
-        assert any(target.startswith(m.decode()) for m in cuda.markers), target
+        assert any((prefix + target).startswith(m.decode()) for m in library.markers), target
+    # Neither platform's markers take the other's targets.
+    other = "hip" if prefix == "cu" else "cu"
+    assert not any((other + t).startswith(m.decode()) for t in targets for m in library.markers)

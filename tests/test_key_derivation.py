@@ -17,9 +17,12 @@ import platform
 
 from worker.identity import environment, keys
 from worker.identity.build import memoized_by_file
+from worker.identity.keys import PlatformPart
 from worker.identity.options import compile_options
 from worker.identity.target import runtime_key_parts, topology_fields
 
+TPU_FLAGS = ("LIBTPU_INIT_ARGS",)
+"""The TPU platform's own variable of XLA flags (worker.plugin.platforms.tpu)."""
 ENVIRON = {
     "XLA_FLAGS": "--xla_cpu_enable_fast_math=true --xla_dump_to=/tmp/x  --xla_b='q r' -xla_a",
     "NPROC": "4",
@@ -57,7 +60,7 @@ TOPOLOGY_PART = {
 
 
 def test_the_code_generation_environment_is_normalized_as_before():
-    assert environment.codegen_environment(ENVIRON, platform="tpu") == ENVIRONMENT
+    assert environment.codegen_environment(ENVIRON, flag_variables=TPU_FLAGS) == ENVIRONMENT
     flags = (
         "--xla_dump_to=/x --xla_log_foo=1 --a_dump_b=1 --xla_gpu_per_fusion_autotune_cache_dir=/d"
         " --xla_enable_dumping --xla_cpu_use_thunk_runtime=false"
@@ -87,7 +90,8 @@ def test_a_cpu_key_is_pinned(monkeypatch):
         device_kind="cpu",
         compile_options=compile_options(),
         client_options={"b": 1, "a": "x"},
-        environment=environment.codegen_environment(ENVIRON, platform="tpu"),
+        environment=environment.codegen_environment(ENVIRON, flag_variables=TPU_FLAGS),
+        platform_parts=frozenset({PlatformPart.HOST}),
     )
     assert parts == CPU_PARTS
     assert keys.key_of(parts) == CPU_KEY
@@ -111,6 +115,7 @@ class _Runtime:
     """What runtime_key_parts reads of a runtime on a TPU v5e chip."""
 
     platform = "tpu"
+    platform_parts = frozenset({PlatformPart.TOPOLOGY})
     api_version = "0.70"
     client_options = {"z": True}  # noqa: RUF012
     codegen_environment = ENVIRONMENT

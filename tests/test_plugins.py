@@ -164,9 +164,19 @@ def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env,
 
 
 def test_no_plugin_for_a_platform_says_what_to_set(no_plugin_env):
+    """A platform no module describes has no package to install: only the variable to set."""
+    with pytest.raises(
+        PluginNotFoundError, match="no PJRT plugin found for platform 'vendor'"
+    ) as e:
+        find_plugin("vendor")
+    assert "set PJRT_POOL_PLUGIN_VENDOR to the path of a PJRT plugin library" in str(e.value)
+
+
+def test_no_plugin_for_rocm_names_jaxs_rocm_plugins(no_plugin_env):
     with pytest.raises(PluginNotFoundError, match="no PJRT plugin found for platform 'rocm'") as e:
         find_plugin("rocm")
-    assert "set PJRT_POOL_PLUGIN_ROCM to the path of a PJRT plugin library" in str(e.value)
+    assert "(pip install jax-rocm7-pjrt or pip install jax-rocm60-pjrt)" in str(e.value)
+    assert "set PJRT_POOL_PLUGIN_ROCM to the plugin's .so" in str(e.value)
 
 
 def test_no_plugin_for_cuda_says_what_to_install(no_plugin_env):

@@ -248,7 +248,7 @@ def test_ctrl_c_while_the_workers_start_stops_them() -> None:
     # stop them (issue 42: a Ctrl-C early in pjrt-pool warm).
     done = interrupt_child(
         """
-        interrupt_at(Pool.__init__, "self._workers.started.wait(")
+        interrupt_at(Pool.__init__, "self._starts.started.wait(")
         try:
             Pool(workers=2)
             print("not interrupted", flush=True)

@@ -257,9 +257,9 @@ def test_a_take_over_as_the_manager_begins_a_wait_never_passes_for_a_fresh_repor
         pool = Pool(workers=1, initializer=handler_initializer(handlers))
         pool.run(sleeper, [milliseconds(1)])
         pool.run(quick, [x])
-        workers, wait_set = pool._workers, pool._wait_set
+        starts, wait_set = pool._starts, pool._wait_set
         hold, held, go, polled, read = (threading.Event() for _ in range(5))
-        due, wait, remove = workers.respawn_due, wait_set.wait, wait_set.remove
+        due, wait, remove = starts.respawn_due, wait_set.wait, wait_set.remove
 
         def held_before_the_count():  # the manager's turn, right before it reads the count
             if hold.is_set():
@@ -294,7 +294,7 @@ def test_a_take_over_as_the_manager_begins_a_wait_never_passes_for_a_fresh_repor
 
         watching, taking = [False], [False]
         pool._manager._on_readable = noted
-        workers.respawn_due = held_before_the_count
+        starts.respawn_due = held_before_the_count
         wait_set.wait = held_after_the_wait
         wait_set.remove = let_go_inside_the_take_over
         hold.set()

@@ -3,7 +3,7 @@ import cycles, and package docstrings that name what is there.
 
 The checks read the source (ast), not the running code:
 
-- Every record the Pool's parts share (Task, WorkerProcess, Tasks) is
+- Every record the Pool's parts share (Task, WorkerProcess, Tasks, WorkerStarts) is
   changed only by its own class: no store to one of its attributes, no
   mutating call on one of its attributes' containers, and no use of its
   private attributes, from anywhere else in the executor (pool/executor,
@@ -17,7 +17,10 @@ The checks read the source (ast), not the running code:
 - No back-arrows between the parts of any package: of two modules or
   sub-packages side by side, at most one imports the other.
 - Every package's __init__ docstring names exactly its modules (``name.py``)
-  and sub-packages (``name/``).
+  and sub-packages (``name/``), except the platform modules of
+  worker/plugin/platforms: there each module that the docstring does not name
+  is a platform (it defines PLATFORM, the platform of its own name), so that
+  adding a platform is adding its module.
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ PACKAGES = ("pool", "worker")
 EXECUTOR = "pool.executor"
 NATIVE = ("worker._pjrt",)
 """Extension modules: imported like modules, with no source to read."""
+PLATFORMS = "worker.plugin.platforms"
+"""The package of one module per platform, which its docstring need not name one by one."""
 
 OWNED = {
     "Task": "pool/executor/tasks.py",
     "Tasks": "pool/executor/tasks.py",
-    "WorkerProcess": "pool/executor/workers.py",
+    "WorkerProcess": "pool/executor/worker_process.py",
+    "WorkerStarts": "pool/executor/starts.py",
 }
 """The records whose attributes only their own class may change, and where each is defined."""
 
@@ -418,10 +424,33 @@ def test_each_package_docstring_maps_exactly_its_modules():
     for package, path in sorted(_packages().items()):
         docstring = ast.get_docstring(_parse(path)) or ""
         named, there = _mapped(docstring), _contents(package, path)
+        if package == PLATFORMS:
+            there -= {f"{name}.py" for name in _platform_modules()}
         if named != there:
             missing, stale = sorted(there - named), sorted(named - there)
             found.append(f"{package}: names none of {missing}; names {stale}, not there")
     assert found == [], "\n".join(found)
+
+
+def _platform_modules() -> set[str]:
+    """The modules of worker/plugin/platforms that define PLATFORM at their top level."""
+    found = set()
+    for path in (ROOT / PLATFORMS.replace(".", "/")).glob("*.py"):
+        for node in _parse(path).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "PLATFORM" for t in targets):
+                found.add(path.stem)
+    return found
+
+
+def test_each_platform_module_defines_the_platform_of_its_name():
+    from worker.plugin.platforms.platform import Platform
+
+    modules = _platform_modules()
+    assert {"cpu", "cuda", "rocm", "tpu"} <= modules
+    for name in modules:
+        platform = importlib.import_module(f"{PLATFORMS}.{name}").PLATFORM
+        assert isinstance(platform, Platform) and platform.name == name, name
 
 
 def test_the_map_reader_reads_names_not_paths():

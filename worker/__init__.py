@@ -18,8 +18,8 @@ each thing lives, and so where plugin loading ends and serving begins::
                   a plugin build's digest and the one memo of values computed from a file
     wire/         the wire between the parent and a pool worker: frames, shared memory
     cache/        the shared disk cache of executables (DiskCache); cache/remote/ its remote tier
-    plugin/       the plugin: finding, loading (Runtime), XLA flags, FFI kernels,
-                  device errors, known builds and check-plugin's records
+    plugin/       the plugin: the platforms (one module each), finding, loading (Runtime),
+                  XLA flags, FFI kernels, device errors, known builds and check-plugin's records
     compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
                   lookup, claim, publish), loading by key, never-compile mode,
                   Executable, what a compile is for, executable stamps, compile slots

@@ -33,7 +33,7 @@ import jax
 
 from pool.conformance.case import Case
 from pool.conformance.references import reference, reference_device
-from pool.lowering.devices import EXCLUSIVE_PLATFORMS
+from worker.plugin.platforms.registry import platform_named
 
 
 def _case(payload: str | bytes) -> Case:
@@ -89,7 +89,8 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # the device is held by another process, or absent
         answers.send(("unavailable", _first_line(error)))
         return 3
-    if platform in EXCLUSIVE_PLATFORMS and device.platform != platform:
+    known = platform_named(platform)
+    if known.references_apart and device.platform not in known.jax_names:
         # JAX fell back to its CPU: the chip is still held (by a process that is
         # ending), or not there. Never jax.jit on another platform than the plugin's.
         answers.send(("unavailable", f"JAX found no {platform} device (it chose {device})"))

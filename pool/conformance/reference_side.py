@@ -52,8 +52,8 @@ from pool.conformance.battery import battery
 from pool.conformance.case import Case
 from pool.conformance.status import Status
 from pool.errors import describe_exit
-from pool.lowering.devices import EXCLUSIVE_PLATFORMS
 from pool.spawn import child_environment, python_command
+from worker.plugin.platforms.registry import platform_named
 
 START_TIMEOUT = 180.0
 """Seconds a reference process may take to import JAX and open its device."""
@@ -316,7 +316,7 @@ class ReferenceSide:
                 self._child = child
                 self.device = child.device
                 return child
-            if self.platform not in EXCLUSIVE_PLATFORMS or time.monotonic() > deadline:
+            if not platform_named(self.platform).references_apart or time.monotonic() > deadline:
                 raise _StartError(why)
             if self._closing.wait(_RETRY_PAUSE):
                 raise _StartError("the check was stopped")
@@ -378,9 +378,9 @@ class ReferenceSide:
 
 
 def _jax_platforms(platform: str) -> dict[str, str]:
-    """The reference process's JAX_PLATFORMS: the user's, else the CPU's for a CPU check
-    (it then never opens an accelerator another process needs), else JAX's own choice."""
-    if os.environ.get("JAX_PLATFORMS") or platform != "cpu":
+    """The reference process's JAX_PLATFORMS: the user's, else the CPU's for a check of a CPU
+    plugin (it then never opens an accelerator another process needs), else JAX's choice."""
+    if os.environ.get("JAX_PLATFORMS") or "cpu" not in platform_named(platform).jax_names:
         return {}
     return {"JAX_PLATFORMS": "cpu"}
 

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from pool.conformance.case import Case
+from worker.plugin.platforms.registry import platform_named
 
 
 def reference(case: Case, inputs: Sequence[np.ndarray], device: Any) -> list[np.ndarray]:
@@ -24,8 +25,9 @@ def reference(case: Case, inputs: Sequence[np.ndarray], device: Any) -> list[np.
 
 
 def reference_device(platform: str) -> Any:
-    """JAX's own device for the platform if it has one, else its CPU."""
-    for name in (platform, "gpu") if platform in ("cuda", "rocm") else (platform,):
+    """JAX's own device for the platform if it has one (by any of its JAX names), else its
+    CPU."""
+    for name in platform_named(platform).jax_names:
         with contextlib.suppress(RuntimeError):
             return jax.devices(name)[0]
     return jax.devices("cpu")[0]

@@ -49,7 +49,6 @@ from pool.errors import (
     describe_exit,
 )
 from pool.face import Pool
-from pool.lowering.devices import EXCLUSIVE_PLATFORMS
 from pool.lowering.lower import lower
 from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
@@ -61,6 +60,7 @@ from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV
 from worker.plugin.locate import env_var, environment_variables, find_plugin
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform, loaded_runtime
 
 DEFAULT_TIMEOUT = 60.0
@@ -524,7 +524,7 @@ def run_cases(
         applied, off = _workarounds(platform)
         # On a device one process at a time may hold, JAX's side runs after the workers
         # let it go.
-        apart = platform in EXCLUSIVE_PLATFORMS
+        apart = platform_named(platform).references_apart
         count = (os.cpu_count() or 1) if workers is None else workers
         try:
             with quiet():  # the memo of this very check must not warn about itself

@@ -5,19 +5,22 @@ here does), in the callers' threads and the pool's manager thread. pool.py
 is WorkerPool, what the public Pool (pool.face) runs on, made of parts that
 each own their state (its docstring draws them):
 
-    pool.py          WorkerPool: what callers call
-    caller.py        what a caller's thread does itself: the direct run, reading a
-                     waited-for reply, recovering from an interrupt
-    dispatch.py      claiming, sending, replies, settling, from any thread
-    requests.py      each task's message to its worker
-    manager.py       the manager thread
-    wait_set.py      the manager's one wait point (an epoll set)
-    workers.py       the worker processes' records, and the moves between their states
-    roles.py         what each worker is for: compiling, running on a device, or both
-    tasks.py         the tasks' records, their moves, and the queue
-    quarantine.py    programs that crash workers
-    segments.py      shared memory for large inputs and outputs
-    forks.py         which process this is: a pool refuses in a forked child
+    pool.py            WorkerPool: what callers call
+    caller.py          what a caller's thread does itself: the direct run, reading a
+                       waited-for reply, recovering from an interrupt
+    dispatch.py        claiming, sending, replies, settling, from any thread
+    requests.py        each task's message to its worker
+    manager.py         the manager thread
+    wait_set.py        the manager's one wait point (an epoll set)
+    starts.py          starting workers, replacing those that end, failed starts
+    workers.py         the pool's workers: who holds each, the moves any thread makes
+    processes.py       a worker's process: command line, environment, spawning, stopping
+    worker_process.py  one worker's record (WorkerProcess) and its table of states
+    roles.py           what each worker is for: compiling, running on a device, or both
+    tasks.py           the tasks' records, their moves, and the queue
+    quarantine.py      programs that crash workers
+    segments.py        shared memory for large inputs and outputs
+    forks.py           which process this is: a pool refuses in a forked child
 
 Beside them: futures.py (the futures it hands out), inputs.py (staging a
 run's inputs), programs.py (a program's identity), settings.py (checking

@@ -34,7 +34,8 @@ from pool.executor.futures import TaskFuture, remaining
 from pool.executor.quarantine import Quarantine
 from pool.executor.tasks import Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.executor.workers import WorkerProcess, Workers
+from pool.executor.worker_process import WorkerProcess
+from pool.executor.workers import Workers
 from worker.wire import protocol
 
 DIRECT_SPIN_SECONDS = 500e-6

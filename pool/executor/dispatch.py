@@ -42,9 +42,11 @@ from pool.executor.compile_many import CompileResult
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache, map_segment
+from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.executor.workers import ARENA_SIZE, WorkerProcess, Workers
+from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
+from pool.executor.workers import Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.records import CompileStatistics
@@ -72,6 +74,7 @@ class Dispatcher:
         lock: threading.Lock,
         tasks: Tasks,
         workers: Workers,
+        starts: WorkerStarts,
         quarantine: Quarantine,
         segments: SegmentCache,
         requests: Requests,
@@ -80,6 +83,7 @@ class Dispatcher:
         self._lock = lock  # the pool's: claims, the queue and settling happen under it
         self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
         self._workers = workers  # claimed, given back, freed and retired here
+        self._starts = starts  # told of each worker's Ready
         self._quarantine = quarantine  # refuses queued tasks; a device failure is a crash
         self._segments = segments  # the segments results' arrays view
         self._requests = requests  # builds each request; learns programs' output types
@@ -235,7 +239,7 @@ class Dispatcher:
             return
         if isinstance(message, protocol.Ready):
             close_all(fds)
-            self._workers.on_ready(worker, message)
+            self._starts.on_ready(worker, message)
             return
         if (
             not isinstance(message, protocol.Reply)

@@ -39,9 +39,11 @@ from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import ManagerThread
 from pool.executor.quarantine import Quarantine
 from pool.executor.segments import SegmentCache
+from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import MAX_REQUEUES, Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.executor.workers import PARKED_SECONDS, Source, State, WorkerProcess, Workers
+from pool.executor.worker_process import State, WorkerProcess
+from pool.executor.workers import PARKED_SECONDS, Source, Workers
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -59,6 +61,7 @@ class Manager(ManagerThread):
         lock: threading.Lock,
         tasks: Tasks,
         workers: Workers,
+        starts: WorkerStarts,
         dispatcher: Dispatcher,
         quarantine: Quarantine,
         segments: SegmentCache,
@@ -71,8 +74,10 @@ class Manager(ManagerThread):
         # The queue it dispatches and whose orphans it completes; whether the pool is
         # closing (it ends once nothing is queued or running) or broken.
         self._tasks = tasks
-        # The workers it starts, replaces, kills at their deadline and reaps.
+        # The workers it kills at their deadline, reaps and stops.
         self._workers = workers
+        # Starts the workers, and replaces each that ends.
+        self._starts = starts
         # Sends queued tasks and reads the replies of the workers it holds.
         self._dispatcher = dispatcher
         # Counts the crash when a worker dies running a task.
@@ -87,9 +92,9 @@ class Manager(ManagerThread):
     def run(self) -> None:
         try:
             try:
-                self._workers.start()
+                self._starts.start()
             except Exception as error:
-                self._workers.start_failed(
+                self._starts.start_failed(
                     0, WorkerStartupError(f"a worker could not start: {error}")
                 )
                 return
@@ -113,7 +118,7 @@ class Manager(ManagerThread):
                 return
             with self._lock:
                 workers.unpark_locked()  # see pool.executor.workers: parked sockets go back
-            timeout = _earliest(self._expire(), workers.respawn_due(), PARKED_SECONDS)
+            timeout = _earliest(self._expire(), self._starts.respawn_due(), PARKED_SECONDS)
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
             for source, worker in self._wait_set.wait(timeout):
                 if source is Source.OUTPUT:
@@ -192,7 +197,7 @@ class Manager(ManagerThread):
                 f"a worker {describe_exit(returncode)} while starting; its output ends "
                 f"with:\n{tail or '(nothing)'}"
             )
-        self._workers.replace(worker.index, failure)
+        self._starts.replace(worker.index, failure)
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str

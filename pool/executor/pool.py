@@ -37,7 +37,8 @@ state, and calls go from here down, never back up:
      ├─ Manager          the manager thread: deadlines, deaths, replacements, the end
      ├─ Dispatcher       sending claimed tasks, replies, settling (any thread)
      ├─ Requests         each task's message for its worker; programs' output types
-     ├─ Workers          the worker processes: claims, holders, start-up, reaping
+     ├─ WorkerStarts     starting workers, replacing those that end, failed starts
+     ├─ Workers          the worker processes: claims, holders, reaping
      ├─ Tasks            the queue, orphans, whether the pool takes tasks
      ├─ Quarantine       crash counts, quarantined programs
      ├─ SegmentCache     shared memory for large inputs and outputs, kept for reuse
@@ -45,7 +46,7 @@ state, and calls go from here down, never back up:
 
 (each above uses only those below it). One lock, the Pool's, guards the
 queue and every worker's and task's state; every move of a worker or a task
-between states is checked against a table (pool.executor.workers,
+between states is checked against a table (pool.executor.worker_process,
 pool.executor.tasks), and each record is changed only by its owner's methods.
 
 The direct path of Pool.run, the hot path for small programs: run ->
@@ -83,9 +84,11 @@ from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, SegmentCache
 from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks
 from pool.executor.wait_set import WaitSet
-from pool.executor.workers import ARENA_SIZE, Workers
+from pool.executor.worker_process import ARENA_SIZE
+from pool.executor.workers import Workers
 from worker.arguments import prepare_arguments
 from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
@@ -186,7 +189,7 @@ class WorkerPool:
         # Read once: Thread.ident is a property, and every run compares it.
         self._manager_ident = self._manager.ident
         try:
-            started = self._workers.started.wait(settings.start_timeout)
+            started = self._starts.started.wait(settings.start_timeout)
         except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
             self.terminate()
             raise
@@ -196,9 +199,9 @@ class WorkerPool:
                 f"the workers did not start within {settings.start_timeout:.0f} s "
                 "(plugin loading hung?); raise start_timeout if plugins load slowly here"
             )
-        if self._workers.startup_error is not None:
+        if self._starts.startup_error is not None:
             self.terminate()
-            raise self._workers.startup_error
+            raise self._starts.startup_error
         _live_pools.add(self)
         self._started(settings)
         # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
@@ -211,11 +214,13 @@ class WorkerPool:
         self._tasks = Tasks(wait_set)
         self._quarantine = Quarantine(lock, settings.max_crashes)
         self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
-        self._workers = Workers(settings, lock, wait_set, self._tasks)
+        self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
+        self._starts = WorkerStarts(settings, lock, self._workers, self._tasks)
         self._dispatcher = Dispatcher(
             lock,
             self._tasks,
             self._workers,
+            self._starts,
             self._quarantine,
             self._segments,
             Requests(self._segments),
@@ -233,6 +238,7 @@ class WorkerPool:
             lock,
             self._tasks,
             self._workers,
+            self._starts,
             self._dispatcher,
             self._quarantine,
             self._segments,
@@ -416,7 +422,7 @@ class WorkerPool:
         replacements too; Pool.statistics counts the tasks' loads apart from these."""
         self._refuse_in_child()
         with self._lock:
-            return self._workers.preload_statistics
+            return self._starts.preload_statistics
 
     @property
     def statistics(self) -> CompileStatistics:

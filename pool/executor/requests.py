@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pool.executor.segments import SegmentCache
 from pool.executor.tasks import Kind, Task
-from pool.executor.workers import ARENA_SIZE, HotProgram, WorkerProcess
+from pool.executor.worker_process import ARENA_SIZE, HotProgram, WorkerProcess
 from worker.records import ArrayType
 from worker.wire import protocol, shm
 

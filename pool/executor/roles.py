@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from pool.executor.tasks import Kind
 from worker.errors import DeviceUnavailableError
-from worker.plugin import libtpu
+from worker.plugin.platforms.platform import DeviceAccess
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
@@ -75,21 +76,6 @@ class WorkerPlan:
     """Variables set for this worker alone (a device worker's chip, on a host of several)."""
 
 
-def device_environment(chip: int, chips: int) -> tuple[tuple[str, str], ...]:
-    """The variables that give a device worker one chip of a host with `chips` of them.
-
-    One chip alone needs none. With several, each worker sees its own chip as a
-    job of one process and one chip, as JAX's multi-process TPU tests set them.
-    """
-    if chips <= 1:
-        return ()
-    return (
-        (libtpu.VISIBLE_CHIPS_ENV, str(chip)),
-        ("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1"),
-        ("TPU_PROCESS_BOUNDS", "1,1,1"),
-    )
-
-
 def default_compile_workers() -> int:
     """A TPU pool's compile workers when none are asked for (see DEFAULT_COMPILE_SHARE)."""
     return max(MIN_COMPILE_WORKERS, (os.cpu_count() or 1) // DEFAULT_COMPILE_SHARE)
@@ -112,27 +98,31 @@ def plan_workers(
                 f"workers (run_workers={run_workers})"
             )
         return (WorkerPlan(Role.COMPILE, topology),) * (workers or default_compile_workers())
-    if platform != "tpu":
+    facts = platform_named(platform or "")
+    if facts.device_access is not DeviceAccess.EXCLUSIVE:
         if not run_workers:
             return (WorkerPlan(Role.ANY),) * (workers or cores)
         compilers = workers or max(1, cores - run_workers)
         return (WorkerPlan(Role.COMPILE),) * compilers + (WorkerPlan(Role.DEVICE),) * run_workers
-    chips = libtpu.attached_chips()
+    chips = facts.attached_devices() or 0
     if chips == 0:
         raise DeviceUnavailableError(
-            "no TPU is attached to this machine, so a pool for platform 'tpu' has nothing to "
-            "run on: give it a topology (Pool(topology='v5e:1x1')) to compile for one without "
-            "it, and run where the chip is"
+            f"no {facts.name.upper()} is attached to this machine, so a pool for platform "
+            f"{facts.name!r} has nothing to run on: give it a topology "
+            "(Pool(topology='v5e:1x1')) to compile for one without it, and run where the chip is"
         )
     if run_workers is not None and run_workers > chips:
         raise ValueError(
-            f"run_workers={run_workers}, but this host has {chips} TPU chip(s), and one process "
-            "at a time may hold a chip: give at most one run worker per chip"
+            f"run_workers={run_workers}, but this host has {chips} {facts.name.upper()} chip(s), "
+            "and one process at a time may hold a chip: give at most one run worker per chip"
         )
     held = chips if run_workers is None else run_workers
-    host = libtpu.host_topology(chips=1)
+    host = facts.host_topology(1)
     role = Role.DEVICE if host is not None else Role.ANY
-    devices = tuple(WorkerPlan(role, None, device_environment(i, chips)) for i in range(held))
+    devices = tuple(
+        WorkerPlan(role, None, tuple(facts.device_settings(1, first=i).environment.items()))
+        for i in range(held)
+    )
     if host is None:
         return devices  # no name for the host's topology: each chip's worker compiles itself
     compilers = workers or default_compile_workers()

@@ -6,13 +6,14 @@ its platforms given). On a TPU host that opens the chip in the parent
 (measured: /dev/vfio/N among its descriptors), and one process at a time may
 hold a chip, so the pool's device worker could then never have it.
 
-So lowering for "tpu" in a process whose JAX has not initialized its backends
-yet, and whose platforms nobody chose (no JAX_PLATFORMS, and jax_platforms
-unset or as JAX sets it itself when imported on a Cloud TPU VM: "tpu,cpu"),
-first sets jax_platforms to "cpu": that process's JAX then runs on the CPU,
-and the chip stays free for the workers. A process that chose its platforms
-keeps them (and if it holds the chip itself, the pool's device worker says
-that this process holds it).
+So lowering for a platform whose devices one process at a time may hold
+(DeviceAccess.EXCLUSIVE in worker.plugin.platforms: "tpu") in a process whose
+JAX has not initialized its backends yet, and whose platforms nobody chose
+(no JAX_PLATFORMS, and jax_platforms unset or as JAX sets it itself when
+imported on a Cloud TPU VM: "tpu,cpu"), first sets jax_platforms to "cpu":
+that process's JAX then runs on the CPU, and the chip stays free for the
+workers. A process that chose its platforms keeps them (and if it holds the
+chip itself, the pool's device worker says that this process holds it).
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ import os
 import jax
 
 from worker.log import get_logger
+from worker.plugin.platforms.platform import DeviceAccess
+from worker.plugin.platforms.registry import platform_named
 
 logger = get_logger("pjrt_pool.lower")
-
-EXCLUSIVE_PLATFORMS = frozenset({"tpu"})
-"""Platforms whose devices one process at a time may hold."""
 
 JAX_CLOUD_TPU_DEFAULT = "tpu,cpu"
 """What JAX sets jax_platforms to, as it is imported on a Cloud TPU VM, when nobody set it
@@ -46,7 +46,8 @@ def _backends_initialized() -> bool:
 def leave_devices_to_workers(platform: str) -> None:
     """Sets this process's JAX to the CPU before lowering for an exclusive platform (see the
     module), unless its backends are up or its platforms were chosen."""
-    if platform not in EXCLUSIVE_PLATFORMS or os.environ.get("JAX_PLATFORMS"):
+    exclusive = platform_named(platform).device_access is DeviceAccess.EXCLUSIVE
+    if not exclusive or os.environ.get("JAX_PLATFORMS"):
         return
     if jax.config.jax_platforms not in (None, "", JAX_CLOUD_TPU_DEFAULT):
         return

@@ -26,6 +26,7 @@ from pool.lowering.plugin_info import plugin_info
 from pool.lowering.stablehlo import reserialize, target_version
 from pool.lowering.workarounds import active_workarounds, module_rewrite
 from worker.dtypes import code_of_dtype
+from worker.plugin.platforms.registry import platform_named, platform_of_jax_device
 from worker.records import ArrayType, DigestedProgram, LoweredProgram
 
 KeyDtype = Any
@@ -56,12 +57,10 @@ class TreeProgram(NamedTuple):
 
 
 def _jax_platform(device: Any) -> str:
-    """The jax.export platform name of a device ("cpu", "cuda", "rocm", "tpu")."""
-    platform = device.platform
-    if platform == "gpu":
-        version = getattr(device.client, "platform_version", "").lower()
-        return "rocm" if "rocm" in version else "cuda"
-    return platform
+    """The platform of a device of JAX's ("cpu", "cuda", "rocm", "tpu"; a "gpu" device's
+    client names CUDA or ROCm in its platform version)."""
+    version = getattr(device.client, "platform_version", "")
+    return platform_of_jax_device(device.platform, version)
 
 
 def lowering_platform(shapes: Sequence[Any]) -> str:
@@ -88,7 +87,7 @@ def lowering_platform(shapes: Sequence[Any]) -> str:
         return platforms.pop()
     default = jax.config.jax_default_device
     if isinstance(default, str):
-        return "cuda" if default == "gpu" else default
+        return platform_of_jax_device(default)
     if default is not None:
         return _jax_platform(default)
     return _jax_platform(jax.devices()[0])
@@ -328,7 +327,7 @@ def lower_tree(
             raise _host_callback_error(callbacks)
         exported = jax.export.export(
             jitted,
-            platforms=[platform],
+            platforms=[platform_named(platform).jax_names[0]],
             disabled_checks=[
                 jax.export.DisabledSafetyCheck.custom_call(t) for t in sorted(targets)
             ],

@@ -24,6 +24,7 @@ from worker import find_plugin, loaded_runtime
 from worker.cache import UntrustedCacheError, open_cache
 from worker.errors import PluginNotFoundError
 from worker.identity.build import memoized_by_file, plugin_digest
+from worker.plugin.locate import env_var
 
 PROBE_TIMEOUT = 120.0
 
@@ -36,7 +37,7 @@ def _probe(platform: str, path: str) -> dict[str, Any]:
     try:
         done = subprocess.run(
             python_command("worker.plugin.probe", platform),
-            env=child_environment({f"PJRT_POOL_PLUGIN_{platform.upper()}": path}),
+            env=child_environment({env_var(platform): path}),
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT,

@@ -40,6 +40,7 @@ from worker.compile.slots import compile_slot
 from worker.compile.target import Target, target_for
 from worker.compile.tiers import Loading, NewEntry, Tier, Tiers, open_remote, open_tiers
 from worker.identity.environment import host_cpu_flags
+from worker.identity.keys import PlatformPart
 from worker.identity.options import checked_compile_options, options_or_default
 from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
@@ -189,7 +190,7 @@ def _metadata(
     }
     if target.topology is not None:
         metadata["topology"] = target.topology  # for people: the key holds what it is
-    if target.runtime.platform == "cpu":
+    if PlatformPart.HOST in target.runtime.platform_parts:
         # The key holds only their digest: with the flags, a miss elsewhere
         # can say which features that host lacks (worker.identity.keys.differing_parts).
         metadata["cpu_flags"] = list(host_cpu_flags())

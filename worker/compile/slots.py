@@ -9,10 +9,11 @@ when the disk cache is on a shared filesystem), locked with flock, which the
 kernel releases when the holder exits or dies, so a killed worker never keeps
 a slot.
 
-N is ``PJRT_POOL_COMPILE_SLOTS`` (a positive integer; 0 for no cap), else,
-for GPU platforms, one slot per CORES_PER_GPU_COMPILE cores; CPU platforms
-have no cap by default (there a compile is bound by cores, and XLA's own
-thread pool already spreads one compile over them).
+N is ``PJRT_POOL_COMPILE_SLOTS`` (a positive integer; 0 for no cap), else
+what the platform says (worker.plugin.platforms: Platform.compile_slots): for
+GPU platforms, one slot per CORES_PER_GPU_COMPILE cores; CPU platforms have
+no cap by default (there a compile is bound by cores, and XLA's own thread
+pool already spreads one compile over them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker.log import get_logger
+from worker.plugin.platforms.platform import CompileSlots
+from worker.plugin.platforms.registry import platform_named
 
 SLOTS_ENV = "PJRT_POOL_COMPILE_SLOTS"
 """Names how many compiles may run at once on this machine (0: any number)."""
@@ -35,7 +38,6 @@ CORES_PER_GPU_COMPILE = 4
 """Cores one XLA GPU compile keeps busy: serial jax.jit compiles of 64 programs on
 an H200 host took 136.6 CPU-seconds in 33-34 s of wall time."""
 
-_GPU_PLATFORMS = ("cuda", "rocm")
 _POLL_SECONDS = (0.002, 0.05)  # first and longest sleep between tries for a free slot
 
 logger = get_logger("pjrt_pool.slots")
@@ -59,7 +61,7 @@ def compile_slots(platform: str) -> int | None:
                 "machine (a positive integer), or 0 for no cap"
             )
         return slots or None
-    if platform in _GPU_PLATFORMS:
+    if platform_named(platform).compile_slots is CompileSlots.PER_GPU_COMPILE:
         return max(1, (os.cpu_count() or 1) // CORES_PER_GPU_COMPILE)
     return None
 

@@ -29,14 +29,10 @@ from worker.compile.executable import (
     deserialize_executable,
 )
 from worker.errors import PjrtError
-from worker.identity.target import (
-    TOPOLOGY_PLATFORMS,
-    describe_part,
-    device_fields,
-    topology_fields,
-)
-from worker.plugin import libtpu
+from worker.identity.keys import PlatformPart
+from worker.identity.target import describe_part, device_fields, topology_fields
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec, parse_topology
 
 if TYPE_CHECKING:
@@ -133,7 +129,8 @@ def target_for(runtime: Runtime, topology: str | TopologySpec | None) -> Target:
 def needs_topology_here(platform: str) -> bool:
     """Whether this host has no device of a platform whose executables are tied to a
     topology: what would load here can then only be judged for a topology named."""
-    return platform in TOPOLOGY_PLATFORMS and libtpu.attached_chips() == 0
+    facts = platform_named(platform)
+    return PlatformPart.TOPOLOGY in facts.platform_parts and facts.attached_devices() == 0
 
 
 def describe_environment(parts: dict[str, Any]) -> str:

@@ -120,31 +120,29 @@ def _code_flags(text: str) -> list[str]:
     return [f"{name}={flags[name]}" for name in sorted(flags) if is_code_flag(name)]
 
 
-LIBTPU_INIT_ARGS_ENV = "LIBTPU_INIT_ARGS"
-"""libtpu's own flags, read as it initializes (TPU's XLA_FLAGS)."""
-
-
 def codegen_environment(
-    environ: dict[str, str] | None = None, platform: str | None = None
+    environ: dict[str, str] | None = None, flag_variables: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Returns the environment that changes what the plugin generates, for the key.
 
     Read when the plugin loads (runtime.py), since the plugin reads it then
     and never again: {"xla_flags": [...]} plus each thread-count variable that
-    is set and, for TPU, LIBTPU_INIT_ARGS's code flags (normalized as
-    XLA_FLAGS are) when it names any. Variables read at run time only
-    (oneDNN's DNNL_MAX_CPU_ISA, the TF_CPP_* logging ones) are left out:
-    measured, DNNL_MAX_CPU_ISA=SSE41 leaves the serialized executable unchanged.
+    is set and, for each of the platform's own variables of XLA flags
+    (flag_variables: TPU's LIBTPU_INIT_ARGS), its code flags, normalized as
+    XLA_FLAGS are, under the variable's name in lower case, when it names
+    any. Variables read at run time only (oneDNN's DNNL_MAX_CPU_ISA, the
+    TF_CPP_* logging ones) are left out: measured, DNNL_MAX_CPU_ISA=SSE41
+    leaves the serialized executable unchanged.
     """
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {"xla_flags": normalized_xla_flags(env.get(XLA_FLAGS_ENV))}
     for name in THREAD_ENV:
         if env.get(name):
             found[name] = env[name]
-    if platform == "tpu":
-        init_args = _code_flags(env.get(LIBTPU_INIT_ARGS_ENV, ""))
-        if init_args:
-            found["libtpu_init_args"] = init_args
+    for variable in flag_variables:
+        flags = _code_flags(env.get(variable, ""))
+        if flags:
+            found[variable.lower()] = flags
     return found
 
 

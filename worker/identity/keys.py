@@ -2,8 +2,9 @@
 
 An executable may be reused only for the same program text, platform, plugin
 build, compile options, client create options, code-generation environment
-and, on CPU, host CPU features (environment.py), and on TPU the topology it
-was compiled for (target.py). The key is the SHA-256 of those parts as
+and, where the platform's executables are tied to them (PlatformPart), the
+host's CPU features (environment.py: CPU) or the topology it was compiled
+for (target.py: TPU). The key is the SHA-256 of those parts as
 canonical JSON (key_of); key_parts assembles them, explain_key shows them,
 and differing_parts says where an entry built elsewhere differs.
 
@@ -14,6 +15,7 @@ key's form before any path is built from it.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import platform as host_platform
@@ -23,6 +25,18 @@ from worker.identity.environment import codegen_environment, host_cpu_features, 
 
 KEY_FORMAT = 2
 """Bumped whenever the meaning of a key's parts changes."""
+
+
+class PlatformPart(enum.Enum):
+    """A key part that only some platforms' executables have (each platform says which of
+    them its executables have: worker.plugin.platforms)."""
+
+    HOST = "host"
+    """The host's machine and CPU features: XLA:CPU compiles for the host's instruction set,
+    and a plugin refuses an executable built for other features."""
+
+    TOPOLOGY = "topology"
+    """The topology compiled for (target.topology_part): a TPU executable is tied to it."""
 
 
 def key_parts(
@@ -37,6 +51,7 @@ def key_parts(
     client_options: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,
     topology: dict[str, Any] | None = None,
+    platform_parts: frozenset[PlatformPart] = frozenset(),
 ) -> dict[str, Any]:
     """Returns the parts that identify an executable, as JSON-ready data.
 
@@ -46,6 +61,8 @@ def key_parts(
     executables are tied to a topology (TPU: worker.identity.target.topology_part),
     the same whether compiled for a topology without a device or on the
     devices themselves; None leaves the part out (CPU and GPU keys).
+    platform_parts are the parts the platform's executables have beside the
+    common ones (PlatformPart.HOST adds the host's; the topology is given).
     """
     parts: dict[str, Any] = {
         "format": KEY_FORMAT,
@@ -61,7 +78,7 @@ def key_parts(
         "client_options": dict(sorted((client_options or {}).items())),
         "environment": environment if environment is not None else codegen_environment(),
     }
-    if platform == "cpu":
+    if PlatformPart.HOST in platform_parts:
         parts["host"] = {"machine": host_platform.machine(), "cpu_features": host_cpu_features()}
     if topology is not None:
         parts["topology"] = topology

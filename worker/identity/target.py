@@ -23,11 +23,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from worker.identity.keys import key_parts
+from worker.identity.keys import PlatformPart, key_parts
 from worker.identity.options import options_or_default
-
-TOPOLOGY_PLATFORMS = frozenset({"tpu"})
-"""Platforms whose cache keys name the topology an executable is compiled for."""
 
 
 class Topology(Protocol):
@@ -61,6 +58,10 @@ class KeyRuntime(Protocol):
     codegen_environment: dict[str, Any]
 
     @property
+    def platform_parts(self) -> frozenset[PlatformPart]:
+        """The key parts the platform's executables have beside the common ones."""
+
+    @property
     def client(self) -> Any:
         """The client: its platform_version and device_kind."""
 
@@ -80,9 +81,8 @@ class WithMemos(Protocol):
 def device_fields(runtime: KeyRuntime) -> dict[str, Any]:
     """The key fields of a compile on the runtime's device (whose client this opens)."""
     client = runtime.client
-    topology = (
-        topology_part(runtime.device_topology()) if runtime.platform in TOPOLOGY_PLATFORMS else None
-    )
+    tied = PlatformPart.TOPOLOGY in runtime.platform_parts
+    topology = topology_part(runtime.device_topology()) if tied else None
     return {
         "platform_version": client.platform_version,
         "device_kind": client.device_kind,
@@ -133,6 +133,7 @@ def runtime_key_parts(
         client_options=runtime.client_options,
         environment=runtime.codegen_environment,
         topology=fields["topology"],
+        platform_parts=runtime.platform_parts,
     )
 
 

@@ -3,6 +3,9 @@
 Runs in every process that holds a plugin (a pool worker, a user's process
 in in-process use, the probe the parent starts) and never imports JAX.
 
+    platforms/              one module per platform: all that is known of a kind of plugin
+                            (where it is found, what it loads with, its kernels, flags, key
+                            parts, compile slots and devices), behind one interface, Platform
     locate.py               which plugin library serves a platform (environment, packages)
     startup.py              what a pool worker sets up before its plugin loads
     xla_flags.py            the XLA flags a plugin loads with (JAX's semantics)
@@ -10,7 +13,8 @@ in in-process use, the probe the parent starts) and never imports JAX.
     kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
     device_errors.py        which errors leave a device context unusable
     topology.py             topologies: the devices a program is compiled for, not held
-    libtpu.py               what libtpu needs around it: environment, this host's chips, its lock
+    libtpu.py               what libtpu needs around it (the tpu platform reads it):
+                            environment, this host's chips, its lock
     probe.py                ``python -m worker.plugin.probe``: a plugin's identity, unloaded here
     build_identity.py       a library's SHA-256: which installed RECORD vouches for it, else
                             hashed (the rules and the memo: worker/identity/build.py)

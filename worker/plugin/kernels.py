@@ -3,7 +3,9 @@
 JAX lowers ``jnp.linalg`` (and a few other functions) to custom calls whose
 handlers live in jaxlib, not in the plugin: ``lapack_*_ffi`` on CPU, and
 ``cusolver_*``, ``cu_*``, ``cuhybrid_*`` from the jax-cuda plugin package of
-the plugin's CUDA version (jax_cuda12_plugin or jax_cuda13_plugin) on CUDA. A
+the plugin's CUDA version (jax_cuda12_plugin or jax_cuda13_plugin) on CUDA;
+each platform names its kernel libraries and the package that matches a
+plugin (worker.plugin.platforms: Platform.kernels, Platform.kernel_package). A
 standalone plugin compiles such programs only after those handlers are
 registered through its FFI extension. Registration is done lazily, the first
 time a program that names the library's targets is compiled or loaded, so
@@ -22,75 +24,28 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from worker import _pjrt
 from worker.errors import PjrtError
 from worker.log import get_logger
-from worker.plugin.locate import cuda_major, newer_plugin_hint, plugin_jax_version
+from worker.plugin.locate import newer_plugin_hint, plugin_jax_version
+from worker.plugin.platforms.platform import KernelLibrary
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import Runtime, get_runtime
 
 logger = get_logger("pjrt_pool.kernels")
 
 
-class _KernelLibrary(NamedTuple):
-    platform: str
-    markers: tuple[bytes, ...]  # substrings of any program or executable that calls it
-    modules: tuple[tuple[str, bool], ...]  # (module of the package, all its targets are FFI)
-    description: str
-
-
-_LIBRARIES = (
-    _KernelLibrary("cpu", (b"lapack_",), (("_lapack", False),), "jaxlib's LAPACK kernels"),
-    _KernelLibrary(
-        "cuda",
-        (b"cusolver_", b"cublas_", b"cu_", b"cusparse_", b"cuhybrid_"),
-        # _linalg (cu_lu_pivots_to_permutation) and _hybrid (cuhybrid_eig_*) name
-        # FFI targets without the "_ffi" suffix; the other modules use it.
-        (
-            ("_solver", False),
-            ("_hybrid", True),
-            ("_linalg", True),
-            ("_prng", False),
-            ("_sparse", False),
-        ),
-        "the jax-cuda plugin's cuSOLVER/cuSPARSE kernels",
-    ),
-)
-
-# What a CUDA client reports as its platform version: "cuda 13.0.0", or "cuda 12030" from older XLA.
-_CUDA_PLATFORM_VERSION = re.compile(r"cuda\s+(\d+)(\.\d+)?")
-
-
 def kernel_package(
     platform: str, plugin_path: str, platform_version: str | None = None
 ) -> str | None:
-    """Returns the package whose modules hold the kernels for a plugin, or None if unknown.
-
-    For "cpu" it is jaxlib's ("jaxlib.cpu"). For "cuda" it is the jax-cuda
-    plugin package of the CUDA version the plugin was built for: the
-    plugin's own package decides (jax-cuda13-pjrt, installed as
-    jax_plugins/xla_cuda13, goes with jax_cuda13_plugin), else the CUDA
-    version its client reports ("cuda 13.0.0"). Kernels of another CUDA
-    version must never be registered: they are built for another CUDA, and
-    the plugin accepts a second handler for a target without a word, so
-    which one runs would be left to the order of registration.
-    """
-    if platform == "cpu":
-        return "jaxlib.cpu"
-    if platform != "cuda":
-        return None
-    major = cuda_major(plugin_path)
-    if major is None:
-        match = _CUDA_PLATFORM_VERSION.match((platform_version or "").strip())
-        if match is None:
-            return None
-        number = int(match.group(1))
-        # "12030" (CUDART_VERSION) means 12.3; "13.0.0" and "13" mean 13.
-        major = number if match.group(2) or number < 100 else number // 1000
-    return f"jax_cuda{major}_plugin"
+    """Returns the package whose modules hold the kernels for a plugin of a platform (whose
+    client reports platform_version), or None if unknown (Platform.kernel_package): for "cpu"
+    jaxlib's ("jaxlib.cpu"), for "cuda" the jax-cuda plugin package of the plugin's CUDA
+    version, never another's."""
+    return platform_named(platform).kernel_package(plugin_path, platform_version)
 
 
 def _distribution(package: str) -> str:
@@ -316,7 +271,7 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
     then makes clear. Raises FfiVersionError, before anything compiles, when
     the bytes name a target whose handler the plugin's XLA could not take.
     """
-    libraries = [library for library in _LIBRARIES if library.platform == runtime.platform]
+    libraries = runtime.facts.kernels
     if not libraries:
         return  # no copy of the bytes: a TPU entry's are tens of MB (7 ms each, measured)
     data = bytes(blob) if isinstance(blob, memoryview) else blob
@@ -332,11 +287,11 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
                 raise refusal.error()
 
 
-def _register_library(runtime: Runtime, library: _KernelLibrary) -> None:
+def _register_library(runtime: Runtime, library: KernelLibrary) -> None:
     package = _runtime_package(runtime)
     if package is None:
         logger.warning(
-            "not registering %s: cannot tell which CUDA version the plugin %s was built for",
+            "not registering %s: cannot tell which package's kernels match the plugin %s",
             library.description,
             runtime.location.path,
         )
@@ -356,7 +311,7 @@ def _register_library(runtime: Runtime, library: _KernelLibrary) -> None:
 
 def _refused_library(
     runtime: Runtime,
-    library: _KernelLibrary,
+    library: KernelLibrary,
     package: str,
     refused: dict[str, _pjrt.HandlerVersionError],
 ) -> str:
@@ -381,13 +336,12 @@ def _refused_library(
     )
 
 
-def _library_for(runtime: Runtime, target: str) -> _KernelLibrary | None:
+def _library_for(runtime: Runtime, target: str) -> KernelLibrary | None:
     return next(
         (
             library
-            for library in _LIBRARIES
-            if library.platform == runtime.platform
-            and any(target.startswith(marker.decode()) for marker in library.markers)
+            for library in runtime.facts.kernels
+            if any(target.startswith(marker.decode()) for marker in library.markers)
         ),
         None,
     )
@@ -420,10 +374,10 @@ def explain_missing_handler(error: PjrtError, runtime: Runtime) -> PjrtError:
     elif library is not None and package is None:
         text = (
             f"{where} has no handler for custom call {target!r}: it comes from "
-            f"{library.description}, but the plugin's path names no jax_plugins/xla_cudaNN "
-            f"package and its platform version ({runtime.client.platform_version!r}) no CUDA "
-            "version, so which jax-cuda plugin package matches it is unknown; register the "
-            "handlers with register_custom_call."
+            f"{library.description}, but neither the plugin's path (no package directory "
+            f"such as jax_plugins/xla_{runtime.platform}NN) nor its platform version "
+            f"({runtime.client.platform_version!r}) says which package of them matches it; "
+            "register the handlers with register_custom_call."
         )
     elif library is not None:
         text = (

@@ -4,7 +4,8 @@ A plugin is found, in order:
 
 1. at the path in the environment variable ``PJRT_POOL_PLUGIN_<PLATFORM>``
    (for example ``PJRT_POOL_PLUGIN_CPU=/opt/xla/pjrt_cpu.so``);
-2. in the first installed default package for the platform: for ``cpu``,
+2. in the first installed default package for the platform, as its module
+   lists them (worker.plugin.platforms: Platform.packages): for ``cpu``,
    ``lammps-jax-pjrt-cpu`` (the extra ``pjrt-pool[cpu]``) and then
    ``xla-cpu-pjrt``; for ``cuda``, ``jax-cuda13-pjrt`` and then
    ``jax-cuda12-pjrt`` (``pjrt-pool[cuda13]``, ``pjrt-pool[cuda12]``); for
@@ -20,56 +21,25 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from worker.errors import PluginNotFoundError
+from worker.plugin.platforms.platform import PluginPackage
+from worker.plugin.platforms.registry import known_platforms, platform_named
 
 ENV_PREFIX = "PJRT_POOL_PLUGIN_"
 
 
-class _DefaultPlugin(NamedTuple):
-    distribution: str  # what to pip install
-    package: str  # the import name of the directory holding the library
-    library: str  # file name of the library in that directory
-    extra: str | None  # the pjrt-pool extra that installs it
-    # Whether the distribution's version is that of the jaxlib whose XLA it is built from.
-    versioned_as_jax: bool
-
-
-_DEFAULTS: dict[str, tuple[_DefaultPlugin, ...]] = {
-    "cpu": (
-        _DefaultPlugin(
-            "lammps-jax-pjrt-cpu",
-            "lammps_jax_pjrt_cpu",
-            "pjrt_c_api_cpu_plugin.so",
-            "cpu",
-            versioned_as_jax=True,
-        ),
-        _DefaultPlugin("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so", None, False),
-    ),
-    "tpu": (_DefaultPlugin("libtpu", "libtpu", "libtpu.so", "tpu", versioned_as_jax=False),),
-    "cuda": (
-        _DefaultPlugin(
-            "jax-cuda13-pjrt", "jax_plugins.xla_cuda13", "xla_cuda_plugin.so", "cuda13", True
-        ),
-        _DefaultPlugin(
-            "jax-cuda12-pjrt", "jax_plugins.xla_cuda12", "xla_cuda_plugin.so", "cuda12", True
-        ),
-    ),
-}
-
-
-def _install_command(default: _DefaultPlugin) -> str:
+def _install_command(default: PluginPackage) -> str:
     """The pip command that installs a default plugin: its pjrt-pool extra, if it has one."""
     if default.extra is None:
         return f"pip install {default.distribution}"
     return install_extra_command(default.extra)
 
 
-def _install_hint(default: _DefaultPlugin) -> str:
+def _install_hint(default: PluginPackage) -> str:
     command = _install_command(default)
     return command if default.extra is None else f"{command} for {default.distribution}"
 
@@ -135,24 +105,6 @@ def _installed_from() -> _Source | None:
     return _Source(unquote(parsed.path), editable=editable)
 
 
-# jax-cudaNN-pjrt installs its plugin as jax_plugins/xla_cudaNN/xla_cuda_plugin.so.
-_CUDA_PLUGIN_DIR = re.compile(r"xla_cuda(\d+)")
-
-
-def cuda_major(plugin_path: str) -> int | None:
-    """Returns the CUDA major version a plugin's package names, or None.
-
-    jax-cuda13-pjrt installs its plugin in a directory jax_plugins/xla_cuda13
-    (13); a plugin elsewhere names none. The NVIDIA libraries to preload and
-    the kernel package to register follow from it.
-    """
-    for part in reversed(Path(plugin_path).parts[:-1]):
-        match = _CUDA_PLUGIN_DIR.fullmatch(part)
-        if match:
-            return int(match.group(1))
-    return None
-
-
 class PluginLocation(NamedTuple):
     """Where the plugin for a platform lives, and how it was chosen."""
 
@@ -204,7 +156,7 @@ def _package_dir(package: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _library_of(default: _DefaultPlugin) -> Path | None:
+def _library_of(default: PluginPackage) -> Path | None:
     directory = _package_dir(default.package)
     return None if directory is None else directory / default.library
 
@@ -226,7 +178,7 @@ def find_plugin(platform: str) -> PluginLocation:
             )
         return PluginLocation(platform, str(path.resolve()), f"environment variable {variable}")
 
-    defaults = _DEFAULTS.get(platform, ())
+    defaults = platform_named(platform).packages
     for default in defaults:
         library = _library_of(default)
         if library is not None and library.is_file():
@@ -241,9 +193,9 @@ def find_plugin(platform: str) -> PluginLocation:
     raise PluginNotFoundError(f"no PJRT plugin found for platform {platform!r}: {hint}")
 
 
-def default_plugin_of(location: PluginLocation) -> _DefaultPlugin | None:
+def default_plugin_of(location: PluginLocation) -> PluginPackage | None:
     """The default package whose library a plugin is (however it was found), or None."""
-    for default in _DEFAULTS.get(location.platform, ()):
+    for default in platform_named(location.platform).packages:
         library = _library_of(default)
         if library is not None and library.is_file() and str(library.resolve()) == location.path:
             return default
@@ -269,7 +221,7 @@ def plugin_jax_version(location: PluginLocation) -> str | None:
 
 def newer_plugin_hint(location: PluginLocation) -> str:
     """What to do for a plugin whose XLA is too old: another plugin, never the one loaded."""
-    first = next(iter(_DEFAULTS.get(location.platform, ())), None)
+    first = next(iter(platform_named(location.platform).packages), None)
     variable = env_var(location.platform)
     if first is not None and default_plugin_of(location) is not first:
         return (
@@ -283,8 +235,8 @@ def installed_default_library(path: str) -> tuple[Path, Path, str] | None:
     """Which default package's library a plugin file is, if any: (its library path as the
     package has it, the site directory holding the package, the distribution's name)."""
     real = os.path.realpath(path)
-    for defaults in _DEFAULTS.values():
-        for default in defaults:
+    for platform in known_platforms():
+        for default in platform.packages:
             if default.library != os.path.basename(real):
                 continue  # not this package's file: its package is not even looked for
             library = _library_of(default)

@@ -17,111 +17,32 @@ holds it, that is a DeviceUnavailableError saying so.
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from worker import _pjrt
 from worker.cache.location import default_cache_dir
-from worker.errors import (
-    DeviceUnavailableError,
-    PjrtError,
-    PlatformMismatchError,
-    TopologyError,
-)
+from worker.errors import PjrtError, PlatformMismatchError, TopologyError
 from worker.identity.environment import codegen_environment, host_cpu_features
+from worker.identity.keys import PlatformPart
 from worker.log import get_logger
 from worker.phases import STARTUP
-from worker.plugin import libtpu
 from worker.plugin.build_identity import plugin_build_sha256
-from worker.plugin.locate import (
-    PluginLocation,
-    cuda_major,
-    env_var,
-    environment_variables,
-    find_plugin,
-)
+from worker.plugin.locate import PluginLocation, env_var, environment_variables, find_plugin
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
+    from worker.plugin.platforms.platform import Platform
 
 logger = get_logger("pjrt_pool.runtime")
 
 PLATFORM_ENV = "PJRT_POOL_PLATFORM"
 """Names the platform to load when nothing else says which (default "cpu")."""
-
-# The platform names XLA's FFI registry uses for each PJRT platform.
-_FFI_PLATFORMS = {"cpu": "Host", "cuda": "CUDA", "rocm": "ROCM"}
-
-# Create options per platform. GPU plugins preallocate 75% of device memory
-# by default, which would starve every worker after the first.
-_CLIENT_OPTIONS: dict[str, dict[str, Any]] = {
-    "cuda": {"preallocate": False, "allocator": "default"},
-    "rocm": {"preallocate": False, "allocator": "default"},
-}
-
-# NVIDIA libraries the CUDA plugin links against, by the pip package that ships
-# them and the CUDA major version of that package (None: the package name is
-# the same for both); preloaded so that the plugin finds them without
-# LD_LIBRARY_PATH.
-_CUDA_LIBRARIES = (
-    ("cuda_runtime", "libcudart.so.*", 12),
-    ("cu13", "libcudart.so.*", 13),
-    ("cuda_nvrtc", "libnvrtc.so.*", 12),
-    ("cu13", "libnvrtc.so.*", 13),
-    ("cublas", "libcublasLt.so.*", 12),
-    ("cublas", "libcublas.so.*", 12),
-    ("cu13", "libcublasLt.so.*", 13),
-    ("cu13", "libcublas.so.*", 13),
-    ("nccl", "libnccl.so.*", None),
-    ("cuda_cupti", "libcupti.so.*", 12),
-    ("cu13", "libcupti.so.*", 13),
-    ("cusparse", "libcusparse.so.*", 12),
-    ("cusolver", "libcusolver.so.*", 12),
-    ("cu13", "libcusparse.so.*", 13),
-    ("cu13", "libcusolver.so.*", 13),
-    ("cufft", "libcufft.so.*", 12),
-    ("cu13", "libcufft.so.*", 13),
-    ("nvshmem", "libnvshmem_host.so.*", None),
-    ("cudnn", "libcudnn.so.*", None),
-)
-
-
-def _preload_cuda_libraries(major: int | None) -> None:
-    """Loads the nvidia-* pip libraries of a CUDA major version (None: of every version).
-
-    With both CUDA 12 and CUDA 13 libraries installed, loading both would put
-    two CUDA runtimes into one process, and the plugin could bind to the
-    wrong one: only the plugin's own version is loaded when it is known.
-    """
-    if not _has_nvidia():
-        return  # CUDA from the system: the plugin finds it through the loader path
-    for package, pattern, version in _CUDA_LIBRARIES:
-        if major is not None and version is not None and version != major:
-            continue
-        spec = importlib.util.find_spec(f"nvidia.{package}")
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        for library in sorted(
-            (Path(next(iter(spec.submodule_search_locations))) / "lib").glob(pattern)
-        ):
-            try:
-                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-            except OSError as error:  # a broken optional library; the plugin will say if it matters
-                logger.debug("could not preload %s: %s", library, error)
-
-
-def _has_nvidia() -> bool:
-    try:
-        return importlib.util.find_spec("nvidia") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _version(value: Any) -> str | None:
@@ -147,6 +68,8 @@ class Runtime:
     ) -> None:
         self.location = location
         """Which plugin library was loaded, and why."""
+        self.facts: Platform = platform_named(location.platform)
+        """What pjrt-pool knows about the platform (worker.plugin.platforms)."""
         self.plugin = plugin
         """The native plugin handle."""
         self._client = client
@@ -182,7 +105,7 @@ class Runtime:
         """
         with self._making:
             if self._client is None:
-                self._client = _open_client(self.platform, self.plugin, self.client_options)
+                self._client = _open_client(self.facts, self.plugin, self.client_options)
             return self._client
 
     @property
@@ -241,7 +164,12 @@ class Runtime:
     @property
     def ffi_platform(self) -> str:
         """The platform name XLA's FFI registry uses for this runtime ("Host", "CUDA")."""
-        return _FFI_PLATFORMS.get(self.platform, self.platform.upper())
+        return self.facts.ffi_name
+
+    @property
+    def platform_parts(self) -> frozenset[PlatformPart]:
+        """The key parts the platform's executables have beside the common ones."""
+        return self.facts.platform_parts
 
     @property
     def ffi_version(self) -> str | None:
@@ -266,7 +194,7 @@ class Runtime:
             "plugin_sha256": self.plugin_sha256(),
             "api_version": self.api_version,
         }
-        if self.platform == "cpu":
+        if PlatformPart.HOST in self.platform_parts:
             identity["cpu_features"] = host_cpu_features()
         return identity
 
@@ -318,52 +246,19 @@ def loaded_runtime() -> Runtime | None:
     return _runtime
 
 
-_COMPILE_ONLY_ENVIRONMENT = {"tpu": libtpu.compile_only_environment}
-"""Per platform, the variables a plugin loaded for deviceless compiles loads with."""
-
-
-def _open_client(platform: str, plugin: _pjrt.Plugin, options: dict[str, Any]) -> _pjrt.Client:
+def _open_client(facts: Platform, plugin: _pjrt.Plugin, options: dict[str, Any]) -> _pjrt.Client:
     """Creates the client on the plugin's first device, saying clearly when there is none."""
     try:
         with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
             return _pjrt.Client(plugin, options)
     except PjrtError as error:
-        raise _unavailable(platform, error) or error from None
-
-
-def _unavailable(platform: str, error: Exception) -> DeviceUnavailableError | None:
-    """The DeviceUnavailableError a failed plugin load or client creation means, if any."""
-    message = str(error)
-    if platform == "tpu" and libtpu.attached_chips() == 0:
-        # Whatever libtpu says then (no device, or its lock taken by a process
-        # whose JAX loaded it): there is no chip here to run on.
-        return DeviceUnavailableError(
-            f"no {platform} device is attached to this machine ({message}): compile for a "
-            "topology without one (compile_program(..., topology='v5e:1x1'), "
-            "Pool(topology=...), pjrt-pool warm --platform tpu --topology v5e:1x1) and run "
-            "where the device is"
-        )
-    holder = libtpu.lock_holder(message)
-    if platform == "tpu" and (holder is not None or "lockfile" in message):
-        who = f"process {holder}" if holder is not None else "another process"
-        return DeviceUnavailableError(
-            f"the TPU of this host is held by {who} ({message}); one process at a time may "
-            "hold a chip: end that process, or compile beside it without the chip "
-            "(compile_program(..., topology=...), a Pool's compile workers)",
-            holder=holder,
-        )
-    if "found no addressable device" in message:
-        return DeviceUnavailableError(
-            f"no {platform} device is attached to this machine ({message}); run where one is"
-        )
-    return None
+        raise facts.unavailable(error) or error from None
 
 
 def loading_environment(platform: str, deviceless: bool) -> dict[str, str]:
     """The variables a plugin of `platform` loads with: for deviceless use, those that keep it
     off the devices and their host lock (libtpu's), which it reads as it initializes."""
-    compile_only = _COMPILE_ONLY_ENVIRONMENT.get(platform)
-    return compile_only() if deviceless and compile_only is not None else {}
+    return platform_named(platform).compile_only_environment() if deviceless else {}
 
 
 def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Runtime:
@@ -391,21 +286,15 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
-        if not deviceless and platform == "tpu" and libtpu.attached_chips() == 0:
-            # Said at once: libtpu would poll a metadata server for minutes first.
-            error = _unavailable(platform, RuntimeError("no TPU chip in /dev"))
-            assert error is not None
-            raise error
-        if platform == "cuda":
-            with STARTUP.time("preload"):
-                _preload_cuda_libraries(cuda_major(location.path))
+        facts = platform_named(platform)
+        facts.before_load(location.path, deviceless=deviceless)
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
-        options = dict(_CLIENT_OPTIONS.get(platform, {}))
+        options = dict(facts.client_options)
         loading = loading_environment(platform, deviceless)
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
         with xla_flags_added(semantic_flags(platform, location.path, _existing_memos)):
-            environment = codegen_environment(platform=platform)
+            environment = codegen_environment(flag_variables=facts.flag_variables)
             try:
                 with STARTUP.time("plugin_load"), environment_variables(loading):
                     plugin = _pjrt.Plugin.load(location.path)
@@ -415,8 +304,8 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
                     "another plugin library to use that instead)"
                 ) from None
             except PjrtError as error:  # PJRT_Plugin_Initialize: libtpu's lock is one cause
-                raise _unavailable(platform, error) or error from None
-            client = None if deviceless else _open_client(platform, plugin, options)
+                raise facts.unavailable(error) or error from None
+            client = None if deviceless else _open_client(facts, plugin, options)
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location,

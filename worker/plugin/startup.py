@@ -2,7 +2,8 @@
 
 - Its cache directory becomes ``PJRT_POOL_CACHE_DIR`` for the process, so
   that everything that defaults to the cache directory uses the Pool's.
-- On CUDA, XLA's per-fusion autotune results are shared by every worker and
+- On CUDA (a platform whose shares_autotune_results says so:
+  worker.plugin.platforms), XLA's per-fusion autotune results are shared by every worker and
   every run through a directory in the cache (``autotune/<plugin build>``):
   ``--xla_gpu_per_fusion_autotune_cache_dir`` is added to ``XLA_FLAGS``,
   which XLA reads once, when the plugin first needs its flags. XLA writes
@@ -32,6 +33,7 @@ from worker.errors import PluginNotFoundError
 from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin.locate import find_plugin
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.xla_flags import plugin_knows_flag
 
 SPAWNED_AT_ENV = "PJRT_POOL_SPAWNED_AT"
@@ -41,7 +43,6 @@ WORKER_LOG_ENV = "PJRT_POOL_WORKER_LOG"
 """A logging level name: workers log at that level to their stderr."""
 
 AUTOTUNE_FLAG = "xla_gpu_per_fusion_autotune_cache_dir"
-_AUTOTUNE_PLATFORMS = ("cuda",)  # checked on the CUDA plugin of jax 0.11.2
 
 logger = get_logger("pjrt_pool.startup")
 
@@ -77,7 +78,7 @@ def share_autotune_results(platform: str) -> Path | None:
     or cache directory to use, or a plugin whose XLA does not know the flag.
     """
     flags = os.environ.get("XLA_FLAGS", "")
-    if platform not in _AUTOTUNE_PLATFORMS or AUTOTUNE_FLAG in flags:
+    if not platform_named(platform).shares_autotune_results or AUTOTUNE_FLAG in flags:
         return None
     try:
         plugin_path = find_plugin(platform).path

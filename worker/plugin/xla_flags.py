@@ -9,6 +9,7 @@ max/min reductions; found by ``pjrt-pool check-plugin``). Measured on both
 CPU plugins: the plugin reads XLA_FLAGS once, when it loads, and the flag
 set then makes those results equal JAX's.
 
+Each platform names its flags (worker.plugin.platforms: Platform.jax_semantics).
 So while a plugin loads, these flags are added to XLA_FLAGS, and the
 variable is restored afterwards: the process's environment, and a JAX in
 it, stay as they were. A flag is added only when the user's XLA_FLAGS does
@@ -32,14 +33,12 @@ from worker.log import get_logger
 from worker.plugin.build_identity import installed_sha256
 from worker.plugin.known_builds import known_build
 from worker.plugin.locate import environment_variables
+from worker.plugin.platforms.registry import platform_named
 
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
 
 logger = get_logger("pjrt_pool.runtime")
-
-JAX_SEMANTICS: dict[str, dict[str, str]] = {"cpu": {"xla_cpu_enable_fast_min_max": "false"}}
-"""Per platform, the flags (name: value) that make a plugin's results match JAX's."""
 
 
 def plugin_knows_flag(plugin_path: str, flag: str, memos: MemoStore | None = None) -> bool:
@@ -81,7 +80,7 @@ def semantic_flags(
     memos() gives the records to memoize a scan of the library in; it is
     called only when the library must be read.
     """
-    wanted = JAX_SEMANTICS.get(platform)
+    wanted = platform_named(platform).jax_semantics
     current = os.environ.get(XLA_FLAGS_ENV, "")
     if not wanted or (current.strip() and not current.lstrip().startswith("-")):
         return []  # no such flags, or XLA_FLAGS names a file, which is the user's to write
