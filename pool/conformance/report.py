@@ -169,9 +169,10 @@ def format_report(report: CheckReport) -> str:
         _reference_line(report),
         *type_lines(report),
         *_workaround_lines(report),
-        "",
-        *failure_lines(report),
     ]
+    failures = failure_lines(report)
+    if failures:
+        lines += ["", *failures]
     summary = family_summary(report)
     header = f"{'family':<12} {'cases':>5} " + " ".join(f"{c:>{_width(c)}}" for c in COLUMNS)
     lines += ["", header]
