@@ -276,8 +276,9 @@ class ReferenceSide:
         """The process died: the case it worked on alone is charged; several are sent again,
         one at a time."""
         assert self._child is not None
-        child, self._child = self._child, None
+        child = self._child
         returncode = _ended(child.process, _EXIT_WAIT)
+        self._stop_child(polite=False)  # closes its end; kills it if it lingers
         in_flight = sorted(self._outstanding.values(), key=lambda r: r.index)
         self._outstanding.clear()
         if len(in_flight) == 1:
