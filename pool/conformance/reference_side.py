@@ -277,8 +277,9 @@ class ReferenceSide:
         one at a time."""
         assert self._child is not None
         child = self._child
-        returncode = _ended(child.process, _EXIT_WAIT)
+        _ended(child.process, _EXIT_WAIT)
         self._stop_child(polite=False)  # closes its end; kills it if it lingers
+        returncode = child.process.returncode
         in_flight = sorted(self._outstanding.values(), key=lambda r: r.index)
         self._outstanding.clear()
         if len(in_flight) == 1:
