@@ -1,11 +1,13 @@
 """``pjrt-pool cache info | list | verify [--load] | prune --max-size SIZE | clear [--yes]``.
 
-(and ``push | pull | gc --remote URL``, for the remote tier: pool.cli.cache_remote)
+(and ``push | pull | gc --remote URL``, for the remote tier: pool.cli.cache_remote; and
+``explain SPEC_OR_MANIFEST``, why a program would miss: pool.cli.cache_explain)
 
 Human-readable tables by default; ``--json`` prints one JSON document for
 scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
 else the user cache directory); no command but prune, clear and pull changes
-it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
+it, and none but pull creates it. Nothing here imports JAX (but explain, lowering a
+spec); ``verify --load`` loads
 entries with the plugin in child processes (``python -m worker.serve.entry_check``),
 so that an entry that crashes the plugin is reported instead of crashing this.
 A directory that others could write is refused (exit 2, as for every command)
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pool.cli import cache_remote
+from pool.cli import cache_explain, cache_remote
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_cache_dir_option,
@@ -126,10 +128,13 @@ def register(subparsers: Any) -> None:
     )
     clear.add_argument("--yes", action="store_true", help="remove without asking")
     cache_remote.register(commands, common, _CACHE_EXIT)
+    cache_explain.register(commands, common)
 
 
 def _name_a_command(_args: argparse.Namespace) -> int:
-    raise UsageError("name a cache command: info, list, verify, prune, clear, push, pull or gc")
+    raise UsageError(
+        "name a cache command: info, list, verify, explain, prune, clear, push, pull or gc"
+    )
 
 
 def _open(args: argparse.Namespace) -> DiskCache:

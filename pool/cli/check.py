@@ -57,7 +57,11 @@ def register(subparsers: Any) -> None:
         help="run the cases matching PATTERN (shell wildcards; a prefix selects what is below "
         "it; comma-separated or repeated), e.g. 'elementwise/arctan' or '*/float16/*'",
     )
-    add_pool_option(check, "task_timeout", "per-case limit in a worker (default 60)")
+    add_pool_option(
+        check,
+        "task_timeout",
+        "per-case limit in a worker, and for jax.jit's side (there at least 10 s; default 60)",
+    )
     add_pool_option(
         check,
         "cache_dir",
@@ -119,6 +123,8 @@ def _check(args: argparse.Namespace) -> int:
             if progress is None
             else lambda r: progress.update(r.name, r.status, r.seconds),
             workarounds=args.workarounds,
+            # Cases chosen by name run even where their types are unsupported.
+            run_unsupported=args.cases is not None,
             **options,
         )
     except PluginStartError as error:

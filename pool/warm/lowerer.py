@@ -62,7 +62,8 @@ def _lower_pickled(payload: bytes) -> Lowered:
     return Lowered(program, time.perf_counter() - started)
 
 
-def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
+def lower_warm_program(program: WarmProgram, platform: str | None) -> LoweredProgram:
+    """A spec's program lowered for its platform (else `platform`): what warm compiles."""
     if program.lowered is not None:
         return program.lowered
     assert program.function is not None
@@ -179,7 +180,7 @@ class Lowerer:
                 return
             started = time.perf_counter()
             try:
-                lowered = _lower_one(program, self._platform)
+                lowered = lower_warm_program(program, self._platform)
             except Exception as error:  # this process's error is the program's error
                 future.set_exception(error)
                 return
@@ -201,7 +202,7 @@ class Lowerer:
                 continue
             started = time.perf_counter()
             try:
-                lowered = _lower_one(program, self._platform)
+                lowered = lower_warm_program(program, self._platform)
                 future.set_result(Lowered(lowered, time.perf_counter() - started))
             except Exception as error:  # a lowering error is that program's outcome
                 future.set_exception(error)

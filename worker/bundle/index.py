@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.signing import Signer
 from worker.errors import BundleError
-from worker.identity.keys import InvalidKeyError, check_key, is_key, key_of
+from worker.identity.keys import PROGRAM_PARTS, InvalidKeyError, check_key, is_key, key_of
 from worker.records import ProgramSpec, types_to_json
 from worker.untrusted import parse_json
 
@@ -50,8 +50,6 @@ INDEX_NAME = "index.json"
 MAC_NAME = "index.mac"
 ENTRIES_DIR = "entries/"
 KIND = "pjrt-pool bundle"
-PROGRAM_PARTS = ("program_sha256", "compile_options")
-"""The key parts that belong to the program; all others describe where it was built."""
 MAX_INDEX_SIZE = 64 << 20
 MAX_MAC_SIZE = 4096
 """index.mac holds a MAC and a key id as JSON: about 120 bytes."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from worker.bundle.index import PROGRAM_PARTS, Index, Program
+from worker.bundle.index import Index, Program
 from worker.bundle.reader import Bundle
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
 from worker.errors import BundleError
-from worker.identity.keys import differing_parts, foreign_parts, key_of
+from worker.identity.keys import PROGRAM_PARTS, differing_parts, foreign_parts, key_of
 from worker.identity.target import describe_part
 
 if TYPE_CHECKING:

@@ -180,9 +180,9 @@ class Platform:
 
     @property
     def references_apart(self) -> bool:
-        """Whether check-plugin computes JAX's answers in a process of its own, after the
-        pool's workers let the devices go (pool.conformance.references): so for devices one
-        process at a time may hold."""
+        """Whether check-plugin's reference process computes JAX's answers after the pool's
+        workers let the devices go, rather than beside them (pool.conformance.reference_side):
+        so for devices one process at a time may hold."""
         return self.device_access is DeviceAccess.EXCLUSIVE
 
     def compile_only_environment(self) -> dict[str, str]:
