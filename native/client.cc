@@ -37,7 +37,9 @@ std::shared_ptr<Client> Client::Create(std::shared_ptr<Plugin> plugin,
                         "the PJRT plugin " + client->plugin_->path() +
                             " found no addressable device");
   }
-  client->num_devices_ = devices.num_addressable_devices;
+  client->devices_.assign(devices.addressable_devices,
+                          devices.addressable_devices + devices.num_addressable_devices);
+  for (PJRT_Device* device : client->devices_) client->device_ids_.push_back(DeviceId(api, device));
   client->device_ = devices.addressable_devices[0];
 
   auto description = PJRT_ARGS(PJRT_Device_GetDescription_Args);
@@ -50,6 +52,17 @@ std::shared_ptr<Client> Client::Create(std::shared_ptr<Plugin> plugin,
         "PJRT_DeviceDescription_Kind");
   client->device_kind_.assign(kind.device_kind, kind.device_kind_size);
   return client;
+}
+
+int DeviceId(const PJRT_Api* api, PJRT_Device* device) {
+  auto description = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  description.device = device;
+  Check(api, PJRT_FN(api, PJRT_Device_GetDescription)(&description),
+        "PJRT_Device_GetDescription");
+  auto id = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+  id.device_description = description.device_description;
+  Check(api, PJRT_FN(api, PJRT_DeviceDescription_Id)(&id), "PJRT_DeviceDescription_Id");
+  return id.id;
 }
 
 std::shared_ptr<Executable> Client::Compile(std::string_view code,

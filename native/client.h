@@ -11,6 +11,7 @@
 
 #include "owners.h"
 #include "plugin.h"
+#include "shards.h"
 
 namespace pjrt_pool {
 
@@ -18,8 +19,9 @@ class Executable;
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
-  // Creates a client with the plugin-specific `options` (PJRT_NamedValues)
-  // and uses the plugin's first addressable device.
+  // Creates a client with the plugin-specific `options` (PJRT_NamedValues).
+  // A program of one device runs on the first addressable device; a program
+  // over several (SPMD) on those its device assignment names.
   static std::shared_ptr<Client> Create(std::shared_ptr<Plugin> plugin,
                                         const std::vector<Attribute>& options);
 
@@ -30,7 +32,10 @@ class Client : public std::enable_shared_from_this<Client> {
   const std::string& platform_name() const { return platform_name_; }
   const std::string& platform_version() const { return platform_version_; }
   const std::string& device_kind() const { return device_kind_; }
-  size_t num_devices() const { return num_devices_; }
+  size_t num_devices() const { return devices_.size(); }
+  // The addressable devices, in the plugin's order, and their ids (PJRT_DeviceDescription_Id).
+  const std::vector<PJRT_Device*>& devices() const { return devices_; }
+  const std::vector<int>& device_ids() const { return device_ids_; }
 
   // Compiles MLIR bytecode with a serialized CompileOptionsProto. Blocks; call
   // without the GIL.
@@ -47,7 +52,8 @@ class Client : public std::enable_shared_from_this<Client> {
   std::shared_ptr<Plugin> plugin_;
   Owned<PJRT_Client> client_;
   PJRT_Device* device_ = nullptr;  // owned by client_
-  size_t num_devices_ = 0;
+  std::vector<PJRT_Device*> devices_;  // owned by client_
+  std::vector<int> device_ids_;
   std::string platform_name_;
   std::string platform_version_;
   std::string device_kind_;
@@ -68,6 +74,9 @@ std::string SerializeExecutable(const PJRT_Api* api, PJRT_Executable* executable
 // nullopt where the plugin does not implement it.
 std::optional<std::string> ExecutableFingerprint(const PJRT_Api* api,
                                                  PJRT_Executable* executable);
+
+// The id (PJRT_DeviceDescription_Id) of a device.
+int DeviceId(const PJRT_Api* api, PJRT_Device* device);
 
 // Bytes per element of a PJRT_Buffer_Type with a byte-sized host layout; 0 for
 // any other code (INVALID, TOKEN, packed sub-byte types, unknown codes).
@@ -95,33 +104,61 @@ class Executable {
  public:
   Executable(std::shared_ptr<Client> client, Owned<PJRT_LoadedExecutable> executable);
 
+  // The type of each output on one device: for a program over several
+  // devices, one device's block of it.
   const std::vector<OutputType>& output_types() const { return output_types_; }
   size_t num_outputs() const { return output_types_.size(); }
   const std::shared_ptr<Client>& client() const { return client_; }
+  // The devices the executable runs on, in the order PJRT takes their
+  // argument lists, and their ids.
+  const std::vector<PJRT_Device*>& devices() const { return devices_; }
+  const std::vector<int>& device_ids() const { return device_ids_; }
 
   // The plugin's serialized form of this executable.
   std::string Serialize() const;
   // The plugin's fingerprint (see ExecutableFingerprint).
   std::optional<std::string> Fingerprint() const;
 
-  // Runs once on the client's device. Inputs 64-byte aligned are handed to
-  // PJRT without copying when `zero_copy` is set; each output is copied into
-  // the matching HostOutput, whose size must be the output's exact size.
+  // Runs once on the executable's device. Inputs 64-byte aligned are handed
+  // to PJRT without copying when `zero_copy` is set; each output is copied
+  // into the matching HostOutput, whose size must be the output's exact size.
   // Throws std::invalid_argument, before any PJRT call, for an input whose
   // element type is not known or whose size is not dims x element size.
   // Blocks until the outputs are written; call without the GIL.
   void Execute(const std::vector<HostInput>& inputs,
                const std::vector<HostOutput>& outputs, bool zero_copy) const;
 
-  // Runs once on the client's device on argument buffers there (one per input,
-  // borrowed) and returns the output buffers, owned, once the run finished.
-  // Blocks; call without the GIL.
-  std::vector<Owned<PJRT_Buffer>> ExecuteBuffers(const std::vector<PJRT_Buffer*>& arguments) const;
+  // Runs once over every device of the executable, argument_lists[d] being
+  // device d's buffers (in devices() order), and waits until every device is
+  // done. Returns each device's output buffers, owned.
+  std::vector<std::vector<Owned<PJRT_Buffer>>> ExecuteOnDevices(
+      const std::vector<std::vector<PJRT_Buffer*>>& argument_lists) const;
+
+  // Says how a program over several devices splits its global inputs and
+  // outputs: `device_ids` are the program's devices in its device assignment's
+  // order, and each array's shards are in that order too (they are put in
+  // devices() order here). Throws std::invalid_argument for a plan that does
+  // not fit the executable. Call once, before the first ExecuteSharded.
+  void SetShards(const std::vector<int>& device_ids, ShardPlan plan);
+  bool sharded() const { return shards_ != nullptr; }
+
+  // Runs a program over several devices on global arrays: each input's
+  // blocks go to their devices (read in place, with the array's strides, or
+  // aliased when contiguous, aligned and zero_copy is set), the program runs
+  // once over all devices, and the first copy of each output block is
+  // written into its place in the global output (a replicated output is
+  // copied once). Throws std::invalid_argument, before any PJRT call, for
+  // arrays that do not fit the plan. Blocks; call without the GIL.
+  void ExecuteSharded(const std::vector<HostInput>& inputs,
+                      const std::vector<HostOutput>& outputs, bool zero_copy) const;
 
  private:
   std::shared_ptr<Client> client_;
   Owned<PJRT_LoadedExecutable> executable_;
   std::vector<OutputType> output_types_;
+  std::vector<PJRT_Device*> devices_;  // owned by the client
+  std::vector<int> device_ids_;
+  std::shared_ptr<const ShardPlan> shards_;  // set once, before runs
 };
 
 }  // namespace pjrt_pool

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "transfers.h"
+#include "buffers.h"
 
 namespace pjrt_pool {
 
@@ -21,14 +21,15 @@ DeviceValue::DeviceValue(std::shared_ptr<Client> client, std::vector<Owned<PJRT_
 std::shared_ptr<DeviceValue> DeviceValue::FromHost(std::shared_ptr<Client> client,
                                                    const HostInput& input) {
   CheckInput(input, 0);
-  // Copied during the call: the caller's memory (a shared-memory segment the
-  // parent reuses) may change as soon as this returns.
-  Owned<PJRT_Event> done;
-  Owned<PJRT_Buffer> buffer = BufferFromHost(
-      *client, input, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall, &done);
-  if (done) AwaitEvent(client->api(), done.get(), "copying a value to the device");
+  // Copied during the call (not zero_copy): the caller's memory (a shared-memory
+  // segment the parent reuses) may change as soon as this returns.
   std::vector<Owned<PJRT_Buffer>> buffers;
-  buffers.push_back(std::move(buffer));
+  {
+    HostBuffers copied(client->api());  // awaits PJRT's done with the memory as it goes
+    copied.Put(client->get(), client->device(), input.data, input.element_type, input.dims,
+               /*zero_copy=*/false);
+    buffers.push_back(copied.Take(0));
+  }
   return std::make_shared<DeviceValue>(std::move(client), std::move(buffers),
                                        input.element_type, input.dims);
 }
@@ -49,6 +50,12 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
                                                       const std::vector<Argument>& arguments,
                                                       bool zero_copy) {
   const std::shared_ptr<Client>& client = executable.client();
+  if (executable.devices().size() != 1) {
+    throw std::invalid_argument(
+        "the program runs over " + std::to_string(executable.devices().size()) +
+        " devices: a value holds one device's buffer (run it with its shards)");
+  }
+  PJRT_Device* device = executable.devices()[0];
   for (size_t i = 0; i < arguments.size(); ++i) {
     const Argument& argument = arguments[i];
     if (argument.value == nullptr) {
@@ -63,15 +70,17 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
                                   " is a value of another client than the program's");
     }
   }
-  InputBuffers input_buffers(client->api());  // outlives the run: zero-copy inputs
+  HostBuffers input_buffers(client->api());  // outlives the run: zero-copy inputs
   std::vector<PJRT_Buffer*> buffers;
   buffers.reserve(arguments.size());
   for (const Argument& argument : arguments) {
+    const HostInput& host = argument.host;
     buffers.push_back(argument.value != nullptr
                           ? argument.value->buffer()
-                          : input_buffers.FromHost(*client, argument.host, zero_copy));
+                          : input_buffers.Put(client->get(), device, host.data,
+                                              host.element_type, host.dims, zero_copy));
   }
-  std::vector<Owned<PJRT_Buffer>> outputs = executable.ExecuteBuffers(buffers);
+  std::vector<Owned<PJRT_Buffer>> outputs = std::move(executable.ExecuteOnDevices({buffers})[0]);
   const std::vector<OutputType>& types = executable.output_types();
   std::vector<std::shared_ptr<DeviceValue>> values;
   values.reserve(outputs.size());

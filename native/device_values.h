@@ -26,7 +26,7 @@ class DeviceValue {
   DeviceValue(const DeviceValue&) = delete;
   DeviceValue& operator=(const DeviceValue&) = delete;
 
-  // A value copied from host memory to the client's device (the memory may be
+  // A value copied from host memory to the client's first device (the memory may be
   // reused as soon as this returns). Throws std::invalid_argument for an input
   // CheckInput refuses. Blocks; call without the GIL.
   static std::shared_ptr<DeviceValue> FromHost(std::shared_ptr<Client> client,

@@ -156,7 +156,7 @@ std::vector<HostInput> HostInputs(const py::list& inputs, const std::vector<int>
   return host_inputs;
 }
 
-// Host memory viewing a writable Python buffer; `info` holds the view.
+// Host memory viewing a writable Python buffer; `infos` holds the view.
 HostOutput HostOutputOf(const py::handle& item, std::vector<py::buffer_info>& infos) {
   infos.push_back(item.cast<py::buffer>().request(/*writable=*/true));
   const py::buffer_info& info = infos.back();
@@ -164,8 +164,12 @@ HostOutput HostOutputOf(const py::handle& item, std::vector<py::buffer_info>& in
   return HostOutput{info.ptr, static_cast<size_t>(info.size * info.itemsize)};
 }
 
-void Execute(const Executable& executable, const py::list& inputs,
-             const std::vector<int>& element_types, const py::list& outputs, bool zero_copy) {
+// Runs `execute` on the Python buffers as HostInputs and HostOutputs. The
+// buffer_info objects hold the Python buffers' views for the whole call, so
+// the memory stays valid while the GIL is released.
+template <typename Run>
+void WithHostArrays(const py::list& inputs, const std::vector<int>& element_types,
+                    const py::list& outputs, Run&& execute) {
   std::vector<py::buffer_info> input_infos;
   std::vector<HostInput> host_inputs = HostInputs(inputs, element_types, input_infos);
   std::vector<py::buffer_info> output_infos;
@@ -174,7 +178,41 @@ void Execute(const Executable& executable, const py::list& inputs,
   host_outputs.reserve(outputs.size());
   for (const py::handle& item : outputs) host_outputs.push_back(HostOutputOf(item, output_infos));
   py::gil_scoped_release release;
-  executable.Execute(host_inputs, host_outputs, zero_copy);
+  execute(host_inputs, host_outputs);
+}
+
+void Execute(const Executable& executable, const py::list& inputs,
+             const std::vector<int>& element_types, const py::list& outputs, bool zero_copy) {
+  WithHostArrays(inputs, element_types, outputs,
+                 [&](const std::vector<HostInput>& in, const std::vector<HostOutput>& out) {
+                   executable.Execute(in, out, zero_copy);
+                 });
+}
+
+void ExecuteSharded(const Executable& executable, const py::list& inputs,
+                    const std::vector<int>& element_types, const py::list& outputs,
+                    bool zero_copy) {
+  WithHostArrays(inputs, element_types, outputs,
+                 [&](const std::vector<HostInput>& in, const std::vector<HostOutput>& out) {
+                   executable.ExecuteSharded(in, out, zero_copy);
+                 });
+}
+
+// An array's shards as Python gives them: (PJRT_Buffer_Type, global dims,
+// [(start, dims) per device, in device-assignment order]).
+using PyArrayShards = std::tuple<int, std::vector<int64_t>,
+                                 std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>>;
+
+std::vector<ArrayShards> ShardsOf(const std::vector<PyArrayShards>& arrays) {
+  std::vector<ArrayShards> result;
+  for (const auto& [element_type, dims, blocks] : arrays) {
+    ArrayShards array;
+    array.element_type = element_type;
+    array.dims = dims;
+    for (const auto& [start, block] : blocks) array.shards.push_back(Shard{start, block});
+    result.push_back(std::move(array));
+  }
+  return result;
 }
 
 std::vector<std::shared_ptr<DeviceValue>> ExecuteToValues(const Executable& executable,
@@ -346,6 +384,8 @@ PYBIND11_MODULE(_pjrt, m) {
       .def_property_readonly("platform_version", &Client::platform_version)
       .def_property_readonly("device_kind", &Client::device_kind)
       .def_property_readonly("num_devices", &Client::num_devices)
+      .def_property_readonly("device_ids", &Client::device_ids,
+                             "The ids of the addressable devices, in the plugin's order.")
       .def("compile",
            [](Client& client, const py::buffer& code, const py::buffer& options) {
              py::buffer_info code_info = code.request();
@@ -490,6 +530,25 @@ PYBIND11_MODULE(_pjrt, m) {
         }
         return py::bytes(bytes);
       })
+      .def_property_readonly("device_ids", &Executable::device_ids,
+                             "The ids of the devices it runs on, in PJRT's order.")
+      .def_property_readonly("sharded", &Executable::sharded,
+                             "Whether set_shards gave it a plan of several devices.")
+      .def("set_shards",
+           [](Executable& executable, const std::vector<int>& device_ids,
+              const std::vector<PyArrayShards>& inputs,
+              const std::vector<PyArrayShards>& outputs) {
+             executable.SetShards(device_ids, ShardPlan{ShardsOf(inputs), ShardsOf(outputs)});
+           },
+           py::arg("device_ids"), py::arg("inputs"), py::arg("outputs"),
+           "Says how a program over several devices splits its global arrays: device_ids in "
+           "device-assignment order, and per input and output (PJRT_Buffer_Type, global dims, "
+           "[(start, dims) per device in that order]). Raises ValueError for a plan that does "
+           "not fit the executable.")
+      .def("execute_sharded", &ExecuteSharded, py::arg("inputs"), py::arg("element_types"),
+           py::arg("outputs"), py::arg("zero_copy"),
+           "Runs over every device on C-contiguous global input buffers and writes each global "
+           "output into the matching writable buffer (set_shards first).")
       .def("execute", &Execute, py::arg("inputs"), py::arg("element_types"),
            py::arg("outputs"), py::arg("zero_copy"),
            "Runs with C-contiguous input buffers of the given PJRT element types and "

@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING
 
 from worker.lazy_names import on_first_use
 
+__version__ = "0.1.0"
+"""pjrt-pool's version (the wheel's, which the build reads from here: pyproject.toml)."""
+
 # Lazy: Python runs this file before any pool module, so whatever it
 # imported eagerly every production job paid for when it imported
 # pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
     from worker import ForeignExecutableError as ForeignExecutableError
     from worker import LoweredProgram as LoweredProgram
     from worker import MissingCustomCallError as MissingCustomCallError
+    from worker import MissingExtraError as MissingExtraError
     from worker import PjrtError as PjrtError
     from worker import PlatformMismatchError as PlatformMismatchError
     from worker import PluginLoadError as PluginLoadError
@@ -77,6 +81,7 @@ if TYPE_CHECKING:
     from worker import compile_program as compile_program
     from worker import register_custom_call as register_custom_call
     from worker.errors import BundleError as BundleError
+    from worker.errors import DeviceCountError as DeviceCountError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
     from worker.identity.keys import InvalidKeyError as InvalidKeyError

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.options import document
 from pool.executor.pool import WorkerPool
 from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
 
@@ -248,6 +249,8 @@ class PoolFace(abc.ABC):
         custom_calls: Sequence[str] = (),
         name: str | None = None,
         static_argnames: str | Sequence[str] | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
         keep: int | Sequence[int] | bool = (),
     ) -> PoolFunction:
         """Returns function as a callable that runs in this pool's workers, like jax.jit(function).
@@ -290,6 +293,14 @@ class PoolFace(abc.ABC):
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay
         valid and no memory is saved.
+
+        in_shardings and out_shardings are as jax.jit takes them (a sharding,
+        or a pytree prefix of the dynamic positional arguments and of the
+        result): the program runs over the devices of their mesh, as does a
+        function that is a jax.jit with shardings, or a shard_map, or is
+        called with arrays placed on a mesh (its shardings are kept). It still
+        takes and returns whole arrays; each worker needs that many devices
+        (Pool's devices_per_worker). See docs/sharding.md.
         """
         # Here, not at the top: it imports JAX (about a second), which a pool that
         # runs warmed programs (pool.manifest) never needs.
@@ -310,6 +321,8 @@ class PoolFace(abc.ABC):
             platform=platform,
             custom_calls=custom_calls,
             name=name,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
             keep=keep,
         )
 
@@ -360,82 +373,33 @@ def _results_in_order(
 
 
 class Pool(WorkerPool, PoolFace):
-    """Worker processes that compile and run LoweredPrograms, each with its own plugin.
+    # The docstring's options section is made of the options' declarations
+    # (pool.executor.options), so that it says what the signature takes.
+    __doc__ = "\n\n".join(
+        (
+            """Worker processes that compile and run LoweredPrograms, each with its own plugin.
 
-    workers is the number of processes (default: the CPU count). platform
-    names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").
-    cache_dir is the shared disk cache (default: PJRT_POOL_CACHE_DIR, else
-    the user cache directory). task_timeout bounds each task's time in a
-    worker (None or inf: no bound); a task past it has its worker killed
-    and replaced. initializer(*initargs) runs in each worker after its
-    plugin loads, for example to register custom calls; if it raises, the
-    pool does not start. A program that crashes max_crashes workers is
-    quarantined. never_compile=True (default: PJRT_POOL_COMPILE=never in the
-    environment) makes the pool load what its cache holds and never compile:
-    a program that is not there fails with NeverCompileError, a LookupError,
-    raised when it is submitted, before any worker is used (see
-    worker.compile.never_compile). Each worker keeps max_loaded executables loaded. Up to
-    segment_cache_bytes of shared memory from finished large inputs and
-    dropped results is kept for reuse (what nothing uses; the longest unused
-    goes first), since fresh shared memory is slow to fault in; a dropped
-    result's memory past that goes with its arrays. segment_fds bounds the descriptors the
-    pool keeps for shared memory beyond those of running tasks (queued large
-    inputs, live large results, segments kept for reuse), so a deep queue or
-    many kept results never exhaust the process's descriptor limit. Every
-    setting is checked here, before any worker starts.
-
-    preload (a Manifest, or the path of a manifest or bundle: what
-    load_manifest takes) makes the pool start loaded: every worker loads
-    the programs it names (preload_names: only those; default all) from the
-    cache as it starts, all workers at once, and primes each with prime=True
-    (Executable.prime: one run on zeros, skipped for programs that keep
-    state). The constructor returns once every worker holds them all, so
-    no task for one of them (Pool.submit_spec, Manifest.run(..., pool))
-    waits for a load; start_timeout bounds that too. A program that does
-    not load (not in the cache, as never_compile would find at its first
-    task) raises its NotInCacheError here, naming it, with the workers
-    stopped; a worker that dies preloading raises WorkerStartupError. A
-    bundle is imported into cache_dir first. Replacement workers preload
-    too. remote is the URL of the remote cache tier (worker.cache.remote),
-    given to the workers as their PJRT_POOL_CACHE_REMOTE (this process's
-    environment is left as it is); False gives them none, whatever this
-    process's PJRT_POOL_CACHE_REMOTE says; a URL of no known scheme is a
-    ValueError.
-    With a remote (this one, or the environment's), never_compile refuses
-    only what neither the cache nor the remote holds: the worker fetches.
-
-    topology (a name such as "v5e:1x1", or a TopologySpec) makes every worker
-    compile for that topology without a device (compile_program's topology):
-    such a pool opens no device, so it compiles for a TPU on a machine
-    without one, or beside the process that holds the chip; submitting a run
-    to it raises PoolError. On a TPU host a pool for platform "tpu" without a
-    topology has workers compile beside one device worker per chip, which
-    runs what they compiled (pool.executor.roles): workers is then the number
-    of compile workers (default a third of the cores, at least 2), the device workers
-    come in addition, and a program's first run compiles it on a compile
-    worker before a device worker loads it from the cache. run_workers (at
-    most the chips there) says how many device workers to start. Elsewhere
-    run_workers=r splits the pool the same way: workers compile only, r more
-    workers only run, loading what the others compiled from the cache, so
-    that runs never wait behind long compiles (default 0: every worker does
-    both). See pool.executor.roles. Every method takes the same calls
-    whatever the workers' roles (worker_info says each one's).
-
-    Submission is thread-safe. The pool is a context manager; close() waits
-    for submitted tasks and stops the workers, and may be called twice.
-    Futures' done-callbacks run on the pool's manager thread: they may
-    submit, but not wait (run, compile, compile_many and map raise there); one
-    that raises is logged and the pool goes on. A process forked from this
-    one cannot use the pool (PoolForkedError). A Pool is not picklable.
-    What it shares with a ClusterPool (submit_compile, compile, compile_many,
-    map, function) is PoolFace's.
-
-    Large arrays move at memory speed: a worker maps each shared-memory
-    segment once and the pool reuses segments (so their pages fault in
-    once), the plugin reads inputs where they are and writes outputs into
-    shared memory, and results view it. empty() and asarray() make arrays in
-    that memory, which calls pass without a copy; put() and keep= leave
-    arrays on a worker's device (DeviceValue), for later calls to take there.
-    """
+The constructor returns once every worker it waits for has started: loaded its
+plugin, run the initializer and preloaded what preload names. A pool with compile
+workers does not wait for its device workers (pool.executor.roles.start_awaits):
+they start beside it, and runs wait for them in the queue.""",
+            document(),
+            """Submission is thread-safe. The pool is a context manager; close() waits
+for submitted tasks and stops the workers, and may be called twice.
+Futures' done-callbacks run on the pool's manager thread: they may
+submit, but not wait (run, compile, compile_many and map raise there); one
+that raises is logged and the pool goes on. A process forked from this
+one cannot use the pool (PoolForkedError). A Pool is not picklable.
+What it shares with a ClusterPool (submit_compile, compile, compile_many,
+map, function) is PoolFace's; the options are declared in
+pool.executor.options.""",
+            """Large arrays move at memory speed: a worker maps each shared-memory
+segment once and the pool reuses segments (so their pages fault in once), the
+plugin reads inputs where they are and writes outputs into shared memory, and
+results view it. empty() and asarray() make arrays in that memory, which calls
+pass without a copy; put() and keep= leave arrays on a worker's device
+(DeviceValue), for later calls to take there.""",
+        )
+    )
 
     _keeps_values = True

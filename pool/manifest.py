@@ -11,9 +11,10 @@ before every program was warmed.
 load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
 worker.bundle), which carries the executables themselves; Manifest.run(name,
 arguments) runs a program by name from the warm cache or the bundle, in this
-process or (from a cache) through a Pool, without JAX and without lowering or
-compiling anything. Run from a bundle, no cache directory is needed (nor
-made) and only the programs that run are read.
+process or through a Pool, whose workers load it as this process would,
+without JAX and without lowering or compiling anything. Run from a bundle,
+no cache directory is needed (nor made) and only the programs that run are
+read.
 
 A manifest may come from someone else: it is read only if it is a regular
 file of at most MAX_MANIFEST_SIZE bytes and nests no deeper than JSON
@@ -51,19 +52,14 @@ MANIFEST_FORMAT = 1
 MAX_MANIFEST_SIZE = 256 << 20
 """Bytes a manifest may have (one of 10,000 programs is a few MB)."""
 
-BUNDLE_FOR_POOLS = (
-    "a Pool's workers load from its cache directory, not from a bundle: import the bundle "
-    "there and write this host's manifest (pjrt-pool bundle import FILE --cache-dir DIR "
-    "--manifest HOST.json), then run that manifest through the pool"
-)
-
 
 class SpecRunner(Protocol):
     """What Manifest.run runs a program through: a Pool or a ClusterPool (named by what they
     do, not imported, since the Pool imports this module to start loaded)."""
 
-    def submit_spec(self, spec: ProgramSpec, arguments: Any, /) -> Any:
-        """Runs the executable a spec names; returns a future whose result() is the outputs."""
+    def submit_spec(self, spec: ProgramSpec, arguments: Any, /, *, bundle: str | None) -> Any:
+        """Runs the executable a spec names, from the cache or (bundle: its path or URL) a
+        bundle; returns a future whose result() is the outputs."""
         ...
 
 
@@ -196,8 +192,8 @@ class Manifest:
         if self.bundle is not None:
             raise ManifestError("a bundle carries its executables: there is nothing to prefetch")
         # Here: a manifest's runs need neither the remote tier nor the cache's store.
+        from worker.cache.open_caches import open_cache
         from worker.cache.remote import open_remote, prefetch
-        from worker.cache.store import open_cache
 
         tier = open_remote(self.remote if remote is None else remote)
         if tier is None:
@@ -211,16 +207,16 @@ class Manifest:
         self, name: str, arguments: Sequence[ArrayLike], pool: SpecRunner | None = None
     ) -> list[np.ndarray]:
         """Runs a program by name: through `pool` (a Pool, or a ClusterPool, whose nodes
-        load it from their cache) if given, else in this process.
+        each run it in their Pool) if given, else in this process.
 
-        A Pool's workers load from its cache directory: to serve a bundle's
-        programs through one, import the bundle there first (see
-        BUNDLE_FOR_POOLS).
+        A pool's workers load the program as this process would: from their
+        cache directory, or from the bundle, read-only (each the entry built
+        for its plugin and host; a ClusterPool's nodes open the bundle at the
+        same path, or URL: one each node can read).
         """
         if pool is not None:
-            if self.bundle is not None:
-                raise ManifestError(BUNDLE_FOR_POOLS)
-            return pool.submit_spec(self.spec(name), arguments).result()
+            source = None if self.bundle is None else self.bundle.source
+            return pool.submit_spec(self.spec(name), arguments, bundle=source).result()
         return self.executable(name).run(arguments)
 
     def to_json(self) -> dict[str, Any]:

@@ -191,7 +191,7 @@ server.serve_forever()
 def publish_synthetic(url: str, entries: int) -> list[str]:
     """Publishes synthetic entries through RemoteCache.publish (16 at once); returns the keys."""
     from worker.cache.remote import RemoteCache, parse_remote
-    from worker.cache.remote.tier import Published
+    from worker.cache.remote.outcomes import Published
     from worker.cache.remote.transfer import run_concurrently
 
     made = {key: (parts, data) for key, parts, data in synthetic_entries(entries)}

@@ -3,7 +3,7 @@
 Usage::
 
     python scripts/bench_tpu_compile.py [--workers 2,4] [--threads 4] [--repeat 1]
-                                        [--programs 12] [--topology v5e:1x1]
+                                        [--programs 12] [--topology v5e:1x1] [--mesh 2x4]
 
 Legs, each in a fresh process, alternated --repeat times (this machine's speed
 drifts between hours, so only ratios within one run mean anything):
@@ -20,6 +20,11 @@ for the topology without a device (JAX through jax.experimental.topologies,
 the pool as Pool(N, topology=...)): what a CI machine does. Prints one line
 per leg and then the ratios: each pool's compile time against the best JAX
 leg and against JAX serial, and a JSON summary last.
+
+--mesh DxM compiles the steps sharded over a mesh of D x M devices (axes
+"data" and "model": train_steps.sharded_train_steps), both legs with the
+same shardings over the topology's devices (needs --topology, or a host of
+that many chips): for example --topology v5e:2x4 --mesh 2x4.
 """
 
 from __future__ import annotations
@@ -39,44 +44,51 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def _steps(count: int) -> list[Any]:
+def _devices(topology: str | None) -> list[Any]:
+    """The devices compiled for: the topology's (without a device), or the chips here."""
+    import jax
+
+    if topology is None:
+        return jax.devices()  # the backend (the chip) opens before the clock starts
+    from jax.experimental import topologies
+
+    from worker.plugin.topology import parse_topology
+
+    spec = parse_topology(topology)
+    return topologies.get_topology_desc(spec.name, "tpu", **spec.create_options()).devices
+
+
+def _steps(count: int, topology: str | None, mesh: str | None) -> list[Any]:
+    """(name, function, shapes, jax.jit's shardings) of each step: on one device, or split over
+    a mesh of the devices compiled for (--mesh)."""
     sys.path.insert(0, str(HERE))
-    from train_steps import train_steps
+    import numpy as np
+    from jax.sharding import Mesh, SingleDeviceSharding
+    from train_steps import sharded_train_steps, train_steps
 
-    return train_steps()[:count]
+    devices = _devices(topology)
+    if mesh is None:
+        one = SingleDeviceSharding(devices[0])
+        shardings = {"in_shardings": one, "out_shardings": one}
+        return [(name, f, shapes, shardings) for name, f, shapes in train_steps()[:count]]
+    shape = tuple(int(n) for n in mesh.split("x"))
+    grid = Mesh(np.array(devices[: int(np.prod(shape))]).reshape(shape), ("data", "model"))
+    return [
+        (name, f, shapes, {"in_shardings": ins, "out_shardings": outs})
+        for name, f, shapes, ins, outs in sharded_train_steps(grid)[:count]
+    ]
 
 
-def _jax_leg(threads: int, count: int, topology: str | None) -> dict[str, Any]:
+def _jax_leg(threads: int, count: int, topology: str | None, mesh: str | None) -> dict[str, Any]:
     """Compiles the steps with JAX in this process: serially (threads 1) or from a pool."""
     import jax
 
-    steps = _steps(count)
-    placed = []
-    if topology is not None:
-        from jax.experimental import topologies
-        from jax.sharding import SingleDeviceSharding
-
-        from worker.plugin.topology import parse_topology
-
-        spec = parse_topology(topology)
-        devices = topologies.get_topology_desc(spec.name, "tpu", **spec.create_options()).devices
-        sharding = SingleDeviceSharding(devices[0])
-        for name, function, shapes in steps:
-            placed.append(
-                (
-                    name,
-                    function,
-                    [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes],
-                )
-            )
-    else:
-        jax.devices()  # the backend (the chip) opens before the clock starts
-        placed = steps
+    placed = _steps(count, topology, mesh)
 
     def compile_one(step: Any) -> float:
-        _name, function, shapes = step
+        _name, function, shapes, shardings = step
         started = time.perf_counter()
-        jax.jit(function).trace(*shapes).lower().compile()
+        jax.jit(function, **shardings).trace(*shapes).lower().compile()
         return time.perf_counter() - started
 
     started = time.perf_counter()
@@ -88,14 +100,21 @@ def _jax_leg(threads: int, count: int, topology: str | None) -> dict[str, Any]:
     return {"wall": time.perf_counter() - started, "per_program": seconds}
 
 
-def _pool_leg(workers: int, count: int, topology: str | None) -> dict[str, Any]:
+def _pool_leg(workers: int, count: int, topology: str | None, mesh: str | None) -> dict[str, Any]:
     """Compiles the steps with a Pool of `workers` compile workers into a fresh cache."""
     from pool import Pool, lower
 
-    programs = [lower(f, shapes, platform="tpu") for _, f, shapes in _steps(count)]
+    steps = _steps(count, topology, mesh)
+    one_device = mesh is None  # jax.jit's single-device shardings are lower()'s default
+    programs = [
+        lower(f, shapes, platform="tpu", **({} if one_device else shardings))
+        for _, f, shapes, shardings in steps
+    ]
     with tempfile.TemporaryDirectory(prefix="bench-tpu-") as cache:
         started = time.perf_counter()
         options: dict[str, Any] = {"topology": topology} if topology else {}
+        if not topology and mesh is not None:  # on the chips: a device worker holds them all
+            options["devices_per_worker"] = programs[0].partitioning.devices
         with Pool(workers, platform="tpu", cache_dir=cache, **options) as pool:
             start = time.perf_counter() - started
             began = time.perf_counter()
@@ -106,14 +125,14 @@ def _pool_leg(workers: int, count: int, topology: str | None) -> dict[str, Any]:
     return {"wall": wall, "start": start, "compiled": compiled, "roles": roles}
 
 
-def _one(leg: str, count: int, topology: str | None) -> dict[str, Any]:
+def _one(leg: str, count: int, topology: str | None, mesh: str | None) -> dict[str, Any]:
     kind, _, size = leg.partition("-")
     if kind == "jax":
-        return _jax_leg(1 if size == "serial" else int(size), count, topology)
-    return _pool_leg(int(size), count, topology)
+        return _jax_leg(1 if size == "serial" else int(size), count, topology, mesh)
+    return _pool_leg(int(size), count, topology, mesh)
 
 
-def _run_leg(leg: str, count: int, topology: str | None) -> dict[str, Any]:
+def _run_leg(leg: str, count: int, topology: str | None, mesh: str | None) -> dict[str, Any]:
     environment = dict(os.environ)
     if topology is not None:  # JAX loads libtpu itself: as pjrt-pool's compile workers do
         from worker.plugin.libtpu import compile_only_environment
@@ -133,6 +152,8 @@ def _run_leg(leg: str, count: int, topology: str | None) -> dict[str, Any]:
     ]
     if topology:
         arguments += ["--topology", topology]
+    if mesh:
+        arguments += ["--mesh", mesh]
     done = subprocess.run(arguments, capture_output=True, text=True, env=environment, check=False)
     if done.returncode != 0:
         raise SystemExit(f"leg {leg} failed:\n{done.stderr[-3000:]}")
@@ -148,10 +169,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--programs", type=int, default=12)
     parser.add_argument("--topology", default=None, help="compile for it without a device")
+    parser.add_argument("--mesh", default=None, help="shard the steps over a DxM mesh (2x4)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(args.one, args.programs, args.topology)))
+        print(json.dumps(_one(args.one, args.programs, args.topology, args.mesh)))
         return
     from worker.plugin import libtpu
 
@@ -160,11 +182,13 @@ def main() -> None:
         topology = "v5e:1x1"
     legs = ["jax-serial", f"jax-{args.threads}"] + [f"pool-{n}" for n in args.workers.split(",")]
     where = f"deviceless for {topology}" if topology else "on the chip"
+    if args.mesh:
+        where += f", sharded over a {args.mesh} mesh (data x model)"
     print(f"{args.programs} train steps, {where}, {os.cpu_count()} cores", flush=True)
     results: dict[str, list[dict[str, Any]]] = {leg: [] for leg in legs}
     for round_ in range(args.repeat):
         for leg in legs if round_ % 2 == 0 else legs[::-1]:
-            found = _run_leg(leg, args.programs, topology)
+            found = _run_leg(leg, args.programs, topology, args.mesh)
             results[leg].append(found)
             extra = f", start {found['start']:.1f} s, {found['roles']}" if "start" in found else ""
             print(f"  {leg:<12} {found['wall']:6.1f} s{extra}", flush=True)

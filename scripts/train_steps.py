@@ -9,6 +9,12 @@ is what scripts/bench_tpu_compile.py compares pjrt-pool's pool with.
 
     for name, function, shapes in train_steps():
         program = pool.lower(function, shapes, platform="tpu")
+
+sharded_train_steps(mesh) gives the same steps split over a mesh of axes
+("data", "model"), as a data- and model-parallel step is: the batch over
+"data", W_in by columns and W_out by rows over "model", W_qk and the loss
+replicated; each with the in_shardings and out_shardings to give jax.jit
+(and pool.lower).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 BATCH = 256
 SIZES = (
@@ -71,4 +79,18 @@ def train_steps() -> list[tuple[str, Callable[..., Any], list[jax.ShapeDtypeStru
                 jax.ShapeDtypeStruct((width, width), f32),
             ]
         steps.append((f"train_{width}x{layers}", _step(layers), shapes))
+    return steps
+
+
+def sharded_train_steps(mesh: Any) -> list[tuple[str, Callable[..., Any], list[Any], Any, Any]]:
+    """(name, function, shapes, in_shardings, out_shardings) of each step over a mesh of axes
+    ("data", "model") (see the module)."""
+    data = NamedSharding(mesh, P("data", None))
+    columns, rows = NamedSharding(mesh, P(None, "model")), NamedSharding(mesh, P("model", None))
+    replicated = NamedSharding(mesh, P())
+    steps = []
+    for name, function, shapes in train_steps():
+        layers = (len(shapes) - 2) // 3
+        weights = (columns, rows, replicated) * layers
+        steps.append((name, function, shapes, (data, data, *weights), (replicated, *weights)))
     return steps

@@ -33,11 +33,29 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 # The example programs (scripts/examples.py) are shared by tests and scripts.
 sys.path.insert(0, str(REPO / "scripts"))
 
+JAX_CPU_DEVICES = 8
+"""The devices of this process's JAX CPU backend: programs over several devices
+(tests/test_sharding.py) are compared with jax.jit over as many. Set before any test starts
+JAX's backends, through JAX's config, not XLA_FLAGS, which worker processes would inherit
+(and key: worker.identity.environment). Programs of one device run on the first."""
+
+
+def _set_jax_cpu_devices() -> None:
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", JAX_CPU_DEVICES)
+
+
+_set_jax_cpu_devices()
+
 
 def _package_dir(package: str) -> Path | None:
     import importlib.util
 
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:  # its parent package is not installed (only pytest is, say)
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))

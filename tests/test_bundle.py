@@ -29,7 +29,7 @@ from worker.bundle.importing import import_bundle
 from worker.bundle.reader import Bundle
 from worker.bundle.writer import create_bundle, merge_bundles
 from worker.cache import DiskCache
-from worker.errors import BundleError
+from worker.errors import BundleError, NotInCacheError
 from worker.records import ProgramSpec
 
 NAMES = ("p0", "p1", "p2")
@@ -212,15 +212,21 @@ def test_a_bundle_runs_from_a_read_only_directory_in_a_fresh_process(bundles, tm
     assert everything_under(place, home) == before
 
 
+def damaged_copy(bundle: Path, program: str, place: Path) -> tuple[Path, str]:
+    """A copy of a bundle whose entry of one program has other bytes of the same size."""
+    data = bytearray(bundle.read_bytes())
+    with Bundle(bundle) as opened:
+        key = opened.index.programs[program].keys[0]
+        member = opened._entries[key]
+    data[member.offset + member.size - 1] ^= 0xFF  # same size, other bytes: damaged
+    damaged = place / "damaged.bundle"
+    damaged.write_bytes(bytes(data))
+    return damaged, key
+
+
 def test_only_the_programs_that_run_are_read(bundles, tmp_path):
     """A damaged member of another program does not stop a run; it stops its own, named."""
-    damaged = tmp_path / "damaged.bundle"
-    data = bytearray(bundles["here"].read_bytes())
-    with Bundle(bundles["here"]) as bundle:
-        p0_key = bundle.index.programs["p0"].keys[0]
-        member = bundle._entries[p0_key]
-    data[member.offset + member.size - 1] ^= 0xFF  # same size, other bytes: damaged
-    damaged.write_bytes(bytes(data))
+    damaged, p0_key = damaged_copy(bundles["here"], "p0", tmp_path)
     manifest = load_manifest(damaged)
     (out,) = manifest.run("p1", [X])
     np.testing.assert_allclose(out, expected(1, X), rtol=1e-6)
@@ -228,10 +234,36 @@ def test_only_the_programs_that_run_are_read(bundles, tmp_path):
         manifest.run("p0", [X])
 
 
-def test_a_bundle_cannot_go_through_a_pool_without_an_import(bundles):
-    manifest = load_manifest(bundles["here"])
-    with Pool(1) as pool, pytest.raises(ManifestError, match="bundle import"):
-        manifest.run("p0", [X], pool=pool)
+def test_a_bundle_runs_through_a_pool_each_worker_loading_its_own_entry_read_only(
+    bundles, tmp_path, monkeypatch
+):
+    """The README's manifest.run(..., pool=a_pool) of a bundle: it said "a Pool's workers load
+    from its cache directory, not from a bundle" (issue 53)."""
+    cache = tmp_path / "cache"
+    merged = load_manifest(bundles["merged"])
+    with Pool(1, cache_dir=cache) as pool:
+        for variant, name in enumerate(NAMES):
+            (out,) = merged.run(name, [X], pool=pool)
+            np.testing.assert_allclose(out, expected(variant, X), rtol=1e-6)
+        assert pool.statistics.loaded == 3 and pool.statistics.compiled == 0
+    assert not any((cache / "entries").iterdir())  # read from the bundle: nothing written
+    # Workers of another environment (PJRT_NPROC=3) load the entry built for theirs, which
+    # the bundle of this environment's entries alone lacks: the worker judges for itself.
+    monkeypatch.setenv("PJRT_NPROC", "3")
+    with Pool(1, cache_dir=cache) as pool:
+        (out,) = merged.run("p2", [X], pool=pool)
+        np.testing.assert_allclose(out, expected(2, X), rtol=1e-6)
+    missing = pytest.raises(NotInCacheError, match=r"environment\.PJRT_NPROC: built with None")
+    with Pool(1, cache_dir=cache) as pool, missing:
+        load_manifest(bundles["here"]).run("p2", [X], pool=pool)
+    monkeypatch.delenv("PJRT_NPROC")
+    # A damaged entry fails its run with the worker's BundleError; the pool goes on.
+    damaged, key = damaged_copy(bundles["here"], "p0", tmp_path)
+    manifest = load_manifest(damaged)
+    with Pool(1, cache_dir=cache) as pool:
+        with pytest.raises(BundleError, match=f"entries/{key}.pjx is damaged or was changed"):
+            manifest.run("p0", [X], pool=pool)
+        np.testing.assert_allclose(manifest.run("p1", [X], pool=pool)[0], expected(1, X), rtol=1e-6)
     with pytest.raises(ManifestError, match="carries its executables"):
         load_manifest(bundles["here"], cache_dir="/somewhere")
 
@@ -567,10 +599,26 @@ def test_bundle_commands_report_usage_errors(warmed, bundles, tmp_path):
         "-o",
         str(tmp_path / "m.bundle"),
     )
-    assert merged.returncode == 0 and "6 entries built in 2 environment(s)" in merged.stdout
+    assert merged.returncode == 0 and "6 entries built in 2 environments" in merged.stdout
     assert (tmp_path / "m.bundle").read_bytes() == bundles["merged"].read_bytes()
-    pooled = pjrt_pool("run", str(bundles["here"]), "p0", "--workers", "1")
-    assert pooled.returncode == 2 and "bundle import" in pooled.stderr
+    cache = tmp_path / "cache"
+    pooled = pjrt_pool(
+        "run",
+        str(bundles["merged"]),
+        "p0",
+        "--workers",
+        "1",
+        env={"PJRT_POOL_CACHE_DIR": str(cache)},
+    )
+    assert pooled.returncode == 0, pooled.stderr
+    assert "p0: loaded from the bundle in" in pooled.stdout and "(a pool of 1)" in pooled.stdout
+    assert not any((cache / "entries").iterdir())
+    inputs = tmp_path / "x.npy"
+    np.save(inputs, X)
+    batch = pjrt_pool(
+        "run", str(bundles["here"]), "p0", "--scheduler", "local:1", "--batch", str(inputs)
+    )
+    assert batch.returncode == 2 and "--batch runs a manifest's program" in batch.stderr
 
 
 def test_a_cpu_features_difference_names_the_flags_this_host_lacks():

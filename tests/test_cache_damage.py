@@ -125,7 +125,7 @@ def test_a_directory_named_like_an_entry_is_a_damaged_entry(cache_dir, capsys):
     (other / "inside").write_text("x")
     assert cli_main(["cache", "clear", "--yes"]) == 1  # clear removes regular files only
     out = capsys.readouterr().out
-    assert "removed 1 entries" in out and "left 1 that is named like an entry" in out
+    assert "removed 1 entry" in out and "left 1 that is named like an entry" in out
     assert list((cache_dir / "entries").iterdir()) == [other]
     assert (other / "inside").read_text() == "x"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -21,8 +22,9 @@ from jax import lax
 
 from pool import Pool, compile_program, lower
 from pool.cli.main import main
-from pool.conformance import Case, battery, remember, run_cases, select
+from pool.conformance import Case, battery, format_report, remember, run_cases, select
 from pool.conformance.budgets import ELEMENTARY
+from pool.conformance.type_probe import TypeProbe, element_types, probe_program
 from worker.plugin.conformance_records import failing_cases, read_memo
 
 ARCTAN = ["elementwise/arctan/float32/n64", "elementwise/atan2_const1/float32/n64"]
@@ -75,6 +77,16 @@ def test_subset_passes_on_the_default_plugin_and_flags_arctan_without_workaround
     # As lower() writes the programs (with the workaround for this build): every case passes.
     report = run_cases(select(SUBSET), workers=2)
     assert report.ok, [(r.name, r.status, r.message) for r in report.failures]
+    # Each element type the programs use was probed, once, and compiles on this plugin.
+    used = set()
+    for case in select(SUBSET):
+        with jax.enable_x64(case.x64):
+            used |= element_types(lower(case.function, case.make_inputs()).text)
+    assert sorted(t.name for t in report.types) == sorted(np.dtype(d).name for d in used)
+    assert all(t.supported for t in report.types) and not report.unsupported
+    assert f"types: all {len(used)} element types the cases use compile here" in (
+        format_report(report).splitlines()
+    )
     assert report.workarounds == ("atan2-divisor-barrier",) and not report.workarounds_off
     assert report.plugin["api_version"] == "0.115"
     memo = remember(report)
@@ -357,30 +369,173 @@ def test_warning_reads_the_record_of_the_file_it_is_given(cache_dir, tmp_path):
     common = {"plugin_sha256": digest, "platform": "cpu", "path": str(library), "jax_version": "x"}
     memo = write_memo(None, **common, outcomes={"a/b/c/d": "timeout"})
     with pytest.warns(KnownPluginFailuresWarning, match="a/b/c/d"):
-        warn_known_failures(str(library))
+        warn_known_failures(str(library), cache_dir)
     # A damaged record (valid JSON, wrong types) is ignored, never raised.
     record = json.loads(memo.read_text())
     record["checked"] = "yesterday"
     memo.write_text(json.dumps(record))
     copy = tmp_path / "copy.so"
     copy.write_bytes(b"a plugin build")  # the same build at another path: looked at afresh
-    warn_known_failures(str(copy))
+    warn_known_failures(str(copy), cache_dir)
 
 
-def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here(tmp_path):
-    """For a device one process at a time may hold (TPU), check-plugin runs jax.jit's side
-    after its workers, in a process of its own: the same outputs as here, per case."""
-    from pool.conformance.battery import select
-    from pool.conformance.references import references_elsewhere
-    from pool.conformance.runner import reference, reference_device
+def test_jaxs_side_computed_in_a_process_of_its_own_is_what_it_computes_here():
+    """check-plugin runs jax.jit's side in a process of its own (one for the battery): the
+    same outputs as jax.jit here, per case, battery cases sent by name and others by value."""
+    from pool.conformance.reference_side import ReferenceSide
+    from pool.conformance.references import reference, reference_device
 
-    cases = select(["elementwise/sin/float32", "dot/matmul/float64", "sort"])[:8]
-    found = references_elsewhere("cpu", [case.name for case in cases], tmp_path)
+    cases = [*select(["elementwise/sin/float32", "dot/matmul/float64", "sort"])[:8], _quick_case()]
+    with ReferenceSide("cpu", timeout=60) as references:
+        references.start()
+        found = [references.submit(case) for case in cases]
+        outputs = [future.result() for future in found]
+        assert references.processes_started == 1 and references.device == "cpu:0"
     device = reference_device("cpu")
-    for case, outputs in zip(cases, found, strict=True):
-        assert not isinstance(outputs, str), outputs
+    for case, got in zip(cases, outputs, strict=True):
         with jax.enable_x64(case.x64):
             expected = reference(case, case.make_inputs(), device)
-        assert len(outputs) == len(expected)
-        for got, want in zip(outputs, expected, strict=True):
-            np.testing.assert_array_equal(got, want)
+        assert len(got) == len(expected)
+        for one, want in zip(got, expected, strict=True):
+            assert one.dtype == want.dtype
+            np.testing.assert_array_equal(one, want)
+
+
+def _reference_aborts(name: str) -> Case:
+    """A case whose jax.jit side aborts its process (SIGABRT, as libtpu's failed checks do):
+    its function aborts when traced in any process but this one, which lowers it for the
+    plugin."""
+    here = os.getpid()
+
+    def function(x):
+        if os.getpid() != here:
+            os.abort()
+        return jnp.cos(x)
+
+    return Case(name, function, lambda rng: [np.ones(8, np.float32)], ELEMENTARY)
+
+
+def _reference_hangs(name: str) -> Case:
+    """A case whose jax.jit side never finishes (it sleeps while traced elsewhere)."""
+    here = os.getpid()
+
+    def function(x):
+        if os.getpid() != here:
+            time.sleep(3600)
+        return jnp.sin(x)
+
+    return Case(name, function, lambda rng: [np.ones(8, np.float32)], ELEMENTARY)
+
+
+@pytest.mark.slow
+def test_a_crash_or_hang_on_jaxs_side_costs_its_case_only(cache_dir):
+    """jax.jit's side runs in a process of its own: a case that aborts it, or hangs it, gets a
+    status of its own (not the plugin's failure), the process is started again, and the
+    cases after it are checked as usual."""
+    cases = [
+        _quick_case(),
+        _reference_aborts("test/reference_abort/float32/n8"),
+        *select(["elementwise/sin/float32/n64", "integer/bits/int32/n256"]),
+        _reference_hangs("test/reference_hang/float32/n8"),
+        *select(["sort/top_k/float32/n1000"]),
+    ]
+    report = run_cases(cases, workers=2, timeout=12)
+    status = {r.name: r for r in report.results}
+    aborted = status["test/reference_abort/float32/n8"]
+    assert aborted.status == "reference crash", aborted
+    assert "was killed by SIGABRT (signal 6)" in aborted.message, aborted.message
+    hung = status["test/reference_hang/float32/n8"]
+    assert hung.status == "reference timeout", hung
+    assert "did not finish within 12 s" in hung.message
+    others = [r for r in report.results if not r.name.startswith("test/reference_")]
+    assert [r.status for r in others] == ["pass"] * 4, others
+    # One process at first, one more after the crash, one more after the hang.
+    assert report.reference_processes == 3 and report.reference_device == "cpu:0"
+    assert not report.ok and len(report.failures) == 2
+    text = format_report(report)
+    assert "REFERENCE CRASH test/reference_abort/float32/n8: the process that runs jax.jit" in text
+    assert "(started again 2 time(s), after a crash or a hang)" in text
+    assert "2 case(s) FAILED (2 unchecked: jax.jit's side failed), 4 of 6 pass" in text
+    # Not the plugin's failure: the build's record names no failing case.
+    memo = remember(report)
+    assert memo is not None and failing_cases(read_memo(cache_dir, report.plugin_sha256)) == []
+
+
+@pytest.mark.slow
+def test_a_crash_among_several_cases_in_flight_is_charged_to_its_case():
+    """With several cases compiling at once in jax.jit's process (an exclusive device's check
+    runs them so, after the pool), a crash says nothing of which one did it: the cases in
+    flight are sent again one at a time, and only the one that crashes alone is charged."""
+    from pool.conformance.reference_side import JaxSideError, ReferenceSide
+
+    cases = [
+        _quick_case(),
+        _reference_aborts("test/abort/float32/n8"),
+        *select(["elementwise/sin/float32/n64", "elementwise/exp/float32/n64"]),
+    ]
+    with ReferenceSide("cpu", timeout=60, threads=4) as references:
+        futures = [references.submit(case) for case in cases]
+        references.start()
+        concurrent.futures.wait(futures)
+        started = references.processes_started
+    crashed = futures[1].exception()
+    assert isinstance(crashed, JaxSideError) and crashed.status == "reference crash"
+    assert all(f.exception() is None and f.result() for i, f in enumerate(futures) if i != 1)
+    assert 2 <= started <= 3  # a crash alone, or one among others and once more alone
+
+
+def test_each_type_probe_names_its_type_and_compiles_on_the_cpu():
+    """The probe of every type pjrt-pool passes: its program's StableHLO names the type (so
+    the names read off a case's module map to every dtype), and it compiles on the CPU."""
+    from worker.dtypes import supported_dtypes
+
+    for dtype in supported_dtypes():
+        assert dtype in element_types(probe_program(dtype, "cpu").text), dtype
+    with Pool(2) as pool:
+        probe = TypeProbe(pool, "cpu", 60, str)
+        probe.ask(supported_dtypes())
+        probe.ask(supported_dtypes())  # asked once only
+        found = probe.outcomes()
+    assert [t.name for t in found] == sorted(np.dtype(d).name for d in supported_dtypes())
+    assert [t.name for t in found if not t.supported] == []
+
+
+def test_the_report_says_once_per_type_what_the_plugin_does_not_compile():
+    """The text report's lines for an unsupported type (one line each, with the probe's
+    failure and how many cases need it), and the headline; unsupported cases fail nothing."""
+    from pool.conformance import CaseResult, CheckReport
+    from pool.conformance.report import report_json
+    from pool.conformance.type_probe import TypeSupport
+
+    why = "the worker was killed by SIGABRT (signal 6); its output ends with: Unsupported CVT"
+    needing = ("convert/int32/to_float/n256", "elementwise/add/complex128/n64")
+    results = [
+        CaseResult(n, "unsupported", "...", "needs complex128", unsupported_types=("complex128",))
+        for n in needing
+    ] + [CaseResult("elementwise/add/float32/n64", "pass")]
+    report = CheckReport(
+        platform="tpu",
+        plugin={"path": "/lib/libtpu.so", "api_version": "0.112"},
+        plugin_sha256="ab" * 32,
+        jax_version="jax 0.10.2, jaxlib 0.10.2",
+        results=results,
+        seconds=1.0,
+        workers=2,
+        types=[
+            TypeSupport(np.dtype("complex128"), False, why),
+            TypeSupport(np.dtype("float32"), True),
+        ],
+        reference_device="TPU_0",
+        reference_processes=1,
+    )
+    lines = format_report(report).splitlines()
+    assert "types: 1 of the 2 element types the cases use compile here" in lines
+    assert (
+        "unsupported here: complex128: 2 case(s) need it, not run (--cases runs them anyway); "
+        f"its probe: {why}"
+    ) in lines
+    assert not any(name in line for line in lines for name in needing)  # said once, per type
+    assert report.ok and lines[-1].startswith(
+        "1 of 3 cases pass, none failed; 2 unsupported here (2: needs complex128)"
+    )
+    assert json.loads(report_json(report))["types"] == {"complex128": why, "float32": "supported"}

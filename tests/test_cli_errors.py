@@ -120,7 +120,7 @@ def test_run_refuses_a_negative_worker_count(tiny: dict) -> None:
     ("arrays", "fragments"),
     [
         ({"arr_0": np.ones(3), "arr_1": np.ones(3)}, ["has shape (3,)", "float32[4]"]),
-        ({"arr_0": np.ones(4)}, ["takes 2 arguments", "1 were given"]),
+        ({"arr_0": np.ones(4)}, ["takes 2 arguments", "1 was given"]),
         ({"x": np.ones(4), "y": np.ones(4)}, ["holds x, y", "arr_0, arr_1"]),
     ],
     ids=["shape", "count", "names"],

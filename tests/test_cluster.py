@@ -16,8 +16,9 @@ from pool_helpers import scale_program  # noqa: E402
 
 from pool import Pool  # noqa: E402
 from pool.cluster import ClusterPool, local_client  # noqa: E402
+from pool.warm.report import Outcome  # noqa: E402
 from pool.warm.spec_file import load_spec  # noqa: E402
-from pool.warm.warming import Outcome, warm  # noqa: E402
+from pool.warm.warming import warm  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
 
 SPEC = str(Path(__file__).resolve().parent / "specs" / "warm_spec.py")

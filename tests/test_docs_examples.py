@@ -6,7 +6,8 @@ example runs in a fresh temporary directory, which stands for the
 checkout's root (a copy of scripts/ is there), with its own
 PJRT_POOL_CACHE_DIR and this interpreter's bin/ first on PATH (so
 `python` and `pjrt-pool` are this environment's): a Python block as a file
-in a fresh interpreter, a shell block with bash -e -o pipefail. A block
+in a fresh interpreter, a shell block with bash -e -o pipefail; pjrt-pool
+is the installed one. A block
 fails the test when it exits non-zero, showing its first line, stdout and
 stderr.
 
@@ -23,6 +24,14 @@ what a block needs; a block without one must run:
     <!-- example: slow -->              marked slow
 
 Items combine with commas ("slow, continues"); needs comes last.
+
+A section whose text starts "Needs the `cpu` and `remote` extras" (a
+Quickstart of the README: every one says so) runs its examples in an
+environment with only those extras of pjrt-pool (extras_helpers: this one,
+less the packages of the others); where one of them is not installed here,
+the example must fail saying how to install it, in its last line on
+stderr. Each such example is run again without each extra it names but
+cpu, and must fail so too (test_example_without_an_extra_names_it).
 
 The other tests: the README's main job, which installs and so only gets
 bash -n, is after its install the Quickstart block that runs; the README
@@ -48,6 +57,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from extras_helpers import installed, make_environment
+
+from worker.extras import install_extra_command
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README_LIMIT = 350
@@ -58,6 +70,7 @@ _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*example:\s*(.*?)\s*-->\s*$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+_NEEDS_EXTRAS = re.compile(r"^Needs the ((?:`[\w-]+`(?:, | and )?)+) extras?\b")
 
 
 @dataclass
@@ -69,6 +82,8 @@ class Block:
     language: str  # "python", "shell", or "" for the rest
     code: str
     marker: str | None = None
+    extras: frozenset[str] | None = None
+    """The extras its section says it needs, at its top ("Needs the `cpu` extra"), or None."""
 
 
 @dataclass
@@ -79,6 +94,8 @@ class Example:
     needs: str | None = None
     requires: list[str] = field(default_factory=list)
     slow: bool = False
+    extras: frozenset[str] | None = None
+    """The extras of pjrt-pool it runs with, alone (its section's); None: this environment's."""
 
     @property
     def name(self) -> str:
@@ -91,9 +108,17 @@ def blocks_of(page: Path, text: str | None = None) -> list[Block]:
     lines = (page.read_text(encoding="utf-8") if text is None else text).splitlines()
     found: list[Block] = []
     number = 0
+    extras: frozenset[str] | None = None
+    section_start = False  # the next text line is the first of a section
     while number < len(lines):
         opening = _FENCE.match(lines[number])
         if not opening:
+            if _HEADING.match(lines[number]):
+                extras, section_start = None, True
+            elif section_start and lines[number].strip():
+                needs = _NEEDS_EXTRAS.match(lines[number])
+                extras = frozenset(re.findall(r"`([\w-]+)`", needs.group(1))) if needs else None
+                section_start = False
             number += 1
             continue
         indent, fence, info = opening.groups()
@@ -113,7 +138,8 @@ def blocks_of(page: Path, text: str | None = None) -> list[Block]:
             body.append(line[len(indent) :] if line.startswith(indent) else line)
             number += 1
         start = number - len(body)  # the opening fence's 1-based number
-        found.append(Block(page, start, LANGUAGES.get(info.lower(), ""), "\n".join(body), marker))
+        language = LANGUAGES.get(info.lower(), "")
+        found.append(Block(page, start, language, "\n".join(body), marker, extras))
         number += 1
     return found
 
@@ -156,6 +182,7 @@ def examples_of(page: Path, text: str | None = None) -> list[Example]:
                 needs=items.get("needs"),  # type: ignore[arg-type]
                 requires=list(items.get("requires", [])),  # type: ignore[call-overload]
                 slow=bool(items.get("slow")),
+                extras=block.extras,
             )
         )
     return found
@@ -176,18 +203,20 @@ def _available(name: str) -> bool:
     return shutil.which(name) is not None or importlib.util.find_spec(name) is not None
 
 
-def _environment(directory: Path) -> dict[str, str]:
-    """This environment, without the user's pjrt-pool settings but the plugins', in `directory`."""
+def _environment(directory: Path, bin_dir: Path) -> dict[str, str]:
+    """This environment, without the user's pjrt-pool settings but the plugins', in `directory`,
+    with bin_dir (its python and pjrt-pool) first on PATH."""
     environment = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("PJRT_POOL_") or k.startswith("PJRT_POOL_PLUGIN_")
     }
+    environment.pop("VIRTUAL_ENV", None)
     environment["PJRT_POOL_CACHE_DIR"] = str(directory / "cache")
-    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
-    )
+    # pjrt-pool as installed (editable from this checkout, or, in .ci/run's quickstart
+    # leg, built from it as the README's main job installs it): not the checkout's
+    # sources on PYTHONPATH, which hold no native module of a built install.
+    environment["PATH"] = os.pathsep.join([str(bin_dir), os.environ["PATH"]])
     return environment
 
 
@@ -195,12 +224,15 @@ def _tail(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def run_block(block: Block, directory: Path, environment: dict[str, str]) -> None:
-    """Runs one block in directory; fails the test with its first line and output if it fails."""
+def run_block(
+    block: Block, directory: Path, environment: dict[str, str], bin_dir: Path, fails: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Runs one block in directory with bin_dir's python; fails the test with its first line
+    and output if it fails (unless fails: then the caller checks what it says)."""
     if block.language == "python":
         script = directory / f"example_{block.line}.py"
         script.write_text(block.code + "\n", encoding="utf-8")
-        command = [sys.executable, script.name]
+        command = [str(bin_dir / "python"), script.name]
     else:
         script = directory / f"example_{block.line}.sh"
         script.write_text(block.code + "\n", encoding="utf-8")
@@ -214,7 +246,7 @@ def run_block(block: Block, directory: Path, environment: dict[str, str]) -> Non
         timeout=TIMEOUT,
         check=False,
     )
-    if done.returncode != 0:
+    if done.returncode != 0 and not fails:
         first = next((line for line in block.code.splitlines() if line.strip()), "")
         pytest.fail(
             f"{block.page.relative_to(REPO)}:{block.line}: the example starting {first!r} "
@@ -222,10 +254,47 @@ def run_block(block: Block, directory: Path, environment: dict[str, str]) -> Non
             f"{_tail(done.stderr)}",
             pytrace=False,
         )
+    return done
+
+
+@pytest.fixture(scope="session")
+def environments(tmp_path_factory: pytest.TempPathFactory):
+    """The bin directory of an environment with only some extras (extras_helpers), made once
+    per set of extras."""
+    made: dict[frozenset[str], Path] = {}
+
+    def of(extras: frozenset[str]) -> Path:
+        if extras not in made:
+            made[extras] = make_environment(tmp_path_factory.mktemp("environment"), set(extras))
+        return made[extras]
+
+    return of
+
+
+def _run_example(example: Example, directory: Path, bin_dir: Path, fails: bool = False) -> str:
+    """Runs an example's blocks in directory (a copy of scripts/ there) with bin_dir's python
+    and pjrt-pool; with fails, until one fails, and returns the last line it printed on
+    stderr (failing the test if none fails)."""
+    shutil.copytree(
+        REPO / "scripts", directory / "scripts", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    environment = _environment(directory, bin_dir)
+    for block in example.blocks:
+        done = run_block(block, directory, environment, bin_dir, fails)
+        if done.returncode != 0:
+            return (done.stderr.strip().splitlines() or [""])[-1]
+    if fails:
+        pytest.fail(f"{example.name} ran to its end", pytrace=False)
+    return ""
+
+
+def _assert_names_install(line: str, extra: str, example: Example) -> None:
+    command = install_extra_command(extra)
+    assert command in line, f"{example.name}: its last line does not say {command!r}: {line}"
 
 
 @pytest.mark.parametrize("example", _params())
-def test_example_runs_as_written(example: Example, tmp_path: Path) -> None:
+def test_example_runs_as_written(example: Example, tmp_path: Path, environments) -> None:
     if example.needs:
         for block in example.blocks:
             if block.language == "shell":
@@ -235,12 +304,54 @@ def test_example_runs_as_written(example: Example, tmp_path: Path) -> None:
     missing = [name for name in example.requires if not _available(name)]
     if missing:
         pytest.skip(f"requires {', '.join(missing)}, not installed here")
-    shutil.copytree(
-        REPO / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    environment = _environment(tmp_path)
-    for block in example.blocks:
-        run_block(block, tmp_path, environment)
+    if example.extras is None:
+        _run_example(example, tmp_path, Path(sys.executable).parent)
+        return
+    absent = sorted(extra for extra in example.extras if not installed(extra))
+    bin_dir = environments(example.extras)
+    if absent:  # as a user without them meets it: one line saying how to install one
+        line = _run_example(example, tmp_path, bin_dir, fails=True)
+        assert any(install_extra_command(extra) in line for extra in absent), (
+            f"{example.name}: {', '.join(absent)} not installed here, and its last line names "
+            f"none of them: {line}"
+        )
+        return
+    _run_example(example, tmp_path, bin_dir)
+
+
+def _without_an_extra() -> list[object]:
+    return [
+        pytest.param(example, extra, id=f"{example.name} without {extra}")
+        for example in _all_examples()
+        if example.extras is not None and not example.needs
+        for extra in sorted(example.extras - {"cpu"})
+    ]
+
+
+@pytest.mark.parametrize(("example", "extra"), _without_an_extra())
+def test_example_without_an_extra_names_it(
+    example: Example, extra: str, tmp_path: Path, environments
+) -> None:
+    """A quickstart run where one extra it names is missing fails saying how to install it:
+    the one line of a command, or a traceback's last line (MissingExtraError's)."""
+    line = _run_example(example, tmp_path, environments(example.extras - {extra}), fails=True)
+    _assert_names_install(line, extra, example)
+
+
+def test_every_quickstart_says_at_its_top_which_extras_it_needs() -> None:
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    quickstart = text[
+        text.index("## Quickstart") : text.index("\n## ", text.index("## Quickstart") + 1)
+    ]
+    unnamed = [
+        example.name
+        for example in examples_of(readme, quickstart)
+        if not example.needs and example.extras is None
+    ]
+    assert not unnamed, f"Quickstart examples whose section names no extras: {unnamed}"
+    named = {e.name: e.extras for e in examples_of(readme) if e.extras and not e.needs}
+    assert len(named) >= 6 and len(_without_an_extra()) >= 3, named
 
 
 def test_the_main_job_after_its_install_is_the_quickstart_that_runs() -> None:

@@ -96,7 +96,7 @@ def test_bundle_check_of_a_manifest_asks_the_remote(tmp_path, remote, monkeypatc
     assert main([*check, "--remote", remote.url]) == 0
     out = capsys.readouterr().out
     assert f"p: loads (from the remote {remote.url})" in out
-    assert "1 of 1 programs would load here" in out
+    assert "1 of 1 program would load here" in out
     monkeypatch.setenv("PJRT_POOL_CACHE_REMOTE", remote.url)  # the default
     assert main(check) == 0
     assert not (tmp_path / "b").exists()  # a check writes nothing

@@ -28,7 +28,7 @@ import worker
 from worker.cache.remote import RemoteCacheWarning, parse_remote
 from worker.cache.remote.layout import blob_name, record_name
 from worker.cache.remote.lease import Lease, lease_name
-from worker.cache.remote.tier import Published
+from worker.cache.remote.outcomes import Published
 
 LEASE_ENV = "PJRT_POOL_CACHE_REMOTE_LEASE"
 

@@ -112,6 +112,6 @@ def test_a_refusal_names_how_the_remotes_builds_differ(tmp_path, store, monkeypa
     ):
         host_c.run(lowered(26), [X])
     message = str(refused.value)
-    assert "The remote holds it built elsewhere (1 entries)" in message, message
+    assert "The remote holds it built elsewhere (1 entry)" in message, message
     assert f"entry {key_a}: environment.PJRT_NPROC: built with None, here '8'" in message, message
     assert key_a in refused.value.differences

@@ -372,3 +372,24 @@ def test_a_topology_the_command_line_cannot_use_is_one_line_and_exit_2(tmp_path,
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert says in line
+
+
+@pytest.mark.slow
+def test_the_type_probe_finds_the_types_libtpu_does_not_compile(tmp_path):
+    """check-plugin probes each element type once in a worker before any case needs it:
+    libtpu aborts compiling a conversion to complex128 ("Unsupported CVT X{64|128} expansion
+    ... to c128"), which crashes that probe's compile worker alone and makes complex128
+    unsupported; float32, and float64 (which libtpu emulates), compile."""
+    from pool.conformance.runner import describe_failure
+    from pool.conformance.type_probe import TypeProbe
+
+    with Pool(2, platform="tpu", topology="v5e:1x1", cache_dir=tmp_path) as pool:
+        probe = TypeProbe(pool, "tpu", 120, lambda error: describe_failure(error)[1])
+        probe.ask([np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex128)])
+        found = {support.name: support for support in probe.outcomes()}
+        assert pool.statistics.compiled == 2  # the two that compile
+    assert found["float32"].supported and found["float64"].supported
+    refused = found["complex128"]
+    assert not refused.supported
+    assert "was killed by SIGABRT (signal 6)" in refused.why, refused.why
+    assert "c128" in refused.why  # libtpu's own line, from the worker's output

@@ -227,7 +227,8 @@ def test_warm_lowers_here_what_a_lowering_process_cannot_take(tmp_path: Path) ->
 
 
 def test_warm_reports_programs_the_cache_did_not_store(tmp_path: Path) -> None:
-    from pool.warm.warming import Outcome, warm
+    from pool.warm.report import Outcome
+    from pool.warm.warming import warm
 
     f32 = jnp.float32
     shapes = [{"a": jax.ShapeDtypeStruct((3,), f32), "b": (jax.ShapeDtypeStruct((), f32),)}]

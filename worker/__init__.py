@@ -5,11 +5,15 @@ Everything here runs in any process that holds a plugin: a pool worker
 never imports JAX, so that a worker starts in a fraction of a second. Where
 each thing lives, and so where plugin loading ends and serving begins::
 
-    records.py, arguments.py, dtypes.py, errors.py, phases.py
+    records.py, partitioning.py, arguments.py, dtypes.py, errors.py, phases.py
                   the shared records: ArrayType, LoweredProgram, ProgramSpec,
-                  CompileStatistics; converting arguments; the dtypes the runtime
-                  takes; the errors; seconds per phase of compiles and start-ups
+                  CompileStatistics; a sharded program's Partitioning; converting
+                  arguments; the dtypes the runtime takes; the errors; seconds per
+                  phase of compiles and start-ups
     untrusted.py  reading files someone else may have written: bounded, then parsed
+    extras.py     pjrt-pool's optional extras: the package each feature needs, the one
+                  error for a missing one (MissingExtraError), where to install it from
+    words.py      counts in messages, their nouns agreeing
     fds.py        closing file descriptors in cleanup
     log.py        loggers that import logging only when a message could be seen
     lazy_names.py package namespaces whose names import on first use
@@ -41,8 +45,9 @@ untrusted.py), and the shared records take the form of a key from it; the
 wire uses only the records; cache/ uses identity/, plugin/ uses identity/
 and cache/ (records about plugin builds), compile/ uses plugin/, cache/ and
 identity/, bundle/ uses compile/, and serve/ uses them all. Nothing imports
-serve/ but the entry point (__main__.py), and nothing imports the package
-itself (this file, which only names what the floors hold).
+serve/ but the entry point (__main__.py) and, for a pool worker's command
+line (serve/command_line.py), the parent that spawns it; nothing imports the
+package itself (this file, which only names what the floors hold).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ if TYPE_CHECKING:
     from worker.compile.executable import Executable as Executable
     from worker.compile.stamp import ForeignExecutableError as ForeignExecutableError
     from worker.errors import BundleError as BundleError
+    from worker.errors import DeviceCountError as DeviceCountError
+    from worker.errors import MissingExtraError as MissingExtraError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
     from worker.errors import PjrtError as PjrtError

@@ -23,6 +23,7 @@ import numpy as np
 
 from worker.dtypes import code_of_dtype, is_floating
 from worker.records import ArrayType
+from worker.words import agreeing, counted
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike  # annotations only: importing it costs start-up time
@@ -50,8 +51,9 @@ def prepare_arguments(
         )
     if types is not None and len(arguments) != len(types):
         raise TypeError(
-            f"the program takes {len(types)} arguments "
-            f"({', '.join(map(str, types))}) but {len(arguments)} were given"
+            f"the program takes {counted(len(types), 'argument')} "
+            f"({', '.join(map(str, types))}) but {len(arguments)} "
+            f"{agreeing(len(arguments), 'was', 'were')} given"
         )
     prepared = []
     for index, argument in enumerate(arguments):

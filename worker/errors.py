@@ -11,7 +11,9 @@ from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
     "BundleError",
+    "DeviceCountError",
     "DeviceUnavailableError",
+    "MissingExtraError",
     "NeverCompileError",
     "NotInCacheError",
     "NotLoadedError",
@@ -21,6 +23,23 @@ __all__ = [
     "PluginNotFoundError",
     "TopologyError",
 ]
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A feature needs a package that one of pjrt-pool's extras installs, and it is not installed.
+
+    The message names the feature, the package, the extra and the pip
+    command that installs the extra from where this pjrt-pool came from (a
+    checkout or a wheel: no package index serves pjrt-pool). `name` is the
+    missing module (as for any ModuleNotFoundError), `extra` the extra and
+    `install` the command. The plugins, extras too, have their own error:
+    PluginNotFoundError, which names their extras the same way.
+    """
+
+    def __init__(self, message: str, *, name: str = "", extra: str = "", install: str = "") -> None:
+        super().__init__(message, name=name or None)
+        self.extra = extra
+        self.install = install
 
 
 class PluginNotFoundError(RuntimeError):
@@ -39,6 +58,21 @@ class DeviceUnavailableError(PjrtError):
         self.holder = holder
         self.code = 14  # PJRT_Error_Code_UNAVAILABLE
         self.code_name = "UNAVAILABLE"
+
+
+class DeviceCountError(ValueError):
+    """A program over several devices needs more devices than the process (or a pool's
+    worker, or a topology) has; refused before it compiles.
+
+    `needed` and `available` are the two counts; the message names the setting that gives
+    more (a Pool's devices_per_worker, a larger topology).
+    """
+
+    def __init__(self, message: str, needed: int = 0, available: int = 0) -> None:
+        # Defaults: a pool rebuilds a worker's error from its message, then sets the counts.
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
 
 
 class NotLoadedError(RuntimeError):

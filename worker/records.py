@@ -18,6 +18,7 @@ import numpy as np
 
 from worker.dtypes import code_of_dtype, dtype_by_name
 from worker.identity.keys import InvalidKeyError, check_key
+from worker.partitioning import Partitioning, partitioning_from_json
 from worker.untrusted import parse_json
 
 
@@ -86,6 +87,11 @@ class LoweredProgram(NamedTuple):
 
     platform: str | None = None
     """The platform that the program was lowered for, or None when it is not known."""
+
+    partitioning: Partitioning | None = None
+    """For a program over several devices (a jax.jit with shardings over a Mesh, a
+    shard_map): its devices and how each input and output is split over them (see
+    worker.partitioning); None for a program of one device."""
 
     @property
     def name(self) -> str:
@@ -182,6 +188,10 @@ class ProgramSpec(NamedTuple):
     output_bytes: tuple[int, ...]
     """The size in bytes of each output."""
 
+    partitioning: Partitioning | None = None
+    """For a program over several devices, its devices and how its global inputs and
+    outputs are split over them (worker.partitioning); None for one device."""
+
     @classmethod
     def from_executable(cls, name: str, executable: Any) -> ProgramSpec:
         """Describes an Executable that compile_program returned (it carries its key)."""
@@ -197,11 +207,13 @@ class ProgramSpec(NamedTuple):
             input_types=executable.input_types,
             output_types=executable.output_types,
             output_bytes=executable.output_bytes,
+            partitioning=executable.partitioning,
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Returns the spec as a JSON-ready dict."""
-        return {
+        """Returns the spec as a JSON-ready dict (a program of one device has no
+        "partitioning", as specs written before partitionings have none)."""
+        data = {
             "name": self.name,
             "platform": self.platform,
             "key": self.key,
@@ -209,6 +221,9 @@ class ProgramSpec(NamedTuple):
             "output_types": types_to_json(self.output_types),
             "output_bytes": list(self.output_bytes),
         }
+        if self.partitioning is not None:
+            data["partitioning"] = self.partitioning.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProgramSpec:
@@ -228,6 +243,7 @@ class ProgramSpec(NamedTuple):
                 input_types=None if inputs is None else tuple(map(ArrayType.from_json, inputs)),
                 output_types=tuple(map(ArrayType.from_json, data["output_types"])),
                 output_bytes=tuple(int(n) for n in data["output_bytes"]),
+                partitioning=partitioning_from_json(data.get("partitioning")),
             )
         except InvalidKeyError:
             raise

@@ -25,11 +25,12 @@ from typing import Any, NamedTuple
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_cache_dir_option,
     add_command,
+    add_platform_option,
     add_remote_option,
     add_topology_options,
     open_remote_option,
-    paragraph,
     topology_option,
 )
 from pool.cli.paths import (
@@ -61,11 +62,22 @@ from worker.errors import (
 from worker.identity.target import runtime_key_parts
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec, parse_topology
+from worker.words import agreeing, counted
 
 # The writer is imported by the commands that write bundles: with it comes
 # tarfile (and the compression modules it imports, ~15 ms), which neither
 # bundle check, the preflight a serving host runs before traffic, nor an
 # import needs.
+
+
+_BUNDLE_EXIT = (
+    "exit status: 0 when everything was done (check: every program would load); 1 when a "
+    "program would miss, a bundle was refused (damaged, or changed after it was made), an "
+    "entry could not be read or stored, or an import's manifest leaves out programs not built "
+    "for this host; 2 for usage and environment errors (a missing input, a manifest that is not "
+    "one, a partial manifest without --allow-partial, a cache directory that cannot be used, no "
+    "plugin for the platform)."
+)
 
 
 def register(subparsers: Any) -> None:
@@ -75,55 +87,108 @@ def register(subparsers: Any) -> None:
         "bundle",
         _name_a_command,
         "ship warmed programs as one verified file, and check it on the target",
-        paragraph(__doc__, 1),
+        "Ships warmed programs as one verified file, to any host: create bundles the programs "
+        "of manifests with their cache entries, merge puts several bundles in one, check says "
+        "whether each program would load here, import puts a bundle's entries in a cache. "
+        "pjrt-pool run runs a program straight from a bundle.",
+        epilog=_BUNDLE_EXIT,
     )
     commands = bundle.add_subparsers(title="bundle commands", metavar="COMMAND")
+    _register_create(commands)
+    _register_merge(commands)
+    _register_import(commands)
+    _register_check(commands)
 
-    create = add_command(commands, "create", _create, "bundle the programs of manifests")
-    create.add_argument("manifests", metavar="MANIFEST", nargs="+")
-    create.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
+
+def _register_create(commands: Any) -> None:
+    create = add_command(
+        commands,
+        "create",
+        _create,
+        "bundle the programs of manifests",
+        "Writes one bundle (an uncompressed tar, the same bytes for the same inputs) of the "
+        "programs of one or more manifests and their cache entries, each checked as it is "
+        "read. A partial manifest, of a warm a Ctrl-C stopped, is refused unless "
+        "--allow-partial.",
+        epilog=_BUNDLE_EXIT,
+    )
     create.add_argument(
-        "--cache-dir", metavar="DIR", help="the cache the entries are in (default: each manifest's)"
+        "manifests",
+        metavar="MANIFEST",
+        nargs="+",
+        help="a manifest of warmed programs (pjrt-pool warm --manifest); one or more",
     )
+    create.add_argument("-o", "--output", metavar="FILE", required=True, help="the bundle to write")
+    add_cache_dir_option(create, "the cache the entries are in", default="each manifest's")
     add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
-
-    merge = add_command(commands, "merge", _merge, "one bundle of several (for a mixed fleet)")
-    merge.add_argument("bundles", metavar="BUNDLE", nargs="+")
-    merge.add_argument("-o", "--output", metavar="FILE", required=True, help="bundle to write")
-
-    importing = add_command(commands, "import", _import, "check a bundle, then put it in a cache")
-    importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
-    importing.add_argument(
-        "--cache-dir", metavar="DIR", help="cache to import into (default: $PJRT_POOL_CACHE_DIR)"
+    create.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="bundle the programs of a partial manifest (a warm a Ctrl-C stopped wrote it: "
+        "it names only the programs warmed before the interrupt)",
     )
+
+
+def _register_merge(commands: Any) -> None:
+    merge = add_command(
+        commands,
+        "merge",
+        _merge,
+        "one bundle of several (for a mixed fleet)",
+        "Writes one bundle of several: the entries of a program built in different environments "
+        "(CPU generations, plugin builds, XLA flags) side by side, for a mixed fleet; a loader "
+        "picks the entry built for its own.",
+        epilog=_BUNDLE_EXIT,
+    )
+    merge.add_argument(
+        "bundles", metavar="BUNDLE", nargs="+", help="a bundle, or its URL; one or more"
+    )
+    merge.add_argument("-o", "--output", metavar="FILE", required=True, help="the bundle to write")
+
+
+def _register_import(commands: Any) -> None:
+    importing = add_command(
+        commands,
+        "import",
+        _import,
+        "check a bundle, then put it in a cache",
+        "Checks a whole bundle (every member's digests and signature, its key, its size against "
+        "the cache's bound) and then publishes its entries into a cache, as compiling would. "
+        "With --manifest, also writes the manifest of the entries built for this host, to run "
+        "them from that cache.",
+        epilog=_BUNDLE_EXIT,
+    )
+    importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
+    add_cache_dir_option(importing, "the cache to import into, made if missing")
     importing.add_argument(
         "--manifest",
         metavar="FILE",
-        help="also write a manifest of the entries built for this host (for running "
-        "the programs through a Pool)",
+        help="also write a manifest of the entries built for this host",
     )
 
+
+def _register_check(commands: Any) -> None:
     check = add_command(
         commands,
         "check",
         _check,
         "will each program load here? (exit 0 only if all would)",
-        "Says for each program of a bundle, or of a manifest and its cache (and "
-        "remote tier), whether it would load on this machine, and for a miss which key parts "
-        "differ. Loads the plugin, deserializes nothing.",
+        "Says for each program of a bundle, or of a manifest and its cache (and remote tier), "
+        "whether it would load on this machine, and for a miss which key parts differ. Loads "
+        "the plugin, deserializes nothing.",
+        epilog=_BUNDLE_EXIT,
     )
     check.add_argument("file", metavar="FILE", help="a bundle (or its URL), or a manifest")
-    check.add_argument(
-        "--cache-dir", metavar="DIR", help="for a manifest: its cache (default: the manifest's)"
-    )
+    add_cache_dir_option(check, "for a manifest: its cache", default="the manifest's")
     add_remote_option(
         check, "for a manifest: the remote cache tier, asked for what its cache lacks"
     )
-    check.add_argument("--platform", help="the plugin to check with (default: the programs')")
+    add_platform_option(check, "the plugin to check with", default="the programs'")
     add_topology_options(
         check,
-        "judge for a host of this topology (default: this host's devices; without any, each "
-        "topology the bundle or manifest was built for)",
+        "judge for a host of this TPU topology, with this machine's plugin build, opening no "
+        "device (default: this host's devices; on a machine without a TPU, each topology the "
+        "entries were built for)",
     )
     check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
@@ -150,16 +215,33 @@ def _describe(output: Path, index: Index) -> str:
     with open(output, "rb") as file:
         digest = hashlib.file_digest(file, "sha256").hexdigest()
     return (
-        f"bundle {output}: {len(index.programs)} programs, {len(index.entries)} entries built "
-        f"in {len(index.environments)} environment(s), {format_size(output.stat().st_size)}, "
-        f"sha256 {digest}"
+        f"bundle {output}: {counted(len(index.programs), 'program')}, "
+        f"{counted(len(index.entries), 'entry')} built in "
+        f"{counted(len(index.environments), 'environment')}, "
+        f"{format_size(output.stat().st_size)}, sha256 {digest}"
     )
+
+
+def _refuse_partial(path: str, manifest: Manifest, allowed: bool) -> str | None:
+    """What to say of a partial manifest (a warm a Ctrl-C stopped wrote it): None for a
+    complete one; UsageError for a partial one unless allowed."""
+    if not manifest.partial:
+        return None
+    warmed = counted(len(manifest.names), "program")
+    if not allowed:
+        raise UsageError(
+            f"{path} is a partial manifest: the warm that wrote it was interrupted, and it names "
+            f"only the {warmed} warmed before that; warm the spec again to complete it, or pass "
+            "--allow-partial to bundle these programs alone"
+        )
+    return f"partial: {path} names only the {warmed} warmed before its warm was interrupted"
 
 
 def _create(args: argparse.Namespace) -> int:
     output = _output(args.output, args.manifests)
     remote = open_remote_option(args.remote)  # UsageError for a URL or setting it cannot use
     programs = []
+    notes: list[str] = []  # of partial manifests, said with the bundle
     caches: dict[str | None, DiskCache] = {}
     for path in args.manifests:
         if is_bundle(path):
@@ -170,6 +252,7 @@ def _create(args: argparse.Namespace) -> int:
             manifest = load_manifest(path, args.cache_dir)
         except ManifestError as error:
             raise UsageError(str(error)) from None
+        notes += filter(None, [_refuse_partial(path, manifest, args.allow_partial)])
         cache = caches.get(manifest.cache_dir)
         if cache is None:
             checked_manifest_cache_dir(manifest.cache_dir, args.cache_dir, path)
@@ -188,6 +271,8 @@ def _create(args: argparse.Namespace) -> int:
     except (BundleError, ValueError, OSError) as error:
         raise CommandError(str(error)) from error
     print(_describe(output, index))
+    for note in notes:
+        print(f"  {note}")
     return ExitCode.OK
 
 
@@ -256,7 +341,7 @@ def _import(args: argparse.Namespace) -> int:
     input_file(args.bundle, "the bundle")
     if args.manifest:
         _output(args.manifest, [args.bundle], "--manifest")
-    checked_cache_dir(args.cache_dir)
+    checked_cache_dir(args.cache_dir, creatable=True)  # exit 2 before the bundle is read
     try:
         existing = DiskCache(args.cache_dir, create=False)
         if not existing.usable:
@@ -264,14 +349,15 @@ def _import(args: argparse.Namespace) -> int:
             # refused bundle leaves no empty cache behind.
             with Bundle(args.bundle, existing.signer) as bundle:
                 check_for_import(bundle, existing.max_size)
+            checked_cache_dir(args.cache_dir, create=True)  # made, or exit 2 saying why not
         cache = DiskCache(args.cache_dir)
         result = import_bundle(args.bundle, cache)
     except (BundleError, ValueError) as error:
         raise CommandError(str(error)) from error
     print(
-        f"imported {result.imported} entries ({format_size(result.bytes)}) into "
-        f"{cache.directory}; {result.present} were there already"
-        + (f"; {result.not_stored} could not be stored" if result.not_stored else "")
+        f"imported {counted(result.imported, 'entry')} ({format_size(result.bytes)}) into "
+        f"{cache.directory}; {result.present} {agreeing(result.present, 'was', 'were')} there "
+        "already" + (f"; {result.not_stored} could not be stored" if result.not_stored else "")
     )
     if result.not_stored:
         return ExitCode.PROBLEMS
@@ -288,7 +374,7 @@ def _import(args: argparse.Namespace) -> int:
         if verdict.loads
     ]
     Manifest(specs, str(cache.directory), platform).write(args.manifest)
-    print(f"manifest: {args.manifest} ({len(specs)} of {len(programs)} programs)")
+    print(f"manifest: {args.manifest} ({len(specs)} of {counted(len(programs), 'program')})")
     for verdict in verdicts:
         if not verdict.loads:
             print(verdict.describe())
@@ -364,7 +450,7 @@ def _report(
             print(verdict.describe())
         loads = sum(verdict.loads for verdict in verdicts)
         print(
-            f"{loads} of {len(verdicts)} programs would load {judged.what}, "
+            f"{loads} of {counted(len(verdicts), 'program')} would load {judged.what}, "
             f"{len(verdicts) - loads} would miss ({seconds * 1000:.0f} ms)"
         )
 

@@ -1,11 +1,13 @@
 """``pjrt-pool cache info | list | verify [--load] | prune --max-size SIZE | clear [--yes]``.
 
-(and ``push | pull | gc --remote URL``, for the remote tier: pool.cli.cache_remote)
+(and ``push | pull | gc --remote URL``, for the remote tier: pool.cli.cache_remote; and
+``explain SPEC_OR_MANIFEST``, why a program would miss: pool.cli.cache_explain)
 
 Human-readable tables by default; ``--json`` prints one JSON document for
 scripts. ``--cache-dir`` names the directory (default: PJRT_POOL_CACHE_DIR,
 else the user cache directory); no command but prune, clear and pull changes
-it, and none but pull creates it. Nothing here imports JAX; ``verify --load`` loads
+it, and none but pull creates it. Nothing here imports JAX (but explain, lowering a
+spec); ``verify --load`` loads
 entries with the plugin in child processes (``python -m worker.serve.entry_check``),
 so that an entry that crashes the plugin is reported instead of crashing this.
 A directory that others could write is refused (exit 2, as for every command)
@@ -26,16 +28,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pool.cli import cache_remote
+from pool.cli import cache_explain, cache_remote
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_command, size_argument
+from pool.cli.options import (
+    add_cache_dir_option,
+    add_command,
+    add_remote_option,
+    open_remote_option,
+    size_argument,
+)
 from pool.cli.paths import checked_cache_dir
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
-from worker.cache import DiskCache, format_size
+from worker.cache import CACHE_DIR_ENV, DiskCache, format_size
 from worker.cache import report as cache_report
 from worker.cache.report import OTHER, UNREADABLE
 from worker.plugin.locate import env_var
+from worker.words import counted
 
 LOAD_TIMEOUT = 120.0
 """Seconds a verifying child may take to start and load its plugin..."""
@@ -45,6 +54,17 @@ PRUNE_WAIT = 60.0
 """Seconds prune waits for another process's trim or write to finish."""
 
 
+_CACHE_EXIT = (
+    "exit status: 0 when everything asked for was done; 1 when problems were found or an "
+    "operation failed (verify: a bad or unreadable entry; prune or clear: entries that could "
+    "not be removed, or folders that are not real directories; push and pull: an entry that "
+    "did not end where it was to go; a remote that failed); 2 for usage and environment "
+    "errors (a cache directory that is a file or that others can write, a signing setting it "
+    "cannot use, no remote named, a --manifest that does not load, a plugin that does not load "
+    "for verify --load)."
+)
+
+
 def register(subparsers: Any) -> None:
     """Adds the ``cache`` command and its subcommands."""
     cache = add_command(
@@ -52,24 +72,30 @@ def register(subparsers: Any) -> None:
         "cache",
         _name_a_command,
         "inspect and maintain the disk cache of compiled executables",
-        "Inspect and maintain the disk cache of compiled executables. Tables by "
-        "default, --json for one JSON document. No command creates the directory; only prune "
-        "and clear change it. Exit codes: 0 success, 1 problems found (verify: bad entries), "
-        "2 usage or environment error.",
+        "Inspects and maintains the disk cache of compiled executables, and moves entries to "
+        "and from its remote tier. Tables by default, --json for one JSON document. Only pull "
+        "creates the cache directory; only prune, clear and pull change it.",
+        epilog=_CACHE_EXIT,
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache directory)",
-    )
+    add_cache_dir_option(common, "the cache directory")
     common.add_argument("--json", action="store_true", help="print one JSON document")
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 
     def command(name: str, run: Any, *texts: str) -> argparse.ArgumentParser:
-        return add_command(commands, name, _refusing_bad_settings(run), *texts, parents=(common,))
+        return add_command(
+            commands,
+            name,
+            _refusing_bad_settings(run),
+            *texts,
+            epilog=_CACHE_EXIT,
+            parents=(common,),
+        )
 
-    command("info", _info, "where the cache is and how full")
+    info = command("info", _info, "where the cache is and how full, and how it is signed")
+    add_remote_option(
+        info, "also say how this host uses this remote cache tier: whether it signs its records"
+    )
     command("list", _list, "one line per entry")
     verify = command(
         "verify",
@@ -79,22 +105,36 @@ def register(subparsers: Any) -> None:
         "loads each entry with the plugin, in a child process; entries made by another "
         "plugin build or on another host are reported as such, not as bad.",
     )
-    verify.add_argument("--load", action="store_true", help="also load entries with the plugin")
+    verify.add_argument(
+        "--load",
+        action="store_true",
+        help="also load each entry with the plugin, in a child process (an entry that crashes "
+        "the plugin is reported as bad)",
+    )
     prune = command("prune", _prune, "evict least-recently-used entries down to a size")
     prune.add_argument(
         "--max-size",
         required=True,
         type=size_argument,
         metavar="SIZE",
-        help="for example 500M or 2G",
+        help="the size to evict down to, for example 500M or 2G",
     )
-    clear = command("clear", _clear, "remove every entry")
-    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    cache_remote.register(commands, common)
+    clear = command(
+        "clear",
+        _clear,
+        "remove every entry",
+        "Removes every entry (lock files stay), after asking on the terminal, or without "
+        "asking with --yes.",
+    )
+    clear.add_argument("--yes", action="store_true", help="remove without asking")
+    cache_remote.register(commands, common, _CACHE_EXIT)
+    cache_explain.register(commands, common)
 
 
 def _name_a_command(_args: argparse.Namespace) -> int:
-    raise UsageError("name a cache command: info, list, verify, prune, clear, push, pull or gc")
+    raise UsageError(
+        "name a cache command: info, list, verify, explain, prune, clear, push, pull or gc"
+    )
 
 
 def _open(args: argparse.Namespace) -> DiskCache:
@@ -139,7 +179,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _info(args: argparse.Namespace) -> int:
     summary = cache_report.info(_open(args))
     if args.json:
-        _print_json(summary)
+        tier = open_remote_option(args.remote)
+        remote = None
+        if tier is not None:
+            remote = {
+                "url": tier.location.shown,
+                "state": tier.state,
+                "signer": tier.signer,
+                "signs": tier.signs,
+            }
+        _print_json({**summary, "remote": remote})
         return ExitCode.OK
     state = (
         "missing" if not summary["exists"] else ("writable" if summary["writable"] else "read-only")
@@ -163,8 +212,21 @@ def _info(args: argparse.Namespace) -> int:
         ("last used", _when(summary["newest_use"])),
         ("least recently used", _when(summary["oldest_use"])),
     ]
+    rows += _remote_rows(args.remote)
     print("\n".join(f"{name:<20} {value}" for name, value in rows))
     return ExitCode.OK
+
+
+def _remote_rows(option: str | None) -> list[tuple[str, str]]:
+    """info's lines of the remote tier (--remote, else PJRT_POOL_CACHE_REMOTE): where, whether
+    this host writes it, and how it signs; none without a remote."""
+    tier = open_remote_option(option)
+    if tier is None:
+        return []
+    return [
+        ("remote", f"{tier.location.shown} ({tier.state})"),
+        ("remote signing", tier.signing()),
+    ]
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -193,7 +255,7 @@ def _list(args: argparse.Namespace) -> int:
     headers = ("KEY", "SIZE", "LAST USED", "PLATFORM", "PJRT API", "COMPILE", "PROGRAM")
     print(_table(headers, rows))
     total = sum(record["size"] for record in records)
-    print(f"{len(records)} entries, {format_size(total)}")
+    print(f"{counted(len(records), 'entry')}, {format_size(total)}")
     return ExitCode.OK
 
 
@@ -203,14 +265,12 @@ def _list(args: argparse.Namespace) -> int:
 def _run_verifier(directory: Path, platform: str, keys: list[str]) -> tuple[list[Any], str | None]:
     """Runs one verifying child; returns its records and, if it did not finish, how it ended."""
     timeout = LOAD_TIMEOUT + LOAD_TIMEOUT_PER_ENTRY * len(keys)
-    command = python_command(
-        "worker.serve.entry_check", "--cache-dir", str(directory), "--platform", platform
-    )
+    command = python_command("worker.serve.entry_check", "--platform", platform)
     try:
         done = subprocess.run(
             command,
             input="\n".join(keys),
-            env=child_environment(),
+            env=child_environment({CACHE_DIR_ENV: str(directory)}),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -302,7 +362,7 @@ def _verify(args: argparse.Namespace) -> int:
         rows = [(r["key"][:16], format_size(r["size"]), r["status"], r["detail"]) for r in records]
         print(_table(("KEY", "SIZE", "STATUS", "DETAIL"), rows))
         print(
-            f"{len(records)} entries: {counts['ok']} ok, {counts['bad']} bad, "
+            f"{counted(len(records), 'entry')}: {counts['ok']} ok, {counts['bad']} bad, "
             f"{counts[UNREADABLE]} unreadable, {counts[OTHER]} for another plugin build or host"
         )
     else:
@@ -348,8 +408,9 @@ def _prune(args: argparse.Namespace) -> int:
         _print_json(document)
     else:
         print(
-            f"evicted {document['evicted']} entries and {document['temp_removed']} stale "
-            f"temporary files: {format_size(document['total_before'])} -> "
+            f"evicted {counted(document['evicted'], 'entry')} and "
+            f"{counted(document['temp_removed'], 'stale temporary file')}: "
+            f"{format_size(document['total_before'])} -> "
             f"{format_size(document['total_after'])} (bound {format_size(args.max_size)})"
         )
     return ExitCode.OK
@@ -363,7 +424,9 @@ def _clear(args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             raise UsageError("pass --yes to clear without a terminal to confirm on")
         size = format_size(sum(e.size for e in entries))
-        answer = input(f"remove {len(entries)} entries ({size}) from {cache.directory}? [y/N] ")
+        answer = input(
+            f"remove {counted(len(entries), 'entry')} ({size}) from {cache.directory}? [y/N] "
+        )
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return ExitCode.OK
@@ -374,7 +437,9 @@ def _clear(args: argparse.Namespace) -> int:
         document = {"removed": cleared.removed, "left": left, "failed": failed}
         _print_json({"directory": str(cache.directory), **document})
     else:
-        print(f"removed {cleared.removed} entries from {cache.directory} (lock files stay)")
+        print(
+            f"removed {counted(cleared.removed, 'entry')} from {cache.directory} (lock files stay)"
+        )
         if left:
             print(
                 f"left {len(left)} that {'is' if len(left) == 1 else 'are'} named like an entry "

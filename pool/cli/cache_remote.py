@@ -34,6 +34,7 @@ from worker.cache import DiskCache, format_size
 from worker.cache.remote import RemoteCache, TransferReport
 from worker.cache.remote.eviction import DEFAULT_GRACE
 from worker.cache.remote.objects import RemoteError
+from worker.words import counted
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -59,8 +60,9 @@ def _positive(text: str) -> int:
     return value
 
 
-def register(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Adds push, pull and gc to the ``cache`` command's subcommands."""
+def register(commands: Any, common: argparse.ArgumentParser, epilog: str) -> None:
+    """Adds push, pull and gc to the ``cache`` command's subcommands: each takes the options
+    of common, and its --help ends with epilog."""
     remote = argparse.ArgumentParser(add_help=False)
     add_remote_option(remote, "the remote cache")
     remote.add_argument(
@@ -71,7 +73,9 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     )
 
     def command(name: str, run: Any, *texts: str) -> argparse.ArgumentParser:
-        return add_command(commands, name, _checked(run), *texts, parents=(common, remote))
+        return add_command(
+            commands, name, _checked(run), *texts, epilog=epilog, parents=(common, remote)
+        )
 
     push = command(
         "push",
@@ -106,7 +110,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--older-than",
         type=_duration,
         metavar="DURATION",
-        help="age of the records to delete: 3600, 90m, 12h, 30d",
+        help="delete the records written longer ago than this: 3600, 90m, 12h, 30d (give "
+        "--older-than, --max-size or both)",
     )
     gc.add_argument(
         "--max-size",
@@ -119,7 +124,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         type=_duration,
         default=DEFAULT_GRACE,
         metavar="DURATION",
-        help="keep blobs younger than this (default 1h)",
+        help="keep blobs younger than this: a publish in flight (default 1h)",
     )
     gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
 
@@ -174,7 +179,7 @@ def _report(args: argparse.Namespace, verb: str, tier: RemoteCache, report: Tran
     else:
         counts = ", ".join(f"{n} {what}" for what, n in sorted(report.counts().items()))
         print(
-            f"{verb} {len(report.outcomes)} entries ({tier.location.shown}) in "
+            f"{verb} {counted(len(report.outcomes), 'entry')} ({tier.location.shown}) in "
             f"{report.seconds:.2f} s: {counts or 'nothing to do'}"
         )
         for key, outcome in report.outcomes.items():
@@ -195,8 +200,8 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from worker.cache.open_caches import open_cache
     from worker.cache.remote import prefetch, remote_keys
-    from worker.cache.store import open_cache
 
     tier = _remote(args, writing=False)
     keys = _manifest_keys(args)
@@ -226,18 +231,19 @@ def _gc(args: argparse.Namespace) -> int:
         return ExitCode.OK
     would = "would delete" if report.dry_run else "deleted"
     print(
-        f"{tier.location.shown}: {would} {len(report.old_records)} old records, "
-        f"{len(report.dangling_records)} records whose blob is gone, "
-        f"{len(report.leases)} expired leases, "
-        f"{len(report.blobs)} unreferenced blobs ({format_size(report.freed_bytes)}); kept "
-        f"{report.kept_records} records, {report.kept_blobs} blobs "
-        f"({format_size(report.kept_bytes)})"
+        f"{tier.location.shown}: {would} {counted(len(report.old_records), 'old record')}, "
+        f"{counted(len(report.dangling_records), 'record')} whose blob is gone, "
+        f"{counted(len(report.leases), 'expired lease')}, "
+        f"{counted(len(report.blobs), 'unreferenced blob')} "
+        f"({format_size(report.freed_bytes)}); kept {counted(report.kept_records, 'record')}, "
+        f"{counted(report.kept_blobs, 'blob')} ({format_size(report.kept_bytes)})"
     )
     if report.unreadable_records:
-        print(f"  {len(report.unreadable_records)} malformed records kept (they keep no blob)")
+        malformed = counted(len(report.unreadable_records), "malformed record")
+        print(f"  {malformed} kept (they keep no blob)")
     if report.newer_records:
         print(
-            f"  {len(report.newer_records)} records of a newer format kept (a newer pjrt-pool "
-            "shares the remote): no blob deleted, as they may name any"
+            f"  {counted(len(report.newer_records), 'record')} of a newer format kept (a newer "
+            "pjrt-pool shares the remote): no blob deleted, as they may name any"
         )
     return ExitCode.OK

@@ -21,7 +21,13 @@ import sys
 from typing import Any
 
 from pool.cli.main import CommandError, ExitCode, UsageError
-from pool.cli.options import add_command, paragraph
+from pool.cli.options import (
+    add_command,
+    add_platform_option,
+    add_pool_option,
+    paragraph,
+    pool_option,
+)
 from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
 
@@ -35,14 +41,14 @@ def register(subparsers: Any) -> None:
         "compare a PJRT plugin's results with JAX's on a battery of small programs",
         paragraph(__doc__, 1),
     )
-    check.add_argument("--platform", default=None, help="platform to check (default: cpu)")
+    add_platform_option(check, "platform to check")
     check.add_argument(
         "--plugin",
         metavar="PATH",
         default=None,
         help="plugin library to check (default: the platform's plugin, see PJRT_POOL_PLUGIN_*)",
     )
-    check.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs)")
+    add_pool_option(check, "workers", "worker processes (default: one per CPU)")
     check.add_argument(
         "--cases",
         metavar="PATTERN",
@@ -51,18 +57,15 @@ def register(subparsers: Any) -> None:
         help="run the cases matching PATTERN (shell wildcards; a prefix selects what is below "
         "it; comma-separated or repeated), e.g. 'elementwise/arctan' or '*/float16/*'",
     )
-    check.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="per-case limit in a worker (default 60)",
+    add_pool_option(
+        check,
+        "task_timeout",
+        "per-case limit in a worker, and for jax.jit's side (there at least 10 s; default 60)",
     )
-    check.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        default=None,
-        help="cache directory, where results are remembered "
+    add_pool_option(
+        check,
+        "cache_dir",
+        "cache directory, where results are remembered "
         "(default: $PJRT_POOL_CACHE_DIR, else the user cache)",
     )
     check.add_argument(
@@ -84,10 +87,8 @@ def _patterns(values: list[str] | None) -> list[str] | None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    if args.workers is not None and args.workers < 1:  # before importing JAX: answers at once
-        raise UsageError("--workers must be at least 1")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    pool_option(args, "workers")  # before importing JAX: answers at once
+    pool_option(args, "task_timeout")
     checked_cache_dir(args.cache_dir)
     # Here, not at the top: the battery imports JAX (about a second), which
     # `pjrt-pool --help` and a usage error should not wait for.
@@ -122,6 +123,8 @@ def _check(args: argparse.Namespace) -> int:
             if progress is None
             else lambda r: progress.update(r.name, r.status, r.seconds),
             workarounds=args.workarounds,
+            # Cases chosen by name run even where their types are unsupported.
+            run_unsupported=args.cases is not None,
             **options,
         )
     except PluginStartError as error:

@@ -30,6 +30,7 @@ from pool.cli.main import ExitCode, UsageError
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import Manifest
 from pool.progress import ProgressDisplay
+from worker.partitioning import devices_needed
 from worker.records import ProgramSpec
 
 
@@ -39,11 +40,9 @@ def cluster_pool(
 ) -> Iterator[Any]:
     """A ClusterPool on --scheduler, for the manifest's platform and cache directory, whose
     nodes use the remote tier run's --remote names (checked; None: the nodes' own)."""
-    try:
-        # Here, not at the top: Dask's distributed is an optional extra.
-        from pool.cluster import ClusterPool, connect
-    except ImportError as error:
-        raise UsageError(f"--scheduler: {error}") from None
+    # Here, not at the top: Dask's distributed is an optional extra (MissingExtraError).
+    from pool.cluster import ClusterPool, connect
+
     with contextlib.ExitStack() as stack:
         try:
             client = stack.enter_context(connect(args.scheduler))
@@ -56,6 +55,7 @@ def cluster_pool(
                 platform=spec.platform,
                 cache_dir=manifest.cache_dir,
                 remote=remote,
+                devices_per_worker=devices_needed(spec.partitioning),
             )
         )
 

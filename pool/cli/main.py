@@ -20,22 +20,21 @@ Exit codes, for every command (ExitCode):
 A command reports what stopped it by raising a CommandError (exit 1) or a
 UsageError (exit 2): main prints its message as one line on stderr. The
 library's errors that mean this machine is not set up for the command (no
-plugin, a file that is not one, a cache directory others can write: see
-_environment_error), raised anywhere, even in a worker that failed to start,
-are usage errors too. Any other exception is a bug (or a failure the command
-did not foresee) and keeps its traceback. A Ctrl-C ends every command with
-130, once what it started has stopped.
+plugin, a file that is not one, a cache directory others can write, an
+extra's package not installed: see _environment_error), raised anywhere,
+even in a worker that failed to start, are usage errors too. Any other
+exception is a bug (or a failure the command did not foresee) and keeps its
+traceback. A Ctrl-C ends every command with 130, once what it started has
+stopped.
 
 The command line's own JAX only lowers (for the platform a command names), so
 it runs on the CPU: JAX_PLATFORMS defaults to "cpu" here, except for the
 commands in JAX_ON_DEVICES.
 
 The caches warn of what they could not do (worker.cache's
-CacheUnavailableWarning, the remote tier's RemoteCacheWarning) both through
-their logger, one line on stderr, and as a Python warning, for programs that
-catch or filter those: while a command runs, such a warning is not printed a
-second time (with the file and line that raised it); it is still raised, for
-whoever records warnings.
+CacheUnavailableWarning, the remote tier's RemoteCacheWarning) through their
+logger, one line on stderr; the Python warning they also issue, for programs
+that record or filter it, is not printed (worker.cache.store).
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ import importlib
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -102,12 +100,14 @@ def _environment_error(error: BaseException) -> bool:
     """Whether an error, or one it was raised from, says this machine is not set up for
     the command: no plugin for the platform, a plugin file that does not load, a cache
     directory that others can write, no device for the platform (or another process
-    holds it), or a topology the plugin cannot make. Each message says what to do."""
+    holds it), a topology the plugin cannot make, or a package of an extra that is not
+    installed. Each message says what to do."""
     # Imported here, once a command failed: main imports nothing of the library,
     # so that each command starts as fast as its own module lets it.
     from worker.cache.trust import UntrustedCacheError
     from worker.errors import (
         DeviceUnavailableError,
+        MissingExtraError,
         PluginLoadError,
         PluginNotFoundError,
         TopologyError,
@@ -119,8 +119,22 @@ def _environment_error(error: BaseException) -> bool:
         UntrustedCacheError,
         DeviceUnavailableError,
         TopologyError,
+        MissingExtraError,
     )
     return any(isinstance(cause, kinds) for cause in _causes(error))
+
+
+class _ShowVersion(argparse.Action):
+    """--version: prints pool.cli.version's lines and exits 0 (computed only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from pool.cli.version import describe
+
+        print(describe())
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -130,6 +144,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Compile and run JAX programs on PJRT plugins in worker processes.",
         epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage or "
         "environment error, 130 interrupted (Ctrl-C)",
+    )
+    parser.add_argument(
+        "--version",
+        action=_ShowVersion,
+        help="print pjrt-pool's version, where it was installed from, and the plugin found for "
+        "each platform, then exit",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     # Only the command's module: a production job's ``pjrt-pool run`` need not import
@@ -162,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("pjrt-pool: error: name a command", file=sys.stderr)
         return ExitCode.USAGE
-    formatting = warnings.formatwarning
-    warnings.formatwarning = _format_warning
     try:
         code = int(run(args))
     except KeyboardInterrupt:
@@ -185,27 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         prog = getattr(args, "prog", parser.prog)
         print(f"{prog}: {' '.join(str(error).split())}", file=sys.stderr)
         return code
-    finally:
-        warnings.formatwarning = formatting  # a caller's process, as it was
     if argv is None and getattr(args, "exit_at_once", False):
         exit_at_once(code)
     return code
-
-
-_python_format_warning = warnings.formatwarning
-
-
-def _format_warning(
-    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: Any = None
-) -> str:
-    """A warning's text as Python prints it; nothing for the caches' own, which their logger
-    printed already (recording them, as pytest.warns does, formats nothing)."""
-    # Imported here, when something warns: by then whatever warned has imported it.
-    from worker.cache.store import CacheUnavailableWarning
-
-    if issubclass(category, CacheUnavailableWarning):
-        return ""
-    return _python_format_warning(message, category, filename, lineno, line)
 
 
 def exit_at_once(code: int) -> None:

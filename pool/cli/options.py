@@ -16,7 +16,12 @@ command asks for its remote. ``--topology NAME`` (``add_topology_options``,
 with repeatable ``--topology-option KEY=VALUE``) names a topology to compile
 for, or check against, without its devices (worker.plugin.topology);
 ``topology_option`` parses it, and a name libtpu would not take is a
-UsageError.
+UsageError. A flag that sets a Pool option (``--workers``, ``--platform``,
+``--cache-dir``, ``--timeout``, ``--remote``, ``--topology``) is made from the
+option's declaration (pool.executor.options: its flag, the word for its
+value, its type) by ``add_pool_option``, with each command's own help, and
+``pool_option`` checks its value with the option's own check: a bad one is a
+UsageError naming the flag.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pool.cli.main import UsageError
+from pool.executor.options import OPTIONS
 from worker.cache.location import parse_size
 
 if TYPE_CHECKING:
@@ -42,25 +48,72 @@ def add_command(
     help: str | None,
     description: str | None = None,
     *,
+    epilog: str | None = None,
     parents: tuple[argparse.ArgumentParser, ...] = (),
     **defaults: Any,
 ) -> argparse.ArgumentParser:
     """Adds a command to `commands` (what add_subparsers returns) and returns its parser.
 
     help is its line in the list of commands (None: not listed), description
-    what its own --help says first. main.py calls run(args) for it, with
-    args.prog its name as its usage errors say it; defaults are further
-    values args takes (exit_at_once).
+    what its own --help says first (default: help), epilog what it says
+    last (its exit statuses). These texts are for users, in plain text: the
+    command line's reference (docs/cli.md) is made of them (scripts/cli_reference.py).
+    main.py calls run(args) for it, with args.prog its name as its usage
+    errors say it; defaults are further values args takes (exit_at_once).
     """
     texts = {"help": help} if help is not None else {}
-    parser = commands.add_parser(name, parents=list(parents), description=description, **texts)
+    parser = commands.add_parser(
+        name,
+        parents=list(parents),
+        description=description or _sentence(help),
+        epilog=epilog,
+        **texts,
+    )
     parser.set_defaults(run=run, prog=parser.prog, **defaults)
     return parser
 
 
+def _sentence(text: str | None) -> str | None:
+    """A command's line in a list of commands, as the sentence its own --help starts with."""
+    return None if not text else text[0].upper() + text[1:] + "."
+
+
 def paragraph(docstring: str | None, index: int) -> str:
-    """The index-th paragraph of a module docstring, on one line: a command's description."""
-    return (docstring or "").split("\n\n")[index].replace("\n", " ")
+    """The index-th paragraph of a module docstring, on one line, without reStructuredText's
+    double backticks: a command's description."""
+    return (docstring or "").split("\n\n")[index].replace("\n", " ").replace("``", "")
+
+
+def add_cache_dir_option(
+    parser: argparse.ArgumentParser | Any,
+    what: str,
+    default: str = "$PJRT_POOL_CACHE_DIR, else the user cache directory",
+) -> None:
+    """Adds ``--cache-dir DIR`` to a command's parser: what it is to the command, its default."""
+    add_pool_option(parser, "cache_dir", f"{what} (default: {default})")
+
+
+def add_platform_option(
+    parser: argparse.ArgumentParser | Any,
+    what: str,
+    default: str = "$PJRT_POOL_PLATFORM, else cpu",
+) -> None:
+    """Adds ``--platform P`` to a command's parser: what it is to the command, its default."""
+    add_pool_option(parser, "platform", f"{what} (default: {default})")
+
+
+def add_scheduler_option(
+    parser: argparse.ArgumentParser | Any, verb: str, how: str | None = None
+) -> None:
+    """Adds ``--scheduler ADDRESS`` (a Dask cluster, or local:N) to a command's parser."""
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help=f"{verb} the Dask cluster at ADDRESS (tcp://host:8786), or on a local cluster of "
+        f"N workers started for this run (local:N){', ' + how if how else ''}; needs the "
+        "cluster extra",
+    )
 
 
 def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:
@@ -79,13 +132,37 @@ size_argument = argument_type(parse_size)
 """The argparse type of a size (500M, 2G)."""
 
 
+def add_pool_option(parser: argparse.ArgumentParser | Any, name: str, help: str) -> None:
+    """Adds the flag of the Pool option `name` to a command's parser, as its declaration
+    says (pool.executor.options), with help saying what the command does with it. Its
+    default is None: what the option's default is, where the command passes it on."""
+    flag = OPTIONS[name].flag
+    if flag is None:
+        raise ValueError(f"Pool option {name!r} declares no flag")
+    parser.add_argument(flag.name, metavar=flag.metavar, type=flag.type, default=None, help=help)
+
+
+def pool_option(args: argparse.Namespace, name: str) -> Any:
+    """The value a command was given for the Pool option `name` (add_pool_option's flag),
+    checked by the option's own check, or the option's default where it was not given; a bad
+    one is a UsageError naming the flag."""
+    option = OPTIONS[name]
+    assert option.flag is not None, name
+    value = getattr(args, option.flag.name.removeprefix("--").replace("-", "_"))
+    if value is None:  # not given: the option's default
+        return option.default
+    try:
+        return option.checked(value, option.flag.name)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
 def add_remote_option(parser: argparse.ArgumentParser | Any, what: str) -> None:
     """Adds ``--remote URL`` to a command's parser; what says what the command does with it."""
-    parser.add_argument(
-        "--remote",
-        metavar="URL",
-        default=None,
-        help=f"{what} (s3://bucket/prefix, file:///dir, ...; default: $PJRT_POOL_CACHE_REMOTE)",
+    add_pool_option(
+        parser,
+        "remote",
+        f"{what} (s3://bucket/prefix, file:///dir, ...; default: $PJRT_POOL_CACHE_REMOTE)",
     )
 
 
@@ -123,21 +200,20 @@ def open_remote_option(option: str | None) -> RemoteCache | None:
 
 
 def add_topology_options(parser: argparse.ArgumentParser | Any, what: str) -> None:
-    """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser."""
-    parser.add_argument(
-        "--topology",
-        metavar="NAME",
-        default=None,
-        help=f"{what}: a TPU topology as libtpu names it (v5e:1x1, v5e:2x2, v6e:2x4, ...), "
-        "compiled for without a device",
+    """Adds ``--topology NAME`` and ``--topology-option KEY=VALUE`` to a command's parser;
+    what says what the command does for the topology."""
+    add_pool_option(
+        parser,
+        "topology",
+        f"{what}; NAME as libtpu names topologies: v5e:1x1, v5e:2x2, v6e:2x4, ...",
     )
     parser.add_argument(
         "--topology-option",
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="a create option of the topology, overriding the derived ones (repeatable), "
-        "for example chips_per_host_bounds=2,2,1",
+        help="a create option of the --topology, overriding the ones derived from its name "
+        "(repeatable), for example chips_per_host_bounds=2,2,1",
     )
 
 

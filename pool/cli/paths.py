@@ -77,16 +77,23 @@ def output_file(path: str | os.PathLike[str], what: str) -> None:
 
 
 def checked_cache_dir(
-    cache_dir: str | os.PathLike[str] | None, given_as: str = "--cache-dir", create: bool = False
+    cache_dir: str | os.PathLike[str] | None,
+    given_as: str = "--cache-dir",
+    create: bool = False,
+    *,
+    creatable: bool = False,
 ) -> Path:
     """Returns the cache directory a command uses: cache_dir, else PJRT_POOL_CACHE_DIR, else
     the user cache directory.
 
     Raises UsageError, naming where the directory came from (given_as names an
     explicit cache_dir), when it cannot be a cache: a file or anything else
-    that is not a directory is there, or (create) it cannot be made or written.
-    Otherwise the library would only warn, and go on without a cache (or
-    find nothing in it). A missing directory passes unless create.
+    that is not a directory is there, or (create) it cannot be made or written,
+    or (creatable) it is missing and could not be made: the nearest folder
+    above it that exists is not a directory this process may write (nothing is
+    made). Otherwise the library would only warn, and go on without a cache
+    (or find nothing in it). A missing directory passes unless create or
+    creatable.
     """
     directory = resolve_cache_dir(cache_dir)
     named = f"{given_as} {cache_dir}" if cache_dir else f"the cache directory {directory}"
@@ -106,6 +113,8 @@ def checked_cache_dir(
         raise UsageError(
             f"{named} is {_kind(found.st_mode)}, not a directory; name a directory{made}"
         )
+    if creatable and found is None:
+        _check_creatable(directory, named)
     if not create:
         return directory
     try:
@@ -115,6 +124,18 @@ def checked_cache_dir(
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"{named} is not writable; name a directory you can write to")
     return directory
+
+
+def _check_creatable(directory: Path, named: str) -> None:
+    """Raises UsageError unless the nearest existing folder above a missing directory is a
+    directory this process may write, where the directory could be made."""
+    above = directory.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UsageError(f"{named} cannot be created: {above} is not a directory; name another")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UsageError(f"{named} cannot be created: {above} is not writable; name another")
 
 
 def checked_manifest_cache_dir(cache_dir: str | None, option: str | None, manifest: str) -> Path:

@@ -33,18 +33,21 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_cache_dir_option,
     add_command,
+    add_platform_option,
+    add_pool_option,
     add_remote_option,
+    add_scheduler_option,
     add_topology_options,
     open_remote_option,
-    paragraph,
+    pool_option,
     remote_url,
     topology_option,
 )
 from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, manifest_or_bundle_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
-    BUNDLE_FOR_POOLS,
     Manifest,
     ManifestError,
     is_bundle,
@@ -55,25 +58,43 @@ from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
+from worker.extras import Feature, require
+from worker.partitioning import devices_needed
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
-    from pool.warm.warming import WarmReport
+    from pool.warm.report import WarmReport
     from worker.records import ProgramSpec
 
 
 def register(subparsers: Any) -> None:
     """Adds the ``warm`` and ``run`` commands."""
+    _register_warm(subparsers)
+    _register_run(subparsers)
+
+
+def _register_warm(subparsers: Any) -> None:
     warm = add_command(
         subparsers,
         "warm",
         _warm,
         "compile a spec's programs into the disk cache, with a report and a manifest",
-        paragraph(__doc__, 1),
+        "Lowers every program of a spec and compiles it into the disk cache with a pool of "
+        "workers, showing progress; prints a report (--json for scripts) and writes a manifest "
+        "of the programs warmed (--manifest FILE), which run and bundle create take.",
+        epilog="exit status: 0 when every program is in the cache; 1 when any failed "
+        "(lowering error, compile error, worker crash, timeout, not stored, not warmed) or was "
+        "skipped; 2 for usage and environment errors and specs that do not load; 130 after a "
+        "Ctrl-C, which reports what was warmed and writes the manifest of those programs, "
+        "marked partial.",
     )
-    warm.add_argument("spec", metavar="SPEC", help="spec.py (calls programs()) or module:function")
-    warm.add_argument("--workers", type=int, default=None, help="compile workers (default: CPUs)")
+    warm.add_argument(
+        "spec",
+        metavar="SPEC",
+        help="spec.py (its programs() lists the programs), spec.py:function or module:function",
+    )
+    add_pool_option(warm, "workers", "compile workers (default: one per CPU)")
     warm.add_argument(
         "--lower-workers",
         type=int,
@@ -81,21 +102,20 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
     )
-    warm.add_argument("--platform", default=None, help="platform to compile for (default: cpu)")
-    add_topology_options(warm, "compile for this topology")
-    warm.add_argument(
-        "--cache-dir",
-        metavar="DIR",
-        default=None,
-        help="cache directory (default: $PJRT_POOL_CACHE_DIR, else the user cache)",
+    add_platform_option(warm, "platform to compile for")
+    add_topology_options(
+        warm,
+        "compile for this TPU topology, without its devices: on a machine without one, or beside "
+        "the process that holds the chip (with --scheduler, on every node)",
     )
-    warm.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="per-program compile timeout (default: none)",
+    add_pool_option(
+        warm,
+        "devices_per_worker",
+        "devices each compile worker holds, for programs over several devices (default 1; "
+        "a topology's programs compile without any)",
     )
+    add_cache_dir_option(warm, "cache directory, made if missing")
+    add_pool_option(warm, "task_timeout", "per-program compile timeout (default: none)")
     mode = warm.add_mutually_exclusive_group()
     mode.add_argument(
         "--keep-going",
@@ -107,46 +127,72 @@ def register(subparsers: Any) -> None:
     mode.add_argument(
         "--fail-fast", dest="fail_fast", action="store_true", help="stop at the first failure"
     )
-    warm.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        default=None,
-        help="compile on the Dask cluster at ADDRESS (tcp://host:8786), or on a "
-        "local cluster of N workers started for this run (local:N); needs the "
-        "cluster extra",
-    )
+    add_scheduler_option(warm, "compile on")
     add_remote_option(
         warm,
         "a remote cache tier: entries are prefetched from it before compiling, and what is "
         "compiled is published to it",
     )
-    warm.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    warm.add_argument("--manifest", metavar="FILE", help="write a manifest of the warmed programs")
+    warm.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout (alone there: what the spec prints goes to "
+        "stderr)",
+    )
+    warm.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="write a manifest of the warmed programs (checked before warming: its directory "
+        "must exist and be writable)",
+    )
 
+
+def _register_run(subparsers: Any) -> None:
     run = add_command(
         subparsers,
         "run",
         _run,
         "run one program of a manifest from the warm cache, or of a bundle",
-        paragraph(__doc__, 2),
+        "Loads one program of a manifest from the warm cache, or of a bundle from the bundle "
+        "itself (writing nothing), and runs it on the inputs of --inputs or on seeded random "
+        "inputs of its input types; prints how long loading and running took and each output's "
+        "dtype, shape and sum. With --workers it runs through a Pool, with --scheduler on a "
+        "Dask cluster, once or once per --batch file. Without NAME, lists the programs.",
+        epilog="exit status: 0 when the program ran (with --batch: every run); 1 when its "
+        "entry was refused as it was read (damaged, or changed after the bundle was made), the "
+        "plugin failed to load or run it, or a --batch run failed; 2 for usage and environment "
+        "errors, among them a program whose key is not in the cache and a bundle refused as it "
+        "opens; 130 after a Ctrl-C.",
         exit_at_once=True,
     )
-    run.add_argument("manifest", metavar="MANIFEST", help="a manifest, or a bundle")
-    run.add_argument("name", metavar="NAME", nargs="?", help="program name (default: list them)")
+    run.add_argument(
+        "manifest", metavar="MANIFEST", help="a manifest, or a bundle (a file or its URL)"
+    )
+    run.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        help="the program to run (default: list the programs, with their types)",
+    )
     run.add_argument(
         "--inputs",
         metavar="FILE",
-        help=".npz file with arr_0, arr_1, ... as inputs (or .npy: a program's one input)",
-    )
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument(
-        "--cache-dir", metavar="DIR", default=None, help="cache directory (default: the manifest's)"
+        help="an .npz file with arr_0, arr_1, ... as the inputs, or an .npy file of a program's "
+        "one input (pool.save_inputs writes one); without it, seeded random inputs",
     )
     run.add_argument(
-        "--workers",
+        "--seed",
         type=int,
         default=0,
-        help="run through a pool of N workers (default 0: in this process)",
+        metavar="N",
+        help="seed of the random inputs (default 0)",
+    )
+    add_cache_dir_option(run, "cache directory", default="the manifest's")
+    add_pool_option(
+        run,
+        "workers",
+        "run through a Pool of N workers, which load from the cache or the bundle "
+        "(default: in this process)",
     )
     add_remote_option(
         run,
@@ -156,16 +202,10 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--prime",
         action="store_true",
-        help="prime the program (run it twice on zeros) as it loads (timed with loading), so "
+        help="prime the program (run it twice on zeros) as it loads, timed with loading, so "
         "that the timed run is at the warm speed",
     )
-    run.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        default=None,
-        help="run on the Dask cluster at ADDRESS (or local:N), each node loading from its cache; "
-        "see pool.cli.cluster_run",
-    )
+    add_scheduler_option(run, "run on", "each node loading the program from its cache")
     run.add_argument(
         "--batch",
         metavar="FILE",
@@ -176,15 +216,15 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--json",
         action="store_true",
-        help="print the result as JSON (an output's sum that is not finite, NaN or "
-        "infinite, is null: JSON has no NaN)",
+        help="print the result as JSON (an output's sum that is not finite is null: JSON has "
+        "no NaN)",
     )
 
 
 def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    pool_option(args, "workers")
+    args.devices_per_worker = pool_option(args, "devices_per_worker")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -202,6 +242,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         checked_cache_dir(args.cache_dir, create=True)
         _check_plugin(args.platform or default_platform(), "--platform")
     else:
+        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
         remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
 
 
@@ -259,8 +300,9 @@ def _warm(args: argparse.Namespace) -> int:
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
     # Here, not at the top: warming imports JAX (about a second), and the spec
     # loader is of no use to `pjrt-pool run`, which this module also serves.
+    from pool.warm.report import WarmInterrupted, report_json
     from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import WarmInterrupted, report_json, warm
+    from pool.warm.warming import warm
 
     interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
@@ -284,6 +326,7 @@ def _warm(args: argparse.Namespace) -> int:
                 scheduler=args.scheduler,
                 remote=args.remote,
                 topology=topology_option(args),
+                devices_per_worker=args.devices_per_worker,
             )
         except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
             report, interrupted = stopped.report, stopped
@@ -352,15 +395,17 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
             return ExitCode.OK
         spec = manifest.spec(args.name)
-        if manifest.bundle is not None and (args.workers or args.scheduler):
-            option = f"--workers {args.workers}" if args.workers else "--scheduler"
-            raise ManifestError(f"{option}: {BUNDLE_FOR_POOLS}")
     except ManifestError as error:
         raise UsageError(str(error)) from None
     if args.batch and not args.scheduler:
         raise UsageError("--batch runs on a cluster: give --scheduler ADDRESS (or local:N)")
     if args.batch and args.inputs:
         raise UsageError("--batch names the inputs of each run: leave --inputs out")
+    if args.batch and manifest.bundle is not None:
+        raise UsageError(
+            "--batch runs a manifest's program from the nodes' caches: import the bundle there "
+            "(pjrt-pool bundle import FILE --manifest HOST.json) and give that manifest"
+        )
     if args.scheduler:  # the cluster's nodes have their own plugins
         if args.batch:
             from pool.cli.cluster_run import run_batch
@@ -376,7 +421,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_run_options(args: argparse.Namespace) -> None:
-    if args.workers < 0:
+    if args.scheduler:
+        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
+    if args.workers is not None and args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
@@ -408,7 +455,12 @@ def _timed_run(
             from pool.face import Pool
 
             with Pool(
-                args.workers, platform=spec.platform, cache_dir=manifest.cache_dir, remote=remote
+                args.workers,
+                platform=spec.platform,
+                cache_dir=manifest.cache_dir,
+                # A bundle's programs come from the bundle: the workers use no remote tier.
+                remote=remote if manifest.bundle is None else False,
+                devices_per_worker=devices_needed(spec.partitioning),  # what the program needs
             ) as pool:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=pool)

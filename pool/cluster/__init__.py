@@ -27,15 +27,21 @@ routing.py, futures.py (ClusterFuture, NodeLostError), run_once.py (the
 retry_lost=False scheduler plugin), connect.py (clients: local_client,
 connect).
 
-Needs the ``distributed`` extra: ``pip install 'pjrt-pool[cluster]'``.
+Needs Dask's ``distributed``, which the ``cluster`` extra installs: without
+it, importing this package raises MissingExtraError, saying how to install
+the extra from where pjrt-pool came from (worker.extras).
 """
 
 from __future__ import annotations
 
-from pool.cluster.connect import connect, local_client
-from pool.cluster.futures import ClusterFuture, NodeLostError
-from pool.cluster.node import PLUGIN_PREFIX, PoolPlugin
-from pool.cluster.pool import ClusterPool
+from worker.extras import Feature, import_for
+
+import_for(Feature.CLUSTER)  # before the modules that import it: one error, naming the extra
+
+from pool.cluster.connect import connect, local_client  # noqa: E402
+from pool.cluster.futures import ClusterFuture, NodeLostError  # noqa: E402
+from pool.cluster.node import PLUGIN_PREFIX, PoolPlugin  # noqa: E402
+from pool.cluster.pool import ClusterPool  # noqa: E402
 
 __all__ = [
     "PLUGIN_PREFIX",

@@ -22,7 +22,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+import distributed
 import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from pool.cluster.futures import CarriedError
 from pool.cluster.run_once import begin_once
@@ -32,14 +34,6 @@ from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
 from worker.records import LoweredProgram, ProgramSpec
-
-try:
-    import distributed
-    from distributed.diagnostics.plugin import WorkerPlugin
-except ImportError as missing:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "pool.cluster needs Dask's distributed package: pip install 'pjrt-pool[cluster]'"
-    ) from missing
 
 T = TypeVar("T")
 
@@ -166,13 +160,18 @@ def run_task(
 
 
 def run_spec_task(
-    plugin: str, spec: ProgramSpec, arguments: Sequence[Any], timeout: float | None
+    plugin: str,
+    spec: ProgramSpec,
+    arguments: Sequence[Any],
+    timeout: float | None,
+    bundle: str | None = None,
 ) -> list[np.ndarray]:
-    """Runs the executable a ProgramSpec names, from this node's cache, in its Pool."""
+    """Runs the executable a ProgramSpec names, from this node's cache (or from the bundle at
+    that path or URL), in its Pool."""
 
     def run(pool: Pool) -> list[np.ndarray]:
         begin_once()
-        return pool.submit_spec(spec, arguments, timeout=timeout).result()
+        return pool.submit_spec(spec, arguments, timeout=timeout, bundle=bundle).result()
 
     return _raised(_in_node_pool(plugin, run))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -44,25 +45,19 @@ from pool.cluster.node import (
 from pool.cluster.routing import Router, home_of
 from pool.cluster.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
 from pool.errors import PoolClosedError, PoolError
+from pool.executor.checks import check_flag, pickle_initializer
 from pool.executor.compile_many import CompileResult
+from pool.executor.options import OPTIONS
 from pool.executor.programs import program_id
-from pool.executor.settings import (
-    check_count,
-    check_directory,
-    check_flag,
-    check_platform,
-    check_timeout,
-    pickle_initializer,
-)
+from pool.executor.settings import check_devices
 from pool.face import PoolFace
-from pool.remote_option import check_remote
 from worker.arguments import prepare_arguments
+from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
-from worker.compile.never_compile import never_compile_on
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
-from worker.plugin.topology import TopologySpec, parse_topology
+from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
 
 HOLD_TEXT_CHARS = 64 << 10
@@ -85,9 +80,11 @@ class ClusterPool(PoolFace):
     client is a connected distributed.Client. workers_per_node is each Dask
     worker's number of PJRT worker processes (default: its CPU count);
     platform, cache_dir, task_timeout, initializer, never_compile, remote
-    and topology are as for Pool and apply on every node; they are checked
-    here, with Pool's errors (topology: every node compiles for it without a
-    device, so a cluster of CPU machines compiles for a TPU). never_compile
+    topology and devices_per_worker are as for Pool and apply on every node;
+    they are checked here, with Pool's errors (topology: every node compiles
+    for it without a device, so a cluster of CPU machines compiles for a TPU;
+    devices_per_worker: a program over more devices than that is refused at
+    submit, as a Pool refuses it). never_compile
     also refuses, at submit, a program its home node's cache lacks (and its
     remote tier too when there is one), and keeps runs on the nodes whose
     cache has it (pool.cluster.routing).
@@ -117,7 +114,7 @@ class ClusterPool(PoolFace):
         *,
         workers_per_node: int | None = None,
         platform: str | None = None,
-        cache_dir: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         task_timeout: float | None = None,
         initializer: Callable[[], Any] | None = None,
         never_compile: bool | None = None,
@@ -125,6 +122,7 @@ class ClusterPool(PoolFace):
         spread_at: int | None = None,
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
+        devices_per_worker: int = 1,
     ) -> None:
         # Checked here, before any node starts a Pool: a bad setting is refused once,
         # not in every run.
@@ -138,8 +136,10 @@ class ClusterPool(PoolFace):
             never_compile,
             remote,
             topology,
+            devices_per_worker,
         )
         self.client = client
+        self._devices = (options["devices_per_worker"], options.get("topology"))
         self._platform: str | None = options["platform"]
         self._never_compile: bool = options["never_compile"]
         if spread_at is None:
@@ -189,6 +189,7 @@ class ClusterPool(PoolFace):
         self._check_open()
         program = check_program(program, "ClusterPool.submit")
         compile_options = checked_compile_options(compile_options)
+        check_devices(program.partitioning, *self._devices)
         identity = program_id(program, compile_options)
         name = name or program.name
         arguments = _arguments(inputs, program.input_types)
@@ -226,18 +227,24 @@ class ClusterPool(PoolFace):
         inputs: Sequence[Any] | distributed.Future,
         *,
         timeout: float | None = None,
+        bundle: str | os.PathLike[str] | None = None,
     ) -> ClusterFuture:
         """Runs the executable a ProgramSpec names on a node, as Pool.submit_spec does.
 
         The executable must be in that node's disk cache (a shared cache, or
-        one each node was warmed into).
+        one each node was warmed into), or with bundle in that bundle: a path
+        every node can read (a shared filesystem), or a URL.
         """
         self._check_open()
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
+        check_devices(spec.partitioning, *self._devices)
+        source = bundle_source(bundle)
         arguments = _arguments(inputs, spec.input_types)
-        return self._submit(self._router.choose(spec.key), run_spec_task, spec, arguments, timeout)
+        return self._submit(
+            self._router.choose(spec.key), run_spec_task, spec, arguments, timeout, source
+        )
 
     def follow(self, dask_future: distributed.Future) -> ClusterFuture:
         """A ClusterFuture of a Dask future (of a run's dask_future, say), fetched when done."""
@@ -382,6 +389,7 @@ class ClusterPool(PoolFace):
         self._check_open()
         program = check_program(program, "ClusterPool.submit_compile")
         options = checked_compile_options(options)
+        check_devices(program.partitioning, *self._devices)
         remote = self._send(
             compile_task,
             self._route(program, options),
@@ -490,24 +498,24 @@ def _node_options(
     never_compile: Any,
     remote: Any,
     topology: Any = None,
+    devices_per_worker: Any = 1,
 ) -> dict[str, Any]:
-    """The nodes' Pool options, checked here as Pool checks them (pool.executor.settings).
+    """The nodes' Pool options, checked here by Pool's own checks (pool.executor.options).
 
     The nodes check them again as their Pools start, with what only a node
-    can see (its cache directory's trust, its plugin).
+    can see (its cache directory, resolved there, and its trust; its plugin).
     """
     options: dict[str, Any] = {
-        "workers": None
-        if workers_per_node is None
-        else check_count(workers_per_node, "workers_per_node", 1, "PJRT workers per node"),
-        "platform": check_platform(platform),
-        "cache_dir": check_directory(cache_dir, "cache_dir"),
-        "task_timeout": check_timeout(task_timeout, "task_timeout"),
-        "never_compile": never_compile_on(never_compile),
-        "remote": check_remote(remote),
+        "workers": OPTIONS["workers"].checked(workers_per_node, "workers_per_node"),
+        "platform": OPTIONS["platform"].checked(platform),
+        "cache_dir": OPTIONS["cache_dir"].checked(cache_dir),
+        "task_timeout": OPTIONS["task_timeout"].checked(task_timeout),
+        "never_compile": OPTIONS["never_compile"].checked(never_compile),
+        "remote": OPTIONS["remote"].checked(remote),
+        "devices_per_worker": OPTIONS["devices_per_worker"].checked(devices_per_worker),
     }
     if topology is not None:  # each node's Pool compiles for it without a device
-        options["topology"] = parse_topology(topology)
+        options["topology"] = OPTIONS["topology"].checked(topology)
     if initializer is not None:
         pickle_initializer(initializer, ())  # it must reach the nodes' workers
         options["initializer"] = initializer

@@ -1,10 +1,11 @@
 """Plugin conformance: does a PJRT plugin compute what JAX computes?
 
 Runs in the parent process (``pjrt-pool check-plugin``, or a user's script),
-which imports JAX; the plugin under test runs in the Pool's workers.
-A battery of a few hundred small programs runs on the plugin under test in a
-Pool and with jax.jit in this process, on the same seeded inputs, and each
-result is compared under the case's error budget. remember() records what a
+which imports JAX; the plugin under test runs in the Pool's workers, and
+jax.jit in a reference process of its own. A battery of a few hundred small
+programs runs on the plugin under test in a Pool and with jax.jit, on the
+same seeded inputs, and each result is compared under the case's error
+budget. remember() records what a
 check found per plugin build (worker.plugin.conformance_records), so that
 processes that later load a build with failing cases warn about them. The
 programs are those lower() writes, with its workarounds for builds known to
@@ -16,15 +17,18 @@ command line (pool.cli.check).
 
     battery.py      every case, in a stable order, and selecting cases by name
     case.py         a case: one small JAX program, its seeded inputs, its error budget
+    status.py       what became of a case, and which outcomes fail a check
     inputs.py       seeded inputs in each operation's domain, with special values
     elementwise.py, reductions.py, linear.py, structure.py, control.py, conversions.py
                     the cases, one module per group of op families
     budgets.py      the error budgets, one per kind of computation
     compare.py      a plugin's outputs against JAX's: exact, or within ULP budgets
-    runner.py       running the cases: in a Pool, and with jax.jit here
-    references.py   ``python -m pool.conformance.references``: jax.jit's answers in a
-                    process of their own, for a device one process at a time may hold
-    report.py       the report: a summary per op family, each failure's details, JSON
+    type_probe.py   the element types the plugin compiles at all: a tiny program per type
+    runner.py       running the cases: lowered here, probed, in a Pool, against jax.jit
+    references.py   jax.jit's answer for a case on JAX's device for the platform
+    reference_side.py   jax.jit's side in a child process, restarted after a crash or hang
+    reference_child.py  ``python -m pool.conformance.reference_child``: that child
+    report.py       the report: types not compiled, failures by op family, a summary, JSON
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
-"""The check's report: a summary per op family, each failure's details, and JSON."""
+"""The check's report: the types the plugin does not compile, each failure's details by op
+family, a summary per family, and JSON."""
 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
 import json
 import math
 from typing import Any
 
 from pool.conformance.compare import Element, OutputComparison
-from pool.conformance.runner import STATUSES, CaseResult, CheckReport
+from pool.conformance.runner import CaseResult, CheckReport
+from pool.conformance.status import REFERENCE_FAILURES, STATUSES, Status
+
+COLUMNS = (*(s for s in STATUSES if s not in REFERENCE_FAILURES), "reference")
+"""The text table's columns: the outcomes, jax.jit's side's failures summed as "reference"."""
 
 
 def family_summary(report: CheckReport) -> dict[str, dict[str, int]]:
@@ -17,26 +23,34 @@ def family_summary(report: CheckReport) -> dict[str, dict[str, int]]:
     summary: dict[str, collections.Counter[str]] = {}
     for result in report.results:
         summary.setdefault(result.family, collections.Counter())[result.status] += 1
-    return {family: {s: counts[s] for s in STATUSES} for family, counts in summary.items()}
+    return {family: {str(s): counts[s] for s in STATUSES} for family, counts in summary.items()}
 
 
 def headline(report: CheckReport) -> str:
-    """The verdict in one line: how many cases pass, fail and are skipped, and why skipped."""
+    """The verdict in one line: how many cases pass and fail, and which were not run, why."""
     total = len(report.results)
-    passed = sum(r.status == "pass" for r in report.results)
+    passed = sum(r.status == Status.PASS for r in report.results)
     failed = len(report.failures)
-    skips = collections.Counter(
-        r.reason or "see above" for r in report.results if r.status == "skipped"
+    unchecked = sum(r.status in REFERENCE_FAILURES for r in report.results)
+    not_run = collections.Counter(
+        (r.status, r.reason or "see above")
+        for r in report.results
+        if r.status in (Status.SKIPPED, Status.UNSUPPORTED)
     )
     if failed:
-        verdict = f"{failed} case(s) FAILED, {passed} of {total} pass"
-    elif skips:
+        verdict = f"{failed} case(s) FAILED"
+        if unchecked:
+            verdict += f" ({unchecked} unchecked: jax.jit's side failed)"
+        verdict += f", {passed} of {total} pass"
+    elif not_run:
         verdict = f"{passed} of {total} cases pass, none failed"
     else:
         verdict = f"all {total} cases pass"
-    if skips:
-        why = "; ".join(f"{count}: {reason}" for reason, count in skips.most_common())
-        verdict += f"; {sum(skips.values())} skipped ({why})"
+    for status, label in ((Status.UNSUPPORTED, "unsupported here"), (Status.SKIPPED, "skipped")):
+        counts = [(why, n) for (kind, why), n in not_run.most_common() if kind == status]
+        if counts:
+            why = "; ".join(f"{n}: {reason}" for reason, n in counts)
+            verdict += f"; {sum(n for _, n in counts)} {label} ({why})"
     return verdict
 
 
@@ -77,7 +91,9 @@ def describe_output(output: OutputComparison) -> str:
 
 def describe_result(result: CaseResult) -> list[str]:
     """The lines the text report shows for a case that did not pass."""
-    head = f"{result.status.upper():8} {result.name}"
+    head = f"{str(result.status).upper():8} {result.name}"
+    if result.unsupported_types:
+        head += f" (needs {' and '.join(result.unsupported_types)}: unsupported here)"
     if result.status != "wrong" or not result.outputs:
         return [f"{head}: {result.message}"]
     return [head] + ["         " + describe_output(o) for o in result.outputs if not o.ok]
@@ -94,34 +110,93 @@ def _workaround_lines(report: CheckReport) -> list[str]:
     return []
 
 
+def _reference_line(report: CheckReport) -> str:
+    """Where jax.jit's side ran, and how often its process was started."""
+    where = f" on {report.reference_device}" if report.reference_device else ""
+    line = f"reference: {report.jax_version}, jax.jit in a process of its own{where}"
+    restarts = report.reference_processes - 1
+    if restarts > 0:
+        line += f" (started again {restarts} time(s), after a crash or a hang)"
+    return line
+
+
+def type_lines(report: CheckReport) -> list[str]:
+    """What the probes found: one line, and one per type the plugin does not compile."""
+    if not report.types:
+        return []
+    refused = report.unsupported
+    if not refused:
+        return [f"types: all {len(report.types)} element types the cases use compile here"]
+    lines = [
+        f"types: {len(report.types) - len(refused)} of the {len(report.types)} element types "
+        "the cases use compile here"
+    ]
+    for support in refused:
+        needing = sum(support.name in r.unsupported_types for r in report.results)
+        said = (
+            f"{needing} case(s) need it, run anyway as --cases asked"
+            if report.ran_unsupported
+            else f"{needing} case(s) need it, not run (--cases runs them anyway)"
+        )
+        lines.append(f"unsupported here: {support.name}: {said}; its probe: {support.why}")
+    return lines
+
+
+def failure_lines(report: CheckReport) -> list[str]:
+    """Every case that was run and did not pass, by op family (families in battery order), a
+    header per family counting its outcomes; unsupported cases are said once, per type."""
+    families: dict[str, list[CaseResult]] = {}
+    for result in report.results:
+        if result.status not in (Status.PASS, Status.UNSUPPORTED):
+            families.setdefault(result.family, []).append(result)
+    lines: list[str] = []
+    for family, results in families.items():
+        counts = collections.Counter(str(r.status) for r in results)
+        shown = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+        lines.append(f"-- {family}: {shown}")
+        for result in results:
+            lines.extend(describe_result(result))
+    return lines
+
+
 def format_report(report: CheckReport) -> str:
-    """The report as text: plugin, every case that did not pass, the table per family."""
+    """The report as text: plugin, types, every case that did not pass by family, the table
+    per family, the verdict."""
     plugin = report.plugin
     lines = [
         f"plugin: {plugin.get('path')} ({report.platform}, PJRT API {plugin.get('api_version')}, "
         f"StableHLO {plugin.get('stablehlo_current_version')}, sha256 {report.plugin_sha256[:12]})",
-        f"reference: {report.jax_version}, jax.jit in this process",
+        _reference_line(report),
+        *type_lines(report),
         *_workaround_lines(report),
-        "",
     ]
-    for result in report.results:
-        if result.status != "pass":
-            lines.extend(describe_result(result))
+    failures = failure_lines(report)
+    if failures:
+        lines += ["", *failures]
     summary = family_summary(report)
-    header = f"{'family':<12} {'cases':>5} " + " ".join(f"{s:>7}" for s in STATUSES)
+    header = f"{'family':<12} {'cases':>5} " + " ".join(f"{c:>{_width(c)}}" for c in COLUMNS)
     lines += ["", header]
     totals: collections.Counter[str] = collections.Counter()
     for family, counts in summary.items():
         totals.update(counts)
-        row = " ".join(f"{counts[s]:>7}" for s in STATUSES)
-        lines.append(f"{family:<12} {sum(counts.values()):>5} {row}")
-    row = " ".join(f"{totals[s]:>7}" for s in STATUSES)
-    lines.append(f"{'total':<12} {sum(totals.values()):>5} {row}")
+        lines.append(_table_row(family, counts))
+    lines.append(_table_row("total", totals))
     lines.append(
         f"\n{headline(report)}; {len(report.results)} cases in {report.seconds:.1f} s "
         f"with {report.workers} worker(s)"
     )
     return "\n".join(lines)
+
+
+def _width(column: str) -> int:
+    return max(7, len(column))
+
+
+def _table_row(family: str, counts: collections.abc.Mapping[str, int]) -> str:
+    values = {status: counts.get(status, 0) for status in STATUSES}
+    values["reference"] = sum(counts.get(status, 0) for status in REFERENCE_FAILURES)
+    row = " ".join(f"{values[c]:>{_width(c)}}" for c in COLUMNS)
+    return f"{family:<12} {sum(counts.get(s, 0) for s in STATUSES):>5} {row}"
 
 
 def _plain(value: Any) -> Any:
@@ -159,6 +234,9 @@ def report_json(report: CheckReport) -> str:
         "plugin_sha256": report.plugin_sha256,
         "reference": report.jax_version,
         "workarounds": {"applied": list(report.workarounds), "off": list(report.workarounds_off)},
+        "types": {t.name: t.why or "supported" for t in report.types},
+        "reference_device": report.reference_device,
+        "reference_processes": report.reference_processes,
         "ok": report.ok,
         "headline": headline(report),
         "seconds": report.seconds,

@@ -1,20 +1,22 @@
-"""Running the battery: each case on the plugin in a Pool, and with jax.jit in this process.
+"""Running the battery: each case on the plugin in a Pool, and with jax.jit in a process of its own.
 
 ::
 
-    this process                                   Pool workers (the plugin under test)
-    case: seeded inputs ──lower()──▶ program ──submit──▶ compile, run ──▶ outputs
-          jax.jit(function)(inputs) ──▶ reference         crash / hang: that case only
-          compare(outputs, reference, budget) ◀──────────────────────┘
-    report: pass / wrong / error / crash / timeout / skipped per case
+    this process                                Pool workers (the plugin under test)
+    case ─lower()─▶ program ─types─▶ probed? ──submit──▶ compile, run ──▶ outputs
+                                     (type_probe)       crash / hang: that case only
+         ─▶ reference process (reference_side.py): jax.jit(function)(inputs) ─▶ reference
+                                     crash / hang: that case only, the process restarted
+    compare(outputs, reference, budget) ─▶ a Status per case (status.py)
 
-Lowering and the reference run here while the workers compile and run the
-cases submitted before, so the two sides overlap; on a device one process
-at a time may hold (TPU), the reference runs after the workers let it go, in
-a process of its own (references.py). A case that crashes or
-hangs a worker fails alone (the pool replaces the worker); a case that the
-plugin cannot run for want of a capability (LAPACK kernels, a StableHLO
-version) is skipped with the reason.
+Lowering runs here while the workers compile and run the cases submitted
+before and the reference process computes jax.jit's answers, so the three
+overlap. On a device one process at a time may hold (TPU), jax.jit's side
+runs after the workers let the device go. A case whose program needs an
+element type the plugin does not compile at all is not run (unless asked:
+run_unsupported); one that the plugin cannot run for want of a capability
+(LAPACK kernels, a StableHLO version) is skipped with the reason; a case the
+plugin failed needs no reference.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import collections
 import concurrent.futures
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -37,7 +38,9 @@ import numpy as np
 
 from pool.conformance.case import Case
 from pool.conformance.compare import OutputComparison, compare_case
-from pool.conformance.references import reference, reference_device, references_elsewhere
+from pool.conformance.reference_side import JaxSideError, ReferenceSide
+from pool.conformance.status import NOT_RUN, STATUSES, Status
+from pool.conformance.type_probe import TypeProbe, TypeSupport, element_types
 from pool.errors import (
     ProgramQuarantinedError,
     TaskTimeoutError,
@@ -51,7 +54,7 @@ from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
 from pool.lowering.workarounds import active_workarounds, build_workarounds
 from worker.cache import open_cache
-from worker.errors import PluginNotFoundError
+from worker.errors import DeviceUnavailableError, PluginNotFoundError
 from worker.identity.build import plugin_digest
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
@@ -63,8 +66,15 @@ from worker.plugin.runtime import default_platform, loaded_runtime
 DEFAULT_TIMEOUT = 60.0
 """Seconds a case may take in a worker (compile and run) before it counts as a hang."""
 
-STATUSES = ("pass", "wrong", "error", "crash", "timeout", "skipped")
-"""Every outcome of a case, in the order of the report."""
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a case may take in a worker (compile and run), and jax.jit on it, before it counts
+as a hang."""
+
+REFERENCE_MIN_TIMEOUT = 10.0
+"""The least jax.jit's side gets per case: a timeout set low to find the plugin's hangs fast
+must not fail the yardstick's ordinary compiles."""
+
+__all__ = ["STATUSES"]  # re-exported: the report's order of outcomes (status.py)
 
 
 class CheckError(RuntimeError):
@@ -82,20 +92,23 @@ class CaseResult:
     name: str
     """The case's name."""
 
-    status: str
-    """One of STATUSES."""
+    status: Status
+    """What became of it (a str: "pass", "wrong", ...)."""
 
     message: str = ""
-    """Why it failed or was skipped (errors, crashes, timeouts, skips)."""
+    """Why it failed, was skipped or not run (errors, crashes, timeouts, skips)."""
 
     reason: str = ""
-    """For a skipped case, why in a few words, the same for every case skipped so."""
+    """For a skipped or unsupported case, why in a few words, the same for every case so."""
 
     outputs: list[OutputComparison] = field(default_factory=list)
     """How each output compared (pass and wrong)."""
 
     seconds: float = 0.0
     """Seconds from the start of lowering to the comparison, overlapping other cases."""
+
+    unsupported_types: tuple[str, ...] = ()
+    """The element types it needs that the plugin does not compile (type_probe.py)."""
 
     @property
     def family(self) -> str:
@@ -144,15 +157,33 @@ class CheckReport:
     workarounds_off: tuple[str, ...] = ()
     """The workarounds for this build that were off (--no-workarounds): the raw plugin."""
 
+    types: list[TypeSupport] = field(default_factory=list)
+    """Every element type the cases needed, probed: whether the plugin compiles it."""
+
+    ran_unsupported: bool = False
+    """Whether cases of unsupported types were run anyway (run_unsupported)."""
+
+    reference_device: str = ""
+    """The JAX device jax.jit's side ran on ("" when it never started)."""
+
+    reference_processes: int = 0
+    """Reference processes started: one, and one more after each crash or hang."""
+
     @property
     def failures(self) -> list[CaseResult]:
-        """The cases that did not pass and were not skipped."""
-        return [r for r in self.results if r.status not in ("pass", "skipped")]
+        """The cases that did not pass and were run: the plugin's failures and the cases
+        whose reference failed (unsupported and skipped ones do not fail a check)."""
+        return [r for r in self.results if r.status != Status.PASS and r.status not in NOT_RUN]
 
     @property
     def ok(self) -> bool:
-        """True when every case passed or was skipped."""
+        """True when every case passed, was skipped or was not supported here."""
         return not self.failures
+
+    @property
+    def unsupported(self) -> list[TypeSupport]:
+        """The element types the plugin does not compile."""
+        return [t for t in self.types if not t.supported]
 
 
 @contextlib.contextmanager
@@ -212,9 +243,8 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:500]}"
 
 
-def _failed(case: Case, error: BaseException, started: float) -> CaseResult:
-    """The result of a case whose program did not run to completion in the worker."""
-    seconds = time.perf_counter() - started
+def describe_failure(error: BaseException) -> tuple[Status, str, str]:
+    """What a program's failure in a worker means: (status, message, reason for a skip)."""
     if isinstance(error, MissingCustomCallError):
         message = f"the plugin cannot run this program's kernels: {_first_line(error)}"
         reason = (
@@ -222,27 +252,66 @@ def _failed(case: Case, error: BaseException, started: float) -> CaseResult:
             if isinstance(error, FfiVersionError)
             else "the plugin has no handler for their custom calls"
         )
-        return CaseResult(case.name, "skipped", message, reason=reason, seconds=seconds)
+        return Status.SKIPPED, message, reason
+    if isinstance(error, StableHLOVersionError):
+        message = f"the plugin's StableHLO cannot express it: {_first_line(error)}"
+        return Status.SKIPPED, message, "the plugin's StableHLO cannot express them"
     if isinstance(error, TaskTimeoutError):
-        return CaseResult(case.name, "timeout", str(error), seconds=seconds)
+        return Status.TIMEOUT, str(error), ""
     if isinstance(error, WorkerCrashedError):
         message = f"the worker {describe_exit(error.returncode)}"
         tail = [line for line in error.stderr_tail.splitlines() if line.strip()][-3:]
         if tail:
             message += "; its output ends with: " + " | ".join(tail)
-        return CaseResult(case.name, "crash", message, seconds=seconds)
+        return Status.CRASH, message, ""
     if isinstance(error, ProgramQuarantinedError):
-        return CaseResult(case.name, "crash", str(error), seconds=seconds)
-    return CaseResult(case.name, "error", _first_line(error), seconds=seconds)
+        return Status.CRASH, str(error), ""
+    return Status.ERROR, _first_line(error), ""
+
+
+def _failed(case: Case, error: BaseException, started: float) -> CaseResult:
+    """The result of a case whose program did not run to completion in the worker."""
+    status, message, reason = describe_failure(error)
+    return CaseResult(case.name, status, message, reason, seconds=time.perf_counter() - started)
+
+
+def _probe_failure(error: BaseException) -> str:
+    """How a type's probe failed, in words (type_probe.py)."""
+    return describe_failure(error)[1]
+
+
+@dataclass
+class _Lowered:
+    """A case lowered for the plugin, waiting for its element types' probes."""
+
+    case: Case
+    inputs: list[np.ndarray]
+    program: Any
+    types: frozenset[np.dtype]
+    started: float
 
 
 @dataclass
 class _Pending:
+    """A case on its way through the plugin and jax.jit."""
+
     case: Case
     inputs: list[np.ndarray]
     future: Future[list[np.ndarray]]
-    expected: list[np.ndarray] | BaseException
     started: float
+    refused: tuple[str, ...]
+    """The unsupported types it needs (run anyway: run_unsupported)."""
+    reference: Future[list[np.ndarray]] | None = None
+
+    def plugin_failed(self) -> bool:
+        """Whether the plugin's side is done and failed (then no reference is needed)."""
+        return self.future.done() and (self.future.cancelled() or bool(self.future.exception()))
+
+    def finished(self) -> bool:
+        """Whether its result can be known now."""
+        if not self.future.done():
+            return False
+        return self.plugin_failed() or (self.reference is not None and self.reference.done())
 
 
 def _finish(pending: _Pending) -> CaseResult:
@@ -250,18 +319,24 @@ def _finish(pending: _Pending) -> CaseResult:
     try:
         outputs = pending.future.result()
     except Exception as error:
+        if pending.reference is not None:
+            pending.reference.cancel()  # not needed: there is nothing to compare
         return _failed(case, error, pending.started)
-    if isinstance(pending.expected, BaseException):
-        message = f"jax.jit failed on this case: {_first_line(pending.expected)}"
-        return CaseResult(case.name, "error", message)
-    if len(outputs) != len(pending.expected):
-        message = f"the plugin returned {len(outputs)} outputs, JAX {len(pending.expected)}"
-        return CaseResult(case.name, "wrong", message)
+    assert pending.reference is not None
     try:
-        comparisons = compare_case(case, pending.inputs, outputs, pending.expected)
+        expected = pending.reference.result()
+    except JaxSideError as failure:
+        return CaseResult(case.name, failure.status, failure.message)
+    except concurrent.futures.CancelledError:
+        return CaseResult(case.name, Status.REFERENCE_ERROR, "jax.jit's side was not computed")
+    if len(outputs) != len(expected):
+        message = f"the plugin returned {len(outputs)} outputs, JAX {len(expected)}"
+        return CaseResult(case.name, Status.WRONG, message)
+    try:
+        comparisons = compare_case(case, pending.inputs, outputs, expected)
     except Exception as error:  # a bug in the battery's comparison must not stop the check
-        return CaseResult(case.name, "error", f"comparing the outputs: {_first_line(error)}")
-    status = "pass" if all(c.ok for c in comparisons) else "wrong"
+        return CaseResult(case.name, Status.ERROR, f"comparing the outputs: {_first_line(error)}")
+    status = Status.PASS if all(c.ok for c in comparisons) else Status.WRONG
     return CaseResult(
         case.name,
         status,
@@ -270,36 +345,127 @@ def _finish(pending: _Pending) -> CaseResult:
     )
 
 
-def _start(case: Case, pool: Any, platform: str, device: Any) -> _Pending | CaseResult:
-    """Lowers a case, submits it to the pool and computes JAX's result meanwhile (device
-    None: later, in another process; see references.py).
-
-    Returns the case in flight, or its result when it went no further
-    (a program the plugin's StableHLO cannot express is skipped).
-    """
-
+def _lower(case: Case, platform: str) -> _Lowered | CaseResult:
+    """Lowers a case for the plugin; its result instead when it goes no further (a program
+    the plugin's StableHLO cannot express is skipped; a bug in the battery is an error)."""
     started = time.perf_counter()
     with jax.enable_x64(case.x64):
         try:
             inputs = case.make_inputs()
             program = lower(case.function, inputs, platform=platform)
         except StableHLOVersionError as error:
-            message = f"the plugin's StableHLO cannot express it: {_first_line(error)}"
-            reason = "the plugin's StableHLO cannot express them"
-            return CaseResult(case.name, "skipped", message, reason=reason)
+            return _failed(case, error, started)
         except Exception as error:  # a bug in the battery: that case fails, the check goes on
-            return CaseResult(case.name, "error", f"lowering: {_first_line(error)}")
+            return CaseResult(case.name, Status.ERROR, f"lowering: {_first_line(error)}")
+    return _Lowered(case, inputs, program, element_types(program.text), started)
+
+
+def _unsupported(lowered: _Lowered, refused: tuple[str, ...]) -> CaseResult:
+    names = " and ".join(refused)
+    message = f"needs {names}, which the plugin does not compile here (see the types above)"
+    return CaseResult(
+        lowered.case.name, Status.UNSUPPORTED, message, f"needs {names}", unsupported_types=refused
+    )
+
+
+class _Run:
+    """One check's cases in flight: lowered and waiting for their types' probes, then on the
+    plugin's side and on jax.jit's, until each has its result."""
+
+    def __init__(
+        self,
+        pool: Any,
+        references: ReferenceSide,
+        probe: TypeProbe,
+        platform: str,
+        run_unsupported: bool,
+        on_result: Callable[[CaseResult], None] | None,
+    ) -> None:
+        self.pool = pool
+        self.references = references
+        self.probe = probe
+        self.platform = platform
+        self.run_unsupported = run_unsupported
+        self.on_result = on_result
+        self.results: dict[str, CaseResult] = {}
+        self.held: collections.deque[_Lowered] = collections.deque()
+        self.flight: collections.deque[_Pending] = collections.deque()
+        self.referenced = False
+        """Whether cases get their reference as they are submitted (else reference_all)."""
+
+    def record(self, result: CaseResult) -> None:
+        self.results[result.name] = result
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def add(self, case: Case) -> None:
+        """Lowers a case, asks for its types' probes and submits what can be submitted."""
+        lowered = _lower(case, self.platform)
+        if isinstance(lowered, CaseResult):
+            self.record(lowered)
+        else:
+            self.probe.ask(lowered.types)
+            self.held.append(lowered)
+        self.release()
+        self.collect()
+
+    def release(self) -> None:
+        """Submits the held cases whose types are probed, in order (or records them as
+        unsupported)."""
+        while self.held:
+            refused = self.probe.verdict(self.held[0].types)
+            if refused is None:
+                return
+            lowered = self.held.popleft()
+            names = tuple(support.name for support in refused)
+            if names and not self.run_unsupported:
+                self.record(_unsupported(lowered, names))
+            else:
+                self._submit(lowered, names)
+
+    def release_all(self) -> None:
+        """Waits for the probes still compiling and submits the cases held for them."""
+        while self.held:
+            concurrent.futures.wait(self.probe.pending(), return_when="FIRST_COMPLETED")
+            self.release()
+
+    def _submit(self, lowered: _Lowered, refused: tuple[str, ...]) -> None:
+        case = lowered.case
         try:
-            future = pool.submit(program, inputs, name=case.name)
+            future = self.pool.submit(lowered.program, lowered.inputs, name=case.name)
         except Exception as error:
-            return CaseResult(case.name, "error", f"submitting: {_first_line(error)}")
-        expected: list[np.ndarray] | BaseException = []
-        if device is not None:
-            try:
-                expected = reference(case, inputs, device)
-            except Exception as error:
-                expected = error
-    return _Pending(case, inputs, future, expected, started)
+            self.record(CaseResult(case.name, Status.ERROR, f"submitting: {_first_line(error)}"))
+            return
+        pending = _Pending(case, lowered.inputs, future, lowered.started, refused)
+        if self.referenced:
+            pending.reference = self.references.submit(case, lambda: not pending.plugin_failed())
+        self.flight.append(pending)
+
+    def reference_all(self) -> None:
+        """Gives every case in flight its reference (for an exclusive device: after the
+        plugin's side), but those the plugin failed."""
+        for pending in self.flight:
+            if pending.reference is None and not pending.plugin_failed():
+                pending.reference = self.references.submit(pending.case)
+
+    def collect(self) -> None:
+        """Records the cases at the head of the flight whose results are known."""
+        while self.flight and self.flight[0].finished():
+            self._finished(self.flight.popleft())
+
+    def finish_all(self) -> None:
+        """Waits for every case in flight and records it."""
+        while self.flight:
+            pending = self.flight.popleft()
+            concurrent.futures.wait([pending.future])
+            if pending.reference is not None and not pending.plugin_failed():
+                concurrent.futures.wait([pending.reference])
+            self._finished(pending)
+
+    def _finished(self, pending: _Pending) -> None:
+        result = _finish(pending)
+        result.unsupported_types = pending.refused
+        self.record(result)
 
 
 def _workarounds(platform: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -316,6 +482,12 @@ def _workarounds(platform: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return applied, tuple(w.name for w in build_workarounds(info) if w.name not in applied)
 
 
+def reference_threads(apart: bool) -> int:
+    """Cases jax.jit's process compiles at once: one beside the pool's workers, which have
+    the cores; apart from them (an exclusive device, after the pool), half the cores."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2)) if apart else 1
+
+
 def run_cases(
     cases: Sequence[Case],
     *,
@@ -326,15 +498,20 @@ def run_cases(
     timeout: float = DEFAULT_TIMEOUT,
     on_result: Callable[[CaseResult], None] | None = None,
     workarounds: bool = True,
+    run_unsupported: bool = False,
 ) -> CheckReport:
     """Runs cases on a platform's plugin (or the plugin at `plugin`) and compares them with JAX.
 
     workers is the Pool's size (default: the CPU count), cache_dir its disk
-    cache, timeout each case's limit in a worker. on_result is called with
-    each result as it is known. The programs are those lower() writes for
-    the plugin, with its workarounds for known builds unless workarounds is
-    False. Raises CheckError when the check cannot run, and PluginStartError
-    when the plugin's workers do not start.
+    cache, timeout each case's limit in a worker and in jax.jit's process
+    (there at least REFERENCE_MIN_TIMEOUT).
+    on_result is called with each result as it is known. The programs are
+    those lower() writes for the plugin, with its workarounds for known
+    builds unless workarounds is False. Each element type the cases use is
+    probed first (type_probe.py); cases that need a type the plugin does not
+    compile are reported unsupported, or run anyway with run_unsupported.
+    Raises CheckError when the check cannot run, and PluginStartError when
+    the plugin's workers do not start.
     """
 
     platform = platform or default_platform()
@@ -346,60 +523,59 @@ def run_cases(
             raise CheckError(str(error)) from None
         applied, off = _workarounds(platform)
         # On a device one process at a time may hold, JAX's side runs after the workers
-        # let it go, in a process of its own (references.py).
+        # let it go.
         apart = platform_named(platform).references_apart
-        device = None if apart else reference_device(platform)
         count = (os.cpu_count() or 1) if workers is None else workers
         try:
             with quiet():  # the memo of this very check must not warn about itself
                 pool = Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
         except WorkerStartupError as error:
             raise PluginStartError(f"the plugin {location.path} did not start: {error}") from error
-        results: dict[str, CaseResult] = {}
-        queue: collections.deque[_Pending] = collections.deque()
-
-        def record(result: CaseResult) -> None:
-            results[result.name] = result
-            if on_result is not None:
-                on_result(result)
-
-        with pool:
-            described = dict(pool.worker_info[0]["plugin"])
-            _check_process_plugin(described)
-            for case in cases:
-                started_case = _start(case, pool, platform, device)
-                if isinstance(started_case, CaseResult):
-                    record(started_case)
-                else:
-                    queue.append(started_case)
-                while not apart and queue and queue[0].future.done():
-                    record(_finish(queue.popleft()))
+        except DeviceUnavailableError:  # the pool found none to plan a device worker for
+            raise CheckError(
+                f"no {platform} device is attached to this machine, and check-plugin runs every "
+                f"case on one (the plugin's side, then jax.jit's): run it on a {platform} host"
+            ) from None
+        limit = max(timeout, REFERENCE_MIN_TIMEOUT)
+        with ReferenceSide(platform, limit, reference_threads(apart)) as references:
+            probe = TypeProbe(pool, platform, timeout, _probe_failure)
+            run = _Run(pool, references, probe, platform, run_unsupported, on_result)
+            with pool:
+                described = dict(pool.worker_info[0]["plugin"])
+                _check_process_plugin(described)
+                if not apart:
+                    run.referenced = True
+                    references.start()
+                for case in cases:
+                    run.add(case)
+                run.release_all()
+                if apart:
+                    concurrent.futures.wait([pending.future for pending in run.flight])
+                    run.collect()
             if apart:
-                concurrent.futures.wait([pending.future for pending in queue])
-        if apart:
-            _referenced_apart(queue, platform)
-        while queue:
-            record(_finish(queue.popleft()))
+                run.reference_all()
+                references.start()
+            run.finish_all()
+            types = probe.outcomes()
     return CheckReport(
         platform=platform,
         plugin=described,
         plugin_sha256=_digest(described["path"], cache_dir),
         jax_version=f"jax {jax.__version__}, jaxlib {_jaxlib_version()}",
-        results=[results[case.name] for case in cases],
+        results=_ordered(run.results, cases),
         seconds=time.perf_counter() - started,
         workers=count,
         workarounds=applied,
         workarounds_off=off,
+        types=types,
+        ran_unsupported=run_unsupported,
+        reference_device=references.device,
+        reference_processes=references.processes_started,
     )
 
 
-def _referenced_apart(queue: Sequence[_Pending], platform: str) -> None:
-    """Gives the cases in flight jax.jit's outputs, computed in another process once the
-    pool's workers let the device go (references.py)."""
-    with tempfile.TemporaryDirectory(prefix="pjrt-pool-check-") as directory:
-        found = references_elsewhere(platform, [p.case.name for p in queue], Path(directory))
-    for pending, expected in zip(queue, found, strict=True):
-        pending.expected = RuntimeError(expected) if isinstance(expected, str) else expected
+def _ordered(results: dict[str, CaseResult], cases: Sequence[Case]) -> list[CaseResult]:
+    return [results[case.name] for case in cases]
 
 
 def _digest(path: str, cache_dir: str | os.PathLike[str] | None) -> str:

@@ -11,6 +11,7 @@ each own their state (its docstring draws them):
     dispatch.py        claiming, sending, replies, settling, from any thread
     requests.py        each task's message to its worker
     manager.py         the manager thread
+    closing.py         close() and terminate(), and interpreter exit's end of a pool
     wait_set.py        the manager's one wait point (an epoll set)
     starts.py          starting workers, replacing those that end, failed starts
     workers.py         the pool's workers: who holds each, the moves any thread makes
@@ -25,8 +26,10 @@ each own their state (its docstring draws them):
     forks.py           which process this is: a pool refuses in a forked child
 
 Beside them: futures.py (the futures it hands out), inputs.py (staging a
-run's inputs), programs.py (a program's identity), settings.py (checking
-what a Pool is given), preload.py (what a Pool made with preload= has each
+run's inputs), programs.py (a program's identity), options.py (the Pool's
+options, each declared once: name, type, default, check, documentation),
+checks.py (checking one value: its kind and range), settings.py (a Pool's
+options checked, and what follows from them), preload.py (what a Pool made with preload= has each
 worker load as it starts), never_compile_check.py (never-compile mode's
 check at submit) and compile_many.py (compile_many and CompileResult, shared
 with ClusterPool).

@@ -6,6 +6,7 @@ which is most of a small program's round trip. So the calling thread does
 the work itself where it can, and this part is everything it does:
 
     enqueue          queue a task and dispatch from the caller's thread
+    enqueue_compiled the same, for a run once the compile before it is done
     claim            an idle worker for the caller's own run (Pool.run)
     run_directly     send that worker the task and read its reply here
     read_reply       a caller waiting in TaskFuture.result() takes the socket of
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from pool.errors import PoolError
+from pool.errors import PoolClosedError, PoolError
 from pool.executor import forks
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import TaskFuture, remaining
@@ -80,6 +81,31 @@ class CallerPath:
         # would cost a thread switch (and a GIL hand-off) on every task.
         self._dispatcher.dispatch(threading.get_ident())
         return task.future
+
+    def enqueue_compiled(self, task: Task, done: Future[Any]) -> None:
+        """Queues a run whose program a compile worker compiled first, as the compile's future's
+        done-callback (on whichever thread completed it): the compile's failure, or its
+        cancellation, is the run's; so is the pool's closing meanwhile."""
+        error = (
+            done.exception()
+            if not done.cancelled()
+            else PoolClosedError(
+                f"the compile of {task.request.name!r} before its run was cancelled"
+            )
+        )
+        if error is None:
+            try:
+                self.enqueue(task)
+                return
+            except Exception as refused:  # the pool closed meanwhile
+                error = refused
+            except BaseException as interrupted:
+                # A Ctrl-C in the caller's thread (the callback of a compile done
+                # already runs there): a worker it claimed goes back, the run stops.
+                self.recover(task, interrupted)
+                raise
+        if task.settle():
+            task.complete(error)
 
     def refusal_locked(self, task: Task) -> BaseException | None:
         """Why the pool will not take a task now (closed, broken, quarantined); else None."""

@@ -17,12 +17,14 @@ remote itself, since that would be a download here as well as there.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pool.executor.programs import program_key_parts
 from worker.cache.store import DiskCache
 from worker.compile.never_compile import refusal
 from worker.identity.keys import key_of
+from worker.partitioning import compile_options_for
 from worker.records import LoweredProgram
 
 
@@ -30,9 +32,9 @@ class NeverCompileCheck:
     """The check (see the module docstring) for one pool's cache and workers."""
 
     def __init__(
-        self, cache_dir: str | None, parts: dict[str, Any] | None, *, remote: bool = False
+        self, directory: Path, parts: dict[str, Any] | None, *, remote: bool = False
     ) -> None:
-        self._cache = DiskCache(cache_dir, create=False)
+        self._cache = DiskCache(directory, create=False)
         self._parts = parts
         self._remote = remote
         """Whether the workers have a remote tier (then a local miss is theirs to settle)."""
@@ -51,7 +53,8 @@ class NeverCompileCheck:
             return  # known to be there, or the workers did not say: they refuse themselves
         if program.platform not in (None, self._parts.get("platform")):
             return  # the worker refuses it for its platform, which says more
-        parts = program_key_parts(self._parts, text_digest, compile_options)
+        options = compile_options_for(program.partitioning, compile_options)
+        parts = program_key_parts(self._parts, text_digest, options)
         key = key_of(parts)
         if self._cache.usable and self._cache.path_of(key).is_file():
             self._present.add(program_id)

@@ -34,6 +34,7 @@ state, and calls go from here down, never back up:
      ├─ CallerPath       what a caller's thread does itself: queueing, the direct
      │                   run, reading a waited-for reply, relaying callbacks, and
      │                   putting right what an exception in a caller's call leaves
+     ├─ Closing          close() and terminate(): the tasks told, the manager awaited
      ├─ Manager          the manager thread: deadlines, deaths, replacements, the end
      ├─ Dispatcher       sending claimed tasks, replies, settling (any thread)
      ├─ Requests         each task's message for its worker; programs' output types
@@ -60,7 +61,7 @@ comes back as a HotReply (Dispatcher._handle_hot): see worker.wire.protocol.
 
 from __future__ import annotations
 
-import atexit
+import functools
 import os
 import threading
 import weakref
@@ -74,17 +75,20 @@ from numpy.typing import ArrayLike
 from pool.errors import PoolClosedError, PoolError, WorkerStartupError
 from pool.executor import forks
 from pool.executor.caller import CallerPath
+from pool.executor.checks import check_timeout, finite
+from pool.executor.closing import Closing, terminate_at_exit
 from pool.executor.compile_many import CompileResult
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
 from pool.executor.inputs import Layouts, TaskMemory
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
+from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
-from pool.executor.segments import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, Segment, SegmentCache
-from pool.executor.settings import PoolSettings, check_timeout, finite
+from pool.executor.segments import Segment, SegmentCache
+from pool.executor.settings import PoolSettings, check_devices
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
 from pool.executor.values import DeviceValue, check_values
@@ -93,6 +97,7 @@ from pool.executor.worker_memory import WorkerMemory
 from pool.executor.worker_process import ARENA_SIZE
 from pool.executor.workers import Workers
 from worker.arguments import prepare_arguments
+from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
 from worker.dtypes import code_of_dtype
@@ -161,22 +166,6 @@ def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(indices))
 
 
-_live_pools: set[WorkerPool] = set()
-"""Pools not closed yet: interpreter exit terminates them. (A pool's manager thread does
-not hold its Pool, so this set is what keeps an unclosed pool alive until then.)"""
-
-# A forked child has its parent's pools but none of their threads, and a lock
-# another thread held at the fork stays held there: nothing of them may run
-# in the child, not even at exit (see pool.executor.forks).
-os.register_at_fork(after_in_child=_live_pools.clear)
-
-
-@atexit.register
-def _terminate_live_pools() -> None:
-    for live in list(_live_pools):
-        live.terminate()
-
-
 class WorkerPool:
     """The worker processes behind pool.Pool, and the machinery that feeds them.
 
@@ -184,7 +173,7 @@ class WorkerPool:
     submit, run, submit_spec, _submit_compile, close, terminate, the with
     block's end, and the figures (statistics, counters, worker_info).
     pool.face.Pool is this class with that face; its docstring says what
-    each constructor argument means.
+    each option means (pool.executor.options declares them).
     """
 
     def __init__(
@@ -210,31 +199,14 @@ class WorkerPool:
         remote: str | Literal[False] | None = None,
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
+        devices_per_worker: int = 1,
     ) -> None:
-        self._pid = forks.pid  # first: every call compares it (see pool.executor.forks)
-        # Every setting is checked before anything starts (see pool.executor.settings).
-        settings = self._settings = PoolSettings.check(
-            workers,
-            platform=platform,
-            cache_dir=cache_dir,
-            task_timeout=task_timeout,
-            start_timeout=start_timeout,
-            initializer=initializer,
-            initargs=initargs,
-            max_loaded=max_loaded,
-            max_crashes=max_crashes,
-            zero_copy=zero_copy,
-            stop_grace=stop_grace,
-            segment_cache_bytes=segment_cache_bytes,
-            segment_fds=segment_fds,
-            never_compile=never_compile,
-            preload=preload,
-            preload_names=preload_names,
-            prime=prime,
-            remote=remote,
-            topology=topology,
-            run_workers=run_workers,
-        )
+        # The options pool.executor.options declares (tests/test_pool_options.py: they agree).
+        given = dict(locals())
+        del given["self"]
+        self._pid = forks.pid  # first after that: every call compares it (pool.executor.forks)
+        # Every option is checked before anything starts (see pool.executor.settings).
+        settings = self._settings = PoolSettings.check(given)
         self._assemble(settings)
         self._manager.start()
         # Read once: Thread.ident is a property, and every run compares it.
@@ -253,7 +225,7 @@ class WorkerPool:
         if self._starts.startup_error is not None:
             self.terminate()
             raise self._starts.startup_error
-        _live_pools.add(self)
+        terminate_at_exit(self)
         self._started(settings)
         # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
         warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
@@ -299,6 +271,7 @@ class WorkerPool:
             settings.stop_grace,
             settings.start_timeout,
         )
+        self._closing = Closing(self, lock, self._tasks, self._workers, wait_set, self._manager)
         self._caller = CallerPath(
             lock,
             self._tasks,
@@ -513,18 +486,24 @@ class WorkerPool:
         arguments: Sequence[ArrayLike],
         *,
         timeout: float | None = None,
+        bundle: str | os.PathLike[str] | None = None,
     ) -> Future[list[np.ndarray]]:
         """Runs the executable a ProgramSpec names (by its cache key), as a manifest does.
 
         The executable must be in the pool's disk cache (put there by warming
         or compiling the program with the same plugin); no program is needed.
+        With bundle (a bundle's path or URL: Manifest.run passes its own), the
+        workers load the program from that bundle instead, read-only: the
+        entry of the program built for their plugin and host, checked as it
+        is read (worker.bundle.loading), each bundle opened once per worker.
         A key that is not a cache key raises InvalidKeyError (a ValueError);
         the worker refuses inputs that do not fit the executable's own types.
         """
         if not isinstance(spec, ProgramSpec):
             raise TypeError(f"submit_spec takes a ProgramSpec, not {type(spec).__name__}")
         check_key(spec.key, f"the key of ProgramSpec {spec.name!r}")
-        task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec)
+        source = bundle_source(bundle)
+        task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec, bundle=source)
         return self._submit(task, arguments, None)
 
     def _submit_compile(
@@ -627,7 +606,7 @@ class WorkerPool:
         close again does nothing.
         """
         self._refuse_in_child()
-        self._close("closed with cancel_pending=True" if cancel_pending else None)
+        self._closing.close("closed with cancel_pending=True" if cancel_pending else None)
 
     def terminate(self) -> None:
         """Stops at once: kills the workers; queued and running tasks fail with PoolClosedError.
@@ -636,7 +615,7 @@ class WorkerPool:
         second unless the system is stalled).
         """
         self._refuse_in_child()
-        self._terminate("terminated")
+        self._closing.terminate("terminated")
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
         """Leaving the block closes the pool; by an exception, queued tasks fail instead of
@@ -645,11 +624,11 @@ class WorkerPool:
         if self._pid != forks.pid:
             return
         if isinstance(value, KeyboardInterrupt):
-            self._terminate(f"terminated (its with block was interrupted by {value!r})")
+            self._closing.terminate(f"terminated (its with block was interrupted by {value!r})")
         elif value is not None:
-            self._close(f"closed (its with block raised {type(value).__name__}: {value})")
+            self._closing.close(f"closed (its with block raised {type(value).__name__}: {value})")
         else:
-            self._close(None)
+            self._closing.close(None)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # pickle, copy.copy and copy.deepcopy all come here.
@@ -658,49 +637,6 @@ class WorkerPool:
             "their sockets and shared memory. Make a Pool where one is needed, and send it "
             "LoweredPrograms or ProgramSpecs (which pickle)."
         )
-
-    def _close(self, stop_queued: str | None) -> None:
-        """close(); with stop_queued (how the pool was stopped), queued tasks fail instead."""
-        with self._lock:
-            self._tasks.close_locked()
-            if stop_queued is not None:
-                self._tasks.fail_queued_locked(
-                    PoolClosedError, f"the pool was {stop_queued} before the task ran"
-                )
-            self._wait_set.wake()
-        self._await_manager()
-
-    def _terminate(self, how: str) -> None:
-        """terminate(); `how` says how the pool was stopped, in the tasks' errors."""
-        with self._lock:
-            self._tasks.close_locked()
-            self._tasks.break_locked(PoolClosedError(f"the pool was {how}"))
-            self._tasks.fail_queued_locked(
-                PoolClosedError, f"the pool was {how} before the task ran"
-            )
-            killed = f"the pool was {how} during the task; its worker was killed"
-            for worker in self._workers:
-                self._workers.kill_task_locked(worker, PoolClosedError(killed))
-            self._wait_set.wake()
-        self._await_manager()
-
-    def _await_manager(self) -> None:
-        """Waits for the manager thread to end, unless this is it, and completes what it left.
-
-        The manager completes the tasks a stop failed (so their done-callbacks
-        run on it, like every other callback); one stopped after the manager
-        had ended is completed here.
-        """
-        _live_pools.discard(self)
-        manager = self._manager
-        if threading.current_thread() is manager:
-            return  # a done-callback stopped the pool: the manager's next turn does the rest
-        if manager.is_alive():
-            manager.join()
-        with self._lock:
-            settled = self._tasks.take_orphans_locked()
-        for task, error in settled:
-            task.complete(error)
 
     def _refuse_in_child(self) -> None:
         """Raises PoolForkedError in a process forked from the one that made this pool."""
@@ -745,30 +681,7 @@ class WorkerPool:
         except BaseException as error:
             self._caller.recover(task, error)
             raise
-
-        def queue_run(done: Future[CompileResult]) -> None:
-            error = (
-                done.exception()
-                if not done.cancelled()
-                else PoolClosedError(
-                    f"the compile of {request.name!r} before its run was cancelled"
-                )
-            )
-            if error is None:
-                try:
-                    self._caller.enqueue(task)
-                    return
-                except Exception as refused:  # the pool closed meanwhile
-                    error = refused
-                except BaseException as interrupted:
-                    # A Ctrl-C in the caller's thread (the callback of a compile done
-                    # already runs there): a worker it claimed goes back, the run stops.
-                    self._caller.recover(task, interrupted)
-                    raise
-            if task.settle():
-                task.complete(error)
-
-        compiled.add_done_callback(queue_run)
+        compiled.add_done_callback(functools.partial(self._caller.enqueue_compiled, task))
         return task.future
 
     def _new_task(
@@ -780,6 +693,7 @@ class WorkerPool:
         compile_options: bytes | None,
         spec: ProgramSpec | None = None,
         handed_out: bool = True,
+        bundle: str | None = None,
         keep: int | Sequence[int] = (),
         pinned: WorkerMemory | None = None,
         value: ValueOp | None = None,
@@ -803,6 +717,9 @@ class WorkerPool:
             )
         seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
         compile_options = checked_compile_options(compile_options)
+        if value is None:  # a program's or a spec's: its devices fit the pool's workers
+            partitioning = program.partitioning if spec is None else spec.partitioning
+            check_devices(partitioning, self._settings.devices_per_worker, self._settings.topology)
         if value is not None:
             identity, key = f"({value.op})", None
         elif program is None:
@@ -824,6 +741,7 @@ class WorkerPool:
             key,
             None if spec is None else spec.input_types,
             compile_options,
+            bundle,
             pinned,
             _keep_indices(keep),
             value,

@@ -13,6 +13,7 @@ the key a ProgramSpec's run (Pool.submit_spec, Manifest.run) sends.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from pool.manifest import Manifest, ManifestError, load_manifest
@@ -21,15 +22,13 @@ from worker.cache import open_cache
 from worker.errors import BundleError
 
 
-def preload_programs(
-    preload: Any, names: Any, cache_dir: str | None
-) -> tuple[tuple[str, str], ...]:
+def preload_programs(preload: Any, names: Any, directory: Path) -> tuple[tuple[str, str], ...]:
     """The (cache key, name) of each program to preload, in the manifest's order.
 
     preload is None (nothing), a Manifest, or a manifest's or bundle's path
     (a bundle's URL too, as load_manifest takes it);
     names restricts it to some of its programs (None: all). A bundle, given
-    either way, is imported into cache_dir (None: the default cache) here.
+    either way, is imported into the pool's cache directory here.
     Raises ManifestError for a manifest that does not read, a bundle that
     does not import, or a name the manifest does not have.
     """
@@ -40,11 +39,11 @@ def preload_programs(
     if isinstance(preload, Manifest):
         manifest = preload
         if manifest.bundle is not None:
-            _import(manifest.bundle.path, cache_dir)
+            _import(manifest.bundle.path, directory)
     elif isinstance(preload, (str, os.PathLike)):
         manifest = load_manifest(preload)  # a manifest, or a bundle's file or URL
         if manifest.bundle is not None:
-            _import(preload, cache_dir)
+            _import(preload, directory)
     else:
         raise TypeError(
             "preload must be a Manifest or the path of a manifest or bundle, "
@@ -59,9 +58,9 @@ def preload_programs(
     return tuple((manifest.spec(name).key, name) for name in chosen)
 
 
-def _import(path: str | os.PathLike[str], cache_dir: str | None) -> None:
+def _import(path: str | os.PathLike[str], directory: Path) -> None:
     """Imports a bundle's entries into the pool's cache directory (see the module docstring)."""
     try:
-        import_bundle(path, open_cache(cache_dir))
+        import_bundle(path, open_cache(directory))
     except BundleError as error:
         raise ManifestError(f"cannot preload bundle {os.fspath(path)}: {error}") from None

@@ -11,20 +11,20 @@ them all.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import subprocess
 import time
-from typing import Literal
 
 from pool.executor.roles import ROLE_ENV, WorkerPlan
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Kind
 from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
 from pool.spawn import child_environment, python_command, with_huge_pages
+from worker.cache import CACHE_DIR_ENV
 from worker.cache.remote.location import REMOTE_ENV
 from worker.fds import close_quietly
+from worker.serve.command_line import WorkerCommand
 from worker.wire import protocol, shm
 
 
@@ -41,13 +41,14 @@ def spawn_worker(index: int, settings: PoolSettings, plan: WorkerPlan) -> Worker
         close_quietly(arena_fd)
         raise
     try:
+        command = _worker_command(child_end.fileno(), settings, plan)
         process = subprocess.Popen(
-            python_command("worker", *_worker_arguments(child_end.fileno(), settings, plan)),
+            python_command("worker", *command.arguments()),
             pass_fds=(child_end.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=_worker_environment(settings.remote, plan),
+            env=_worker_environment(settings, plan),
             # Its own session: a Ctrl-C meant for the parent must not kill
             # workers behind the pool's back; the pool stops them itself.
             start_new_session=True,
@@ -77,27 +78,28 @@ def spawn_worker(index: int, settings: PoolSettings, plan: WorkerPlan) -> Worker
     return worker
 
 
-def _worker_arguments(fd: int, settings: PoolSettings, plan: WorkerPlan) -> list[str]:
-    """A worker's command line after ``python -m worker`` (worker.serve.server.main reads it)."""
-    arguments = ["--fd", str(fd), "--max-loaded", str(settings.max_loaded)]
-    arguments += ["--parent-pid", str(os.getpid())]
-    if settings.platform:
-        arguments += ["--platform", settings.platform]
-    if settings.cache_dir:
-        arguments += ["--cache-dir", str(settings.cache_dir)]
-    if settings.never_compile:
-        arguments.append("--never-compile")
-    if plan.topology is not None:
-        arguments += ["--topology", json.dumps(plan.topology.to_json())]
-    return arguments
+def _worker_command(fd: int, settings: PoolSettings, plan: WorkerPlan) -> WorkerCommand:
+    """A worker's command line (worker.serve.command_line), for its slot's plan."""
+    return WorkerCommand(
+        fd=fd,
+        max_loaded=settings.max_loaded,
+        parent_pid=os.getpid(),
+        platform=settings.platform,
+        never_compile=settings.never_compile,
+        topology=plan.topology,
+    )
 
 
-def _worker_environment(remote: str | Literal[False] | None, plan: WorkerPlan) -> dict[str, str]:
-    """A worker's environment: this process's, with the remote tier the pool was given, for
-    this worker only (False: none at all), its plan's variables, and huge pages for the
-    plugin's large buffers (see with_huge_pages)."""
-    environment = child_environment({REMOTE_ENV: remote} if remote else None)
-    if remote is False:
+def _worker_environment(settings: PoolSettings, plan: WorkerPlan) -> dict[str, str]:
+    """A worker's environment: this process's, with the pool's cache directory (the one way a
+    worker is given it) and remote tier, for this worker only (remote False: none at all),
+    its plan's variables, and huge pages for the plugin's large buffers (see
+    with_huge_pages)."""
+    given = {CACHE_DIR_ENV: str(settings.cache_dir)}
+    if settings.remote:
+        given[REMOTE_ENV] = settings.remote
+    environment = child_environment(given)
+    if settings.remote is False:
         environment.pop(REMOTE_ENV, None)
     environment.update(plan.environment)
     environment[ROLE_ENV] = plan.role.value

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from worker.identity.options import options_or_default
+from worker.partitioning import compile_options_for
 from worker.records import DigestedProgram, LoweredProgram
 
 _MEMO_BYTES = 64 << 20
@@ -55,11 +56,13 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     Two programs with the same text compiled with different options are
     different executables (fast math, for one, changes results), so the
     options are part of the identity wherever the pool routes, caches or
-    quarantines a program. None means the default options. A program from
+    quarantines a program. None means the program's own options (the default ones, or
+    for a program over several devices those its partitioning derives). A program from
     lower() carries its text's digest (DigestedProgram), so that its text is
     hashed once, however large it is.
     """
-    return _identity(program_text_digest(program), program.platform, compile_options)
+    options = compile_options_for(program.partitioning, compile_options)
+    return _identity(program_text_digest(program), program.platform, options)
 
 
 def program_text_digest(program: LoweredProgram) -> str:
@@ -70,8 +73,7 @@ def program_text_digest(program: LoweredProgram) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _identity(text_digest: str, platform: str | None, compile_options: bytes | None) -> str:
-    options = options_or_default(compile_options)
+def _identity(text_digest: str, platform: str | None, options: bytes) -> str:
     return hashlib.sha256(f"{platform or ''}\0{options.hex()}\0{text_digest}".encode()).hexdigest()
 
 
@@ -79,6 +81,7 @@ def program_key_parts(
     host_parts: dict[str, Any], text_digest: str, compile_options: bytes | None
 ) -> dict[str, Any]:
     """The cache key parts of a program on workers whose plugin and host have host_parts
-    (Pool.key_parts): the parent computes its key (worker.identity.keys.key_of) without a worker."""
+    (Pool.key_parts): the parent computes its key (worker.identity.keys.key_of) without a worker.
+    compile_options are the program's (compile_options_for; None: the default ones)."""
     options = options_or_default(compile_options)
     return {**host_parts, "program_sha256": text_digest, "compile_options": options.hex()}

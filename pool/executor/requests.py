@@ -46,7 +46,6 @@ Message = protocol.Compile | protocol.Run | protocol.HotRun | protocol.PlacedRun
 """What a request is on the wire (protocol.Fetch too)."""
 
 
-
 class Requests:
     """Builds tasks' requests; knows each program's output types once a worker said them."""
 
@@ -132,6 +131,7 @@ class Requests:
             cache_key=request.cache_key,
             want_output_types=request.program_id not in self._output_types,
             compile_options=request.compile_options if include else None,
+            bundle=request.bundle,
             keep=tuple(memory.plan.kept.items()) if destinations is None else (),
             segments=segments,
             drops=deliveries.drops,

@@ -26,6 +26,8 @@ it runs beside the process that holds the chip, or on a machine without one.
 
     Pool(n, platform="tpu") on a host with k chips: n compile workers (default
     a third of the cores, at least 2: DEFAULT_COMPILE_SHARE) and k device workers
+    (devices_per_worker=k: one device worker holding every chip, the compile
+    workers compiling for them all)
     Pool(n, topology="v5e:2x2"): n compile workers, no device worker
     Pool(n, run_workers=r) elsewhere: n compile workers and r workers that run
     (each on its process's device, loading what the compile workers put in
@@ -41,7 +43,8 @@ from dataclasses import dataclass
 
 from pool.executor.tasks import Kind
 from worker.errors import DeviceUnavailableError
-from worker.plugin.platforms.platform import DeviceAccess
+from worker.plugin.devices import DEVICES_ENV
+from worker.plugin.platforms.platform import DeviceAccess, Platform
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 
@@ -100,15 +103,27 @@ def default_compile_workers() -> int:
     return max(MIN_COMPILE_WORKERS, (os.cpu_count() or 1) // DEFAULT_COMPILE_SHARE)
 
 
+def given(facts: Platform, devices: int, first: int = 0) -> tuple[tuple[str, str], ...]:
+    """A worker's own variables that give it `devices` devices from device `first`
+    (Platform.device_settings), and tell it its count (worker.plugin.devices.DEVICES_ENV),
+    which a program over more is then refused by. Raises ValueError for a share the platform
+    cannot give one process."""
+    settings = facts.device_settings(devices, first=first)
+    return (*settings.environment.items(), (DEVICES_ENV, str(devices)))
+
+
 def plan_workers(
     workers: int | None,
     platform: str | None,
     topology: TopologySpec | None,
     run_workers: int | None = None,
+    devices: int = 1,
 ) -> tuple[WorkerPlan, ...]:
-    """The pool's worker slots (see the module); raises DeviceUnavailableError for a TPU pool
-    that can neither find a chip nor was given a topology, and ValueError for run workers a
-    pool given a topology cannot have, or more than a TPU host's chips."""
+    """The pool's worker slots (see the module), each worker that runs holding `devices`
+    devices (a compile worker for a topology none); raises DeviceUnavailableError for a TPU
+    pool that can neither find a chip nor was given a topology, and ValueError for run
+    workers a pool given a topology cannot have, or more than a TPU host's chips, or a share
+    of a host's devices the platform cannot give one process."""
     cores = os.cpu_count() or 1
     if topology is not None:
         if run_workers:
@@ -119,10 +134,15 @@ def plan_workers(
         return (WorkerPlan(Role.COMPILE, topology),) * (workers or default_compile_workers())
     facts = platform_named(platform or "")
     if facts.device_access is not DeviceAccess.EXCLUSIVE:
+        # Every worker opens the same devices, as each opens the first one by default (and
+        # with one device, as a worker always did: whatever devices its process sees).
+        told = given(facts, devices) if devices > 1 else ((DEVICES_ENV, "1"),)
         if not run_workers:
-            return (WorkerPlan(Role.ANY),) * (workers or cores)
+            return (WorkerPlan(Role.ANY, None, told),) * (workers or cores)
         compilers = workers or max(1, cores - run_workers)
-        return (WorkerPlan(Role.COMPILE),) * compilers + (WorkerPlan(Role.DEVICE),) * run_workers
+        return (WorkerPlan(Role.COMPILE, None, told),) * compilers + (
+            WorkerPlan(Role.DEVICE, None, told),
+        ) * run_workers
     chips = facts.attached_devices() or 0
     if chips == 0:
         raise DeviceUnavailableError(
@@ -130,19 +150,20 @@ def plan_workers(
             f"{facts.name!r} has nothing to run on: give it a topology "
             "(Pool(topology='v5e:1x1')) to compile for one without it, and run where the chip is"
         )
-    if run_workers is not None and run_workers > chips:
+    if run_workers is not None and run_workers > chips // devices:
         raise ValueError(
             f"run_workers={run_workers}, but this host has {chips} {facts.name.upper()} chip(s), "
-            "and one process at a time may hold a chip: give at most one run worker per chip"
+            f"and one process at a time may hold a chip: give at most one run worker per "
+            f"{devices} chip(s)"
         )
-    held = chips if run_workers is None else run_workers
-    host = facts.host_topology(1)
+    held = chips // devices if run_workers is None else run_workers
+    # Compile workers compile for what one device worker holds: the key is the same there.
+    host = facts.host_topology(devices)
     role = Role.DEVICE if host is not None else Role.ANY
-    devices = tuple(
-        WorkerPlan(role, None, tuple(facts.device_settings(1, first=i).environment.items()))
-        for i in range(held)
+    runners = tuple(
+        WorkerPlan(role, None, given(facts, devices, first=i * devices)) for i in range(held)
     )
     if host is None:
-        return devices  # no name for the host's topology: each chip's worker compiles itself
+        return runners  # no name for the host's topology: each chip's worker compiles itself
     compilers = workers or default_compile_workers()
-    return (WorkerPlan(Role.COMPILE, host),) * compilers + devices
+    return (WorkerPlan(Role.COMPILE, host),) * compilers + runners

@@ -76,12 +76,6 @@ import numpy as np
 from worker.records import ArrayType
 from worker.wire import shm
 
-DEFAULT_CACHE_BYTES = 512 << 20
-"""How many bytes of segments a pool keeps for reuse (or will get back from live results)."""
-
-DEFAULT_MAX_FDS = 64
-"""How many segment descriptors a pool keeps beyond those of tasks in flight."""
-
 _MAP_FIXED = 0x10  # Linux; the mmap module does not export it
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -221,9 +215,7 @@ class SegmentCache:
     longer open is told to forget it.
     """
 
-    def __init__(
-        self, max_bytes: int = DEFAULT_CACHE_BYTES, max_fds: int = DEFAULT_MAX_FDS
-    ) -> None:
+    def __init__(self, max_bytes: int, max_fds: int) -> None:
         self.max_bytes = max_bytes
         self.max_fds = max_fds
         self._free: list[tuple[int, int, Segment]] = []  # sorted

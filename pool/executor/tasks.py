@@ -93,6 +93,9 @@ class Request(NamedTuple):
     spec_types: tuple[ArrayType, ...] | None = None
     """That ProgramSpec's input types."""
     compile_options: bytes | None = None
+    bundle: str | None = None
+    """A run by ProgramSpec from a bundle (its absolute path or URL): the worker loads the
+    program from it, read-only, instead of from the disk cache."""
     worker: Any = None
     """The memory (pool.executor.worker_memory.WorkerMemory) of the worker that must run
     it, which holds the task's values; None: any worker that takes its kind."""

@@ -51,6 +51,7 @@ from pool.executor.wait_set import WaitSet
 from pool.executor.worker_memory import WorkerMemory
 from pool.executor.worker_process import State, WorkerProcess
 from worker.cache import CacheCounters
+from worker.cache.counters import summed
 from worker.cache.remote import RemoteCounters
 
 PARKED_SECONDS = 0.1
@@ -326,17 +327,13 @@ class Workers:
 
     def counters_locked(self) -> CacheCounters:
         """The disk cache counters of every worker, the reaped ones too."""
-        total = self._retired_counters
-        for worker in self._all:
-            total = total.add(CacheCounters(**worker.counters))
-        return total
+        return summed((CacheCounters(**w.counters) for w in self._all), self._retired_counters)
 
     def remote_counters_locked(self) -> RemoteCounters:
         """The remote tier counters of every worker, the reaped ones too."""
-        total = self._retired_remote
-        for worker in self._all:
-            total = total.add(RemoteCounters(**worker.remote_counters))
-        return total
+        return summed(
+            (RemoteCounters(**w.remote_counters) for w in self._all), self._retired_remote
+        )
 
     def info_locked(self) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,

@@ -75,8 +75,9 @@ class Runner(Protocol):
         ...
 
 
-LeafType = tuple[tuple[int, ...], Any, bool]
-"""What the program depends on for one argument leaf: shape, dtype, weak type."""
+LeafType = tuple[tuple[int, ...], Any, bool, Any]
+"""What the program depends on for one argument leaf: shape, dtype, weak type, and the mesh
+sharding of an array placed on one (else None), which jax.jit keys its traces by too."""
 
 
 Statics = tuple[tuple[int | str, type, Any], ...]
@@ -106,9 +107,9 @@ def _leaf_type(leaf: Any, x64: bool) -> LeafType:
         dtype = _canonical.get((leaf.dtype, x64))
         if dtype is None:
             dtype = _canonical[(leaf.dtype, x64)] = jax.dtypes.canonicalize_dtype(leaf.dtype)
-        return leaf.shape, dtype, False
+        return leaf.shape, dtype, False, None
     if type(leaf) is DeviceValue:  # a value the pool keeps: its program takes its type
-        return leaf.shape, leaf.dtype, False
+        return leaf.shape, leaf.dtype, False, None
     if isinstance(leaf, jax.core.Tracer):
         raise TracedPoolFunctionError(
             f"a PoolFunction was called with a JAX tracer ({type(leaf).__name__}): it runs its "
@@ -118,7 +119,9 @@ def _leaf_type(leaf: Any, x64: bool) -> LeafType:
             "transformed function instead, for example pool.function(jax.grad(f))"
         )
     aval = jax.typeof(leaf)
-    return aval.shape, aval.dtype, aval.weak_type
+    sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.Array) else None
+    placed = sharding if isinstance(sharding, jax.sharding.NamedSharding) else None
+    return aval.shape, aval.dtype, aval.weak_type, placed
 
 
 def _argnums(name: str, value: int | Sequence[int]) -> tuple[int, ...]:
@@ -248,6 +251,8 @@ class PoolFunction:
         platform: str | None = None,
         custom_calls: Sequence[str] = (),
         name: str | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
         keep: int | Sequence[int] | bool = (),
     ) -> None:
         if not callable(function):
@@ -273,6 +278,8 @@ class PoolFunction:
         self._platform = platform
         self._custom_calls = tuple(custom_calls)
         self._name = name
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
         self._keep = _keep_positions(keep)
         self._compiled: dict[Any, _Compiled] = {}
         # Signatures being lowered: another thread's call of one waits for it, unless
@@ -425,7 +432,7 @@ class PoolFunction:
         return compiled, leaves
 
     def _lower(self, tree: Any, types: tuple[LeafType, ...], statics: Statics) -> _Compiled:
-        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in types]
+        shapes = [jax.ShapeDtypeStruct(s, d, weak_type=w, sharding=p) for s, d, w, p in types]
         dynamic, kwargs = jax.tree_util.tree_unflatten(tree, shapes)
         function = self._function
         positional = tuple((i, v) for i, _, v in statics if isinstance(i, int))
@@ -442,6 +449,8 @@ class PoolFunction:
             label=lambda i, path: (
                 f"argument {positions[i]}{path}" if i >= 0 else f"keyword argument {path}"
             ),
+            in_shardings=self._in_shardings,
+            out_shardings=self._out_shardings,
         )
         key_outputs = tuple(i for i, key in enumerate(lowered.output_keys) if key is not None)
         return _Compiled(

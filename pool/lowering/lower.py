@@ -23,6 +23,7 @@ import numpy as np
 
 from pool.lowering.devices import leave_devices_to_workers
 from pool.lowering.plugin_info import plugin_info
+from pool.lowering.sharding import boundary_shardings, flat_shardings, partitioning_of
 from pool.lowering.stablehlo import reserialize, target_version
 from pool.lowering.workarounds import active_workarounds, module_rewrite
 from worker.dtypes import code_of_dtype
@@ -289,12 +290,16 @@ def lower_tree(
     platform: str | None = None,
     custom_calls: Sequence[str] = (),
     label: Callable[[int, str], str] = lambda i, path: f"shapes[{i}]{path}",
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> TreeProgram:
     """Lowers function(*args, **kwargs) for pytrees of shapes or arrays; see lower.
 
     label(argument index, key path) names an argument leaf in error messages
     (the index is -1 for a keyword argument, whose key path then starts with
-    its name).
+    its name). in_shardings and out_shardings are as jax.jit takes them (a
+    sharding, or a pytree prefix of ``(args, kwargs)`` and of the result), for
+    a program over several devices (pool.lowering.sharding).
     """
     if not callable(function):
         raise TypeError(f"function must be callable, not {type(function).__name__}")
@@ -322,9 +327,26 @@ def lower_tree(
     try:
         # Traced once: export reuses this trace. Callbacks are found in the program
         # itself, never guessed from an error's text (the function's own errors pass).
-        callbacks = list(_callback_equations(jitted.trace(*arguments).jaxpr.jaxpr))
+        jaxpr = jitted.trace(*arguments).jaxpr
+        callbacks = list(_callback_equations(jaxpr.jaxpr))
         if callbacks:
             raise _host_callback_error(callbacks)
+        boundary = boundary_shardings(
+            jaxpr.jaxpr,
+            _input_shardings(in_shardings, tree_input),
+            flat_shardings(out_shardings, _out_shapes(results[-1][0], jaxpr), "out_shardings"),
+            [getattr(leaf, "sharding", None) for _, leaf in paths_and_leaves],
+        )
+        if boundary is not None:
+            # Over several devices: lowered again with every boundary sharding given
+            # (pool.lowering.sharding), as jax.jit(f, in_shardings=..., out_shardings=...).
+            results.clear()
+            jitted = jax.jit(
+                _flat_function(function, in_tree, tuple(input_keys), results),
+                in_shardings=tuple(boundary[1]),
+                out_shardings=list(boundary[2]),
+                keep_unused=True,
+            )
         exported = jax.export.export(
             jitted,
             platforms=[platform_named(platform).jax_names[0]],
@@ -349,10 +371,51 @@ def lower_tree(
     rewrite = module_rewrite(active_workarounds(info))
     code, text = reserialize(exported.mlir_module_serialized, target, rewrite)
     input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
-    program = DigestedProgram(code=code, text=text, input_types=input_types, platform=platform)
+    partitioning = None
+    if boundary is not None:
+        mesh, ins, outs = boundary
+        partitioning = partitioning_of(
+            mesh,
+            [(s, a.shape) for s, a in zip(ins, exported.in_avals, strict=True)],
+            [(s, a.shape) for s, a in zip(outs, exported.out_avals, strict=True)],
+            platform,
+            text,
+        )
+        _check_devices(partitioning, exported.nr_devices)
+    program = DigestedProgram(
+        code=code,
+        text=text,
+        input_types=input_types,
+        platform=platform,
+        partitioning=partitioning,
+    )
     out_tree, output_keys = results[-1]
     float0 = tuple(i for i, a in enumerate(exported.out_avals) if a.dtype == jax.dtypes.float0)
     return TreeProgram(program, in_tree, tuple(input_keys), out_tree, output_keys, float0)
+
+
+def _input_shardings(
+    in_shardings: Any, tree_input: tuple[tuple[Any, ...], dict[str, Any]]
+) -> list[Any]:
+    """in_shardings per input leaf: a prefix of the positional arguments, as jax.jit takes it
+    (keyword arguments get none)."""
+    args, kwargs = tree_input
+    keywords = len(jax.tree_util.tree_leaves(kwargs))
+    return flat_shardings(in_shardings, args, "in_shardings") + [None] * keywords
+
+
+def _out_shapes(out_tree: Any, jaxpr: Any) -> Any:
+    """The traced result as a pytree of its avals (what out_shardings is a prefix of)."""
+    return jax.tree_util.tree_unflatten(out_tree, list(jaxpr.out_avals))
+
+
+def _check_devices(partitioning: Any, exported_devices: int) -> None:
+    """Refuses a program whose mesh is not the devices JAX lowered it for."""
+    if partitioning.devices != exported_devices:
+        raise ValueError(
+            f"the program was lowered for {exported_devices} devices but its shardings are over "
+            f"{partitioning.describe()}: use one mesh for every sharding, as jax.jit requires"
+        )
 
 
 def lower(
@@ -360,6 +423,9 @@ def lower(
     shapes: Sequence[jax.ShapeDtypeStruct | jax.Array],
     platform: str | None = None,
     custom_calls: Sequence[str] = (),
+    *,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> LoweredProgram:
     """Lowers a function to StableHLO for a platform, which by default follows JAX.
 
@@ -399,9 +465,29 @@ def lower(
     for example, jnp.arctan on the default CPU plugin. Programs for other
     plugins are exactly as JAX writes them. PJRT_POOL_WORKAROUNDS=off turns
     the workarounds off.
+
+    A function over several devices (SPMD) lowers to one program for all of
+    them, which records its Partitioning (LoweredProgram.partitioning): a
+    jax.jit with shardings over a Mesh, a shard_map, arguments placed on a
+    mesh (jax.Array, or ShapeDtypeStruct(..., sharding=NamedSharding(...))),
+    or in_shardings and out_shardings given here as jax.jit takes them (a
+    pytree prefix of shapes, and of the result). The mesh may hold this
+    process's devices, TPU devices of jax.experimental.topologies (no chip
+    needed), or be a jax.sharding.AbstractMesh. Every input and output of the
+    program gets a sharding: the one given, placed or said inside, else
+    replicated (see pool.lowering.sharding); the program is the one
+    jax.jit(function, in_shardings=..., out_shardings=...) compiles with
+    those. It takes and returns global arrays, as jax.jit does.
     """
     if isinstance(shapes, (jax.ShapeDtypeStruct, np.ndarray, jax.Array)) or not isinstance(
         shapes, Sequence
     ):
         raise TypeError("shapes must be a sequence with one shape or array per argument")
-    return lower_tree(function, shapes, platform=platform, custom_calls=custom_calls).program
+    return lower_tree(
+        function,
+        shapes,
+        platform=platform,
+        custom_calls=custom_calls,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+    ).program

@@ -47,14 +47,23 @@ OnLowered = Callable[[int, "Future[Lowered]"], None]
 
 
 def _lower_pickled(payload: bytes) -> Lowered:
-    """Runs in a lowering process: unpickles (function, shapes, platform, calls) and lowers."""
+    """Runs in a lowering process: unpickles (function, shapes, platform, calls, in_shardings,
+    out_shardings) and lowers."""
     started = time.perf_counter()
-    function, shapes, platform, custom_calls = cloudpickle.loads(payload)
-    program = lower(function, shapes, platform=platform, custom_calls=custom_calls)
+    function, shapes, platform, custom_calls, ins, outs = cloudpickle.loads(payload)
+    program = lower(
+        function,
+        shapes,
+        platform=platform,
+        custom_calls=custom_calls,
+        in_shardings=ins,
+        out_shardings=outs,
+    )
     return Lowered(program, time.perf_counter() - started)
 
 
-def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
+def lower_warm_program(program: WarmProgram, platform: str | None) -> LoweredProgram:
+    """A spec's program lowered for its platform (else `platform`): what warm compiles."""
     if program.lowered is not None:
         return program.lowered
     assert program.function is not None
@@ -63,6 +72,8 @@ def _lower_one(program: WarmProgram, platform: str | None) -> LoweredProgram:
         program.shapes,
         platform=program.platform or platform,
         custom_calls=tuple(program.custom_calls),
+        in_shardings=program.in_shardings,
+        out_shardings=program.out_shardings,
     )
 
 
@@ -137,6 +148,8 @@ class Lowerer:
                         list(program.shapes),
                         program.platform or self._platform,
                         tuple(program.custom_calls),
+                        program.in_shardings,
+                        program.out_shardings,
                     )
                 )
             except Exception as error:  # pickling runs the user's __reduce__ and the like
@@ -167,7 +180,7 @@ class Lowerer:
                 return
             started = time.perf_counter()
             try:
-                lowered = _lower_one(program, self._platform)
+                lowered = lower_warm_program(program, self._platform)
             except Exception as error:  # this process's error is the program's error
                 future.set_exception(error)
                 return
@@ -189,7 +202,7 @@ class Lowerer:
                 continue
             started = time.perf_counter()
             try:
-                lowered = _lower_one(program, self._platform)
+                lowered = lower_warm_program(program, self._platform)
                 future.set_result(Lowered(lowered, time.perf_counter() - started))
             except Exception as error:  # a lowering error is that program's outcome
                 future.set_exception(error)

@@ -59,6 +59,13 @@ class WarmProgram(NamedTuple):
     compile_options: bytes | None = None
     """A serialized CompileOptionsProto to compile with instead of the default."""
 
+    in_shardings: Any = None
+    """The arguments' shardings, as lower() and jax.jit take them, for a program over several
+    devices (docs/sharding.md); None: those the function and shapes say, if any."""
+
+    out_shardings: Any = None
+    """The results' shardings, as lower() and jax.jit take them (None: as the function says)."""
+
 
 class Spec(NamedTuple):
     """A loaded spec: its programs and its optional worker initializer."""

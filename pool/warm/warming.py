@@ -6,7 +6,7 @@
       prefetch  _Prefetch   with a remote tier: its entry fetched into the local cache
       compile   _Compile    Pool.submit_compile (workers; a ClusterPool's nodes)
       report    _report     the ProgramReports, checked against the cache directory,
-                            and the pool's figures ──▶ WarmReport
+                            and the pool's figures ──▶ WarmReport (report.py)
 
 Each stage is an object (or, for the report, a function) with its own state;
 each tells the _Ledger how a program went, and the _Ledger is the one writer
@@ -30,23 +30,27 @@ programs it stopped are INTERRUPTED, not failures of their own.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_key_parts, program_text_digest
 from pool.face import Pool, PoolFace
 from pool.progress import ProgressDisplay
 from pool.warm.lowerer import Lowered, Lowerer
+from pool.warm.report import (
+    Outcome,
+    ProgramReport,
+    WarmInterrupted,
+    WarmReport,
+    classify,
+    error_text,
+)
 from pool.warm.spec_file import Spec, WarmProgram
 from worker.cache import CacheCounters, DiskCache, open_cache
 from worker.cache.remote import (
@@ -58,179 +62,10 @@ from worker.cache.remote import (
     open_remote,
 )
 from worker.compile.never_compile import never_compile_on
-from worker.errors import NeverCompileError
 from worker.identity.keys import key_of
+from worker.partitioning import compile_options_for
 from worker.plugin.topology import TopologySpec
-from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
-
-
-class Outcome(enum.Enum):
-    """What happened to one program."""
-
-    COMPILED = "compiled"
-    LOADED = "loaded"
-    LOWERING_ERROR = "lowering error"
-    COMPILE_ERROR = "compile error"
-    WORKER_CRASH = "worker crash"
-    TIMEOUT = "timeout"
-    NOT_STORED = "not stored"
-    NOT_WARMED = "not warmed"
-    """Not in the cache, and never-compile mode forbade compiling it."""
-    SKIPPED = "skipped"
-    INTERRUPTED = "interrupted"
-    """Ctrl-C stopped warming before this program was in the cache (it was waiting to be
-    lowered, waiting for a worker, or compiling)."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether the program is in the cache now."""
-        return self in (Outcome.COMPILED, Outcome.LOADED)
-
-
-@dataclass
-class ProgramReport:
-    """One program's outcome."""
-
-    name: str
-    outcome: Outcome = Outcome.SKIPPED
-    key: str | None = None
-    seconds: float = 0.0
-    """Seconds spent lowering plus compiling or loading it."""
-    lower_seconds: float = 0.0
-    error: str | None = None
-    note: str | None = None
-    """How it was lowered, when that was not as asked (see parallel_lowering)."""
-    spec: ProgramSpec | None = None
-    phases: dict[str, float] | None = None
-    """Seconds per phase of its compile or load in the worker (see worker.phases)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Returns the report as a JSON-ready dict."""
-        return {
-            "name": self.name,
-            "outcome": self.outcome.value,
-            "key": self.key,
-            "seconds": round(self.seconds, 6),
-            "lower_seconds": round(self.lower_seconds, 6),
-            "error": self.error,
-            "note": self.note,
-            "phases": None
-            if self.phases is None
-            else {phase: round(seconds, 6) for phase, seconds in self.phases.items()},
-        }
-
-
-@dataclass
-class WarmReport:
-    """The outcome of warming: per program, and summed."""
-
-    programs: list[ProgramReport]
-    statistics: CompileStatistics = field(default_factory=CompileStatistics)
-    cache_counters: CacheCounters = field(default_factory=CacheCounters)
-    wall_seconds: float = 0.0
-    platform: str | None = None
-    cache_dir: str | None = None
-    remote: RemoteCounters | None = None
-    """What the remote tier did, in the workers and in the prefetch (None: no remote)."""
-    prefetched: dict[str, int] = field(default_factory=dict)
-    """How many programs' prefetches had each outcome (worker.cache.remote.Moved)."""
-    interrupted: bool = False
-    """Whether a Ctrl-C stopped warming (see WarmInterrupted)."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether every program is in the cache."""
-        return all(p.outcome.ok for p in self.programs)
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every program is in the cache, 1 otherwise."""
-        return 0 if self.ok else 1
-
-    def counts(self) -> dict[str, int]:
-        """How many programs had each outcome."""
-        counts: dict[str, int] = {}
-        for program in self.programs:
-            counts[program.outcome.value] = counts.get(program.outcome.value, 0) + 1
-        return counts
-
-    def to_json(self) -> dict[str, Any]:
-        """Returns the whole report as a JSON-ready dict."""
-        return {
-            "ok": self.ok,
-            "interrupted": self.interrupted,
-            "counts": self.counts(),
-            "wall_seconds": round(self.wall_seconds, 6),
-            "statistics": self.statistics._asdict(),
-            "cache_counters": self.cache_counters._asdict(),
-            "platform": self.platform,
-            "cache_dir": self.cache_dir,
-            "remote": None
-            if self.remote is None
-            else {**self.remote._asdict(), "prefetched": self.prefetched},
-            "programs": [p.to_json() for p in self.programs],
-        }
-
-    def summary(self) -> str:
-        """A few lines for people: counts, statistics, and each failure."""
-        counts = self.counts()
-        stopped = counts.pop(Outcome.INTERRUPTED.value, 0)
-        said = [f"{n} {outcome}" for outcome, n in sorted(counts.items())]
-        if self.interrupted:
-            said.append(f"{stopped} not compiled")
-            first = f"interrupted after {self.wall_seconds:.2f} s: {', '.join(said)}"
-        else:
-            first = f"warmed {len(self.programs)} programs in {self.wall_seconds:.2f} s: "
-            first += ", ".join(said)
-        lines = [first, f"statistics: {self.statistics}"]
-        if self.remote is not None:
-            remote = self.remote
-            lines.append(
-                f"remote cache: {remote.hits} entries fetched "
-                f"({self.prefetched.get('fetched', 0)} by prefetch), {remote.waited} compiles "
-                f"saved by waiting on another host's lease, {remote.published} published, "
-                f"{remote.refused} refused, {remote.errors} failed requests"
-            )
-        if self.statistics.compiled == 0 and self.ok:
-            lines.append("nothing was compiled: every program came from the warm cache")
-        for program in self.programs:
-            if program.outcome is Outcome.INTERRUPTED:
-                continue  # counted above: the interrupt's, not the program's
-            if not program.outcome.ok:
-                first = (program.error or "").strip().splitlines()
-                lines.append(
-                    f"  {program.name}: {program.outcome.value}: {first[0] if first else ''}"
-                )
-            elif program.note:
-                lines.append(f"  {program.name}: {program.note}")
-        return "\n".join(lines)
-
-
-class WarmInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped warm(); `report` (a WarmReport, interrupted) says what was warmed.
-
-    It is a KeyboardInterrupt, so a caller that does not look for it stops as
-    on any Ctrl-C. By the time it is raised the workers are stopped and no
-    program is being lowered in this process.
-    """
-
-    def __init__(self, report: WarmReport) -> None:
-        super().__init__("warming was interrupted")
-        self.report = report
-
-
-def _classify(error: BaseException) -> Outcome:
-    if isinstance(error, NeverCompileError):
-        return Outcome.NOT_WARMED
-    if isinstance(error, TaskTimeoutError):
-        return Outcome.TIMEOUT
-    if isinstance(error, (WorkerCrashedError, ProgramQuarantinedError)):
-        return Outcome.WORKER_CRASH
-    return Outcome.COMPILE_ERROR
-
-
-def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+from worker.records import CompileStatistics, LoweredProgram
 
 
 class _Ledger:
@@ -279,7 +114,7 @@ class _Ledger:
             # cancelled): the interrupt's doing, not a failure of the program.
             outcome, error = Outcome.INTERRUPTED, None
         report.outcome = outcome
-        report.error = None if error is None else _error_text(error)
+        report.error = None if error is None else error_text(error)
         if self._progress is not None and outcome is not Outcome.INTERRUPTED:
             detail = report.error or report.note or ""
             self._progress.update(report.name, outcome.value, report.seconds, detail)
@@ -361,7 +196,7 @@ class _Compile:
                 compile_options=self._programs[index].compile_options,
             )
         except Exception as failure:  # quarantined, or the pool is shutting down
-            outcome = Outcome.SKIPPED if ledger.stop.is_set() else _classify(failure)
+            outcome = Outcome.SKIPPED if ledger.stop.is_set() else classify(failure)
             ledger.finish(index, outcome, failure)
             return
         self._submitted.append(task)
@@ -373,7 +208,7 @@ class _Compile:
             return
         error = future.exception()
         if error is not None:
-            self._ledger.finish(index, _classify(error), error)
+            self._ledger.finish(index, classify(error), error)
             return
         self._ledger.compiled(index, future.result())
 
@@ -426,7 +261,8 @@ class _Prefetch:
             submit(index, program)
             return
         digest = program_text_digest(program)
-        key = key_of(program_key_parts(self._key_parts, digest, compile_options))
+        options = compile_options_for(program.partitioning, compile_options)
+        key = key_of(program_key_parts(self._key_parts, digest, options))
 
         def fetched(done: Future[Moved]) -> None:
             try:
@@ -520,18 +356,21 @@ def _compiler(
     initializer: Any,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> Iterator[PoolFace]:
     """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
+    # The options both take alike (a ClusterPool's apply on every node).
+    options: dict[str, Any] = {
+        "platform": platform,
+        "cache_dir": cache_dir,
+        "task_timeout": timeout,
+        "initializer": initializer,
+        "remote": remote,
+        "topology": topology,
+        "devices_per_worker": devices_per_worker,
+    }
     if scheduler is None:
-        with Pool(
-            workers,
-            platform=platform,
-            cache_dir=cache_dir,
-            task_timeout=timeout,
-            initializer=initializer,
-            remote=remote,
-            topology=topology,
-        ) as pool:
+        with Pool(workers, **options) as pool:
             yield pool
         return
     # Here, not at the top: pool.cluster needs Dask's distributed, an optional extra.
@@ -539,16 +378,7 @@ def _compiler(
 
     with (
         connect(scheduler) as client,
-        ClusterPool(
-            client,
-            workers_per_node=workers,
-            platform=platform,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            task_timeout=timeout,
-            initializer=initializer,
-            remote=remote,
-            topology=topology,
-        ) as cluster,
+        ClusterPool(client, workers_per_node=workers, **options) as cluster,
     ):
         yield cluster
 
@@ -566,6 +396,7 @@ def warm(
     scheduler: str | None = None,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
+    devices_per_worker: int = 1,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -586,8 +417,11 @@ def warm(
     theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
     TopologySpec) compiles every program for that topology without a device
     (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. A Ctrl-C raises WarmInterrupted, with the
-    report of what was warmed before it, once the workers have stopped.
+    the manifest, of a TPU host. devices_per_worker is the devices each
+    compiling worker holds, as for Pool: a CPU or GPU program over several
+    devices compiles on that many (a topology's programs compile without any).
+    A Ctrl-C raises WarmInterrupted, with the report of what was warmed
+    before it, once the workers have stopped.
     """
     prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
@@ -596,7 +430,15 @@ def warm(
     started = time.monotonic()
     figures = _Figures()
     compiling = _compiler(
-        scheduler, workers, platform, cache_dir, timeout, initializer, remote, topology
+        scheduler,
+        workers,
+        platform,
+        cache_dir,
+        timeout,
+        initializer,
+        remote,
+        topology,
+        devices_per_worker,
     )
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
@@ -658,8 +500,3 @@ def _report(
         prefetch.counts(),
         interrupted=interrupted,
     )
-
-
-def report_json(report: WarmReport) -> str:
-    """The report as indented JSON."""
-    return json.dumps(report.to_json(), indent=2)

@@ -4,7 +4,7 @@ index.json (canonical JSON: sorted keys, no timestamps)::
 
     {"format": 1, "kind": "pjrt-pool bundle",
      "programs": [{"name", "platform", "input_types", "output_types", "output_bytes",
-                   "entries": [KEY, ...]}, ...],               in manifest order
+                   ["partitioning",] "entries": [KEY, ...]}, ...],   in manifest order
      "entries": {KEY: {"environment", "program_sha256", "compile_options", "size",
                        "sha256"}},                             the member entries/KEY.pjx
      "environments": {ID: {"parts": {...}, "cpu_flags": [...]}}}
@@ -20,6 +20,10 @@ recomputed from the index alone (and is, when the index is read), and a
 loader picks the entry whose environment is its own without reading any
 entry.
 
+A program over several devices has its "partitioning" (worker.partitioning: the
+mesh, the device assignment, each array's blocks); a program of one device has
+none, as every program of a bundle made before partitionings.
+
 With a signing secret, index.mac holds the HMAC-SHA256 of index.json; the
 index holds each member's SHA-256, so the MAC covers the whole bundle.
 """
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.signing import Signer
 from worker.errors import BundleError
-from worker.identity.keys import InvalidKeyError, check_key, is_key, key_of
+from worker.identity.keys import PROGRAM_PARTS, InvalidKeyError, check_key, is_key, key_of
 from worker.records import ProgramSpec, types_to_json
 from worker.untrusted import parse_json
 
@@ -46,8 +50,6 @@ INDEX_NAME = "index.json"
 MAC_NAME = "index.mac"
 ENTRIES_DIR = "entries/"
 KIND = "pjrt-pool bundle"
-PROGRAM_PARTS = ("program_sha256", "compile_options")
-"""The key parts that belong to the program; all others describe where it was built."""
 MAX_INDEX_SIZE = 64 << 20
 MAX_MAC_SIZE = 4096
 """index.mac holds a MAC and a key id as JSON: about 120 bytes."""
@@ -320,19 +322,28 @@ def _program(record: dict[str, Any]) -> Program:
         raise ValueError(f"program {name!r} has no entries")
     for key in keys:
         check_key(key, f"an entry of program {name!r}")
-    fields = {field: record[field] for field in ProgramSpec._fields if field != "key"}
+    fields = {field: record[field] for field in ProgramSpec._fields if field not in _OPTIONAL}
+    fields.update({field: record[field] for field in _OPTIONAL if record.get(field) is not None})
     spec = ProgramSpec.from_json({**fields, "key": keys[0]})  # checks the types
     return Program(name, spec.platform, fields, tuple(keys))
 
 
+_OPTIONAL = ("key", "partitioning")
+"""ProgramSpec fields a program's record may lack: its key (each entry has its own), and the
+partitioning of a program of one device (and of every program of an older bundle)."""
+
+
 def _spec_json(spec: ProgramSpec) -> dict[str, Any]:
-    return {
+    fields = {
         "name": spec.name,
         "platform": spec.platform,
         "input_types": types_to_json(spec.input_types),
         "output_types": types_to_json(spec.output_types),
         "output_bytes": list(spec.output_bytes),
     }
+    if spec.partitioning is not None:
+        fields["partitioning"] = spec.partitioning.to_json()
+    return fields
 
 
 def signature(index_bytes: bytes, signer: Signer) -> bytes:

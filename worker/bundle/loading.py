@@ -47,7 +47,9 @@ def load_from_bundle(bundle: Bundle, name: str) -> tuple[Executable, ProgramSpec
     spec = program.spec(verdict.key)  # its types are the entry's: Bundle.entry checked them
     inputs = recorded_types(entry.metadata)[0]
     try:
-        executable = deserialize_executable(entry.payload, key=verdict.key, input_types=inputs)
+        executable = deserialize_executable(
+            entry.payload, key=verdict.key, input_types=inputs, partitioning=spec.partitioning
+        )
     except (PjrtError, ValueError) as error:
         raise NotInCacheError(
             f"the plugin rejected {name}'s entry {verdict.key} in {bundle.path}: {error}",

@@ -18,16 +18,18 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from worker.bundle.index import PROGRAM_PARTS, Index, Program
+from worker.bundle.index import Index, Program
 from worker.bundle.reader import Bundle
 from worker.cache.entry import CorruptEntryError, UnreadableEntryError
 from worker.errors import BundleError
-from worker.identity.keys import differing_parts, foreign_parts, key_of
+from worker.identity.keys import PROGRAM_PARTS, differing_parts, foreign_parts, key_of
+from worker.identity.target import describe_part
 
 if TYPE_CHECKING:
     from worker.cache.entry import Entry
     from worker.cache.remote import RemoteCache
     from worker.cache.store import DiskCache
+    from worker.partitioning import Partitioning
     from worker.records import ProgramSpec
 
 
@@ -104,12 +106,19 @@ def judge(index: Index, program: Program, here: dict[str, Any]) -> Verdict:
 
     The verdict's key is that entry's; a miss names the key this process
     would need and how each entry differs. Nothing is read but the index.
+    A program over more devices than `here` has (a TPU topology's, whose key
+    parts count them) would miss, the reason naming its mesh and both counts.
     """
+    partitioning = program.spec(program.keys[0]).partitioning
+    short = too_few_devices_here(partitioning, here)
+    if short is not None:
+        needed = key_here(index.parts_of(program.keys[0]), here)
+        return Verdict(program.name, Status.WOULD_MISS, needed, short)
     elsewhere = []
     for key in program.keys:
         parts = index.parts_of(key)
         if not foreign_parts(parts, here):
-            return Verdict(program.name, Status.LOADS, key)
+            return Verdict(program.name, Status.LOADS, key, _over(partitioning))
         environment = index.environments[index.entries[key].environment]
         flags = None if environment.cpu_flags is None else list(environment.cpu_flags)
         elsewhere.append(Elsewhere(key, tuple(differing_parts(parts, here, flags))))
@@ -118,6 +127,28 @@ def judge(index: Index, program: Program, here: dict[str, Any]) -> Verdict:
     reason = "its entry was not built here" if count == 1 else f"none of its {count} entries was"
     reason += "" if count == 1 else " built here"
     return Verdict(program.name, Status.WOULD_MISS, needed, reason, tuple(elsewhere))
+
+
+def too_few_devices_here(partitioning: Partitioning | None, here: dict[str, Any]) -> str | None:
+    """Why a program over more devices than `here` counts cannot run there, or None (it fits,
+    or the key parts count no devices: a CPU or GPU process takes the devices it needs, and a
+    pool worker says when it has too few)."""
+    topology = here.get("topology")
+    available = topology.get("devices") if isinstance(topology, dict) else None
+    if partitioning is None or not isinstance(available, int):
+        return None
+    if partitioning.devices <= available:
+        return None
+    return (
+        f"it needs {partitioning.devices} devices ({partitioning.mesh_text}) and "
+        f"{topology.get('name') or describe_part(topology)} has {available}"
+    )
+
+
+def _over(partitioning: Partitioning | None, reason: str = "") -> str:
+    """A load's reason, naming the devices and mesh of a program over several."""
+    said = [] if partitioning is None else [f"over {partitioning.describe()}"]
+    return ", ".join(said + ([reason] if reason else []))
 
 
 def check_bundle(bundle: Bundle, here: dict[str, Any], platform: str) -> list[Verdict]:
@@ -168,6 +199,10 @@ def check_cached(
             reason = f"a {spec.platform} program, and this check loaded the {platform} plugin"
             verdicts.append(Verdict(spec.name, Status.WOULD_MISS, spec.key, reason))
             continue
+        short = too_few_devices_here(spec.partitioning, here)
+        if short is not None:
+            verdicts.append(Verdict(spec.name, Status.WOULD_MISS, spec.key, short))
+            continue
         try:
             found = cache.read(spec.key, touch=False)
         except CorruptEntryError as error:
@@ -187,7 +222,9 @@ def check_cached(
             verdicts.append(Verdict(spec.name, Status.WOULD_MISS, spec.key, reason))
             continue
         if not foreign_parts(entry.parts, here):
-            verdicts.append(Verdict(spec.name, Status.LOADS, spec.key, where))
+            verdicts.append(
+                Verdict(spec.name, Status.LOADS, spec.key, _over(spec.partitioning, where))
+            )
             continue
         verdicts.append(_built_elsewhere(spec, entry, cache, remote, here))
     return verdicts

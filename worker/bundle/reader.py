@@ -27,7 +27,7 @@ from worker.bundle.index import (
     open_index,
 )
 from worker.bundle.signatures import type_mismatch
-from worker.bundle.urls import is_url
+from worker.bundle.urls import bundle_source, is_url
 from worker.cache import entry as entry_format
 from worker.cache.location import resolve_max_size
 from worker.cache.signing import Signer, signer_from_environment
@@ -44,7 +44,9 @@ class Bundle:
     """An opened, checked bundle (see the module docstring); close it, or use it in a with.
 
     path is a file, or a URL (s3://, gs://, az://, file://, http(s)://) read
-    by ranges; self.path names it in messages (a URL without credentials).
+    by ranges; self.path names it in messages (a URL without credentials),
+    self.source opens it again elsewhere (the URL as given, or the file's
+    absolute path: a Pool's workers open it so).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class Bundle:
             signer_from_environment() if signer is _FROM_ENVIRONMENT else signer
         )
         self.archive: Archive | RemoteArchive
+        self.source: str = bundle_source(path)  # type: ignore[assignment]
         opened: tuple[bytes, Index] | None = None
         if is_url(path):
             # Here: a process that opens files only never imports the remote tier.

@@ -26,3 +26,13 @@ def shown(path: str | os.PathLike[str]) -> str:
     from worker.cache.remote.location import redact
 
     return redact(path)
+
+
+def bundle_source(path: object) -> str | None:
+    """Where another process opens a bundle again: a URL as given, a file's absolute path;
+    None for None. Raises TypeError for what is neither a path nor a URL."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"bundle must be a path or a URL, not {type(path).__name__} {path!r:.80}")
+    return os.fspath(path) if is_url(path) else os.path.abspath(path)

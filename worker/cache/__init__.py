@@ -9,9 +9,11 @@ entries, and reading key files), memos.py (records about plugin builds in
 ``plugins/``, signed too), atomic.py (publishing files), locking.py (the
 file locks), loads.py (markers that catch entries whose load kills a
 process), space.py (the size bound and eviction), counters.py, warn_once.py
-(a warning once per topic), store.py (DiskCache, tying them together),
-report.py (inspection for ``pjrt-pool cache``; loading entries with the
-plugin is worker.serve.entry_check's, in a child process). remote/ is the
+(a warning once per topic), rejections.py (records of entries a plugin
+refused), store.py (DiskCache, tying them together), open_caches.py (this
+process's DiskCache per directory: open_cache), report.py (inspection for
+``pjrt-pool cache``; loading entries with the plugin is
+worker.serve.entry_check's, in a child process). remote/ is the
 remote tier behind this cache (an object store shared by a fleet); it uses
 the modules here, and none of them uses it. What identifies an executable,
 and the form of a key, is worker.identity's (key.py keeps the old import
@@ -39,16 +41,16 @@ if TYPE_CHECKING:
     from worker.cache.location import default_cache_dir as default_cache_dir
     from worker.cache.location import format_size as format_size
     from worker.cache.location import parse_size as parse_size
+    from worker.cache.open_caches import open_cache as open_cache
+    from worker.cache.open_caches import process_counters as process_counters
     from worker.cache.signing import KEY_FILE_ENV as KEY_FILE_ENV
     from worker.cache.signing import SECRET_ENV as SECRET_ENV
     from worker.cache.signing import Signer as Signer
     from worker.cache.signing import signer_from_environment as signer_from_environment
     from worker.cache.space import EntryFile as EntryFile
+    from worker.cache.space import TrimResult as TrimResult
     from worker.cache.store import CacheUnavailableWarning as CacheUnavailableWarning
     from worker.cache.store import DiskCache as DiskCache
-    from worker.cache.store import TrimResult as TrimResult
-    from worker.cache.store import open_cache as open_cache
-    from worker.cache.store import process_counters as process_counters
     from worker.cache.trust import SHARED_ENV as SHARED_ENV
     from worker.cache.trust import UntrustedCacheError as UntrustedCacheError
     from worker.cache.trust import check_cache_dir as check_cache_dir

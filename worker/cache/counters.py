@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol, Self, TypeVar
+
+
+class Addable(Protocol):
+    """Counters that add up (CacheCounters, worker.cache.remote.RemoteCounters)."""
+
+    def add(self, other: Self) -> Self:
+        """Returns the sum of two counters."""
+        ...
+
+
+_C = TypeVar("_C", bound=Addable)
+
+
+def summed(counters: Iterable[_C], zero: _C) -> _C:
+    """The sum of counters of one kind, starting from `zero` (a fresh one, or a total)."""
+    return functools.reduce(lambda total, counter: total.add(counter), counters, zero)
 
 
 class CacheCounters(NamedTuple):

@@ -113,6 +113,33 @@ class Scan(NamedTuple):
         return sum(e.size for e in self.entries) + self.temp_bytes
 
 
+class TrimResult(NamedTuple):
+    """What a trim found and did (DiskCache.trim)."""
+
+    ran: bool
+    """False when another process held the space lock for longer than the wait."""
+    total_before: int
+    """Bytes in entries/ before the trim."""
+    total_after: int
+    """Bytes in entries/ after the trim."""
+    evicted: int
+    """Entries removed."""
+    temp_removed: int
+    """Temporary files of dead writers removed."""
+
+
+class Cleared(NamedTuple):
+    """What clearing a cache did (DiskCache.clear_entries)."""
+
+    removed: int
+    """Entries removed."""
+    left: list[Path]
+    """Things named like entries that are not regular files (a directory, a link): never
+    removed."""
+    failed: list[tuple[Path, OSError]]
+    """Entries that could not be removed, and why."""
+
+
 def scan(entries: Folder | None, temp_grace: float | None = None) -> Scan:
     """Lists entries/ and, with temp_grace, removes older temporary files.
 

@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import hashlib
 import os
-import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from worker.cache import entry as entry_format
 from worker.cache import space, trust
@@ -55,19 +53,20 @@ from worker.cache.location import (
 )
 from worker.cache.locking import HeldLock, try_acquire
 from worker.cache.memos import MemoStore
+from worker.cache.rejections import record_rejection, recorded_rejections
 from worker.cache.signing import Signer, signer_from_environment
-from worker.cache.space import EntryFile, Ledger, Usage, entry_name, remove_entry
+from worker.cache.space import (
+    Cleared,
+    EntryFile,
+    Ledger,
+    TrimResult,
+    Usage,
+    entry_name,
+    remove_entry,
+)
 from worker.cache.warn_once import WarnOnce
 from worker.identity.keys import check_key, key_of
 from worker.log import get_logger
-
-REJECTION_PREFIX = "rejected-"
-"""How the records of entries a plugin refused are named in plugins/ (note_rejection)."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
 
 logger = get_logger("pjrt_pool.cache")
 
@@ -88,34 +87,18 @@ _FROM_ENVIRONMENT: Any = object()
 
 
 class CacheUnavailableWarning(UserWarning):
-    """The cache directory cannot be used; compiling goes on without the cache."""
+    """The cache directory cannot be used; compiling goes on without the cache.
+
+    Each is said once, as one line, through the "pjrt_pool.cache" logger
+    (WarnOnce), and issued as this warning too, for programs that record it,
+    filter it or make it an error. Python does not print it a second time:
+    its default is to ignore it (the filter below), and a filter of the
+    program's own, which comes first, decides otherwise.
+    """
 
 
-class TrimResult(NamedTuple):
-    """What a trim found and did."""
-
-    ran: bool
-    """False when another process held the space lock for longer than the wait."""
-    total_before: int
-    """Bytes in entries/ before the trim."""
-    total_after: int
-    """Bytes in entries/ after the trim."""
-    evicted: int
-    """Entries removed."""
-    temp_removed: int
-    """Temporary files of dead writers removed."""
-
-
-class Cleared(NamedTuple):
-    """What clearing a cache did."""
-
-    removed: int
-    """Entries removed."""
-    left: list[Path]
-    """Things named like entries that are not regular files (a directory, a link): never
-    removed."""
-    failed: list[tuple[Path, OSError]]
-    """Entries that could not be removed, and why."""
+# Appended: any filter the program or -W sets is before it and wins.
+warnings.filterwarnings("ignore", category=CacheUnavailableWarning, append=True)
 
 
 class DiskCache:
@@ -191,10 +174,15 @@ class DiskCache:
         it before it has passed the check, and each directory is held open
         from then on (see folders.py).
         """
-        try:
-            if create:
+        if create:
+            try:
                 trust.make_parents(self.directory, self.shared)
                 trust.make_directory(self.directory, self.shared)
+            except OSError as error:  # a folder above it cannot be made (read-only, /proc)
+                self._degrade(f"cannot create cache directory {self.directory}: {error.strerror}")
+                self.problem = str(error)
+                return False
+        try:
             real = trust.check_cache_directory(self.directory, shared=self.shared)
             root = Folder.open(real, self.shared)
         except FileNotFoundError:
@@ -279,40 +267,13 @@ class DiskCache:
             return "argument"
         return MAX_SIZE_ENV if os.environ.get(MAX_SIZE_ENV) else "default"
 
-    # -- rejections -------------------------------------------------------
-
     def note_rejection(self, cause: str, plugin: str | None = None) -> None:
-        """Records that a plugin refused to load an entry, by cause (worker.compile.by_key).
-
-        One record per cause in plugins/ (rejected-<digest>.json: the cause,
-        the plugin, how many times, first and last), which ``pjrt-pool cache
-        info`` lists. Two processes recording at once may lose one of their
-        counts: the record says a refusal happens, and roughly how often. A
-        cache it cannot write keeps no record.
-        """
-        name = f"{REJECTION_PREFIX}{hashlib.sha256(cause.encode()).hexdigest()[:24]}.json"
-        now = time.time()
-        found = self.memos.read(name) or {}
-        count = found.get("count")
-        record = {
-            "cause": cause,
-            "plugin": plugin,
-            "count": (count if isinstance(count, int) and count >= 0 else 0) + 1,
-            "first": found.get("first", now),
-            "last": now,
-        }
-        with contextlib.suppress(OSError, ValueError):
-            self.memos.write(name, record)
+        """Records that a plugin refused to load an entry (worker.cache.rejections)."""
+        record_rejection(self.memos, cause, plugin)
 
     def rejections(self) -> list[dict[str, Any]]:
         """The refusals note_rejection recorded, most recent first."""
-        found = []
-        for name in self.memos.names():
-            if name.startswith(REJECTION_PREFIX):
-                record = self.memos.read(name)
-                if record is not None and isinstance(record.get("cause"), str):
-                    found.append(record)
-        return sorted(found, key=lambda r: -r["last"] if _is_number(r.get("last")) else 0)
+        return recorded_rejections(self.memos)
 
     # -- counters ---------------------------------------------------------
 
@@ -653,46 +614,3 @@ class DiskCache:
             except OSError as error:
                 cleared.failed.append((item.path, error))
         return cleared
-
-
-_caches: dict[Path, DiskCache] = {}
-_caches_lock = threading.Lock()
-
-
-def open_cache(directory: str | os.PathLike[str] | None = None) -> DiskCache:
-    """Returns this process's DiskCache for a directory: one instance, shared counters.
-
-    compile_program goes through this, so ``open_cache(d).counters`` tells what
-    this process's compiles did with directory d.
-    """
-    resolved = resolve_cache_dir(directory).absolute()
-    with _caches_lock:
-        cache = _caches.get(resolved)
-        if cache is None:
-            cache = _caches[resolved] = DiskCache(resolved)
-        return cache
-
-
-@functools.lru_cache(maxsize=16)
-def existing_memos(directory: Path) -> MemoStore | None:
-    """The records of a cache directory that exists and passes the trust check, else None.
-
-    Never creates the directory, only its plugins/ folder if it lacks one, and
-    never raises. Decided once per process and directory: callers ask on every
-    executable they load or serialize.
-    """
-    try:
-        cache = DiskCache(directory, create=False)
-    except (OSError, ValueError, trust.UntrustedCacheError):
-        return None
-    return cache.records_made_if_missing()
-
-
-def process_counters() -> CacheCounters:
-    """Returns the counters of every cache this process opened with open_cache, summed."""
-    with _caches_lock:
-        caches = list(_caches.values())
-    total = CacheCounters()
-    for cache in caches:
-        total = total.add(cache.counters)
-    return total

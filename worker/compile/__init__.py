@@ -8,6 +8,7 @@ JAX; the cache itself is worker/cache.
     entries.py        one key's entry read, checked and loaded through a target, or the Miss
     by_key.py         loading an executable by its cache key alone (manifests)
     never_compile.py  never-compile mode: serving processes that only load
+    explain_miss.py   why a program would miss: its nearest entries and the key parts that differ
     identity.py       the old import path of compile_options (the key's parts: worker/identity)
     target.py         what a compile is for: this process's device, or a topology without one
     executable.py     Executable: a program loaded into the plugin's client

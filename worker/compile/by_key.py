@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from worker.cache.store import open_cache
+from worker.cache.open_caches import open_cache
 from worker.compile.entries import Miss, load_entry, load_remote_entry, settle_miss
 from worker.compile.executable import Executable
 from worker.compile.tiers import open_remote

@@ -31,9 +31,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from worker.cache import DiskCache, key_of, open_cache, parse_size
+from worker.cache.location import resolve_cache_dir
 from worker.compile.executable import Executable
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
@@ -41,9 +43,10 @@ from worker.compile.target import Target, target_for
 from worker.compile.tiers import Loading, NewEntry, Tier, Tiers, open_remote, open_tiers
 from worker.identity.environment import host_cpu_flags
 from worker.identity.keys import PlatformPart
-from worker.identity.options import checked_compile_options, options_or_default
+from worker.identity.options import checked_compile_options
 from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
+from worker.partitioning import compile_options_for
 from worker.phases import Phases
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.runtime import Runtime, get_runtime
@@ -86,7 +89,7 @@ def cache_key_of(
 ) -> str:
     """The cache key compile_program would give a program here, without loading or compiling
     it: the same plugin, host, topology and cache directory make the same key."""
-    options = options_or_default(checked_compile_options(compile_options))
+    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
     cache = open_cache(cache_dir)
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
@@ -164,7 +167,11 @@ def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
         start = time.perf_counter()
         phases.add("slot_wait", start - waiting)
         executable = target.compile(
-            program.code, job.options, key=job.key, input_types=program.input_types
+            program.code,
+            job.options,
+            key=job.key,
+            input_types=program.input_types,
+            partitioning=program.partitioning,
         )
         seconds = time.perf_counter() - start
     phases.add("compile", seconds)
@@ -188,6 +195,9 @@ def _metadata(
         "compile_seconds": seconds,
         "created": time.time(),
     }
+    if program.partitioning is not None:
+        # What a load by key alone (a manifest, a bundle, a preload) runs it with.
+        metadata["partitioning"] = program.partitioning.to_json()
     if target.topology is not None:
         metadata["topology"] = target.topology  # for people: the key holds what it is
     if PlatformPart.HOST in target.runtime.platform_parts:
@@ -200,7 +210,7 @@ def _metadata(
 def _open(
     program: LoweredProgram,
     disk_cache: bool,
-    cache_dir: str | os.PathLike[str] | None,
+    directory: Path,
     topology: str | TopologySpec | None,
 ) -> tuple[DiskCache | None, Target]:
     """The disk cache a compile uses (None: none, or one that cannot be used) and its target,
@@ -208,7 +218,7 @@ def _open(
     its own frame: the warning names the line that called it)."""
     # The cache first: loading the plugin reads (and fills) the default cache's
     # records about plugin builds only if that cache exists (runtime._existing_memos).
-    cache = open_cache(cache_dir) if disk_cache else None
+    cache = open_cache(directory) if disk_cache else None
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
     return (cache if cache is not None and cache.usable else None), target
@@ -267,15 +277,17 @@ def compile_program(
     see worker.cache.trust, and worker.cache.signing for signed entries.
     """
     program = _check_code(check_program(program, "compile_program"))
-    options = options_or_default(checked_compile_options(compile_options))
+    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
     remote_cache = open_remote(remote)
-    cache, target = _open(program, disk_cache, cache_dir, topology)
-    warn_known_failures(target.runtime.location.path, cache_dir)  # attributed to our caller
+    directory = resolve_cache_dir(cache_dir)  # once: what follows is given the directory
+    cache, target = _open(program, disk_cache, directory, topology)
+    warn_known_failures(target.runtime.location.path, directory)  # attributed to our caller
     phases = Phases()
     with phases.time("key"):
         key, parts = program_key(program, target.runtime, cache, options, target)
+    target.check_devices(program.partitioning)
     loading = Loading(program.name, program.input_types, target, phases)
     tiers = open_tiers(cache, remote_cache, loading, lock_timeout, bound)
     job = _Job(program, key, parts, options, target, tiers, phases, time.perf_counter())

@@ -23,6 +23,7 @@ from worker.compile.executable import Executable, deserialize_executable
 from worker.errors import PjrtError
 from worker.identity.keys import LOADING_PARTS, differing_parts
 from worker.log import get_logger
+from worker.partitioning import partitioning_from_json
 from worker.plugin.runtime import loaded_runtime
 from worker.records import ArrayType
 
@@ -69,12 +70,19 @@ def _load_payload(
     entry: Entry, key: str, target: Target | None, input_types: tuple[ArrayType, ...] | None
 ) -> Executable:
     """An entry's executable through its target (default: deserialized onto this process's
-    device); raises PjrtError or ValueError for bytes that cannot be loaded."""
+    device), over the devices its recorded partitioning names (the key vouches for it: the
+    same program text and device assignment); raises PjrtError or ValueError for bytes, or
+    a record, that cannot be loaded."""
+    partitioning = partitioning_from_json(entry.metadata.get("partitioning"))
     if target is None:
-        return deserialize_executable(entry.payload, key=key, input_types=input_types)
+        return deserialize_executable(
+            entry.payload, key=key, input_types=input_types, partitioning=partitioning
+        )
     outputs = entry.metadata.get("output_types")
     types = None if not isinstance(outputs, list) else tuple(map(ArrayType.from_json, outputs))
-    return target.load(entry.payload, types, key=key, input_types=input_types)
+    return target.load(
+        entry.payload, types, key=key, input_types=input_types, partitioning=partitioning
+    )
 
 
 def load_entry(

@@ -12,6 +12,7 @@ from worker.arguments import prepare_arguments
 from worker.compile.stamp import check_stamp
 from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
 from worker.errors import NotLoadedError, PjrtError
+from worker.partitioning import ArraySharding, Partitioning
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
 from worker.plugin.runtime import Runtime, get_runtime
 from worker.records import ArrayType
@@ -50,9 +51,58 @@ def keeps_state(serialized: bytes | bytearray | memoryview) -> bool:
     return any(marker in data for marker in _STATEFUL_MARKERS)
 
 
-def output_types_of(native: _pjrt.Executable | _pjrt.UnloadedExecutable) -> tuple[ArrayType, ...]:
-    """The ArrayType of each output of a native executable, as the plugin reports it."""
-    return tuple(ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types)
+def output_types_of(
+    native: _pjrt.Executable | _pjrt.UnloadedExecutable, partitioning: Partitioning | None = None
+) -> tuple[ArrayType, ...]:
+    """The ArrayType of each output of a native executable: as the plugin reports it, or for
+    a program over several devices (whose outputs the plugin reports per device) the global
+    arrays its partitioning puts together. Raises ValueError when the partitioning does not
+    fit the executable's outputs."""
+    types = tuple(ArrayType(dtype_of_code(code), tuple(dims)) for code, dims in native.output_types)
+    if partitioning is None:
+        return types
+    outputs = partitioning.outputs
+    if len(outputs) != len(types) or any(
+        o.blocks and o.block_shape(0) != t.shape for o, t in zip(outputs, types, strict=False)
+    ):
+        raise ValueError(
+            f"the program's partitioning ({partitioning.describe()}) does not fit its "
+            f"executable's outputs per device ({', '.join(map(str, types))})"
+        )
+    return tuple(ArrayType(t.dtype, o.shape) for t, o in zip(types, outputs, strict=True))
+
+
+def _array_shards(code: int, sharding: ArraySharding) -> tuple[int, list[int], list[Any]]:
+    """One array's shards as the native set_shards takes them."""
+    blocks = [
+        ([start for start, _ in block], [stop - start for start, stop in block])
+        for block in sharding.blocks
+    ]
+    return code, list(sharding.shape), blocks
+
+
+def _set_shards(
+    native: _pjrt.Executable,
+    partitioning: Partitioning,
+    input_types: tuple[ArrayType, ...] | None,
+    output_types: tuple[ArrayType, ...],
+) -> None:
+    """Hands a loaded executable its partitioning's blocks (it splits and assembles with them);
+    raises ValueError when they do not fit it or its input types are unknown."""
+    if input_types is None:
+        raise ValueError("a program over several devices needs its input types to be known")
+    partitioning.check_types(input_types, output_types)
+    native.set_shards(
+        list(partitioning.device_ids),
+        [
+            _array_shards(code_of_dtype(t.dtype), s)
+            for t, s in zip(input_types, partitioning.inputs, strict=True)
+        ],
+        [
+            _array_shards(code_of_dtype(t.dtype), s)
+            for t, s in zip(output_types, partitioning.outputs, strict=True)
+        ],
+    )
 
 
 def host_array(value: _pjrt.DeviceValue, array_type: ArrayType) -> np.ndarray:
@@ -83,6 +133,10 @@ class Executable:
             program's, and run then converts its arguments to these types.
         key: The disk cache key of the executable when compile_program made
             it, else None.
+        partitioning: For a program over several devices, its devices and how
+            its global inputs and outputs are split over them
+            (worker.partitioning); None for a program of one device. run then
+            takes and returns global arrays, as jax.jit does.
 
     What an executable is known by (key, input_types) is given as it is
     made (compile_executable, deserialize_executable), never stored into it
@@ -99,9 +153,13 @@ class Executable:
         runtime: Runtime,
         input_types: tuple[ArrayType, ...] | None = None,
         key: str | None = None,
+        partitioning: Partitioning | None = None,
     ) -> None:
         self._native = native
-        self._set_types(runtime, output_types_of(native), input_types, key)
+        outputs = output_types_of(native, partitioning)
+        if partitioning is not None:
+            _set_shards(native, partitioning, input_types, outputs)
+        self._set_types(runtime, outputs, input_types, key, partitioning)
         # Whether it keeps state between runs (keeps_state), read from its bytes the first
         # time it is primed: a scan of a 34 MB executable takes 120 ms, which a load of
         # one that is never primed need not pay.
@@ -113,12 +171,14 @@ class Executable:
         output_types: tuple[ArrayType, ...],
         input_types: tuple[ArrayType, ...] | None,
         key: str | None,
+        partitioning: Partitioning | None = None,
     ) -> None:
         self._runtime = runtime
         self.output_types = output_types
         self.num_outputs = len(output_types)
         self.key = key
         self.input_types = input_types
+        self.partitioning = partitioning
 
     @property
     def input_types(self) -> tuple[ArrayType, ...] | None:
@@ -208,7 +268,12 @@ class Executable:
         codes = self._input_codes
         if codes is None:
             codes = [code_of_dtype(a.dtype) for a in arguments]
-        self._native.execute(
+        # Over several devices: the native module cuts each global argument into its
+        # devices' blocks and puts each output together (see worker.partitioning).
+        execute = (
+            self._native.execute if self.partitioning is None else self._native.execute_sharded
+        )
+        execute(
             [buffer_view(a) for a in arguments],
             codes,
             [buffer_view(o) for o in outputs],
@@ -224,6 +289,10 @@ class Executable:
         to the type that the program takes, and otherwise it keeps its own dtype.
         """
         prepared = self.prepare_arguments(arguments)
+        if self.partitioning is not None:  # over several devices: outputs put together here
+            outputs = [np.empty(shape, dtype) for dtype, shape in self.output_types]
+            self.run_into(prepared, outputs, zero_copy)
+            return outputs
         codes = self._input_codes
         if codes is None:
             codes = [code_of_dtype(a.dtype) for a in prepared]
@@ -265,7 +334,8 @@ class Executable:
     def __repr__(self) -> str:
         inputs = "?" if self.input_types is None else ", ".join(map(str, self.input_types))
         outputs = ", ".join(map(str, self.output_types))
-        return f"<Executable ({inputs}) -> ({outputs}) on {self.platform}>"
+        over = "" if self.partitioning is None else f" over {self.partitioning.describe()}"
+        return f"<Executable ({inputs}) -> ({outputs}) on {self.platform}{over}>"
 
 
 def compile_executable(
@@ -274,21 +344,32 @@ def compile_executable(
     *,
     key: str | None = None,
     input_types: tuple[ArrayType, ...] | None = None,
+    partitioning: Partitioning | None = None,
 ) -> Executable:
     """Executable.compile, for an executable known by a cache key and taking these argument
-    types: compile_program's and the cache's loaders make every Executable through this,
-    deserialize_executable or TopologyExecutable, which alone set what it is known by."""
+    types, over the devices of its partitioning (None: one): compile_program's and the
+    cache's loaders make every Executable through this, deserialize_executable or
+    TopologyExecutable, which alone set what it is known by."""
     code = _as_bytes_like(code, "code")
     options = _as_bytes_like(compile_options, "compile_options")
     if len(code) == 0:
         raise ValueError("code is empty: pass StableHLO bytecode (LoweredProgram.code)")
     runtime = get_runtime()
+    client = _client_for(runtime, partitioning)
     ensure_kernels_for(runtime, code)
     try:
-        native = runtime.client.compile(code, options)
+        native = client.compile(code, options)
     except PjrtError as error:
         raise explain_missing_handler(error, runtime) from None
-    return Executable(native, runtime, input_types, key)
+    return Executable(native, runtime, input_types, key, partitioning)
+
+
+def _client_for(runtime: Runtime, partitioning: Partitioning | None) -> _pjrt.Client:
+    """The client a program runs on: the runtime's, or one with its partitioning's devices
+    (Runtime.client_for: DeviceCountError where there are not that many)."""
+    if partitioning is None:
+        return runtime.client
+    return runtime.client_for(partitioning.devices, partitioning.mesh_text)
 
 
 def deserialize_executable(
@@ -296,20 +377,22 @@ def deserialize_executable(
     *,
     key: str | None = None,
     input_types: tuple[ArrayType, ...] | None = None,
+    partitioning: Partitioning | None = None,
 ) -> Executable:
     """Executable.deserialize, for an executable known by a cache key and taking these
-    argument types (see compile_executable)."""
+    argument types, over the devices of its partitioning (see compile_executable)."""
     serialized = _as_bytes_like(serialized, "serialized")
     if len(serialized) == 0:
         raise ValueError("serialized is empty: pass what Executable.serialize returned")
     runtime = get_runtime()
+    client = _client_for(runtime, partitioning)
     serialized = check_stamp(serialized, runtime.identity())
     ensure_kernels_for(runtime, serialized)
     try:
-        native = runtime.client.deserialize(serialized)
+        native = client.deserialize(serialized)
     except PjrtError as error:
         raise explain_missing_handler(error, runtime) from None
-    return Executable(native, runtime, input_types, key)
+    return Executable(native, runtime, input_types, key, partitioning)
 
 
 class TopologyExecutable(Executable):
@@ -332,11 +415,12 @@ class TopologyExecutable(Executable):
         serialized: bytes | _pjrt.UnloadedExecutable,
         input_types: tuple[ArrayType, ...] | None = None,
         key: str | None = None,
+        partitioning: Partitioning | None = None,
     ) -> None:
         self._unloaded = serialized if isinstance(serialized, _pjrt.UnloadedExecutable) else None
         self._serialized = None if self._unloaded is not None else bytes(serialized)
         self.topology = topology
-        self._set_types(runtime, output_types, input_types, key)
+        self._set_types(runtime, output_types, input_types, key, partitioning)
 
     @staticmethod
     def compiled(
@@ -346,10 +430,18 @@ class TopologyExecutable(Executable):
         *,
         key: str | None = None,
         input_types: tuple[ArrayType, ...] | None = None,
+        partitioning: Partitioning | None = None,
     ) -> TopologyExecutable:
-        """Wraps what the plugin compiled for a topology."""
+        """Wraps what the plugin compiled for a topology (over the devices of its
+        partitioning, whose outputs are the global arrays it puts together)."""
         return TopologyExecutable(
-            runtime, topology, output_types_of(native), native, input_types, key
+            runtime,
+            topology,
+            output_types_of(native, partitioning),
+            native,
+            input_types,
+            key,
+            partitioning,
         )
 
     def _not_loaded(self) -> NotLoadedError:

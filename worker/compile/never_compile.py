@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from worker.cache.entry import CorruptEntryError
 from worker.cache.store import DiskCache
+from worker.compile.explain_miss import related_entries
 from worker.errors import NeverCompileError
-from worker.identity.keys import differing_parts
+from worker.identity.keys import IDENTITY_PARTS
+from worker.words import counted
 
 if TYPE_CHECKING:
     from worker.cache.remote import RemoteCache
@@ -26,8 +27,6 @@ COMPILE_ENV = "PJRT_POOL_COMPILE"
 """never: load warmed executables only; allow (or unset): compile what is not cached."""
 
 _NEVER, _ALLOW = "never", "allow"
-_SCANNED_ENTRIES = 20_000
-"""At most this many entry headers are read to find the program built elsewhere."""
 _SHOWN = 3
 
 
@@ -53,25 +52,10 @@ def never_compile_on(option: bool | None = None) -> bool:
 
 
 def built_elsewhere(cache: DiskCache, parts: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Returns the cache's entries of the same program built elsewhere, and how each differs.
-
-    The same program: the same text and compile options under another key.
-    Only headers are read (at most _SCANNED_ENTRIES of them), never payloads.
-    """
-    found = []
-    for item in cache.list_entries()[-_SCANNED_ENTRIES:]:
-        try:
-            fields = cache.read_header(item.key).fields
-        except (OSError, CorruptEntryError):
-            continue
-        theirs = fields.get("parts", {})
-        if item.key == fields.get("key") and all(
-            theirs.get(name) == parts.get(name) for name in ("program_sha256", "compile_options")
-        ):
-            flags = fields.get("metadata", {}).get("cpu_flags")
-            flags = flags if isinstance(flags, list) else None
-            found.append((item.key, differing_parts(theirs, parts, flags)))
-    return found
+    """Returns the cache's entries of the same program built elsewhere, and how each differs
+    (nearest first; explain_miss.related_entries, which reads only headers)."""
+    found = related_entries(cache, parts, sections=IDENTITY_PARTS)
+    return [(entry.key, list(entry.differences)) for entry in found]
 
 
 def refusal(
@@ -104,7 +88,7 @@ def refusal(
         ]
         if found:
             said += (
-                f" The {holder} holds it built elsewhere ({len(found)} entries): "
+                f" The {holder} holds it built elsewhere ({counted(len(found), 'entry')}): "
                 + " | ".join(found[:_SHOWN])
                 + (" | ..." if len(found) > _SHOWN else "")
                 + "."

@@ -31,11 +31,13 @@ from worker.compile.executable import (
 from worker.errors import PjrtError
 from worker.identity.keys import PlatformPart
 from worker.identity.target import describe_part, device_fields, topology_fields
+from worker.plugin.devices import too_few_devices
 from worker.plugin.kernels import ensure_kernels_for, explain_missing_handler
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec, parse_topology
 
 if TYPE_CHECKING:
+    from worker.partitioning import Partitioning
     from worker.plugin.runtime import Runtime
     from worker.records import ArrayType
 
@@ -58,17 +60,40 @@ class DeviceTarget:
         """The key parts that say what this target is (worker.identity.target.device_fields)."""
         return device_fields(self.runtime)
 
+    def check_devices(self, partitioning: Partitioning | None) -> None:
+        """Raises DeviceCountError, before anything compiles, when the program needs more
+        devices than a client here can hold (worker.plugin.runtime.Runtime.client_for)."""
+        if partitioning is not None:
+            self.runtime.client_for(partitioning.devices, partitioning.mesh_text)
+
     def compile(
-        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+        self,
+        code: bytes,
+        options: bytes,
+        *,
+        key: str,
+        input_types: InputTypes,
+        partitioning: Partitioning | None = None,
     ) -> Executable:
-        """Compiles on the client an executable known by key, taking input_types."""
-        return compile_executable(code, options, key=key, input_types=input_types)
+        """Compiles on the client an executable known by key, taking input_types, over the
+        devices of its partitioning (None: one)."""
+        return compile_executable(
+            code, options, key=key, input_types=input_types, partitioning=partitioning
+        )
 
     def load(
-        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+        self,
+        payload: bytes,
+        output_types: OutputTypes,
+        *,
+        key: str,
+        input_types: InputTypes,
+        partitioning: Partitioning | None = None,
     ) -> Executable:
         """Deserializes an entry's bytes onto the client (the plugin checks them)."""
-        return deserialize_executable(payload, key=key, input_types=input_types)
+        return deserialize_executable(
+            payload, key=key, input_types=input_types, partitioning=partitioning
+        )
 
 
 class TopologyTarget:
@@ -88,8 +113,27 @@ class TopologyTarget:
         """The key parts that say what this target is (worker.identity.target.topology_fields)."""
         return topology_fields(self.native)
 
+    def check_devices(self, partitioning: Partitioning | None) -> None:
+        """Raises DeviceCountError, before anything compiles, when the program needs more
+        devices than the topology has."""
+        chips = len(self.native.devices)
+        if partitioning is not None and partitioning.devices > chips:
+            raise too_few_devices(
+                partitioning.devices,
+                chips,
+                partitioning.mesh_text,
+                f"the topology {self.spec.name} has",
+                f"compile it for a topology of {partitioning.devices} devices",
+            )
+
     def compile(
-        self, code: bytes, options: bytes, *, key: str, input_types: InputTypes
+        self,
+        code: bytes,
+        options: bytes,
+        *,
+        key: str,
+        input_types: InputTypes,
+        partitioning: Partitioning | None = None,
     ) -> Executable:
         """Compiles for the topology with no client (PJRT_Compile)."""
         ensure_kernels_for(self.runtime, code)
@@ -98,11 +142,22 @@ class TopologyTarget:
         except PjrtError as error:
             raise explain_missing_handler(error, self.runtime) from None
         return TopologyExecutable.compiled(
-            self.runtime, self.spec.name, native, key=key, input_types=input_types
+            self.runtime,
+            self.spec.name,
+            native,
+            key=key,
+            input_types=input_types,
+            partitioning=partitioning,
         )
 
     def load(
-        self, payload: bytes, output_types: OutputTypes, *, key: str, input_types: InputTypes
+        self,
+        payload: bytes,
+        output_types: OutputTypes,
+        *,
+        key: str,
+        input_types: InputTypes,
+        partitioning: Partitioning | None = None,
     ) -> Executable:
         """Keeps an entry's bytes: nothing here can load them, and the key vouches for them.
 
@@ -111,7 +166,7 @@ class TopologyTarget:
         if output_types is None:
             raise ValueError("the entry records no output types")
         return TopologyExecutable(
-            self.runtime, self.spec.name, output_types, payload, input_types, key
+            self.runtime, self.spec.name, output_types, payload, input_types, key, partitioning
         )
 
 

@@ -18,7 +18,8 @@ shared records, the cache, plugins, compiling and bundles all take from it::
     environment.py  what the plugin reads from the environment as it loads (XLA_FLAGS and a
                     platform's own variables of flags, TPU's LIBTPU_INIT_ARGS, normalized;
                     thread counts), and the host's CPU features
-    options.py      the default serialized compile options, and checking given ones
+    options.py      the serialized compile options: the default ones, a sharded program's
+                    (encoded here, as jaxlib serializes them), and checking given ones
     target.py       what a runtime and a target put in a key (platform version, device kind,
                     a TPU topology's part); runtime_key_parts, a program's key parts here
     build.py        a plugin build's SHA-256 (vouched for by its installed RECORD, else

@@ -85,6 +85,9 @@ def key_parts(
     return parts
 
 
+PROGRAM_PARTS = ("program_sha256", "compile_options")
+"""The key parts that belong to the program; all others describe where it was built."""
+
 IDENTITY_PARTS = (
     "format",
     "platform",

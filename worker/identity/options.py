@@ -1,8 +1,24 @@
-"""The compile options part of a key: the default serialized options, and checking given ones."""
+"""The compile options part of a key: the serialized options a program compiles with.
+
+A program of one device compiles with the default options (one replica, one
+partition). A program over several devices (SPMD: a jax.jit with shardings
+over a Mesh, a shard_map) compiles with options derived from it, as
+``jax.jit(...).lower().compile()`` derives them (jax._src.compiler.
+get_compile_options): its replicas and partitions, SPMD partitioning, the
+Shardy partitioner when the program is in Shardy's form, its device
+assignment, and no sharding propagation to parameters or outputs (the
+program's boundaries are all annotated). spmd_compile_options encodes those
+fields of XLA's CompileOptionsProto itself (xla/pjrt/proto/compile_options.proto,
+xla/xla_data.proto's DeviceAssignmentProto), byte for byte as jaxlib
+serializes them, since no process here may import JAX; the options are part
+of the cache key, so the same program for 4 and for 8 devices, or for two
+device assignments, has two keys.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -23,3 +39,87 @@ def checked_compile_options(options: Any) -> bytes | None:
 def options_or_default(options: bytes | None) -> bytes:
     """The serialized compile options to use: the given ones, else the default."""
     return compile_options() if options is None else options
+
+
+# Field numbers of xla.ExecutableBuildOptionsProto (CompileOptionsProto's field 3).
+_BUILD_OPTIONS = 3
+_NUM_REPLICAS = 4
+_NUM_PARTITIONS = 5
+_USE_SPMD_PARTITIONING = 6
+_DEVICE_ASSIGNMENT = 9
+_PROPAGATE_TO_OUTPUT = 12
+_PROPAGATE_TO_PARAMETERS = 18
+_USE_SHARDY = 19
+# xla.DeviceAssignmentProto: replica_count, computation_count, and per computation
+# (partition) its ComputationDevice { repeated int64 replica_device_ids = 1 (packed) }.
+_REPLICA_COUNT = 1
+_COMPUTATION_COUNT = 2
+_COMPUTATION_DEVICES = 3
+_REPLICA_DEVICE_IDS = 1
+
+_VARINT = 0
+_LENGTH = 2
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64s as protobuf writes them: ten bytes
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _number(field: int, value: int) -> bytes:
+    return _varint(field << 3 | _VARINT) + _varint(value)
+
+
+def _message(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | _LENGTH) + _varint(len(payload)) + payload
+
+
+def spmd_compile_options(
+    num_replicas: int, num_partitions: int, device_ids: Sequence[int], shardy: bool
+) -> bytes:
+    """Returns the serialized CompileOptionsProto of a program over several devices.
+
+    device_ids are the devices of its device assignment, replica by replica
+    and, within one, partition by partition (num_replicas x num_partitions of
+    them: the order of the mesh's devices). shardy says whether the program
+    is in Shardy's form (sdy dialect), which XLA must then be told to
+    partition with. Raises ValueError for counts that do not fit the ids.
+    """
+    if num_replicas < 1 or num_partitions < 1 or len(device_ids) != num_replicas * num_partitions:
+        raise ValueError(
+            f"{num_replicas} replicas x {num_partitions} partitions need as many device ids, "
+            f"not {len(device_ids)}"
+        )
+    ids = [int(i) for i in device_ids]
+    computations = b"".join(
+        _message(
+            _COMPUTATION_DEVICES,
+            _message(
+                _REPLICA_DEVICE_IDS,
+                b"".join(_varint(ids[r * num_partitions + p]) for r in range(num_replicas)),
+            ),
+        )
+        for p in range(num_partitions)
+    )
+    assignment = (
+        _number(_REPLICA_COUNT, num_replicas)
+        + _number(_COMPUTATION_COUNT, num_partitions)
+        + computations
+    )
+    build = (
+        _number(_NUM_REPLICAS, num_replicas)
+        + _number(_NUM_PARTITIONS, num_partitions)
+        + _number(_USE_SPMD_PARTITIONING, 1)
+        + _message(_DEVICE_ASSIGNMENT, assignment)
+        + _message(_PROPAGATE_TO_OUTPUT, b"\x00")
+        + _message(_PROPAGATE_TO_PARAMETERS, b"\x00")
+        + (_number(_USE_SHARDY, 1) if shardy else b"")
+    )
+    return _message(_BUILD_OPTIONS, build)

@@ -10,6 +10,7 @@ in in-process use, the probe the parent starts) and never imports JAX.
     startup.py              what a pool worker sets up before its plugin loads
     xla_flags.py            the XLA flags a plugin loads with (JAX's semantics)
     runtime.py              the one Runtime of the process: plugin, client, identity
+    devices.py              how a client is given k devices, per platform; refusing more
     kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
     device_errors.py        which errors leave a device context unusable
     topology.py             topologies: the devices a program is compiled for, not held

@@ -36,8 +36,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.cache.location import resolve_cache_dir
-from worker.cache.store import existing_memos, open_cache
+from worker.cache.open_caches import existing_memos, open_cache
+from worker.cache.store import DiskCache
 from worker.cache.trust import UntrustedCacheError
 from worker.identity.keys import check_key
 from worker.plugin.build_identity import plugin_build_sha256
@@ -70,9 +70,9 @@ class KnownPluginFailuresWarning(UserWarning):
     """The loaded plugin build failed conformance cases when check-plugin last ran on it."""
 
 
-def memo_path(cache_dir: str | os.PathLike[str] | None, plugin_sha256: str) -> Path:
+def memo_path(directory: Path, plugin_sha256: str) -> Path:
     """Returns the file that holds a plugin build's record in a cache directory."""
-    return resolve_cache_dir(cache_dir) / "plugins" / _memo_name(plugin_sha256)
+    return directory / "plugins" / _memo_name(plugin_sha256)
 
 
 def _memo_name(plugin_sha256: str) -> str:
@@ -92,9 +92,14 @@ def read_memo(
     ("pass", "wrong", "error", "crash", "timeout" or "skipped").
     """
     try:
-        record = open_cache(cache_dir).memos.read(_memo_name(plugin_sha256))
+        return _read_memo(open_cache(cache_dir), plugin_sha256)
     except (OSError, ValueError, UntrustedCacheError):
         return None
+
+
+def _read_memo(cache: DiskCache, plugin_sha256: str) -> dict[str, Any] | None:
+    """read_memo in an open cache; raises what reading raises."""
+    record = cache.memos.read(_memo_name(plugin_sha256))
     if not isinstance(record, dict) or record.get("format") != MEMO_FORMAT:
         return None
     if record.get("plugin_sha256") != plugin_sha256 or not isinstance(record.get("cases"), dict):
@@ -123,7 +128,11 @@ def write_memo(
     Returns the record's path. Raises OSError when the directory cannot be
     written.
     """
-    previous = read_memo(cache_dir, plugin_sha256)
+    cache = open_cache(cache_dir)
+    try:
+        previous = _read_memo(cache, plugin_sha256)
+    except (OSError, ValueError, UntrustedCacheError):
+        previous = None  # unreadable: written anew
     cases: dict[str, str] = dict(previous["cases"]) if previous else {}
     cases.update(outcomes)
     if known_cases is not None:
@@ -138,8 +147,8 @@ def write_memo(
         "workarounds": list(workarounds),
         "cases": dict(sorted(cases.items())),
     }
-    open_cache(cache_dir).memos.write(_memo_name(plugin_sha256), record)
-    return memo_path(cache_dir, plugin_sha256)
+    cache.memos.write(_memo_name(plugin_sha256), record)
+    return memo_path(cache.directory, plugin_sha256)
 
 
 def failing_cases(record: Mapping[str, Any] | None) -> list[str]:
@@ -210,20 +219,18 @@ def _in_pool_worker() -> bool:
     return spec is not None and spec.name in ("worker", "worker.__main__")
 
 
-def warn_known_failures(
-    plugin_path: str | None, cache_dir: str | os.PathLike[str] | None = None
-) -> None:
+def warn_known_failures(plugin_path: str | None, directory: Path) -> None:
     """Warns (KnownPluginFailuresWarning) if the plugin build at plugin_path has failing cases.
 
-    It looks in the record check-plugin keeps in cache_dir (default: the
-    default cache directory), once per plugin path and cache directory, and
+    It looks in the record check-plugin keeps in the cache directory (its
+    caller's, resolved: worker.cache.location.resolve_cache_dir), once per
+    plugin path and cache directory, and
     warns at most once per plugin build in a process. It never raises: a
     missing or unreadable record means nothing is known. compile_program and
     Pool call it; pool workers stay quiet (their parent warns).
     """
     if not plugin_path:
         return
-    directory = resolve_cache_dir(cache_dir)
     looked = (plugin_path, str(directory))
     with _lock:
         if looked in _looked:

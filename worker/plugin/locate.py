@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from worker.errors import PluginNotFoundError
+from worker.extras import install_extra_command
 from worker.plugin.platforms.platform import PluginPackage
 from worker.plugin.platforms.registry import known_platforms, platform_named
 
@@ -42,67 +43,6 @@ def _install_command(default: PluginPackage) -> str:
 def _install_hint(default: PluginPackage) -> str:
     command = _install_command(default)
     return command if default.extra is None else f"{command} for {default.distribution}"
-
-
-def install_extra_command(extra: str) -> str:
-    """The pip command that installs one of pjrt-pool's extras, from where pjrt-pool came from.
-
-    No package index serves pjrt-pool: the extra is installed from the
-    checkout or the wheel that pjrt-pool was installed from, as the
-    installed distribution's direct_url.json (PEP 610) records it, or from
-    the source tree this module runs from. Otherwise the command says so.
-    """
-    import shlex  # here: only a message needs it, and a worker starts without it
-
-    source = _installed_from()
-    if source is None:
-        return f"pip install '<the checkout or wheel pjrt-pool came from>[{extra}]'"
-    if source.url:  # a URL pip fetches: a requirement that names it
-        return f"pip install {shlex.quote(f'pjrt-pool[{extra}] @ {source.url}')}"
-    editable = "-e " if source.editable else ""
-    return f"pip install {editable}{shlex.quote(f'{source.path}[{extra}]')}"
-
-
-class _Source(NamedTuple):
-    """Where pjrt-pool was installed from: a local path (a checkout, a wheel), or a URL."""
-
-    path: str = ""
-    url: str = ""
-    editable: bool = False
-
-
-def _installed_from() -> _Source | None:
-    """Where pjrt-pool was installed from, as its installed distribution records it; the
-    source tree this module runs from when it is not installed; None when nothing says."""
-    # Here: only a message needs them, and a worker starts without them.
-    import json
-    from importlib import metadata
-    from urllib.parse import unquote, urlparse
-
-    try:
-        recorded = metadata.distribution("pjrt-pool").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        # Not installed, run from a source tree on the path: that tree is the source.
-        root = Path(__file__).resolve().parents[2]
-        return _Source(str(root)) if (root / "pyproject.toml").is_file() else None
-    try:
-        direct = json.loads(recorded) if recorded else None
-    except ValueError:
-        return None
-    if not isinstance(direct, dict) or not isinstance(direct.get("url"), str):
-        return None  # from an index, or by a tool that records nothing
-    url, vcs = direct["url"], direct.get("vcs_info")
-    if isinstance(vcs, dict) and isinstance(vcs.get("vcs"), str):
-        commit = vcs.get("commit_id")
-        return _Source(
-            url=f"{vcs['vcs']}+{url}" + (f"@{commit}" if isinstance(commit, str) else "")
-        )
-    parsed = urlparse(url)
-    if parsed.scheme != "file":
-        return _Source(url=url)
-    dir_info = direct.get("dir_info")
-    editable = isinstance(dir_info, dict) and dir_info.get("editable") is True
-    return _Source(unquote(parsed.path), editable=editable)
 
 
 class PluginLocation(NamedTuple):

@@ -30,6 +30,7 @@ from worker.identity.keys import PlatformPart
 from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin.build_identity import plugin_build_sha256
+from worker.plugin.devices import fixed_devices, more_per_worker, too_few_devices
 from worker.plugin.locate import PluginLocation, env_var, environment_variables, find_plugin
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
@@ -65,6 +66,7 @@ class Runtime:
         client_options: dict[str, Any] | None = None,
         codegen_environment: dict[str, Any] | None = None,
         deviceless: bool = False,
+        devices: int | None = None,
     ) -> None:
         self.location = location
         """Which plugin library was loaded, and why."""
@@ -92,6 +94,9 @@ class Runtime:
         self.codegen_environment = dict(codegen_environment or {})
         """What the plugin read from the environment when it loaded and that changes the
         code it generates (XLA_FLAGS, thread counts): part of the cache key."""
+        self.fixed_devices = devices
+        """The devices a pool gave this process's client (worker.plugin.devices.DEVICES_ENV),
+        or None: as many as the platform gives, or (CPU) as the largest program needs."""
 
     def __repr__(self) -> str:
         return f"Runtime({self.location!r})"
@@ -105,7 +110,57 @@ class Runtime:
         """
         with self._making:
             if self._client is None:
-                self._client = _open_client(self.facts, self.plugin, self.client_options)
+                self._client = _open_client(self.facts, self.plugin, self._create_options())
+            return self._client
+
+    def _create_options(self, devices: int | None = None) -> dict[str, Any]:
+        """The client's create options: the key's (client_options) and those that give it
+        `devices` devices (default: as many as a pool fixed; Platform.device_settings). The
+        device count is left out of the key: a program's compile options say the devices it
+        runs on (its device assignment), and a program of one device compiles alike on a
+        client of any count (measured: one fingerprint on clients of 4 and 8 CPU devices)."""
+        wanted = self.fixed_devices if devices is None else devices
+        given = {} if wanted is None else self.facts.device_settings(wanted).create_options
+        return {**self.client_options, **given}
+
+    def client_for(self, devices: int, mesh: str = "") -> _pjrt.Client:
+        """A client that holds at least `devices` devices, for a program over that many
+        (over `mesh`, described for the refusal).
+
+        The runtime's own client when it holds enough; else, on a platform whose client is
+        given devices by create options (the CPU's cpu_device_count) in a process whose count
+        no pool fixed, a new client of that many, which later compiles use too (executables
+        made on the old one keep it). Raises DeviceCountError otherwise, naming both counts
+        and what gives more.
+        """
+        fixed = self.fixed_devices
+        if fixed is not None and devices > fixed:  # what the pool gave, whatever else is here
+            where = "this pool worker holds"
+            raise too_few_devices(devices, fixed, mesh, where, more_per_worker(devices))
+        client = self.client
+        if client.num_devices >= devices:
+            return client
+        if fixed is not None or not self._grows_to(devices):
+            raise too_few_devices(
+                devices,
+                client.num_devices,
+                mesh,
+                f"this process's {self.platform} client has",
+                f"run it on a host with {devices} devices, or compile it here for a topology of "
+                f"{devices} (compile_program(..., topology=...)) and run it there",
+            )
+        with self._making:
+            if self._client is None or self._client.num_devices < devices:
+                self._client = _open_client(self.facts, self.plugin, self._create_options(devices))
+            return self._client
+
+    def _grows_to(self, devices: int) -> bool:
+        """Whether a client of this process can be made with `devices` devices: the platform
+        gives them by create options, not by variables read before the plugin loads."""
+        try:
+            return bool(self.facts.device_settings(devices).create_options)
+        except ValueError:
+            return False
             return self._client
 
     @property
@@ -231,7 +286,7 @@ def _existing_memos() -> MemoStore | None:
     """
     # Imported here: a process whose plugin's RECORD vouches for it (worker.plugin.build_identity)
     # never opens a cache, and a loader from a bundle then never imports the store.
-    from worker.cache.store import existing_memos
+    from worker.cache.open_caches import existing_memos
 
     return existing_memos(default_cache_dir())
 
@@ -290,6 +345,7 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
         facts.before_load(location.path, deviceless=deviceless)
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
         options = dict(facts.client_options)
+        devices = fixed_devices()
         loading = loading_environment(platform, deviceless)
         # The plugin reads XLA_FLAGS once, as it loads: JAX's semantics go in
         # then (worker.plugin.xla_flags), and the key sees the value the plugin saw.
@@ -305,7 +361,8 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
                 ) from None
             except PjrtError as error:  # PJRT_Plugin_Initialize: libtpu's lock is one cause
                 raise facts.unavailable(error) or error from None
-            client = None if deviceless else _open_client(facts, plugin, options)
+            given = {} if devices is None else facts.device_settings(devices).create_options
+            client = None if deviceless else _open_client(facts, plugin, {**options, **given})
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location,
@@ -314,5 +371,6 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             client_options=options,
             codegen_environment=environment,
             deviceless=deviceless,
+            devices=devices,
         )
         return _runtime

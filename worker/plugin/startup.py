@@ -1,7 +1,10 @@
 """What a Pool worker sets up before its plugin loads.
 
-- Its cache directory becomes ``PJRT_POOL_CACHE_DIR`` for the process, so
-  that everything that defaults to the cache directory uses the Pool's.
+Its cache directory is already this process's default: the parent gave it
+as ``PJRT_POOL_CACHE_DIR`` (worker.serve.command_line), so that everything
+that defaults to the cache directory, the plugin's records included, uses
+the Pool's.
+
 - On CUDA (a platform whose shares_autotune_results says so:
   worker.plugin.platforms), XLA's per-fusion autotune results are shared by every worker and
   every run through a directory in the cache (``autotune/<plugin build>``):
@@ -28,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.cache import CACHE_DIR_ENV, open_cache
+from worker.cache import open_cache
 from worker.errors import PluginNotFoundError
 from worker.log import get_logger
 from worker.phases import STARTUP
@@ -47,8 +50,8 @@ AUTOTUNE_FLAG = "xla_gpu_per_fusion_autotune_cache_dir"
 logger = get_logger("pjrt_pool.startup")
 
 
-def prepare_worker(platform: str, cache_dir: str | None) -> None:
-    """Sets up a worker process for a platform and cache directory; call before the plugin loads."""
+def prepare_worker(platform: str) -> None:
+    """Sets up a worker process for a platform; call before the plugin loads."""
     spawned = os.environ.pop(SPAWNED_AT_ENV, None)
     if spawned:
         with contextlib.suppress(ValueError):
@@ -58,8 +61,6 @@ def prepare_worker(platform: str, cache_dir: str | None) -> None:
         logging.basicConfig(
             stream=sys.stderr, level=level.upper(), format="%(name)s %(levelname)s: %(message)s"
         )
-    if cache_dir:
-        os.environ[CACHE_DIR_ENV] = cache_dir
     with STARTUP.time("autotune_setup"):
         share_autotune_results(platform)
 

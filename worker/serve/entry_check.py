@@ -1,4 +1,4 @@
-"""``python -m worker.serve.entry_check --cache-dir DIR --platform P``: load entries, checked.
+"""``python -m worker.serve.entry_check --platform P``: load entries, checked.
 
 Runs in a child of ``pjrt-pool cache verify --load``, so that an entry that
 crashes the plugin takes down this process, not the command. It reads keys
@@ -10,6 +10,10 @@ from stdin (one a line) and prints JSON lines on stdout, flushed one by one:
     {"error": MESSAGE, "kind": NAME}           the plugin could not be loaded (exit 1);
                                                NAME is the error's class, PluginLoadError
                                                for a file that is not a plugin
+
+The cache is this process's default, PJRT_POOL_CACHE_DIR, which the
+command sets for it: the one way a child that holds a plugin is given its
+cache directory, for the entries and the plugin's records alike.
 
 A "checking" line without its result names the entry that killed the
 process. Entries whose key parts name another plugin build or host are not
@@ -61,12 +65,11 @@ def _check(cache: DiskCache, key: str, here: dict[str, Any]) -> dict[str, Any] |
 def main(argv: list[str] | None = None) -> int:
     """Checks the keys on stdin; see the module docstring for the output."""
     parser = argparse.ArgumentParser(prog="python -m worker.serve.entry_check")
-    parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--platform", required=True)
     args = parser.parse_args(argv)
     keys = sys.stdin.read().split()
 
-    cache = DiskCache(args.cache_dir, create=False)
+    cache = DiskCache(create=False)
     try:
         runtime = get_runtime(args.platform)
         here = runtime_key_parts(runtime, cache if cache.usable else None)

@@ -54,6 +54,7 @@ from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
+from worker.serve.command_line import WorkerCommand
 from worker.wire import protocol, shm
 from worker.wire.protocol import (
     Compile,
@@ -69,6 +70,7 @@ from worker.wire.protocol import (
 )
 
 if TYPE_CHECKING:
+    from worker.bundle.reader import Bundle
     from worker.cache.store import DiskCache
     from worker.compile.target import Target
     from worker.plugin.runtime import Runtime
@@ -283,7 +285,6 @@ class Server:
         sock: socket.socket,
         arena: mmap.mmap,
         arena_size: int,
-        cache_dir: str | None,
         max_loaded: int,
         never_compile: bool = False,
         topology: TopologySpec | None = None,
@@ -291,7 +292,6 @@ class Server:
         self.sock = sock
         self.arena = arena  # arena_size bytes of data, then the control bytes
         self.arena_size = arena_size
-        self.cache_dir = cache_dir
         self.max_loaded = max_loaded
         self.never_compile = never_compile
         self.topology = topology
@@ -310,11 +310,12 @@ class Server:
         self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
         self._preloaded: set[str] = set()  # the keys Init.preload loaded
         self._placed: dict[str, int] = {}  # each loaded program's slot for PlacedRuns
+        self._bundles: dict[str, Bundle] = {}  # those runs came from, by source, kept open
 
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
         if it is still loaded: the same cache key, and the same input types (else None)."""
-        key = cache_key_of(program, self.cache_dir, compile_options, topology=self.topology)
+        key = cache_key_of(program, compile_options=compile_options, topology=self.topology)
         executable = self.loaded.get(key) if key in self._preloaded else None
         if executable is None or executable.input_types != program.input_types:
             return None
@@ -326,8 +327,11 @@ class Server:
         program: Any,
         cache_key: str | None = None,
         compile_options: bytes | None = None,
+        bundle: tuple[str, str] | None = None,
     ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
-        """Returns the program's executable, compiling or loading it if needed.
+        """Returns the program's executable, compiling or loading it if needed: from the disk
+        cache by cache_key, or with bundle (its path or URL, and the program's name) from
+        that bundle, read-only.
 
         The statistics are None when the executable was loaded already, or when
         a preloaded one serves the program (see preload).
@@ -344,14 +348,16 @@ class Server:
             options = {} if compile_options is None else {"compile_options": compile_options}
             executable, statistics = compile_program(
                 program,
-                cache_dir=self.cache_dir,
                 never_compile=self.never_compile,
                 topology=self.topology,
                 **options,
             )
         elif cache_key is not None:
             started = time.perf_counter()
-            executable = load_cached_executable(cache_key, self.cache_dir)
+            if bundle is None:
+                executable = load_cached_executable(cache_key)
+            else:
+                executable = self._from_bundle(*bundle)
             statistics = CompileStatistics(load_seconds=time.perf_counter() - started, loaded=1)
         else:
             raise LookupError(f"program {program_id} is not loaded in this worker")
@@ -375,6 +381,18 @@ class Server:
                 if slot is not None:
                     self._hot_loop.drop_slot(slot)
         return executable, statistics, tuple(evicted)
+
+    def _from_bundle(self, source: str, name: str) -> Executable:
+        """A program of a bundle, loaded read-only (worker.bundle.loading: the entry built for
+        this plugin and host); each bundle is opened, and checked, once per worker."""
+        # Here: a worker that runs no bundle's programs starts without the bundle modules.
+        from worker.bundle.loading import load_from_bundle
+        from worker.bundle.reader import Bundle
+
+        bundle = self._bundles.get(source)
+        if bundle is None:
+            bundle = self._bundles[source] = Bundle(source)
+        return load_from_bundle(bundle, name)[0]
 
     def preload(
         self, programs: tuple[tuple[str, str], ...], prime: bool
@@ -436,13 +454,16 @@ class Server:
         self, program_id: str, executable: Executable, layout: InputLayout
     ) -> _ArenaViews | None:
         """A program's views of the arena and its hot slot for inputs laid out so, made on
-        first use; None when its inputs and outputs do not fit the arena together."""
+        first use; None when its inputs and outputs do not fit the arena together, and for a
+        program over several devices: the hot loop runs programs of one device
+        (native/hot_loop.cc), and the others take the general path, splitting and
+        assembling their arrays in the native module (Executable.run_into)."""
         key = (program_id, layout.offsets)
         views = self._arena_views.get(key)
         if views is None:
             types = executable.input_types
             offsets, end = shm.layout(executable.output_types, shm.aligned(layout.size))
-            if types is None or end > self.arena_size:
+            if types is None or end > self.arena_size or executable.partitioning is not None:
                 return None
             views = _ArenaViews(
                 program_id,
@@ -500,7 +521,11 @@ class Server:
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
         self._apply(request.segments, fds, request.drops, request.forgets)
         executable, statistics, evicted = self._load(
-            request.program_id, request.program, request.cache_key, request.compile_options
+            request.program_id,
+            request.program,
+            request.cache_key,
+            request.compile_options,
+            (request.bundle, request.name) if request.bundle else None,
         )
         own = self._layouts[request.program_id]
         types = check_run_inputs(request, own)
@@ -511,8 +536,8 @@ class Server:
             statistics=statistics,
             evicted=evicted,
         )
-        if own is None or types != own.types:
-            layout = self._run_converted(request, executable, types)
+        if own is None or types != own.types or executable.partitioning is not None:
+            layout = self._run_from_views(request, executable, types)
             return reply(
                 output_offsets=layout.offsets, output_size=layout.size, output_place=layout.place
             ), () if layout.fd is None else (layout.fd,)
@@ -569,18 +594,20 @@ class Server:
         finally:
             self._hot_loop.forget_segments([temporary])
 
-    def _run_converted(
+    def _run_from_views(
         self, request: Run, executable: Executable, types: tuple[ArrayType, ...]
     ) -> OutputLayout:
-        """Runs on inputs of other types than the executable's own (a ProgramSpec's, or a
-        program of unknown types): views of their places, converted by prepare_arguments,
-        outputs where the request says or laid out here. Kept values have no such path:
-        their types are the program's own."""
+        """Runs through numpy views of the inputs' places, converted by prepare_arguments,
+        outputs where the request says or laid out here: a run on inputs of other types
+        than the executable's own (a ProgramSpec's, or a program of unknown types), and a
+        program over several devices (Executable.run_into cuts its arguments into their
+        devices' blocks), which placed runs do not take. Kept values have no such path."""
         destinations = request.destinations or ()
         kept = any(kind != protocol.PLACE for kind, _, _ in (*request.sources, *destinations))
         if request.keep or kept:
             raise ValueError(
-                "inputs of other types than the program's own cannot go with kept values"
+                "kept values are inputs and outputs of programs of one device, taking them "
+                "as their own types"
             )
         arrays = [
             self._view(where, array_type)
@@ -794,16 +821,9 @@ def _describe_plugin(
         )
 
 
-def main(
-    fd: int,
-    platform: str | None,
-    cache_dir: str | None,
-    max_loaded: int,
-    parent_pid: int | None = None,
-    never_compile: bool = False,
-    topology: TopologySpec | None = None,
-) -> int:
-    """Starts the worker on an inherited socket descriptor; returns the exit status.
+def main(command: WorkerCommand) -> int:
+    """Starts the worker its command line describes (an inherited socket descriptor, ...);
+    returns the exit status.
 
     In never-compile mode the worker loads what the disk cache holds and
     refuses the rest (worker.compile.never_compile), and its Ready message carries
@@ -814,10 +834,11 @@ def main(
     NotLoadedError.
     """
     started = time.perf_counter()
-    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    platform, never_compile, topology = command.platform, command.never_compile, command.topology
+    parent_pid = os.getppid() if command.parent_pid is None else command.parent_pid
     _die_with_parent(parent_pid)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    sock = socket.socket(fileno=fd)
+    sock = socket.socket(fileno=command.fd)
     error = None
     plugin: dict[str, Any] = {}
     arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
@@ -830,7 +851,9 @@ def main(
     try:
         # The cache before the plugin: loading it reads and fills the cache's
         # records about plugin builds only if the cache exists (runtime._existing_memos).
-        cache = open_cache(cache_dir)
+        # It is this process's default cache: the parent gave the worker its directory
+        # as PJRT_POOL_CACHE_DIR (worker.serve.command_line).
+        cache = open_cache()
         runtime = get_runtime(platform, deviceless=topology is not None)
         target = target_for(runtime, topology)
         _describe_plugin(plugin, runtime, cache, target, topology, never_compile)
@@ -841,7 +864,7 @@ def main(
         arena_size = request.arena_size
         if request.initializer:
             _run_initializer(request.initializer)
-        server = Server(sock, arena, arena_size, cache_dir, max_loaded, never_compile, topology)
+        server = Server(sock, arena, arena_size, command.max_loaded, never_compile, topology)
         if request.preload:
             loaded, statistics, hot = server.preload(request.preload, request.prime)
     except protocol.ConnectionLostError:

@@ -465,7 +465,11 @@ class Run:
     is None when the parent knows the worker has it loaded, or when the task
     names a cache key instead (`cache_key`: run what the disk cache holds
     under that key, as a manifest does). `compile_options` go with
-    `program`, for compiling it (None: the default).
+    `program`, for compiling it (None: the default). With `bundle` (a
+    bundle's absolute path or URL), `cache_key` names a program of that
+    bundle: the worker loads the entry of the program (`name`) built for its
+    plugin and host from the bundle, read-only, as Manifest.run in one
+    process does (worker.bundle.loading).
     """
 
     task_id: int
@@ -479,6 +483,7 @@ class Run:
     cache_key: str | None = None
     want_output_types: bool = True
     compile_options: bytes | None = None
+    bundle: str | None = None
     keep: tuple[tuple[int, int], ...] = ()
     segments: tuple[tuple[int, int], ...] = ()
     drops: tuple[int, ...] = ()

@@ -10,7 +10,8 @@ file:// remote, its conditional writes its own), and the records they share
 in objects.py, layout.py (object names and records), signing_keys.py (Ed25519
 signatures of records), verify.py (what a reader checks), lease.py (one
 compile per key across hosts), tier.py (RemoteCache: lookups, publishes,
-counters, switching off), transfer.py (prefetch and push of many entries at
+counters, switching off) and outcomes.py (what it reports: RemoteCounters,
+Fetched, Published), transfer.py (prefetch and push of many entries at
 once), eviction.py (collect: old records, then unreferenced blobs, then dead
 leases). To compiling and loading by key a remote is one of the tiers
 (worker.compile.tiers.RemoteTier: lookup, claim a lease, publish), and
@@ -28,18 +29,15 @@ from worker.cache.remote.location import (
     RemoteLocation,
     parse_remote,
 )
+from worker.cache.remote.outcomes import Fetched, Lookup, Published, RemoteCounters
 from worker.cache.remote.signing_keys import (
     PRIVATE_KEY_FILE_ENV,
     PUBLIC_KEY_ENV,
     generate_private_key,
 )
 from worker.cache.remote.tier import (
-    Fetched,
-    Lookup,
-    Published,
     RemoteCache,
     RemoteCacheWarning,
-    RemoteCounters,
     open_remote,
     remote_counters,
 )

@@ -18,6 +18,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from worker.cache.location import YES, flag_from_environment, number_from_environment
+from worker.extras import STORE_FEATURES, Feature, require
 
 REMOTE_ENV = "PJRT_POOL_CACHE_REMOTE"
 """The remote tier's URL; unset or empty: no remote."""
@@ -61,6 +62,12 @@ class RemoteLocation:
     def shown(self) -> str:
         """The URL for messages: without user information, query or fragment."""
         return redact(self.url)
+
+    def require_client(self) -> None:
+        """Raises MissingExtraError unless the package this store's client needs is installed:
+        obstore for every scheme but file:// (worker.extras names the extra of each)."""
+        if self.scheme != "file":
+            require(STORE_FEATURES.get(self.scheme, Feature.HTTP))
 
 
 def redact(url: str) -> str:

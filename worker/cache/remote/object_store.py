@@ -6,6 +6,8 @@ where s3fs takes about 270 ms, and a put/get round trip on the loopback is
 about 2-3 times faster; both refuse a create-only put of an existing object.
 obstore is imported here only, when the first request is made, never
 before: a process whose lookups all hit the local cache never loads it.
+Where it is not installed, making a backend raises MissingExtraError, naming
+the extra of the URL's scheme (worker.extras).
 
 Within the deadline its caller (ObjectClient) gives a request, the store
 retries throttling (429), 5xx and dropped connections with backoff. The
@@ -53,16 +55,12 @@ object."""
 
 
 def _obstore() -> Any:
-    """The obstore module, with its store and exceptions modules; RemoteError if it is not
-    installed."""
-    try:
-        import obstore
-        import obstore.exceptions
-        import obstore.store
-    except ImportError:
-        raise RemoteError(
-            Failure.UNAVAILABLE, "the remote cache needs obstore: pip install 'pjrt-pool[remote]'"
-        ) from None
+    """The obstore module, with its store and exceptions modules (a backend is made only where
+    obstore is installed: ObstoreBackend)."""
+    import obstore
+    import obstore.exceptions
+    import obstore.store
+
     return obstore
 
 
@@ -102,6 +100,9 @@ class ObstoreBackend:
     """What the store calls the URL's first part, in the error saying it does not exist."""
 
     def __init__(self, location: RemoteLocation, limits: Limits) -> None:
+        # A missing client is this machine's set-up, said as the tier or bundle opens: not a
+        # failing remote that each process would switch off with a warning.
+        location.require_client()
         self.location = location
         self.limits = limits
         self._stores: dict[bool, Any] = {}

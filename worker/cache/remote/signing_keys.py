@@ -10,7 +10,8 @@ the entry's SHA-256, so it vouches for every byte of the entry. A process
 with a public key and no private key never writes the remote: nothing it
 wrote would be loaded by the others.
 
-``cryptography`` is imported only when one of these is set.
+``cryptography`` is imported only when one of these is set; where it is not
+installed, MissingExtraError names the remote extra that installs it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.cache.signing import read_key_file
+from worker.extras import Feature, import_for
 
 PRIVATE_KEY_FILE_ENV = "PJRT_POOL_CACHE_PRIVATE_KEY_FILE"
 """A PEM file with the Ed25519 private key that signs remote records (writers only)."""
@@ -30,14 +32,8 @@ MAX_PEM_BYTES = 4096
 
 
 def _crypto() -> Any:
-    try:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
-    except ImportError:
-        raise ValueError(
-            f"{PRIVATE_KEY_FILE_ENV} / {PUBLIC_KEY_ENV} need the cryptography package: "
-            "pip install 'pjrt-pool[remote]'"
-        ) from None
-    return ed25519
+    """cryptography's ed25519 module; MissingExtraError (the remote extra) without it."""
+    return import_for(Feature.ED25519, "cryptography.hazmat.primitives.asymmetric.ed25519")
 
 
 @dataclass(frozen=True)
@@ -96,7 +92,7 @@ def keys_from_environment() -> RecordKeys | None:
 
     None when neither is set. Raises ValueError for a malformed key, a key
     file others can read, or a private key whose public half is not the
-    configured public key.
+    configured public key; MissingExtraError without the cryptography package.
     """
     private_path = os.environ.get(PRIVATE_KEY_FILE_ENV, "").strip()
     public_hex = os.environ.get(PUBLIC_KEY_ENV, "").strip()
@@ -131,7 +127,9 @@ def keys_from_environment() -> RecordKeys | None:
 
 
 def generate_private_key(path: str | os.PathLike[str]) -> str:
-    """Writes a new Ed25519 private key as PEM (mode 600); returns its public key in hex."""
+    """Writes a new Ed25519 private key as PEM (mode 600); returns its public key in hex.
+
+    Raises MissingExtraError without the cryptography package (the remote extra)."""
     ed25519 = _crypto()
     from cryptography.hazmat.primitives import serialization
 

@@ -3,7 +3,8 @@
 A lookup reads the key's record, then the entry file it names, and checks
 both (verify.py); a publish writes the entry file, then the record, both
 create-only (layout.py). Each says what happened as one of a closed set
-(Fetched, Published). What can go wrong, and what follows:
+(Fetched, Published: outcomes.py, with the counters). What can go wrong,
+and what follows:
 
 - an object that fails a check: a miss, counted in ``refused``, remembered
   for REFUSAL_MEMORY seconds (not fetched again meanwhile) and warned about
@@ -30,13 +31,13 @@ Nothing here raises for the remote's sake: the caller compiles instead.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import threading
 import time
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from worker.cache import entry as entry_format
+from worker.cache.counters import summed
 from worker.cache.remote.client import ObjectClient
 from worker.cache.remote.layout import (
     MAX_RECORD_SIZE,
@@ -60,7 +61,20 @@ from worker.cache.remote.lease import (
 )
 from worker.cache.remote.location import Limits, RemoteLocation, resolve_remote
 from worker.cache.remote.objects import Failure, RemoteError, Versioned
-from worker.cache.remote.signing_keys import RecordKeys, keys_from_environment
+from worker.cache.remote.outcomes import (
+    Counter,
+    Fetched,
+    Lookup,
+    Published,
+    RemoteCounters,
+    State,
+)
+from worker.cache.remote.signing_keys import (
+    PRIVATE_KEY_FILE_ENV,
+    PUBLIC_KEY_ENV,
+    RecordKeys,
+    keys_from_environment,
+)
 from worker.cache.remote.verify import (
     NewerRecordError,
     OlderRecordError,
@@ -85,95 +99,6 @@ REFUSAL_MEMORY = 600.0
 
 class RemoteCacheWarning(CacheUnavailableWarning):
     """The remote tier refused an object, or was switched off or made read-only."""
-
-
-class RemoteCounters(NamedTuple):
-    """What one process's remote tier did (RemoteCache.counters)."""
-
-    hits: int = 0
-    """Entries fetched, verified and handed to the local cache."""
-    misses: int = 0
-    """Lookups that found no record for the key (or one naming a blob that is gone, or of an
-    older format)."""
-    refused: int = 0
-    """Objects that failed a check (size, digest, key parts, signature; an unreadable lease):
-    not used."""
-    errors: int = 0
-    """Requests that failed (refused, reset, timed out, throttled, denied)."""
-    published: int = 0
-    """Entries this process wrote (blob and record)."""
-    already_there: int = 0
-    """Publishes that found the record written already (by another host): nothing written."""
-    leases: int = 0
-    """Leases this process took (or took over): keys it compiled while other hosts waited."""
-    waited: int = 0
-    """Compiles saved: entries fetched after waiting for another host's lease."""
-    repaired: int = 0
-    """Publishes that mended a record that did not serve (its blob gone or damaged, itself
-    damaged or planted, of an older format): replaced it, or the blob it names."""
-
-    def add(self, other: RemoteCounters) -> RemoteCounters:
-        """Returns the sum of two counters."""
-        return RemoteCounters(*(a + b for a, b in zip(self, other, strict=True)))
-
-
-Counter = Literal[
-    "hits",
-    "misses",
-    "refused",
-    "errors",
-    "published",
-    "already_there",
-    "leases",
-    "waited",
-    "repaired",
-]
-"""The names of RemoteCounters' fields."""
-
-State = Literal["on", "read-only", "off"]
-
-
-class Fetched(enum.Enum):
-    """What one lookup found."""
-
-    HIT = "hit"
-    """The entry, verified."""
-    MISS = "miss"
-    """No record of the key (or one naming a blob that is gone, or of an older format)."""
-    REFUSED = "refused"
-    """An object failed a check, now or within REFUSAL_MEMORY: not used."""
-    FAILED = "failed"
-    """The remote failed, now or before (it is off for the process)."""
-
-
-class Lookup(NamedTuple):
-    """A lookup's outcome, with the entry file and entry of a hit."""
-
-    outcome: Fetched
-    data: bytes | None = None
-    entry: entry_format.Entry | None = None
-
-    @property
-    def missed(self) -> bool:
-        """Whether the remote has no entry of the key (not one refused, not a failure): what
-        a host that compiles on a miss may take the key's lease after (RemoteCache.lead)."""
-        return self.outcome is Fetched.MISS
-
-
-class Published(enum.Enum):
-    """What one publish did."""
-
-    WRITTEN = "written"
-    """Its blob and record written."""
-    REPAIRED = "repaired"
-    """A record that did not serve (its blob gone or damaged, itself damaged or planted, of an
-    older format) mended: replaced by this one's, or the blob it names rewritten."""
-    ALREADY_THERE = "already there"
-    """The record was there (written by another host): nothing written."""
-    READ_ONLY = "read-only"
-    """Not written: this process may not write the remote (read-only, a 403, no private key)."""
-    FAILED = "failed"
-    """Not written: the remote failed (now, or before: it is off for the process)."""
 
 
 class RemoteCache:
@@ -218,6 +143,41 @@ class RemoteCache:
         if self.hmac_signer is not None:
             return f"hmac-{self.hmac_signer.key_id}"
         return UNSIGNED
+
+    @property
+    def signs(self) -> bool:
+        """Whether the records this process publishes carry a signature (Ed25519 with a
+        private key, else the HMAC secret)."""
+        return (self.keys is not None and self.keys.private is not None) or (
+            self.keys is None and self.hmac_signer is not None
+        )
+
+    def signing(self) -> str:
+        """How this process signs and verifies records, for people (pjrt-pool cache info)."""
+        if self.keys is not None:
+            if self.keys.private is None:
+                return (
+                    f"verifies {self.signer} records; publishes none (a public key without "
+                    f"{PRIVATE_KEY_FILE_ENV})"
+                )
+            return f"signs its records as {self.signer} (Ed25519) and reads only those"
+        if self.hmac_signer is not None:
+            return f"signs its records as {self.signer} (the cache's secret) and reads only those"
+        return (
+            "unsigned: it publishes and reads unsigned records, which hosts that require "
+            f"signatures ({PUBLIC_KEY_ENV}, or a secret) never load"
+        )
+
+    def warn_if_unsigned(self) -> None:
+        """Warns, once per process, that what it publishes is unsigned, if it publishes and
+        signs nothing: hosts that require signatures would never load it, and say nothing."""
+        if self.state == "on" and not self.signs:
+            self._warnings.warn(
+                "unsigned",
+                f"pjrt-pool remote cache {self.location.shown}: this process publishes unsigned "
+                f"records (neither {PRIVATE_KEY_FILE_ENV} nor a cache secret is set); hosts "
+                f"that require signed records ({PUBLIC_KEY_ENV}, or a secret) never load them",
+            )
 
     @property
     def counters(self) -> RemoteCounters:
@@ -479,6 +439,8 @@ class RemoteCache:
             self.release(key)
             return Published.READ_ONLY if error.failure is Failure.DENIED else Published.FAILED
         self._count(_PUBLISHED_COUNTER[outcome])
+        if outcome is not Published.ALREADY_THERE:
+            self.warn_if_unsigned()
         if outcome is Published.REPAIRED:
             with self._lock:  # mended: what this process refused of it is served now
                 self._refused.pop(key, None)
@@ -631,7 +593,4 @@ def remote_counters() -> RemoteCounters:
     """The counters of every remote this process opened with open_remote, summed."""
     with _remotes_lock:
         remotes = list(_remotes.values())
-    total = RemoteCounters()
-    for remote in remotes:
-        total = total.add(remote.counters)
-    return total
+    return summed((remote.counters for remote in remotes), RemoteCounters())

@@ -23,7 +23,8 @@ from typing import TypeVar
 from worker.cache import entry as entry_format
 from worker.cache.location import number_from_environment
 from worker.cache.remote.layout import parse_record_name
-from worker.cache.remote.tier import Fetched, Published, RemoteCache
+from worker.cache.remote.outcomes import Fetched, Published
+from worker.cache.remote.tier import RemoteCache
 from worker.cache.space import entry_name
 from worker.cache.store import DiskCache
 from worker.untrusted import read_file

@@ -10,9 +10,11 @@
   instruction set and a plugin refuses an executable built for other features.
 - Devices: a CPU client has DEFAULT_DEVICES devices of its own, made of the
   host's cores (measured: 4 on both CPU plugins). A worker that needs more is
-  given them by the plugin's create option ``cpu_device_count``; up to 4 need
-  nothing, so that the keys of workers as they were stay as they were. There
-  are no host devices to choose among, so ``first`` changes nothing.
+  given them by the plugin's create option ``cpu_device_count`` (which is no
+  part of a key: a program compiles alike on a client of any count, and a
+  program over several devices says its devices in its compile options); up to
+  4 need nothing, so that a client is made as it always was. There are no
+  host devices to choose among, so ``first`` changes nothing.
 """
 
 from __future__ import annotations

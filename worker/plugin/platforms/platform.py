@@ -115,7 +115,8 @@ class DeviceSettings(NamedTuple):
     """What gives a worker process its devices (Platform.device_settings)."""
 
     create_options: Mapping[str, Any]
-    """Client create options to add to the platform's own (client_options): part of the key."""
+    """Client create options to add to the platform's own (client_options). Not part of the
+    key: a program's compile options say the devices it runs on (worker.plugin.runtime)."""
 
     environment: Mapping[str, str]
     """Variables to set for the worker process alone, before its plugin loads."""
@@ -179,9 +180,9 @@ class Platform:
 
     @property
     def references_apart(self) -> bool:
-        """Whether check-plugin computes JAX's answers in a process of its own, after the
-        pool's workers let the devices go (pool.conformance.references): so for devices one
-        process at a time may hold."""
+        """Whether check-plugin's reference process computes JAX's answers after the pool's
+        workers let the devices go, rather than beside them (pool.conformance.reference_side):
+        so for devices one process at a time may hold."""
         return self.device_access is DeviceAccess.EXCLUSIVE
 
     def compile_only_environment(self) -> dict[str, str]:
@@ -224,7 +225,7 @@ class Platform:
         compiled for `count` devices runs on them; whether it has others is the platform's
         (a CPU client has 4 of its own by default; a GPU worker sees only those given).
         Where a worker has the devices without any, no create option is asked for, so that
-        the keys of today's workers, which hold the create options, stay as they are.
+        its client is made as it always was.
 
         Raises ValueError for counts below 1 or a first below 0, and for what the platform
         cannot give one process.

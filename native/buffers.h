@@ -1,0 +1,73 @@
+// Moving arrays between host memory and devices, one buffer at a time: the
+// layers an execution is built of (host -> device buffers, execute on buffer
+// lists, device buffers -> host), so that a single-device run, a run over
+// several devices and (later) values kept on devices share them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client.h"
+#include "owners.h"
+
+namespace pjrt_pool {
+
+// Device buffers made from host memory, and the events that say when PJRT is
+// done with that memory. Destroying the buffers first is what makes the
+// zero-copy events fire; only after both may the host memory be released, so
+// the destructor destroys the buffers, then awaits every event.
+class HostBuffers {
+ public:
+  explicit HostBuffers(const PJRT_Api* api) : api_(api) {}
+  HostBuffers(const HostBuffers&) = delete;
+  HostBuffers& operator=(const HostBuffers&) = delete;
+  ~HostBuffers();
+
+  // Copies (or, when allowed, aliases) `size` bytes of a dense row-major array
+  // at `data` into a new buffer on `device`. zero_copy asks PJRT to alias
+  // memory aligned to 64 bytes (XLA CPU honours it only then, and copies
+  // silently otherwise); the memory must then stay valid until this object
+  // is destroyed. With byte_strides (one per axis), `data` is the first
+  // element of a block of a larger array, read in place with those strides
+  // and copied during the call. Returns the buffer, owned here.
+  PJRT_Buffer* Put(PJRT_Client* client, PJRT_Device* device, const void* data, int element_type,
+                   const std::vector<int64_t>& dims, bool zero_copy,
+                   const std::vector<int64_t>* byte_strides = nullptr);
+
+  // Pointers to every buffer made, in order.
+  std::vector<PJRT_Buffer*> raw() const;
+
+  // Takes the buffer made `index`-th out of this object (the caller owns it
+  // now); only for one whose memory PJRT copied (not zero_copy), which the
+  // caller may keep past this object's life.
+  Owned<PJRT_Buffer> Take(size_t index);
+
+ private:
+  const PJRT_Api* api_;
+  std::vector<Owned<PJRT_Event>> done_events_;  // declared first, destroyed last
+  std::vector<Owned<PJRT_Buffer>> buffers_;
+};
+
+// The dims as text ("[2, 3]"), for messages.
+std::string DimsText(const std::vector<int64_t>& dims);
+
+// Checks an input before PJRT sees it: PJRT reads dims x element-size bytes
+// from the pointer whatever the buffer holds, and aborts the process on an
+// element type it does not know. Throws std::invalid_argument naming `index`.
+void CheckInput(const HostInput& input, size_t index);
+
+// Host memory a buffer lives in, or nullptr when it lives on a device, is not
+// dense row-major, or the plugin cannot say. CPU plugins keep buffers in host
+// memory.
+const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
+                        size_t rank);
+
+// Copies a finished buffer into caller memory of exactly its size, in numpy's
+// C order whatever layout the buffer has on its device. `index` names the
+// output in errors.
+void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& output, size_t rank,
+                size_t index);
+
+}  // namespace pjrt_pool
