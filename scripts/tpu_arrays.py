@@ -198,7 +198,7 @@ def leg_jax_compile(threads: int, programs: int) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     from bench_tpu_compile import _jax_leg
 
-    return _jax_leg(threads, programs, None)  # on the chip (or, rehearsed, this CPU)
+    return _jax_leg(threads, programs, None, None)  # on the chip (or, rehearsed, this CPU)
 
 
 # -- running them --------------------------------------------------------------------------
