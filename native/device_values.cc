@@ -93,45 +93,4 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
   return values;
 }
 
-void ValueTable::Put(int64_t id, std::shared_ptr<const DeviceValue> value) {
-  std::shared_ptr<const DeviceValue> replaced;  // released after the lock
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::shared_ptr<const DeviceValue>& entry = values_[id];
-  replaced = std::move(entry);
-  entry = std::move(value);
-}
-
-std::shared_ptr<const DeviceValue> ValueTable::Get(int64_t id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto found = values_.find(id);
-  if (found == values_.end()) {
-    throw std::invalid_argument("value " + std::to_string(id) +
-                                " is not held by this worker (dropped, or never kept here)");
-  }
-  return found->second;
-}
-
-void ValueTable::Drop(const std::vector<int64_t>& ids) {
-  std::vector<std::shared_ptr<const DeviceValue>> dropped;  // released after the lock
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (int64_t id : ids) {
-    auto found = values_.find(id);
-    if (found == values_.end()) continue;
-    dropped.push_back(std::move(found->second));
-    values_.erase(found);
-  }
-}
-
-size_t ValueTable::count() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return values_.size();
-}
-
-size_t ValueTable::bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t total = 0;
-  for (const auto& entry : values_) total += entry.second->size();
-  return total;
-}
-
 }  // namespace pjrt_pool

@@ -10,11 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "client.h"
+#include "id_table.h"
 
 namespace pjrt_pool {
 
@@ -70,22 +69,11 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
                                                       const std::vector<Argument>& arguments,
                                                       bool zero_copy);
 
-// The values a worker keeps between runs, by the id the parent gave each.
-class ValueTable {
+// The values a worker keeps between runs, by the id the parent gave each; a
+// dropped value's device memory is freed once no run uses it.
+class ValueTable : public IdTable<const DeviceValue> {
  public:
-  // Keeps `value` under `id`, replacing any value held under it.
-  void Put(int64_t id, std::shared_ptr<const DeviceValue> value);
-  // The value under `id`; throws std::invalid_argument when none is held.
-  std::shared_ptr<const DeviceValue> Get(int64_t id) const;
-  // Drops the values under these ids (unknown ids are ignored); their device
-  // memory is freed once no run uses them.
-  void Drop(const std::vector<int64_t>& ids);
-  size_t count() const;
-  size_t bytes() const;
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<int64_t, std::shared_ptr<const DeviceValue>> values_;
+  ValueTable() : IdTable("value") {}
 };
 
 }  // namespace pjrt_pool

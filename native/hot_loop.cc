@@ -187,12 +187,15 @@ void HotLoop::SetSlot(int64_t slot, std::shared_ptr<Executable> executable,
     value.outputs.push_back(HostOutput{arena_ + output.offset, output.size});
   }
   value.executable = std::move(executable);
-  auto shared = std::make_shared<const Slot>(std::move(value));
+  Install(slot, std::make_shared<const Slot>(std::move(value)));
+}
+
+void HotLoop::Install(int64_t slot, std::shared_ptr<const Slot> value) {
   std::shared_ptr<const Slot> replaced;  // released after the lock, if no run holds it
   std::lock_guard<std::mutex> lock(mutex_);
   Entry& entry = slots_[slot];
   replaced = std::move(entry.slot);
-  entry.slot = std::move(shared);
+  entry.slot = std::move(value);
 }
 
 void HotLoop::SetPlacedSlot(int64_t slot, std::shared_ptr<Executable> executable,
@@ -209,12 +212,7 @@ void HotLoop::SetPlacedSlot(int64_t slot, std::shared_ptr<Executable> executable
   }
   value.executable = std::move(executable);
   value.in_arena = false;
-  auto shared = std::make_shared<const Slot>(std::move(value));
-  std::shared_ptr<const Slot> replaced;  // released after the lock, if no run holds it
-  std::lock_guard<std::mutex> lock(mutex_);
-  Entry& entry = slots_[slot];
-  replaced = std::move(entry.slot);
-  entry.slot = std::move(shared);
+  Install(slot, std::make_shared<const Slot>(std::move(value)));
 }
 
 void HotLoop::DropSlot(int64_t slot) {
@@ -276,7 +274,7 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
     }
   }
   values_.Drop(request.drops);
-  segments_.Forget(request.forgets);
+  segments_.Drop(request.forgets);
   Started(request.task_id);
   std::shared_ptr<const Slot> slot = Take(request.slot);
   if (slot == nullptr) {

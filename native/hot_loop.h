@@ -156,6 +156,8 @@ class HotLoop {
     uint64_t last_use = 0;
   };
 
+  // Puts (or replaces) a slot's value.
+  void Install(int64_t slot, std::shared_ptr<const Slot> value);
   // The slot a run of `slot` uses now (marked used), or null when none is set.
   std::shared_ptr<const Slot> Take(int64_t slot);
   void RunSlot(int64_t task_id, const Slot& value, bool zero_copy);

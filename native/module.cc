@@ -646,7 +646,7 @@ PYBIND11_MODULE(_pjrt, m) {
            "descriptors stay the caller's).")
       .def("forget_segments",
            [](ArenaHotLoop& self, const std::vector<int64_t>& ids) {
-             self.loop.segments().Forget(ids);
+             self.loop.segments().Drop(ids);
            },
            py::arg("ids"), "Unmaps segments (once no run or view uses them).")
       .def("segment", [](ArenaHotLoop& self, int64_t id) { return self.loop.segments().Get(id); },

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "client.h"
+#include "id_table.h"
 
 namespace pjrt_pool {
 
@@ -49,24 +49,16 @@ class Mapping {
   std::shared_ptr<Client> dma_client_;  // set: registered with this client
 };
 
-class SegmentTable {
+// A worker's mapped segments by id; a forgotten one (Drop) is unmapped once no
+// run or view uses it.
+class SegmentTable : public IdTable<Mapping> {
  public:
+  SegmentTable() : IdTable("shared-memory segment") {}
   // Maps a segment under `id` (see Mapping::OfDescriptor), replacing any
   // mapping of that id.
-  void Map(int64_t id, int fd, size_t size);
+  void Map(int64_t id, int fd, size_t size) { Put(id, Mapping::OfDescriptor(fd, size)); }
   // Puts memory this table does not own under `id` (the arena, as 0).
-  void Borrow(int64_t id, uint8_t* data, size_t size);
-  // The mapping of `id`; throws std::invalid_argument when none is held.
-  std::shared_ptr<Mapping> Get(int64_t id) const;
-  // Forgets segments (unknown ids are ignored): each is unmapped once no run
-  // or view uses it.
-  void Forget(const std::vector<int64_t>& ids);
-  size_t count() const;
-  size_t bytes() const;
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<int64_t, std::shared_ptr<Mapping>> mappings_;
+  void Borrow(int64_t id, uint8_t* data, size_t size) { Put(id, Mapping::Borrowed(data, size)); }
 };
 
 // Whether PJRT_Client_DmaMap is tried at all: not when the environment variable

@@ -207,7 +207,7 @@ def test_the_native_loop_refuses_places_outside_their_segments() -> None:
         assert float(data[0]) == 3.0 and loop.segment_count == 2
         with pytest.raises(ValueError, match="does not lie in its segment"):
             loop.run_placed(12, 3, [(protocol.PLACE, 5, 64)], list(whole), True)
-        with pytest.raises(ValueError, match="not mapped"):
+        with pytest.raises(ValueError, match="segment 9 is not held"):
             loop.run_placed(13, 3, [(protocol.PLACE, 9, 0)], list(whole), True)
         with pytest.raises(LookupError):
             loop.run_placed(14, 4, list(whole), list(whole), True)
