@@ -1,15 +1,16 @@
 """``pjrt-pool cache explain SPEC_OR_MANIFEST [NAME ...]``: why a program would miss the cache.
 
-For each program (every one, or those named), says whether it would hit
-the cache (and the remote tier, with --remote or PJRT_POOL_CACHE_REMOTE)
-here, and for a miss the nearest entries and exactly which key parts differ:
-plugin build and platform version, host CPU features, topology, compile options, XLA flags, the program's text. A warm
-spec's programs (spec.py or module:function, as ``pjrt-pool warm`` takes
-it) are lowered here and keyed as compiling them here would key them; a
-manifest's programs are known by the entries it names, and a manifest
-written on another machine says so. On a platform whose executables are
-tied to a topology (TPU), --topology names the host to explain for (needed
-where no such device is attached). Only a spec imports JAX (to lower).
+For each program (every one, or those named), says whether it would hit the
+cache (and the remote tier, with --remote or PJRT_POOL_CACHE_REMOTE) here,
+and for a miss the nearest entries and exactly which key parts differ:
+plugin build and platform version, host CPU features, topology, compile
+options, XLA flags, the program's text. A warm spec's programs (spec.py or
+module:function, as ``pjrt-pool warm`` takes it) are lowered here and keyed
+as compiling them here would key them; a manifest's programs are known by
+the entries it names, and a manifest written on another machine says so. On
+a platform whose executables are tied to a topology (TPU), --topology names
+the host to explain for (needed where no such device is attached). Only a
+spec imports JAX (to lower).
 
 worker.compile.explain_miss finds the entries and their differing parts.
 """
