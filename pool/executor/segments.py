@@ -119,6 +119,11 @@ def map_segment(fd: int, size: int, populate: bool = False) -> mmap.mmap:
 
 PAGE = mmap.PAGESIZE
 
+_SEGMENT_IDS = itertools.count(1)
+"""Segment ids, one count for the whole process (next() on it is atomic under the GIL): two
+pools' segments never share an id, so a worker can never be named one pool's segment by an id
+that is another's."""
+
 
 def page_rounded(size: int) -> int:
     """A segment's capacity for `size` bytes: whole pages (a worker registers whole segments
@@ -168,10 +173,19 @@ class SegmentLease:
     only dropped, so the memory lives as long as any array views it.
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "_mapping", "address", "segment", "size")
+    __slots__ = (
+        "__array_interface__",
+        "__weakref__",
+        "_mapping",
+        "address",
+        "cache",
+        "segment",
+        "size",
+    )
 
-    def __init__(self, segment: Segment, mapping: mmap.mmap) -> None:
+    def __init__(self, segment: Segment, mapping: mmap.mmap, cache: SegmentCache) -> None:
         self.segment = segment
+        self.cache = cache  # the pool's cache that made it: only that pool passes it as it is
         self._mapping = mapping
         self.size = segment.capacity
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
@@ -224,7 +238,6 @@ class SegmentCache:
         # Segments live leases view: each comes back when its lease is gone.
         self._adopted: dict[weakref.ref[SegmentLease], Segment] = {}
         self._returned: collections.deque[weakref.ref[SegmentLease]] = collections.deque()
-        self._ids = itertools.count(1)
         self._clock = itertools.count(1)  # stamps segments as they come back (Segment.freed)
         self._open: set[int] = set()
         self.closings = 0  # segments closed so far: workers look for ones to forget when it grows
@@ -328,14 +341,14 @@ class SegmentCache:
         segment.capacity = 0  # not sized yet (see Segment)
         segment.mapping = None
         segment.fd = shm.new_segment(page_rounded(size), "pjrt-pool-segment")
-        segment.id = next(self._ids)
+        segment.id = next(_SEGMENT_IDS)
         self._open.add(segment.id)
         segment.capacity = page_rounded(size)
 
     def identify(self, segment: Segment) -> None:
         """Gives a segment a worker made (a reply's outputs), whose descriptor `segment`
         holds, the id workers will know it by."""
-        segment.id = next(self._ids)
+        segment.id = next(_SEGMENT_IDS)
         self._open.add(segment.id)
 
     def give(self, *segments: Segment | None) -> None:
@@ -384,7 +397,7 @@ class SegmentCache:
         going with the arrays). One with no descriptor room is closed now: the
         lease alone keeps its memory.
         """
-        lease = SegmentLease(segment, segment.mapped())
+        lease = SegmentLease(segment, segment.mapped(), self)
         ref = weakref.ref(lease, self._returned.append)
         hash(ref)  # now, while the lease lives: a dead weak reference has no hash to look up
         kept = Segment()  # before the descriptor moves
@@ -421,7 +434,10 @@ class SegmentCache:
         """Pins the segment of a live lease of this cache open for a task that passes it to
         a worker (unpin gives it back), recording it as into[index] = (segment, offset) in
         the same breath (plain stores: no signal between pinning and recording); False
-        when it cannot be passed: another pool's, or one whose descriptor was closed."""
+        when it cannot be passed: another pool's (its segment id names nothing, or another
+        segment, in this pool's workers), or one whose descriptor was closed."""
+        if lease.cache is not self:
+            return False
         with self._lock:
             segment = lease.segment
             if segment.fd < 0 or segment.id not in self._open:

@@ -1,0 +1,41 @@
+"""Edges of shared arrays and kept values: other pools, crashes, bad requests, bounds.
+
+- An array in one pool's shared memory (a result, Pool.empty, Pool.asarray) passed to
+  another pool is copied like any numpy array: its segment id means nothing (or another
+  segment) to that pool's workers.
+- A worker dying while it puts a value never quarantines Pool.put.
+- keep= past a program's outputs is a ValueError before anything is sent, every time.
+- Kept values whose handles were never made are dropped in the worker too.
+- A request that failed makes the parent send its segments again; many dropped handles
+  go in bounded requests.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pool import Pool, lower
+
+N = 1 << 18  # float32: 1 MiB, past the arena's share, so a segment of its own
+
+
+def f32(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+AFFINE = lower(lambda x: x * 2 + 1, [f32(N)])
+
+
+def test_an_array_of_another_pools_shared_memory_is_copied(tmp_path) -> None:
+    with Pool(1, cache_dir=tmp_path) as pool, Pool(1, cache_dir=tmp_path) as other:
+        y = np.full(N, 5.0, np.float32)
+        (own,) = other.run(AFFINE, [other.asarray(y)])  # other's worker maps a segment of its own
+        np.testing.assert_array_equal(own, y * 2 + 1)
+        x = np.arange(N, dtype=np.float32)
+        for shared in (pool.asarray(x), pool.run(AFFINE, [x])[0]):
+            (out,) = other.run(AFFINE, [shared])
+            np.testing.assert_array_equal(out, shared * 2 + 1)
+        (back,) = pool.run(AFFINE, [own])  # and the other way
+        np.testing.assert_array_equal(back, own * 2 + 1)
