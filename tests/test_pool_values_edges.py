@@ -12,11 +12,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from pool_helpers import wait_until_started
 
 from pool import Pool, lower
+from pool.errors import WorkerCrashedError
 
 N = 1 << 18  # float32: 1 MiB, past the arena's share, so a segment of its own
 
@@ -39,3 +46,43 @@ def test_an_array_of_another_pools_shared_memory_is_copied(tmp_path) -> None:
             np.testing.assert_array_equal(out, shared * 2 + 1)
         (back,) = pool.run(AFFINE, [own])  # and the other way
         np.testing.assert_array_equal(back, own * 2 + 1)
+
+
+SLOW_PUT_SHAPE = (7,)
+
+
+def slow_puts():
+    """A Pool initializer: the worker takes 60 s over a put of shape SLOW_PUT_SHAPE, long
+    enough for a test to kill it in the middle of one (a put is otherwise too quick to land
+    a SIGKILL in). A closure, so that it is pickled whole for the workers."""
+    shape = SLOW_PUT_SHAPE
+
+    def install() -> None:
+        import time as worker_time
+
+        from worker.serve import server
+
+        put = server.Server.put
+
+        def slow_put(self, request, fds):
+            if request.array_type.shape == shape:
+                worker_time.sleep(60)
+            return put(self, request, fds)
+
+        server.Server.put = slow_put
+
+    return install
+
+
+def test_workers_dying_during_puts_never_quarantine_put(tmp_path) -> None:
+    with Pool(1, cache_dir=tmp_path, initializer=slow_puts(), max_crashes=2) as pool:
+        for attempt in range(3):
+            with ThreadPoolExecutor(1) as thread:
+                putting = thread.submit(pool.put, np.ones(SLOW_PUT_SHAPE, np.float32), name="p")
+                victim = wait_until_started(pool, "p")
+                os.kill(victim, signal.SIGKILL)
+                with pytest.raises(WorkerCrashedError) as crash:
+                    putting.result(timeout=60)
+            assert "quarantined" not in str(crash.value), attempt
+        value = pool.put(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(value.fetch(), np.arange(4, dtype=np.float32))

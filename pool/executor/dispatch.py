@@ -39,7 +39,7 @@ import numpy as np
 
 from pool.errors import DeviceFailureError, PoolError, rebuild_error
 from pool.executor.compile_many import CompileResult
-from pool.executor.quarantine import Quarantine
+from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.starts import WorkerStarts
@@ -525,7 +525,7 @@ class Dispatcher:
             f"the device failed while the worker (pid {worker.pid}) ran program "
             f"{request.name!r} ({request.kind.value}): {remote.message}. Such an error leaves "
             "the process's device context unusable, so the worker was replaced; only this "
-            "task failed." + self._quarantine.count_crash(request.program_id, request.name)
+            "task failed." + count_crash(self._quarantine, request)
         )
         error = DeviceFailureError(message, None, request.name, worker.output_tail())
         error.add_note(f"Raised in a pjrt-pool worker:\n{remote.traceback}")

@@ -40,7 +40,7 @@ from pool.errors import (
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import ManagerThread, PoolFuture
 from pool.executor.inputs import TaskMemory
-from pool.executor.quarantine import Quarantine
+from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.segments import SegmentCache
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp
@@ -256,7 +256,6 @@ class Manager(ManagerThread):
                     error = worker.memory.lost or WorkerCrashedError(
                         f"the worker that held the task's values {describe_exit(returncode)}"
                     )
-                    error = self._tasks.broken
                 elif task.requeues >= MAX_REQUEUES:
                     error = WorkerCrashedError(
                         f"program {request.name!r} ({request.kind.value}) was given to "
@@ -278,7 +277,7 @@ class Manager(ManagerThread):
                 f"the worker (pid {worker.pid}) running program {request.name!r} "
                 f"({request.kind.value}) {describe_exit(returncode)}: {likely_cause(returncode)}. "
                 "Only this task failed; a replacement worker was started."
-                + self._quarantine.count_crash(request.program_id, request.name)
+                + count_crash(self._quarantine, request)
                 + f"\nThe worker's output ends with:\n{tail or '(nothing)'}"
             )
             error = WorkerCrashedError(message, returncode, request.name, tail)

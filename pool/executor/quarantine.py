@@ -11,6 +11,7 @@ import collections
 import threading
 
 from pool.errors import ProgramQuarantinedError
+from pool.executor.tasks import Kind, Request
 
 
 class Quarantine:
@@ -39,3 +40,13 @@ class Quarantine:
                 "this pool will not run it again"
             )
         return f" It has now crashed {crashes} workers and is quarantined."
+
+
+def count_crash(quarantine: Quarantine, request: Request) -> str:
+    """Counts a crash against the program a task ran; returns what to add to the crash's
+    message. A VALUE task (a put or a fetch) runs no program of the caller's: a worker that
+    died during one (killed for its memory, say) counts against nothing, so that Pool.put is
+    never quarantined."""
+    if request.kind is Kind.VALUE:
+        return ""
+    return quarantine.count_crash(request.program_id, request.name)
