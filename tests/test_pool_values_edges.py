@@ -86,3 +86,20 @@ def test_workers_dying_during_puts_never_quarantine_put(tmp_path) -> None:
             assert "quarantined" not in str(crash.value), attempt
         value = pool.put(np.arange(4, dtype=np.float32))
         np.testing.assert_array_equal(value.fetch(), np.arange(4, dtype=np.float32))
+
+
+def test_keep_past_the_outputs_is_refused_on_every_run(tmp_path) -> None:
+    step = lower(lambda w, x: (w - x, jnp.sum(w)), [f32(8), f32(8)])
+    x = np.ones(8, np.float32)
+    with Pool(1, cache_dir=tmp_path) as pool:
+        for attempt in range(3):  # the first run's worker refuses; later runs the parent
+            with pytest.raises(ValueError, match="keep"):
+                pool.run(step, [x, x], keep=5)
+            with pytest.raises(ValueError, match="keep"):
+                pool.submit(step, [x, x], keep=(0, 2)).result(timeout=60)
+            if attempt == 0:
+                pool.run(step, [x, x])  # the parent knows the outputs from here on
+        assert pool.worker_info[0]["values"] == 0
+        w, total = pool.run(step, [x, x], keep=(0,))
+        assert float(total) == 8.0
+        np.testing.assert_array_equal(w.fetch(), np.zeros(8, np.float32))

@@ -240,6 +240,7 @@ class WorkerPool:
         self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
         self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
         self._starts = WorkerStarts(settings, lock, self._workers, self._tasks)
+        self._requests = Requests(self._segments)
         self._dispatcher = Dispatcher(
             lock,
             self._tasks,
@@ -247,7 +248,7 @@ class WorkerPool:
             self._starts,
             self._quarantine,
             self._segments,
-            Requests(self._segments),
+            self._requests,
             wait_set,
             self._value_owner,
         )
@@ -743,7 +744,7 @@ class WorkerPool:
             compile_options,
             bundle,
             pinned,
-            _keep_indices(keep),
+            self._requests.check_keep(identity, _keep_indices(keep), spec),
             value,
         )
         future: Future[Any] | RunOutcome

@@ -39,7 +39,7 @@ from pool.executor.worker_process import (
     HotProgram,
     WorkerProcess,
 )
-from worker.records import ArrayType
+from worker.records import ArrayType, ProgramSpec
 from worker.wire import protocol, shm
 
 Message = protocol.Compile | protocol.Run | protocol.HotRun | protocol.PlacedRun | protocol.Put
@@ -61,6 +61,22 @@ class Requests:
     def note_output_types(self, program_id: str, types: tuple[ArrayType, ...]) -> None:
         """Records a program's output types from a reply that gave them."""
         self._output_types[program_id] = types
+
+    def check_keep(
+        self, program_id: str, keep: tuple[int, ...], spec: ProgramSpec | None = None
+    ) -> tuple[int, ...]:
+        """keep= (sorted indices) as given, once checked against the program's outputs where
+        they are known (a ProgramSpec's, or an earlier reply's): ValueError, before anything
+        is sent, for an index past them. A program's first run is checked by its worker."""
+        if not keep:
+            return keep
+        types = spec.output_types if spec is not None else self._output_types.get(program_id)
+        if types is not None and keep[-1] >= len(types):
+            raise ValueError(
+                f"keep={list(keep)} names outputs the program does not have: it returns "
+                f"{len(types)} output(s), indices 0 to {len(types) - 1}"
+            )
+        return keep
 
     def build(
         self, task: Task, worker: WorkerProcess
@@ -144,6 +160,7 @@ class Requests:
         destinations, or None to leave them to the worker (a first run, whose outputs the
         parent does not know yet, or outputs too large for the bounds of kept segments)."""
         request = task.request
+        self.check_keep(request.program_id, request.keep)  # the types may be known since
         kept = {index: next(self._value_ids) for index in request.keep}
         types = self._output_types.get(request.program_id)
         if types is None:
