@@ -316,13 +316,14 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
   }
   std::vector<std::shared_ptr<DeviceValue>> outputs =
       RunToValues(executable, arguments, request.zero_copy);
+  // Every placed output is copied before any value is kept: a copy that fails fails the
+  // run with nothing kept, so no value outlives a run whose handles are never made.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (request.destinations[i].kind != Where::kValue) outputs[i]->ToHost(places[i]);
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Where& destination = request.destinations[i];
-    if (destination.kind == Where::kValue) {
-      values_.Put(destination.id, std::move(outputs[i]));
-    } else {
-      outputs[i]->ToHost(places[i]);
-    }
+    if (destination.kind == Where::kValue) values_.Put(destination.id, std::move(outputs[i]));
   }
 }
 

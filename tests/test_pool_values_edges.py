@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import child
 from pool_helpers import wait_until_started
 
 from pool import Pool, lower
@@ -103,3 +104,37 @@ def test_keep_past_the_outputs_is_refused_on_every_run(tmp_path) -> None:
         w, total = pool.run(step, [x, x], keep=(0,))
         assert float(total) == 8.0
         np.testing.assert_array_equal(w.fetch(), np.zeros(8, np.float32))
+
+
+def test_values_kept_by_a_run_whose_reply_failed_are_dropped_in_the_worker() -> None:
+    # A first run keeping output 0 while output 1 goes to a segment the worker makes: its
+    # descriptor cannot be received (the parent has none left), so the reply fails after
+    # the worker kept output 0. The worker's own count (a Fetch reply's) must come back to
+    # the handles alive.
+    done = child(
+        """
+        import jax.numpy as jnp
+        n = 1 << 18
+        program = lower(lambda w: (w + 1, jnp.zeros(n, jnp.float32) + w[0]), [sds(8)])
+        w = np.ones(8, np.float32)
+        with Pool(workers=1) as pool:
+            pool.compile(program)
+            live = pool.put(w)
+            held = take_every_descriptor()
+            try:
+                pool.run(program, [w], keep=0)
+            except OSError as error:
+                print("failed:", type(error).__name__, error)
+            else:
+                print("failed: no")
+            finally:
+                give_back_descriptors(held)
+            for _ in range(3):  # each fetch's request brings the drops; its reply, the count
+                assert (live.fetch() == w).all()
+            (worker,) = list(pool._workers)
+            print("held:", worker.memory.reported_values, "handles:", worker.memory.value_count)
+        """
+    )
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("failed: DescriptorLimitError") for line in lines), done.stdout
+    assert "held: 1 handles: 1" in lines, done.stdout + done.stderr

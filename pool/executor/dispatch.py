@@ -330,7 +330,14 @@ class Dispatcher:
         self._workers.retire(worker)
 
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
-        """A reply was handled: settle its task (or queue it again) and free the worker."""
+        """A reply was handled: settle its task (or queue it again) and free the worker.
+
+        A run or put that failed (in the worker, or in reading its reply) may
+        have kept values no handle names: the worker is told to drop them with
+        its next request (WorkerMemory.orphan)."""
+        plan = None if task.memory is None else task.memory.plan
+        if isinstance(outcome, BaseException) and plan is not None and plan.kept:
+            worker.memory.orphan(plan.kept.values())
         with self._lock:
             self._workers.free_locked(worker, task)
             if outcome is Resend.WITH_PROGRAM and task.kill_error is None and not task.done:
@@ -370,6 +377,8 @@ class Dispatcher:
         memory = task.memory
         assert memory is not None, "a run's reply answers a staged run"
         if request.kind is Kind.VALUE:
+            if reply.values_held >= 0:
+                worker.memory.reported_values = reply.values_held
             return self._value_outcome(worker, task)
         return self._run_outcome(worker, task, reply, fds)
 

@@ -8,7 +8,8 @@ a request sends a segment's descriptor only the first time, names a slot, and
 brings the worker what the parent let go of since its last request:
 
     forgets   segments the parent closed (evicted from its cache, or past its bounds)
-    drops     values whose last handle was garbage
+    drops     values whose last handle was garbage, and orphans: values a run or a put
+              kept whose handles were never made (its reply failed, or reading it did)
 
 Both go with the worker's next request of any kind, so a worker that gets none
 keeps them until it does, or ends. The mirror changes only once a request has
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import weakref
+from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
 from pool.errors import WorkerCrashedError
@@ -61,12 +63,13 @@ LOST_NAMES_SHOWN = 8
 
 class Deliveries(NamedTuple):
     """What a request brings its worker: new segments (ids), the number of dropped handles
-    taken, their value ids, and the segments to forget."""
+    and of orphans taken, the value ids of both, and the segments to forget."""
 
     segments: tuple[int, ...]
     dropped: int
     drops: tuple[int, ...]
     forgets: tuple[int, ...]
+    orphaned: int = 0
 
 
 NOTHING = Deliveries((), 0, (), ())
@@ -82,6 +85,8 @@ class WorkerMemory:
         self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
         self._values: dict[weakref.ref[Kept], tuple[int, int, str]] = {}
         self._dropped: collections.deque[weakref.ref[Kept]] = collections.deque()
+        self._orphans: list[int] = []  # ids of kept values no handle was made for
+        self.reported_values = -1  # the values the worker said it holds, in its last Fetch reply
         self.value_bytes = 0  # what the worker's kept values take on its device
         self.lost: WorkerCrashedError | None = None  # set when the worker ended
         self._closings = -1  # the segments' closings when forgets were last looked for
@@ -97,20 +102,28 @@ class WorkerMemory:
         self._values[ref] = (value.id, value.nbytes, value.name)
         self.value_bytes += value.nbytes
 
+    def orphan(self, value_ids: Iterable[int]) -> None:
+        """Values the worker may keep that no handle names (the run or put that kept them
+        failed after the worker kept them, or reading its reply did): dropped with its next
+        request. An id the worker never kept, or one also dropped through its handle, is
+        ignored there."""
+        self._orphans.extend(value_ids)
+
     def pending(self, segments: OpenSegments) -> Deliveries:
         """What the worker's next request brings it, besides its new segments: values
         dropped, and the segments it maps that `segments` closed since."""
         dropped = len(self._dropped)
+        orphaned = len(self._orphans)
         forgets: tuple[int, ...] = ()
         closings = segments.closings
         if closings != self._closings:  # looked for only when a segment was closed since
             forgets = tuple(i for i in self.mapped if not segments.is_open(i))
             if not forgets:
                 self._closings = closings
-        if not dropped and not forgets:
+        if not dropped and not forgets and not orphaned:
             return NOTHING
         drops = tuple(self._values[self._dropped[i]][0] for i in range(dropped))
-        return Deliveries((), dropped, drops, forgets)
+        return Deliveries((), dropped, drops + tuple(self._orphans), forgets, orphaned)
 
     def delivered(self, deliveries: Deliveries) -> None:
         """A request went with these: the worker maps, drops and forgets them now."""
@@ -122,6 +135,7 @@ class WorkerMemory:
             ref = self._dropped.popleft()
             _, nbytes, _ = self._values.pop(ref)
             self.value_bytes -= nbytes
+        del self._orphans[: deliveries.orphaned]
 
     def note_placed(self, program_id: str, slot: int, types: tuple[ArrayType, ...]) -> None:
         """The worker gave a program a slot for PlacedRuns of inputs of these types."""
@@ -137,6 +151,7 @@ class WorkerMemory:
         names = [name for ref, (_, _, name) in self._values.items() if ref() is not None]
         self._values.clear()
         self._dropped.clear()
+        self._orphans.clear()
         self.value_bytes = 0
         if not names:
             return None

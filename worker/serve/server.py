@@ -667,7 +667,7 @@ class Server:
             if kind != protocol.PLACE:
                 raise ValueError("a value is fetched into shared memory")
             self._hot_loop.fetch_value(request.value_id, segment, offset)
-        return Reply(request.task_id)
+        return Reply(request.task_id, values_held=self._hot_loop.value_count)
 
     def run_hot(self, request: HotRun) -> None:
         """Answers a HotRun that the hot loop left to Python: runs its slot and says so.

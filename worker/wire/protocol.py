@@ -611,7 +611,9 @@ class Reply:
     the seconds per phase of the compile or load a Compile request did
     (worker.phases). `hot_slot` (not -1) names the run's program for HotRun
     requests: its inputs and outputs lie in the arena as they did now.
-    `placed_slot` (not -1) names it for PlacedRun requests. Fields are
+    `placed_slot` (not -1) names it for PlacedRun requests. `values_held` (a
+    Fetch's reply, else -1) counts the values the worker keeps, as its own table
+    says (the parent's mirror can be checked against it). Fields are
     kept few and plain because every reply is pickled, and a small
     program's whole round trip is a few hundred microseconds.
     """
@@ -631,6 +633,7 @@ class Reply:
     phases: dict[str, float] | None = None
     hot_slot: int = -1
     placed_slot: int = -1
+    values_held: int = -1
 
 
 _MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply, Put, Fetch)
