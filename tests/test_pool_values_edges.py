@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -138,3 +139,26 @@ def test_values_kept_by_a_run_whose_reply_failed_are_dropped_in_the_worker() -> 
     lines = done.stdout.splitlines()
     assert any(line.startswith("failed: DescriptorLimitError") for line in lines), done.stdout
     assert "held: 1 handles: 1" in lines, done.stdout + done.stderr
+
+
+def test_more_dropped_handles_than_a_request_carries_go_in_several(tmp_path) -> None:
+    # 65,792 values dropped at once: more than a PlacedRun can count (16 bits) or hold (1 MiB).
+    outputs = 256
+    many = lower(lambda x: tuple(x + i for i in range(outputs)), [f32(1)])
+    small = lower(lambda x: x * 2 + 1, [f32(8)])
+    x = np.ones(8, np.float32)
+    with Pool(1, cache_dir=tmp_path) as pool:
+        pool.run(small, [x])  # its later runs are PlacedRuns (or HotRuns, with no drops)
+        keep = tuple(range(outputs))
+        handles = [pool.run(many, [x[:1]], keep=keep) for _ in range(257)]
+        last = handles[-1][3]
+        del handles
+        for _ in range(3):
+            np.testing.assert_array_equal(pool.run(small, [x])[0], x * 3)
+        deadline = time.monotonic() + 30  # the manager brings the rest to the idle worker
+        while pool.worker_info[0]["values"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.worker_info[0]["values"] == 1
+        assert float(last.fetch()[0]) == 4.0
+        (worker,) = list(pool._workers)
+        assert worker.memory.reported_values == 1

@@ -60,6 +60,11 @@ class Kept(Protocol):
 LOST_NAMES_SHOWN = 8
 """How many lost values an error names before it says how many more."""
 
+MAX_DELIVERED = 4096
+"""The most value drops, and the most segment forgets, one request brings: a PlacedRun
+counts them in 16 bits and its frame is at most 1 MiB (worker.wire.protocol); the rest go
+with the next requests (the manager sends an idle worker releases until none is left)."""
+
 
 class Deliveries(NamedTuple):
     """What a request brings its worker: new segments (ids), the number of dropped handles
@@ -112,18 +117,18 @@ class WorkerMemory:
     def pending(self, segments: OpenSegments) -> Deliveries:
         """What the worker's next request brings it, besides its new segments: values
         dropped, and the segments it maps that `segments` closed since."""
-        dropped = len(self._dropped)
-        orphaned = len(self._orphans)
+        dropped = min(len(self._dropped), MAX_DELIVERED)
+        orphaned = min(len(self._orphans), MAX_DELIVERED - dropped)
         forgets: tuple[int, ...] = ()
         closings = segments.closings
         if closings != self._closings:  # looked for only when a segment was closed since
-            forgets = tuple(i for i in self.mapped if not segments.is_open(i))
+            forgets = tuple(i for i in self.mapped if not segments.is_open(i))[:MAX_DELIVERED]
             if not forgets:
                 self._closings = closings
         if not dropped and not forgets and not orphaned:
             return NOTHING
         drops = tuple(self._values[self._dropped[i]][0] for i in range(dropped))
-        return Deliveries((), dropped, drops + tuple(self._orphans), forgets, orphaned)
+        return Deliveries((), dropped, drops + tuple(self._orphans[:orphaned]), forgets, orphaned)
 
     def delivered(self, deliveries: Deliveries) -> None:
         """A request went with these: the worker maps, drops and forgets them now."""

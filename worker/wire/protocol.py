@@ -237,6 +237,11 @@ def _placed_frame(message: PlacedRun, nfds: int) -> bytes:
         ]
     )
     length = _PLACED_HEAD.size - _HEADER.size + len(body)
+    if length > _MAX_PLACED or max(map(len, (*counts, message.forgets))) > 0xFFFF:
+        raise ValueError(
+            f"a placed run's frame of {length} bytes is past its bounds (1 MiB, 65535 of each "
+            "part): a request brings a worker at most a few thousand drops and forgets"
+        )
     head = _PLACED_HEAD.pack(
         length,
         nfds,
