@@ -307,7 +307,7 @@ class PoolFace(abc.ABC):
         from pool.lowering.function import PoolFunction
 
         self._refuse_in_child()
-        if keep is not False and keep != () and not self._keeps_values:
+        if keep is not False and not _no_keep(keep) and not self._keeps_values:
             raise TypeError(
                 f"{type(self).__name__}.function takes no keep=: its tasks run on whichever "
                 "node is free, so no value stays between calls; use a Pool"
@@ -403,3 +403,8 @@ pass without a copy; put() and keep= leave arrays on a worker's device
     )
 
     _keeps_values = True
+
+
+def _no_keep(keep: Any) -> bool:
+    """Whether keep= asks to keep nothing: an empty sequence ([] and () alike)."""
+    return isinstance(keep, (tuple, list)) and not keep

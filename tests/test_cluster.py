@@ -210,3 +210,11 @@ def test_warm_on_a_cluster_with_a_remote_fills_it_for_another_host(cluster, tmp_
             other.submit_spec(spec, inputs).result()
         assert other.remote_counters.hits == 3  # nothing was local: each came from the remote
     assert len(list((tmp_path / "other" / "entries").rglob("*.pjx"))) == 3
+
+
+def test_a_cluster_pool_takes_an_empty_keep_and_refuses_any_other(cluster, tmp_path) -> None:
+    with ClusterPool(cluster, workers_per_node=1, cache_dir=str(tmp_path)) as remote:
+        for keep in ((), [], False):
+            remote.function(lambda x: x * 2, keep=keep)
+        with pytest.raises(TypeError, match="takes no keep="):
+            remote.function(lambda x: x * 2, keep=[0])

@@ -162,3 +162,14 @@ def test_more_dropped_handles_than_a_request_carries_go_in_several(tmp_path) -> 
         assert float(last.fetch()[0]) == 4.0
         (worker,) = list(pool._workers)
         assert worker.memory.reported_values == 1
+
+
+def test_put_converts_as_device_put_and_values_refuse_copy_false(tmp_path) -> None:
+    with Pool(1, cache_dir=tmp_path) as pool:
+        value = pool.put(np.arange(N, dtype=np.float64))  # numpy's default, as jax.device_put
+        assert value.dtype == np.float32
+        np.testing.assert_array_equal(pool.run(AFFINE, [value])[0], np.arange(N) * 2.0 + 1)
+        assert pool.put(np.arange(3)).dtype == np.int32
+        with pytest.raises(ValueError, match="always copied"):
+            np.asarray(value, copy=False)
+        np.testing.assert_array_equal(np.asarray(value, copy=True), np.arange(N))

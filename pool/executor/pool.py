@@ -152,6 +152,19 @@ def _values_in(arguments: Any) -> dict[int, DeviceValue]:
     return {i: a for i, a in enumerate(arguments) if type(a) is DeviceValue}
 
 
+_WIDE_DTYPES = frozenset(map(np.dtype, ("float64", "int64", "uint64", "complex128")))
+"""The dtypes JAX narrows unless its x64 mode is on (the only ones Pool.put imports JAX for)."""
+
+
+def _as_jax_puts(array: np.ndarray) -> np.ndarray:
+    """An array of a 64-bit dtype as jax.device_put would convert it (narrowed unless JAX's
+    x64 mode is on)."""
+    import jax  # here: a pool that runs warmed programs never needs it otherwise
+
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    return array if dtype == array.dtype else array.astype(dtype)
+
+
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     """keep= as sorted output indices; TypeError or ValueError for what is not."""
     if type(keep) is tuple and not keep:
@@ -408,9 +421,17 @@ class WorkerPool:
         holds `like`, another DeviceValue of this pool, when given: a call
         takes values of one worker only). np.asarray(value) or value.fetch()
         copies it back; dropping the handle frees its device memory.
+
+        The array is converted as jax.device_put converts it: float64, int64,
+        uint64 and complex128 become float32, int32, uint32 and complex64
+        unless JAX's x64 mode (jax_enable_x64) is on, so that a value made
+        from numpy's default float64 fits a program lowered from float32
+        arrays (values are never converted when passed).
         """
         self._refuse_on_manager("Pool.put")
         (prepared,) = prepare_arguments([array], None)
+        if prepared.dtype in _WIDE_DTYPES:
+            prepared = _as_jax_puts(prepared)
         array_type = ArrayType(prepared.dtype, prepared.shape)
         pinned = None if like is None else self._pinned({0: like}, None)
         operation = ValueOp("put", array_type)

@@ -107,7 +107,12 @@ class DeviceValue:
         run's outputs); the value stays in the worker."""
         return self._owner._fetch(self)
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy is False:  # numpy 2's protocol: the value is always copied out of its worker
+            raise ValueError(
+                f"a DeviceValue is always copied out of its worker ({self.name}): "
+                "np.asarray(value, copy=False) cannot be honoured; use np.asarray(value)"
+            )
         array = self.fetch()
         return array if dtype is None else array.astype(dtype, copy=False)
 
