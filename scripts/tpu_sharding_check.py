@@ -168,7 +168,7 @@ def step_bundle(out: Path, bundles: Path) -> dict[str, Any]:
     _save(out / "bundle.npz", outputs)
     return {
         "check_exit": checked.returncode,
-        "check_last_line": checked.stdout.strip().splitlines()[-1:],
+        "check_last_lines": (checked.stdout + checked.stderr).strip().splitlines()[-3:],
         "ran": len(outputs),
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -203,7 +203,7 @@ def step_refuse(bundles: Path) -> dict[str, Any]:
         refused = str(error)[:300]
     return {
         "check_exit": checked.returncode,
-        "check_lines": checked.stdout.strip().splitlines()[-3:],
+        "check_lines": (checked.stdout + checked.stderr).strip().splitlines()[-3:],
         "run": refused,
     }
 

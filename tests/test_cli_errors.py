@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,18 @@ def test_a_bad_remote_url_is_a_usage_error_for_every_command(
     err = capsys.readouterr().err
     assert "PJRT_POOL_CACHE_REMOTE" in err and "scheme 'ftp'" in err and "secret" not in err, err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out.bundle").exists()
+
+
+def test_python_m_pool_cli_main_says_a_usage_error_in_one_line(tmp_path: Path) -> None:
+    """`python -m pool.cli.main` ran the module as `__main__` beside the `pool.cli.main` its
+    commands import: their UsageError was another class, so a usage error was a traceback
+    and exit 1 (seen in check-plugin and bundle check; issue 52's note)."""
+    path = tmp_path / "missing.bundle"
+    done = subprocess.run(
+        [sys.executable, "-m", "pool.cli.main", "bundle", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    line = assert_usage_error(done, f"bundle {path} does not exist")
+    assert line.startswith("pjrt-pool bundle check: ")

@@ -226,4 +226,9 @@ def exit_at_once(code: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m pool.cli.main`, this module is `__main__`, and the command
+    # modules import `pool.cli.main` a second time: call that one's main, whose
+    # UsageError is the class they raise.
+    from pool.cli.main import main as _main
+
+    sys.exit(_main())
