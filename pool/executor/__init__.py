@@ -6,6 +6,8 @@ is WorkerPool, what the public Pool (pool.face) runs on, made of parts that
 each own their state (its docstring draws them):
 
     pool.py            WorkerPool: what callers call
+    task_making.py     WorkerPool's making of tasks: checks, the task's record, staging
+    arrays.py          WorkerPool's arrays that outlive a call: put, fetch, empty, asarray
     caller.py          what a caller's thread does itself: the direct run, reading a
                        waited-for reply, recovering from an interrupt
     dispatch.py        claiming, sending, replies, settling, from any thread

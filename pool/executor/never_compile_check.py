@@ -1,7 +1,7 @@
 """A never-compile Pool refuses programs that are not in its cache before they reach a worker.
 
 In never-compile mode each worker's Ready message carries the key parts of
-its plugin and host (worker.serve.server.main), so the parent computes the key a
+its plugin and host (worker.serve.start.main), so the parent computes the key a
 program would have there and refuses it at submit, with the same
 NeverCompileError a worker would raise, when the pool's cache holds no entry
 under that key: no worker is claimed and no worker time is spent. A program

@@ -27,8 +27,11 @@ Data flow::
     caller's thread (one thread switch less per call), then gives it back.
 
 The WorkerPool is the front: it checks what callers give, makes and stages
-their tasks, and stops the pool. The work is done by parts, each owning its
-state, and calls go from here down, never back up:
+their tasks, and stops the pool; two of its own sections are written in
+modules of their own, which it inherits: making and staging tasks
+(task_making.TaskMaking) and the arrays that outlive a call, put, fetch,
+empty and asarray (arrays.PoolArrays). The work is done by parts, each
+owning its state, and calls go from here down, never back up:
 
     WorkerPool           what callers call: checks, tasks, staging, close, terminate
      ├─ CallerPath       what a caller's thread does itself: queueing, the direct
@@ -61,10 +64,8 @@ comes back as a HotReply (Dispatcher._handle_hot): see worker.wire.protocol.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal
@@ -72,41 +73,34 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.errors import PoolClosedError, PoolError, WorkerStartupError
+from pool.errors import PoolError, WorkerStartupError
 from pool.executor import forks
+from pool.executor.arrays import PoolArrays, ValueOwner
 from pool.executor.caller import CallerPath
-from pool.executor.checks import check_timeout, finite
 from pool.executor.closing import Closing, terminate_at_exit
 from pool.executor.compile_many import CompileResult
 from pool.executor.dispatch import Dispatcher
-from pool.executor.futures import PoolFuture, RunOutcome, TaskFuture
-from pool.executor.inputs import Layouts, TaskMemory
+from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
 from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS
-from pool.executor.programs import program_id, program_text_digest
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
-from pool.executor.segments import Segment, SegmentCache
-from pool.executor.settings import PoolSettings, check_devices
+from pool.executor.segments import SegmentCache
+from pool.executor.settings import PoolSettings
 from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
-from pool.executor.values import DeviceValue, check_values
+from pool.executor.task_making import TaskMaking
+from pool.executor.tasks import Kind, Task, Tasks
+from pool.executor.values import DeviceValue, values_in
 from pool.executor.wait_set import WaitSet
-from pool.executor.worker_memory import WorkerMemory
-from pool.executor.worker_process import ARENA_SIZE
 from pool.executor.workers import Workers
-from worker.arguments import prepare_arguments
 from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote.location import resolve_remote
-from worker.dtypes import code_of_dtype
 from worker.identity.keys import check_key
-from worker.identity.options import checked_compile_options
 from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.topology import TopologySpec
 from worker.records import (
-    ArrayType,
     CompileStatistics,
     LoweredProgram,
     ProgramSpec,
@@ -117,69 +111,8 @@ if TYPE_CHECKING:
     from pool.manifest import Manifest
     from worker.cache.remote import RemoteCounters
 
-ARENA_INPUT_LIMIT = ARENA_SIZE // 4
-"""Inputs up to this many bytes go through the worker's arena; outputs use the rest.
 
-Smaller tasks then cost no system calls for memory, and their outputs are
-copied out of the arena (cheaper than mapping a segment for a few KB). Larger
-outputs get a segment of their own that the returned arrays view, with no copy
-(pool.executor.worker_process.ARENA_OUTPUT_LIMIT). An array larger than this that
-lies in one of the pool's segments already (a result, Pool.empty, Pool.asarray)
-is passed as it is, never copied.
-"""
-
-
-class _ValueOwner:
-    """What a pool's DeviceValues fetch themselves through: the pool, held weakly (a
-    handle does not keep a pool alive), and the token other pools refuse them by."""
-
-    __slots__ = ("_pool",)
-
-    def __init__(self, pool: WorkerPool) -> None:
-        self._pool = weakref.ref(pool)
-
-    def _fetch(self, value: DeviceValue) -> np.ndarray:
-        pool = self._pool()
-        if pool is None:
-            raise PoolClosedError(f"the pool of {value.name} is gone, and the value with it")
-        return pool._fetch(value)
-
-
-def _values_in(arguments: Any) -> dict[int, DeviceValue]:
-    """The arguments that are a pool's kept values, by position."""
-    if type(arguments) not in (list, tuple) or DeviceValue not in map(type, arguments):
-        return {}  # (prepare_arguments says what is wrong with arguments of another type)
-    return {i: a for i, a in enumerate(arguments) if type(a) is DeviceValue}
-
-
-_WIDE_DTYPES = frozenset(map(np.dtype, ("float64", "int64", "uint64", "complex128")))
-"""The dtypes JAX narrows unless its x64 mode is on (the only ones Pool.put imports JAX for)."""
-
-
-def _as_jax_puts(array: np.ndarray) -> np.ndarray:
-    """An array of a 64-bit dtype as jax.device_put would convert it (narrowed unless JAX's
-    x64 mode is on)."""
-    import jax  # here: a pool that runs warmed programs never needs it otherwise
-
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
-    return array if dtype == array.dtype else array.astype(dtype)
-
-
-def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
-    """keep= as sorted output indices; TypeError or ValueError for what is not."""
-    if type(keep) is tuple and not keep:
-        return keep  # the usual case, on every run's path
-    indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
-    if not isinstance(indices, Sequence) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in indices
-    ):
-        raise TypeError(f"keep must be an output index or a sequence of them, not {keep!r}")
-    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
-        raise ValueError(f"keep names outputs by their indices, each once: {keep!r}")
-    return tuple(sorted(indices))
-
-
-class WorkerPool:
+class WorkerPool(TaskMaking, PoolArrays):
     """The worker processes behind pool.Pool, and the machinery that feeds them.
 
     It implements what the Pool's face (pool.face.PoolFace) is built on:
@@ -246,7 +179,7 @@ class WorkerPool:
     def _assemble(self, settings: PoolSettings) -> None:
         """Makes the parts of the pool (see the module docstring), each given what it uses."""
         lock = self._lock = threading.Lock()
-        self._value_owner = _ValueOwner(self)  # what this pool's DeviceValues name as theirs
+        self._value_owner = ValueOwner(self)  # what this pool's DeviceValues name as theirs
         wait_set = self._wait_set = WaitSet()
         self._tasks = Tasks(wait_set)
         self._quarantine = Quarantine(lock, settings.max_crashes)
@@ -341,7 +274,7 @@ class WorkerPool:
         Ctrl-C there while the reply is awaited leaves the task running.
         """
         program = check_program(program, "Pool.submit")
-        pinned = self._pinned(_values_in(arguments), program.input_types)
+        pinned = self._pinned(values_in(arguments), program.input_types)
         task = self._new_task(
             Kind.RUN, program, name, timeout, compile_options, keep=keep, pinned=pinned
         )
@@ -370,7 +303,7 @@ class WorkerPool:
         """
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
-        values = _values_in(arguments)
+        values = values_in(arguments)
         pinned = None if not values else self._pinned(values, program.input_types)
         task = self._new_task(
             Kind.RUN,
@@ -407,100 +340,6 @@ class WorkerPool:
         except BaseException as error:
             caller.recover(task, error)
             raise
-
-    # -- values and shared arrays ---------------------------------------------------
-
-    def put(
-        self, array: ArrayLike, *, like: DeviceValue | None = None, name: str | None = None
-    ) -> DeviceValue:
-        """Copies an array into a worker's device memory, where it stays; returns its handle.
-
-        Pass the DeviceValue to later calls of this pool in place of the array:
-        each runs on the worker that holds it, reading it there, without
-        copying it again. The worker is one that runs programs (the one that
-        holds `like`, another DeviceValue of this pool, when given: a call
-        takes values of one worker only). np.asarray(value) or value.fetch()
-        copies it back; dropping the handle frees its device memory.
-
-        The array is converted as jax.device_put converts it: float64, int64,
-        uint64 and complex128 become float32, int32, uint32 and complex64
-        unless JAX's x64 mode (jax_enable_x64) is on, so that a value made
-        from numpy's default float64 fits a program lowered from float32
-        arrays (values are never converted when passed).
-        """
-        self._refuse_on_manager("Pool.put")
-        (prepared,) = prepare_arguments([array], None)
-        if prepared.dtype in _WIDE_DTYPES:
-            prepared = _as_jax_puts(prepared)
-        array_type = ArrayType(prepared.dtype, prepared.shape)
-        pinned = None if like is None else self._pinned({0: like}, None)
-        operation = ValueOp("put", array_type)
-        label = name or f"a {array_type} put in the pool"
-        task = self._new_task(
-            Kind.VALUE, None, label, None, None, handed_out=False, pinned=pinned, value=operation
-        )
-        return self._call(task, [prepared])
-
-    def _fetch(self, value: DeviceValue) -> np.ndarray:
-        """DeviceValue.fetch: the value copied out of its worker (into shared memory)."""
-        self._refuse_on_manager("DeviceValue.fetch")
-        pinned = self._pinned({0: value}, None)
-        operation = ValueOp("fetch", value.array_type, value)
-        task = self._new_task(
-            Kind.VALUE,
-            None,
-            f"fetch {value.name}",
-            None,
-            None,
-            handed_out=False,
-            pinned=pinned,
-            value=operation,
-        )
-        return self._call(task, [])
-
-    def empty(self, shape: int | Sequence[int], dtype: Any) -> np.ndarray:
-        """A numpy array in the pool's shared memory, of undefined contents, to fill.
-
-        Passed to this pool's calls (larger than the arena's share, 256 KiB),
-        it is not copied: the worker reads it where it is. So a data loader
-        that fills arrays from Pool.empty sends batches with no copy in this
-        process. It is passed by reference: a task submitted with it sees
-        changes made to it before the task runs. Its memory goes back to the
-        pool when the array (and every view of it) is garbage, as a result's.
-        """
-        self._check_open()
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        array_type = ArrayType(np.dtype(dtype), tuple(int(d) for d in dims))
-        code_of_dtype(array_type.dtype)  # TypeError for a type the runtime has not
-        if any(d < 0 for d in array_type.shape):
-            raise ValueError(f"a shape has no negative lengths: {shape!r}")
-        size = max(array_type.nbytes, 1)
-        segment = Segment()
-        try:
-            if not self._segments.make(segment, size):  # past the bounds: its own, not kept
-                self._segments.fill(segment, size, lambda _: None)
-            lease = self._segments.adopt(segment)
-        except BaseException:
-            self._segments.give(segment)
-            raise
-        return lease.views([array_type], [0])[0]
-
-    def asarray(self, array: ArrayLike) -> np.ndarray:
-        """A copy of an array in the pool's shared memory (see empty): calls pass it as it is."""
-        source = np.asarray(array)
-        copy = self.empty(source.shape, source.dtype)
-        copy[...] = source
-        return copy
-
-    def _pinned(
-        self, values: dict[int, DeviceValue], types: tuple[ArrayType, ...] | None
-    ) -> WorkerMemory | None:
-        """The memory of the worker a call must run on, the one that holds its values (the
-        arguments that are DeviceValues, by position; each checked: this pool's, alive, of
-        its input's type); None when it passes none."""
-        if not values:
-            return None
-        return check_values(self._value_owner, values, types)
 
     def submit_spec(
         self,
@@ -674,149 +513,3 @@ class WorkerPool:
                 "pool's manager thread, which must stay free to read the workers' replies; "
                 "call pool.submit there (and add_done_callback for its result)"
             )
-
-    # -- tasks -------------------------------------------------------------
-
-    def _needs_compile(self, task: Task) -> bool:
-        """Whether a run's program must first be compiled on a compile worker: in a pool whose
-        compiles and runs go to different workers, before this pool compiled it."""
-        return self._settings.compiles_apart and task.request.program_id not in self._compiled
-
-    def _submit_after_compile(
-        self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
-    ) -> Future[Any]:
-        """Stages a run now, and queues it once a compile worker has compiled its program.
-
-        The compile's failure is the run's; a run cancelled meanwhile is
-        dropped when it would have been queued.
-        """
-        request = task.request
-        assert request.program is not None
-        try:
-            self._stage(task, arguments, zero_copy, caller_waits=False)
-            compiled = self.submit_compile(
-                request.program,
-                name=request.name,
-                timeout=request.timeout,
-                compile_options=request.compile_options,
-            )
-        except BaseException as error:
-            self._caller.recover(task, error)
-            raise
-        compiled.add_done_callback(functools.partial(self._caller.enqueue_compiled, task))
-        return task.future
-
-    def _new_task(
-        self,
-        kind: Kind,
-        program: LoweredProgram | None,
-        name: str | None,
-        timeout: float | None,
-        compile_options: bytes | None,
-        spec: ProgramSpec | None = None,
-        handed_out: bool = True,
-        bundle: str | None = None,
-        keep: int | Sequence[int] = (),
-        pinned: WorkerMemory | None = None,
-        value: ValueOp | None = None,
-    ) -> Task:
-        """A task for a program, or (program None) for the executable a ProgramSpec names, or
-        a VALUE task (value: its operation; pinned: the memory of the worker it must run
-        on, which holds its values; keep: the outputs a run keeps there).
-
-        Everything a caller gives is checked here, before any worker is claimed.
-        A run whose future is handed out gets a TaskFuture, whose result() reads
-        the reply; Pool.run's own (handed_out False) is a RunOutcome, read once
-        the reply was handled, or waited for when the task was queued.
-        """
-        if self._pid != forks.pid:
-            self._refuse_in_child()
-        if kind is not Kind.COMPILE and not self._settings.runs:
-            raise PoolError(
-                f"this pool compiles for the topology {self._settings.topology} without a device "
-                "(Pool(topology=...)): it cannot run programs. Run them where that device is, "
-                "with a Pool there (its device workers load what this pool published)"
-            )
-        seconds = self._settings.task_timeout if timeout is None else finite(check_timeout(timeout))
-        compile_options = checked_compile_options(compile_options)
-        if value is None:  # a program's or a spec's: its devices fit the pool's workers
-            partitioning = program.partitioning if spec is None else spec.partitioning
-            check_devices(partitioning, self._settings.devices_per_worker, self._settings.topology)
-        if value is not None:
-            identity, key = f"({value.op})", None
-        elif program is None:
-            assert spec is not None
-            identity, name, key = spec.key, name or spec.name, spec.key
-        else:
-            identity = program_id(program, compile_options)
-            if self._never_compile_check is not None:
-                digest = program_text_digest(program)
-                self._never_compile_check.check(program, identity, digest, compile_options, name)
-            name, key = name or program.name, None
-        request = Request(
-            self._tasks.next_id(),
-            kind,
-            program,
-            identity,
-            name,
-            seconds,
-            key,
-            None if spec is None else spec.input_types,
-            compile_options,
-            bundle,
-            pinned,
-            self._requests.check_keep(identity, _keep_indices(keep), spec),
-            value,
-        )
-        future: Future[Any] | RunOutcome
-        if not handed_out:
-            future = RunOutcome()  # Pool.run's own: no callbacks, no cancellation
-        elif kind is Kind.RUN:
-            future = TaskFuture(self._caller)
-        else:
-            future = PoolFuture()
-        return Task(request, future)
-
-    def _submit(
-        self, task: Task, arguments: Sequence[ArrayLike] | None, zero_copy: bool | None
-    ) -> Future[Any]:
-        """Stages a task's arguments (for a run) and queues it; returns its future.
-
-        Whatever cuts this short (bad arguments, a closed pool, a Ctrl-C at
-        any step), CallerPath.recover stops the task and gives back its shared memory.
-        """
-        try:
-            if task.request.kind is Kind.RUN:  # checked as Pool.run checks them, None too
-                self._stage(task, arguments, zero_copy, caller_waits=False)
-            return self._caller.enqueue(task)
-        except BaseException as error:
-            self._caller.recover(task, error)
-            raise
-
-    def _stage(
-        self,
-        task: Task,
-        arguments: Sequence[ArrayLike] | None,
-        zero_copy: bool | None,
-        caller_waits: bool,
-        values: dict[int, DeviceValue] | None = None,
-    ) -> None:
-        """Checks and converts a run task's arguments and stages them (TaskMemory.stage);
-        `values`, the arguments that are DeviceValues, where the caller found them."""
-        request = task.request
-        types = request.program.input_types if request.program is not None else request.spec_types
-        if values is None:
-            values = _values_in(arguments)
-        arrays = prepare_arguments(arguments, types, values.keys())
-        # A ProgramSpec's types are what its caller says, and specs of one key may
-        # say different things: its inputs are laid out as they are and the worker
-        # checks them against the executable's own (worker.serve.server.check_run_inputs).
-        declared = types is not None and request.cache_key is None
-        layout = self._layouts.of(request.program_id, types) if declared else None
-        zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy
-        memory = TaskMemory(zero_copy, declared)
-        task.stage(memory)  # first: what share and copy_in take goes back with the task
-        if values or layout is None or layout[2] > ARENA_INPUT_LIMIT:  # else all are small
-            memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
-        memory.lay_out(arrays, layout)
-        memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)

@@ -127,6 +127,13 @@ class DeviceValue:
         return f"<DeviceValue {self.array_type} {where}: {self.name}>"
 
 
+def values_in(arguments: Any) -> dict[int, DeviceValue]:
+    """The arguments that are a pool's kept values, by position."""
+    if type(arguments) not in (list, tuple) or DeviceValue not in map(type, arguments):
+        return {}  # (prepare_arguments says what is wrong with arguments of another type)
+    return {i: a for i, a in enumerate(arguments) if type(a) is DeviceValue}
+
+
 def check_values(
     owner: object, values: dict[int, DeviceValue], types: tuple[ArrayType, ...] | None
 ) -> WorkerMemory | None:
