@@ -56,7 +56,7 @@ def import_microseconds(module: str) -> int:
     raise RuntimeError(f"no import time for {module}")
 
 
-_WORKER_MODULES = "worker.plugin.startup, worker.serve.server"
+_WORKER_MODULES = "worker.plugin.startup, worker.serve.start"
 """What a worker process imports as it starts (worker/__main__.py), orjson among them."""
 
 _WORKER_IMPORT = f"""

@@ -277,7 +277,7 @@ def test_a_spec_whose_types_do_not_fit_its_entry_is_refused_by_the_worker(cache_
 
 
 def test_check_run_inputs_compares_the_request_with_the_executables_inputs():
-    from worker.serve.server import InputLayout, check_run_inputs
+    from worker.serve.placed import InputLayout, check_run_inputs
     from worker.wire.protocol import PLACE, Run
 
     f32 = np.dtype("float32")

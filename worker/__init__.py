@@ -29,7 +29,7 @@ each thing lives, and so where plugin loading ends and serving begins::
                   Executable, what a compile is for, executable stamps, compile slots
     bundle/       bundles: warmed programs in one file, checked and loaded read-only
     serve/        the child programs that use a plugin: a pool worker's loop, the entry check
-    __main__.py   ``python -m worker``: a pool worker (serve/server.py)
+    __main__.py   ``python -m worker``: a pool worker (serve/start.py, serve/server.py)
     _pjrt         the native module (built from ``native/``): plugins, clients, executables,
                   the hot loop
 

@@ -11,7 +11,7 @@ import sys
 from worker.plugin.runtime import default_platform
 from worker.plugin.startup import prepare_worker
 from worker.serve.command_line import WorkerCommand
-from worker.serve.server import main
+from worker.serve.start import main
 
 if __name__ == "__main__":
     command = WorkerCommand.parse(sys.argv[1:])

@@ -214,7 +214,7 @@ class TaskMaking:
         arrays = prepare_arguments(arguments, types, values.keys())
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
-        # checks them against the executable's own (worker.serve.server.check_run_inputs).
+        # checks them against the executable's own (worker.serve.placed.check_run_inputs).
         declared = types is not None and request.cache_key is None
         layout = self._layouts.of(request.program_id, types) if declared else None
         zero_copy = self._settings.zero_copy if zero_copy is None else zero_copy

@@ -23,47 +23,45 @@ the disk cache.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import mmap
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from collections import OrderedDict
 from itertools import count
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
 from worker import _pjrt
-from worker.cache import open_cache, process_counters
-from worker.cache.remote import REMOTE_ENV, remote_counters
+from worker.cache import process_counters
+from worker.cache.remote import remote_counters
 from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
-from worker.compile.target import target_for
 from worker.dtypes import code_of_dtype
-from worker.identity.target import runtime_key_parts
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
 from worker.plugin.runtime import get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
-from worker.serve.command_line import WorkerCommand
+from worker.serve.placed import (
+    InputLayout,
+    OutputLayout,
+    check_run_inputs,
+    in_arena_at,
+    run_from_views,
+    run_placed,
+)
 from worker.wire import protocol, shm
 from worker.wire.protocol import (
     Compile,
     Exit,
     Fetch,
     HotRun,
-    Init,
     Put,
-    Ready,
     RemoteError,
     Reply,
     Run,
@@ -71,11 +69,7 @@ from worker.wire.protocol import (
 
 if TYPE_CHECKING:
     from worker.bundle.reader import Bundle
-    from worker.cache.store import DiskCache
-    from worker.compile.target import Target
-    from worker.plugin.runtime import Runtime
 
-PARENT_POLL_SECONDS = 0.5
 SPIN_SECONDS = 200e-6
 """How long a worker polls for the next request before sleeping (protocol.spin_until_readable
 explains why); the hot loop does the polling."""
@@ -83,157 +77,7 @@ explains why); the hot loop does the polling."""
 DEVICE_FAILURE_EXIT = 75
 """The exit status of a worker that stopped because its device became unusable."""
 
-_PR_SET_PDEATHSIG = 1
-
 logger = get_logger("pjrt_pool.worker")
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Makes the kernel kill this process when the parent's thread that spawned it ends.
-
-    The pool spawns workers from its manager thread, which outlives them.
-    This holds even for a stopped (SIGSTOPped) or hung worker, which the
-    watchdog thread below cannot help. The parent may have died before the
-    call took effect, hence the check after it.
-    """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exits the process when the parent dies, even in the middle of a long compile.
-
-    The socket's EOF tells an idle worker; this thread tells a busy one (and
-    covers systems without PR_SET_PDEATHSIG).
-    """
-    while True:
-        time.sleep(PARENT_POLL_SECONDS)
-        if os.getppid() != parent_pid:
-            os._exit(0)
-
-
-class InputLayout(NamedTuple):
-    """Where a program's inputs lie in shared memory when they have its own input types."""
-
-    types: tuple[ArrayType, ...]
-    offsets: tuple[int, ...]
-    size: int
-
-    @classmethod
-    def of(cls, types: tuple[ArrayType, ...]) -> InputLayout:
-        """The layout the parent uses for these types (shm.layout from offset 0)."""
-        offsets, size = shm.layout(types)
-        return cls(types, offsets, size)
-
-
-def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, ...]:
-    """Returns the types of a Run request's inputs; raises if they cannot be its inputs.
-
-    own is the executable's own input layout (None when its input types are
-    unknown). A request without input_types says its inputs have those own
-    types; one with input_types (a program of unknown types, or a ProgramSpec's
-    run, whose types are the spec's) has them converted to the executable's own
-    types by Executable.prepare_arguments, which refuses a wrong count or shape.
-    Each input is one Where (a place, or a kept value); where a place lies is
-    checked against its segment when it is read (native/segments.cc).
-    """
-    if request.input_types is None:
-        if own is None:
-            raise ValueError("the input types are unknown: the parent must send them")
-        types = own.types
-    else:
-        types = tuple(request.input_types)
-    if len(request.sources) != len(types):
-        raise ValueError(
-            f"the request places {len(request.sources)} inputs for {len(types)} input types "
-            f"({', '.join(map(str, types))}): the parent and the worker disagree about the program"
-        )
-    if any(kind not in (protocol.PLACE, protocol.VALUE) for kind, _, _ in request.sources):
-        raise ValueError("an input is neither in shared memory nor a kept value")
-    return types
-
-
-def in_arena_at(sources: tuple[protocol.Where, ...], offsets: tuple[int, ...]) -> bool:
-    """Whether every input lies in the arena, at these offsets (a hot slot's layout)."""
-    return len(sources) == len(offsets) and all(
-        kind == protocol.PLACE and segment == 0 and offset == expected
-        for (kind, segment, offset), expected in zip(sources, offsets, strict=True)
-    )
-
-
-class OutputLayout(NamedTuple):
-    """Where a Run's outputs go: where its destinations say ("placed"), or laid out here:
-    after the arena's inputs ("arena"), or in a segment made for them ("new"), with the
-    outputs the request keeps left out."""
-
-    place: str
-    offsets: tuple[int, ...]
-    """Each output's offset in its place; -1 for a kept one."""
-    size: int
-    """The bytes the laid-out outputs span ("new": the segment's size)."""
-    fd: int | None
-    """The "new" segment's descriptor."""
-    wheres: tuple[protocol.Where, ...] | None
-    """The request's destinations ("placed"), or None."""
-    keep: dict[int, int]
-    """Output index -> the value id it is kept as (laid out here)."""
-
-    @classmethod
-    def of(
-        cls, request: Run, types: tuple[ArrayType, ...], outputs: tuple[ArrayType, ...],
-        arena_size: int,
-    ) -> OutputLayout:  # fmt: skip
-        """The layout of a Run's outputs; `types` are its inputs'."""
-        if request.destinations is not None:
-            if len(request.destinations) != len(outputs):
-                raise ValueError(
-                    f"the request places {len(request.destinations)} outputs of a program of "
-                    f"{len(outputs)}"
-                )
-            offsets = tuple(
-                offset if kind == protocol.PLACE else -1 for kind, _, offset in request.destinations
-            )
-            return cls("placed", offsets, 0, None, tuple(request.destinations), {})
-        keep = dict(request.keep)
-        if any(not 0 <= index < len(outputs) for index in keep):
-            raise ValueError(f"the request keeps outputs {sorted(keep)} of {len(outputs)}")
-        start = max(
-            (offset + t.nbytes for (kind, segment, offset), t in zip(request.sources, types,
-             strict=True) if kind == protocol.PLACE and segment == 0),
-            default=0,
-        )  # fmt: skip
-        return cls.arena_or_new(outputs, shm.aligned(start), arena_size, keep)
-
-    @classmethod
-    def arena_or_new(
-        cls, outputs: tuple[ArrayType, ...], start: int, arena_size: int,
-        keep: dict[int, int] | None = None,
-    ) -> OutputLayout:  # fmt: skip
-        """Outputs (but those kept) after `start` in the arena if they fit, else in a new
-        segment of their own."""
-        keep = keep or {}
-        placed = [t for i, t in enumerate(outputs) if i not in keep]
-        offsets, end = shm.layout(placed, start)
-        place, fd = "arena", None
-        if end > arena_size:
-            offsets, end = shm.layout(placed)
-            place, fd = "new", shm.new_segment(end, "pjrt-pool-outputs")
-        found = iter(offsets)
-        every = tuple(-1 if i in keep else next(found) for i in range(len(outputs)))
-        return cls(place, every, end, fd, None, keep)
-
-    def destinations(self, new_segment: int) -> list[protocol.Where]:
-        """Each output's Where; `new_segment` is the id the "new" segment is mapped under."""
-        if self.wheres is not None:
-            return list(self.wheres)
-        segment = 0 if self.place == "arena" else new_segment
-        return [
-            (protocol.VALUE, self.keep[i], 0) if i in self.keep else (protocol.PLACE, segment, o)
-            for i, o in enumerate(self.offsets)
-        ]
 
 
 def register_slot(
@@ -537,7 +381,9 @@ class Server:
             evicted=evicted,
         )
         if own is None or types != own.types or executable.partitioning is not None:
-            layout = self._run_from_views(request, executable, types)
+            layout = run_from_views(
+                self._hot_loop, self.arena, self.arena_size, request, executable, types
+            )
             return reply(
                 output_offsets=layout.offsets, output_size=layout.size, output_place=layout.place
             ), () if layout.fd is None else (layout.fd,)
@@ -553,7 +399,7 @@ class Server:
                 ), ()
         placed_slot = self._placed_slot(request.program_id, executable)
         layout = OutputLayout.of(request, types, executable.output_types, self.arena_size)
-        self._run_placed(request, placed_slot, layout)
+        run_placed(self._hot_loop, request, placed_slot, layout)
         answer = reply(
             output_offsets=layout.offsets,
             output_size=layout.size,
@@ -572,74 +418,6 @@ class Server:
             return True
         offsets, _ = shm.layout(executable.output_types, shm.aligned(own.size))
         return request.destinations == tuple((protocol.PLACE, 0, o) for o in offsets)
-
-    def _run_placed(self, request: Run, slot: int, layout: OutputLayout) -> None:
-        """Runs a Run through its placed slot, its "new" segment (if any) mapped meanwhile
-        under an id no parent segment has; the segment's descriptor is closed if this fails."""
-        temporary = -1 - request.task_id
-        try:
-            if layout.fd is not None:
-                self._hot_loop.map_segments([(temporary, layout.fd, layout.size)])
-            self._hot_loop.run_placed(
-                request.task_id,
-                slot,
-                list(request.sources),
-                layout.destinations(temporary),
-                request.zero_copy,
-            )
-        except BaseException:
-            if layout.fd is not None:
-                os.close(layout.fd)
-            raise
-        finally:
-            self._hot_loop.forget_segments([temporary])
-
-    def _run_from_views(
-        self, request: Run, executable: Executable, types: tuple[ArrayType, ...]
-    ) -> OutputLayout:
-        """Runs through numpy views of the inputs' places, converted by prepare_arguments,
-        outputs where the request says or laid out here: a run on inputs of other types
-        than the executable's own (a ProgramSpec's, or a program of unknown types), and a
-        program over several devices (Executable.run_into cuts its arguments into their
-        devices' blocks), which placed runs do not take. Kept values have no such path."""
-        destinations = request.destinations or ()
-        kept = any(kind != protocol.PLACE for kind, _, _ in (*request.sources, *destinations))
-        if request.keep or kept:
-            raise ValueError(
-                "kept values are inputs and outputs of programs of one device, taking them "
-                "as their own types"
-            )
-        arrays = [
-            self._view(where, array_type)
-            for where, array_type in zip(request.sources, types, strict=True)
-        ]
-        arguments = executable.prepare_arguments(arrays)
-        layout = OutputLayout.of(request, types, executable.output_types, self.arena_size)
-        try:
-            if layout.wheres is not None:
-                outputs = [
-                    self._view(where, array_type)
-                    for where, array_type in zip(layout.wheres, executable.output_types,
-                                                 strict=True)
-                ]  # fmt: skip
-            else:
-                memory: Any = self.arena
-                if layout.fd is not None:
-                    memory = shm.attach(layout.fd, layout.size, populate=True, keep_fd=True)
-                outputs = shm.views(memory, executable.output_types, layout.offsets)
-            executable.run_into(arguments, outputs, request.zero_copy)
-        except BaseException:
-            if layout.fd is not None:
-                os.close(layout.fd)
-            raise
-        return layout
-
-    def _view(self, where: protocol.Where, array_type: ArrayType) -> np.ndarray:
-        """A numpy view of an array at a place in a mapped segment (ValueError outside it)."""
-        _, segment, offset = where
-        memory = self._hot_loop.segment(segment)
-        count, shape = array_type.size, array_type.shape
-        return np.frombuffer(memory, array_type.dtype, count, offset).reshape(shape)
 
     def put(self, request: Put, fds: list[int]) -> Reply:
         """Copies an array from shared memory to the device and keeps it (Pool.put)."""
@@ -791,105 +569,3 @@ def _with_counters(reply: Reply) -> Reply:
         counters=process_counters()._asdict(),
         remote_counters=remote._asdict() if any(remote) else None,
     )
-
-
-def _run_initializer(payload: bytes) -> None:
-    import cloudpickle  # only workers with an initializer pay for the import
-
-    function, arguments = cloudpickle.loads(payload)
-    function(*arguments)
-
-
-def _describe_plugin(
-    plugin: dict[str, Any],
-    runtime: Runtime,
-    cache: DiskCache,
-    target: Target,
-    topology: TopologySpec | None,
-    never_compile: bool,
-) -> None:
-    """Fills in what Ready says of the plugin: its description, the topology it compiles for,
-    and the key parts of its plugin and host where the parent computes keys (to refuse
-    programs not in the cache, or to prefetch their entries from the remote tier:
-    pool.warm.warming). What was filled in before a failure stays, for the report."""
-    plugin.update(runtime.describe())
-    if topology is not None:
-        plugin["topology"] = str(topology)
-    if never_compile or os.environ.get(REMOTE_ENV, "").strip():
-        plugin["key_parts"] = runtime_key_parts(
-            runtime, cache if cache.usable else None, target=target
-        )
-
-
-def main(command: WorkerCommand) -> int:
-    """Starts the worker its command line describes (an inherited socket descriptor, ...);
-    returns the exit status.
-
-    In never-compile mode the worker loads what the disk cache holds and
-    refuses the rest (worker.compile.never_compile), and its Ready message carries
-    the key parts of its plugin and host, so that the parent can refuse
-    programs that are not in the cache before they reach a worker. With a
-    topology the worker compiles for it without a device and opens none (a
-    compile worker: see worker.compile.target); its runs fail with
-    NotLoadedError.
-    """
-    started = time.perf_counter()
-    platform, never_compile, topology = command.platform, command.never_compile, command.topology
-    parent_pid = os.getppid() if command.parent_pid is None else command.parent_pid
-    _die_with_parent(parent_pid)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    sock = socket.socket(fileno=command.fd)
-    error = None
-    plugin: dict[str, Any] = {}
-    arena = mmap.mmap(-1, shm.ALIGNMENT)  # replaced by the parent's arena below
-    arena_size = 0
-    server: Server | None = None
-    loaded: tuple[str, ...] = ()
-    hot: tuple[protocol.HotSlot, ...] = ()
-    statistics: CompileStatistics | None = None
-    failed_program: str | None = None
-    try:
-        # The cache before the plugin: loading it reads and fills the cache's
-        # records about plugin builds only if the cache exists (runtime._existing_memos).
-        # It is this process's default cache: the parent gave the worker its directory
-        # as PJRT_POOL_CACHE_DIR (worker.serve.command_line).
-        cache = open_cache()
-        runtime = get_runtime(platform, deviceless=topology is not None)
-        target = target_for(runtime, topology)
-        _describe_plugin(plugin, runtime, cache, target, topology, never_compile)
-        request, fds = protocol.recv_frame(sock)
-        if not isinstance(request, Init) or len(fds) != 1:
-            raise RuntimeError(f"expected Init with an arena first, got {request!r}")
-        arena = shm.attach(fds[0], request.arena_size + protocol.CONTROL_BYTES)
-        arena_size = request.arena_size
-        if request.initializer:
-            _run_initializer(request.initializer)
-        server = Server(sock, arena, arena_size, command.max_loaded, never_compile, topology)
-        if request.preload:
-            loaded, statistics, hot = server.preload(request.preload, request.prime)
-    except protocol.ConnectionLostError:
-        return 0
-    except PreloadError as failure:  # the program's own error, for the parent to raise
-        error, failed_program = RemoteError.of(failure.cause), failure.program
-    except Exception as failure:  # start-up failures are reported, then the worker exits
-        error = RemoteError.of(failure)
-    counters = None if statistics is None else process_counters()._asdict()
-    protocol.send_frame(
-        sock,
-        Ready(
-            os.getpid(),
-            plugin,
-            time.perf_counter() - started,
-            error,
-            loaded,
-            statistics,
-            counters,
-            failed_program,
-            hot,
-        ),
-    )
-    if error is not None or server is None:
-        return 1
-    sys.stdout.flush()
-    server.serve()
-    return 0
