@@ -278,7 +278,8 @@ def test_a_spec_whose_types_do_not_fit_its_entry_is_refused_by_the_worker(cache_
 
 def test_check_run_inputs_compares_the_request_with_the_executables_inputs():
     from worker.serve.placed import InputLayout, check_run_inputs
-    from worker.wire.protocol import PLACE, Run
+    from worker.wire.places import PLACE
+    from worker.wire.protocol import Run
 
     f32 = np.dtype("float32")
     own = InputLayout.of((ArrayType(f32, (64, 64)),))

@@ -34,7 +34,7 @@ from pool.errors import PoolClosedError, WorkerCrashedError
 from pool.executor.values import DeviceValue
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
-from worker.wire import protocol, shm
+from worker.wire import places, protocol, shm
 
 N = 1 << 18  # float32: 1 MiB, past the arena's share, so a segment of its own
 
@@ -197,8 +197,8 @@ def test_the_native_loop_refuses_places_outside_their_segments() -> None:
         # runs and replies; the outputs are where the frame said.
         data = np.frombuffer(mmap.mmap(segment, 4 * N), np.float32)
         data[:] = 1.0
-        whole = ((protocol.PLACE, 5, 0),)
-        run = protocol.PlacedRun(11, 3, True, whole, whole, ((5, 4 * N),))
+        whole = ((places.PLACE, 5, 0),)
+        run = places.PlacedRun(11, 3, True, whole, whole, ((5, 4 * N),))
         protocol.send_frame(ours, run, (segment,))
         protocol.send_frame(ours, protocol.Exit())
         message = protocol.finish_frame(theirs, *loop.serve())
@@ -206,14 +206,14 @@ def test_the_native_loop_refuses_places_outside_their_segments() -> None:
         assert protocol.recv_frame(ours) == (protocol.HotReply(11), [])
         assert float(data[0]) == 3.0 and loop.segment_count == 2
         with pytest.raises(ValueError, match="does not lie in its segment"):
-            loop.run_placed(12, 3, [(protocol.PLACE, 5, 64)], list(whole), True)
+            loop.run_placed(12, 3, [(places.PLACE, 5, 64)], list(whole), True)
         with pytest.raises(ValueError, match="segment 9 is not held"):
-            loop.run_placed(13, 3, [(protocol.PLACE, 9, 0)], list(whole), True)
+            loop.run_placed(13, 3, [(places.PLACE, 9, 0)], list(whole), True)
         with pytest.raises(LookupError):
             loop.run_placed(14, 4, list(whole), list(whole), True)
         with pytest.raises(ValueError, match="not held"):
-            loop.run_placed(15, 3, [(protocol.VALUE, 1, 0)], list(whole), True)
-        assert protocol._decode_placed(protocol._placed_frame(run, 1)[6:]) == run
+            loop.run_placed(15, 3, [(places.VALUE, 1, 0)], list(whole), True)
+        assert places.decode_placed(places.placed_frame(run, 1)[6:]) == run
     finally:
         os.close(segment)
         ours.close()

@@ -52,7 +52,7 @@ from pool.executor.workers import Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.records import ArrayType, CompileStatistics
-from worker.wire import protocol, shm
+from worker.wire import places, protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -459,7 +459,7 @@ class Dispatcher:
         destinations = plan.destinations
         assert destinations is not None
         placed = [(t, where[2]) for t, where in zip(types, destinations, strict=True)
-                  if where[0] == protocol.PLACE]  # fmt: skip
+                  if where[0] == places.PLACE]  # fmt: skip
         placed_types = [t for t, _ in placed]
         placed_offsets = [offset for _, offset in placed]
         if plan.in_arena or not placed:

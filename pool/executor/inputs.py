@@ -26,7 +26,7 @@ from pool.executor.segments import Segment, SegmentCache, lease_of, writer
 from pool.executor.values import DeviceValue
 from worker.arguments import types_of
 from worker.records import ArrayType
-from worker.wire import protocol, shm
+from worker.wire import places, shm
 
 Layout = tuple[tuple[ArrayType, ...], tuple[int, ...], int]
 """Input types, their byte offsets in shared memory, and the size they take."""
@@ -57,7 +57,7 @@ class OutputPlan(NamedTuple):
     segment (TaskMemory.output), which the results view without a copy.
     """
 
-    destinations: tuple[protocol.Where, ...] | None
+    destinations: tuple[places.Where, ...] | None
     kept: dict[int, int]
     in_arena: bool
 
@@ -152,22 +152,22 @@ class TaskMemory:
         self.types = tuple(t for i, t in enumerate(self.all_types) if i not in skipped)
         self.offsets, self.size = shm.layout(self.types)
 
-    def sources(self) -> tuple[protocol.Where, ...]:
+    def sources(self) -> tuple[places.Where, ...]:
         """Each input's Where: a value's id, a shared input's segment, or where it was
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
         offsets = iter(self.offsets)
-        found: list[protocol.Where] = []
+        found: list[places.Where] = []
         for index in range(self.count):
             value = self.values.get(index)
             if value is not None:
-                found.append((protocol.VALUE, value.id, 0))
+                found.append((places.VALUE, value.id, 0))
                 continue
             shared = self.shared.get(index)
             if shared is not None:
-                found.append((protocol.PLACE, shared[0].id, shared[1]))
+                found.append((places.PLACE, shared[0].id, shared[1]))
             else:
-                found.append((protocol.PLACE, staged, next(offsets)))
+                found.append((places.PLACE, staged, next(offsets)))
         return tuple(found)
 
     def used_segments(self) -> list[Segment]:

@@ -40,9 +40,9 @@ from pool.executor.worker_process import (
     WorkerProcess,
 )
 from worker.records import ArrayType, ProgramSpec
-from worker.wire import protocol, shm
+from worker.wire import places, protocol, shm
 
-Message = protocol.Compile | protocol.Run | protocol.HotRun | protocol.PlacedRun | protocol.Put
+Message = protocol.Compile | protocol.Run | protocol.HotRun | places.PlacedRun | protocol.Put
 """What a request is on the wire (protocol.Fetch too)."""
 
 
@@ -123,7 +123,7 @@ class Requests:
         if destinations is not None and placed is not None and not include:
             slot, types = placed
             if types == memory.all_types:
-                message: Message = protocol.PlacedRun(
+                message: Message = places.PlacedRun(
                     request.id,
                     slot,
                     memory.zero_copy,
@@ -155,7 +155,7 @@ class Requests:
         )
         return run, fds, deliveries
 
-    def _plan_outputs(self, task: Task, memory: TaskMemory) -> tuple[protocol.Where, ...] | None:
+    def _plan_outputs(self, task: Task, memory: TaskMemory) -> tuple[places.Where, ...] | None:
         """Where a run's outputs go (see OutputPlan), recorded in its memory; the
         destinations, or None to leave them to the worker (a first run, whose outputs the
         parent does not know yet, or outputs too large for the bounds of kept segments)."""
@@ -181,9 +181,9 @@ class Requests:
             segment_id = output.id
         found = iter(offsets)
         destinations = tuple(
-            (protocol.VALUE, kept[index], 0)
+            (places.VALUE, kept[index], 0)
             if index in kept
-            else (protocol.PLACE, segment_id, next(found))
+            else (places.PLACE, segment_id, next(found))
             for index in range(len(types))
         )
         memory.plan_outputs(OutputPlan(destinations, kept, in_arena), output)
@@ -215,17 +215,17 @@ class Requests:
             memory.plan_outputs(OutputPlan(None, {}, True), None)
             segments, fds, deliveries = _deliveries(worker, memory, pending)
             release = protocol.Fetch(
-                request.id, -1, (protocol.PLACE, 0, 0), segments, deliveries.drops,
+                request.id, -1, (places.PLACE, 0, 0), segments, deliveries.drops,
                 deliveries.forgets,
             )  # fmt: skip
             return release, fds, deliveries
         size = operation.array_type.nbytes
         output: Segment | None = None
-        where: protocol.Where = (protocol.PLACE, 0, 0)
+        where: places.Where = (places.PLACE, 0, 0)
         if size > ARENA_OUTPUT_LIMIT:
             output = memory.output_segment(self._segments, size, past_the_bounds=True)
             assert output is not None
-            where = (protocol.PLACE, output.id, 0)
+            where = (places.PLACE, output.id, 0)
         memory.plan_outputs(OutputPlan((where,), {}, output is None), output)
         segments, fds, deliveries = _deliveries(worker, memory, pending)
         fetch = protocol.Fetch(

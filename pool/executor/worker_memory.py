@@ -3,7 +3,7 @@
 A worker keeps the shared-memory segments it was sent mapped (by id, so that a
 segment reused for call after call faults its pages in once), the values runs
 kept there (pool.executor.values), and a slot per loaded program for its
-placed runs (worker.wire.protocol.PlacedRun). The parent mirrors each, so that
+placed runs (worker.wire.places.PlacedRun). The parent mirrors each, so that
 a request sends a segment's descriptor only the first time, names a slot, and
 brings the worker what the parent let go of since its last request:
 

@@ -23,7 +23,7 @@ import numpy as np
 from worker import _pjrt
 from worker.compile.executable import Executable
 from worker.records import ArrayType
-from worker.wire import protocol, shm
+from worker.wire import places, shm
 from worker.wire.protocol import Run
 
 
@@ -63,15 +63,15 @@ def check_run_inputs(request: Run, own: InputLayout | None) -> tuple[ArrayType, 
             f"the request places {len(request.sources)} inputs for {len(types)} input types "
             f"({', '.join(map(str, types))}): the parent and the worker disagree about the program"
         )
-    if any(kind not in (protocol.PLACE, protocol.VALUE) for kind, _, _ in request.sources):
+    if any(kind not in (places.PLACE, places.VALUE) for kind, _, _ in request.sources):
         raise ValueError("an input is neither in shared memory nor a kept value")
     return types
 
 
-def in_arena_at(sources: tuple[protocol.Where, ...], offsets: tuple[int, ...]) -> bool:
+def in_arena_at(sources: tuple[places.Where, ...], offsets: tuple[int, ...]) -> bool:
     """Whether every input lies in the arena, at these offsets (a hot slot's layout)."""
     return len(sources) == len(offsets) and all(
-        kind == protocol.PLACE and segment == 0 and offset == expected
+        kind == places.PLACE and segment == 0 and offset == expected
         for (kind, segment, offset), expected in zip(sources, offsets, strict=True)
     )
 
@@ -88,7 +88,7 @@ class OutputLayout(NamedTuple):
     """The bytes the laid-out outputs span ("new": the segment's size)."""
     fd: int | None
     """The "new" segment's descriptor."""
-    wheres: tuple[protocol.Where, ...] | None
+    wheres: tuple[places.Where, ...] | None
     """The request's destinations ("placed"), or None."""
     keep: dict[int, int]
     """Output index -> the value id it is kept as (laid out here)."""
@@ -106,7 +106,7 @@ class OutputLayout(NamedTuple):
                     f"{len(outputs)}"
                 )
             offsets = tuple(
-                offset if kind == protocol.PLACE else -1 for kind, _, offset in request.destinations
+                offset if kind == places.PLACE else -1 for kind, _, offset in request.destinations
             )
             return cls("placed", offsets, 0, None, tuple(request.destinations), {})
         keep = dict(request.keep)
@@ -114,7 +114,7 @@ class OutputLayout(NamedTuple):
             raise ValueError(f"the request keeps outputs {sorted(keep)} of {len(outputs)}")
         start = max(
             (offset + t.nbytes for (kind, segment, offset), t in zip(request.sources, types,
-             strict=True) if kind == protocol.PLACE and segment == 0),
+             strict=True) if kind == places.PLACE and segment == 0),
             default=0,
         )  # fmt: skip
         return cls.arena_or_new(outputs, shm.aligned(start), arena_size, keep)
@@ -137,13 +137,13 @@ class OutputLayout(NamedTuple):
         every = tuple(-1 if i in keep else next(found) for i in range(len(outputs)))
         return cls(place, every, end, fd, None, keep)
 
-    def destinations(self, new_segment: int) -> list[protocol.Where]:
+    def destinations(self, new_segment: int) -> list[places.Where]:
         """Each output's Where; `new_segment` is the id the "new" segment is mapped under."""
         if self.wheres is not None:
             return list(self.wheres)
         segment = 0 if self.place == "arena" else new_segment
         return [
-            (protocol.VALUE, self.keep[i], 0) if i in self.keep else (protocol.PLACE, segment, o)
+            (places.VALUE, self.keep[i], 0) if i in self.keep else (places.PLACE, segment, o)
             for i, o in enumerate(self.offsets)
         ]
 
@@ -184,7 +184,7 @@ def run_from_views(
     program over several devices (Executable.run_into cuts its arguments into their
     devices' blocks), which placed runs do not take. Kept values have no such path."""
     destinations = request.destinations or ()
-    kept = any(kind != protocol.PLACE for kind, _, _ in (*request.sources, *destinations))
+    kept = any(kind != places.PLACE for kind, _, _ in (*request.sources, *destinations))
     if request.keep or kept:
         raise ValueError(
             "kept values are inputs and outputs of programs of one device, taking them "
@@ -216,7 +216,7 @@ def run_from_views(
     return layout
 
 
-def view(loop: _pjrt.HotLoop, where: protocol.Where, array_type: ArrayType) -> np.ndarray:
+def view(loop: _pjrt.HotLoop, where: places.Where, array_type: ArrayType) -> np.ndarray:
     """A numpy view of an array at a place in a mapped segment (ValueError outside it)."""
     _, segment, offset = where
     memory = loop.segment(segment)

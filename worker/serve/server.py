@@ -55,7 +55,7 @@ from worker.serve.placed import (
     run_from_views,
     run_placed,
 )
-from worker.wire import protocol, shm
+from worker.wire import places, protocol, shm
 from worker.wire.protocol import (
     Compile,
     Exit,
@@ -333,7 +333,7 @@ class Server:
         return views
 
     def _placed_slot(self, program_id: str, executable: Executable) -> int:
-        """The slot its placed runs name (worker.wire.protocol.PlacedRun), made on first use."""
+        """The slot its placed runs name (worker.wire.places.PlacedRun), made on first use."""
         slot = self._placed.get(program_id)
         if slot is None:
             types = executable.input_types
@@ -417,13 +417,13 @@ class Server:
         if request.destinations is None:
             return True
         offsets, _ = shm.layout(executable.output_types, shm.aligned(own.size))
-        return request.destinations == tuple((protocol.PLACE, 0, o) for o in offsets)
+        return request.destinations == tuple((places.PLACE, 0, o) for o in offsets)
 
     def put(self, request: Put, fds: list[int]) -> Reply:
         """Copies an array from shared memory to the device and keeps it (Pool.put)."""
         self._apply(request.segments, fds, request.drops, request.forgets)
         kind, segment, offset = request.source
-        if kind != protocol.PLACE:
+        if kind != places.PLACE:
             raise ValueError("a value is put from shared memory")
         array_type = request.array_type
         self._hot_loop.put_value(
@@ -442,7 +442,7 @@ class Server:
         self._apply(request.segments, fds, request.drops, request.forgets)
         if request.value_id >= 0:
             kind, segment, offset = request.destination
-            if kind != protocol.PLACE:
+            if kind != places.PLACE:
                 raise ValueError("a value is fetched into shared memory")
             self._hot_loop.fetch_value(request.value_id, segment, offset)
         return Reply(request.task_id, values_held=self._hot_loop.value_count)

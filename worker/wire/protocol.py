@@ -20,9 +20,10 @@ on what the arena holds, and HotReply says the outputs are where they were
 last time. Anything else that happens to a HotRun (an error, a program the
 worker unloaded) is answered by a pickled Reply, as for a Run.
 
-A placed run (PlacedRun) is the hot path of every other run of a program the
-worker has loaded: its inputs and outputs anywhere in shared memory (the
-arena, or a segment the parent made) or kept in the worker as values. Each
+A placed run (PlacedRun, worker.wire.places, with the Where of each array)
+is the hot path of every other run of a program the worker has loaded: its
+inputs and outputs anywhere in shared memory (the arena, or a segment the
+parent made) or kept in the worker as values. Each
 array is a `Where` (kind, id, offset): PLACE, the id of a segment (0: the
 arena) and the byte offset there; or VALUE, the id of a value the worker
 keeps (an input's, or the id to keep an output under). The worker maps each
@@ -68,6 +69,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+from worker.wire.places import (
+    MAX_PLACED_LENGTH,
+    PLACED_HEAD_LENGTH,
+    PLACED_RUN_FORMAT,
+    PlacedRun,
+    Where,
+    decode_placed,
+    placed_frame,
+)
 
 _HEADER = struct.Struct("<IBB")
 MAX_FDS = 64
@@ -85,18 +95,7 @@ class Format(enum.IntEnum):
     PICKLE = 0  # a pickled message
     HOT_RUN = 1  # HotRun's fields
     HOT_REPLY = 2  # HotReply's fields
-    PLACED_RUN = 3  # PlacedRun's fields
-
-
-PLACE = 0
-"""A Where's kind: an array in shared memory, at (segment id, byte offset); segment 0 is the
-worker's arena."""
-
-VALUE = 1
-"""A Where's kind: a value the worker keeps, by id (offset 0)."""
-
-Where = tuple[int, int, int]
-"""Where one array of a run comes from or goes to: (PLACE, segment, offset) or (VALUE, id, 0)."""
+    PLACED_RUN = PLACED_RUN_FORMAT  # PlacedRun's fields (worker.wire.places)
 
 
 class HotRun(NamedTuple):
@@ -114,35 +113,13 @@ class HotReply(NamedTuple):
     task_id: int
 
 
-class PlacedRun(NamedTuple):
-    """Run the program in a slot on inputs and outputs where each Where says (see the module
-    docstring), after mapping `segments` ((id, size), one descriptor each, sent with the
-    frame in order), dropping the values `drops` and unmapping the segments `forgets`."""
-
-    task_id: int
-    slot: int
-    zero_copy: bool
-    sources: tuple[Where, ...]
-    destinations: tuple[Where, ...]
-    segments: tuple[tuple[int, int], ...] = ()
-    drops: tuple[int, ...] = ()
-    forgets: tuple[int, ...] = ()
-
-
 _HOT_RUN = struct.Struct("<IBBqiB3x")  # the header and HotRun's fields, MIN_PAYLOAD of them
-# The header and PlacedRun's head: task id, slot, zero copy, and the counts of sources,
-# destinations, segments, drops and forgets (native/hot_loop.cc reads the same layout).
-_PLACED_HEAD = struct.Struct("<IBBqiBxHHHHH")
-_WHERE = struct.Struct("<qqq")
-_PAIR = struct.Struct("<qq")
 _HOT_REPLY = struct.Struct("<IBBq8x")  # the header and HotReply's field, padded likewise
 assert _HOT_RUN.size == _HOT_REPLY.size == _FIRST_READ
 # Plain ints of the hot formats: reading an enum member off its class costs more than
 # packing the frame, and the hot path does it on every run.
 _HOT_RUN_FORMAT = int(Format.HOT_RUN)
 _HOT_REPLY_FORMAT = int(Format.HOT_REPLY)
-_PLACED_RUN_FORMAT = int(Format.PLACED_RUN)
-_MAX_PLACED = 1 << 20  # native/hot_loop.cc's kMaxPlacedPayload
 _ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 CONTROL_BYTES = 64
@@ -197,7 +174,7 @@ def send_frame(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> 
         sock.sendall(_HOT_REPLY.pack(MIN_PAYLOAD, 0, _HOT_REPLY_FORMAT, *message))
         return
     if type(message) is PlacedRun:
-        data = _placed_frame(message, len(fds))
+        data = placed_frame(message, len(fds))
         if not fds:
             sock.sendall(data)
             return
@@ -220,59 +197,6 @@ def _pickled_frame(message: Any, nfds: int) -> bytes:
     if len(payload) < MIN_PAYLOAD:
         payload += bytes(MIN_PAYLOAD - len(payload))
     return _HEADER.pack(len(payload), nfds, Format.PICKLE) + payload
-
-
-def _placed_frame(message: PlacedRun, nfds: int) -> bytes:
-    """A PlacedRun's frame: its head, then each Where, segment, drop and forget."""
-    if nfds != len(message.segments):
-        raise ValueError(f"{len(message.segments)} new segments but {nfds} descriptors")
-    counts = (message.sources, message.destinations, message.segments, message.drops)
-    body = b"".join(
-        [
-            *(_WHERE.pack(*where) for where in message.sources),
-            *(_WHERE.pack(*where) for where in message.destinations),
-            *(_PAIR.pack(*pair) for pair in message.segments),
-            struct.pack(f"<{len(message.drops)}q", *message.drops),
-            struct.pack(f"<{len(message.forgets)}q", *message.forgets),
-        ]
-    )
-    length = _PLACED_HEAD.size - _HEADER.size + len(body)
-    if length > _MAX_PLACED or max(map(len, (*counts, message.forgets))) > 0xFFFF:
-        raise ValueError(
-            f"a placed run's frame of {length} bytes is past its bounds (1 MiB, 65535 of each "
-            "part): a request brings a worker at most a few thousand drops and forgets"
-        )
-    head = _PLACED_HEAD.pack(
-        length,
-        nfds,
-        _PLACED_RUN_FORMAT,
-        message.task_id,
-        message.slot,
-        message.zero_copy,
-        *map(len, counts),
-        len(message.forgets),
-    )
-    return head + body
-
-
-def _decode_placed(payload: bytes) -> PlacedRun:
-    """The PlacedRun a placed frame's payload holds (the parent never receives one: for
-    tests, and for a worker that reads one in Python)."""
-    head = bytes(_HEADER.size) + payload  # offsets as in the frame
-    task_id, slot, zero_copy, *counts = _PLACED_HEAD.unpack_from(head)[3:]
-    sources, destinations, segments, drops, forgets = counts
-    at = _PLACED_HEAD.size
-
-    def take(unit: struct.Struct, count: int) -> tuple[tuple[int, ...], ...]:
-        nonlocal at
-        items = tuple(unit.unpack_from(head, at + i * unit.size) for i in range(count))
-        at += count * unit.size
-        return items
-
-    read = (take(_WHERE, sources), take(_WHERE, destinations), take(_PAIR, segments))
-    ids = struct.unpack_from(f"<{drops + forgets}q", head, at)
-    found = (*read, ids[:drops], ids[drops:])
-    return PlacedRun(task_id, slot, bool(zero_copy), *found)  # type: ignore[arg-type]
 
 
 def spin_until_readable(poller: select.poll, seconds: float) -> bool:
@@ -399,9 +323,9 @@ def _decode(sock: socket.socket, first: bytes, length: int, form: int) -> Any:
     if form == Format.HOT_RUN:
         _, _, _, task_id, slot, zero_copy = _HOT_RUN.unpack(first)
         return HotRun(task_id, slot, bool(zero_copy))
-    if form == Format.PLACED_RUN and _PLACED_HEAD.size - _HEADER.size <= length <= _MAX_PLACED:
+    if form == Format.PLACED_RUN and PLACED_HEAD_LENGTH <= length <= MAX_PLACED_LENGTH:
         payload = first[_HEADER.size :] + _recv_exactly(sock, length - MIN_PAYLOAD)
-        return _decode_placed(payload)
+        return decode_placed(payload)
     if form != Format.PICKLE or length < MIN_PAYLOAD:
         raise ValueError(f"not a frame of ours (format {form}, {length} bytes)")
     payload = first[_HEADER.size :]

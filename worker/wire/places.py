@@ -1,0 +1,107 @@
+"""Where a run's arrays lie (Where: PLACE or VALUE), and the PlacedRun frame that names them.
+
+Both sides': the parent (pool/executor) writes Wheres and PlacedRuns, a pool
+worker (worker/serve, and native/hot_loop.cc, which reads the same layout)
+reads them; worker.wire.protocol sends and receives the frame (placed_frame,
+decode_placed) as its format PLACED_RUN. A PlacedRun is the hot path of
+every run of a program the worker has loaded but those the arena's hot slots
+take (see worker.wire.protocol's docstring).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+PLACE = 0
+"""A Where's kind: an array in shared memory, at (segment id, byte offset); segment 0 is the
+worker's arena."""
+
+VALUE = 1
+"""A Where's kind: a value the worker keeps, by id (offset 0)."""
+
+Where = tuple[int, int, int]
+"""Where one array of a run comes from or goes to: (PLACE, segment, offset) or (VALUE, id, 0)."""
+
+
+class PlacedRun(NamedTuple):
+    """Run the program in a slot on inputs and outputs where each Where says (see the module
+    docstring), after mapping `segments` ((id, size), one descriptor each, sent with the
+    frame in order), dropping the values `drops` and unmapping the segments `forgets`."""
+
+    task_id: int
+    slot: int
+    zero_copy: bool
+    sources: tuple[Where, ...]
+    destinations: tuple[Where, ...]
+    segments: tuple[tuple[int, int], ...] = ()
+    drops: tuple[int, ...] = ()
+    forgets: tuple[int, ...] = ()
+
+
+PLACED_RUN_FORMAT = 3
+"""The frame format of a PlacedRun (worker.wire.protocol.Format.PLACED_RUN)."""
+
+_FRAME_HEADER = struct.calcsize("<IBB")  # worker.wire.protocol's frame header: length, nfds, format
+# The frame header and PlacedRun's head: task id, slot, zero copy, and the counts of sources,
+# destinations, segments, drops and forgets (native/hot_loop.cc reads the same layout).
+_PLACED_HEAD = struct.Struct("<IBBqiBxHHHHH")
+_WHERE = struct.Struct("<qqq")
+_PAIR = struct.Struct("<qq")
+PLACED_HEAD_LENGTH = _PLACED_HEAD.size - _FRAME_HEADER
+"""The fewest payload bytes of a PlacedRun's frame: its head."""
+MAX_PLACED_LENGTH = 1 << 20
+"""The most payload bytes of a PlacedRun's frame (native/hot_loop.cc's kMaxPlacedPayload)."""
+
+
+def placed_frame(message: PlacedRun, nfds: int) -> bytes:
+    """A PlacedRun's frame: its head, then each Where, segment, drop and forget."""
+    if nfds != len(message.segments):
+        raise ValueError(f"{len(message.segments)} new segments but {nfds} descriptors")
+    counts = (message.sources, message.destinations, message.segments, message.drops)
+    body = b"".join(
+        [
+            *(_WHERE.pack(*where) for where in message.sources),
+            *(_WHERE.pack(*where) for where in message.destinations),
+            *(_PAIR.pack(*pair) for pair in message.segments),
+            struct.pack(f"<{len(message.drops)}q", *message.drops),
+            struct.pack(f"<{len(message.forgets)}q", *message.forgets),
+        ]
+    )
+    length = _PLACED_HEAD.size - _FRAME_HEADER + len(body)
+    if length > MAX_PLACED_LENGTH or max(map(len, (*counts, message.forgets))) > 0xFFFF:
+        raise ValueError(
+            f"a placed run's frame of {length} bytes is past its bounds (1 MiB, 65535 of each "
+            "part): a request brings a worker at most a few thousand drops and forgets"
+        )
+    head = _PLACED_HEAD.pack(
+        length,
+        nfds,
+        PLACED_RUN_FORMAT,
+        message.task_id,
+        message.slot,
+        message.zero_copy,
+        *map(len, counts),
+        len(message.forgets),
+    )
+    return head + body
+
+
+def decode_placed(payload: bytes) -> PlacedRun:
+    """The PlacedRun a placed frame's payload holds (the parent never receives one: for
+    tests, and for a worker that reads one in Python)."""
+    head = bytes(_FRAME_HEADER) + payload  # offsets as in the frame
+    task_id, slot, zero_copy, *counts = _PLACED_HEAD.unpack_from(head)[3:]
+    sources, destinations, segments, drops, forgets = counts
+    at = _PLACED_HEAD.size
+
+    def take(unit: struct.Struct, count: int) -> tuple[tuple[int, ...], ...]:
+        nonlocal at
+        items = tuple(unit.unpack_from(head, at + i * unit.size) for i in range(count))
+        at += count * unit.size
+        return items
+
+    read = (take(_WHERE, sources), take(_WHERE, destinations), take(_PAIR, segments))
+    ids = struct.unpack_from(f"<{drops + forgets}q", head, at)
+    found = (*read, ids[:drops], ids[drops:])
+    return PlacedRun(task_id, slot, bool(zero_copy), *found)  # type: ignore[arg-type]
