@@ -9,7 +9,7 @@ entries, and reading key files), memos.py (records about plugin builds in
 ``plugins/``, signed too), atomic.py (publishing files), locking.py (the
 file locks), loads.py (markers that catch entries whose load kills a
 process), space.py (the size bound and eviction), counters.py, warn_once.py
-(a warning once per topic), rejections.py (records of entries a plugin
+(a warning once per topic, and CacheUnavailableWarning), rejections.py (records of entries a plugin
 refused), store.py (DiskCache, tying them together), open_caches.py (this
 process's DiskCache per directory: open_cache), report.py (inspection for
 ``pjrt-pool cache``; loading entries with the plugin is
@@ -49,11 +49,11 @@ if TYPE_CHECKING:
     from worker.cache.signing import signer_from_environment as signer_from_environment
     from worker.cache.space import EntryFile as EntryFile
     from worker.cache.space import TrimResult as TrimResult
-    from worker.cache.store import CacheUnavailableWarning as CacheUnavailableWarning
     from worker.cache.store import DiskCache as DiskCache
     from worker.cache.trust import SHARED_ENV as SHARED_ENV
     from worker.cache.trust import UntrustedCacheError as UntrustedCacheError
     from worker.cache.trust import check_cache_dir as check_cache_dir
+    from worker.cache.warn_once import CacheUnavailableWarning as CacheUnavailableWarning
     from worker.identity.keys import InvalidKeyError as InvalidKeyError
     from worker.identity.keys import check_key as check_key
     from worker.identity.keys import explain_key as explain_key

@@ -220,6 +220,25 @@ def remove_entry_file(entries: Folder, item: EntryFile) -> bool:
     return True
 
 
+def clear_entries(entries: Folder | None) -> Cleared:
+    """Removes every regular file named like an entry (DiskCache.clear_entries); says what it
+    left (not a regular file) and what it could not remove."""
+    cleared = Cleared(0, [], [])
+    if entries is None:
+        return cleared
+    for item in scan(entries).entries:
+        try:
+            if remove_entry_file(entries, item):
+                cleared = cleared._replace(removed=cleared.removed + 1)
+            else:
+                cleared.left.append(item.path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            cleared.failed.append((item.path, error))
+    return cleared
+
+
 def evict(
     entries: Folder, listed: list[EntryFile], total: int, target: float
 ) -> tuple[int, list[EntryFile]]:

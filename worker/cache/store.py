@@ -32,7 +32,6 @@ import contextlib
 import errno
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ from worker.cache.space import (
     entry_name,
     remove_entry,
 )
-from worker.cache.warn_once import WarnOnce
+from worker.cache.warn_once import CacheUnavailableWarning, WarnOnce
 from worker.identity.keys import check_key, key_of
 from worker.log import get_logger
 
@@ -84,21 +83,6 @@ _UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUO
 SPACE_LOCK = "space.lock"
 
 _FROM_ENVIRONMENT: Any = object()
-
-
-class CacheUnavailableWarning(UserWarning):
-    """The cache directory cannot be used; compiling goes on without the cache.
-
-    Each is said once, as one line, through the "pjrt_pool.cache" logger
-    (WarnOnce), and issued as this warning too, for programs that record it,
-    filter it or make it an error. Python does not print it a second time:
-    its default is to ignore it (the filter below), and a filter of the
-    program's own, which comes first, decides otherwise.
-    """
-
-
-# Appended: any filter the program or -W sets is before it and wins.
-warnings.filterwarnings("ignore", category=CacheUnavailableWarning, append=True)
 
 
 class DiskCache:
@@ -599,18 +583,4 @@ class DiskCache:
 
     def clear_entries(self) -> Cleared:
         """clear(), saying what it could not remove instead of warning about it."""
-        entries = self._folders.get("entries")
-        cleared = Cleared(0, [], [])
-        if entries is None:
-            return cleared
-        for item in self.list_entries():
-            try:
-                if space.remove_entry_file(entries, item):
-                    cleared = cleared._replace(removed=cleared.removed + 1)
-                else:
-                    cleared.left.append(item.path)
-            except FileNotFoundError:
-                pass
-            except OSError as error:
-                cleared.failed.append((item.path, error))
-        return cleared
+        return space.clear_entries(self._folders.get("entries"))

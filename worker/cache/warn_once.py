@@ -1,4 +1,5 @@
-"""WarnOnce: a warning a cache or a remote gives once per topic in a process.
+"""WarnOnce: a warning a cache or a remote gives once per topic in a process, and
+CacheUnavailableWarning, the category a cache gives it as.
 
 A cache directory that cannot be written, a remote switched off or made
 read-only, an entry refused: each is worth one warning (logged, and issued
@@ -34,3 +35,18 @@ class WarnOnce:
             self._given.add(topic)
         logger.warning(message)
         warnings.warn(message, self.category, stacklevel=self.stacklevel)
+
+
+class CacheUnavailableWarning(UserWarning):
+    """The cache directory cannot be used; compiling goes on without the cache.
+
+    Each is said once, as one line, through the "pjrt_pool.cache" logger
+    (WarnOnce), and issued as this warning too, for programs that record it,
+    filter it or make it an error. Python does not print it a second time:
+    its default is to ignore it (the filter below), and a filter of the
+    program's own, which comes first, decides otherwise.
+    """
+
+
+# Appended: any filter the program or -W sets is before it and wins.
+warnings.filterwarnings("ignore", category=CacheUnavailableWarning, append=True)

@@ -84,8 +84,7 @@ from worker.cache.remote.verify import (
     sign_record,
 )
 from worker.cache.signing import Signer, signer_from_environment
-from worker.cache.store import CacheUnavailableWarning
-from worker.cache.warn_once import WarnOnce
+from worker.cache.warn_once import CacheUnavailableWarning, WarnOnce
 from worker.identity.keys import differing_parts, is_key
 from worker.log import get_logger
 
