@@ -46,6 +46,14 @@ bool IsDenseRowMajor(const PJRT_Api* api, PJRT_Buffer* buffer, size_t rank) {
 
 }  // namespace
 
+void AwaitReady(const PJRT_Api* api, PJRT_Buffer* buffer) {
+  auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer;
+  Check(api, PJRT_FN(api, PJRT_Buffer_ReadyEvent)(&ready), "PJRT_Buffer_ReadyEvent");
+  Owned<PJRT_Event> event(api, ready.event);
+  if (event) AwaitEvent(api, event.get(), "the run that made the value");
+}
+
 const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
                         size_t rank) {
   if (offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) + sizeof(void*) > api->struct_size ||

@@ -61,6 +61,10 @@ void CheckInput(const HostInput& input, size_t index);
 // Host memory a buffer lives in, or nullptr when it lives on a device, is not
 // dense row-major, or the plugin cannot say. CPU plugins keep buffers in host
 // memory.
+// Blocks until `buffer`'s data is written (the run that makes it has ended),
+// and throws that run's error, if any.
+void AwaitReady(const PJRT_Api* api, PJRT_Buffer* buffer);
+
 const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
                         size_t rank);
 

@@ -129,10 +129,16 @@ class Executable {
                const std::vector<HostOutput>& outputs, bool zero_copy) const;
 
   // Runs once over every device of the executable, argument_lists[d] being
-  // device d's buffers (in devices() order), and waits until every device is
-  // done. Returns each device's output buffers, owned.
+  // device d's buffers (in devices() order), and, where `await_completion`,
+  // waits until every device is done. Returns each device's output buffers,
+  // owned. Without waiting (as jax.jit dispatches), the outputs become ready
+  // when the run ends, a later run that takes them waits for them on the
+  // device, and a failure of the run is the error of whatever reads them
+  // (AwaitReady); the argument buffers may be destroyed at once, since PJRT
+  // frees a buffer's memory only once the runs that use it have ended.
   std::vector<std::vector<Owned<PJRT_Buffer>>> ExecuteOnDevices(
-      const std::vector<std::vector<PJRT_Buffer*>>& argument_lists) const;
+      const std::vector<std::vector<PJRT_Buffer*>>& argument_lists,
+      bool await_completion = true) const;
 
   // Says how a program over several devices splits its global inputs and
   // outputs: `device_ids` are the program's devices in its device assignment's

@@ -35,6 +35,8 @@ std::shared_ptr<DeviceValue> DeviceValue::FromHost(std::shared_ptr<Client> clien
 }
 
 const void* DeviceValue::HostView() const {
+  // A value kept by a run that was not awaited is read only once that run ended.
+  AwaitReady(client_->api(), buffer());
   return HostPointer(client_->api(), buffer(), size_, dims_.size());
 }
 
@@ -43,12 +45,15 @@ void DeviceValue::ToHost(const HostOutput& output) const {
     throw std::invalid_argument("a value of " + std::to_string(size_) +
                                 " bytes cannot be copied into " + std::to_string(output.size));
   }
+  AwaitReady(client_->api(), buffer());  // CopyToHost may read the memory itself (CPU)
   CopyToHost(client_->api(), buffer(), output, dims_.size(), 0);
 }
 
 std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
                                                       const std::vector<Argument>& arguments,
-                                                      bool zero_copy) {
+                                                      bool zero_copy, bool await_completion) {
+  // Host memory read in place must stay as it is until the run ends.
+  if (!await_completion) zero_copy = false;
   const std::shared_ptr<Client>& client = executable.client();
   if (executable.devices().size() != 1) {
     throw std::invalid_argument(
@@ -80,7 +85,7 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
                           : input_buffers.Put(client->get(), device, host.data,
                                               host.element_type, host.dims, zero_copy));
   }
-  std::vector<Owned<PJRT_Buffer>> outputs = std::move(executable.ExecuteOnDevices({buffers})[0]);
+  std::vector<Owned<PJRT_Buffer>> outputs = std::move(executable.ExecuteOnDevices({buffers}, await_completion)[0]);
   const std::vector<OutputType>& types = executable.output_types();
   std::vector<std::shared_ptr<DeviceValue>> values;
   values.reserve(outputs.size());

@@ -63,11 +63,13 @@ struct Argument {
 // Runs `executable` once on its client's device and returns its outputs as
 // values there. Host arguments are read without a copy where `zero_copy` and
 // the plugin allow it; a value argument must have the input's element type and
-// dims. Throws std::invalid_argument, before any PJRT call, for an argument
-// that does not fit. Blocks; call without the GIL.
+// dims. Without `await_completion` it returns once the run is dispatched (host
+// arguments are then copied, never read in place): the values are read once it
+// ends (see ExecuteOnDevices). Throws std::invalid_argument, before any PJRT
+// call, for an argument that does not fit. Blocks; call without the GIL.
 std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
                                                       const std::vector<Argument>& arguments,
-                                                      bool zero_copy);
+                                                      bool zero_copy, bool await_completion = true);
 
 // The values a worker keeps between runs, by the id the parent gave each; a
 // dropped value's device memory is freed once no run uses it.

@@ -186,7 +186,7 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
 }
 
 std::vector<std::vector<Owned<PJRT_Buffer>>> Executable::ExecuteOnDevices(
-    const std::vector<std::vector<PJRT_Buffer*>>& argument_lists) const {
+    const std::vector<std::vector<PJRT_Buffer*>>& argument_lists, bool await_completion) const {
   const PJRT_Api* api = client_->api();
   const size_t count = argument_lists.size();
   if (count != devices_.size()) {
@@ -215,7 +215,7 @@ std::vector<std::vector<Owned<PJRT_Buffer>>> Executable::ExecuteOnDevices(
   args.num_devices = count;
   args.num_args = num_args;
   args.output_lists = outputs.data();
-  args.device_complete_events = complete_events.data();
+  args.device_complete_events = await_completion ? complete_events.data() : nullptr;
   Check(api, PJRT_FN(api, PJRT_LoadedExecutable_Execute)(&args),
         "PJRT_LoadedExecutable_Execute");
 

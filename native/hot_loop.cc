@@ -314,8 +314,13 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
     places[i] = HostOutput{held.back()->At(destination.offset, size, "an output"), size};
     held.back()->RegisterForDma(executable.client());
   }
+  // A run whose outputs all stay in the worker is not awaited, as jax.jit
+  // dispatches a step: the reply goes back while the device runs, and the next
+  // run that takes these values waits for them on the device.
+  const bool all_kept = std::all_of(request.destinations.begin(), request.destinations.end(),
+                                     [](const Where& where) { return where.kind == Where::kValue; });
   std::vector<std::shared_ptr<DeviceValue>> outputs =
-      RunToValues(executable, arguments, request.zero_copy);
+      RunToValues(executable, arguments, request.zero_copy, /*await_completion=*/!all_kept);
   // Every placed output is copied before any value is kept: a copy that fails fails the
   // run with nothing kept, so no value outlives a run whose handles are never made.
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -261,6 +261,8 @@ def part_loop(steps: int, width: int) -> None:
         if hasattr(pool, "put"):
             kept = pool.function(step, keep=0)
             legs["Pool.function, kept"] = lambda: _loop(kept, params, x, y, steps)
+            everything = pool.function(step, keep=True)
+            legs["Pool.function, all kept"] = lambda: _loop(everything, params, x, y, steps)
         for _ in range(2):  # alternated twice; the faster of each
             for name, leg in legs.items():
                 seconds, final = leg()

@@ -178,9 +178,14 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
                 found[f"pool_shared_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
                 del shared
             params, bx, by, step = _mlp(width)
-            kept = pool.function(step, keep=0)
-            found["kept_loop_ms_per_step"], final = _loop_ms(kept, params, bx, by, steps)
+            # Everything kept (as jax.jit keeps its outputs on the chip; the loss is read
+            # once at the end): the worker answers each step once it is dispatched.
+            everything = pool.function(step, keep=True)
+            found["kept_all_loop_ms_per_step"], final = _loop_ms(everything, params, bx, by, steps)
             _save_params(out / "params_pool.npz", final)
+            kept = pool.function(step, keep=0)  # the loss read every step
+            found["kept_loop_ms_per_step"], final = _loop_ms(kept, params, bx, by, steps)
+            _save_params(out / "params_pool_keep0.npz", final)
             plain = pool.function(step)
             found["plain_loop_ms_per_step"], _ = _loop_ms(plain, params, bx, by, steps)
             tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)],
@@ -276,10 +281,11 @@ def _table(found: dict[str, dict[str, Any]], out: Path) -> list[str]:
             f" | {cell(ours)} | {cell(pool_leg.get(f'pool_shared_{mib}MiB_ms'))} | "
             f"{cell(ratio)} | {goal} |"
         )
-    jit_step, kept = jax_leg.get("loop_ms_per_step"), pool_leg.get("kept_loop_ms_per_step")
+    jit_step, kept = jax_leg.get("loop_ms_per_step"), pool_leg.get("kept_all_loop_ms_per_step")
     rows.append(
         f"| MLP step, kept values (ms) | {cell(jit_step)} | - | {cell(kept)} | "
-        f"(without keep: {cell(pool_leg.get('plain_loop_ms_per_step'))}) | "
+        f"(keep=0, loss read each step: {cell(pool_leg.get('kept_loop_ms_per_step'))}; "
+        f"without keep: {cell(pool_leg.get('plain_loop_ms_per_step'))}) | "
         f"{cell(kept / jit_step if jit_step and kept else None)} | <= 1.2x, bit-identical: "
         f"{_bit_identical(out)} |"
     )

@@ -126,15 +126,34 @@ def test_a_training_loop_keeps_its_parameters_in_the_worker(pool) -> None:
     params = {"w": rng.standard_normal((16, 4)).astype(np.float32)}
     x = rng.standard_normal((32, 16)).astype(np.float32)
     kept, plain = pool.function(step, keep=0), pool.function(step)
-    a, b = params, params
+    # Everything kept: the worker answers each step once it is dispatched, as jax.jit
+    # does, and the values are read once their runs have ended.
+    everything = pool.function(step, keep=True)
+    a, b, c = params, params, params
     for _ in range(10):
         a, loss_a = kept(a, x)
         b, loss_b = plain(b, x)
+        c, loss_c = everything(c, x)
     assert isinstance(a["w"], DeviceValue) and isinstance(loss_a, np.ndarray)
+    assert isinstance(c["w"], DeviceValue) and isinstance(loss_c, DeviceValue)
     np.testing.assert_array_equal(np.asarray(a["w"]), b["w"])
-    assert float(loss_a) == float(loss_b)
+    np.testing.assert_array_equal(np.asarray(c["w"]), b["w"])
+    assert float(loss_a) == float(loss_b) == float(loss_c.fetch())
     with pytest.raises(ValueError, match="returns a tuple of 2"):
         pool.function(step, keep=2)(params, x)
+
+
+def test_a_value_whose_run_was_not_awaited_is_read_once_the_run_ends(pool) -> None:
+    """A run whose outputs all stay in the worker is answered once dispatched: the
+    value it keeps is read (fetched, or taken by the next run) only after it ends."""
+    program = sleep_program(N)
+    pool.run(program, [milliseconds(1, N)], keep=0)  # compiled, placed
+    for ms in (300.0, 200.0):
+        [value] = pool.run(program, [milliseconds(ms, N)], keep=0)
+        np.testing.assert_array_equal(value.fetch(), milliseconds(ms, N))
+    [slow] = pool.run(program, [milliseconds(300, N)], keep=0)
+    [again] = pool.run(program, [slow], keep=0)  # waits for `slow` on the device
+    assert float(np.asarray(again)[0]) == 300.0
 
 
 def test_misused_values_are_clear_errors(pool, tmp_path) -> None:
