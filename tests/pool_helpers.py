@@ -117,6 +117,18 @@ def handler_initializer(library: str):
     return register
 
 
+def warmed_pool(library: str) -> tuple[Pool, LoweredProgram, LoweredProgram, np.ndarray]:
+    """A Pool of one worker with the test library's handlers, that has already run
+    sleep_program() and scale_program(2.0) on x (so neither compiles again): the scenario
+    the interrupt and reply-read tests start from. Returns pool, sleeper, quick and x."""
+    sleeper, quick = sleep_program(), scale_program(2.0)
+    x = np.ones(8, np.float32)
+    pool = Pool(workers=1, initializer=handler_initializer(library))
+    pool.run(sleeper, [milliseconds(1)])
+    pool.run(quick, [x])
+    return pool, sleeper, quick, x
+
+
 def take_every_descriptor() -> list[int]:
     """Opens /dev/null until the process has no descriptor left (EMFILE); returns them."""
     held = []

@@ -308,11 +308,7 @@ def test_a_run_interrupted_before_sending_neither_runs_later_nor_stalls_the_queu
     # unrelated event, and the abandoned run is executed later for nobody.
     done = interrupt_child(
         """
-        sleeper, quick = sleep_program(), scale_program(2.0)
-        x = np.ones(8, np.float32)
-        pool = Pool(workers=1, initializer=handler_initializer(handlers))
-        pool.run(sleeper, [milliseconds(1)])
-        pool.run(quick, [x])
+        pool, sleeper, quick, x = warmed_pool(handlers)
         other = []
         # Another thread's task arrives while the worker is claimed by this run.
         from pool.executor.dispatch import Dispatcher
@@ -362,11 +358,7 @@ def test_ctrl_c_as_a_caller_dispatches_another_threads_task_loses_no_task(
     function, text, skip = where
     done = interrupt_child(
         f"""
-        sleeper, quick = sleep_program(), scale_program(2.0)
-        x = np.ones(8, np.float32)
-        pool = Pool(workers=1, initializer=handler_initializer(handlers))
-        pool.run(sleeper, [milliseconds(1)])
-        pool.run(quick, [x])
+        pool, sleeper, quick, x = warmed_pool(handlers)
         from pool.executor.dispatch import Dispatcher
         from pool.executor.workers import Workers
 

@@ -252,11 +252,7 @@ def test_a_take_over_as_the_manager_begins_a_wait_never_passes_for_a_fresh_repor
     # wait until the caller has read the reply.
     done = child(
         """
-        sleeper, quick = sleep_program(), scale_program(2.0)
-        x = np.ones(8, np.float32)
-        pool = Pool(workers=1, initializer=handler_initializer(handlers))
-        pool.run(sleeper, [milliseconds(1)])
-        pool.run(quick, [x])
+        pool, sleeper, quick, x = warmed_pool(handlers)
         starts, wait_set = pool._starts, pool._wait_set
         hold, held, go, polled, read = (threading.Event() for _ in range(5))
         due, wait, remove = starts.respawn_due, wait_set.wait, wait_set.remove

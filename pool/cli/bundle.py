@@ -25,9 +25,8 @@ from typing import Any, NamedTuple
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
-    add_cache_dir_option,
     add_command,
-    add_platform_option,
+    add_pool_option,
     add_remote_option,
     add_topology_options,
     open_remote_option,
@@ -119,7 +118,7 @@ def _register_create(commands: Any) -> None:
         help="a manifest of warmed programs (pjrt-pool warm --manifest); one or more",
     )
     create.add_argument("-o", "--output", metavar="FILE", required=True, help="the bundle to write")
-    add_cache_dir_option(create, "the cache the entries are in", default="each manifest's")
+    add_pool_option(create, "cache_dir", "the cache the entries are in", default="each manifest's")
     add_remote_option(create, "read the entries the cache lacks from this remote tier, verified")
     create.add_argument(
         "--allow-partial",
@@ -159,7 +158,7 @@ def _register_import(commands: Any) -> None:
         epilog=_BUNDLE_EXIT,
     )
     importing.add_argument("bundle", metavar="FILE", help="a bundle, or its URL")
-    add_cache_dir_option(importing, "the cache to import into, made if missing")
+    add_pool_option(importing, "cache_dir", "the cache to import into, made if missing")
     importing.add_argument(
         "--manifest",
         metavar="FILE",
@@ -179,11 +178,11 @@ def _register_check(commands: Any) -> None:
         epilog=_BUNDLE_EXIT,
     )
     check.add_argument("file", metavar="FILE", help="a bundle (or its URL), or a manifest")
-    add_cache_dir_option(check, "for a manifest: its cache", default="the manifest's")
+    add_pool_option(check, "cache_dir", "for a manifest: its cache", default="the manifest's")
     add_remote_option(
         check, "for a manifest: the remote cache tier, asked for what its cache lacks"
     )
-    add_platform_option(check, "the plugin to check with", default="the programs'")
+    add_pool_option(check, "platform", "the plugin to check with", default="the programs'")
     add_topology_options(
         check,
         "judge for a host of this TPU topology, with this machine's plugin build, opening no "

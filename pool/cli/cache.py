@@ -31,8 +31,8 @@ from typing import Any
 from pool.cli import cache_explain, cache_remote
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
-    add_cache_dir_option,
     add_command,
+    add_pool_option,
     add_remote_option,
     open_remote_option,
     size_argument,
@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
         epilog=_CACHE_EXIT,
     )
     common = argparse.ArgumentParser(add_help=False)
-    add_cache_dir_option(common, "the cache directory")
+    add_pool_option(common, "cache_dir", "the cache directory")
     common.add_argument("--json", action="store_true", help="print one JSON document")
     commands = cache.add_subparsers(title="cache commands", metavar="COMMAND")
 

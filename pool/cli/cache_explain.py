@@ -24,7 +24,7 @@ from typing import Any
 from pool.cli.main import ExitCode, UsageError
 from pool.cli.options import (
     add_command,
-    add_platform_option,
+    add_pool_option,
     add_remote_option,
     add_topology_options,
     open_remote_option,
@@ -75,7 +75,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         help="a warm spec (spec.py or module:function, as pjrt-pool warm takes it) or a manifest",
     )
     explain_.add_argument("names", metavar="NAME", nargs="*", help="programs (default: all)")
-    add_platform_option(explain_, "a spec's platform, for programs that name none")
+    add_pool_option(explain_, "platform", "a spec's platform, for programs that name none")
     add_topology_options(explain_, "explain for a host of this topology")
     add_remote_option(explain_, "also look in this remote cache tier")
     explain_.add_argument(

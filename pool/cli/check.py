@@ -23,7 +23,6 @@ from typing import Any
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_command,
-    add_platform_option,
     add_pool_option,
     paragraph,
     pool_option,
@@ -41,7 +40,7 @@ def register(subparsers: Any) -> None:
         "compare a PJRT plugin's results with JAX's on a battery of small programs",
         paragraph(__doc__, 1),
     )
-    add_platform_option(check, "platform to check")
+    add_pool_option(check, "platform", "platform to check")
     check.add_argument(
         "--plugin",
         metavar="PATH",
@@ -62,12 +61,7 @@ def register(subparsers: Any) -> None:
         "task_timeout",
         "per-case limit in a worker, and for jax.jit's side (there at least 10 s; default 60)",
     )
-    add_pool_option(
-        check,
-        "cache_dir",
-        "cache directory, where results are remembered "
-        "(default: $PJRT_POOL_CACHE_DIR, else the user cache)",
-    )
+    add_pool_option(check, "cache_dir", "cache directory, where results are remembered")
     check.add_argument(
         "--no-workarounds",
         dest="workarounds",

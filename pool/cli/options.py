@@ -84,24 +84,6 @@ def paragraph(docstring: str | None, index: int) -> str:
     return (docstring or "").split("\n\n")[index].replace("\n", " ").replace("``", "")
 
 
-def add_cache_dir_option(
-    parser: argparse.ArgumentParser | Any,
-    what: str,
-    default: str = "$PJRT_POOL_CACHE_DIR, else the user cache directory",
-) -> None:
-    """Adds ``--cache-dir DIR`` to a command's parser: what it is to the command, its default."""
-    add_pool_option(parser, "cache_dir", f"{what} (default: {default})")
-
-
-def add_platform_option(
-    parser: argparse.ArgumentParser | Any,
-    what: str,
-    default: str = "$PJRT_POOL_PLATFORM, else cpu",
-) -> None:
-    """Adds ``--platform P`` to a command's parser: what it is to the command, its default."""
-    add_pool_option(parser, "platform", f"{what} (default: {default})")
-
-
 def add_scheduler_option(
     parser: argparse.ArgumentParser | Any, verb: str, how: str | None = None
 ) -> None:
@@ -132,13 +114,20 @@ size_argument = argument_type(parse_size)
 """The argparse type of a size (500M, 2G)."""
 
 
-def add_pool_option(parser: argparse.ArgumentParser | Any, name: str, help: str) -> None:
+def add_pool_option(
+    parser: argparse.ArgumentParser | Any, name: str, help: str, *, default: str | None = None
+) -> None:
     """Adds the flag of the Pool option `name` to a command's parser, as its declaration
     says (pool.executor.options), with help saying what the command does with it. Its
-    default is None: what the option's default is, where the command passes it on."""
+    default is None: what the option's default is, where the command passes it on. The
+    help ends "(default: ...)" with `default`, where the command says its own, else the
+    flag's shown_default, where the declaration has one (--platform, --cache-dir)."""
     flag = OPTIONS[name].flag
     if flag is None:
         raise ValueError(f"Pool option {name!r} declares no flag")
+    shown = default or flag.shown_default
+    if shown is not None:
+        help = f"{help} (default: {shown})"
     parser.add_argument(flag.name, metavar=flag.metavar, type=flag.type, default=None, help=help)
 
 

@@ -33,9 +33,7 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
-    add_cache_dir_option,
     add_command,
-    add_platform_option,
     add_pool_option,
     add_remote_option,
     add_scheduler_option,
@@ -102,7 +100,7 @@ def _register_warm(subparsers: Any) -> None:
         metavar="N",
         help="lower in N extra processes (default 0: in this process, overlapped with compiling)",
     )
-    add_platform_option(warm, "platform to compile for")
+    add_pool_option(warm, "platform", "platform to compile for")
     add_topology_options(
         warm,
         "compile for this TPU topology, without its devices: on a machine without one, or beside "
@@ -114,7 +112,7 @@ def _register_warm(subparsers: Any) -> None:
         "devices each compile worker holds, for programs over several devices (default 1; "
         "a topology's programs compile without any)",
     )
-    add_cache_dir_option(warm, "cache directory, made if missing")
+    add_pool_option(warm, "cache_dir", "cache directory, made if missing")
     add_pool_option(warm, "task_timeout", "per-program compile timeout (default: none)")
     mode = warm.add_mutually_exclusive_group()
     mode.add_argument(
@@ -187,7 +185,7 @@ def _register_run(subparsers: Any) -> None:
         metavar="N",
         help="seed of the random inputs (default 0)",
     )
-    add_cache_dir_option(run, "cache directory", default="the manifest's")
+    add_pool_option(run, "cache_dir", "cache directory", default="the manifest's")
     add_pool_option(
         run,
         "workers",

@@ -96,22 +96,21 @@ def _group(*functions: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
     return lambda *operands: tuple(f(*operands) for f in functions)
 
 
+def _exact_group(
+    name: str, operations: str, domains: tuple[tuple[float, float], ...], *edges: float
+) -> FloatOp:
+    """One case of several exact jax.numpy operations (named, space-separated, as jnp names
+    them) on the same operands, one output each named by its operation: one program tests
+    them all (a program per operation would multiply the compiles), and a failure still
+    names the operation."""
+    names = tuple(operations.split())
+    functions = [getattr(jnp, operation) for operation in names]
+    return FloatOp(name, _group(*functions), domains, EXACT, edges, outputs=names)
+
+
 UNARY = (
-    FloatOp(
-        "sign_abs",
-        _group(jnp.negative, jnp.abs, jnp.sign, jnp.square, jnp.reciprocal),
-        (WIDE,),
-        EXACT,
-        outputs=("negative", "abs", "sign", "square", "reciprocal"),
-    ),
-    FloatOp(
-        "rounding",
-        _group(jnp.floor, jnp.ceil, jnp.round, jnp.trunc),
-        ((-100, 100),),
-        EXACT,
-        (0.5, 1.5, 2.5, -0.5, -2.5),
-        outputs=("floor", "ceil", "round", "trunc"),
-    ),
+    _exact_group("sign_abs", "negative abs sign square reciprocal", (WIDE,)),
+    _exact_group("rounding", "floor ceil round trunc", ((-100, 100),), 0.5, 1.5, 2.5, -0.5, -2.5),
     FloatOp("sqrt", jnp.sqrt, (POSITIVE,), EXACT, (-1.0, 1.0)),
     FloatOp("rsqrt", lax.rsqrt, (POSITIVE,), ELEMENTARY, (-1.0, 1.0)),
     FloatOp("cbrt", jnp.cbrt, (WIDE,), ELEMENTARY, (1.0, -8.0)),
@@ -163,20 +162,8 @@ ATAN2_CONSTANTS = (
 """atan2 with one constant operand: jnp.arctan is atan2(x, 1), miscompiled by the default plugin."""
 
 BINARY = (
-    FloatOp(
-        "arithmetic",
-        _group(jnp.add, jnp.subtract, jnp.multiply, jnp.divide),
-        (WIDE, WIDE),
-        EXACT,
-        outputs=("add", "subtract", "multiply", "divide"),
-    ),
-    FloatOp(
-        "minmax",
-        _group(jnp.maximum, jnp.minimum, jnp.copysign, jnp.nextafter),
-        (WIDE, WIDE),
-        EXACT,
-        outputs=("maximum", "minimum", "copysign", "nextafter"),
-    ),
+    _exact_group("arithmetic", "add subtract multiply divide", (WIDE, WIDE)),
+    _exact_group("minmax", "maximum minimum copysign nextafter", (WIDE, WIDE)),
     FloatOp("fmod", jnp.fmod, (WIDE, (-100, 100)), EXACT),
     FloatOp("atan2", jnp.arctan2, ((-10, 10), (-10, 10)), ELEMENTARY),
     FloatOp("hypot", jnp.hypot, (WIDE, WIDE), ELEMENTARY),

@@ -58,6 +58,8 @@ class Flag:
     name: str
     metavar: str
     type: Callable[[str], Any] = str
+    shown_default: str | None = None
+    """How the default reads in a command's help, where every command means the same one."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         None,
         lambda value, name: check_platform(value),
         'platform names the plugin to load (default: PJRT_POOL_PLATFORM, else "cpu").',
-        flag=Flag("--platform", "P"),
+        flag=Flag("--platform", "P", shown_default="$PJRT_POOL_PLATFORM, else cpu"),
     ),
     PoolOption(
         "cache_dir",
@@ -142,7 +144,11 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         "cache directory). It is resolved once, here, and given to every worker, the "
         "replacements too, as its PJRT_POOL_CACHE_DIR. One that others could write raises "
         "UntrustedCacheError here (worker.cache.trust).",
-        flag=Flag("--cache-dir", "DIR"),
+        flag=Flag(
+            "--cache-dir",
+            "DIR",
+            shown_default="$PJRT_POOL_CACHE_DIR, else the user cache directory",
+        ),
     ),
     PoolOption(
         "task_timeout",

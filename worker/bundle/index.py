@@ -39,7 +39,7 @@ from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.signing import Signer
 from worker.errors import BundleError
 from worker.identity.keys import PROGRAM_PARTS, InvalidKeyError, check_key, is_key, key_of
-from worker.records import ProgramSpec, types_to_json
+from worker.records import ProgramSpec
 from worker.untrusted import parse_json
 
 if TYPE_CHECKING:
@@ -334,15 +334,10 @@ partitioning of a program of one device (and of every program of an older bundle
 
 
 def _spec_json(spec: ProgramSpec) -> dict[str, Any]:
-    fields = {
-        "name": spec.name,
-        "platform": spec.platform,
-        "input_types": types_to_json(spec.input_types),
-        "output_types": types_to_json(spec.output_types),
-        "output_bytes": list(spec.output_bytes),
-    }
-    if spec.partitioning is not None:
-        fields["partitioning"] = spec.partitioning.to_json()
+    """A program's spec as the index holds it: ProgramSpec.to_json without its key, which
+    differs per environment (each entry records its own) while the signature does not."""
+    fields = spec.to_json()
+    del fields["key"]
     return fields
 
 

@@ -39,7 +39,7 @@ from worker.cache.location import resolve_cache_dir
 from worker.compile.executable import Executable
 from worker.compile.never_compile import never_compile_on, refusal
 from worker.compile.slots import compile_slot
-from worker.compile.target import Target, target_for
+from worker.compile.target import MadeFor, Target, target_for
 from worker.compile.tiers import Loading, NewEntry, Tier, Tiers, open_remote, open_tiers
 from worker.identity.environment import host_cpu_flags
 from worker.identity.keys import PlatformPart
@@ -166,13 +166,8 @@ def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
     with compile_slot(target.runtime.platform):
         start = time.perf_counter()
         phases.add("slot_wait", start - waiting)
-        executable = target.compile(
-            program.code,
-            job.options,
-            key=job.key,
-            input_types=program.input_types,
-            partitioning=program.partitioning,
-        )
+        made_for = MadeFor(job.key, program.input_types, program.partitioning)
+        executable = target.compile(program.code, job.options, made_for)
         seconds = time.perf_counter() - start
     phases.add("compile", seconds)
     metadata = _metadata(program, executable, seconds, target)

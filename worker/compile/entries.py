@@ -20,6 +20,7 @@ from worker.cache.entry import CorruptEntryError, Entry, SignatureError, Unreada
 from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.cache.store import DiskCache
 from worker.compile.executable import Executable, deserialize_executable
+from worker.compile.target import MadeFor
 from worker.errors import PjrtError
 from worker.identity.keys import LOADING_PARTS, differing_parts
 from worker.log import get_logger
@@ -74,15 +75,12 @@ def _load_payload(
     same program text and device assignment); raises PjrtError or ValueError for bytes, or
     a record, that cannot be loaded."""
     partitioning = partitioning_from_json(entry.metadata.get("partitioning"))
+    made_for = MadeFor(key, input_types, partitioning)
     if target is None:
-        return deserialize_executable(
-            entry.payload, key=key, input_types=input_types, partitioning=partitioning
-        )
+        return deserialize_executable(entry.payload, **made_for._asdict())
     outputs = entry.metadata.get("output_types")
     types = None if not isinstance(outputs, list) else tuple(map(ArrayType.from_json, outputs))
-    return target.load(
-        entry.payload, types, key=key, input_types=input_types, partitioning=partitioning
-    )
+    return target.load(entry.payload, types, made_for)
 
 
 def load_entry(

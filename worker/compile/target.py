@@ -20,7 +20,7 @@ types it is for (worker.compile.executable.compile_executable).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.compile.executable import (
     Executable,
@@ -45,6 +45,16 @@ if TYPE_CHECKING:
     OutputTypes = tuple[ArrayType, ...] | None
 
 
+class MadeFor(NamedTuple):
+    """What a target's executable is made for, whether compiled or loaded: the cache key it is
+    known by, the argument types it takes (None: not known) and the devices of its
+    partitioning (None: one). Every executable records them (worker.compile.executable)."""
+
+    key: str
+    input_types: InputTypes
+    partitioning: Partitioning | None = None
+
+
 class DeviceTarget:
     """The device of this process's client (what compile_program compiled for until topologies)."""
 
@@ -66,34 +76,13 @@ class DeviceTarget:
         if partitioning is not None:
             self.runtime.client_for(partitioning.devices, partitioning.mesh_text)
 
-    def compile(
-        self,
-        code: bytes,
-        options: bytes,
-        *,
-        key: str,
-        input_types: InputTypes,
-        partitioning: Partitioning | None = None,
-    ) -> Executable:
-        """Compiles on the client an executable known by key, taking input_types, over the
-        devices of its partitioning (None: one)."""
-        return compile_executable(
-            code, options, key=key, input_types=input_types, partitioning=partitioning
-        )
+    def compile(self, code: bytes, options: bytes, made_for: MadeFor) -> Executable:
+        """Compiles on the client an executable for made_for."""
+        return compile_executable(code, options, **made_for._asdict())
 
-    def load(
-        self,
-        payload: bytes,
-        output_types: OutputTypes,
-        *,
-        key: str,
-        input_types: InputTypes,
-        partitioning: Partitioning | None = None,
-    ) -> Executable:
+    def load(self, payload: bytes, output_types: OutputTypes, made_for: MadeFor) -> Executable:
         """Deserializes an entry's bytes onto the client (the plugin checks them)."""
-        return deserialize_executable(
-            payload, key=key, input_types=input_types, partitioning=partitioning
-        )
+        return deserialize_executable(payload, **made_for._asdict())
 
 
 class TopologyTarget:
@@ -126,15 +115,7 @@ class TopologyTarget:
                 f"compile it for a topology of {partitioning.devices} devices",
             )
 
-    def compile(
-        self,
-        code: bytes,
-        options: bytes,
-        *,
-        key: str,
-        input_types: InputTypes,
-        partitioning: Partitioning | None = None,
-    ) -> Executable:
+    def compile(self, code: bytes, options: bytes, made_for: MadeFor) -> Executable:
         """Compiles for the topology with no client (PJRT_Compile)."""
         ensure_kernels_for(self.runtime, code)
         try:
@@ -145,26 +126,17 @@ class TopologyTarget:
             self.runtime,
             self.spec.name,
             native,
-            key=key,
-            input_types=input_types,
-            partitioning=partitioning,
+            **made_for._asdict(),
         )
 
-    def load(
-        self,
-        payload: bytes,
-        output_types: OutputTypes,
-        *,
-        key: str,
-        input_types: InputTypes,
-        partitioning: Partitioning | None = None,
-    ) -> Executable:
+    def load(self, payload: bytes, output_types: OutputTypes, made_for: MadeFor) -> Executable:
         """Keeps an entry's bytes: nothing here can load them, and the key vouches for them.
 
         Raises ValueError when the entry did not record its output types.
         """
         if output_types is None:
             raise ValueError("the entry records no output types")
+        key, input_types, partitioning = made_for
         return TopologyExecutable(
             self.runtime, self.spec.name, output_types, payload, input_types, key, partitioning
         )
