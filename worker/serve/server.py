@@ -551,9 +551,9 @@ class Server:
         while True:
             try:
                 first, fds, truncated = self._hot_loop.serve()
-            except OSError:
-                raise  # the socket's, not a run's: serve() returns at a reset
-            except Exception as error:  # a hot run failed: its reply says so, as handle's would
+            except ConnectionError:
+                raise  # the socket's (the hot loop raises nothing else as one): serve() decides
+            except Exception as error:  # a run failed (mmap's OSError too): its reply says so
                 self._send(*self._failed(self._hot_loop.last_task_id, error))
                 continue
             finally:
