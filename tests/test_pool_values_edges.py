@@ -182,6 +182,37 @@ def test_put_converts_as_device_put_and_values_refuse_copy_false(tmp_path) -> No
         np.testing.assert_array_equal(np.asarray(value, copy=True), np.arange(N))
 
 
+def fail_first_mapping():
+    """A Pool initializer: the worker fails the first request that brings it segments, before
+    mapping them (as a failed mmap, or descriptors that never came, would)."""
+
+    def install() -> None:
+        from worker.serve import server
+
+        apply = server.Server._apply
+        failed: list[bool] = []
+
+        def failing_apply(self, segments, fds, drops, forgets):
+            if segments and not failed:
+                failed.append(True)
+                raise MemoryError("injected: the request's segments could not be mapped")
+            return apply(self, segments, fds, drops, forgets)
+
+        server.Server._apply = failing_apply
+
+    return install
+
+
+def test_the_segments_of_a_failed_request_are_sent_again(tmp_path) -> None:
+    with Pool(1, cache_dir=tmp_path, initializer=fail_first_mapping()) as pool:
+        x = pool.asarray(np.arange(N, dtype=np.float32))
+        with pytest.raises(MemoryError, match="injected"):
+            pool.run(AFFINE, [x])
+        for _ in range(2):  # the Run, then a PlacedRun, both naming x's segment
+            (out,) = pool.run(AFFINE, [x])
+            np.testing.assert_array_equal(out, x * 2 + 1)
+
+
 def test_a_segment_the_worker_cannot_map_fails_its_run_and_the_worker_goes_on(tmp_path) -> None:
     ours, theirs = socket.socketpair()
     arena = mmap.mmap(-1, 4096 + protocol.CONTROL_BYTES)
