@@ -43,7 +43,7 @@ from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import Kind, Task, Tasks
+from pool.executor.tasks import Kind, Task, Tasks, ValueOpKind
 from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
@@ -507,10 +507,10 @@ class Dispatcher:
         operation = request.value
         memory = task.memory
         assert operation is not None and memory is not None and memory.plan is not None
-        if operation.op == "put":
+        if operation.op is ValueOpKind.PUT:
             (value_id,) = memory.plan.kept.values()
             return self._keep(worker, value_id, operation.array_type, request.name)
-        if operation.op == "release":
+        if operation.op is ValueOpKind.RELEASE:
             return None
         return self._placed_outputs(worker, task, (operation.array_type,))[0]
 
