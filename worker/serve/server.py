@@ -353,7 +353,7 @@ class Server:
     ) -> None:
         """Maps a request's new segments (one descriptor each; the caller closes them), then
         drops and forgets what it names: first, whatever fails later (the parent counts the
-        segments as mapped once sent)."""
+        segments as mapped once sent, unless the request fails: WorkerMemory.failed)."""
         if len(fds) != len(segments):
             raise ValueError(f"{len(segments)} new segments came with {len(fds)} descriptors")
         self._hot_loop.map_segments(
