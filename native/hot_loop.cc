@@ -266,7 +266,8 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
                                   " new segments but came with " + std::to_string(fds.size()) +
                                   " descriptors");
     }
-    // First, whatever follows fails: the parent counts them as mapped once sent.
+    // First, whatever follows fails: the parent counts them as mapped once sent (unless
+    // the request fails: then it sends them again, and a segment mapped twice is replaced).
     for (size_t i = 0; i < fds.size(); ++i) {
       const auto& [id, size] = request.segments[i];
       if (size <= 0) throw std::invalid_argument("a segment of " + std::to_string(size) + " bytes");

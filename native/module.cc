@@ -1,7 +1,7 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
 // (PjrtException -> PjrtError, FfiVersionException -> HandlerVersionError,
-// PluginLoadException -> PluginLoadError, SocketException -> OSError of its
-// errno, and pybind11's own std::invalid_argument -> ValueError for bad
+// PluginLoadException -> PluginLoadError, SocketException -> a ConnectionError
+// (its errno's own, else SocketError), std::system_error -> OSError, and pybind11's own std::invalid_argument -> ValueError for bad
 // inputs) and the only place the GIL is released (around compile,
 // deserialize and execute, which can run for seconds, and the hot loop).
 #include <pybind11/pybind11.h>
@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <system_error>
 #include <memory>
 #include <optional>
@@ -39,6 +40,9 @@ PyObject* g_pjrt_error = nullptr;
 PyObject* g_handler_version_error = nullptr;
 // Raised when a plugin library cannot be loaded or used.
 PyObject* g_plugin_load_error = nullptr;
+// Raised when the hot loop's socket fails with an errno that has no
+// ConnectionError of its own (EPROTO, EBADF, ...).
+PyObject* g_socket_error = nullptr;
 
 py::object VersionTuple(const std::optional<FfiVersion>& version) {
   if (!version) return py::none();
@@ -53,6 +57,22 @@ py::object RaisePjrtError(PyObject* type, const PjrtException& e) {
   error.attr("code") = e.code();
   error.attr("code_name") = ErrorCodeName(e.code());
   return error;
+}
+
+// Sets a ConnectionError for a socket's failure: the errno's own subclass
+// (ConnectionResetError, BrokenPipeError, ...) or else SocketError. Every
+// socket failure is one, and nothing else the hot loop raises is: its caller
+// ends at a ConnectionError and answers any other error as a request's.
+void RaiseSocketError(const SocketException& e) {
+  const std::string message = std::strerror(e.error()) + std::string(" (") + e.what() + ")";
+  py::object error = py::reinterpret_steal<py::object>(
+      PyObject_CallFunction(PyExc_OSError, "is", e.error(), message.c_str()));
+  if (error && !PyObject_IsInstance(error.ptr(), PyExc_ConnectionError)) {
+    error = py::reinterpret_steal<py::object>(
+        PyObject_CallFunction(g_socket_error, "is", e.error(), message.c_str()));
+  }
+  if (!error) return;  // the call set its own exception
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
 }
 
 std::string_view View(const py::buffer_info& info) {
@@ -291,6 +311,11 @@ PYBIND11_MODULE(_pjrt, m) {
       "worker._pjrt.PluginLoadError",
       "A PJRT plugin library could not be loaded or is not a usable PJRT plugin.",
       PyExc_OSError, nullptr);
+  g_socket_error = PyErr_NewExceptionWithDoc(
+      "worker._pjrt.SocketError",
+      "A worker's socket failed with an errno that has no ConnectionError of its own "
+      "(`errno` says which).",
+      PyExc_ConnectionError, nullptr);
   g_handler_version_error = PyErr_NewExceptionWithDoc(
       "worker._pjrt.HandlerVersionError",
       "An FFI handler is built for an XLA FFI version the plugin's XLA cannot take. "
@@ -299,6 +324,7 @@ PYBIND11_MODULE(_pjrt, m) {
   m.attr("PjrtError") = py::handle(g_pjrt_error);
   m.attr("HandlerVersionError") = py::handle(g_handler_version_error);
   m.attr("PluginLoadError") = py::handle(g_plugin_load_error);
+  m.attr("SocketError") = py::handle(g_socket_error);
   m.attr("API_MAJOR") = PJRT_API_MAJOR;
   m.attr("API_MINOR") = PJRT_API_MINOR;
 
@@ -318,8 +344,7 @@ PYBIND11_MODULE(_pjrt, m) {
     } catch (const PluginLoadException& e) {
       PyErr_SetString(g_plugin_load_error, e.what());
     } catch (const SocketException& e) {
-      errno = e.error();
-      PyErr_SetFromErrno(PyExc_OSError);
+      RaiseSocketError(e);
     } catch (const SlotMissingException& e) {
       PyErr_SetString(PyExc_LookupError, e.what());
     } catch (const std::system_error& e) {
@@ -595,7 +620,8 @@ PYBIND11_MODULE(_pjrt, m) {
            "Answers HotRuns of registered slots until another frame comes; returns that "
            "frame's first read as (bytes, descriptors, truncated), (b'', [], False) at the end "
            "of the stream. A run's failure is raised (its task is last_task_id), a socket's "
-           "as OSError.")
+           "as a ConnectionError (SocketError where its errno has none of its own); "
+           "nothing else is a ConnectionError.")
       .def("run",
            [](ArenaHotLoop& self, int64_t task_id, int64_t slot, bool zero_copy) {
              py::gil_scoped_release release;

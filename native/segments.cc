@@ -26,7 +26,8 @@ std::shared_ptr<Mapping> Mapping::OfDescriptor(int fd, size_t size) {
   // system call maps every page, where touching them would fault one at a time.
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) {
-    throw std::system_error(errno, std::generic_category(), "mapping a shared-memory segment");
+    throw std::system_error(errno, std::generic_category(),
+                            "mapping a shared-memory segment of " + std::to_string(size) + " bytes");
   }
   return std::shared_ptr<Mapping>(new Mapping(static_cast<uint8_t*>(data), size, true));
 }

@@ -8,12 +8,16 @@
 - Kept values whose handles were never made are dropped in the worker too.
 - A request that failed makes the parent send its segments again; many dropped handles
   go in bounded requests.
+- A segment the worker cannot map fails its run, not the worker: only the socket's own
+  failures end a worker's receive loop.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +30,9 @@ from pool_helpers import wait_until_started
 
 from pool import Pool, lower
 from pool.errors import WorkerCrashedError
+from worker import _pjrt
+from worker.serve.server import Server
+from worker.wire import places, protocol
 
 N = 1 << 18  # float32: 1 MiB, past the arena's share, so a segment of its own
 
@@ -173,3 +180,78 @@ def test_put_converts_as_device_put_and_values_refuse_copy_false(tmp_path) -> No
         with pytest.raises(ValueError, match="always copied"):
             np.asarray(value, copy=False)
         np.testing.assert_array_equal(np.asarray(value, copy=True), np.arange(N))
+
+
+def fail_first_mapping():
+    """A Pool initializer: the worker fails the first request that brings it segments, before
+    mapping them (as a failed mmap, or descriptors that never came, would)."""
+
+    def install() -> None:
+        from worker.serve import server
+
+        apply = server.Server._apply
+        failed: list[bool] = []
+
+        def failing_apply(self, segments, fds, drops, forgets):
+            if segments and not failed:
+                failed.append(True)
+                raise MemoryError("injected: the request's segments could not be mapped")
+            return apply(self, segments, fds, drops, forgets)
+
+        server.Server._apply = failing_apply
+
+    return install
+
+
+def test_the_segments_of_a_failed_request_are_sent_again(tmp_path) -> None:
+    with Pool(1, cache_dir=tmp_path, initializer=fail_first_mapping()) as pool:
+        x = pool.asarray(np.arange(N, dtype=np.float32))
+        with pytest.raises(MemoryError, match="injected"):
+            pool.run(AFFINE, [x])
+        for _ in range(2):  # the Run, then a PlacedRun, both naming x's segment
+            (out,) = pool.run(AFFINE, [x])
+            np.testing.assert_array_equal(out, x * 2 + 1)
+
+
+def test_a_segment_the_worker_cannot_map_fails_its_run_and_the_worker_goes_on(tmp_path) -> None:
+    ours, theirs = socket.socketpair()
+    arena = mmap.mmap(-1, 4096 + protocol.CONTROL_BYTES)
+    server = Server(theirs, arena, 4096, max_loaded=1)
+    readonly = tmp_path / "readonly"
+    readonly.write_bytes(bytes(4096))
+    whole = ((places.PLACE, 5, 0),)
+    try:
+        for task_id in (11, 12):
+            # A read-only file: mmap(PROT_WRITE, MAP_SHARED) fails with EACCES, an OSError
+            # in Python that the receive loop once took for the socket's (the worker died).
+            fd = os.open(readonly, os.O_RDONLY)
+            try:
+                run = places.PlacedRun(task_id, 3, True, whole, whole, ((5, 4096),))
+                protocol.send_frame(ours, run, (fd,))
+            finally:
+                os.close(fd)
+        protocol.send_frame(ours, protocol.Exit())
+        server.serve()  # returns at Exit, having answered both runs
+        for task_id in (11, 12):
+            reply, _ = protocol.recv_frame(ours)
+            assert reply.task_id == task_id and reply.error is not None
+            assert "mapping a shared-memory segment" in reply.error.message
+            assert reply.error.qualname == "PermissionError"
+        # The socket's own failures still end it: a frame past its bounds (EPROTO) ...
+        frame = bytearray(places.placed_frame(places.PlacedRun(13, 3, True, whole, whole), 0))
+        frame[:4] = (places.MAX_PLACED_LENGTH + 1).to_bytes(4, "little")
+        ours.sendall(frame)
+        with pytest.raises(_pjrt.SocketError, match="a placed run's frame has a payload"):
+            server.serve()
+    finally:
+        ours.close()
+        theirs.close()
+    # ... and the parent closing the socket mid-frame, quietly (ConnectionResetError).
+    ours, theirs = socket.socketpair()
+    try:
+        server = Server(theirs, arena, 4096, max_loaded=1)
+        ours.sendall(places.placed_frame(places.PlacedRun(14, 3, True, whole * 4, whole), 0)[:-8])
+        ours.close()
+        server.serve()
+    finally:
+        theirs.close()

@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike
 
 from pool.errors import PoolClosedError
 from pool.executor.segments import Segment, SegmentCache
-from pool.executor.tasks import Kind, Task, ValueOp
+from pool.executor.tasks import Kind, Task, ValueOp, ValueOpKind
 from pool.executor.values import DeviceValue, check_values
 from worker.arguments import prepare_arguments
 from worker.dtypes import code_of_dtype
@@ -96,7 +96,7 @@ class PoolArrays:
             prepared = _as_jax_puts(prepared)
         array_type = ArrayType(prepared.dtype, prepared.shape)
         pinned = None if like is None else self._pinned({0: like}, None)
-        operation = ValueOp("put", array_type)
+        operation = ValueOp(ValueOpKind.PUT, array_type)
         label = name or f"a {array_type} put in the pool"
         task = self._new_task(
             Kind.VALUE, None, label, None, None, handed_out=False, pinned=pinned, value=operation
@@ -107,7 +107,7 @@ class PoolArrays:
         """DeviceValue.fetch: the value copied out of its worker (into shared memory)."""
         self._refuse_on_manager("DeviceValue.fetch")
         pinned = self._pinned({0: value}, None)
-        operation = ValueOp("fetch", value.array_type, value)
+        operation = ValueOp(ValueOpKind.FETCH, value.array_type, value)
         task = self._new_task(
             Kind.VALUE,
             None,

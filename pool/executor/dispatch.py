@@ -43,10 +43,9 @@ from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import Kind, Task, Tasks
+from pool.executor.tasks import Kind, Task, Tasks, ValueOpKind
 from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
-from pool.executor.worker_memory import NOTHING
 from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
 from pool.executor.workers import Workers
 from worker.fds import close_all
@@ -213,8 +212,7 @@ class Dispatcher:
         except OSError:
             self._workers.retire(worker)
             return False
-        if deliveries is not NOTHING:  # once it went (see pool.executor.worker_memory)
-            worker.memory.delivered(deliveries)
+        worker.memory.delivered(deliveries)  # once it went (see pool.executor.worker_memory)
         return True
 
     # -- replies -------------------------------------------------------------------
@@ -334,10 +332,13 @@ class Dispatcher:
 
         A run or put that failed (in the worker, or in reading its reply) may
         have kept values no handle names: the worker is told to drop them with
-        its next request (WorkerMemory.orphan)."""
+        its next request (WorkerMemory.orphan). Any request that failed (or is sent
+        again) sends its new segments again (WorkerMemory.failed)."""
         plan = None if task.memory is None else task.memory.plan
-        if isinstance(outcome, BaseException) and plan is not None and plan.kept:
-            worker.memory.orphan(plan.kept.values())
+        if isinstance(outcome, BaseException) or outcome is Resend.WITH_PROGRAM:
+            worker.memory.failed()
+            if isinstance(outcome, BaseException) and plan is not None and plan.kept:
+                worker.memory.orphan(plan.kept.values())
         with self._lock:
             self._workers.free_locked(worker, task)
             if outcome is Resend.WITH_PROGRAM and task.kill_error is None and not task.done:
@@ -506,10 +507,10 @@ class Dispatcher:
         operation = request.value
         memory = task.memory
         assert operation is not None and memory is not None and memory.plan is not None
-        if operation.op == "put":
+        if operation.op is ValueOpKind.PUT:
             (value_id,) = memory.plan.kept.values()
             return self._keep(worker, value_id, operation.array_type, request.name)
-        if operation.op == "release":
+        if operation.op is ValueOpKind.RELEASE:
             return None
         return self._placed_outputs(worker, task, (operation.array_type,))[0]
 

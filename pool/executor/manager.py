@@ -43,7 +43,7 @@ from pool.executor.inputs import TaskMemory
 from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.segments import SegmentCache
 from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp
+from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp, ValueOpKind
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_memory import NOTHING, WorkerMemory
 from pool.executor.worker_process import State, WorkerProcess
@@ -339,7 +339,7 @@ def _release_task(task_id: int, memory: WorkerMemory, segments: SegmentCache) ->
         "hand back what the pool let go of",
         None,
         worker=memory,
-        value=ValueOp("release", nothing),
+        value=ValueOp(ValueOpKind.RELEASE, nothing),
     )
     task = Task(request, PoolFuture())
     staged = TaskMemory(zero_copy=True, declared_types=False)

@@ -31,7 +31,7 @@ import itertools
 
 from pool.executor.inputs import OutputPlan, TaskMemory
 from pool.executor.segments import Segment, SegmentCache
-from pool.executor.tasks import Kind, Task
+from pool.executor.tasks import Kind, Task, ValueOpKind
 from pool.executor.worker_memory import NOTHING, Deliveries
 from pool.executor.worker_process import (
     ARENA_OUTPUT_LIMIT,
@@ -197,7 +197,7 @@ class Requests:
         request = task.request
         operation = request.value
         assert operation is not None
-        if operation.op == "put":
+        if operation.op is ValueOpKind.PUT:
             value_id = next(self._value_ids)
             memory.plan_outputs(OutputPlan(None, {0: value_id}, False), None)
             segments, fds, deliveries = _deliveries(worker, memory, pending)
@@ -211,7 +211,7 @@ class Requests:
                 deliveries.forgets,
             )
             return put, fds, deliveries
-        if operation.op == "release":
+        if operation.op is ValueOpKind.RELEASE:
             memory.plan_outputs(OutputPlan(None, {}, True), None)
             segments, fds, deliveries = _deliveries(worker, memory, pending)
             release = protocol.Fetch(

@@ -147,7 +147,7 @@ class TaskMaking:
             partitioning = program.partitioning if spec is None else spec.partitioning
             check_devices(partitioning, self._settings.devices_per_worker, self._settings.topology)
         if value is not None:
-            identity, key = f"({value.op})", None
+            identity, key = f"({value.op.value})", None
         elif program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key

@@ -48,6 +48,8 @@ from worker.records import ArrayType, LoweredProgram
 
 if TYPE_CHECKING:
     from pool.executor.inputs import TaskMemory
+    from pool.executor.values import DeviceValue
+    from pool.executor.worker_memory import WorkerMemory
 
 MAX_REQUEUES = 3
 """How often a task whose workers died before starting it is sent again before it fails."""
@@ -65,14 +67,23 @@ class Kind(enum.Enum):
     __hash__ = object.__hash__
 
 
-class ValueOp(NamedTuple):
-    """What a VALUE task does: "put" its staged input on the device as a new value, "fetch"
-    `value` (a pool.executor.values.DeviceValue, held alive by the task) into shared
-    memory, or "release": only bring the worker what the pool let go of."""
+class ValueOpKind(enum.Enum):
+    """What a VALUE task does (its ValueOp's op)."""
 
-    op: str
+    PUT = "put"  # its staged input goes on the device as a new value
+    FETCH = "fetch"  # its value is copied into shared memory
+    RELEASE = "release"  # only bring the worker what the pool let go of
+
+    __hash__ = object.__hash__  # singletons, as Kind's
+
+
+class ValueOp(NamedTuple):
+    """What a VALUE task does (ValueOpKind): PUT its staged input, FETCH `value` (held alive
+    by the task) into shared memory, or RELEASE."""
+
+    op: ValueOpKind
     array_type: ArrayType
-    value: Any = None
+    value: DeviceValue | None = None
 
 
 class Request(NamedTuple):
@@ -96,9 +107,9 @@ class Request(NamedTuple):
     bundle: str | None = None
     """A run by ProgramSpec from a bundle (its absolute path or URL): the worker loads the
     program from it, read-only, instead of from the disk cache."""
-    worker: Any = None
-    """The memory (pool.executor.worker_memory.WorkerMemory) of the worker that must run
-    it, which holds the task's values; None: any worker that takes its kind."""
+    worker: WorkerMemory | None = None
+    """The memory of the worker that must run it, which holds the task's values; None: any
+    worker that takes its kind."""
     keep: tuple[int, ...] = ()
     """The outputs a run keeps in its worker, as values (their indices, ascending)."""
     value: ValueOp | None = None
@@ -251,7 +262,7 @@ class Tasks:
         }
         # Tasks only one worker can run (it holds their values), by worker, in order:
         # they wait for that worker without holding up the tasks any worker takes.
-        self._pinned: dict[Any, collections.deque[Task]] = {}
+        self._pinned: dict[WorkerMemory, collections.deque[Task]] = {}
         self._orphans: list[tuple[Task, BaseException]] = []
         self._relayed: list[Callable[[], object]] = []  # calls for the manager to make
         self._relaying = True  # the manager takes relayed calls (until it ends)
@@ -306,12 +317,12 @@ class Tasks:
         else:
             self.requeue_locked(task)
 
-    def pinned_head_locked(self, idle: list[Any]) -> Task | None:
+    def pinned_head_locked(self, idle: list[WorkerMemory]) -> Task | None:
         """The oldest task at the head of the queues of these (idle) workers, left there."""
         heads = [self._pinned[worker][0] for worker in idle if worker in self._pinned]
         return min(heads, key=lambda task: task.request.id, default=None)
 
-    def pop_pinned_locked(self, worker: Any) -> Task:
+    def pop_pinned_locked(self, worker: WorkerMemory) -> Task:
         """Takes the task at the head of a worker's queue (the caller moves it on)."""
         queue = self._pinned[worker]
         task = queue.popleft()
@@ -319,7 +330,7 @@ class Tasks:
             del self._pinned[worker]
         return task
 
-    def fail_pinned_locked(self, worker: Any, error: BaseException) -> None:
+    def fail_pinned_locked(self, worker: WorkerMemory, error: BaseException) -> None:
         """Empties a worker's queue (it ended): each task is left to the manager, to fail with
         `error` (what it needed of that worker is gone)."""
         queue = self._pinned.pop(worker, ())

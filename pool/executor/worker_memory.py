@@ -14,10 +14,11 @@ brings the worker what the parent let go of since its last request:
 Both go with the worker's next request of any kind, so a worker that gets none
 keeps them until it does, or ends. The mirror changes only once a request has
 gone (Deliveries, then WorkerMemory.delivered): a request built but never sent
-(its caller interrupted) changes nothing. Only the thread that holds the worker
-builds and sends its requests and handles its replies, so that thread alone
-changes this record, but for `_dropped`, which the garbage collector appends to
-(a deque's append: no Python code runs in the collector, see
+(its caller interrupted) changes nothing, and a request that failed takes its new
+segments back (WorkerMemory.failed: the worker may not have mapped them). Only the
+thread that holds the worker builds and sends its requests and handles its replies,
+so that thread alone changes this record, but for `_dropped`, which the garbage
+collector appends to (a deque's append: no Python code runs in the collector, see
 pool.executor.segments).
 """
 
@@ -86,6 +87,7 @@ class WorkerMemory:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.mapped: set[int] = set()  # segment ids the worker keeps mapped
+        self._sent: tuple[int, ...] = ()  # the new segments of the last request sent
         # program id -> the slot its PlacedRuns name, and the input types that slot takes
         self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
         self._values: dict[weakref.ref[Kept], tuple[int, int, str]] = {}
@@ -132,6 +134,7 @@ class WorkerMemory:
 
     def delivered(self, deliveries: Deliveries) -> None:
         """A request went with these: the worker maps, drops and forgets them now."""
+        self._sent = deliveries.segments
         if deliveries is NOTHING:
             return
         self.mapped.update(deliveries.segments)
@@ -141,6 +144,14 @@ class WorkerMemory:
             _, nbytes, _ = self._values.pop(ref)
             self.value_bytes -= nbytes
         del self._orphans[: deliveries.orphaned]
+
+    def failed(self) -> None:
+        """The last request failed (in the worker, or reading its reply did): the worker may
+        not have mapped the segments it brought (mmap failed, or their descriptors never
+        came), so the next request that names them sends them again. A worker maps a
+        segment sent twice again by id, replacing the first."""
+        self.mapped.difference_update(self._sent)
+        self._sent = ()
 
     def note_placed(self, program_id: str, slot: int, types: tuple[ArrayType, ...]) -> None:
         """The worker gave a program a slot for PlacedRuns of inputs of these types."""

@@ -24,7 +24,7 @@ from worker import _pjrt
 from worker.compile.executable import Executable
 from worker.records import ArrayType
 from worker.wire import places, shm
-from worker.wire.protocol import Run
+from worker.wire.protocol import OutputPlace, Run
 
 
 class InputLayout(NamedTuple):
@@ -81,7 +81,7 @@ class OutputLayout(NamedTuple):
     after the arena's inputs ("arena"), or in a segment made for them ("new"), with the
     outputs the request keeps left out."""
 
-    place: str
+    place: OutputPlace
     offsets: tuple[int, ...]
     """Each output's offset in its place; -1 for a kept one."""
     size: int
@@ -129,7 +129,8 @@ class OutputLayout(NamedTuple):
         keep = keep or {}
         placed = [t for i, t in enumerate(outputs) if i not in keep]
         offsets, end = shm.layout(placed, start)
-        place, fd = "arena", None
+        place: OutputPlace = "arena"
+        fd: int | None = None
         if end > arena_size:
             offsets, end = shm.layout(placed)
             place, fd = "new", shm.new_segment(end, "pjrt-pool-outputs")

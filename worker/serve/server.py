@@ -353,7 +353,7 @@ class Server:
     ) -> None:
         """Maps a request's new segments (one descriptor each; the caller closes them), then
         drops and forgets what it names: first, whatever fails later (the parent counts the
-        segments as mapped once sent)."""
+        segments as mapped once sent, unless the request fails: WorkerMemory.failed)."""
         if len(fds) != len(segments):
             raise ValueError(f"{len(segments)} new segments came with {len(fds)} descriptors")
         self._hot_loop.map_segments(
@@ -551,9 +551,9 @@ class Server:
         while True:
             try:
                 first, fds, truncated = self._hot_loop.serve()
-            except OSError:
-                raise  # the socket's, not a run's: serve() returns at a reset
-            except Exception as error:  # a hot run failed: its reply says so, as handle's would
+            except ConnectionError:
+                raise  # the socket's (the hot loop raises nothing else as one): serve() decides
+            except Exception as error:  # a run failed (mmap's OSError too): its reply says so
                 self._send(*self._failed(self._hot_loop.last_task_id, error))
                 continue
             finally:

@@ -10,17 +10,28 @@ take (see worker.wire.protocol's docstring).
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import NamedTuple
 
-PLACE = 0
-"""A Where's kind: an array in shared memory, at (segment id, byte offset); segment 0 is the
-worker's arena."""
 
-VALUE = 1
-"""A Where's kind: a value the worker keeps, by id (offset 0)."""
+class WhereKind(enum.IntEnum):
+    """What a Where names (an int on the wire, as native/hot_loop.cc's Where::Kind)."""
 
-Where = tuple[int, int, int]
+    PLACE = 0
+    """An array in shared memory, at (segment id, byte offset); segment 0 is the worker's
+    arena."""
+    VALUE = 1
+    """A value the worker keeps, by id (offset 0)."""
+
+
+PLACE = WhereKind.PLACE
+"""A Where's kind: an array in shared memory (WhereKind.PLACE)."""
+
+VALUE = WhereKind.VALUE
+"""A Where's kind: a value the worker keeps (WhereKind.VALUE)."""
+
+Where = tuple[WhereKind, int, int]
 """Where one array of a run comes from or goes to: (PLACE, segment, offset) or (VALUE, id, 0)."""
 
 
@@ -101,7 +112,10 @@ def decode_placed(payload: bytes) -> PlacedRun:
         at += count * unit.size
         return items
 
-    read = (take(_WHERE, sources), take(_WHERE, destinations), take(_PAIR, segments))
+    def wheres(count: int) -> tuple[Where, ...]:
+        return tuple((WhereKind(kind), i, offset) for kind, i, offset in take(_WHERE, count))
+
+    read = (wheres(sources), wheres(destinations), take(_PAIR, segments))
     ids = struct.unpack_from(f"<{drops + forgets}q", head, at)
     found = (*read, ids[:drops], ids[drops:])
     return PlacedRun(task_id, slot, bool(zero_copy), *found)  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
 from worker.wire.places import (
@@ -523,6 +523,11 @@ class RemoteError:
         )
 
 
+OutputPlace = Literal["placed", "arena", "new"]
+"""Where a Run's outputs lie (Reply.output_place): where the request's destinations said,
+after the inputs in the arena, or in a segment the worker made and sent with the reply."""
+
+
 @dataclass(frozen=True)
 class Reply:
     """The result of one request.
@@ -553,7 +558,7 @@ class Reply:
     output_types: tuple[ArrayType, ...] | None = None
     output_offsets: tuple[int, ...] = ()
     output_size: int = 0
-    output_place: str = "new"
+    output_place: OutputPlace = "new"
     statistics: CompileStatistics | None = None
     counters: dict[str, int] | None = None
     remote_counters: dict[str, int] | None = None
