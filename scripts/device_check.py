@@ -66,6 +66,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from examples import example_inputs, example_programs  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 from pool import Pool, WorkerCrashedError, compile_program, lower  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
@@ -494,12 +495,7 @@ def tiny_round_trips(pool: Pool, executable: Any, device: Any, calls: int = 300)
     def median_us(call: Callable[[], Any]) -> float:
         for _ in range(20):
             call()
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        return round(statistics.median(times) * 1e6, 1)
+        return round(median_seconds(lambda _: call(), calls) * 1e6, 1)
 
     program = lower(lambda v: v + 1, [_f32(4)], platform=executable.platform)
     return {

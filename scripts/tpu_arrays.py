@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from timing import median_seconds  # noqa: E402  (this folder's, after the path)
+
 PLATFORM = os.environ.get("TPU_ARRAYS_PLATFORM", "tpu")
 LEGS = ("jax", "inproc", "pool", "jax-serial", "jax-threads")
 SIZES_MIB = (1, 16, 256)
@@ -60,12 +62,7 @@ def _rounds(mib: int) -> int:
 def _median_ms(call: Any, rounds: int) -> float:
     for _ in range(2):  # compiled, warm
         call()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+    return median_seconds(lambda _: call(), rounds) * 1e3
 
 
 def _mlp(width: int) -> Any:

@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,41 @@ def _one(step: str, out: Path, bundle: str | None) -> dict[str, Any]:
     return step_checkplugin()
 
 
+def run_steps(
+    script: Path,
+    steps: list[str],
+    out: Path,
+    extra: list[str],
+    jax_on_the_chip: Callable[[str], bool],
+    environment: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Runs each step as `script --one STEP --out OUT [extra]`, a process of its own (one
+    process at a time may hold the chip), its JAX on the chip only where jax_on_the_chip says
+    so; logs each step's JSON line (or its failure) and writes OUT/summary.json."""
+    summary: dict[str, Any] = {}
+    for step in steps:
+        variables = dict(os.environ, **(environment or {}))
+        if jax_on_the_chip(step):
+            variables.pop("JAX_PLATFORMS", None)
+        else:
+            variables["JAX_PLATFORMS"] = "cpu"
+        command = [sys.executable, str(script.resolve()), "--one", step, "--out", str(out), *extra]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env=variables, check=False)
+        try:
+            summary[step] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            summary[step] = {
+                "failed": done.returncode,
+                "stderr": done.stderr.strip().splitlines()[-12:],
+            }
+        summary[step]["step_seconds"] = round(time.perf_counter() - started, 1)
+        log(f"{step}: {json.dumps(summary[step], default=str)}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    log(json.dumps(summary, default=str))
+    return summary
+
+
 JAX_ON_THE_CHIP = {"jax", "roundtrip"}
 """Steps whose own JAX runs on the chip; the others leave it to pjrt-pool's processes."""
 
@@ -512,33 +548,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(_one(args.one, args.out, args.bundle), default=str))
         return
-    summary: dict[str, Any] = {}
-    for step in args.steps.split(","):
-        if step in ("bundle", "cli") and not args.bundle:
-            continue
-        environment = dict(os.environ)
-        if step in JAX_ON_THE_CHIP:
-            environment.pop("JAX_PLATFORMS", None)
-        else:
-            environment["JAX_PLATFORMS"] = "cpu"
-        here = str(Path(__file__).resolve())
-        command = [sys.executable, here, "--one", step, "--out", str(args.out)]
-        if args.bundle:
-            command += ["--bundle", args.bundle]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
-        seconds = time.perf_counter() - started
-        try:
-            summary[step] = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            summary[step] = {
-                "failed": done.returncode,
-                "stderr": done.stderr.strip().splitlines()[-12:],
-            }
-        summary[step]["step_seconds"] = round(seconds, 1)
-        log(f"{step}: {json.dumps(summary[step], default=str)}")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    log(json.dumps(summary, default=str))
+    steps = [s for s in args.steps.split(",") if args.bundle or s not in ("bundle", "cli")]
+    extra = ["--bundle", args.bundle] if args.bundle else []
+    run_steps(Path(__file__), steps, args.out, extra, lambda step: step in JAX_ON_THE_CHIP)
 
 
 if __name__ == "__main__":

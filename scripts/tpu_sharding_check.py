@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from tpu_check import PLATFORM, _load, _save, log  # noqa: E402
+from tpu_check import PLATFORM, _load, _save, log, run_steps  # noqa: E402
 
 STEPS = ("here", "pool", "bundle", "refuse", "jax")
 REHEARSAL_DEVICES = 4
@@ -271,14 +272,20 @@ def cases_for(chips: int) -> list[Any]:
 
 
 def _one(step: str, out: Path, bundles: Path | None) -> dict[str, Any]:
-    if step == "here":
-        return step_here(out)
-    if step == "pool":
-        return step_pool(out)
-    if step == "jax":
-        return step_jax(out)
-    assert bundles is not None
-    return step_bundle(out, bundles) if step == "bundle" else step_refuse(bundles)
+    steps: dict[str, Callable[[], dict[str, Any]]] = {
+        "here": lambda: step_here(out),
+        "pool": lambda: step_pool(out),
+        "jax": lambda: step_jax(out),
+        "bundle": lambda: step_bundle(out, _given(bundles)),
+        "refuse": lambda: step_refuse(_given(bundles)),
+    }
+    return steps[step]()
+
+
+def _given(bundles: Path | None) -> Path:
+    if bundles is None:
+        raise SystemExit("this step needs --bundles DIR (made with --make-bundles DIR)")
+    return bundles
 
 
 def main() -> None:
@@ -299,31 +306,18 @@ def main() -> None:
     if args.one:
         print(json.dumps(_one(args.one, args.out, args.bundles), default=str))
         return
-    summary: dict[str, Any] = {}
-    for step in args.steps.split(","):
-        if step in ("bundle", "refuse") and args.bundles is None:
-            continue
-        environment = dict(os.environ)
-        if step == "jax" and PLATFORM == "tpu":
-            environment.pop("JAX_PLATFORMS", None)  # JAX on the chips
-        else:
-            environment["JAX_PLATFORMS"] = "cpu"
-        if PLATFORM == "cpu":  # the rehearsal's JAX: as many CPU devices as the pool's workers
-            environment["PJRT_POOL_REHEARSAL_DEVICES"] = str(REHEARSAL_DEVICES)
-        command = [sys.executable, str(Path(__file__).resolve()), "--one", step]
-        command += ["--out", str(args.out)]
-        if args.bundles:
-            command += ["--bundles", str(args.bundles)]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
-        try:
-            summary[step] = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            summary[step] = {"failed": done.returncode, "stderr": done.stderr.splitlines()[-12:]}
-        summary[step]["step_seconds"] = round(time.perf_counter() - started, 1)
-        log(f"{step}: {json.dumps(summary[step], default=str)}")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    log(json.dumps(summary, default=str))
+    steps = [s for s in args.steps.split(",") if args.bundles or s not in ("bundle", "refuse")]
+    extra = ["--bundles", str(args.bundles)] if args.bundles else []
+    # The rehearsal's JAX: as many CPU devices as the pool's workers.
+    rehearsal = {"PJRT_POOL_REHEARSAL_DEVICES": str(REHEARSAL_DEVICES)} if PLATFORM == "cpu" else {}
+    run_steps(
+        Path(__file__),
+        steps,
+        args.out,
+        extra,
+        lambda step: step == "jax" and PLATFORM == "tpu",
+        rehearsal,
+    )
 
 
 if os.environ.get("PJRT_POOL_REHEARSAL_DEVICES"):  # before anything starts JAX's backends

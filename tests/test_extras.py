@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, pjrt_pool
 from extras_helpers import environment_variables, make_environment
+from install_sources import SOURCES, installed_as
 
 import pool
 from worker.extras import Feature, install_extra_command, installed_from
@@ -192,44 +193,6 @@ def test_every_feature_and_its_message_is_in_the_command_line_page() -> None:
 # -- where pjrt-pool came from: the command that installs an extra -----------------------
 
 
-def installed_as(place: Path, direct_url: dict | None) -> Path:
-    """A pjrt-pool distribution's metadata as pip records it (direct_url.json: PEP 610)."""
-    info = place / "pjrt_pool-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pjrt-pool\nVersion: 0.1.0\n")
-    if direct_url is not None:
-        (info / "direct_url.json").write_text(json.dumps(direct_url))
-    return place
-
-
-WHEEL = "/srv/dist/pjrt_pool-0.1.0-cp311-cp311-linux_x86_64.whl"
-SOURCES = {
-    "an editable checkout": (
-        {"url": "file:///home/me/pjrt-pool", "dir_info": {"editable": True}},
-        "pip install -e '/home/me/pjrt-pool[remote]'",
-    ),
-    "a checkout": (
-        {"url": "file:///home/me/pjrt%20pool", "dir_info": {}},
-        "pip install '/home/me/pjrt pool[remote]'",
-    ),
-    "a wheel": (
-        {"url": f"file://{WHEEL}", "archive_info": {}},
-        f"pip install '{WHEEL}[remote]'",
-    ),
-    "a git repository": (
-        {
-            "url": "https://example.com/pjrt-pool.git",
-            "vcs_info": {"vcs": "git", "commit_id": "0123abc"},
-        },
-        "pip install 'pjrt-pool[remote] @ git+https://example.com/pjrt-pool.git@0123abc'",
-    ),
-    "an index (nothing recorded)": (
-        None,
-        "pip install '<the checkout or wheel pjrt-pool came from>[remote]'",
-    ),
-}
-
-
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_the_install_command_names_where_pjrt_pool_came_from(
     source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -237,7 +200,7 @@ def test_the_install_command_names_where_pjrt_pool_came_from(
     direct_url, command = SOURCES[source]
     monkeypatch.syspath_prepend(str(installed_as(tmp_path, direct_url)))
     assert metadata.distribution("pjrt-pool").locate_file("") == tmp_path
-    assert install_extra_command("remote") == command
+    assert install_extra_command("remote") == command.format(extra="remote")
 
 
 # -- pjrt-pool --version --------------------------------------------------------------

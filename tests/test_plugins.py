@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEFAULT_PLUGIN, REPO, SECOND_PLUGIN, run_python
+from install_sources import SOURCES, installed_as
 
 import pool
 from worker import PluginNotFoundError, find_plugin
@@ -107,30 +108,7 @@ def test_a_default_package_without_its_library_is_skipped(tmp_path: Path, no_plu
     }
 
 
-# Where pjrt-pool was installed from, as pip records it (PEP 610's direct_url.json; None:
-# from an index, which records none), and the command that installs its cpu extra from there.
-INSTALLED_FROM = {
-    "editable checkout": (
-        {"url": "file:///src/pjrt-pool", "dir_info": {"editable": True}},
-        "pip install -e '/src/pjrt-pool[cpu]'",
-    ),
-    "checkout": (
-        {"url": "file:///src/pjrt-pool", "dir_info": {}},
-        "pip install '/src/pjrt-pool[cpu]'",
-    ),
-    "wheel": (
-        {"url": "file:///w/pjrt_pool-0.1.0-cp311-cp311-linux_x86_64.whl", "archive_info": {}},
-        "pip install '/w/pjrt_pool-0.1.0-cp311-cp311-linux_x86_64.whl[cpu]'",
-    ),
-    "git": (
-        {"url": "https://example.com/p.git", "vcs_info": {"vcs": "git", "commit_id": "ab1"}},
-        "pip install 'pjrt-pool[cpu] @ git+https://example.com/p.git@ab1'",
-    ),
-    "an index": (None, "pip install '<the checkout or wheel pjrt-pool came from>[cpu]'"),
-}
-
-
-@pytest.mark.parametrize("source", list(INSTALLED_FROM))
+@pytest.mark.parametrize("source", list(SOURCES))
 def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env, source: str):
     # Both CPU packages shadowed by packages without their libraries: as if
     # pjrt-pool were installed without the cpu extra. No index serves
@@ -140,12 +118,9 @@ def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env,
         shadow = tmp_path / package
         shadow.mkdir(parents=True)
         (shadow / "__init__.py").write_text("")
-    direct_url, command = INSTALLED_FROM[source]
-    installed = tmp_path / "pjrt_pool-0.1.0.dist-info"
-    installed.mkdir()
-    (installed / "METADATA").write_text("Metadata-Version: 2.1\nName: pjrt-pool\nVersion: 0.1.0\n")
-    if direct_url is not None:
-        (installed / "direct_url.json").write_text(json.dumps(direct_url))
+    direct_url, command = SOURCES[source]
+    command = command.format(extra="cpu")
+    installed_as(tmp_path, direct_url)
     done = run_python(
         """
         import worker
