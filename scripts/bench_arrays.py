@@ -239,7 +239,11 @@ def mlp_problem(width: int, batch: int = 256, features: int = 128, seed: int = 0
     return params, batch_x, batch_y, step
 
 
-def _loop(step: Callable[..., Any], params: Any, x: Any, y: Any, steps: int) -> tuple[float, Any]:
+def loop_seconds(
+    step: Callable[..., Any], params: Any, x: Any, y: Any, steps: int
+) -> tuple[float, Any]:
+    """Seconds a step of an SGD loop (`params, value = step(params, x, y)`, the value read
+    once at the end, as a training loop reads its loss), and the final parameters."""
     params, _ = step(params, x, y)  # compiled and warm
     started = time.perf_counter()
     for _ in range(steps):
@@ -248,21 +252,21 @@ def _loop(step: Callable[..., Any], params: Any, x: Any, y: Any, steps: int) -> 
     return (time.perf_counter() - started) / steps, params
 
 
-def part_loop(steps: int, width: int) -> None:
+def partloop_seconds(steps: int, width: int) -> None:
     params, x, y, step = mlp_problem(width)
     print(f"\nloop: {steps} SGD steps of an MLP (width {width}, batch 256), ms per step")
     results: dict[str, tuple[float, Any]] = {}
     jitted = jax.jit(step)
     with Pool(1) as pool:
         legs: dict[str, Callable[[], tuple[float, Any]]] = {
-            "jax.jit": lambda: _loop(jitted, params, x, y, steps),
-            "Pool.function": lambda: _loop(pool.function(step), params, x, y, steps),
+            "jax.jit": lambda: loop_seconds(jitted, params, x, y, steps),
+            "Pool.function": lambda: loop_seconds(pool.function(step), params, x, y, steps),
         }
         if hasattr(pool, "put"):
             kept = pool.function(step, keep=0)
-            legs["Pool.function, kept"] = lambda: _loop(kept, params, x, y, steps)
+            legs["Pool.function, kept"] = lambda: loop_seconds(kept, params, x, y, steps)
             everything = pool.function(step, keep=True)
-            legs["Pool.function, all kept"] = lambda: _loop(everything, params, x, y, steps)
+            legs["Pool.function, all kept"] = lambda: loop_seconds(everything, params, x, y, steps)
         for _ in range(2):  # alternated twice; the faster of each
             for name, leg in legs.items():
                 seconds, final = leg()
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in parts:
         part_memory(256)
     if "loop" in parts:
-        part_loop(args.steps, args.width)
+        partloop_seconds(args.steps, args.width)
     if "tiny" in parts:
         part_tiny(args.calls)
     return 0

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_arrays import mlp_problem
+from bench_arrays import loop_seconds, mlp_problem
 
 from pool import Pool, lower
 
@@ -39,14 +39,8 @@ def main() -> None:
     params, x, y, step = mlp_problem(args.width)
     with Pool(1, platform=args.platform) as pool:
         kept = pool.function(step, keep=True)
-        p, value = kept(params, x, y)
-        float(np.asarray(value))  # compiled, and the worker's placed slot made
         for _ in range(2):
-            started = time.perf_counter()
-            for _ in range(args.steps):
-                p, value = kept(p, x, y)
-            float(np.asarray(value))
-            each = (time.perf_counter() - started) / args.steps
+            each, p = loop_seconds(kept, params, x, y, args.steps)
             print(f"everything kept: {each * 1e3:.3f} ms a step")
         profile = cProfile.Profile()
         profile.enable()

@@ -66,21 +66,16 @@ def _median_ms(call: Any, rounds: int) -> float:
 
 
 def _mlp(width: int) -> Any:
-    sys.path.insert(0, str(HERE))
-    from bench_arrays import mlp_problem
+    from bench_arrays import mlp_problem  # imports JAX: only in the legs that use it
 
     return mlp_problem(width)
 
 
 def _loop_ms(step: Any, params: Any, x: Any, y: Any, steps: int) -> tuple[float, Any]:
-    import numpy as np
+    from bench_arrays import loop_seconds
 
-    params, _ = step(params, x, y)  # compiled, warm
-    started = time.perf_counter()
-    for _ in range(steps):
-        params, value = step(params, x, y)
-    float(np.asarray(value))
-    return (time.perf_counter() - started) / steps * 1e3, params
+    seconds, params = loop_seconds(step, params, x, y, steps)
+    return seconds * 1e3, params
 
 
 def _save_params(path: Path, params: Any) -> None:
@@ -144,11 +139,9 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from train_steps import train_steps
 
     from pool import Pool, lower
-
-    sys.path.insert(0, str(HERE))
-    from train_steps import train_steps
 
     lowered = [lower(f, s, platform=PLATFORM) for _, f, s in train_steps()[:programs]]
     found: dict[str, Any] = {}
@@ -197,7 +190,6 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
 
 
 def leg_jax_compile(threads: int, programs: int) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
     from bench_tpu_compile import _jax_leg
 
     return _jax_leg(threads, programs, None, None)  # on the chip (or, rehearsed, this CPU)
