@@ -51,8 +51,13 @@ void DeviceValue::ToHost(const HostOutput& output) const {
 
 std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
                                                       const std::vector<Argument>& arguments,
-                                                      bool zero_copy, bool await_completion) {
-  // Host memory read in place must stay as it is until the run ends.
+                                                      bool zero_copy, bool await_completion,
+                                                      StagedInputs* staged) {
+  // Host memory read in place must stay as it is until the run ends: the
+  // caller's memory then is read during the call, or staged (a copy this side
+  // owns, which may be aliased).
+  const bool stage = !await_completion && staged != nullptr;
+  const bool stage_zero_copy = zero_copy;
   if (!await_completion) zero_copy = false;
   const std::shared_ptr<Client>& client = executable.client();
   if (executable.devices().size() != 1) {
@@ -76,14 +81,20 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
     }
   }
   HostBuffers input_buffers(client->api());  // outlives the run: zero-copy inputs
+  std::vector<Owned<PJRT_Buffer>> staged_buffers;  // their memory is staged's to free
   std::vector<PJRT_Buffer*> buffers;
   buffers.reserve(arguments.size());
   for (const Argument& argument : arguments) {
     const HostInput& host = argument.host;
-    buffers.push_back(argument.value != nullptr
-                          ? argument.value->buffer()
-                          : input_buffers.Put(client->get(), device, host.data,
-                                              host.element_type, host.dims, zero_copy));
+    if (argument.value != nullptr) {
+      buffers.push_back(argument.value->buffer());
+    } else if (stage && host.size <= StagedInputs::kMaxBytes) {
+      staged_buffers.push_back(staged->Put(client, device, host, stage_zero_copy));
+      buffers.push_back(staged_buffers.back().get());
+    } else {
+      buffers.push_back(input_buffers.Put(client->get(), device, host.data, host.element_type,
+                                          host.dims, zero_copy));
+    }
   }
   std::vector<Owned<PJRT_Buffer>> outputs = std::move(executable.ExecuteOnDevices({buffers}, await_completion)[0]);
   const std::vector<OutputType>& types = executable.output_types();

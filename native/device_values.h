@@ -14,6 +14,7 @@
 
 #include "client.h"
 #include "id_table.h"
+#include "staged_inputs.h"
 
 namespace pjrt_pool {
 
@@ -65,11 +66,14 @@ struct Argument {
 // the plugin allow it; a value argument must have the input's element type and
 // dims. Without `await_completion` it returns once the run is dispatched (host
 // arguments are then copied, never read in place): the values are read once it
-// ends (see ExecuteOnDevices). Throws std::invalid_argument, before any PJRT
-// call, for an argument that does not fit. Blocks; call without the GIL.
+// ends (see ExecuteOnDevices); with `staged`, its small host arguments are
+// copied there, so that it returns without waiting for their transfers either.
+// Throws std::invalid_argument, before any PJRT call, for an argument that does
+// not fit. Blocks; call without the GIL.
 std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
                                                       const std::vector<Argument>& arguments,
-                                                      bool zero_copy, bool await_completion = true);
+                                                      bool zero_copy, bool await_completion = true,
+                                                      StagedInputs* staged = nullptr);
 
 // The values a worker keeps between runs, by the id the parent gave each; a
 // dropped value's device memory is freed once no run uses it.

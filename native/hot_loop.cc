@@ -321,7 +321,8 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
   const bool all_kept = std::all_of(request.destinations.begin(), request.destinations.end(),
                                      [](const Where& where) { return where.kind == Where::kValue; });
   std::vector<std::shared_ptr<DeviceValue>> outputs =
-      RunToValues(executable, arguments, request.zero_copy, /*await_completion=*/!all_kept);
+      RunToValues(executable, arguments, request.zero_copy, /*await_completion=*/!all_kept,
+                  &staged_);
   // Every placed output is copied before any value is kept: a copy that fails fails the
   // run with nothing kept, so no value outlives a run whose handles are never made.
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -178,6 +178,8 @@ class HotLoop {
   std::atomic<int64_t> last_task_id_{-1};
   SegmentTable segments_;  // 0 is the arena's data bytes
   ValueTable values_;
+  // Declared last, destroyed first: waits for transfers still reading its copies.
+  StagedInputs staged_;
 };
 
 // Parses a placed run's payload (the bytes after the frame's header).

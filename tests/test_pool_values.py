@@ -156,6 +156,38 @@ def test_a_value_whose_run_was_not_awaited_is_read_once_the_run_ends(pool) -> No
     assert float(np.asarray(again)[0]) == 300.0
 
 
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory (VmRSS)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+def test_a_run_answered_at_dispatch_reads_its_inputs_as_they_were(pool) -> None:
+    """The answer of a run whose outputs all stay in the worker frees the caller's input
+    memory (the parent writes the next call's inputs there) while the run has not yet
+    read it: the worker reads its own copy (staged), which it frees once the run is done
+    with it, so that a loop of such runs holds no more memory than a step's inputs."""
+    program = lower(
+        lambda s, x: jax.ffi.ffi_call("sleep_ms", f32(N))(s) + x,
+        [f32(N), f32(N)],
+        custom_calls=["sleep_ms"],
+    )
+    pool.run(program, [milliseconds(1, N), np.zeros(N, np.float32)], keep=0)  # compiled, placed
+    [late] = pool.run(program, [milliseconds(300, N), np.ones(N, np.float32)], keep=0)
+    # Sent while `late` sleeps, from the memory `late`'s input came in.
+    [soon] = pool.run(program, [milliseconds(0, N), np.full(N, 7, np.float32)], keep=0)
+    np.testing.assert_array_equal(late.fetch(), np.full(N, 301, np.float32))
+    np.testing.assert_array_equal(soon.fetch(), np.full(N, 7, np.float32))
+    worker = pool.worker_info[0]["pid"]
+    x = np.ones(N, np.float32)
+    w, _ = pool.run(STEP, [x, x], keep=0)
+    before = resident_bytes(worker)
+    for _ in range(400):  # 400 MiB of inputs, if their copies were never freed
+        w, _ = pool.run(STEP, [w, x], keep=(0, 1))
+    np.testing.assert_allclose(w.fetch(), np.full(N, 1 - 0.5 * 401, np.float32))
+    assert resident_bytes(worker) - before < 64 << 20
+
+
 def test_misused_values_are_clear_errors(pool, tmp_path) -> None:
     w = pool.put(np.ones(N, np.float32))
     with pytest.raises(TypeError, match="never converted"):
