@@ -222,5 +222,7 @@ class TaskMaking:
         task.stage(memory)  # first: what share and copy_in take goes back with the task
         if values or layout is None or layout[2] > ARENA_INPUT_LIMIT:  # else all are small
             memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
-        memory.lay_out(arrays, layout)
+            if layout is not None and not memory.plain:
+                layout = self._layouts.of(request.program_id, types, memory.skipped())
+        memory.lay_out(arrays, layout, types or ())
         memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)
