@@ -20,7 +20,7 @@ A step is `params, loss = kept(params, x, y)` of an MLP's SGD step through
                 the parent's own time as it spends the CPU (less sensitive to other
                 processes on the machine than wall times)
     tiny        a non-kept Pool.run of a tiny program (x + 1 on 4 floats): the tiny
-                round trip (and its own time, as above)
+                round trip (and its own time and CPU time, as above)
 
 Without --against it prints them, then the parent's cProfile of one more loop sorted by
 cumulative and by own time (the time in `select.poll` is the wait; the rest is the
@@ -55,7 +55,7 @@ from bench_arrays import loop_seconds, mlp_problem
 from pool import Pool, lower
 from worker.wire import protocol
 
-FIGURES = ("step", "wait", "own", "own cpu", "tiny", "tiny own")
+FIGURES = ("step", "wait", "own", "own cpu", "tiny", "tiny own", "tiny own cpu")
 
 
 class WaitClock:
@@ -119,6 +119,7 @@ def figures(width: int, steps: int, rounds: int, platform: str | None) -> dict[s
             timed = clock.measure(tiny_loop, steps)
             found["tiny"].append(timed["step"])
             found["tiny own"].append(timed["own"])
+            found["tiny own cpu"].append(timed["own cpu"])
     return {name: statistics.median(values) for name, values in found.items()}
 
 
