@@ -191,15 +191,14 @@ class TaskMemory:
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
         offsets = iter(self.offsets)
+        values, shared = self.values, self.shared
         found: list[places.Where] = []
         for index in range(self.count):
-            value = self.values.get(index)
-            if value is not None:
-                found.append((places.VALUE, value.id, 0))
-                continue
-            shared = self.shared.get(index)
-            if shared is not None:
-                found.append((places.PLACE, shared[0].id, shared[1]))
+            if index in values:
+                found.append((places.VALUE, values[index].id, 0))
+            elif index in shared:
+                segment, offset = shared[index]
+                found.append((places.PLACE, segment.id, offset))
             else:
                 found.append((places.PLACE, staged, next(offsets)))
         return tuple(found)

@@ -51,8 +51,12 @@ is passed as it is, never copied.
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     """keep= as sorted output indices; TypeError or ValueError for what is not."""
-    if type(keep) is tuple and not keep:
-        return keep  # the usual case, on every run's path
+    if (
+        type(keep) is tuple
+        and all(type(i) is int for i in keep)
+        and (not keep or (keep[0] >= 0 and list(keep) == sorted(set(keep))))
+    ):
+        return keep  # the usual cases, on every run's path: none, or Pool.function's
     indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
     if not isinstance(indices, Sequence) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in indices

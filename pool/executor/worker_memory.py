@@ -25,6 +25,7 @@ pool.executor.segments).
 from __future__ import annotations
 
 import collections
+import itertools
 import weakref
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol
@@ -131,7 +132,8 @@ class WorkerMemory:
                 self._closings = closings
         if not dropped and not forgets and not orphaned:
             return NOTHING
-        drops = tuple(self._values[self._dropped[i]][0] for i in range(dropped))
+        values = self._values
+        drops = tuple(values[ref][0] for ref in itertools.islice(self._dropped, dropped))
         return Deliveries((), dropped, drops + tuple(self._orphans[:orphaned]), forgets, orphaned)
 
     def delivered(self, deliveries: Deliveries) -> None:
@@ -139,13 +141,17 @@ class WorkerMemory:
         self._sent = deliveries.segments
         if deliveries is NOTHING:
             return
-        self.mapped.update(deliveries.segments)
-        self.mapped.difference_update(deliveries.forgets)
+        if deliveries.segments:
+            self.mapped.update(deliveries.segments)
+        if deliveries.forgets:
+            self.mapped.difference_update(deliveries.forgets)
+        values, dropped = self._values, self._dropped
+        freed = 0
         for _ in range(deliveries.dropped):
-            ref = self._dropped.popleft()
-            _, nbytes = self._values.pop(ref)
-            self.value_bytes -= nbytes
-        del self._orphans[: deliveries.orphaned]
+            freed += values.pop(dropped.popleft())[1]
+        self.value_bytes -= freed
+        if deliveries.orphaned:
+            del self._orphans[: deliveries.orphaned]
 
     def failed(self) -> None:
         """The last request failed (in the worker, or reading its reply did): the worker may
