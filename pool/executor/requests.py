@@ -20,8 +20,9 @@ forget. The mirror of what the worker holds changes only once the request has
 gone (Deliveries, applied by the dispatcher after the send).
 
 Requests owns what building them learns: each program's output types, known
-from its first reply, which lay out later runs' outputs; and the ids of kept
-values. The caller holds the worker claimed for the task (and so its arena)
+from its first reply, which lay out later runs' outputs (each layout computed
+once per program, outputs kept and input size: OutputLayout); and the ids of
+kept values. The caller holds the worker claimed for the task (and so its arena)
 while a request is built, and sends it; nothing here sends.
 """
 
