@@ -51,10 +51,9 @@ is passed as it is, never copied.
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     """keep= as sorted output indices; TypeError or ValueError for what is not."""
-    if (
-        type(keep) is tuple
-        and all(type(i) is int for i in keep)
-        and (not keep or (keep[0] >= 0 and list(keep) == sorted(set(keep))))
+    if type(keep) is tuple and (
+        not keep
+        or (all(type(i) is int for i in keep) and keep[0] >= 0 and list(keep) == sorted(set(keep)))
     ):
         return keep  # the usual cases, on every run's path: none, or Pool.function's
     indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
