@@ -51,7 +51,7 @@ from pool.executor.workers import Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.records import ArrayType, CompileStatistics
-from worker.wire import places, protocol, shm
+from worker.wire import protocol, shm
 
 logger = logging.getLogger("pjrt_pool.pool")
 
@@ -307,7 +307,7 @@ class Dispatcher:
         outcome: Result | None = None
         try:
             if hot is None:
-                outcome = self._placed_outputs(worker, task, None)
+                outcome = self._placed_outputs(worker, task)
                 worker.note_loaded(task.request.program_id, ())
             else:
                 # The arena is reused by the next task: copy the (small) outputs out.
@@ -402,7 +402,7 @@ class Dispatcher:
                 raise self._broken_reply(worker, task, ValueError("outputs placed unasked"))
             if reply.output_types is not None:
                 self._requests.note_output_types(program_id, types)
-            return self._placed_outputs(worker, task, types)
+            return self._placed_outputs(worker, task)
         kept = {} if memory.plan is None else memory.plan.kept
         placed_types = [t for index, t in enumerate(types) if index not in kept]
         placed_offsets = tuple(o for index, o in enumerate(offsets) if index not in kept)
@@ -447,29 +447,21 @@ class Dispatcher:
             arrays = lease.views(placed_types, placed_offsets)
         return self._with_kept(worker, task, types, arrays)
 
-    def _placed_outputs(
-        self, worker: WorkerProcess, task: Task, types: tuple[ArrayType, ...] | None
-    ) -> list[Any]:
+    def _placed_outputs(self, worker: WorkerProcess, task: Task) -> list[Any]:
         """The outputs of a run that went where its request said (OutputPlan): copied out of
         the arena, viewing its output segment, or kept (handles)."""
         memory = task.memory
         assert memory is not None and memory.plan is not None
-        plan = memory.plan
-        if types is None:
-            types = self._requests.output_types(task.request.program_id)
-        destinations = plan.destinations
-        assert destinations is not None
-        placed = [(t, where[2]) for t, where in zip(types, destinations, strict=True)
-                  if where[0] == places.PLACE]  # fmt: skip
-        placed_types = [t for t, _ in placed]
-        placed_offsets = [offset for _, offset in placed]
-        if plan.in_arena or not placed:
-            arrays = [view.copy() for view in shm.views(worker.arena, placed_types, placed_offsets)]
+        layout = memory.plan.layout
+        assert layout is not None
+        if layout.in_arena or not layout.placed:
+            views = shm.views(worker.arena, layout.placed, layout.offsets)
+            arrays = [view.copy() for view in views]
         else:
             assert memory.output is not None
             lease = self._segments.adopt(memory.output)
-            arrays = lease.views(placed_types, placed_offsets)
-        return self._with_kept(worker, task, types, arrays)
+            arrays = lease.views(layout.placed, layout.offsets)
+        return self._with_kept(worker, task, layout.types, arrays, layout.nbytes)
 
     def _with_kept(
         self,
@@ -477,8 +469,10 @@ class Dispatcher:
         task: Task,
         types: tuple[ArrayType, ...],
         arrays: list[np.ndarray],
+        nbytes: tuple[int, ...] | None = None,
     ) -> list[Any]:
-        """A run's outputs in order: its arrays, and a handle for each output it kept."""
+        """A run's outputs in order: its arrays, and a handle for each output it kept
+        (nbytes: every output's bytes, where they are known)."""
         memory = task.memory
         assert memory is not None
         kept = {} if memory.plan is None else memory.plan.kept
@@ -486,19 +480,30 @@ class Dispatcher:
             return arrays
         found = iter(arrays)
         outputs: list[Any] = []
+        label = task.request.name
         for index, array_type in enumerate(types):
             value_id = kept.get(index)
             if value_id is None:
                 outputs.append(next(found))
                 continue
-            name = f"output {index} of {task.request.name!r}"
-            outputs.append(self._keep(worker, value_id, array_type, name))
+            size = array_type.nbytes if nbytes is None else nbytes[index]
+            outputs.append(self._keep(worker, value_id, array_type, label, size, index))
         return outputs
 
-    def _keep(self, worker: WorkerProcess, value_id: int, array_type: ArrayType, name: str) -> Any:
-        """The handle of a value a worker now keeps, recorded in the worker's memory."""
-        value = DeviceValue(self._owner, worker.memory, value_id, array_type, name)
-        worker.memory.keep(value)
+    def _keep(
+        self,
+        worker: WorkerProcess,
+        value_id: int,
+        array_type: ArrayType,
+        made_by: str,
+        nbytes: int,
+        output: int = -1,
+    ) -> Any:
+        """The handle of a value a worker now keeps (of nbytes bytes; output: which output
+        of the task made_by names it is, or -1 for a put), recorded in the worker's memory."""
+        memory = worker.memory
+        value = DeviceValue(self._owner, memory, value_id, array_type, made_by, nbytes, output)
+        memory.keep(value)
         return value
 
     def _value_outcome(self, worker: WorkerProcess, task: Task) -> Any:
@@ -509,10 +514,11 @@ class Dispatcher:
         assert operation is not None and memory is not None and memory.plan is not None
         if operation.op is ValueOpKind.PUT:
             (value_id,) = memory.plan.kept.values()
-            return self._keep(worker, value_id, operation.array_type, request.name)
+            array_type = operation.array_type
+            return self._keep(worker, value_id, array_type, request.name, array_type.nbytes)
         if operation.op is ValueOpKind.RELEASE:
             return None
-        return self._placed_outputs(worker, task, (operation.array_type,))[0]
+        return self._placed_outputs(worker, task)[0]
 
     def _broken_reply(self, worker: WorkerProcess, task: Task, problem: Exception) -> PoolError:
         """A reply that cannot be true (outputs outside their memory): the worker broke the

@@ -33,18 +33,42 @@ Layout = tuple[tuple[ArrayType, ...], tuple[int, ...], int]
 
 
 class Layouts:
-    """The shared-memory layout of each program's declared inputs, computed once per program."""
+    """The shared-memory layout of each program's declared inputs, computed once per program
+    and set of inputs that are not staged (shared arrays and values)."""
 
     def __init__(self) -> None:
-        self._layouts: dict[str, Layout] = {}  # by program id
+        self._layouts: dict[tuple[str, tuple[int, ...]], Layout] = {}  # by program id, skipped
 
-    def of(self, program_id: str, types: tuple[ArrayType, ...]) -> Layout:
-        """The layout of a program's declared input types."""
-        layout = self._layouts.get(program_id)
+    def of(
+        self, program_id: str, types: tuple[ArrayType, ...], skipped: tuple[int, ...] = ()
+    ) -> Layout:
+        """The layout of a program's declared input types but those at the `skipped` indices
+        (ascending), which are not staged."""
+        key = (program_id, skipped)
+        layout = self._layouts.get(key)
         if layout is None:
-            offsets, size = shm.layout(types)
-            layout = self._layouts[program_id] = (types, offsets, size)
+            staged = tuple(t for i, t in enumerate(types) if i not in skipped)
+            offsets, size = shm.layout(staged)
+            layout = self._layouts[key] = (staged, offsets, size)
         return layout
+
+
+class OutputLayout(NamedTuple):
+    """How a program's outputs lie for the runs that keep the same outputs and stage inputs of
+    the same size: computed once (pool.executor.requests), read back by the dispatcher."""
+
+    types: tuple[ArrayType, ...]
+    """Every output's type."""
+    nbytes: tuple[int, ...]
+    """Every output's bytes (what a kept one holds of its worker's device)."""
+    placed: tuple[ArrayType, ...]
+    """The types of the outputs placed in shared memory (those not kept), in order."""
+    offsets: tuple[int, ...]
+    """Their byte offsets: in the arena (in_arena) or in an output segment."""
+    in_arena: bool
+    """Whether they lie in the arena (copied out: they are small), after the inputs."""
+    size: int
+    """The bytes they take from offset 0 (an output segment's least size)."""
 
 
 class OutputPlan(NamedTuple):
@@ -52,14 +76,15 @@ class OutputPlan(NamedTuple):
 
     `destinations` give each output's Where, or are None when the parent does
     not know the outputs yet (the worker lays them out: a first run). `kept`
-    maps the outputs kept in the worker to their value ids. The others lie in
-    the arena (`in_arena`: copied out, they are small) or in the task's output
-    segment (TaskMemory.output), which the results view without a copy.
+    maps the outputs kept in the worker to their value ids. The others lie
+    where `layout` says (None with no destinations): in the arena (copied
+    out, they are small) or in the task's output segment
+    (TaskMemory.output), which the results view without a copy.
     """
 
     destinations: tuple[places.Where, ...] | None
     kept: dict[int, int]
-    in_arena: bool
+    layout: OutputLayout | None
 
 
 def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytearray:
@@ -139,13 +164,22 @@ class TaskMemory:
                 continue
             segments.pin(lease, self.shared, index, offset)
 
-    def lay_out(self, arrays: list[Any], layout: Layout | None) -> None:
-        """Lays the staged inputs out: `layout` is the program's declared one (computed once
-        per program), for when every input is staged."""
+    def skipped(self) -> tuple[int, ...]:
+        """The indices of the inputs that are not staged (shared, or values), ascending."""
+        if self.plain:
+            return ()
+        return tuple(sorted(self.shared.keys() | self.values.keys()))
+
+    def lay_out(
+        self, arrays: list[Any], layout: Layout | None, declared: tuple[ArrayType, ...] = ()
+    ) -> None:
+        """Lays the staged inputs out: `layout` is the program's declared one for the inputs
+        staged (Layouts.of, computed once), where every input has its `declared` type
+        (converted, or a value checked against it); None: from the arrays themselves."""
         self.count = len(arrays)
-        if layout is not None and self.plain:
+        if layout is not None:
             self.types, self.offsets, self.size = layout
-            self.all_types = self.types
+            self.all_types = declared
             return
         self.all_types = types_of(arrays)  # a value's handle has a dtype and a shape too
         skipped = self.shared.keys() | self.values.keys()
@@ -157,15 +191,14 @@ class TaskMemory:
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
         offsets = iter(self.offsets)
+        values, shared = self.values, self.shared
         found: list[places.Where] = []
         for index in range(self.count):
-            value = self.values.get(index)
-            if value is not None:
-                found.append((places.VALUE, value.id, 0))
-                continue
-            shared = self.shared.get(index)
-            if shared is not None:
-                found.append((places.PLACE, shared[0].id, shared[1]))
+            if index in values:
+                found.append((places.VALUE, values[index].id, 0))
+            elif index in shared:
+                segment, offset = shared[index]
+                found.append((places.PLACE, segment.id, offset))
             else:
                 found.append((places.PLACE, staged, next(offsets)))
         return tuple(found)

@@ -20,8 +20,9 @@ forget. The mirror of what the worker holds changes only once the request has
 gone (Deliveries, applied by the dispatcher after the send).
 
 Requests owns what building them learns: each program's output types, known
-from its first reply, which lay out later runs' outputs; and the ids of kept
-values. The caller holds the worker claimed for the task (and so its arena)
+from its first reply, which lay out later runs' outputs (each layout computed
+once per program, outputs kept and input size: OutputLayout); and the ids of
+kept values. The caller holds the worker claimed for the task (and so its arena)
 while a request is built, and sends it; nothing here sends.
 """
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 
-from pool.executor.inputs import OutputPlan, TaskMemory
+from pool.executor.inputs import OutputLayout, OutputPlan, TaskMemory
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task, ValueOpKind
 from pool.executor.worker_memory import NOTHING, Deliveries
@@ -42,6 +43,10 @@ from pool.executor.worker_process import (
 from worker.records import ArrayType, ProgramSpec
 from worker.wire import places, protocol, shm
 
+MAX_OUTPUT_LAYOUTS = 4096
+"""The most output layouts Requests remembers (one per program, kept outputs and input size
+in use); past it they are computed again."""
+
 Message = protocol.Compile | protocol.Run | protocol.HotRun | places.PlacedRun | protocol.Put
 """What a request is on the wire (protocol.Fetch too)."""
 
@@ -52,6 +57,8 @@ class Requests:
     def __init__(self, segments: SegmentCache) -> None:
         self._segments = segments  # recycled segments the outputs go to
         self._output_types: dict[str, tuple[ArrayType, ...]] = {}  # by program id
+        # (program id, kept outputs, where the placed ones start) -> how they lie
+        self._layouts: dict[tuple[str, tuple[int, ...], int], OutputLayout] = {}
         self._value_ids = itertools.count(1)  # the ids of kept values, never reused
 
     def output_types(self, program_id: str) -> tuple[ArrayType, ...]:
@@ -162,32 +169,52 @@ class Requests:
         request = task.request
         self.check_keep(request.program_id, request.keep)  # the types may be known since
         kept = {index: next(self._value_ids) for index in request.keep}
-        types = self._output_types.get(request.program_id)
-        if types is None:
-            memory.plan_outputs(OutputPlan(None, kept, False), None)
-            return None
-        placed = [t for index, t in enumerate(types) if index not in kept]
         start = shm.aligned(memory.size) if memory.in_arena else 0
-        offsets, end = shm.layout(placed, start)
+        layout = self._output_layout(request.program_id, request.keep, start)
         output: Segment | None = None
-        in_arena = end <= ARENA_SIZE and sum(t.nbytes for t in placed) <= ARENA_OUTPUT_LIMIT
         segment_id = 0
-        if not in_arena:
-            offsets, end = shm.layout(placed)
-            output = memory.output_segment(self._segments, end)
-            if output is None:
-                memory.plan_outputs(OutputPlan(None, kept, False), None)
-                return None
-            segment_id = output.id
-        found = iter(offsets)
+        if layout is not None and not layout.in_arena:
+            output = memory.output_segment(self._segments, layout.size)
+            segment_id = 0 if output is None else output.id
+        if layout is None or (output is None and not layout.in_arena):
+            memory.plan_outputs(OutputPlan(None, kept, None), None)
+            return None
+        found = iter(layout.offsets)
         destinations = tuple(
             (places.VALUE, kept[index], 0)
             if index in kept
             else (places.PLACE, segment_id, next(found))
-            for index in range(len(types))
+            for index in range(len(layout.types))
         )
-        memory.plan_outputs(OutputPlan(destinations, kept, in_arena), output)
+        memory.plan_outputs(OutputPlan(destinations, kept, layout), output)
         return destinations
+
+    def _output_layout(
+        self, program_id: str, keep: tuple[int, ...], start: int
+    ) -> OutputLayout | None:
+        """How a program's outputs lie when a run keeps `keep` and its placed outputs go after
+        inputs that end at `start` in the arena, or in a segment of their own if they do not
+        fit there (None while the outputs are not known): computed once, as every such run's
+        outputs lie alike."""
+        key = (program_id, keep, start)
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout
+        types = self._output_types.get(program_id)
+        if types is None:
+            return None
+        nbytes = tuple(t.nbytes for t in types)
+        placed = tuple(t for index, t in enumerate(types) if index not in keep)
+        offsets, end = shm.layout(placed, start)
+        placed_bytes = sum(n for index, n in enumerate(nbytes) if index not in keep)
+        in_arena = end <= ARENA_SIZE and placed_bytes <= ARENA_OUTPUT_LIMIT
+        if not in_arena:
+            offsets, end = shm.layout(placed)
+        layout = OutputLayout(types, nbytes, placed, offsets, in_arena, end)
+        if len(self._layouts) >= MAX_OUTPUT_LAYOUTS:
+            self._layouts.clear()  # programs come and go: the ones in use come back at once
+        self._layouts[key] = layout
+        return layout
 
     def _value(
         self, task: Task, memory: TaskMemory, worker: WorkerProcess, pending: Deliveries
@@ -199,7 +226,7 @@ class Requests:
         assert operation is not None
         if operation.op is ValueOpKind.PUT:
             value_id = next(self._value_ids)
-            memory.plan_outputs(OutputPlan(None, {0: value_id}, False), None)
+            memory.plan_outputs(OutputPlan(None, {0: value_id}, None), None)
             segments, fds, deliveries = _deliveries(worker, memory, pending)
             put = protocol.Put(
                 request.id,
@@ -212,7 +239,7 @@ class Requests:
             )
             return put, fds, deliveries
         if operation.op is ValueOpKind.RELEASE:
-            memory.plan_outputs(OutputPlan(None, {}, True), None)
+            memory.plan_outputs(OutputPlan(None, {}, None), None)
             segments, fds, deliveries = _deliveries(worker, memory, pending)
             release = protocol.Fetch(
                 request.id, -1, (places.PLACE, 0, 0), segments, deliveries.drops,
@@ -226,7 +253,9 @@ class Requests:
             output = memory.output_segment(self._segments, size, past_the_bounds=True)
             assert output is not None
             where = (places.PLACE, output.id, 0)
-        memory.plan_outputs(OutputPlan((where,), {}, output is None), output)
+        array_type = operation.array_type
+        layout = OutputLayout((array_type,), (size,), (array_type,), (0,), output is None, size)
+        memory.plan_outputs(OutputPlan((where,), {}, layout), output)
         segments, fds, deliveries = _deliveries(worker, memory, pending)
         fetch = protocol.Fetch(
             request.id, operation.value.id, where, segments, deliveries.drops, deliveries.forgets
@@ -244,6 +273,8 @@ def _deliveries(
     for segment in memory.used_segments():
         if segment.id not in mapped:
             new[segment.id] = segment
+    if not new and not pending.segments:
+        return (), (), pending  # the usual case: every segment named is mapped already
     sizes = tuple((segment.id, segment.capacity) for segment in new.values())
     fds = tuple(segment.fd for segment in new.values())
     return sizes, fds, pending._replace(segments=tuple(new))

@@ -51,8 +51,11 @@ is passed as it is, never copied.
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
     """keep= as sorted output indices; TypeError or ValueError for what is not."""
-    if type(keep) is tuple and not keep:
-        return keep  # the usual case, on every run's path
+    if type(keep) is tuple and (
+        not keep
+        or (all(type(i) is int for i in keep) and keep[0] >= 0 and list(keep) == sorted(set(keep)))
+    ):
+        return keep  # the usual cases, on every run's path: none, or Pool.function's
     indices = (keep,) if isinstance(keep, int) and not isinstance(keep, bool) else keep
     if not isinstance(indices, Sequence) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in indices
@@ -222,5 +225,7 @@ class TaskMaking:
         task.stage(memory)  # first: what share and copy_in take goes back with the task
         if values or layout is None or layout[2] > ARENA_INPUT_LIMIT:  # else all are small
             memory.share(arrays, values, self._segments, ARENA_INPUT_LIMIT)
-        memory.lay_out(arrays, layout)
+            if layout is not None and not memory.plain:
+                layout = self._layouts.of(request.program_id, types, memory.skipped())
+        memory.lay_out(arrays, layout, types or ())
         memory.copy_in(arrays, ARENA_INPUT_LIMIT, self._segments, caller_waits)

@@ -52,7 +52,16 @@ class DeviceValue:
     ndim, size, nbytes, as numpy's, and name, what made it.
     """
 
-    __slots__ = ("__weakref__", "_memory", "_owner", "array_type", "id", "name")
+    __slots__ = (
+        "__weakref__",
+        "_made_by",
+        "_memory",
+        "_output",
+        "_owner",
+        "array_type",
+        "id",
+        "nbytes",
+    )
 
     def __init__(
         self,
@@ -60,13 +69,29 @@ class DeviceValue:
         memory: WorkerMemory,
         value_id: int,
         array_type: ArrayType,
-        name: str,
+        made_by: str,
+        nbytes: int,
+        output: int = -1,
     ) -> None:
         self._owner = owner
         self._memory = memory  # its worker's: whether the worker (and so the value) lives
         self.id = value_id
         self.array_type = array_type
-        self.name = name
+        # What made it: a put's name, or (output >= 0) the run's whose output it is; its
+        # name is spelled only when asked for (a training loop makes values by the
+        # thousand, and reads none of their names).
+        self._made_by = made_by
+        self._output = output
+        # The array's size in bytes (what it holds of its worker's device memory), which
+        # its maker knows: an attribute, not a property, as the worker's record reads it.
+        self.nbytes = nbytes
+
+    @property
+    def name(self) -> str:
+        """What made it: the name of the put, or which output of which run it is."""
+        if self._output < 0:
+            return self._made_by
+        return f"output {self._output} of {self._made_by!r}"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -87,11 +112,6 @@ class DeviceValue:
     def size(self) -> int:
         """The number of elements."""
         return self.array_type.size
-
-    @property
-    def nbytes(self) -> int:
-        """The array's size in bytes (what it holds of its worker's device memory)."""
-        return self.array_type.nbytes
 
     @property
     def pid(self) -> int:

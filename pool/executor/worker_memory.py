@@ -25,6 +25,7 @@ pool.executor.segments).
 from __future__ import annotations
 
 import collections
+import itertools
 import weakref
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol
@@ -50,11 +51,12 @@ class Kept(Protocol):
     """What the record knows of a value's handle (pool.executor.values.DeviceValue)."""
 
     id: int
-    name: str
+    nbytes: int
+    """The bytes it holds of the device's memory."""
 
     @property
-    def nbytes(self) -> int:
-        """The bytes it holds of the device's memory."""
+    def name(self) -> str:
+        """What made it (for errors that name lost values)."""
         ...
 
 
@@ -90,7 +92,7 @@ class WorkerMemory:
         self._sent: tuple[int, ...] = ()  # the new segments of the last request sent
         # program id -> the slot its PlacedRuns name, and the input types that slot takes
         self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
-        self._values: dict[weakref.ref[Kept], tuple[int, int, str]] = {}
+        self._values: dict[weakref.ref[Kept], tuple[int, int]] = {}  # -> (id, nbytes)
         self._dropped: collections.deque[weakref.ref[Kept]] = collections.deque()
         self._orphans: list[int] = []  # ids of kept values no handle was made for
         self.reported_values = -1  # the values the worker said it holds, in its last Fetch reply
@@ -106,8 +108,9 @@ class WorkerMemory:
     def keep(self, value: Kept) -> None:
         """Records a value the worker now holds (its handle was just made)."""
         ref = weakref.ref(value, self._dropped.append)
-        self._values[ref] = (value.id, value.nbytes, value.name)
-        self.value_bytes += value.nbytes
+        nbytes = value.nbytes
+        self._values[ref] = (value.id, nbytes)
+        self.value_bytes += nbytes
 
     def orphan(self, value_ids: Iterable[int]) -> None:
         """Values the worker may keep that no handle names (the run or put that kept them
@@ -129,7 +132,8 @@ class WorkerMemory:
                 self._closings = closings
         if not dropped and not forgets and not orphaned:
             return NOTHING
-        drops = tuple(self._values[self._dropped[i]][0] for i in range(dropped))
+        values = self._values
+        drops = tuple(values[ref][0] for ref in itertools.islice(self._dropped, dropped))
         return Deliveries((), dropped, drops + tuple(self._orphans[:orphaned]), forgets, orphaned)
 
     def delivered(self, deliveries: Deliveries) -> None:
@@ -137,13 +141,17 @@ class WorkerMemory:
         self._sent = deliveries.segments
         if deliveries is NOTHING:
             return
-        self.mapped.update(deliveries.segments)
-        self.mapped.difference_update(deliveries.forgets)
+        if deliveries.segments:
+            self.mapped.update(deliveries.segments)
+        if deliveries.forgets:
+            self.mapped.difference_update(deliveries.forgets)
+        values, dropped = self._values, self._dropped
+        freed = 0
         for _ in range(deliveries.dropped):
-            ref = self._dropped.popleft()
-            _, nbytes, _ = self._values.pop(ref)
-            self.value_bytes -= nbytes
-        del self._orphans[: deliveries.orphaned]
+            freed += values.pop(dropped.popleft())[1]
+        self.value_bytes -= freed
+        if deliveries.orphaned:
+            del self._orphans[: deliveries.orphaned]
 
     def failed(self) -> None:
         """The last request failed (in the worker, or reading its reply did): the worker may
@@ -164,7 +172,8 @@ class WorkerMemory:
     def lose(self, how: str) -> WorkerCrashedError | None:
         """The worker ended: every value it held is lost. Returns the error every call that
         needs one raises (naming them), or None when it held none."""
-        names = [name for ref, (_, _, name) in self._values.items() if ref() is not None]
+        alive = [ref() for ref in self._values]
+        names = [value.name for value in alive if value is not None]
         self._values.clear()
         self._dropped.clear()
         self._orphans.clear()

@@ -131,7 +131,11 @@ class Workers:
         worker ended or is ending (they are lost). None while it lives."""
         if memory.lost is not None:
             return memory.lost
-        worker = next((w for w in self._all if w.memory is memory), None)
+        for worker in self._all:  # a loop, not next() of a generator: this runs every call
+            if worker.memory is memory:
+                break
+        else:
+            worker = None
         if worker is None or worker.state in (State.DYING, State.DEAD):
             return WorkerCrashedError(
                 f"the worker (pid {memory.pid}) that holds the task's values is ending, and "

@@ -109,7 +109,8 @@ def _leaf_type(leaf: Any, x64: bool) -> LeafType:
             dtype = _canonical[(leaf.dtype, x64)] = jax.dtypes.canonicalize_dtype(leaf.dtype)
         return leaf.shape, dtype, False, None
     if type(leaf) is DeviceValue:  # a value the pool keeps: its program takes its type
-        return leaf.shape, leaf.dtype, False, None
+        array_type = leaf.array_type
+        return array_type.shape, np.dtype(array_type.dtype), False, None
     if isinstance(leaf, jax.core.Tracer):
         raise TracedPoolFunctionError(
             f"a PoolFunction was called with a JAX tracer ({type(leaf).__name__}): it runs its "
@@ -425,7 +426,7 @@ class PoolFunction:
     ) -> tuple[_Compiled, list[Any]]:
         """The compiled signature of a call and its program inputs (keys as key data)."""
         compiled, leaves = self._lookup(args, kwargs)
-        if any(type(leaf) is jax.ShapeDtypeStruct for leaf in leaves):
+        if jax.ShapeDtypeStruct in map(type, leaves):  # no generator: this runs every call
             raise TypeError("a call takes arrays, not ShapeDtypeStructs: use .lower() for shapes")
         for index in compiled.key_inputs:
             leaves[index] = np.asarray(jax.random.key_data(leaves[index]))
