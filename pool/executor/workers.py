@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pool.errors import WorkerCrashedError, WorkerStartupError
@@ -57,6 +57,11 @@ from worker.cache.remote import RemoteCounters
 PARKED_SECONDS = 0.1
 """The longest a parked worker's socket stays out of the manager's wait set (see the module
 docstring): the manager's waits last at most this long."""
+
+
+NOT_STARTED = "not started"
+"""Pool.worker_info's state of a worker slot started only when first needed, until then (a
+device worker waiting for the compiles to end, or for a run: pool.executor.roles)."""
 
 
 class Source(enum.Enum):
@@ -321,9 +326,13 @@ class Workers:
         """The worker that has the task, if one has."""
         return next((w for w in self._all if w.task is task), None)
 
-    def busy_locked(self) -> bool:
-        """Whether a worker has a task or is dying (its end settles or requeues its task)."""
-        return any(w.state in (State.BUSY, State.DYING) for w in self._all)
+    def busy_locked(self, roles: frozenset[Role] | None = None) -> bool:
+        """Whether a worker (of these roles, if given) has a task or is dying (its end settles
+        or requeues its task)."""
+        return any(
+            w.state in (State.BUSY, State.DYING) and (roles is None or w.role in roles)
+            for w in self._all
+        )
 
     def counters_locked(self) -> CacheCounters:
         """The disk cache counters of every worker, the reaped ones too."""
@@ -335,9 +344,27 @@ class Workers:
             (RemoteCounters(**w.remote_counters) for w in self._all), self._retired_remote
         )
 
-    def info_locked(self) -> list[dict[str, Any]]:
+    def info_locked(self, not_started: Sequence[Role] = ()) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
-        and whether it has begun that task (see Pool.worker_info)."""
+        and whether it has begun that task (see Pool.worker_info), then a row for each slot
+        not started yet, of these roles (pool.executor.starts: started when first needed),
+        in state NOT_STARTED, without a process."""
+        waiting = [
+            {
+                "pid": None,
+                "state": NOT_STARTED,
+                "startup_seconds": 0.0,
+                "plugin": {},
+                "loaded": 0,
+                "hot_runs": 0,
+                "role": role.value,
+                "values": 0,
+                "value_bytes": 0,
+                "task": None,
+                "started": False,
+            }
+            for role in not_started
+        ]
         return [
             {
                 "pid": w.pid,
@@ -354,7 +381,7 @@ class Workers:
                 "started": w.task is not None and w.started(w.task.request.id),
             }
             for w in self._all
-        ]
+        ] + waiting
 
     def starting_locked(self, roles: frozenset[Role] | None = None) -> bool:
         """Whether some worker (of these roles, if given) is still starting."""
@@ -392,15 +419,19 @@ class Workers:
     # -- adding, reaping, stopping (the manager thread) ----------------------------------
 
     def add(self, worker: WorkerProcess) -> None:
-        """A worker just spawned for its slot (a replacement takes the dead one's): its socket
-        and output are watched from now on."""
+        """A worker just spawned for its slot (a replacement takes the dead one's, the list
+        stays in the order of the slots, some of which start later: pool.executor.starts):
+        its socket and output are watched from now on."""
         with self._lock:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
             self._wait_set.add(worker.output_fd, (Source.OUTPUT, worker))
-            if worker.index < len(self._all):
-                self._all[worker.index] = worker
-            else:
+            at = next((i for i, w in enumerate(self._all) if w.index >= worker.index), None)
+            if at is None:
                 self._all.append(worker)
+            elif self._all[at].index == worker.index:
+                self._all[at] = worker
+            else:
+                self._all.insert(at, worker)
 
     def reap(self, worker: WorkerProcess) -> int | None:
         """Unwatches a dead worker, reaps it and collects the rest of its output."""
