@@ -112,12 +112,13 @@ class WorkerStarts:
         # The roles whose workers the pool's start waits for (see start_awaits).
         self._awaited = start_awaits(settings.plan, bool(settings.preload))
         self._wait_set = wait_set  # the manager's: woken when deferred workers are needed
-        # The slots started only when first needed (deferred_roles), by index; emptied, under
-        # the lock, by the one start of them all (start_when_needed).
+        # The slots started only when first needed (deferred_roles), by index: "not started"
+        # until a worker of theirs is added (not_started_locked).
         later = deferred_roles(settings.plan, bool(settings.preload), settings.device_start)
-        self._deferred = [i for i, slot in enumerate(settings.plan) if slot.role in later]
-        # Whether some slot still waits: read without the lock by every new task's maker
-        # (need_devices), as a hint; it only ever goes from True to False.
+        self._deferred = tuple(i for i, slot in enumerate(settings.plan) if slot.role in later)
+        # Whether they still wait to be started: read without the lock by every new task's
+        # maker (need_devices), as a hint; it only ever goes from True to False, under the
+        # lock, as start_when_needed starts them.
         self.deferring = bool(self._deferred)
         self._needed = False  # a task only deferred workers take was made (under the lock)
         self._idle_since: float | None = None  # since when the compile workers are idle
@@ -133,14 +134,16 @@ class WorkerStarts:
         """A task only the deferred workers take was made (any thread): they start at the
         manager's next turn, which this wakes."""
         with self._lock:
-            if not self._deferred or self._needed:
+            if not self.deferring or self._needed:
                 return
             self._needed = True
             self._wait_set.wake()
 
     def not_started_locked(self) -> list[Role]:
-        """The roles of the slots not started yet (started when first needed), by index."""
-        return [self._settings.plan[index].role for index in self._deferred]
+        """The roles of the slots started when first needed that have no worker yet, by index
+        (a slot whose first spawning failed too, until it is tried again)."""
+        slots = self._workers.slots_locked() if self._deferred else ()
+        return [self._settings.plan[i].role for i in self._deferred if i not in slots]
 
     def start_when_needed(self) -> float | None:
         """Starts the deferred workers once they are needed (see the module), on the manager
@@ -165,10 +168,9 @@ class WorkerStarts:
             if not self._needed and idle < DEVICE_START_IDLE_SECONDS:
                 return DEVICE_START_IDLE_SECONDS - idle
             why = "a task needs them" if self._needed else "the compile workers are idle"
-            deferred, self._deferred = self._deferred, []
             self.deferring = False
         logger.info("starting the pool's device workers: %s", why)
-        for index in deferred:
+        for index in self._deferred:
             try:
                 self._spawn(index)
             except Exception as error:  # tried again later, as a replacement is

@@ -400,7 +400,8 @@ class Workers:
     def expire_starts_locked(self, timeout: float) -> None:
         """Kills the workers still starting after `timeout` seconds (the caller calls this
         once the pool has started: a device worker that opens its chip beside the pool's
-        start, or a replacement): each is a failed start, as one that exits is."""
+        start, or one started when first needed, or a replacement; each counts from its
+        own spawning): each is a failed start, as one that exits is."""
         now = time.monotonic()
         for worker in self._all:
             if worker.state is State.STARTING and now - worker.started_at > timeout:
@@ -411,6 +412,10 @@ class Workers:
                     )
                 )
                 self.kill_locked(worker)
+
+    def slots_locked(self) -> set[int]:
+        """The slots (indices in the pool's plan) that have a worker, in any state."""
+        return {w.index for w in self._all}
 
     def pids_locked(self) -> set[int]:
         """The process ids of the pool's workers, the dead ones not reaped yet too."""
