@@ -182,6 +182,7 @@ def test_compile_many_from_a_fresh_pool_runs_before_its_device_worker_starts(tmp
     seen = []
     with Pool(2, run_workers=1, cache_dir=tmp_path) as pool:
         assert (device_worker(pool)["state"], device_worker(pool)["pid"]) == ("not started", None)
+        assert device_worker(pool).keys() == pool.worker_info[0].keys()  # a row as any other
         pool.compile_many(batch, progress=lambda *_: seen.append(device_worker(pool)["state"]))
         assert seen == ["not started"] * 4  # as each compile finished
         started = wait_for_device_state(pool, "not started")

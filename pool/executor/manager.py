@@ -135,7 +135,7 @@ class Manager(ManagerThread):
             timeout = _earliest(
                 self._expire(),
                 self._starts.respawn_due(),
-                self._starts.start_when_needed(),
+                self._starts.start_when_needed(idle),
                 PARKED_SECONDS,
             )
             takeovers = workers.takeovers  # a report may be stale if this changes (below)

@@ -17,8 +17,8 @@ workers starting beside them (expire_starts bounds their start then), or,
 with DeviceStart.WHEN_NEEDED (pool.executor.roles.deferred_roles), only
 when first needed: start_when_needed, at each turn of the manager's loop,
 starts them once a task only they take was made (need_devices, which wakes
-the manager) or once the compile workers have had nothing queued or running
-for DEVICE_START_IDLE_SECONDS since the pool started. Until then they are
+the manager) or once the compile workers have had nothing queued or running,
+and sent nothing, for DEVICE_START_IDLE_SECONDS since the pool started. Until then they are
 "not started" (Pool.worker_info); each is then started as a replacement is,
 so what follows (a failed start, its chip held, start_timeout from then on)
 is the same.
@@ -145,13 +145,18 @@ class WorkerStarts:
         slots = self._workers.slots_locked() if self._deferred else ()
         return [self._settings.plan[i].role for i in self._deferred if i not in slots]
 
-    def start_when_needed(self) -> float | None:
+    def start_when_needed(self, quiet: bool) -> float | None:
         """Starts the deferred workers once they are needed (see the module), on the manager
-        thread; returns the seconds until the compile workers' idle time would start them,
-        None when nothing is to wait for.
+        thread, whose last wait saw nothing if `quiet`; returns the seconds until the
+        compile workers' idle time would start them, None when nothing is to wait for.
 
-        Not before the pool started (its constructor has not returned yet), nor
-        after it failed to, broke, or began to close with nothing queued: as a
+        Until they start, the pool's workers are all compile workers: a message
+        from one (a compile's reply, which may come and go between two turns of
+        the manager) is work on the compile side, as a queued compile or a busy
+        compile worker is.
+
+        Not before the pool's start is over (its first compiles are to come), nor
+        after it failed, broke, or began to close with nothing queued: as for a
         replacement, no worker is started then.
         """
         if not self.deferring or not self.started.is_set() or self.startup_error is not None:
@@ -162,7 +167,7 @@ class WorkerStarts:
             if tasks.broken is not None or (tasks.closing and not tasks.queued):
                 return None
             compiling = tasks.queued_of(_COMPILES) or self._workers.busy_locked(_COMPILE_WORKERS)
-            if compiling or self._idle_since is None:
+            if compiling or not quiet or self._idle_since is None:
                 self._idle_since = now
             idle = now - self._idle_since
             if not self._needed and idle < DEVICE_START_IDLE_SECONDS:
