@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pool.errors import WorkerCrashedError as WorkerCrashedError
     from pool.errors import WorkerStartupError as WorkerStartupError
     from pool.executor.compile_many import CompileResult as CompileResult
+    from pool.executor.options import DeviceStart as DeviceStart
     from pool.executor.values import DeviceValue as DeviceValue
     from pool.face import Pool as Pool
     from pool.lowering.inputs import save_inputs as save_inputs

@@ -15,7 +15,10 @@ hold the chip (a leg that finds it still held by the last one waits and tries ag
                    (JAX_PLATFORMS=cpu: pjrt-pool alone holds the chip)
     pool           a fresh Pool(4, platform="tpu"): its start and compile_many of the
                    --programs training steps (scripts/train_steps.py) into an empty
-                   cache, then (once its device worker holds the chip) Pool.run at the
+                   cache (its device worker, started when needed by default, opens
+                   the chip once they are done: scripts/bench_tpu_compile.py
+                   --device-start when-needed,at-once compares the two starts),
+                   then (once its device worker holds the chip) Pool.run at the
                    three sizes, with numpy inputs and with inputs made by pool.asarray,
                    the MLP loop through Pool.function with keep=0 (the parameters stay
                    in the worker) and without, and the tiny round trip
@@ -126,9 +129,10 @@ def leg_inproc(out: Path) -> dict[str, Any]:
 
 
 def _device_ready(pool: Any, seconds: float = 120.0) -> float:
-    """Waits until the pool's run workers are up; returns how long that took."""
+    """Waits until the pool's run workers are up (started when needed, by default: once
+    compile_many is done); returns how long that took."""
     started = time.perf_counter()
-    while any(w["state"] == "starting" for w in pool.worker_info):
+    while any(w["state"] in ("starting", "not started") for w in pool.worker_info):
         if time.perf_counter() - started > seconds:
             raise TimeoutError("the device worker did not start")
         time.sleep(0.05)
@@ -154,6 +158,10 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
             pool.compile_many(lowered)
             found["start_and_compile_many_s"] = time.perf_counter() - started
             found["compiled"] = pool.statistics.compiled
+            # "not started": the device worker did not open the chip beside the compiles.
+            found["devices_after_compile_many"] = [
+                w["state"] for w in pool.worker_info if w["role"] != "compile"
+            ]
             found["device_ready_after_s"] = _device_ready(pool) + found["start_and_compile_many_s"]
             for mib in SIZES_MIB:
                 n = mib << 18

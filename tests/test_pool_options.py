@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pool import Pool
+from pool import DeviceStart, Pool
 from pool.executor.options import OPTIONS, POOL_OPTIONS, signature_text
 from pool.executor.settings import PoolSettings
 
@@ -59,6 +59,7 @@ def test_every_option_reaches_the_settings_checked(tmp_path: Path) -> None:
     given = {option.name: option.default for option in POOL_OPTIONS}
     given.update(workers=3, cache_dir=str(tmp_path), max_loaded=5, zero_copy=False, prime=True)
     given.update(task_timeout=7, stop_grace=1, segment_fds=9, remote=False, never_compile=True)
+    given.update(device_start="at once")
     settings = PoolSettings.check(given)
     fields = {field.name for field in dataclasses.fields(PoolSettings)}
     for option in POOL_OPTIONS:
@@ -67,6 +68,7 @@ def test_every_option_reaches_the_settings_checked(tmp_path: Path) -> None:
     assert (settings.zero_copy, settings.prime, settings.never_compile) == (False, True, True)
     assert (settings.task_timeout, settings.stop_grace, settings.remote) == (7.0, 1.0, False)
     assert isinstance(settings.stop_grace, float)  # the check's value, not the one given
+    assert settings.device_start is DeviceStart.AT_ONCE
 
 
 def test_the_first_bad_option_in_the_signature_order_is_the_one_named() -> None:
@@ -74,6 +76,11 @@ def test_the_first_bad_option_in_the_signature_order_is_the_one_named() -> None:
         PoolSettings.check(
             {**{o.name: o.default for o in POOL_OPTIONS}, "max_loaded": "3", "prime": "yes"}
         )
+    defaults = {o.name: o.default for o in POOL_OPTIONS}
+    with pytest.raises(ValueError, match="device_start must be a DeviceStart or one of"):
+        PoolSettings.check({**defaults, "device_start": "later"})
+    with pytest.raises(TypeError, match="device_start must be a DeviceStart"):
+        PoolSettings.check({**defaults, "device_start": True})
     with pytest.raises(TypeError, match="unexpected options"):
         PoolSettings.check({**{o.name: o.default for o in POOL_OPTIONS}, "max_load": 3})
 

@@ -11,13 +11,15 @@ compile worker first.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pool import Pool, lower
-from pool.errors import WorkerCrashedError
+from pool import DeviceStart, Pool, lower
+from pool.errors import WorkerCrashedError, WorkerStartupError
 from pool.executor.roles import Role, plan_workers
 from pool.executor.tasks import Kind
 from worker.plugin.topology import parse_topology
@@ -47,8 +49,8 @@ def test_compiles_go_to_compile_workers_and_runs_to_the_run_worker(tmp_path):
     batch = programs(5)
     x = np.linspace(0, 1, 16, dtype=np.float32)
     with Pool(2, run_workers=1, cache_dir=tmp_path) as pool:
-        roles = {w["pid"]: w["role"] for w in pool.worker_info}
-        assert sorted(roles.values()) == ["compile", "compile", "device"]
+        roles = [w["role"] for w in pool.worker_info]
+        assert roles == ["compile", "compile", "device"]
         specs = pool.compile_many(batch)
         assert len({spec.key for spec in specs}) == 5
         assert pool.statistics.compiled == 5 and pool.statistics.loaded == 0
@@ -57,7 +59,7 @@ def test_compiles_go_to_compile_workers_and_runs_to_the_run_worker(tmp_path):
         for k, output in enumerate(outputs):
             np.testing.assert_allclose(output, np.sin(x) * k, rtol=1e-6)
         assert pool.statistics.compiled == 5 and pool.statistics.loaded == 5
-        loaded = {roles[w["pid"]]: w["loaded"] for w in pool.worker_info}
+        loaded = {w["role"]: w["loaded"] for w in pool.worker_info}
         assert loaded["device"] == 5
 
 
@@ -117,10 +119,11 @@ def test_only_run_workers_preload(tmp_path):
 
 
 def test_a_split_pool_compiles_while_its_device_worker_starts(tmp_path):
-    """The pool a TPU host gets (compile workers beside a device worker that opens the chip)
-    takes compiles as soon as its compile workers are up: compile_many finishes while the
-    device worker is still starting, and runs wait for it. Here the device worker's start
-    is held by a gate the test opens; before, Pool() itself waited for it (and timed out)."""
+    """The pool a TPU host gets, with device_start=AT_ONCE (compile workers beside a device
+    worker that opens the chip as the pool starts), takes compiles as soon as its compile
+    workers are up: compile_many finishes while the device worker is still starting, and
+    runs wait for it. Here the device worker's start is held by a gate the test opens;
+    before, Pool() itself waited for it (and timed out)."""
     gate = tmp_path / "gate"
 
     def hold_the_device_worker(gate: str) -> None:  # a closure: pickled by value
@@ -142,6 +145,7 @@ def test_a_split_pool_compiles_while_its_device_worker_starts(tmp_path):
         initializer=hold_the_device_worker,
         initargs=(str(gate),),
         start_timeout=60,
+        device_start=DeviceStart.AT_ONCE,
     ) as pool:
         specs = pool.compile_many(batch)
         assert len(specs) == 3 and pool.statistics.compiled == 3
@@ -152,3 +156,78 @@ def test_a_split_pool_compiles_while_its_device_worker_starts(tmp_path):
         gate.touch()
         np.testing.assert_allclose(future.result(timeout=60)[0], np.sin(x), rtol=1e-6)
         assert (pool.statistics.compiled, pool.statistics.loaded) == (3, 1)
+
+
+# -- device workers started when first needed (DeviceStart.WHEN_NEEDED, the default) -------
+
+
+def device_worker(pool: Pool) -> dict:
+    return next(w for w in pool.worker_info if w["role"] == "device")
+
+
+def wait_for_device_state(pool: Pool, leaving: str, seconds: float = 30.0) -> dict:
+    """Polls worker_info until the device worker's state is no longer `leaving`."""
+    deadline = time.monotonic() + seconds
+    while (info := device_worker(pool))["state"] == leaving:
+        assert time.monotonic() < deadline, f"the device worker stayed {leaving!r}"
+        time.sleep(0.01)
+    return info
+
+
+def test_compile_many_from_a_fresh_pool_runs_before_its_device_worker_starts(tmp_path):
+    """On a TPU host the device worker's opening of the chip slows the compiles beside it:
+    by default it is not started while a fresh pool's compile_many runs (worker_info says
+    "not started", with no process), and starts once the compiles are done."""
+    batch = programs(4)
+    seen = []
+    with Pool(2, run_workers=1, cache_dir=tmp_path) as pool:
+        assert (device_worker(pool)["state"], device_worker(pool)["pid"]) == ("not started", None)
+        assert device_worker(pool).keys() == pool.worker_info[0].keys()  # a row as any other
+        pool.compile_many(batch, progress=lambda *_: seen.append(device_worker(pool)["state"]))
+        assert seen == ["not started"] * 4  # as each compile finished
+        started = wait_for_device_state(pool, "not started")
+        assert started["pid"] is not None and started["state"] in ("starting", "idle")
+        x = np.ones(16, np.float32)
+        np.testing.assert_allclose(pool.run(batch[2], [x])[0], np.sin(x) * 2, rtol=1e-6)
+        assert (pool.statistics.compiled, pool.statistics.loaded) == (4, 1)
+
+
+def test_a_run_starts_the_device_worker_at_once_while_compiles_are_queued(tmp_path):
+    """A run needs the device worker: it starts as the run is submitted, not once the
+    compiles queued before it are done (the run's own compile among them)."""
+    batch = programs(12)
+    x = np.ones(16, np.float32)
+    with Pool(1, run_workers=1, cache_dir=tmp_path) as pool:
+        compiles = [pool.submit_compile(p) for p in batch[2:]]
+        assert device_worker(pool)["state"] == "not started"
+        run = pool.submit(batch[1], [x])
+        wait_for_device_state(pool, "not started", seconds=10)
+        assert not all(c.done() for c in compiles), "it started only once the compiles ended"
+        np.testing.assert_allclose(run.result(timeout=60)[0], np.sin(x), rtol=1e-6)
+
+
+def test_a_pool_closed_before_it_needed_its_device_worker_never_starts_it(tmp_path):
+    with Pool(1, run_workers=1, cache_dir=tmp_path) as pool:
+        pool.compile_many(programs(2))
+    assert [(w["role"], w["state"]) for w in pool.worker_info] == [
+        ("compile", "dead"),
+        ("device", "not started"),
+    ]
+
+
+def test_a_device_worker_that_fails_to_start_when_needed_fails_the_runs_waiting(tmp_path):
+    """A device worker started at the first run fails as one started with the pool did: the
+    pool goes on compiling, and the run fails once the worker's starts in a row failed."""
+
+    def fail_in_the_device_worker() -> None:
+        import os
+
+        if os.environ.get("PJRT_POOL_WORKER_ROLE") == "device":
+            raise RuntimeError("no device here")
+
+    batch = programs(2)
+    with Pool(1, run_workers=1, cache_dir=tmp_path, initializer=fail_in_the_device_worker) as pool:
+        specs = pool.compile_many(batch)  # the pool started: its device worker was not needed
+        with pytest.raises(WorkerStartupError, match="no device here"):
+            pool.run(batch[0], [np.ones(16, np.float32)])
+        assert pool.compile(batch[1]) == specs[1]

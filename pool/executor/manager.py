@@ -14,6 +14,8 @@ them all. Each turn of its loop:
     finished?           closing with nothing queued or running, or broken
     expire              kill workers whose task is past its deadline
     respawn due         replace workers that could not be started before
+    start when needed   start the device workers deferred until a task needs
+                        them or the compiles are done (pool.executor.starts)
     wait                replies, deaths, output, wake-ups
 
 It uses the pool's parts and changes none of them but through their own
@@ -130,7 +132,12 @@ class Manager(ManagerThread):
                 return
             with self._lock:
                 workers.unpark_locked()  # see pool.executor.workers: parked sockets go back
-            timeout = _earliest(self._expire(), self._starts.respawn_due(), PARKED_SECONDS)
+            timeout = _earliest(
+                self._expire(),
+                self._starts.respawn_due(),
+                self._starts.start_when_needed(idle),
+                PARKED_SECONDS,
+            )
             takeovers = workers.takeovers  # a report may be stale if this changes (below)
             found = self._wait_set.wait(timeout)
             idle = not found

@@ -21,6 +21,7 @@ carries it to a worker that needs it.
 
 from __future__ import annotations
 
+import enum
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,35 @@ DEFAULT_CACHE_BYTES = 512 << 20
 
 DEFAULT_MAX_FDS = 64
 """How many segment descriptors a pool keeps beyond those of tasks in flight."""
+
+
+class DeviceStart(enum.Enum):
+    """When the device workers of a pool that also has compile workers start (a TPU host's
+    pool, or Pool(run_workers=r)): see pool.executor.roles."""
+
+    WHEN_NEEDED = "when needed"
+    """At the first task only they take (a run, put, fetch), or once the compile workers
+    have had nothing queued or running for a moment, whichever comes first: compiles from
+    a fresh pool never share the host with a chip being opened."""
+    AT_ONCE = "at once"
+    """With the compile workers, as the pool starts (the pool still waits for these alone)."""
+
+
+def _device_start(value: Any, name: str) -> DeviceStart:
+    if isinstance(value, DeviceStart):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{name} must be a DeviceStart (DeviceStart.WHEN_NEEDED or DeviceStart.AT_ONCE), "
+            f"not {type(value).__name__} {value!r}"
+        )
+    try:
+        return DeviceStart(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in DeviceStart)
+        message = f"{name} must be a DeviceStart or one of {choices}, not {value!r}"
+        raise ValueError(message) from None
+
 
 Check = Callable[[Any, str], Any]
 """An option's check: (value, the name to call it in errors) -> the value checked, itself a
@@ -334,6 +364,22 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         "arrays, as jax.jit does: each worker splits them over its devices and runs once "
         "over all.",
         flag=Flag("--devices-per-worker", "N", int),
+    ),
+    PoolOption(
+        "device_start",
+        "DeviceStart",
+        DeviceStart.WHEN_NEEDED,
+        _device_start,
+        "device_start says when the device workers of a pool that also has compile workers "
+        "(a TPU host's, or one given run_workers) start: DeviceStart.WHEN_NEEDED (the "
+        "default) at the first task only they take (a run, put, fetch: it starts them at "
+        "once, even while compiles are queued), or once the compile workers have had nothing "
+        "queued or running for a second, whichever comes first, so that compile_many from a "
+        "fresh pool never shares the host with a chip being opened (worker_info shows them "
+        '"not started" until then); DeviceStart.AT_ONCE with the compile workers, as the '
+        "pool starts. Either way the pool is ready once its compile workers are (unless it "
+        "preloads), and start_timeout bounds a device worker's start from when it begins.",
+        shown_default="DeviceStart.WHEN_NEEDED",
     ),
 )
 

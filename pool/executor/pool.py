@@ -83,7 +83,7 @@ from pool.executor.dispatch import Dispatcher
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
-from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS
+from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, DeviceStart
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import SegmentCache
@@ -146,6 +146,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         topology: str | TopologySpec | None = None,
         run_workers: int | None = None,
         devices_per_worker: int = 1,
+        device_start: DeviceStart = DeviceStart.WHEN_NEEDED,
     ) -> None:
         # The options pool.executor.options declares (tests/test_pool_options.py: they agree).
         given = dict(locals())
@@ -185,7 +186,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         self._quarantine = Quarantine(lock, settings.max_crashes)
         self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
         self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
-        self._starts = WorkerStarts(settings, lock, self._workers, self._tasks)
+        self._starts = WorkerStarts(settings, lock, self._workers, self._tasks, wait_set)
         self._requests = Requests(self._segments)
         self._dispatcher = Dispatcher(
             lock,
@@ -417,7 +418,9 @@ class WorkerPool(TaskMaking, PoolArrays):
         "hot_runs": the runs it answered as HotRuns (worker.wire.protocol), "role":
         what it is for ("compile and run"; on a TPU host, or with run_workers, "compile" or
         "device": see pool.executor.roles), and "values" and "value_bytes": the values it
-        keeps on its device (pool.executor.values) and their bytes.
+        keeps on its device (pool.executor.values) and their bytes. A device worker that
+        starts when first needed (device_start) is listed until then with no pid, in
+        state "not started": it starts at the first run, or once the compiles are done.
 
         "task" names the task a worker was given, from the moment it is
         claimed for it; "started" says whether the worker has begun it. Until
@@ -426,7 +429,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         """
         self._refuse_in_child()
         with self._lock:
-            return self._workers.info_locked()
+            return self._workers.info_locked(self._starts.not_started_locked())
 
     @property
     def preload_statistics(self) -> CompileStatistics:

@@ -16,9 +16,18 @@ multithreaded. So a pool there is two kinds of worker::
 Compiles (submit_compile, compile_many, warm, and the compile a new program
 needs before its first run) go to compile workers; runs go to device workers,
 which find the executable in the cache (the key is the same on both sides).
-The pool's start waits for the compile workers only (start_awaits): a device
-worker opens its chip beside them (5-10 s on a TPU v5e host), so compile_many
-starts at once, and runs wait in the queue until a device worker is ready.
+The pool's start waits for the compile workers only (start_awaits), so
+compile_many starts at once, and runs wait in the queue until a device
+worker is ready. A device worker opening its chip (5-10 s on a TPU v5e host)
+slows the compiles beside it (compile_many of 12 train steps: 22.2 s while it
+opened the chip, 15.0 s once it had), so by default (DeviceStart.WHEN_NEEDED)
+the device workers start when first needed (deferred_roles; WorkerStarts
+starts them): at the first task only they take (a run, even one whose
+program is still compiling, a put, a fetch), or once the compile workers
+have had nothing queued or running for a moment: compile_many from a fresh
+pool runs alone, and a pool given a run, or left idle, opens its chip at
+once. DeviceStart.AT_ONCE starts them with the compile workers. A device
+worker that ends is replaced at once, whatever is compiling.
 Each worker finds its role in its environment (ROLE_ENV), for an initializer
 that does different work in each.
 A pool given a topology is all compile workers: it never touches a device, so
@@ -41,6 +50,7 @@ import enum
 import os
 from dataclasses import dataclass
 
+from pool.executor.options import DeviceStart
 from pool.executor.tasks import Kind
 from worker.errors import DeviceUnavailableError
 from worker.plugin.devices import DEVICES_ENV
@@ -96,6 +106,17 @@ def start_awaits(plan: tuple[WorkerPlan, ...], preloads: bool) -> frozenset[Role
     if Role.COMPILE in roles and not preloads:
         roles.discard(Role.DEVICE)
     return frozenset(roles)
+
+
+def deferred_roles(
+    plan: tuple[WorkerPlan, ...], preloads: bool, device_start: DeviceStart
+) -> frozenset[Role]:
+    """The roles whose workers a pool starts only when first needed (see the module): those
+    its start does not wait for (the device workers of a pool with compile workers that
+    preloads nothing), with DeviceStart.WHEN_NEEDED; none with DeviceStart.AT_ONCE."""
+    if device_start is not DeviceStart.WHEN_NEEDED:
+        return frozenset()
+    return frozenset(worker.role for worker in plan) - start_awaits(plan, preloads)
 
 
 def default_compile_workers() -> int:

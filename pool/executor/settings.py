@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pool.executor.checks import finite, pickle_initializer
-from pool.executor.options import check_options
+from pool.executor.options import DeviceStart, check_options
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import open_for_workers
@@ -54,6 +54,8 @@ class PoolSettings:
     plan: tuple[WorkerPlan, ...] = ()
     topology: TopologySpec | None = None  # the pool compiles for it without a device
     devices_per_worker: int = 1  # the devices each worker's client holds (worker.plugin.devices)
+    # When the device workers of a pool with compile workers start (pool.executor.roles).
+    device_start: DeviceStart = DeviceStart.WHEN_NEEDED
 
     @property
     def runners(self) -> int:

@@ -13,7 +13,15 @@ FAILED_STARTS_TO_FAIL_QUEUE such failures. A device worker whose chip is held
 or missing (DeviceUnavailableError) does not fail the pool: its slot is tried
 again. The pool's start waits for the workers of the roles start_awaits
 names: a pool with compile workers is ready once they are, its device
-workers starting beside them (expire_starts bounds their start then).
+workers starting beside them (expire_starts bounds their start then), or,
+with DeviceStart.WHEN_NEEDED (pool.executor.roles.deferred_roles), only
+when first needed: start_when_needed, at each turn of the manager's loop,
+starts them once a task only they take was made (need_devices, which wakes
+the manager) or once the compile workers have had nothing queued or running,
+and sent nothing, for DEVICE_START_IDLE_SECONDS since the pool started. Until then they are
+"not started" (Pool.worker_info); each is then started as a replacement is,
+so what follows (a failed start, its chip held, start_timeout from then on)
+is the same.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ import time
 
 from pool.errors import WorkerStartupError, rebuild_error
 from pool.executor.processes import spawn_worker
-from pool.executor.roles import Role, start_awaits
+from pool.executor.roles import Role, deferred_roles, start_awaits
 from pool.executor.settings import PoolSettings
 from pool.executor.tasks import Kind, Tasks
+from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import State, WorkerProcess, check_hot_slots
 from pool.executor.workers import Workers
 from worker.errors import DeviceUnavailableError
@@ -55,6 +64,16 @@ DEVICE_HELD_RETRY_SECONDS = 10.0
 try costs a process that loads libtpu, so not as often."""
 
 
+DEVICE_START_IDLE_SECONDS = 1.0
+"""How long the compile workers of a started pool must have had nothing queued or running
+before its deferred device workers start (DeviceStart.WHEN_NEEDED): long enough for the
+caller that made the pool to give it its first compiles, which then run alone, and short
+enough that a pool left idle opens its chip all but at once."""
+
+_COMPILES = frozenset({Kind.COMPILE})
+_COMPILE_WORKERS = frozenset({Role.COMPILE})
+
+
 def _alive(pid: int) -> bool:
     """Whether a process of that id exists (one of another user's counts)."""
     try:
@@ -71,7 +90,12 @@ class WorkerStarts:
     on_ready, which the thread that reads a worker's Ready calls)."""
 
     def __init__(
-        self, settings: PoolSettings, lock: threading.Lock, workers: Workers, tasks: Tasks
+        self,
+        settings: PoolSettings,
+        lock: threading.Lock,
+        workers: Workers,
+        tasks: Tasks,
+        wait_set: WaitSet,
     ) -> None:
         self._settings = settings  # how many workers to keep, and what each starts with
         self._lock = lock  # the pool's: every move of a worker between states is under it
@@ -87,11 +111,76 @@ class WorkerStarts:
         self.preload_statistics = CompileStatistics()
         # The roles whose workers the pool's start waits for (see start_awaits).
         self._awaited = start_awaits(settings.plan, bool(settings.preload))
+        self._wait_set = wait_set  # the manager's: woken when deferred workers are needed
+        # The slots started only when first needed (deferred_roles), by index: "not started"
+        # until a worker of theirs is added (not_started_locked).
+        later = deferred_roles(settings.plan, bool(settings.preload), settings.device_start)
+        self._deferred = tuple(i for i, slot in enumerate(settings.plan) if slot.role in later)
+        # Whether they still wait to be started: read without the lock by every new task's
+        # maker (need_devices), as a hint; it only ever goes from True to False, under the
+        # lock, as start_when_needed starts them.
+        self.deferring = bool(self._deferred)
+        self._needed = False  # a task only deferred workers take was made (under the lock)
+        self._idle_since: float | None = None  # since when the compile workers are idle
 
     def start(self) -> None:
-        """Spawns the pool's workers; raises what spawning one raised."""
+        """Spawns the pool's workers, but those started when first needed; raises what
+        spawning one raised."""
         for index in range(self._settings.workers):
-            self._spawn(index)
+            if index not in self._deferred:
+                self._spawn(index)
+
+    def need_devices(self) -> None:
+        """A task only the deferred workers take was made (any thread): they start at the
+        manager's next turn, which this wakes."""
+        with self._lock:
+            if not self.deferring or self._needed:
+                return
+            self._needed = True
+            self._wait_set.wake()
+
+    def not_started_locked(self) -> list[Role]:
+        """The roles of the slots started when first needed that have no worker yet, by index
+        (a slot whose first spawning failed too, until it is tried again)."""
+        slots = self._workers.slots_locked() if self._deferred else ()
+        return [self._settings.plan[i].role for i in self._deferred if i not in slots]
+
+    def start_when_needed(self, quiet: bool) -> float | None:
+        """Starts the deferred workers once they are needed (see the module), on the manager
+        thread, whose last wait saw nothing if `quiet`; returns the seconds until the
+        compile workers' idle time would start them, None when nothing is to wait for.
+
+        Until they start, the pool's workers are all compile workers: a message
+        from one (a compile's reply, which may come and go between two turns of
+        the manager) is work on the compile side, as a queued compile or a busy
+        compile worker is.
+
+        Not before the pool's start is over (its first compiles are to come), nor
+        after it failed, broke, or began to close with nothing queued: as for a
+        replacement, no worker is started then.
+        """
+        if not self.deferring or not self.started.is_set() or self.startup_error is not None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            tasks = self._tasks
+            if tasks.broken is not None or (tasks.closing and not tasks.queued):
+                return None
+            compiling = tasks.queued_of(_COMPILES) or self._workers.busy_locked(_COMPILE_WORKERS)
+            if compiling or not quiet or self._idle_since is None:
+                self._idle_since = now
+            idle = now - self._idle_since
+            if not self._needed and idle < DEVICE_START_IDLE_SECONDS:
+                return DEVICE_START_IDLE_SECONDS - idle
+            why = "a task needs them" if self._needed else "the compile workers are idle"
+            self.deferring = False
+        logger.info("starting the pool's device workers: %s", why)
+        for index in self._deferred:
+            try:
+                self._spawn(index)
+            except Exception as error:  # tried again later, as a replacement is
+                self.start_failed(index, WorkerStartupError(f"a worker could not start: {error}"))
+        return None
 
     def _spawn(self, index: int) -> None:
         self._workers.add(spawn_worker(index, self._settings, self._settings.plan[index]))

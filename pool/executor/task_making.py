@@ -29,6 +29,7 @@ from pool.executor.programs import program_id, program_text_digest
 from pool.executor.requests import Requests
 from pool.executor.segments import SegmentCache
 from pool.executor.settings import PoolSettings, check_devices
+from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
 from pool.executor.values import DeviceValue, values_in
 from pool.executor.worker_memory import WorkerMemory
@@ -79,6 +80,7 @@ class TaskMaking:
     _layouts: Layouts
     _compiled: set[str]
     _never_compile_check: NeverCompileCheck | None
+    _starts: WorkerStarts
 
     # WorkerPool's (pool.executor.pool, pool.face), which these methods call.
     _refuse_in_child: Callable[[], None]
@@ -175,6 +177,9 @@ class TaskMaking:
             self._requests.check_keep(identity, _keep_indices(keep), spec),
             value,
         )
+        if kind is not Kind.COMPILE and self._starts.deferring:
+            # Its device workers start now, even while its program compiles first.
+            self._starts.need_devices()
         future: Future[Any] | RunOutcome
         if not handed_out:
             future = RunOutcome()  # Pool.run's own: no callbacks, no cancellation

@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pool.errors import WorkerCrashedError, WorkerStartupError
@@ -57,6 +57,11 @@ from worker.cache.remote import RemoteCounters
 PARKED_SECONDS = 0.1
 """The longest a parked worker's socket stays out of the manager's wait set (see the module
 docstring): the manager's waits last at most this long."""
+
+
+NOT_STARTED = "not started"
+"""Pool.worker_info's state of a worker slot started only when first needed, until then (a
+device worker waiting for the compiles to end, or for a run: pool.executor.roles)."""
 
 
 class Source(enum.Enum):
@@ -325,9 +330,13 @@ class Workers:
         """The worker that has the task, if one has."""
         return next((w for w in self._all if w.task is task), None)
 
-    def busy_locked(self) -> bool:
-        """Whether a worker has a task or is dying (its end settles or requeues its task)."""
-        return any(w.state in (State.BUSY, State.DYING) for w in self._all)
+    def busy_locked(self, roles: frozenset[Role] | None = None) -> bool:
+        """Whether a worker (of these roles, if given) has a task or is dying (its end settles
+        or requeues its task)."""
+        return any(
+            w.state in (State.BUSY, State.DYING) and (roles is None or w.role in roles)
+            for w in self._all
+        )
 
     def counters_locked(self) -> CacheCounters:
         """The disk cache counters of every worker, the reaped ones too."""
@@ -339,9 +348,27 @@ class Workers:
             (RemoteCounters(**w.remote_counters) for w in self._all), self._retired_remote
         )
 
-    def info_locked(self) -> list[dict[str, Any]]:
+    def info_locked(self, not_started: Sequence[Role] = ()) -> list[dict[str, Any]]:
         """Each worker's pid, state, start-up seconds, plugin, loaded program count, task,
-        and whether it has begun that task (see Pool.worker_info)."""
+        and whether it has begun that task (see Pool.worker_info), then a row for each slot
+        not started yet, of these roles (pool.executor.starts: started when first needed),
+        in state NOT_STARTED, without a process."""
+        waiting = [
+            {
+                "pid": None,
+                "state": NOT_STARTED,
+                "startup_seconds": 0.0,
+                "plugin": {},
+                "loaded": 0,
+                "hot_runs": 0,
+                "role": role.value,
+                "values": 0,
+                "value_bytes": 0,
+                "task": None,
+                "started": False,
+            }
+            for role in not_started
+        ]
         return [
             {
                 "pid": w.pid,
@@ -358,7 +385,7 @@ class Workers:
                 "started": w.task is not None and w.started(w.task.request.id),
             }
             for w in self._all
-        ]
+        ] + waiting
 
     def starting_locked(self, roles: frozenset[Role] | None = None) -> bool:
         """Whether some worker (of these roles, if given) is still starting."""
@@ -377,7 +404,8 @@ class Workers:
     def expire_starts_locked(self, timeout: float) -> None:
         """Kills the workers still starting after `timeout` seconds (the caller calls this
         once the pool has started: a device worker that opens its chip beside the pool's
-        start, or a replacement): each is a failed start, as one that exits is."""
+        start, or one started when first needed, or a replacement; each counts from its
+        own spawning): each is a failed start, as one that exits is."""
         now = time.monotonic()
         for worker in self._all:
             if worker.state is State.STARTING and now - worker.started_at > timeout:
@@ -389,6 +417,10 @@ class Workers:
                 )
                 self.kill_locked(worker)
 
+    def slots_locked(self) -> set[int]:
+        """The slots (indices in the pool's plan) that have a worker, in any state."""
+        return {w.index for w in self._all}
+
     def pids_locked(self) -> set[int]:
         """The process ids of the pool's workers, the dead ones not reaped yet too."""
         return {w.pid for w in self._all}
@@ -396,15 +428,19 @@ class Workers:
     # -- adding, reaping, stopping (the manager thread) ----------------------------------
 
     def add(self, worker: WorkerProcess) -> None:
-        """A worker just spawned for its slot (a replacement takes the dead one's): its socket
-        and output are watched from now on."""
+        """A worker just spawned for its slot (a replacement takes the dead one's, the list
+        stays in the order of the slots, some of which start later: pool.executor.starts):
+        its socket and output are watched from now on."""
         with self._lock:
             self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
             self._wait_set.add(worker.output_fd, (Source.OUTPUT, worker))
-            if worker.index < len(self._all):
-                self._all[worker.index] = worker
-            else:
+            at = next((i for i, w in enumerate(self._all) if w.index >= worker.index), None)
+            if at is None:
                 self._all.append(worker)
+            elif self._all[at].index == worker.index:
+                self._all[at] = worker
+            else:
+                self._all.insert(at, worker)
 
     def reap(self, worker: WorkerProcess) -> int | None:
         """Unwatches a dead worker, reaps it and collects the rest of its output."""
