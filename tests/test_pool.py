@@ -268,7 +268,7 @@ def test_close_twice_leaves_no_processes_threads_or_memory(programs: list[Lowere
     assert children_of(os.getpid()) == []
     assert not any(alive(pid) for pid in pids)
     assert set(threading.enumerate()) == threads_before
-    assert shm_entries() == shm_before
+    assert shm_entries() - shm_before == set()  # nothing new (others may remove theirs)
     gc.collect()
     assert memfds_of() == []
     with pytest.raises(PoolClosedError):
@@ -347,7 +347,7 @@ def test_fifty_mixed_tasks_with_three_kinds_of_crash(
     del futures, failed
     gc.collect()
     assert children_of(os.getpid()) == []
-    assert shm_entries() == shm_before
+    assert shm_entries() - shm_before == set()  # nothing new (others may remove theirs)
     assert memfds_of() == []
 
 
