@@ -158,11 +158,7 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
 
 HostBuffers::~HostBuffers() {
   buffers_.clear();
-  for (auto& event : done_events_) {
-    auto args = PJRT_ARGS(PJRT_Event_Await_Args);
-    args.event = event.get();
-    IgnoreError(api_, api_->PJRT_Event_Await(&args));
-  }
+  for (auto& event : done_events_) AwaitEventQuietly(api_, event.get());
 }
 
 PJRT_Buffer* HostBuffers::Put(PJRT_Client* client, PJRT_Device* device, const void* data,
@@ -176,7 +172,7 @@ PJRT_Buffer* HostBuffers::Put(PJRT_Client* client, PJRT_Device* device, const vo
   args.num_dims = dims.size();
   // XLA CPU aliases host memory only when it is 64-byte aligned; anything
   // else it would copy anyway, so ask for the copy explicitly.
-  args.host_buffer_semantics = zero_copy && byte_strides == nullptr && IsAligned(data, 64)
+  args.host_buffer_semantics = zero_copy && byte_strides == nullptr && IsAligned(data, kZeroCopyAlignment)
                                    ? PJRT_HostBufferSemantics_kImmutableZeroCopy
                                    : PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   if (byte_strides != nullptr) {

@@ -14,6 +14,10 @@
 
 namespace pjrt_pool {
 
+// XLA CPU aliases host memory (kImmutableZeroCopy) only when it is aligned to
+// this many bytes; otherwise it copies.
+constexpr size_t kZeroCopyAlignment = 64;
+
 // Device buffers made from host memory, and the events that say when PJRT is
 // done with that memory. Destroying the buffers first is what makes the
 // zero-copy events fire; only after both may the host memory be released, so

@@ -73,4 +73,12 @@ inline void AwaitEvent(const PJRT_Api* api, PJRT_Event* event, const char* what)
   Check(api, api->PJRT_Event_Await(&args), what);
 }
 
+// Blocks until `event` is ready, ignoring its error: for destructors, which must
+// not free memory a transfer may still read, and must not throw.
+inline void AwaitEventQuietly(const PJRT_Api* api, PJRT_Event* event) noexcept {
+  auto args = PJRT_ARGS(PJRT_Event_Await_Args);
+  args.event = event;
+  IgnoreError(api, api->PJRT_Event_Await(&args));
+}
+
 }  // namespace pjrt_pool

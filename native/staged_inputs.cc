@@ -12,9 +12,6 @@
 namespace pjrt_pool {
 namespace {
 
-// XLA CPU aliases host memory only when it is aligned to this many bytes.
-constexpr size_t kAlignment = 64;
-
 bool IsReady(const PJRT_Api* api, PJRT_Event* event) {
   auto args = PJRT_ARGS(PJRT_Event_IsReady_Args);
   args.event = event;
@@ -34,10 +31,7 @@ StagedInputs::~StagedInputs() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Copy& copy : copies_) {
     if (!copy.done) continue;
-    auto args = PJRT_ARGS(PJRT_Event_Await_Args);
-    args.event = copy.done.get();
-    const PJRT_Api* api = copy.client->api();
-    IgnoreError(api, api->PJRT_Event_Await(&args));
+    AwaitEventQuietly(copy.client->api(), copy.done.get());
   }
 }
 
@@ -51,9 +45,9 @@ Owned<PJRT_Buffer> StagedInputs::Put(const std::shared_ptr<Client>& client, PJRT
   std::lock_guard<std::mutex> lock(mutex_);
   SweepLocked();
   // aligned_alloc wants a multiple of the alignment, and a pointer even for 0 bytes.
-  const size_t rounded = (input.size + kAlignment - 1) / kAlignment * kAlignment;
+  const size_t rounded = (input.size + kZeroCopyAlignment - 1) / kZeroCopyAlignment * kZeroCopyAlignment;
   std::unique_ptr<void, FreeMemory> memory(
-      std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
+      std::aligned_alloc(kZeroCopyAlignment, rounded == 0 ? kZeroCopyAlignment : rounded));
   if (memory == nullptr) throw std::bad_alloc();
   if (input.size != 0) std::memcpy(memory.get(), input.data, input.size);
 
