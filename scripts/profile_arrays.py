@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PJRT_POOL_CACHE_DIR", tempfile.mkdtemp(prefix="profile-arrays-"))
+if "--platform" in sys.argv and "tpu" in sys.argv:
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the pool's worker holds the chip, not this process
 
 import jax
 import jax.numpy as jnp
@@ -100,18 +102,26 @@ def perf_report(data: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def profile_size(pool: Pool, worker: int, mib: int, calls: int, perf: bool) -> None:
-    """Prints the four sides' figures for one size (and Pool.run's samples, with perf)."""
+def profile_size(
+    pool: Pool, worker: int, mib: int, calls: int, perf: bool, platform: str = "cpu"
+) -> None:
+    """Prints the four sides' figures for one size (and Pool.run's samples, with perf).
+
+    On a TPU only the pool's sides: its worker holds the chip, which one process at a
+    time may hold (tpu_arrays.py compares jax.jit there, in a process of its own).
+    """
     n = mib << 18
-    program = lower(lambda x: x * 2 + 1, [jax.ShapeDtypeStruct((n,), jnp.float32)])
-    executable, _ = compile_program(program)
-    jitted = jax.jit(lambda x: x * 2 + 1)
+    program = lower(
+        lambda x: x * 2 + 1, [jax.ShapeDtypeStruct((n,), jnp.float32)], platform=platform
+    )
     x = np.random.default_rng(0).random(n, dtype=np.float32)
-    sides = {
-        "jax.jit": (lambda: np.asarray(jitted(x)), None),
-        "Executable.run": (lambda: executable.run([x]), None),
-        "Pool.run": (lambda: pool.run(program, [x]), worker),
-    }
+    sides: dict[str, tuple[Callable[[], Any], int | None]] = {}
+    if platform == "cpu":
+        executable, _ = compile_program(program)
+        jitted = jax.jit(lambda x: x * 2 + 1)
+        sides["jax.jit"] = (lambda: np.asarray(jitted(x)), None)
+        sides["Executable.run"] = (lambda: executable.run([x]), None)
+    sides["Pool.run"] = (lambda: pool.run(program, [x]), worker)
     if hasattr(pool, "asarray"):  # a tree before pool.asarray profiles the rest
         shared = pool.asarray(x)
         sides["Pool.run, shared input"] = (lambda: pool.run(program, [shared]), worker)
@@ -146,14 +156,24 @@ def main() -> int:
     parser.add_argument("--mib", default="1,16,256")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--perf", action="store_true", help="sample both processes with perf")
+    parser.add_argument(
+        "--platform", default="cpu", choices=("cpu", "tpu"),
+        help="tpu: the pool's sides on the chip (JAX_PLATFORMS=cpu is set for this process)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.perf and shutil.which("perf") is None:
         parser.error("perf is not installed")
-    with Pool(1) as pool:
-        worker = pool.worker_info[0]["pid"]
-        print(f"profile_arrays: jax {jax.__version__}, {os.cpu_count()} CPUs, worker {worker}")
+    with Pool(1, platform=args.platform) as pool:
+        pool.run(lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)],
+                       platform=args.platform), [np.ones(4, np.float32)])  # fmt: skip
+        worker = next(w["pid"] for w in pool.worker_info if w.get("pid") and
+                      w.get("role", "device") != "compile")  # fmt: skip
+        print(
+            f"profile_arrays: jax {jax.__version__}, {os.cpu_count()} CPUs, "
+            f"platform {args.platform}, worker {worker}"
+        )
         for mib in (int(m) for m in args.mib.split(",")):
-            profile_size(pool, worker, mib, args.calls, args.perf)
+            profile_size(pool, worker, mib, args.calls, args.perf, args.platform)
     return 0
 
 
