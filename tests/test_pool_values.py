@@ -188,6 +188,34 @@ def test_a_run_answered_at_dispatch_reads_its_inputs_as_they_were(pool) -> None:
     assert resident_bytes(worker) - before < 64 << 20
 
 
+def test_a_run_writes_its_outputs_over_its_own_copy_of_its_inputs(pool) -> None:
+    # A numpy input is copied into a segment of the task's; the outputs then go to that
+    # segment, not to a second one: three held results make three segments, not four
+    # (the round trip's peak is 3x the array: the caller's, the segment, the plugin's).
+    x = np.arange(N, dtype=np.float32)
+    before = set(memfd_mappings())  # the module's pool's, idle meanwhile
+    with Pool(1) as fresh:
+        fresh.run(AFFINE, [x])  # a first run: its outputs come back as a copy
+        held = [fresh.run(AFFINE, [x + i])[0] for i in range(3)]
+        for i, out in enumerate(held):
+            np.testing.assert_array_equal(out, (x + i) * 2 + 1)
+        made = [m for m in set(memfd_mappings()) - before if "pjrt-pool-segment" in m]
+        assert len(made) == 3, made
+        del held
+    # Outputs that trade places with inputs, several of each, one larger than the inputs
+    # (a segment of its own then): each reads what it was given.
+    swap = lower(lambda a, b: (b, a + 1), [f32(N), f32(N // 2)])
+    grow = lower(lambda a: (jnp.concatenate([a, a]), a[:8]), [f32(N)])
+    a, b = np.arange(N, dtype=np.float32), np.full(N // 2, 7.0, np.float32)
+    for _ in range(2):  # the second is a placed run
+        out_b, out_a = pool.run(swap, [a, b])
+        np.testing.assert_array_equal(out_b, b)
+        np.testing.assert_array_equal(out_a, a + 1)
+        both, head = pool.run(grow, [a])
+        np.testing.assert_array_equal(both, np.concatenate([a, a]))
+        np.testing.assert_array_equal(head, a[:8])
+
+
 def test_misused_values_are_clear_errors(pool, tmp_path) -> None:
     w = pool.put(np.ones(N, np.float32))
     with pytest.raises(TypeError, match="never converted"):

@@ -208,7 +208,7 @@ class TaskMemory:
         used = [segment for segment, _ in self.shared.values()]
         if not self.in_arena and self.input is not None:
             used.append(self.input)
-        if self.output is not None and self.output.fd >= 0:
+        if self.output is not None and self.output.fd >= 0 and self.output is not self.input:
             used.append(self.output)
         return used
 
@@ -287,8 +287,24 @@ class TaskMemory:
         one is made anyway, and closed once its results are gone)."""
         output = self.output
         if output is not None and output.fd >= 0 and output.capacity >= size:
-            return output  # made for an earlier request of this task
-        if output is not None:
+            return output  # made (or taken from the inputs) for an earlier request of this task
+        staged = self.input
+        if (
+            output is None
+            and staged is not None
+            and not self.in_arena
+            and self.packed is None
+            and staged.fd >= 0
+            and staged.capacity >= size
+        ):
+            # The outputs overwrite the task's own copy of its inputs: a worker copies
+            # outputs out only once the run is over (every device's part: nothing reads
+            # an input after), and a task goes to another worker only if this one never
+            # began it. One segment a call, not two: a round trip of a numpy array holds
+            # 3x its bytes at its peak, not 4x.
+            self.output = staged
+            return staged
+        if output is not None and output is not staged:
             segments.give(output)
         self.segments = segments
         self.output = output = Segment()
