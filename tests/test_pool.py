@@ -127,6 +127,7 @@ def test_large_outputs_view_shared_memory_kept_for_reuse_or_freed_with_the_array
         pool.close()
     gc.collect()
     assert memfds_of() == []
+
     # With no room to keep segments, a result's memory goes with its arrays (the
     # worker's segment for a first run, then the one its input was copied into).
     def results() -> list[str]:
