@@ -442,7 +442,9 @@ def test_running_out_of_descriptors_is_a_clear_error() -> None:
         program = lower(lambda x: x.sum() + x, [sds(1 << 19)])
         x = np.ones(1 << 19, np.float32)
         with Pool(workers=1) as pool:
-            kept = pool.run(program, [np.zeros(1 << 19, np.float32)])  # no segment to recycle
+            # No segment to recycle: the second run's outputs went to the segment its input
+            # was copied into, the one the first run gave back, and are held.
+            kept = [pool.run(program, [np.zeros(1 << 19, np.float32)]) for _ in range(2)]
             held = take_every_descriptor()
             try:
                 pool.run(program, [x])

@@ -327,8 +327,7 @@ class TaskMemory:
         """Gives the segments back for reuse once the worker is done with them."""
         if self.segments is not None:
             self.segments.give(self.input, self.output)
-            shared, self.shared = self.shared, {}  # first: a second release unpins nothing
-            if shared:
-                self.segments.unpin(*(segment for segment, _ in shared.values()))
+            if self.shared:  # emptied as unpinned: a second release unpins nothing twice
+                self.segments.unpin(self.shared)
         self.arrays = self.packed = None
         self.held = []

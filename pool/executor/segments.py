@@ -446,11 +446,19 @@ class SegmentCache:
             into[index] = (segment, offset)
             return True
 
-    def unpin(self, *segments: Segment) -> None:
-        """A task is done with the segments it pinned; one the cache closed meanwhile goes now."""
+    def unpin(self, pinned: dict[int, tuple[Segment, int]]) -> None:
+        """A task is done with the segments it pinned (the records pin made); one the cache
+        closed meanwhile goes now.
+
+        Each pin is undone and its record removed in the same breath (plain
+        stores: no signal between), so that a Ctrl-C anywhere in here leaves
+        the records not yet undone for the task's next release, and none twice.
+        """
         with self._lock:
-            for segment in segments:
+            for index in list(pinned):
+                segment = pinned[index][0]
                 segment.pins -= 1
+                del pinned[index]
                 fd = segment.fd
                 if self._closed and segment.pins == 0 and fd >= 0:
                     segment.fd = -1
