@@ -100,6 +100,7 @@ class TaskMemory:
     __slots__ = (
         "all_types",
         "arrays",
+        "base",
         "count",
         "declared_types",
         "held",
@@ -110,6 +111,7 @@ class TaskMemory:
         "packed",
         "plan",
         "segments",
+        "sent_segments",
         "shared",
         "size",
         "types",
@@ -135,6 +137,8 @@ class TaskMemory:
         self.values: dict[int, DeviceValue] = {}  # input index -> the value it is
         self.held: list[object] = []  # the caller's shared arrays: their segments stay theirs
         self.plan: OutputPlan | None = None  # set when the request is built
+        self.base = 0  # where its inputs start in the arena (a run sent ahead's own region)
+        self.sent_segments: tuple[int, ...] = ()  # the new segments its request brought
 
     @property
     def plain(self) -> bool:
@@ -186,11 +190,21 @@ class TaskMemory:
         self.types = tuple(t for i, t in enumerate(self.all_types) if i not in skipped)
         self.offsets, self.size = shm.layout(self.types)
 
+    def place_in_arena(self, base: int) -> None:
+        """Its inputs go into the arena from `base` (a run sent ahead of its reply: its own
+        region, which no request in flight reads)."""
+        self.base = base
+
+    def sent(self, segments: tuple[int, ...]) -> None:
+        """Its request went, bringing these new segments (sent again if it fails)."""
+        self.sent_segments = segments
+
     def sources(self) -> tuple[places.Where, ...]:
         """Each input's Where: a value's id, a shared input's segment, or where it was
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
-        offsets = iter(self.offsets)
+        base = self.base if self.in_arena else 0
+        offsets = iter(offset + base for offset in self.offsets) if base else iter(self.offsets)
         values, shared = self.values, self.shared
         found: list[places.Where] = []
         for index in range(self.count):
@@ -254,11 +268,13 @@ class TaskMemory:
     def write_to_arena(self, arena: mmap.mmap, views: list[np.ndarray] | None = None) -> None:
         """Copies inputs that go through the arena into it; views are the arena's views of
         them, where the caller has them (the hot path), which copy fastest."""
+        base = self.base
         if self.packed is not None:
-            memoryview(arena)[: len(self.packed)] = self.packed
+            memoryview(arena)[base : base + len(self.packed)] = self.packed
         elif self.arrays is not None:
             if views is None:
-                shm.write(arena, self.arrays, self.offsets)
+                offsets = tuple(o + base for o in self.offsets) if base else self.offsets
+                shm.write(arena, self.arrays, offsets)
             else:
                 for view, array in zip(views, self.arrays, strict=True):
                     view[...] = array  # same dtype and shape: a plain copy, 6x np.copyto's speed

@@ -83,7 +83,12 @@ from pool.executor.dispatch import Dispatcher
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
-from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, DeviceStart
+from pool.executor.options import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MAX_FDS,
+    MAX_DISPATCH_AHEAD,
+    DeviceStart,
+)
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import SegmentCache
@@ -147,6 +152,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         run_workers: int | None = None,
         devices_per_worker: int = 1,
         device_start: DeviceStart = DeviceStart.WHEN_NEEDED,
+        dispatch_ahead: int = MAX_DISPATCH_AHEAD,
     ) -> None:
         # The options pool.executor.options declares (tests/test_pool_options.py: they agree).
         given = dict(locals())
@@ -229,6 +235,8 @@ class WorkerPool(TaskMaking, PoolArrays):
             wait_set,
             self._manager,
             self._pid,
+            self._requests,
+            settings.dispatch_ahead,
         )
 
     def _started(self, settings: PoolSettings) -> None:

@@ -14,6 +14,11 @@ into the next without crossing the process boundary::
       keep=0: new params  ◀── handle ──      outputs: value 2 kept, loss to shared memory
     del params (value 1)       ──next request drops it──▶ its device memory freed
 
+A run that keeps every output is sent ahead of its reply (Pool's dispatch_ahead):
+its handles come back at once, and should the run fail, its error is recorded on
+its values and raised where they are next used (a call taking one, fetch,
+np.asarray), as jax.jit's errors surface at the next use of an array.
+
 A call that takes a value runs on the worker that holds it. The worker's values
 die with it: a crash (or a kill: a timeout, an interrupted run) loses them, and
 every call that needs one fails with WorkerCrashedError naming the values lost
@@ -26,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from pool.errors import WorkerCrashedError
 from worker.records import ArrayType
 
 if TYPE_CHECKING:
@@ -118,9 +122,11 @@ class DeviceValue:
         """The process id of the worker that holds it."""
         return self._memory.pid
 
-    def lost_error(self) -> WorkerCrashedError | None:
-        """Why the value is gone (its worker died), or None while its worker holds it."""
-        return self._memory.lost
+    def lost_error(self) -> BaseException | None:
+        """Why the value is gone (the run sent ahead that was to make it failed, or its worker
+        died), or None while its worker holds it."""
+        memory = self._memory
+        return memory.failures.get(self.id) or memory.lost
 
     def fetch(self) -> np.ndarray:
         """Copies the value out of its worker into a numpy array (of shared memory, like a
@@ -143,7 +149,12 @@ class DeviceValue:
         )
 
     def __repr__(self) -> str:
-        where = "lost" if self._memory.lost is not None else f"in worker {self._memory.pid}"
+        memory = self._memory
+        where = f"in worker {memory.pid}"
+        if memory.failures and self.id in memory.failures:
+            where = "failed"
+        elif memory.lost is not None:
+            where = "lost"
         return f"<DeviceValue {self.array_type} {where}: {self.name}>"
 
 
@@ -168,7 +179,12 @@ def check_values(
                 "stays in the worker that holds it, so only its own pool can use it; fetch it "
                 "(np.asarray) and pass the array instead"
             )
-        lost = value._memory.lost
+        memory = value._memory
+        if memory.failures:  # a run sent ahead failed: the values it was to make are not
+            failure = memory.failures.get(value.id)
+            if failure is not None:
+                raise failure
+        lost = memory.lost
         if lost is not None:
             raise lost
         if types is not None and value.array_type != types[index]:
@@ -184,3 +200,13 @@ def check_values(
             )
         held = value._memory
     return held
+
+
+def failure_of(values: dict[int, DeviceValue]) -> BaseException | None:
+    """The error of a run sent ahead that failed to make one of these values (see
+    WorkerMemory.fail_values), or None."""
+    for value in values.values():
+        failures = value._memory.failures
+        if failures and value.id in failures:
+            return failures[value.id]
+    return None
