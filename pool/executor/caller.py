@@ -167,7 +167,9 @@ class CallerPath:
             if not ahead and worker.ahead and not self._drain(worker, False):
                 return
             assert task.memory is not None
-            failure = failure_of(task.memory.values)
+            operation = task.request.value  # a fetch's value
+            named = task.memory.values.values()
+            failure = failure_of(named if operation is None else (*named, operation.value))
             if failure is not None:
                 raise failure  # recover gives the worker back and fails the task with it
         if ahead:

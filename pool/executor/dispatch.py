@@ -220,19 +220,18 @@ class Dispatcher:
         return True
 
     def send_ahead(self, worker: WorkerProcess, task: Task) -> None:
-        """Sends a claimed worker a run that goes ahead of its reply (Requests.goes_ahead;
-        Pool's dispatch_ahead), its small inputs in an arena region of their own: its
-        handles, made at once, are its outcome, and the worker, let go of, keeps the task
-        in `ahead` until its reply is read, in order (WorkerProcess.answering), by the
-        next caller that claims it or by the manager."""
+        """Sends a claimed worker a run that goes ahead of its reply (Requests.goes_ahead),
+        its small inputs in an arena region of their own: its handles are its outcome at
+        once, and the worker, let go of, keeps it in `ahead` until its reply is read, in
+        order (WorkerProcess.answering), by the next caller to claim it or the manager."""
         memory = task.memory
         assert memory is not None
         memory.place_in_arena(worker.arena_region())
         if not self.send(worker, task):
             return
-        layout = memory.plan.layout  # type: ignore[union-attr]
-        assert layout is not None, "a run sent ahead has its outputs planned"
-        handles = self._with_kept(worker, task, layout.types, [], layout.nbytes)
+        layout = memory.plan.layout  # type: ignore[union-attr]  # (planned: all kept)
+        handles = self._with_kept(worker, task, layout.types, [], layout.nbytes)  # type: ignore[union-attr]
+        memory.went_ahead(handles)
         with self._lock:
             self._workers.went_ahead_locked(worker, task)
         resolve(task.future, handles)
@@ -254,13 +253,13 @@ class Dispatcher:
             worker.reading_reply(False)
             self._handle(worker, error.message, [], error)
         except (protocol.ConnectionLostError, OSError):
-            worker.reading_reply(False)
-            return False
+            return False  # (still `reading`: nothing reads a dead worker again)
         except Exception as error:  # not a frame of ours: the worker broke the protocol
             logger.warning("worker %d sent garbage (%r): replacing it", worker.pid, error)
             self._workers.retire(worker)
         else:
-            worker.reading_reply(False)
+            if not worker.ahead:  # else until the reply is handled (Workers.answered_locked)
+                worker.reading_reply(False)
             try:
                 self._handle(worker, message, fds)
             finally:
@@ -386,17 +385,14 @@ class Dispatcher:
     def _finish_ahead(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
         """The reply to a run sent ahead settles it. A failure (no value made) is recorded on
         its values, raised where they are used; one for want of a value an earlier run
-        failed to make records that run's error, the root."""
+        failed to make records that run's error."""
         memory = task.memory
-        assert memory is not None and memory.plan is not None
+        assert memory is not None
         if outcome is Resend.WITH_PROGRAM:  # it cannot be sent again: its handles are out
             outcome = PoolError(f"the worker had unloaded program {task.request.name!r}")
         if isinstance(outcome, BaseException):
-            failures = worker.memory.failures
-            named = (failures.get(value.id) for value in memory.values.values())
-            root = next((failure for failure in named if failure is not None), outcome)
             worker.memory.failed(memory.sent_segments)
-            worker.memory.fail_values(memory.plan.kept.values(), root)
+            root = memory.fail_made(outcome, task.request.name)
             logger.info("run %r, sent ahead of its reply, failed: %s", task.request.name, root)
         with self._lock:
             settled = self._workers.answered_locked(worker, task)

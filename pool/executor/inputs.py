@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pool.executor.segments import Segment, SegmentCache, lease_of, writer
-from pool.executor.values import DeviceValue
+from pool.executor.values import DeviceValue, failure_of
 from worker.arguments import types_of
 from worker.records import ArrayType
 from worker.wire import places, shm
@@ -106,6 +106,7 @@ class TaskMemory:
         "held",
         "in_arena",
         "input",
+        "made",
         "offsets",
         "output",
         "packed",
@@ -139,6 +140,7 @@ class TaskMemory:
         self.plan: OutputPlan | None = None  # set when the request is built
         self.base = 0  # where its inputs start in the arena (a run sent ahead's own region)
         self.sent_segments: tuple[int, ...] = ()  # the new segments its request brought
+        self.made: list[DeviceValue] = []  # the handles of a run sent ahead, until its reply
 
     @property
     def plain(self) -> bool:
@@ -194,6 +196,26 @@ class TaskMemory:
         """Its inputs go into the arena from `base` (a run sent ahead of its reply: its own
         region, which no request in flight reads)."""
         self.base = base
+
+    def went_ahead(self, handles: list[DeviceValue]) -> None:
+        """Its run went ahead of its reply with these handles: held until the reply (or the
+        worker's end) says whether the values were made (DeviceValue.fail)."""
+        self.made = handles
+
+    def fail_made(self, error: BaseException, name: str) -> BaseException:
+        """Its run went ahead and failed with `error`: its values fail with that, or, when it
+        failed for want of a value an earlier run sent ahead failed to make, with that
+        run's error (the root, returned), raised wherever they are used."""
+        root = failure_of(self.values.values())
+        if root is None:
+            root = error.with_traceback(None)  # its frames would hold this task
+            root.add_note(
+                f"Raised where the values {name!r} made are used: it was sent ahead of its "
+                "reply (Pool's dispatch_ahead), so its call had returned."
+            )
+        for value in self.made:
+            value.fail(root)
+        return root
 
     def sent(self, segments: tuple[int, ...]) -> None:
         """Its request went, bringing these new segments (sent again if it fails)."""
@@ -332,3 +354,4 @@ class TaskMemory:
                 self.segments.unpin(*(segment for segment, _ in shared.values()))
         self.arrays = self.packed = None
         self.held = []
+        self.made = []

@@ -258,8 +258,9 @@ class Manager(ManagerThread):
         the pool killed the worker."""
         with self._lock:
             for task in ahead:
-                if task.kill_error is not None and task.memory and task.memory.plan:
-                    worker.memory.fail_values(task.memory.plan.kept.values(), task.kill_error)
+                if task.kill_error is not None and task.memory is not None:
+                    for value in task.memory.made:
+                        value.fail(task.kill_error)
             settled = [task for task in ahead if task.settle()]
         if begun is not None and begun.kill_error is None and not worker.killed_by_pool:
             logger.warning(

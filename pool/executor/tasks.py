@@ -28,7 +28,7 @@ bookkeeping bug surfaces at once instead of hanging a caller::
 
 An AHEAD task is never queued again: its caller has its handles already, so
 its reply (or its worker's end) only settles it, and an error is recorded
-on the values it was to make (pool.executor.worker_memory.WorkerMemory.fail_values).
+on the values it was to make (pool.executor.values.DeviceValue.fail).
 
 A task is settled by exactly one thread: the one whose Task.settle() makes
 the move to DONE under the pool's lock; that thread alone completes it

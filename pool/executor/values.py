@@ -27,6 +27,7 @@ every call that needs one fails with WorkerCrashedError naming the values lost
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -58,6 +59,7 @@ class DeviceValue:
 
     __slots__ = (
         "__weakref__",
+        "_failure",
         "_made_by",
         "_memory",
         "_output",
@@ -89,6 +91,8 @@ class DeviceValue:
         # The array's size in bytes (what it holds of its worker's device memory), which
         # its maker knows: an attribute, not a property, as the worker's record reads it.
         self.nbytes = nbytes
+        # The error of the run sent ahead of its reply that was to make it, and did not.
+        self._failure: BaseException | None = None
 
     @property
     def name(self) -> str:
@@ -125,8 +129,13 @@ class DeviceValue:
     def lost_error(self) -> BaseException | None:
         """Why the value is gone (the run sent ahead that was to make it failed, or its worker
         died), or None while its worker holds it."""
-        memory = self._memory
-        return memory.failures.get(self.id) or memory.lost
+        return self._failure or self._memory.lost
+
+    def fail(self, error: BaseException) -> None:
+        """The run sent ahead of its reply (Pool's dispatch_ahead) that was to make the value
+        failed with `error`: every later use raises it (check_values). The error holds
+        no handle (a cycle through it is garbage once the handles are)."""
+        self._failure = error
 
     def fetch(self) -> np.ndarray:
         """Copies the value out of its worker into a numpy array (of shared memory, like a
@@ -151,7 +160,7 @@ class DeviceValue:
     def __repr__(self) -> str:
         memory = self._memory
         where = f"in worker {memory.pid}"
-        if memory.failures and self.id in memory.failures:
+        if self._failure is not None:
             where = "failed"
         elif memory.lost is not None:
             where = "lost"
@@ -179,12 +188,9 @@ def check_values(
                 "stays in the worker that holds it, so only its own pool can use it; fetch it "
                 "(np.asarray) and pass the array instead"
             )
-        memory = value._memory
-        if memory.failures:  # a run sent ahead failed: the values it was to make are not
-            failure = memory.failures.get(value.id)
-            if failure is not None:
-                raise failure
-        lost = memory.lost
+        if value._failure is not None:  # the run sent ahead that was to make it failed
+            raise value._failure
+        lost = value._memory.lost
         if lost is not None:
             raise lost
         if types is not None and value.array_type != types[index]:
@@ -202,11 +208,10 @@ def check_values(
     return held
 
 
-def failure_of(values: dict[int, DeviceValue]) -> BaseException | None:
+def failure_of(values: Iterable[DeviceValue]) -> BaseException | None:
     """The error of a run sent ahead that failed to make one of these values (see
-    WorkerMemory.fail_values), or None."""
-    for value in values.values():
-        failures = value._memory.failures
-        if failures and value.id in failures:
-            return failures[value.id]
+    DeviceValue.fail), or None."""
+    for value in values:
+        if value._failure is not None:
+            return value._failure
     return None

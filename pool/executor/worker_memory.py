@@ -12,9 +12,7 @@ brings the worker what the parent let go of since its last request:
               kept whose handles were never made (its reply failed, or reading it did)
 
 Both go with the worker's next request of any kind, so a worker that gets none
-keeps them until it does, or ends. A run sent ahead of its reply (dispatch_ahead)
-whose reply is an error made none of its values: the error is recorded for
-each (`failures`), and every later use of one raises it. The mirror changes only once a request has
+keeps them until it does, or ends. The mirror changes only once a request has
 gone (Deliveries, then WorkerMemory.delivered): a request built but never sent
 (its caller interrupted) changes nothing, and a request that failed takes its new
 segments back (WorkerMemory.failed: the worker may not have mapped them). Only the
@@ -91,8 +89,6 @@ class WorkerMemory:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.mapped: set[int] = set()  # segment ids the worker keeps mapped
-        # value id -> the error of the run sent ahead that was to make it, and did not
-        self.failures: dict[int, BaseException] = {}
         # program id -> the slot its PlacedRuns name, and the input types that slot takes
         self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
         self._values: dict[weakref.ref[Kept], tuple[int, int]] = {}  # -> (id, nbytes)
@@ -149,12 +145,8 @@ class WorkerMemory:
             self.mapped.difference_update(deliveries.forgets)
         values, dropped = self._values, self._dropped
         freed = 0
-        failures = self.failures
         for _ in range(deliveries.dropped):
-            value_id, nbytes = values.pop(dropped.popleft())
-            freed += nbytes
-            if failures:
-                failures.pop(value_id, None)
+            freed += values.pop(dropped.popleft())[1]
         self.value_bytes -= freed
         if deliveries.orphaned:
             del self._orphans[: deliveries.orphaned]
@@ -166,12 +158,6 @@ class WorkerMemory:
         segment sent twice again by id, replacing the first."""
         if segments:
             self.mapped.difference_update(segments)
-
-    def fail_values(self, value_ids: Iterable[int], error: BaseException) -> None:
-        """The run sent ahead that was to make these values failed with `error`: every later
-        use of one raises it (pool.executor.values.check_values)."""
-        for value_id in value_ids:
-            self.failures[value_id] = error
 
     def note_placed(self, program_id: str, slot: int, types: tuple[ArrayType, ...]) -> None:
         """The worker gave a program a slot for PlacedRuns of inputs of these types."""

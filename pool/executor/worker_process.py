@@ -180,7 +180,9 @@ class WorkerProcess:
         # before the reply to `task`); the worker is BUSY while there is one.
         self.ahead: collections.deque[Task] = collections.deque()
         self.sent_ahead_count = 0  # runs sent ahead so far: the next one's arena region
-        self.reading = False  # a reply is being read: a cut-short read breaks the stream
+        # A reply is being read (one to a run sent ahead: until it is handled): a read or
+        # handling cut short breaks the stream or the order of `ahead`.
+        self.reading = False
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()

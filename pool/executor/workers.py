@@ -272,6 +272,7 @@ class Workers:
         """The reply to `task`, the oldest run sent ahead to the worker, was read: the worker
         goes IDLE when it has no other; returns whether this call settled the task."""
         worker.answered(task)
+        worker.reading_reply(False)  # its reply is read and handled: the stream is whole
         if not worker.ahead and worker.task is None and worker.state is State.BUSY:
             worker.move(State.IDLE)  # read by the manager, which keeps it in its wait set
         return task.settle()
