@@ -48,7 +48,7 @@ from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Task, Tasks, TaskState, ValueOpKind
 from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
-from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
+from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
@@ -351,7 +351,9 @@ class Dispatcher:
     def _unexpected(self, worker: WorkerProcess, message: Any, fds: list[int]) -> None:
         """A message that answers no request of the worker's: it broke the protocol, retire it."""
         close_all(fds)
-        logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
+        dying = worker.state is State.DYING  # retired already: replies of runs sent ahead
+        level = logging.DEBUG if dying else logging.WARNING  # come after the one cut short
+        logger.log(level, "worker %d sent an unexpected message %r", worker.pid, message)
         self._workers.retire(worker)
 
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
