@@ -215,8 +215,8 @@ class Dispatcher:
             self._workers.retire(worker)
             return False
         worker.memory.delivered(deliveries)  # once it went (see pool.executor.worker_memory)
-        if deliveries.segments:
-            task.memory.sent(deliveries.segments)  # type: ignore[union-attr]
+        if task.memory is not None:  # (a compile's has none)
+            task.memory.sent(deliveries.segments)
         return True
 
     def send_ahead(self, worker: WorkerProcess, task: Task) -> None:
