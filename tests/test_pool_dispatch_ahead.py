@@ -103,6 +103,16 @@ def within(call: Callable[[], Any], seconds: float) -> tuple[bool, list[Any]]:
     return not thread.is_alive(), outcome
 
 
+def sent(call: Callable[[], Any]) -> Any:
+    """call()'s result, which must come back within seconds although the worker is stopped
+    (a run sent ahead of its reply): a call that waits fails the test instead of hanging it."""
+    returned, outcome = within(call, 5)
+    assert returned, "a kept run waited for its reply"
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
 def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -116,9 +126,7 @@ def test_kept_runs_return_before_their_replies(pool: Pool, step: Any) -> None:
     made = []
     with stopped(pid_of(pool)):
         for batch in batches[:3]:
-            returned, outcome = within(lambda b=batch: step(w if not made else made[-1][0], b), 5)
-            assert returned, "a kept run waited for its reply"
-            made.append(outcome[0])
+            made.append(sent(lambda b=batch: step(w if not made else made[-1][0], b)))
         assert pool.worker_info[0]["ahead"] == 3
         # A fourth waits: three are in flight at most (dispatch_ahead).
         fourth, outcome = within(lambda: step(made[-1][0], batches[3]), 0.3)
@@ -146,9 +154,7 @@ def test_runs_ahead_keep_their_own_inputs(pool: Pool, elements: int) -> None:
     outputs = []
     with stopped(pid_of(pool)):
         for batch in batches:
-            returned, outcome = within(lambda b=batch: kept(w, b), 5)
-            assert returned
-            outputs.append(outcome[0])
+            outputs.append(sent(lambda b=batch: kept(w, b)))
             batch[:] = -1  # the caller's array changes once the call returned: the run's not
         assert pool.worker_info[0]["ahead"] == 3
     for (params, _), factor in zip(outputs, range(2, 5), strict=True):
@@ -165,11 +171,9 @@ def test_a_failed_run_fails_its_values_and_the_runs_sent_after_it(pool: Pool) ->
     np.asarray(w)  # its reply read: no run in flight
     pid = pid_of(pool)
     with stopped(pid):
-        returned, outcome = within(lambda: [failing(w, -ones)], 5)
-        assert returned
-        (first,) = outcome[0][0]
-        (second,) = failing(first, ones)  # names a value its worker will never make
-        (third,) = failing(second, ones)
+        (first,) = sent(lambda: failing(w, -ones))
+        (second,) = sent(lambda: failing(first, ones))  # names a value never to be made
+        (third,) = sent(lambda: failing(second, ones))
     with pytest.raises(Exception, match="fail_if_negative: the input starts negative") as raised:
         np.asarray(third)
     assert "dispatch_ahead" in "".join(getattr(raised.value, "__notes__", []))
@@ -187,7 +191,7 @@ def test_a_fetch_waits_for_the_runs_ahead_of_it(pool: Pool, step: Any) -> None:
     ones = np.ones(WIDTH, np.float32)
     with stopped(pid_of(pool)):
         for _ in range(3):
-            w, _ = step(w, ones)
+            w, _ = sent(lambda w=w: step(w, ones))
         fetched, array = within(lambda: np.asarray(w), 0.3)
         assert not fetched  # a fetch waits for its reply, and for those before it
         plain, losses = within(lambda: pool.function(add_step, keep=0)(w, ones), 0.1)
@@ -249,7 +253,7 @@ def test_a_crash_fails_every_value_in_flight(pool: Pool, step: Any) -> None:
     made = []
     with stopped(pid):
         for _ in range(3):
-            w, _ = step(w, ones)
+            w, _ = sent(lambda w=w: step(w, ones))
             made.append(w)
         os.kill(pid, signal.SIGKILL)
     for value in made:
