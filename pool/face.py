@@ -288,7 +288,10 @@ class PoolFace(abc.ABC):
         `step = pool.function(train_step, keep=0)` returning (params, loss)
         gives params as values, which the next call takes as they are, so the
         parameters never leave the worker between steps (np.asarray or fetch()
-        copies them out). A Pool's only: a ClusterPool refuses it.
+        copies them out). A Pool's only: a ClusterPool refuses it. A call whose
+        result is kept whole (keep=True) returns once its request is sent, as
+        jax.jit returns once it dispatched (the Pool's dispatch_ahead): an
+        error of that run is raised where its values are next used.
 
         donate_argnums is accepted and ignored, with a warning: arguments are
         copied into shared memory for the worker, so donated arrays stay

@@ -36,6 +36,7 @@ script measures older trees too.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import sys
@@ -277,7 +278,9 @@ def partloop_seconds(steps: int, width: int) -> None:
     print(f"\nloop: {steps} SGD steps of an MLP (width {width}, batch 256), ms per step")
     results: dict[str, tuple[float, Any]] = {}
     jitted = jax.jit(step)
-    with Pool(1) as pool:
+    # A tree with dispatch ahead (Pool's dispatch_ahead) runs the all-kept leg with it off too.
+    ahead = "dispatch_ahead" in inspect.signature(Pool).parameters
+    with Pool(1) as pool, Pool(1, **({"dispatch_ahead": 0} if ahead else {})) as waiting:
         legs: dict[str, Callable[[], tuple[float, Any]]] = {
             "jax.jit": lambda: loop_seconds(jitted, params, x, y, steps),
             "Pool.function": lambda: loop_seconds(pool.function(step), params, x, y, steps),
@@ -287,6 +290,9 @@ def partloop_seconds(steps: int, width: int) -> None:
             legs["Pool.function, kept"] = lambda: loop_seconds(kept, params, x, y, steps)
             everything = pool.function(step, keep=True)
             legs["Pool.function, all kept"] = lambda: loop_seconds(everything, params, x, y, steps)
+        if ahead:
+            awaited = waiting.function(step, keep=True)
+            legs["all kept, ahead=0"] = lambda: loop_seconds(awaited, params, x, y, steps)
         for _ in range(2):  # alternated twice; the faster of each
             for name, leg in legs.items():
                 seconds, final = leg()

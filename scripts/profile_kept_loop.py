@@ -5,6 +5,7 @@ Usage::
 
     python scripts/profile_kept_loop.py [--platform tpu] [--width 1024] [--steps 300]
     python scripts/profile_kept_loop.py --width 16 --steps 1000 --against OTHER_PYTHON
+    python scripts/profile_kept_loop.py --width 16 --steps 1000 --against-ahead 0
 
 A step is `params, loss = kept(params, x, y)` of an MLP's SGD step through
 `pool.function(step, keep=True)`: every output stays in the worker. The figures
@@ -29,6 +30,13 @@ parent's own), and the time a call of a chain of `pool.run(tiny, [value], keep=0
 main's checkout), it runs --json figures alternately with this interpreter and that one,
 --alternations times each, and prints each side's medians and the ratios this/that. On a
 TPU host it needs the chip (one process at a time); on a CPU it runs as is.
+
+A kept step is sent ahead of its reply (Pool's dispatch_ahead, default 3): the loop reads
+its last loss at the end, so that a step's time covers the runs still in flight, and the
+wait then includes the caller's waits for earlier replies (CallerPath._drain's, in
+protocol.wait_until_readable). --dispatch-ahead N gives the pool that option (a tree
+without it refuses it); --against-ahead N alternates this tree as it is with this tree
+given --dispatch-ahead N, as --against alternates two trees (ratios default/N).
 """
 
 from __future__ import annotations
@@ -61,14 +69,18 @@ FIGURES = ("step", "wait", "own", "own cpu", "tiny", "tiny own", "tiny own cpu")
 class WaitClock:
     """Times the caller's waits for replies: wraps protocol.spin_until_readable (Pool.run's
     wait, looked up on the module at each call) so that it returns only once the reply is
-    there, summing the wall and thread CPU time spent in it."""
+    there, and protocol.wait_until_readable (the wait for a reply of a run sent ahead),
+    summing the wall and thread CPU time spent in them."""
 
     def __init__(self) -> None:
         self.wall = 0.0
         self.cpu = 0.0
+        self.nested = False  # in the wrapped wait_until_readable
         spin = protocol.spin_until_readable
 
         def timed(poller: Any, seconds: float) -> bool:
+            if self.nested:  # wait_until_readable's own spin: timed there
+                return spin(poller, seconds)
             wall, cpu = time.perf_counter(), time.thread_time()
             if not spin(poller, seconds):
                 poller.poll()  # the rest of the wait, asleep (run_directly would block in recv)
@@ -77,6 +89,19 @@ class WaitClock:
             return True
 
         protocol.spin_until_readable = timed  # type: ignore[assignment]
+        wait = protocol.wait_until_readable
+
+        def timed_wait(poller: Any, seconds: float, timeout: float | None) -> bool:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self.nested = True
+            try:
+                return wait(poller, seconds, timeout)
+            finally:
+                self.nested = False
+                self.wall += time.perf_counter() - wall
+                self.cpu += time.thread_time() - cpu
+
+        protocol.wait_until_readable = timed_wait  # type: ignore[assignment]
 
     def measure(self, loop: Callable[[], object], calls: int) -> dict[str, float]:
         """Seconds a call of `calls` calls of loop(): wall, waited, own wall and own CPU."""
@@ -92,22 +117,30 @@ class WaitClock:
         }
 
 
-def figures(width: int, steps: int, rounds: int, platform: str | None) -> dict[str, float]:
+def pool_of(platform: str | None, ahead: int | None) -> Pool:
+    """Pool(1) for the platform, given dispatch_ahead when `ahead` is not None."""
+    return Pool(1, platform=platform, **({} if ahead is None else {"dispatch_ahead": ahead}))
+
+
+def figures(
+    width: int, steps: int, rounds: int, platform: str | None, ahead: int | None
+) -> dict[str, float]:
     """The medians of each figure (FIGURES) over `rounds` loops of `steps` steps."""
     params, x, y, step = mlp_problem(width)
     clock = WaitClock()
     found: dict[str, list[float]] = {name: [] for name in FIGURES}
     tiny = lower(lambda a: a + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)], platform=platform)
     small = np.ones(4, np.float32)
-    with Pool(1, platform=platform) as pool:
+    with pool_of(platform, ahead) as pool:
         kept = pool.function(step, keep=True)
         loop_seconds(kept, params, x, y, steps)  # compiled, warm
         pool.run(tiny, [small])
 
         def steps_loop() -> None:
-            p, _ = kept(params, x, y)
+            p, value = kept(params, x, y)
             for _ in range(steps - 1):
-                p, _ = kept(p, x, y)
+                p, value = kept(p, x, y)
+            float(np.asarray(value))  # the runs still in flight (sent ahead) end too
 
         def tiny_loop() -> None:
             for _ in range(steps):
@@ -127,10 +160,10 @@ def show(values: dict[str, float]) -> str:
     return "  ".join(f"{name} {values[name] * 1e3:.4f} ms" for name in FIGURES)
 
 
-def profile(width: int, steps: int, platform: str | None) -> None:
+def profile(width: int, steps: int, platform: str | None, ahead: int | None) -> None:
     """The loop's times, the parent's cProfile of one loop, and a chain of kept tiny runs."""
     params, x, y, step = mlp_problem(width)
-    with Pool(1, platform=platform) as pool:
+    with pool_of(platform, ahead) as pool:
         kept = pool.function(step, keep=True)
         for _ in range(2):
             each, p = loop_seconds(kept, params, x, y, steps)
@@ -153,24 +186,27 @@ def profile(width: int, steps: int, platform: str | None) -> None:
         print(f"a chain of kept tiny runs: {each * 1e3:.3f} ms a call")
 
 
-def against(other: str, alternations: int, arguments: list[str]) -> None:
-    """Runs --json figures with this interpreter and `other` alternately; prints the medians
-    of each side and the ratios this/other."""
-    sides: dict[str, list[dict[str, float]]] = {sys.executable: [], other: []}
+def against(this: list[str], other: list[str], alternations: int, arguments: list[str]) -> None:
+    """Runs --json figures with the command `this` and the command `other` (an interpreter,
+    and options of this script) alternately; prints the medians of each side and the
+    ratios this/other."""
+    sides: dict[str, list[dict[str, float]]] = {" ".join(this): [], " ".join(other): []}
+    commands = {" ".join(this): this, " ".join(other): other}
     for _ in range(alternations):
-        for python in sides:
-            command = [python, __file__, "--json", *arguments]
+        for side, runs in sides.items():
+            python, *options = commands[side]
+            command = [python, __file__, "--json", *arguments, *options]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            sides[python].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"{python}: {show(sides[python][-1])}", flush=True)
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+            print(f"{side}: {show(runs[-1])}", flush=True)
     medians = {
-        python: {name: statistics.median(run[name] for run in runs) for name in FIGURES}
-        for python, runs in sides.items()
+        side: {name: statistics.median(run[name] for run in runs) for name in FIGURES}
+        for side, runs in sides.items()
     }
-    for python, values in medians.items():
-        print(f"median {python}: {show(values)}")
-    this, that = medians[sys.executable], medians[other]
-    print("this / other: " + "  ".join(f"{n} {this[n] / that[n]:.3f}" for n in FIGURES))
+    for side, values in medians.items():
+        print(f"median {side}: {show(values)}")
+    mine, theirs = medians[" ".join(this)], medians[" ".join(other)]
+    print("this / other: " + "  ".join(f"{n} {mine[n] / theirs[n]:.3f}" for n in FIGURES))
 
 
 def main() -> None:
@@ -182,19 +218,30 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the figures, as JSON")
     parser.add_argument("--against", metavar="PYTHON", help="another tree's interpreter")
     parser.add_argument("--alternations", type=int, default=4)
+    parser.add_argument("--dispatch-ahead", type=int, help="the pool's dispatch_ahead")
+    parser.add_argument(
+        "--against-ahead", type=int, metavar="N", help="against this tree with dispatch_ahead=N"
+    )
     args = parser.parse_args()
     common = ["--width", str(args.width), "--steps", str(args.steps), "--rounds", str(args.rounds)]
     if args.platform:
         common += ["--platform", args.platform]
+    this = [sys.executable]
+    if args.dispatch_ahead is not None:
+        this += ["--dispatch-ahead", str(args.dispatch_ahead)]
     if args.against:
-        against(args.against, args.alternations, common)
+        against(this, [args.against], args.alternations, common)
         return
-    values = figures(args.width, args.steps, args.rounds, args.platform)
+    if args.against_ahead is not None:
+        other = [sys.executable, "--dispatch-ahead", str(args.against_ahead)]
+        against(this, other, args.alternations, common)
+        return
+    values = figures(args.width, args.steps, args.rounds, args.platform, args.dispatch_ahead)
     if args.json:
         print(json.dumps(values))
         return
     print(show(values))
-    profile(args.width, args.steps, args.platform)
+    profile(args.width, args.steps, args.platform, args.dispatch_ahead)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,13 @@ the work itself where it can, and this part is everything it does:
 
     enqueue          queue a task and dispatch from the caller's thread
     enqueue_compiled the same, for a run once the compile before it is done
-    claim            an idle worker for the caller's own run (Pool.run)
-    run_directly     send that worker the task and read its reply here
+    claim            an idle worker for the caller's own run (Pool.run), or one
+                     whose runs sent ahead await their replies
+    run_directly     send that worker the task and read its reply here; or, for
+                     a run that keeps every output, send it ahead of its reply
+                     (Pool's dispatch_ahead): its handles come back at once, and
+                     its reply is read by the next call to the worker (drain)
+                     or by the manager
     read_reply       a caller waiting in TaskFuture.result() takes the socket of
                      the worker running its task over and reads the reply itself
     relay            the done-callbacks of futures a caller completed go to the
@@ -33,7 +38,9 @@ from pool.executor import forks
 from pool.executor.dispatch import Dispatcher
 from pool.executor.futures import TaskFuture, remaining
 from pool.executor.quarantine import Quarantine
-from pool.executor.tasks import Task, Tasks
+from pool.executor.requests import Requests
+from pool.executor.tasks import Task, Tasks, TaskState
+from pool.executor.values import failure_of
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import WorkerProcess
 from pool.executor.workers import Workers
@@ -56,6 +63,8 @@ class CallerPath:
         wait_set: WaitSet,
         manager: threading.Thread,
         owner: int,
+        requests: Requests,
+        ahead: int,
     ) -> None:
         self._lock = lock  # the pool's: claims, take-overs and settling happen under it
         self._tasks = tasks  # the queue its tasks join, the relayed calls, settling
@@ -65,6 +74,8 @@ class CallerPath:
         self._wait_set = wait_set  # woken for what only the manager may do
         self._manager = manager  # reads every reply it holds: its own calls read none here
         self._owner = owner  # the process that made the pool (see pool.executor.forks)
+        self._requests = requests  # says which runs may go ahead of their replies
+        self._ahead = ahead  # how many runs may be out ahead of their replies (dispatch_ahead)
 
     # -- queueing ---------------------------------------------------------------
 
@@ -126,6 +137,8 @@ class CallerPath:
                 return None  # the queue keeps the order, or reports the refusal
             request = task.request
             worker = self._workers.idle_locked(request.program_id, kind, request.worker)
+            if worker is None and self._ahead:
+                worker = self._workers.ahead_locked(request.program_id, kind, request.worker)
             if worker is None:
                 return None
             # No set_running_or_notify_cancel: Pool.run's future is its own, so
@@ -139,12 +152,53 @@ class CallerPath:
         Handling the reply gives the worker back (idle); a dead worker is
         given back for the manager to reap (which fails or requeues the
         task); one that breaks the protocol is retired. An exception of
-        this thread's own is put right by recover.
+        this thread's own is put right by recover. A run that may go ahead
+        of its reply (Requests.goes_ahead) is sent and not waited for. The
+        replies of the runs sent ahead to the worker are read first (drain);
+        one that failed to make a value this task takes fails it here, with
+        that run's error.
         """
+        ahead = self._ahead > 0 and self._requests.goes_ahead(task, worker)
+        if worker.ahead:
+            if not self._drain(worker, ahead):
+                return  # it died: given back, the manager reaps it and settles the task
+            # The replies read may change what the run goes as (a program unloaded).
+            ahead = ahead and self._requests.goes_ahead(task, worker)
+            if not ahead and worker.ahead and not self._drain(worker, False):
+                return
+            assert task.memory is not None
+            operation = task.request.value  # a fetch's value
+            named = task.memory.values.values()
+            failure = failure_of(named if operation is None else (*named, operation.value))
+            if failure is not None:
+                raise failure  # recover gives the worker back and fails the task with it
+        if ahead:
+            self._dispatcher.send_ahead(worker, task)
+            return
         if not self._dispatcher.send(worker, task):
             return  # dead or broken, and retired: it cannot have started the task
         protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
         self.receive_directly(worker)
+
+    def _drain(self, worker: WorkerProcess, ahead: bool) -> bool:
+        """Reads the replies of the runs sent ahead to a worker this thread claimed, in
+        order: every one before a run that waits for its own reply, else those there
+        already, and the oldest while dispatch_ahead runs are out (a run sent ahead is
+        answered once the worker dispatched it, so this waits for the worker, not the
+        device). False when the worker died or broke the protocol (given back, for the
+        manager to reap)."""
+        poller, limit = worker.poller, self._ahead
+        while worker.ahead:
+            if ahead and len(worker.ahead) < limit:
+                if not poller.poll(0):
+                    break  # nothing there: read with a later call
+            else:
+                # No timeout: a deadline passed kills the worker, whose end of file ends this.
+                protocol.wait_until_readable(poller, DIRECT_SPIN_SECONDS, None)
+            if not self._dispatcher.receive(worker) or worker.holder is None:
+                self._workers.give_back(worker)  # (nothing to give back once retired)
+                return False
+        return True
 
     def receive_directly(self, worker: WorkerProcess) -> None:
         """Reads and handles the reply of a worker the caller's thread holds, which handling
@@ -242,13 +296,15 @@ class CallerPath:
         with self._lock:
             for worker in workers.held_by_locked(me):
                 held = worker.task
-                if held is not None and held.sent:
-                    workers.retire_locked(worker)
+                if worker.reading or (held is not None and held.sent):
+                    workers.retire_locked(worker)  # a frame may be cut short, either way
                     continue
                 if held is not None and held is not own:
                     tasks.requeue_locked(held)
                 workers.unclaim_locked(worker)
-            if not own.done:
+            if own.state is TaskState.AHEAD:
+                pass  # sent ahead, its handles made: its reply settles it
+            elif not own.done:
                 running = workers.running_locked(own)
                 if running is not None:
                     workers.kill_task_locked(running, failure)

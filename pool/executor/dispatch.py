@@ -24,7 +24,8 @@ cost a thread switch on every task). What keeps them apart:
 One function does each step, whichever thread takes it: dispatch (claim
 queued tasks), send (a claimed task's request, built by
 pool.executor.requests), receive (one message, with what can go wrong in
-reading it) and the reply's handling down to settling.
+reading it) and the reply's handling down to settling; a run that keeps
+every output may go ahead of its reply (send_ahead, _finish_ahead).
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ import numpy as np
 
 from pool.errors import DeviceFailureError, PoolError, rebuild_error
 from pool.executor.compile_many import CompileResult
+from pool.executor.futures import resolve
 from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.requests import Requests
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import Kind, Task, Tasks, ValueOpKind
+from pool.executor.tasks import Kind, Task, Tasks, TaskState, ValueOpKind
 from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
-from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
+from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
 from worker.fds import close_all
 from worker.identity.keys import check_key
@@ -213,7 +215,26 @@ class Dispatcher:
             self._workers.retire(worker)
             return False
         worker.memory.delivered(deliveries)  # once it went (see pool.executor.worker_memory)
+        if task.memory is not None:  # (a compile's has none)
+            task.memory.sent(deliveries.segments)
         return True
+
+    def send_ahead(self, worker: WorkerProcess, task: Task) -> None:
+        """Sends a claimed worker a run that goes ahead of its reply (Requests.goes_ahead),
+        its small inputs in an arena region of their own: its handles are its outcome at
+        once, and the worker, let go of, keeps it in `ahead` until its reply is read, in
+        order (WorkerProcess.answering), by the next caller to claim it or the manager."""
+        memory = task.memory
+        assert memory is not None
+        memory.place_in_arena(worker.arena_region())
+        if not self.send(worker, task):
+            return
+        layout = memory.plan.layout  # type: ignore[union-attr]  # (planned: all kept)
+        handles = self._with_kept(worker, task, layout.types, [], layout.nbytes)  # type: ignore[union-attr]
+        memory.went_ahead(handles)
+        with self._lock:
+            self._workers.went_ahead_locked(worker, task)
+        resolve(task.future, handles)
 
     # -- replies -------------------------------------------------------------------
 
@@ -225,16 +246,20 @@ class Dispatcher:
         protocol and is retired. A worker with a task always ends up given back.
         """
         fds: list[int] = []
+        worker.reading_reply(True)  # until a frame is read whole (see CallerPath.recover)
         try:
             message, fds = worker.receive()
         except protocol.DescriptorLimitError as error:
+            worker.reading_reply(False)
             self._handle(worker, error.message, [], error)
         except (protocol.ConnectionLostError, OSError):
-            return False
+            return False  # (still `reading`: nothing reads a dead worker again)
         except Exception as error:  # not a frame of ours: the worker broke the protocol
             logger.warning("worker %d sent garbage (%r): replacing it", worker.pid, error)
             self._workers.retire(worker)
         else:
+            if not worker.ahead:  # else until the reply is handled (Workers.answered_locked)
+                worker.reading_reply(False)
             try:
                 self._handle(worker, message, fds)
             finally:
@@ -254,7 +279,7 @@ class Dispatcher:
         dropped is the DescriptorLimitError of a reply whose descriptors the
         kernel dropped: the reply's task fails with it.
         """
-        task = worker.task
+        task = worker.answering()
         if type(message) is protocol.HotReply:
             self._handle_hot(worker, task, message, fds)
             return
@@ -306,7 +331,9 @@ class Dispatcher:
             return
         outcome: Result | None = None
         try:
-            if hot is None:
+            if task.state is TaskState.AHEAD:  # its handles were made when it was sent
+                worker.note_loaded(task.request.program_id, ())
+            elif hot is None:
                 outcome = self._placed_outputs(worker, task)
                 worker.note_loaded(task.request.program_id, ())
             else:
@@ -324,7 +351,9 @@ class Dispatcher:
     def _unexpected(self, worker: WorkerProcess, message: Any, fds: list[int]) -> None:
         """A message that answers no request of the worker's: it broke the protocol, retire it."""
         close_all(fds)
-        logger.warning("worker %d sent an unexpected message %r", worker.pid, message)
+        dying = worker.state is State.DYING  # retired already: replies of runs sent ahead
+        level = logging.DEBUG if dying else logging.WARNING  # come after the one cut short
+        logger.log(level, "worker %d sent an unexpected message %r", worker.pid, message)
         self._workers.retire(worker)
 
     def _finish(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
@@ -334,9 +363,13 @@ class Dispatcher:
         have kept values no handle names: the worker is told to drop them with
         its next request (WorkerMemory.orphan). Any request that failed (or is sent
         again) sends its new segments again (WorkerMemory.failed)."""
-        plan = None if task.memory is None else task.memory.plan
+        if task.state is TaskState.AHEAD:
+            self._finish_ahead(worker, task, outcome)
+            return
+        memory = task.memory
+        plan = None if memory is None else memory.plan
         if isinstance(outcome, BaseException) or outcome is Resend.WITH_PROGRAM:
-            worker.memory.failed()
+            worker.memory.failed(() if memory is None else memory.sent_segments)
             if isinstance(outcome, BaseException) and plan is not None and plan.kept:
                 worker.memory.orphan(plan.kept.values())
         with self._lock:
@@ -350,6 +383,23 @@ class Dispatcher:
                 settled = task.settle()
         if settled:
             task.complete(outcome)
+
+    def _finish_ahead(self, worker: WorkerProcess, task: Task, outcome: Result | None) -> None:
+        """The reply to a run sent ahead settles it. A failure (no value made) is recorded on
+        its values, raised where they are used; one for want of a value an earlier run
+        failed to make records that run's error."""
+        memory = task.memory
+        assert memory is not None
+        if outcome is Resend.WITH_PROGRAM:  # it cannot be sent again: its handles are out
+            outcome = PoolError(f"the worker had unloaded program {task.request.name!r}")
+        if isinstance(outcome, BaseException):
+            worker.memory.failed(memory.sent_segments)
+            root = memory.fail_made(outcome, task.request.name)
+            logger.info("run %r, sent ahead of its reply, failed: %s", task.request.name, root)
+        with self._lock:
+            settled = self._workers.answered_locked(worker, task)
+        if settled:
+            task.release()  # its outcome, the handles, was set when it was sent
 
     def _outcome(
         self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pool.executor.segments import Segment, SegmentCache, lease_of, writer
-from pool.executor.values import DeviceValue
+from pool.executor.values import DeviceValue, failure_of
 from worker.arguments import types_of
 from worker.records import ArrayType
 from worker.wire import places, shm
@@ -100,16 +100,19 @@ class TaskMemory:
     __slots__ = (
         "all_types",
         "arrays",
+        "base",
         "count",
         "declared_types",
         "held",
         "in_arena",
         "input",
+        "made",
         "offsets",
         "output",
         "packed",
         "plan",
         "segments",
+        "sent_segments",
         "shared",
         "size",
         "types",
@@ -135,6 +138,9 @@ class TaskMemory:
         self.values: dict[int, DeviceValue] = {}  # input index -> the value it is
         self.held: list[object] = []  # the caller's shared arrays: their segments stay theirs
         self.plan: OutputPlan | None = None  # set when the request is built
+        self.base = 0  # where its inputs start in the arena (a run sent ahead's own region)
+        self.sent_segments: tuple[int, ...] = ()  # the new segments its request brought
+        self.made: list[DeviceValue] = []  # the handles of a run sent ahead, until its reply
 
     @property
     def plain(self) -> bool:
@@ -186,11 +192,41 @@ class TaskMemory:
         self.types = tuple(t for i, t in enumerate(self.all_types) if i not in skipped)
         self.offsets, self.size = shm.layout(self.types)
 
+    def place_in_arena(self, base: int) -> None:
+        """Its inputs go into the arena from `base` (a run sent ahead of its reply: its own
+        region, which no request in flight reads)."""
+        self.base = base
+
+    def went_ahead(self, handles: list[DeviceValue]) -> None:
+        """Its run went ahead of its reply with these handles: held until the reply (or the
+        worker's end) says whether the values were made (DeviceValue.fail)."""
+        self.made = handles
+
+    def fail_made(self, error: BaseException, name: str) -> BaseException:
+        """Its run went ahead and failed with `error`: its values fail with that, or, when it
+        failed for want of a value an earlier run sent ahead failed to make, with that
+        run's error (the root, returned), raised wherever they are used."""
+        root = failure_of(self.values.values())
+        if root is None:
+            root = error.with_traceback(None)  # its frames would hold this task
+            root.add_note(
+                f"Raised where the values {name!r} made are used: it was sent ahead of its "
+                "reply (Pool's dispatch_ahead), so its call had returned."
+            )
+        for value in self.made:
+            value.fail(root)
+        return root
+
+    def sent(self, segments: tuple[int, ...]) -> None:
+        """Its request went, bringing these new segments (sent again if it fails)."""
+        self.sent_segments = segments
+
     def sources(self) -> tuple[places.Where, ...]:
         """Each input's Where: a value's id, a shared input's segment, or where it was
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
-        offsets = iter(self.offsets)
+        base = self.base if self.in_arena else 0
+        offsets = iter(offset + base for offset in self.offsets) if base else iter(self.offsets)
         values, shared = self.values, self.shared
         found: list[places.Where] = []
         for index in range(self.count):
@@ -254,11 +290,13 @@ class TaskMemory:
     def write_to_arena(self, arena: mmap.mmap, views: list[np.ndarray] | None = None) -> None:
         """Copies inputs that go through the arena into it; views are the arena's views of
         them, where the caller has them (the hot path), which copy fastest."""
+        base = self.base
         if self.packed is not None:
-            memoryview(arena)[: len(self.packed)] = self.packed
+            memoryview(arena)[base : base + len(self.packed)] = self.packed
         elif self.arrays is not None:
             if views is None:
-                shm.write(arena, self.arrays, self.offsets)
+                offsets = tuple(o + base for o in self.offsets) if base else self.offsets
+                shm.write(arena, self.arrays, offsets)
             else:
                 for view, array in zip(views, self.arrays, strict=True):
                     view[...] = array  # same dtype and shape: a plain copy, 6x np.copyto's speed
@@ -331,3 +369,4 @@ class TaskMemory:
                 self.segments.unpin(self.shared)
         self.arrays = self.packed = None
         self.held = []
+        self.made = []

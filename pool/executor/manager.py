@@ -202,18 +202,22 @@ class Manager(ManagerThread):
         self._starts.expire_starts(self._start_timeout)
         with self._lock:
             for worker in self._workers:
-                task = worker.task
-                if worker.state is not State.BUSY or task is None or task.deadline is None:
+                if worker.state is not State.BUSY:
                     continue
-                if now >= task.deadline:
-                    request = task.request
-                    timed_out = TaskTimeoutError(
-                        f"program {request.name!r} did not finish within {request.timeout:g} s "
-                        f"({request.kind.value}); its worker (pid {worker.pid}) was killed and "
-                        "replaced"
-                    )
-                    self._workers.kill_task_locked(worker, timed_out)
-                else:
+                # Its task, and the runs sent ahead of their replies (each's deadline runs
+                # until its reply is read).
+                for task in (worker.task, *worker.ahead) if worker.ahead else (worker.task,):
+                    if task is None or task.deadline is None:
+                        continue
+                    if now >= task.deadline:
+                        request = task.request
+                        timed_out = TaskTimeoutError(
+                            f"program {request.name!r} did not finish within "
+                            f"{request.timeout:g} s ({request.kind.value}); its worker (pid "
+                            f"{worker.pid}) was killed and replaced"
+                        )
+                        self._workers.kill_task_locked(worker, timed_out, task)
+                        break
                     remaining = task.deadline - now
                     nearest = remaining if nearest is None else min(nearest, remaining)
         return nearest
@@ -223,15 +227,18 @@ class Manager(ManagerThread):
     def _on_worker_lost(self, worker: WorkerProcess) -> None:
         """A worker's socket ended: reap it, settle or requeue its task, start a replacement."""
         with self._lock:
+            ahead, begun = self._workers.take_ahead_locked(worker)
             task, started, was_starting = self._workers.lose_locked(worker)
         returncode = self._workers.reap(worker)
         tail = worker.output_tail()
         with self._lock:
-            # Its values went with it: what needed them fails, naming them.
+            # Its values went with it, those of the runs sent ahead too (kept when they were
+            # sent): what needed them fails, naming them.
             lost = worker.memory.lose(describe_exit(returncode))
             self._tasks.fail_pinned_locked(
                 worker.memory, lost or WorkerCrashedError(f"the worker {describe_exit(returncode)}")
             )
+        self._settle_ahead(worker, ahead, begun, returncode)
         if task is not None:
             self._on_task_lost(task, worker, started, returncode, tail)
         failure = worker.startup_failure
@@ -241,6 +248,28 @@ class Manager(ManagerThread):
                 f"with:\n{tail or '(nothing)'}"
             )
         self._starts.replace(worker.index, failure)
+
+    def _settle_ahead(
+        self, worker: WorkerProcess, ahead: list[Task], begun: Task | None, returncode: int | None
+    ) -> None:
+        """Settles the runs sent ahead to a worker that ended before their replies: their
+        values are lost (WorkerMemory.lose names them), but those of a run killed for its
+        deadline fail with that. The run it was in counts as a crash of its program, unless
+        the pool killed the worker."""
+        with self._lock:
+            for task in ahead:
+                if task.kill_error is not None and task.memory is not None:
+                    for value in task.memory.made:
+                        value.fail(task.kill_error)
+            settled = [task for task in ahead if task.settle()]
+        if begun is not None and begun.kill_error is None and not worker.killed_by_pool:
+            logger.warning(
+                "the worker (pid %d) running program %r, sent ahead of its reply, %s: %s.%s",
+                worker.pid, begun.request.name, describe_exit(returncode),
+                likely_cause(returncode), count_crash(self._quarantine, begun.request),
+            )  # fmt: skip
+        for task in settled:
+            task.release()
 
     def _on_task_lost(
         self, task: Task, worker: WorkerProcess, started: bool, returncode: int | None, tail: str
@@ -317,16 +346,20 @@ class Manager(ManagerThread):
         with self._lock:
             stopping = [w for w in workers if w.state is not State.DEAD]
             unsettled = []
+            ahead = []
             for worker in workers:
                 task = workers.take_task_locked(worker)
                 if task is not None and task.settle():
                     unsettled.append(task)
+                ahead += [t for t in workers.take_ahead_locked(worker)[0] if t.settle()]
             self._tasks.fail_queued_locked(
                 PoolClosedError, "the pool was closed before the task ran"
             )
         workers.stop(stopping, self._stop_grace)
         for task in unsettled:
             task.complete(task.kill_error or self._tasks.broken or closed)
+        for task in ahead:  # their handles are out; their values die with the workers
+            task.release()
         self._complete_orphans()
         self._segments.close()
         with self._lock:  # wakes write to the pipe under the lock: close it under the lock

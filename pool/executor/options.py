@@ -45,6 +45,10 @@ DEFAULT_CACHE_BYTES = 512 << 20
 DEFAULT_MAX_FDS = 64
 """How many segment descriptors a pool keeps beyond those of tasks in flight."""
 
+MAX_DISPATCH_AHEAD = 3
+"""The most runs a pool sends one worker ahead of their replies (dispatch_ahead): each has
+its own quarter of the worker's arena for its inputs (pool.executor.worker_process)."""
+
 
 class DeviceStart(enum.Enum):
     """When the device workers of a pool that also has compile workers start (a TPU host's
@@ -125,6 +129,16 @@ def _optional(check: Check) -> Check:
 
 def _count(minimum: int, meaning: str) -> Check:
     return lambda value, name: check_count(value, name, minimum, meaning)
+
+
+def _dispatch_ahead(value: Any, name: str) -> int:
+    count = check_count(value, name, 0, "runs sent ahead of their replies")
+    if count > MAX_DISPATCH_AHEAD:
+        raise ValueError(
+            f"{name} must be at most {MAX_DISPATCH_AHEAD} (runs sent ahead of their replies), "
+            f"not {value!r}"
+        )
+    return count
 
 
 def _never_compile(value: Any, name: str) -> bool:
@@ -380,6 +394,21 @@ POOL_OPTIONS: tuple[PoolOption, ...] = (
         "pool starts. Either way the pool is ready once its compile workers are (unless it "
         "preloads), and start_timeout bounds a device worker's start from when it begins.",
         shown_default="DeviceStart.WHEN_NEEDED",
+    ),
+    PoolOption(
+        "dispatch_ahead",
+        "int",
+        MAX_DISPATCH_AHEAD,
+        _dispatch_ahead,
+        f"dispatch_ahead (0 to {MAX_DISPATCH_AHEAD}, default {MAX_DISPATCH_AHEAD}) is how many "
+        "runs whose outputs all stay in the worker (keep= naming every output, as "
+        "Pool.function(step, keep=True) does) a caller may send one worker before their "
+        "replies are read, as jax.jit dispatches a step and returns: such a run returns its "
+        "DeviceValues once its request is sent, the worker's reply is read by the next call "
+        "to that worker (or by the pool's manager thread), and an error of that run is "
+        "raised where its values are next used (a call taking them, fetch, np.asarray), "
+        "not by the call that made them. 0 waits for every reply, as a run that returns "
+        "arrays always does.",
     ),
 )
 

@@ -24,7 +24,9 @@ Data flow::
                                     deadline passed? ──▶ kill that worker, fail, respawn
 
     run(program, args): claims an idle worker and does send + receive in the
-    caller's thread (one thread switch less per call), then gives it back.
+    caller's thread (one thread switch less per call), then gives it back; a
+    run that keeps every output only sends, and its reply is read by the
+    next call to that worker or by the manager (dispatch_ahead).
 
 The WorkerPool is the front: it checks what callers give, makes and stages
 their tasks, and stops the pool; two of its own sections are written in
@@ -83,7 +85,12 @@ from pool.executor.dispatch import Dispatcher
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
-from pool.executor.options import DEFAULT_CACHE_BYTES, DEFAULT_MAX_FDS, DeviceStart
+from pool.executor.options import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MAX_FDS,
+    MAX_DISPATCH_AHEAD,
+    DeviceStart,
+)
 from pool.executor.quarantine import Quarantine
 from pool.executor.requests import Requests
 from pool.executor.segments import SegmentCache
@@ -147,6 +154,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         run_workers: int | None = None,
         devices_per_worker: int = 1,
         device_start: DeviceStart = DeviceStart.WHEN_NEEDED,
+        dispatch_ahead: int = MAX_DISPATCH_AHEAD,
     ) -> None:
         # The options pool.executor.options declares (tests/test_pool_options.py: they agree).
         given = dict(locals())
@@ -229,6 +237,8 @@ class WorkerPool(TaskMaking, PoolArrays):
             wait_set,
             self._manager,
             self._pid,
+            self._requests,
+            settings.dispatch_ahead,
         )
 
     def _started(self, settings: PoolSettings) -> None:
@@ -300,7 +310,10 @@ class WorkerPool(TaskMaking, PoolArrays):
         thread switch less per call, which is most of a small program's
         round trip. An exception while it runs (Ctrl-C) stops the task: its
         worker, if it had the task, is killed and replaced (and the values it
-        kept with it), and the pool goes on.
+        kept with it), and the pool goes on. A run that keeps every output
+        returns its DeviceValues once it is sent, before the worker answers
+        (the Pool's dispatch_ahead): an error of that run is raised where its
+        values are next used (a call taking one, fetch, np.asarray).
         """
         self._refuse_on_manager("Pool.run")
         program = check_program(program, "Pool.run")
@@ -418,7 +431,8 @@ class WorkerPool(TaskMaking, PoolArrays):
         "hot_runs": the runs it answered as HotRuns (worker.wire.protocol), "role":
         what it is for ("compile and run"; on a TPU host, or with run_workers, "compile" or
         "device": see pool.executor.roles), and "values" and "value_bytes": the values it
-        keeps on its device (pool.executor.values) and their bytes. A device worker that
+        keeps on its device (pool.executor.values) and their bytes, and "ahead": the runs
+        sent to it ahead of their replies (Pool's dispatch_ahead). A device worker that
         starts when first needed (device_start) is listed until then with no pid, in
         state "not started": it starts at the first run, or once the compiles are done.
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 
+from pool.executor.futures import RunOutcome
 from pool.executor.inputs import OutputLayout, OutputPlan, TaskMemory
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task, ValueOpKind
@@ -122,14 +123,13 @@ class Requests:
             return self._value(task, memory, worker, pending)
         destinations = self._plan_outputs(task, memory)
         segments, fds, deliveries = _deliveries(worker, memory, pending)
-        placed = worker.memory.placed.get(request.program_id)
         include = request.cache_key is None and (
             task.resend_program or request.program_id not in worker.loaded
         )
         sources = memory.sources()
-        if destinations is not None and placed is not None and not include:
-            slot, types = placed
-            if types == memory.all_types:
+        if destinations is not None:
+            slot = _placed_slot(task, worker)
+            if slot is not None:
                 message: Message = places.PlacedRun(
                     request.id,
                     slot,
@@ -161,6 +161,28 @@ class Requests:
             forgets=deliveries.forgets,
         )
         return run, fds, deliveries
+
+    def goes_ahead(self, task: Task, worker: WorkerProcess) -> bool:
+        """Whether a claimed run may go ahead of its reply (dispatch_ahead): Pool.run's own
+        (whose caller looks at nothing but the handles), keeping every output of a
+        program whose outputs are known, as a PlacedRun, with no input in memory the caller
+        may change once the call returns (Pool.empty's, Pool.asarray's: shared)."""
+        request = task.request
+        memory = task.memory
+        if (
+            request.kind is not Kind.RUN
+            or not request.keep
+            or memory is None
+            or memory.shared
+            or type(task.future) is not RunOutcome
+        ):
+            return False
+        types = self._output_types.get(request.program_id)
+        return (
+            types is not None
+            and len(request.keep) == len(types)
+            and _placed_slot(task, worker) is not None
+        )
 
     def _plan_outputs(self, task: Task, memory: TaskMemory) -> tuple[places.Where, ...] | None:
         """Where a run's outputs go (see OutputPlan), recorded in its memory; the
@@ -278,6 +300,24 @@ def _deliveries(
     sizes = tuple((segment.id, segment.capacity) for segment in new.values())
     fds = tuple(segment.fd for segment in new.values())
     return sizes, fds, pending._replace(segments=tuple(new))
+
+
+def _placed_slot(task: Task, worker: WorkerProcess) -> int | None:
+    """The slot a run goes to as a PlacedRun (worker.wire.places), or None when it goes as a
+    Run: the program's first run in the worker (or one that sends it again), or inputs of
+    other types than the slot takes."""
+    request = task.request
+    memory = task.memory
+    assert memory is not None
+    placed = worker.memory.placed.get(request.program_id)
+    if placed is None:
+        return None
+    if request.cache_key is None and (
+        task.resend_program or request.program_id not in worker.loaded
+    ):
+        return None  # the Run brings the program
+    slot, types = placed
+    return slot if types == memory.all_types else None
 
 
 def _hot_program(worker: WorkerProcess, task: Task) -> HotProgram | None:

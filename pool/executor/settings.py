@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pool.executor.checks import finite, pickle_initializer
-from pool.executor.options import DeviceStart, check_options
+from pool.executor.options import MAX_DISPATCH_AHEAD, DeviceStart, check_options
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import open_for_workers
@@ -56,6 +56,8 @@ class PoolSettings:
     devices_per_worker: int = 1  # the devices each worker's client holds (worker.plugin.devices)
     # When the device workers of a pool with compile workers start (pool.executor.roles).
     device_start: DeviceStart = DeviceStart.WHEN_NEEDED
+    # How many all-kept runs a caller may send one worker before their replies.
+    dispatch_ahead: int = MAX_DISPATCH_AHEAD
 
     @property
     def runners(self) -> int:

@@ -33,21 +33,10 @@ from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
 from pool.executor.values import DeviceValue, values_in
 from pool.executor.worker_memory import WorkerMemory
-from pool.executor.worker_process import ARENA_SIZE
+from pool.executor.worker_process import ARENA_INPUT_LIMIT
 from worker.arguments import prepare_arguments
 from worker.identity.options import checked_compile_options
 from worker.records import LoweredProgram, ProgramSpec
-
-ARENA_INPUT_LIMIT = ARENA_SIZE // 4
-"""Inputs up to this many bytes go through the worker's arena; outputs use the rest.
-
-Smaller tasks then cost no system calls for memory, and their outputs are
-copied out of the arena (cheaper than mapping a segment for a few KB). Larger
-outputs get a segment of their own that the returned arrays view, with no copy
-(pool.executor.worker_process.ARENA_OUTPUT_LIMIT). An array larger than this that
-lies in one of the pool's segments already (a result, Pool.empty, Pool.asarray)
-is passed as it is, never copied.
-"""
 
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:

@@ -17,12 +17,18 @@ bookkeeping bug surfaces at once instead of hanging a caller::
     NEW     --claimed with a worker by its caller (Pool.run)-----> CLAIMED
     QUEUED  --claimed with a worker (dispatch)-------------------> CLAIMED
     CLAIMED --its request is being sent--------------------------> SENT
+    SENT    --a run that keeps every output went ahead of its
+              reply: its handles were returned (dispatch_ahead)---> AHEAD
     CLAIMED --its claimer failed or was interrupted before
               sending; SENT --its worker died before starting it,
               or had unloaded its program-------------------------> QUEUED
                                                                   (at most MAX_REQUEUES
                                                                   times for deaths)
     any but DONE --settled: a reply, an error, a stop------------> DONE    (exactly once)
+
+An AHEAD task is never queued again: its caller has its handles already, so
+its reply (or its worker's end) only settles it, and an error is recorded
+on the values it was to make (pool.executor.values.DeviceValue.fail).
 
 A task is settled by exactly one thread: the one whose Task.settle() makes
 the move to DONE under the pool's lock; that thread alone completes it
@@ -123,6 +129,7 @@ class TaskState(enum.Enum):
     QUEUED = "queued"
     CLAIMED = "claimed"
     SENT = "sent"
+    AHEAD = "ahead"
     DONE = "done"
 
     # Members are singletons: hashing by identity is right, and C-fast (Enum's own
@@ -134,7 +141,8 @@ _MOVES: dict[TaskState, frozenset[TaskState]] = {
     TaskState.NEW: frozenset({TaskState.QUEUED, TaskState.CLAIMED, TaskState.DONE}),
     TaskState.QUEUED: frozenset({TaskState.CLAIMED, TaskState.DONE}),
     TaskState.CLAIMED: frozenset({TaskState.SENT, TaskState.QUEUED, TaskState.DONE}),
-    TaskState.SENT: frozenset({TaskState.QUEUED, TaskState.DONE}),
+    TaskState.SENT: frozenset({TaskState.QUEUED, TaskState.AHEAD, TaskState.DONE}),
+    TaskState.AHEAD: frozenset({TaskState.DONE}),
     TaskState.DONE: frozenset(),
 }
 
@@ -202,6 +210,11 @@ class Task:
     def sending(self) -> None:
         """Its request is about to go to its worker (from here on it may have gone)."""
         self._move(TaskState.SENT)
+
+    def went_ahead(self) -> None:
+        """Its request went and its caller got its handles before the reply (dispatch ahead):
+        the reply, read later, only settles it."""
+        self._move(TaskState.AHEAD)
 
     def resend_with_program(self) -> None:
         """Its worker had unloaded the program: the next request carries it."""

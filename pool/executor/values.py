@@ -14,6 +14,11 @@ into the next without crossing the process boundary::
       keep=0: new params  ◀── handle ──      outputs: value 2 kept, loss to shared memory
     del params (value 1)       ──next request drops it──▶ its device memory freed
 
+A run that keeps every output is sent ahead of its reply (Pool's dispatch_ahead):
+its handles come back at once, and should the run fail, its error is recorded on
+its values and raised where they are next used (a call taking one, fetch,
+np.asarray), as jax.jit's errors surface at the next use of an array.
+
 A call that takes a value runs on the worker that holds it. The worker's values
 die with it: a crash (or a kill: a timeout, an interrupted run) loses them, and
 every call that needs one fails with WorkerCrashedError naming the values lost
@@ -22,11 +27,11 @@ every call that needs one fails with WorkerCrashedError naming the values lost
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from pool.errors import WorkerCrashedError
 from worker.records import ArrayType
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ class DeviceValue:
 
     __slots__ = (
         "__weakref__",
+        "_failure",
         "_made_by",
         "_memory",
         "_output",
@@ -85,6 +91,8 @@ class DeviceValue:
         # The array's size in bytes (what it holds of its worker's device memory), which
         # its maker knows: an attribute, not a property, as the worker's record reads it.
         self.nbytes = nbytes
+        # The error of the run sent ahead of its reply that was to make it, and did not.
+        self._failure: BaseException | None = None
 
     @property
     def name(self) -> str:
@@ -118,9 +126,16 @@ class DeviceValue:
         """The process id of the worker that holds it."""
         return self._memory.pid
 
-    def lost_error(self) -> WorkerCrashedError | None:
-        """Why the value is gone (its worker died), or None while its worker holds it."""
-        return self._memory.lost
+    def lost_error(self) -> BaseException | None:
+        """Why the value is gone (the run sent ahead that was to make it failed, or its worker
+        died), or None while its worker holds it."""
+        return self._failure or self._memory.lost
+
+    def fail(self, error: BaseException) -> None:
+        """The run sent ahead of its reply (Pool's dispatch_ahead) that was to make the value
+        failed with `error`: every later use raises it (check_values). The error holds
+        no handle (a cycle through it is garbage once the handles are)."""
+        self._failure = error
 
     def fetch(self) -> np.ndarray:
         """Copies the value out of its worker into a numpy array (of shared memory, like a
@@ -143,7 +158,12 @@ class DeviceValue:
         )
 
     def __repr__(self) -> str:
-        where = "lost" if self._memory.lost is not None else f"in worker {self._memory.pid}"
+        memory = self._memory
+        where = f"in worker {memory.pid}"
+        if self._failure is not None:
+            where = "failed"
+        elif memory.lost is not None:
+            where = "lost"
         return f"<DeviceValue {self.array_type} {where}: {self.name}>"
 
 
@@ -168,6 +188,8 @@ def check_values(
                 "stays in the worker that holds it, so only its own pool can use it; fetch it "
                 "(np.asarray) and pass the array instead"
             )
+        if value._failure is not None:  # the run sent ahead that was to make it failed
+            raise value._failure
         lost = value._memory.lost
         if lost is not None:
             raise lost
@@ -184,3 +206,12 @@ def check_values(
             )
         held = value._memory
     return held
+
+
+def failure_of(values: Iterable[DeviceValue]) -> BaseException | None:
+    """The error of a run sent ahead that failed to make one of these values (see
+    DeviceValue.fail), or None."""
+    for value in values:
+        if value._failure is not None:
+            return value._failure
+    return None

@@ -89,7 +89,6 @@ class WorkerMemory:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.mapped: set[int] = set()  # segment ids the worker keeps mapped
-        self._sent: tuple[int, ...] = ()  # the new segments of the last request sent
         # program id -> the slot its PlacedRuns name, and the input types that slot takes
         self.placed: dict[str, tuple[int, tuple[ArrayType, ...]]] = {}
         self._values: dict[weakref.ref[Kept], tuple[int, int]] = {}  # -> (id, nbytes)
@@ -138,7 +137,6 @@ class WorkerMemory:
 
     def delivered(self, deliveries: Deliveries) -> None:
         """A request went with these: the worker maps, drops and forgets them now."""
-        self._sent = deliveries.segments
         if deliveries is NOTHING:
             return
         if deliveries.segments:
@@ -153,13 +151,13 @@ class WorkerMemory:
         if deliveries.orphaned:
             del self._orphans[: deliveries.orphaned]
 
-    def failed(self) -> None:
-        """The last request failed (in the worker, or reading its reply did): the worker may
-        not have mapped the segments it brought (mmap failed, or their descriptors never
-        came), so the next request that names them sends them again. A worker maps a
+    def failed(self, segments: tuple[int, ...]) -> None:
+        """A request that brought these new segments failed (in the worker, or reading its
+        reply did): the worker may not have mapped them (mmap failed, or their descriptors
+        never came), so the next request that names them sends them again. A worker maps a
         segment sent twice again by id, replacing the first."""
-        self.mapped.difference_update(self._sent)
-        self._sent = ()
+        if segments:
+            self.mapped.difference_update(segments)
 
     def note_placed(self, program_id: str, slot: int, types: tuple[ArrayType, ...]) -> None:
         """The worker gave a program a slot for PlacedRuns of inputs of these types."""

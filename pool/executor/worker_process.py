@@ -18,7 +18,11 @@ Worker states and why each move happens::
     IDLE     --readable socket------> DYING     an idle worker only ever shows end of
                                                 file (or breaks the protocol): retire it
                                                 (Workers.mark_dying_locked)
-    BUSY     --reply handled--------> IDLE      its task is settled or queued again
+    BUSY     --reply handled--------> IDLE      its task is settled or queued again,
+                                                and no run sent ahead awaits its reply
+    BUSY     --claimed again--------> BUSY      (no move) a caller takes a worker whose
+                                                runs sent ahead await their replies
+                                                (`ahead`) and has no task, to send more
     BUSY     --nothing was sent-----> IDLE      its claimer failed or was interrupted
                                                 before sending the request
     BUSY     --end of file----------> DEAD      it died: its task is failed or requeued
@@ -29,6 +33,11 @@ Worker states and why each move happens::
 
 Who holds its socket (`holder`, `parked`) is the other fact of its record:
 pool.executor.workers says how that moves.
+
+Runs sent ahead of their replies (dispatch_ahead: a run that keeps every
+output returns its handles once sent) wait in `ahead`, oldest first; the
+worker answers in the order it was sent requests, so their replies come
+before that of `task`, and the worker stays BUSY until the last is read.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from pool.executor.options import MAX_DISPATCH_AHEAD
 from pool.executor.roles import Role
 from pool.executor.tasks import Task
 from pool.executor.worker_memory import WorkerMemory
@@ -72,6 +82,22 @@ ARENA_SIZE = 1 << 20
 ARENA_OUTPUT_LIMIT = ARENA_SIZE // 4
 """Outputs up to this many bytes in all come back through the worker's arena, copied out
 (cheaper than a segment for a few KB); larger ones in a segment the results view."""
+
+ARENA_INPUT_LIMIT = ARENA_SIZE // 4
+"""Inputs up to this many bytes go through the worker's arena; outputs use the rest.
+
+Smaller tasks then cost no system calls for memory, and their outputs are
+copied out of the arena (cheaper than mapping a segment for a few KB). Larger
+outputs get a segment of their own that the returned arrays view, with no copy
+(pool.executor.worker_process.ARENA_OUTPUT_LIMIT). An array larger than this that
+lies in one of the pool's segments already (a result, Pool.empty, Pool.asarray)
+is passed as it is, never copied.
+"""
+
+# Each run sent ahead of its reply (dispatch_ahead) stages its small inputs in an arena
+# region of its own, so that the next request never overwrites inputs the worker may
+# still read: the regions of the runs in flight and the next one's must all fit.
+assert MAX_DISPATCH_AHEAD * ARENA_INPUT_LIMIT <= ARENA_SIZE
 
 
 class State(enum.Enum):
@@ -150,6 +176,13 @@ class WorkerProcess:
         # no caller takes it over meanwhile (Workers.take_over_locked).
         self.manager_using = False
         self.task: Task | None = None
+        # Runs sent ahead of their replies, oldest first (their replies come in this order,
+        # before the reply to `task`); the worker is BUSY while there is one.
+        self.ahead: collections.deque[Task] = collections.deque()
+        self.sent_ahead_count = 0  # runs sent ahead so far: the next one's arena region
+        # A reply is being read (one to a run sent ahead: until it is handled): a read or
+        # handling cut short breaks the stream or the order of `ahead`.
+        self.reading = False
         self.killed_by_pool = False  # the pool killed it for a reason not its task's fault
         self.startup_failure: BaseException | None = None  # why it was killed while starting
         self.loaded: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -188,7 +221,41 @@ class WorkerProcess:
         self.task = task
         self.holder = holder
         self.manager_using = holder is None  # until the manager has sent the request
-        self.move(State.BUSY)
+        if not self.ahead:  # else BUSY already: runs sent ahead await their replies
+            self.move(State.BUSY)
+
+    def went_ahead(self, task: Task) -> None:
+        """Its task's request went ahead of the reply: the task waits in `ahead`, and the
+        worker has no task of its own."""
+        self.ahead.append(task)
+        self.sent_ahead_count += 1
+        if self.task is task:
+            self.task = None
+
+    def answered(self, task: Task) -> None:
+        """The reply to the oldest run sent ahead, `task`, was read."""
+        if not self.ahead or self.ahead[0] is not task:
+            raise RuntimeError(f"pjrt-pool bug: worker {self.pid} answered a run out of order")
+        self.ahead.popleft()
+
+    def take_ahead(self) -> list[Task]:
+        """Takes every run sent ahead from it (it ended, or the pool is ending)."""
+        ahead = list(self.ahead)
+        self.ahead.clear()
+        return ahead
+
+    def answering(self) -> Task | None:
+        """The task the next reply answers: the oldest run sent ahead, else its task."""
+        return self.ahead[0] if self.ahead else self.task
+
+    def arena_region(self) -> int:
+        """The arena offset where the next run sent ahead stages its small inputs: a region
+        no run in flight reads (at most MAX_DISPATCH_AHEAD - 1 are when one is built)."""
+        return (self.sent_ahead_count % MAX_DISPATCH_AHEAD) * ARENA_INPUT_LIMIT
+
+    def reading_reply(self, reading: bool) -> None:
+        """Whether a reply is being read from its socket (see CallerPath.recover)."""
+        self.reading = reading
 
     def held_by(self, holder: int | None) -> None:
         """Who holds the socket now: a caller's thread id, or None for the manager."""

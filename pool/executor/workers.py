@@ -148,6 +148,26 @@ class Workers:
             )
         return None
 
+    def ahead_locked(
+        self, program_id: str, kind: Kind, pinned: WorkerMemory | None = None
+    ) -> WorkerProcess | None:
+        """A worker with runs sent ahead of their replies and no task, that no thread holds
+        or reads: a caller may claim it to send the next run (having read their replies
+        first, CallerPath.run_directly); with `pinned`, that worker, else one that takes
+        the kind and has the program loaded."""
+        for worker in self._all:
+            if (
+                worker.ahead
+                and worker.task is None
+                and worker.holder is None
+                and not worker.manager_using
+                and worker.state is State.BUSY
+                and (worker.memory is pinned if pinned is not None else program_id in worker.loaded)
+                and worker.role.takes(kind)
+            ):
+                return worker
+        return None
+
     def idle_workers_locked(self) -> list[WorkerProcess]:
         """The workers idle now, with no caller holding them."""
         return [w for w in self._all if w.state is State.IDLE and w.holder is None]
@@ -167,7 +187,8 @@ class Workers:
         return self._competing[kind]
 
     def claim_locked(self, worker: WorkerProcess, task: Task, holder: int | None) -> None:
-        """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager)."""
+        """IDLE -> BUSY with `task`, held by `holder` (a caller's thread id; None: the manager);
+        or a BUSY worker with runs sent ahead (ahead_locked), by a caller."""
         worker.claimed(task, holder)
         task.claimed()
         if worker.parked:
@@ -176,6 +197,10 @@ class Workers:
                 self._wait_set.add(worker.sock.fileno(), (Source.SOCKET, worker))
         elif holder is not None:
             self._wait_set.remove(worker.sock.fileno())
+        if worker.ahead:
+            # A reply the manager's wait saw may be read by the caller first: the manager
+            # then peeks before it reads (as for take_over_locked).
+            self.takeovers += 1
         if holder is not None and task.deadline is not None:
             self._wait_set.wake()  # the manager's wait must end at this deadline
 
@@ -222,13 +247,42 @@ class Workers:
         """A reply to `task` was handled: BUSY -> IDLE, without its task, back to the manager
         (parked, when a caller frees an idle worker of a pool that is not closing)."""
         worker.take_task(task)
-        if worker.state is State.BUSY:
+        if worker.state is State.BUSY and not worker.ahead:
             worker.move(State.IDLE)
         if worker.holder is not None and worker.state is State.IDLE and not self._tasks.closing:
             worker.park(True)  # first, as in give_back_locked: the socket stays out of the set
             worker.held_by(None)
             return
         self.give_back_locked(worker)
+
+    def went_ahead_locked(self, worker: WorkerProcess, task: Task) -> None:
+        """A caller sent its worker `task`, a run that goes ahead of its reply (AHEAD): the
+        task waits in the worker's `ahead`, and the caller lets go of the worker, parked
+        (BUSY: the manager puts its socket back at its next turn and reads the replies
+        nobody else reads), or given back while the pool closes."""
+        task.went_ahead()
+        worker.went_ahead(task)
+        if self._tasks.closing:
+            self.give_back_locked(worker)
+            return
+        worker.park(True)  # first, as in free_locked
+        worker.held_by(None)
+
+    def answered_locked(self, worker: WorkerProcess, task: Task) -> bool:
+        """The reply to `task`, the oldest run sent ahead to the worker, was read: the worker
+        goes IDLE when it has no other; returns whether this call settled the task."""
+        worker.answered(task)
+        worker.reading_reply(False)  # its reply is read and handled: the stream is whole
+        if not worker.ahead and worker.task is None and worker.state is State.BUSY:
+            worker.move(State.IDLE)  # read by the manager, which keeps it in its wait set
+        return task.settle()
+
+    def take_ahead_locked(self, worker: WorkerProcess) -> tuple[list[Task], Task | None]:
+        """Takes a worker's runs sent ahead (it ended, or the pool is ending), and the one it
+        had begun, if it had (before it is reaped: its arena is still open)."""
+        ahead = worker.take_ahead()
+        begun = next((t for t in ahead if worker.started(t.request.id)), None)
+        return ahead, begun
 
     def unpark_locked(self) -> None:
         """Puts the socket of every parked worker back into the manager's wait set."""
@@ -243,9 +297,10 @@ class Workers:
         worker.park(False)
 
     def unclaim_locked(self, worker: WorkerProcess) -> None:
-        """Nothing was sent: BUSY -> IDLE, without its task, back to the manager."""
+        """Nothing was sent: BUSY -> IDLE (unless runs sent ahead await their replies),
+        without its task, back to the manager."""
         worker.take_task()
-        if worker.state is State.BUSY:
+        if worker.state is State.BUSY and not worker.ahead:
             worker.move(State.IDLE)
         self.give_back_locked(worker)
 
@@ -259,9 +314,12 @@ class Workers:
             worker.move(State.DYING)
         worker.kill()
 
-    def kill_task_locked(self, worker: WorkerProcess, error: BaseException) -> None:
-        """Kills a worker for its task, which fails with `error` (the first reason given stays)."""
-        task = worker.task
+    def kill_task_locked(
+        self, worker: WorkerProcess, error: BaseException, task: Task | None = None
+    ) -> None:
+        """Kills a worker for its task (or `task`, a run sent ahead to it), which fails with
+        `error` (the first reason given stays)."""
+        task = task or worker.task
         if task is not None and not task.done:
             task.kill_with(error)
         self.kill_locked(worker)
@@ -366,6 +424,7 @@ class Workers:
                 "value_bytes": 0,
                 "task": None,
                 "started": False,
+                "ahead": 0,
             }
             for role in not_started
         ]
@@ -383,6 +442,7 @@ class Workers:
                 "task": None if w.task is None else w.task.request.name,
                 # A dead worker has no task (its arena is closed by then).
                 "started": w.task is not None and w.started(w.task.request.id),
+                "ahead": len(w.ahead),  # runs sent ahead of their replies (dispatch_ahead)
             }
             for w in self._all
         ] + waiting

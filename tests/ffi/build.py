@@ -10,6 +10,7 @@ Test modules reuse it through the ``ffi_library`` fixture of conftest.py, or
 ``from ffi.build import build_handlers`` (pytest puts tests/ on sys.path). The library exports
 ``add_one`` (f32 in, out = in + 1), ``null_deref`` (SIGSEGV when run), ``sleep_ms``
 (out = in after sleeping in[0] ms), ``device_error`` (fails as a lost CUDA device does),
+``fail_if_negative`` (out = in + 1, or an error when in[0] < 0),
 and ``add_one_reporting_0_5`` and ``_0_9``, add_one reporting those XLA FFI versions.
 """
 
@@ -27,6 +28,7 @@ HANDLERS = (
     "null_deref",
     "sleep_ms",
     "device_error",
+    "fail_if_negative",
     "add_one_reporting_0_5",
     "add_one_reporting_0_9",
 )

@@ -138,6 +138,18 @@ ffi::Error* sleep_ms(ffi::CallFrame* frame) {
   return nullptr;
 }
 
+// in + 1, or an error (kInvalidArgument) when in[0] is negative: a run that fails on demand.
+ffi::Error* fail_if_negative(ffi::CallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  InOut io = F32InOut(frame, "fail_if_negative");
+  if (io.error != nullptr) return io.error;
+  if (io.count > 0 && io.in[0] < 0.0f) {
+    return Fail(frame, ffi::kInvalidArgument, "fail_if_negative: the input starts negative");
+  }
+  for (int64_t i = 0; i < io.count; ++i) io.out[i] = io.in[i] + 1.0f;
+  return nullptr;
+}
+
 ffi::Error* device_error(ffi::CallFrame* frame) {
   if (AnswerMetadata(frame)) return nullptr;
   InOut io = F32InOut(frame, "device_error");
