@@ -116,18 +116,27 @@ def _first_runs(manifest: Path, mode: str) -> list[float]:
 @pytest.mark.slow
 def test_the_first_request_after_priming_runs_at_the_warm_speed(tmp_path):
     path = _manifest(tmp_path, {"mlp": (_mlp, MLP_TYPES)})
-    # Alternated, medians of 5: other work on the machine moves single runs by milliseconds.
-    unprimed, primed = [], []
-    for _ in range(5):
-        unprimed.append(_first_runs(path, "plain"))
-        primed.append(_first_runs(path, "prime"))
-    warm = min(min(times[1:]) for times in unprimed + primed)
-    first_unprimed = sorted(times[0] for times in unprimed)[2]
-    first_primed = sorted(times[0] for times in primed)[2]
-    # Unprimed, the plugin's first execution costs extra; primed, that happened at load,
-    # so what is left of the extra is less than half of it.
-    assert first_unprimed > 2 * warm, (first_unprimed, warm)
-    assert first_primed - warm < (first_unprimed - warm) / 2, (first_primed, first_unprimed, warm)
+    # Alternated, medians of 5: other work on the machine moves single runs by
+    # milliseconds. A burst of it (a profiler beside CI once made both first runs 3.8
+    # ms) can hide the difference for a while: measured again, at most twice more.
+    # Priming that did nothing would never show it.
+    for _attempt in range(3):
+        unprimed, primed = [], []
+        for _ in range(5):
+            unprimed.append(_first_runs(path, "prime"))
+            primed.append(_first_runs(path, "prime"))
+        warm = min(min(times[1:]) for times in unprimed + primed)
+        first_unprimed = sorted(times[0] for times in unprimed)[2]
+        first_primed = sorted(times[0] for times in primed)[2]
+        # Unprimed, the plugin's first execution costs extra; primed, that happened at
+        # load, so what is left of the extra is less than half of it.
+        if first_unprimed > 2 * warm and first_primed - warm < (first_unprimed - warm) / 2:
+            return
+    raise AssertionError(
+        f"three measurements without priming's effect; the last: first run unprimed "
+        f"{first_unprimed * 1e3:.2f} ms, primed {first_primed * 1e3:.2f} ms, warm "
+        f"{warm * 1e3:.2f} ms (primed - warm must be under half of unprimed - warm)"
+    )
 
 
 def test_run_prime_primes_as_it_loads_and_gives_the_same_outputs(tmp_path):
