@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("PJRT_POOL_CACHE_DIR", tempfile.mkdtemp(prefix="profile-arrays-"))
-if "--platform" in sys.argv and "tpu" in sys.argv:
+# Read before JAX is imported: --platform tpu, or --platform=tpu.
+if "--platform=tpu" in sys.argv or ("--platform" in sys.argv and "tpu" in sys.argv):
     os.environ["JAX_PLATFORMS"] = "cpu"  # the pool's worker holds the chip, not this process
 
 import jax

@@ -221,12 +221,17 @@ class TaskMemory:
         """Its request went, bringing these new segments (sent again if it fails)."""
         self.sent_segments = segments
 
+    def _staged_offsets(self) -> tuple[int, ...]:
+        """The staged inputs' byte offsets where they go: in the arena from the request's
+        region (place_in_arena), or in the input segment."""
+        base = self.base if self.in_arena else 0
+        return tuple(offset + base for offset in self.offsets) if base else self.offsets
+
     def sources(self) -> tuple[places.Where, ...]:
         """Each input's Where: a value's id, a shared input's segment, or where it was
         staged (the arena, or the input segment)."""
         staged = 0 if self.in_arena else self.input.id  # type: ignore[union-attr]
-        base = self.base if self.in_arena else 0
-        offsets = iter(offset + base for offset in self.offsets) if base else iter(self.offsets)
+        offsets = iter(self._staged_offsets())
         values, shared = self.values, self.shared
         found: list[places.Where] = []
         for index in range(self.count):
@@ -295,8 +300,7 @@ class TaskMemory:
             memoryview(arena)[base : base + len(self.packed)] = self.packed
         elif self.arrays is not None:
             if views is None:
-                offsets = tuple(o + base for o in self.offsets) if base else self.offsets
-                shm.write(arena, self.arrays, offsets)
+                shm.write(arena, self.arrays, self._staged_offsets())
             else:
                 for view, array in zip(views, self.arrays, strict=True):
                     view[...] = array  # same dtype and shape: a plain copy, 6x np.copyto's speed

@@ -206,7 +206,7 @@ class Manager(ManagerThread):
                     continue
                 # Its task, and the runs sent ahead of their replies (each's deadline runs
                 # until its reply is read).
-                for task in (worker.task, *worker.ahead) if worker.ahead else (worker.task,):
+                for task in (worker.task, *worker.ahead):
                     if task is None or task.deadline is None:
                         continue
                     if now >= task.deadline:

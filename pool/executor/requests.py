@@ -123,9 +123,7 @@ class Requests:
             return self._value(task, memory, worker, pending)
         destinations = self._plan_outputs(task, memory)
         segments, fds, deliveries = _deliveries(worker, memory, pending)
-        include = request.cache_key is None and (
-            task.resend_program or request.program_id not in worker.loaded
-        )
+        include = _brings_program(task, worker)
         sources = memory.sources()
         if destinations is not None:
             slot = _placed_slot(task, worker)
@@ -302,6 +300,15 @@ def _deliveries(
     return sizes, fds, pending._replace(segments=tuple(new))
 
 
+def _brings_program(task: Task, worker: WorkerProcess) -> bool:
+    """Whether a run's request carries its program: the worker has not loaded it (or had
+    unloaded it), and no cache key lets the worker load it itself."""
+    request = task.request
+    return request.cache_key is None and (
+        task.resend_program or request.program_id not in worker.loaded
+    )
+
+
 def _placed_slot(task: Task, worker: WorkerProcess) -> int | None:
     """The slot a run goes to as a PlacedRun (worker.wire.places), or None when it goes as a
     Run: the program's first run in the worker (or one that sends it again), or inputs of
@@ -310,12 +317,8 @@ def _placed_slot(task: Task, worker: WorkerProcess) -> int | None:
     memory = task.memory
     assert memory is not None
     placed = worker.memory.placed.get(request.program_id)
-    if placed is None:
+    if placed is None or _brings_program(task, worker):
         return None
-    if request.cache_key is None and (
-        task.resend_program or request.program_id not in worker.loaded
-    ):
-        return None  # the Run brings the program
     slot, types = placed
     return slot if types == memory.all_types else None
 
