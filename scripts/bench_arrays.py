@@ -14,7 +14,9 @@ machine's speed drifts 2-3x between hours, so only ratios mean anything):
             input made in shared memory (pool.asarray), alternated round by
             round in bursts of BURST calls (one at 256 MiB); medians. Goals:
             Pool.run <= 1.3x in-process at 16 and 256 MiB and <= 1.5x at 1
-            MiB; in-process <= 1.1x jax.jit.
+            MiB; in-process <= 1.1x jax.jit. Where the tree spreads large
+            copies over threads, Pool.run with PJRT_POOL_COPY_THREADS=1 too
+            (the same call with the parent's copy on one thread).
     memory  a 256 MiB round trip of the same program: how much memory the
             parent and its worker touched at their peak (VmHWM growth of each,
             and the parent's private growth), as multiples of the array.
@@ -53,6 +55,7 @@ os.environ.setdefault("PJRT_POOL_CACHE_DIR", str(Path(_SCRATCH) / "cache"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from timing import copy_threads_variable, with_environment  # noqa: E402  (this folder's)
 
 from pool import Pool, compile_program, lower  # noqa: E402
 
@@ -90,6 +93,11 @@ def _sides(pool: Pool, mib: int) -> tuple[dict[str, Callable[[], Any]], np.ndarr
     if hasattr(pool, "asarray"):
         shared = pool.asarray(x)
         sides["Pool.run, shared input"] = lambda: pool.run(program, [shared])[0]
+    variable = copy_threads_variable()
+    if variable is not None:  # a tree that spreads large copies: the same call on one thread
+        sides["Pool.run, 1 copy thread"] = lambda: with_environment(
+            variable, "1", lambda: pool.run(program, [x])[0]
+        )
     return sides, x
 
 
@@ -130,6 +138,7 @@ def part_sizes(sizes: list[int], rounds: int) -> None:
             ("Pool.run / in-process", ("Pool.run", "in-process"), {1: 1.5}),
             ("shared input / in-process", ("Pool.run, shared input", "in-process"), {1: 1.5}),
             ("Pool.run / jax.jit", ("Pool.run", "jax.jit"), {}),
+            ("spread / 1 copy thread", ("Pool.run", "Pool.run, 1 copy thread"), {}),
         ):
             if over[0] not in names:
                 continue

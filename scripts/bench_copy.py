@@ -1,13 +1,18 @@
-"""How fast the parent copies a numpy input into shared memory: one thread, as Pool.run
-does, against the same copy split over 2, 4 and 8 threads (numpy's copyto frees the GIL).
+"""How fast the parent copies a numpy input into shared memory: on the caller's thread
+alone, against the pool's Copier spreading it over 2, 4 and 8 threads (its own, kept
+between copies; numpy's copyto frees the GIL), and over threads made for each copy.
 
 Usage::
 
-    python scripts/bench_copy.py [--mib 4,16,64,256]
+    python scripts/bench_copy.py [--mib 1,4,16,64] [--cache hot|cold|both]
 
-Prints, per size, the median ms of each way, alternated, and the threaded ones' ratio
-against one thread: whether splitting the one copy Pool.run makes of a numpy input would
-pay on this host.
+Prints, per size, the median ms of each way, alternated, and each one's ratio against
+one thread: whether spreading the one copy Pool.run makes of a numpy input pays on this
+host, from what size (pool.executor.copier.SPREAD_BYTES), and over how many threads.
+Each way is timed twice: "hot", the same copy again at once (both arrays in the CPU's
+caches), and "cold", after 256 MiB of other memory was written (as in a call, where the
+worker's reads and writes of inputs and outputs come between two copies of the
+parent's).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import argparse
 import mmap
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from timing import with_environment
+
+from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, Copier
 
 PAGE = 4096
 
@@ -29,28 +37,50 @@ def one_thread(memory: mmap.mmap, array: np.ndarray) -> None:
     memoryview(memory)[: array.nbytes] = array.view(np.uint8).data  # as worker.wire.shm.write
 
 
-def threaded(threads: ThreadPoolExecutor, k: int) -> Callable[[mmap.mmap, np.ndarray], None]:
+def copier(way: Copier, k: int) -> Callable[[mmap.mmap, np.ndarray], None]:
+    """The pool's copy over k threads (PJRT_POOL_COPY_THREADS=k), at any size."""
+
+    def copy(memory: mmap.mmap, array: np.ndarray) -> None:
+        destination = memoryview(memory)[: array.nbytes]
+        source = array.view(np.uint8).reshape(-1)
+        with_environment(COPY_THREADS_VARIABLE, str(k), lambda: way.copy(destination, source))
+
+    return copy
+
+
+def fresh_threads(k: int) -> Callable[[mmap.mmap, np.ndarray], None]:
+    """The copy over k threads made for it (what a Copier's kept threads spare)."""
+
     def copy(memory: mmap.mmap, array: np.ndarray) -> None:
         destination = np.frombuffer(memory, np.uint8, count=array.nbytes)
         source = array.view(np.uint8).reshape(-1)
         step = -(-array.nbytes // k // PAGE) * PAGE
-        rest = [
-            threads.submit(np.copyto, destination[i : i + step], source[i : i + step])
+        parts = [
+            (destination[i : i + step], source[i : i + step])
             for i in range(step, array.nbytes, step)
         ]
+        rest = [threading.Thread(target=np.copyto, args=part) for part in parts]
+        for thread in rest:
+            thread.start()
         np.copyto(destination[:step], source[:step])
-        for future in rest:
-            future.result()
+        for thread in rest:
+            thread.join()
 
     return copy
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", default="4,16,64,256")
+    parser.add_argument("--mib", default="1,4,16,64")
+    parser.add_argument("--cache", choices=("hot", "cold", "both"), default="both")
     args = parser.parse_args()
-    with ThreadPoolExecutor(8) as threads:
-        ways = {"1 thread": one_thread} | {f"{k} threads": threaded(threads, k) for k in (2, 4, 8)}
+    scratch = np.zeros(64 << 20, np.float32)  # 256 MiB, written between cold copies
+    spreading = Copier(spread_bytes=0)  # every size, to show where spreading starts to pay
+    print(f"bench_copy: {os.cpu_count()} CPUs; the pool spreads copies of "
+          f"{SPREAD_BYTES >> 20} MiB or more")  # fmt: skip
+    ways = {"1 thread": one_thread} | {f"Copier {k}": copier(spreading, k) for k in (2, 4, 8)}
+    ways |= {"4 fresh threads": fresh_threads(4)}
+    try:
         for mib in map(int, args.mib.split(",")):
             size = mib << 20
             fd = os.memfd_create("bench-copy")
@@ -59,19 +89,25 @@ def main() -> None:
             os.close(fd)
             array = np.random.default_rng(0).random(size // 4, dtype=np.float32)
             one_thread(memory, array)  # the pages faulted in once, as a reused segment's are
-            times: dict[str, list[float]] = {name: [] for name in ways}
-            for _ in range(max(5, 400 // mib)):
-                for name, way in ways.items():
-                    started = time.perf_counter()
-                    way(memory, array)
-                    times[name].append(time.perf_counter() - started)
-            base = statistics.median(times["1 thread"])
-            cells = [
-                f"{name} {statistics.median(t) * 1e3:.3f} ms ({statistics.median(t) / base:.2f}x)"
-                for name, t in times.items()
-            ]
-            print(f"{mib} MiB: " + ", ".join(cells))
+            for cache in ("hot", "cold") if args.cache == "both" else (args.cache,):
+                times: dict[str, list[float]] = {name: [] for name in ways}
+                for _ in range(max(5, (400 if cache == "hot" else 40) // mib)):
+                    for name, way in ways.items():
+                        if cache == "cold":
+                            scratch += 1  # evicts both arrays from every cache level
+                        started = time.perf_counter()
+                        way(memory, array)
+                        times[name].append(time.perf_counter() - started)
+                base = statistics.median(times["1 thread"])
+                cells = [
+                    f"{name} {statistics.median(t) * 1e3:.3f} ms "
+                    f"({statistics.median(t) / base:.2f}x)"
+                    for name, t in times.items()
+                ]
+                print(f"{mib} MiB, {cache}: " + ", ".join(cells))
             memory.close()
+    finally:
+        spreading.close()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ if "--platform=tpu" in sys.argv or ("--platform" in sys.argv and "tpu" in sys.ar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from timing import copy_threads_variable, with_environment  # this folder's
 
 from pool import Pool, compile_program, lower
 
@@ -126,6 +127,12 @@ def profile_size(
     if hasattr(pool, "asarray"):  # a tree before pool.asarray profiles the rest
         shared = pool.asarray(x)
         sides["Pool.run, shared input"] = (lambda: pool.run(program, [shared]), worker)
+    variable = copy_threads_variable()
+    if variable is not None:  # a tree that spreads large copies: the same call on one thread
+        sides["Pool.run, 1 copy thread"] = (
+            lambda: with_environment(variable, "1", lambda: pool.run(program, [x])),
+            worker,
+        )
     print(
         f"\n  {mib} MiB: per call   ms      faults here   CPU ms here   faults worker   "
         "CPU ms worker"

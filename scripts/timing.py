@@ -6,9 +6,13 @@ tests through the path conftest.py gives them.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def per_call(call: Callable[[], object], calls: int) -> float:
@@ -27,3 +31,27 @@ def median_seconds(action: Callable[[int], object], rounds: int) -> float:
         action(i)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def with_environment(variable: str, value: str, call: Callable[[], T]) -> T:
+    """call() with one environment variable set for its duration (a setting that the pool
+    reads call by call, such as PJRT_POOL_COPY_THREADS), then restored."""
+    before = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        return call()
+    finally:
+        if before is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = before
+
+
+def copy_threads_variable() -> str | None:
+    """PJRT_POOL_COPY_THREADS in a tree whose pool spreads large copies over threads (so
+    a benchmark can set it to 1 for the same call on one thread); None in older trees."""
+    try:
+        from pool.executor.copier import COPY_THREADS_VARIABLE
+    except ImportError:
+        return None
+    return COPY_THREADS_VARIABLE

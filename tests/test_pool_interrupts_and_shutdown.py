@@ -105,6 +105,41 @@ def test_close_finishes_queued_tasks_when_a_worker_dies_during_close(
     printed(done, "close returned: True", "queued task done: True")
 
 
+# -- a large copy's parts go on writing after its caller was interrupted ----------
+
+
+def test_ctrl_c_during_a_spread_copy_returns_only_once_every_part_is_written() -> None:
+    # A copy spread over the Copier's threads, interrupted at the caller's own part: the
+    # interrupt may go on only when no thread still writes, for the task then gives its
+    # segment back to be reused. Each part's last page is written last: all of them must
+    # be there the moment the interrupt arrives.
+    done = interrupt_child(
+        """
+        from pool.executor.copier import Copier
+        os.environ["PJRT_POOL_COPY_THREADS"] = "4"
+        source = np.random.default_rng(0).integers(1, 255, 256 << 20, dtype=np.uint8)
+        destination = np.zeros_like(source)
+        copier = Copier()
+        copier.copy(memoryview(destination), source)  # the threads started
+        destination[:] = 0
+        interrupt_at(Copier.copy, "np.copyto(into[:step], source[:step])")
+        try:
+            copier.copy(memoryview(destination), source)
+        except KeyboardInterrupt:
+            ends = range(source.nbytes // 2, source.nbytes + 1, source.nbytes // 4)
+            tails = [slice(end - 4096, end) for end in ends]  # of the other threads' parts
+            written = all(np.array_equal(destination[t], source[t]) for t in tails)
+            print("parts written:", written, flush=True)
+            print("own part skipped:", not destination[:4096].any(), flush=True)
+        copier.close()
+        left = [t for t in threading.enumerate() if t.name.startswith("pjrt-pool-copy")]
+        print("threads left:", len(left), flush=True)
+        """,
+        timeout=60,
+    )
+    printed(done, "parts written: True", "own part skipped: True", "threads left: 0")
+
+
 # -- close() twice writes into a descriptor number the pool no longer owns --------
 
 

@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from pool_helpers import handler_initializer, milliseconds, sleep_program, wait_
 
 from pool import Pool, compile_program, lower
 from pool.errors import PoolClosedError, WorkerCrashedError
+from pool.executor.copier import COPY_THREADS_VARIABLE, Copier
 from pool.executor.values import DeviceValue
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
@@ -190,17 +192,19 @@ def test_a_run_answered_at_dispatch_reads_its_inputs_as_they_were(pool) -> None:
 
 def test_a_run_writes_its_outputs_over_its_own_copy_of_its_inputs(pool) -> None:
     # A numpy input is copied into a segment of the task's; the outputs then go to that
-    # segment, not to a second one: three held results make three segments, not four
+    # segment, not to a second one: four held results make four segments, not eight
     # (the round trip's peak is 3x the array: the caller's, the segment, the plugin's).
+    # The first run too, whose outputs the parent does not know yet: the worker is
+    # offered the segment (Run.spare) and makes none of its own.
     x = np.arange(N, dtype=np.float32)
     before = set(memfd_mappings())  # the module's pool's, idle meanwhile
     with Pool(1) as fresh:
-        fresh.run(AFFINE, [x])  # a first run: its outputs come back as a copy
-        held = [fresh.run(AFFINE, [x + i])[0] for i in range(3)]
+        held = [fresh.run(AFFINE, [x + i])[0] for i in range(4)]  # a first run, then placed
         for i, out in enumerate(held):
             np.testing.assert_array_equal(out, (x + i) * 2 + 1)
-        made = [m for m in set(memfd_mappings()) - before if "pjrt-pool-segment" in m]
-        assert len(made) == 3, made
+        made = set(memfd_mappings()) - before
+        assert len([m for m in made if "pjrt-pool-segment" in m]) == 4, made
+        assert not [m for m in made if "pjrt-pool-outputs" in m], made
         del held
     # Outputs that trade places with inputs, several of each, one larger than the inputs
     # (a segment of its own then): each reads what it was given.
@@ -214,6 +218,47 @@ def test_a_run_writes_its_outputs_over_its_own_copy_of_its_inputs(pool) -> None:
         both, head = pool.run(grow, [a])
         np.testing.assert_array_equal(both, np.concatenate([a, a]))
         np.testing.assert_array_equal(head, a[:8])
+
+
+def test_large_copies_into_shared_memory_are_spread_over_threads_and_exact(
+    pool, monkeypatch
+) -> None:
+    # A copy of copier.SPREAD_BYTES or more goes over threads the pool's Copier keeps:
+    # every byte lands once, at its place, whatever the split (sizes that are not a
+    # multiple of the threads or of a page, more threads than pages).
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 255, (9 << 20) + 4097, dtype=np.uint8)
+    spreading = Copier(spread_bytes=0)
+    for size in (0, 1, 4095, 4097, 3 * 4096 + 5, 9 << 20, (9 << 20) + 4097):
+        for threads in ("1", "2", "3", "7", "64"):
+            monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
+            destination = np.zeros(size, np.uint8)
+            spreading.copy(memoryview(destination), source[:size])
+            assert np.array_equal(destination, source[:size]), (size, threads)
+    assert any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
+    spreading.close()
+    assert not any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
+    destination = np.zeros(4097, np.uint8)
+    spreading.copy(memoryview(destination), source[:4097])  # closed: on the caller's thread
+    assert np.array_equal(destination, source[:4097])
+    # Through the pool: a numpy input and Pool.asarray of 12 MiB and 4 bytes, spread and not.
+    n = (3 << 20) + 1
+    big = lower(lambda a, b: (a * 2 + b,), [f32(n), f32(n)])
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    for threads in ("3", "1", None):
+        if threads is None:
+            monkeypatch.delenv(COPY_THREADS_VARIABLE)
+        else:
+            monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
+        (out,) = pool.run(big, [a, pool.asarray(b)])
+        assert np.array_equal(out, a * 2 + b)
+    # A setting it cannot use is refused, naming the variable, and the pool goes on.
+    monkeypatch.setenv(COPY_THREADS_VARIABLE, "many")
+    with pytest.raises(ValueError, match="PJRT_POOL_COPY_THREADS='many': give the number"):
+        pool.run(big, [a, b])
+    monkeypatch.delenv(COPY_THREADS_VARIABLE)
+    (out,) = pool.run(big, [a, b])
+    assert np.array_equal(out, a * 2 + b)
 
 
 def test_misused_values_are_clear_errors(pool, tmp_path) -> None:

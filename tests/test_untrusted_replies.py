@@ -52,6 +52,18 @@ x = np.ones(8, np.float32)
 """
 
 
+LIED_RUN = """
+    try:
+        print("lied:", float(pool.run(program, [x])[0].sum()), flush=True)
+    except PoolError as error:
+        print("refused:", error, flush=True)
+    print("next:", float(pool.run(program, [x])[0].sum()), flush=True)
+    print("workers:", len(pool.worker_info), flush=True)
+"""
+"""The end of a liar's scenario, inside `with Pool(...) as pool:`: the run the worker lies
+about (refused, or not), then the next run and the workers left."""
+
+
 @pytest.mark.parametrize("how", ["small", "unsealed"])
 def test_a_reply_naming_memory_its_segment_lacks_fails_the_task_not_the_parent(
     tmp_path, how
@@ -68,13 +80,8 @@ def test_a_reply_naming_memory_its_segment_lacks_fails_the_task_not_the_parent(
         with Pool(1, initializer=lie, initargs=(flag, {how!r}), segment_cache_bytes=0) as pool:
             print("first:", float(pool.run(program, [x])[0].sum()), flush=True)
             open(flag, "w").close()
-            try:
-                print("lied:", float(pool.run(program, [x])[0].sum()), flush=True)
-            except PoolError as error:
-                print("refused:", error, flush=True)
-            print("next:", float(pool.run(program, [x])[0].sum()), flush=True)
-            print("workers:", len(pool.worker_info), flush=True)
-        """),
+        """)
+        + LIED_RUN,
         timeout=120,
     )
     assert "first: 393216.0" in done.stdout, done.stdout
@@ -84,6 +91,55 @@ def test_a_reply_naming_memory_its_segment_lacks_fails_the_task_not_the_parent(
     reason = "holds 4096 bytes" if how == "small" else "not sealed"
     assert reason in done.stdout, done.stdout
     assert "next: 393216.0" in done.stdout and "workers: 1" in done.stdout, done.stdout
+
+
+SPARE_LIAR = """
+import dataclasses, jax.numpy as jnp
+
+def lie(flag, how):
+    # In the worker: the next reply of a Run, once the flag file exists, says its outputs
+    # lie over the inputs' segment (Run.spare): past its end, or with none offered.
+    from worker.wire import protocol
+    real = protocol.send_frame
+
+    def send_frame(sock, message, fds=()):
+        if type(message) is protocol.Reply and message.output_place in ("new", "spare"):
+            if os.path.exists(flag):
+                os.remove(flag)
+                offsets = (1 << 40,) if how == "past" else message.output_offsets
+                message = dataclasses.replace(message, output_place="spare",
+                                              output_offsets=offsets)
+                return real(sock, message, ())
+        return real(sock, message, fds)
+
+    protocol.send_frame = send_frame
+
+# "past": a 2 MiB input, copied into a segment the first run is offered; "unasked": an
+# input in the arena (no segment to offer) and 1.5 MiB out.
+if how == "past":
+    program, x = lower(lambda v: v * 2, [sds(1 << 19)]), np.ones(1 << 19, np.float32)
+else:
+    program, x = lower(lambda v: jnp.tile(v, 49152), [sds(8)]), np.ones(8, np.float32)
+"""
+
+
+@pytest.mark.parametrize("how", ["past", "unasked"])
+def test_outputs_said_to_lie_over_the_inputs_are_checked_first(tmp_path, how) -> None:
+    flag = tmp_path / "lie"
+    open(flag, "w").close()  # the first run lies
+    done = child(
+        f"how = {how!r}\n"
+        + SPARE_LIAR
+        + textwrap.dedent(f"""
+        with Pool(1, initializer=lie, initargs=({str(flag)!r}, how)) as pool:
+        """)
+        + LIED_RUN,
+        timeout=120,
+    )
+    reason = "does not fit its shared memory" if how == "past" else "outputs in 'spare'"
+    assert "refused:" in done.stdout and reason in done.stdout, done.stdout
+    assert "next: 1048576.0" in done.stdout or "next: 393216.0" in done.stdout, done.stdout
+    assert "workers: 1" in done.stdout, done.stdout
 
 
 def test_segments_are_sealed_at_their_size() -> None:

@@ -23,6 +23,7 @@ each own their state (its docstring draws them):
     tasks.py           the tasks' records, their moves, and the queue
     quarantine.py      programs that crash workers
     segments.py        shared memory for large inputs and outputs
+    copier.py          copies of callers' arrays into it, large ones over a few threads
     values.py          DeviceValue: an array a worker keeps on its device between calls
     worker_memory.py   what each worker holds of the pool's memory (segments, values, slots)
     forks.py           which process this is: a pool refuses in a forked child

@@ -151,7 +151,12 @@ class PoolArrays:
         """A copy of an array in the pool's shared memory (see empty): calls pass it as it is."""
         source = np.asarray(array)
         copy = self.empty(source.shape, source.dtype)
-        copy[...] = source
+        if source.flags.c_contiguous:
+            self._segments.copier.copy(
+                copy.reshape(-1).view(np.uint8), source.reshape(-1).view(np.uint8)
+            )
+        else:
+            copy[...] = source
         return copy
 
     def _pinned(

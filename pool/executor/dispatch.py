@@ -43,7 +43,7 @@ from pool.executor.compile_many import CompileResult
 from pool.executor.futures import resolve
 from pool.executor.quarantine import Quarantine, count_crash
 from pool.executor.requests import Requests
-from pool.executor.segments import Segment, SegmentCache
+from pool.executor.segments import SegmentCache
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Task, Tasks, TaskState, ValueOpKind
 from pool.executor.values import DeviceValue, Fetcher
@@ -437,7 +437,8 @@ class Dispatcher:
         self, worker: WorkerProcess, task: Task, reply: protocol.Reply, fds: list[int]
     ) -> list[Any]:
         """A run's outputs from its Reply: where its request placed them, or where the worker
-        laid them out (the arena, or a segment it sent), each checked first."""
+        laid them out (the arena, the inputs' segment its request offered, or a segment it
+        sent), each checked first."""
         program_id = task.request.program_id
         memory = task.memory
         assert memory is not None
@@ -467,6 +468,9 @@ class Dispatcher:
                 size = reply.output_size
                 shm.check_layout(placed_types, placed_offsets, size, "its output segment")
                 shm.check_received(fds[0], size, "its output segment")
+            elif place == "spare" and not fds and memory.plan and memory.plan.spare:
+                size = memory.plan.spare.capacity
+                shm.check_layout(placed_types, placed_offsets, size, "the inputs' segment")
             else:
                 raise ValueError(f"outputs in {place!r} with {len(fds)} descriptors")
         except (ValueError, TypeError, AttributeError) as problem:
@@ -483,17 +487,12 @@ class Dispatcher:
                 )
             # The arena is reused by the next task: copy the (small) outputs out.
             arrays = [view.copy() for view in shm.views(worker.arena, placed_types, placed_offsets)]
-        else:
-            segment = Segment()
-            segment.capacity = reply.output_size
-            segment.fd = fds[0]
-            del fds[0]  # the segment holds it now (no call since the line above)
-            self._segments.identify(segment)
-            try:
-                lease = self._segments.adopt(segment)
-            except BaseException:
-                self._segments.give(segment)
-                raise
+        else:  # over the task's own copy of its inputs (theirs now), or in the one sent
+            spare = None if memory.plan is None else memory.plan.spare
+            if place == "spare" and spare is not None:
+                lease = self._segments.adopt(spare)
+            else:
+                lease = self._segments.adopt_received(fds, reply.output_size)
             arrays = lease.views(placed_types, placed_offsets)
         return self._with_kept(worker, task, types, arrays)
 

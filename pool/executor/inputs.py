@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pool.executor.segments import Segment, SegmentCache, lease_of, writer
+from pool.executor.segments import Segment, SegmentCache, lease_of
 from pool.executor.values import DeviceValue, failure_of
 from worker.arguments import types_of
 from worker.records import ArrayType
@@ -85,6 +85,9 @@ class OutputPlan(NamedTuple):
     destinations: tuple[places.Where, ...] | None
     kept: dict[int, int]
     layout: OutputLayout | None
+    spare: Segment | None = None
+    """With no destinations, the task's copy of its inputs, offered to the worker for the
+    outputs (Run.spare): the results view it when the worker put them there."""
 
 
 def pack(arrays: list[np.ndarray], offsets: tuple[int, ...], size: int) -> bytearray:
@@ -288,7 +291,7 @@ class TaskMemory:
             return
         self.input = Segment()
         if segments.reserve(self.input):
-            segments.fill(self.input, size, writer(arrays, offsets))
+            segments.fill(self.input, size, segments.copier.writer(arrays, offsets))
         else:
             self.packed = pack(arrays, offsets, size)
 
@@ -330,15 +333,8 @@ class TaskMemory:
         output = self.output
         if output is not None and output.fd >= 0 and output.capacity >= size:
             return output  # made (or taken from the inputs) for an earlier request of this task
-        staged = self.input
-        if (
-            output is None
-            and staged is not None
-            and not self.in_arena
-            and self.packed is None
-            and staged.fd >= 0
-            and staged.capacity >= size
-        ):
+        staged = self.spare()
+        if staged is not None and staged.capacity >= size:
             # The outputs overwrite the task's own copy of its inputs: a worker copies
             # outputs out only once the run is over (every device's part: nothing reads
             # an input after), and a task goes to another worker only if this one never
@@ -346,7 +342,7 @@ class TaskMemory:
             # 3x its bytes at its peak, not 4x.
             self.output = staged
             return staged
-        if output is not None and output is not staged:
+        if output is not None and output is not self.input:
             segments.give(output)
         self.segments = segments
         self.output = output = Segment()
@@ -355,6 +351,20 @@ class TaskMemory:
         if past_the_bounds:
             segments.fill(output, size, lambda _: None)
             return output
+        return None
+
+    def spare(self) -> Segment | None:
+        """The task's own copy of its inputs (a segment), when the outputs may go over it:
+        none went elsewhere yet (see output_segment)."""
+        staged = self.input
+        if (
+            self.output is None
+            and staged is not None
+            and not self.in_arena
+            and self.packed is None
+            and staged.fd >= 0
+        ):
+            return staged
         return None
 
     def plan_outputs(self, plan: OutputPlan | None, output: Segment | None) -> None:

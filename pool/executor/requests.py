@@ -157,6 +157,7 @@ class Requests:
             segments=segments,
             drops=deliveries.drops,
             forgets=deliveries.forgets,
+            spare=None if (spare := memory.plan.spare) is None else (spare.id, spare.capacity),
         )
         return run, fds, deliveries
 
@@ -197,7 +198,7 @@ class Requests:
             output = memory.output_segment(self._segments, layout.size)
             segment_id = 0 if output is None else output.id
         if layout is None or (output is None and not layout.in_arena):
-            memory.plan_outputs(OutputPlan(None, kept, None), None)
+            memory.plan_outputs(OutputPlan(None, kept, None, memory.spare()), None)
             return None
         found = iter(layout.offsets)
         destinations = tuple(

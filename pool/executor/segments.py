@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from pool.executor.copier import Copier
 from worker.records import ArrayType
 from worker.wire import shm
 
@@ -243,6 +244,7 @@ class SegmentCache:
         self.closings = 0  # segments closed so far: workers look for ones to forget when it grows
         self._closed = False
         self._lock = threading.Lock()
+        self.copier = Copier()  # fills segments with callers' arrays; ends with the cache
 
     @property
     def held(self) -> int:
@@ -350,6 +352,20 @@ class SegmentCache:
         holds, the id workers will know it by."""
         segment.id = next(_SEGMENT_IDS)
         self._open.add(segment.id)
+
+    def adopt_received(self, fds: list[int], size: int) -> SegmentLease:
+        """Takes over the segment of `size` bytes a worker made and sent, the first of `fds`
+        (removed from them: the segment holds it from then on), as adopt does."""
+        segment = Segment()
+        segment.capacity = size
+        segment.fd = fds[0]
+        del fds[0]  # the segment holds it now (no call since the line above)
+        self.identify(segment)
+        try:
+            return self.adopt(segment)
+        except BaseException:
+            self.give(segment)
+            raise
 
     def give(self, *segments: Segment | None) -> None:
         """Takes back segments nothing uses any more: each is kept for reuse, or closed."""
@@ -520,6 +536,7 @@ class SegmentCache:
 
         Results still alive keep their memory through their mappings.
         """
+        self.copier.close()
         with self._lock:
             self._closed = True
             held = [kept for _, _, kept in self._free] + list(self._adopted.values())
@@ -530,8 +547,3 @@ class SegmentCache:
                 if not kept.pins:  # else its task's unpin closes it
                     os.closerange(kept.fd, kept.fd + 1)
                     self._forget_locked(kept)
-
-
-def writer(arrays: list[np.ndarray], offsets: tuple[int, ...]) -> Callable[[Any], None]:
-    """Returns a function that copies arrays into a segment at their offsets."""
-    return lambda memory: shm.write(memory, arrays, offsets)

@@ -79,9 +79,9 @@ _FRAME_LINE = re.compile(r"^\s*@\s+0x[0-9a-f]+")
 ARENA_SIZE = 1 << 20
 """Bytes of each worker's arena: small tasks' inputs and outputs pass through it."""
 
-ARENA_OUTPUT_LIMIT = ARENA_SIZE // 4
-"""Outputs up to this many bytes in all come back through the worker's arena, copied out
-(cheaper than a segment for a few KB); larger ones in a segment the results view."""
+ARENA_OUTPUT_LIMIT = ARENA_SIZE // shm.ARENA_OUTPUT_SHARE
+"""Outputs up to this many bytes in all come back through the worker's arena (see
+worker.wire.shm.ARENA_OUTPUT_SHARE)."""
 
 ARENA_INPUT_LIMIT = ARENA_SIZE // 4
 """Inputs up to this many bytes go through the worker's arena; outputs use the rest.

@@ -89,7 +89,7 @@ class OutputLayout(NamedTuple):
     fd: int | None
     """The "new" segment's descriptor."""
     wheres: tuple[places.Where, ...] | None
-    """The request's destinations ("placed"), or None."""
+    """The request's destinations ("placed"), or those over the inputs ("spare"); else None."""
     keep: dict[int, int]
     """Output index -> the value id it is kept as (laid out here)."""
 
@@ -117,25 +117,38 @@ class OutputLayout(NamedTuple):
              strict=True) if kind == places.PLACE and segment == 0),
             default=0,
         )  # fmt: skip
-        return cls.arena_or_new(outputs, shm.aligned(start), arena_size, keep)
+        return cls.arena_or_new(outputs, shm.aligned(start), arena_size, keep, request.spare)
 
     @classmethod
     def arena_or_new(
         cls, outputs: tuple[ArrayType, ...], start: int, arena_size: int,
-        keep: dict[int, int] | None = None,
+        keep: dict[int, int] | None = None, spare: tuple[int, int] | None = None,
     ) -> OutputLayout:  # fmt: skip
         """Outputs (but those kept) after `start` in the arena if they fit, else in a new
-        segment of their own."""
+        segment of their own; over the inputs in the `spare` segment (its id and bytes:
+        Run.spare) instead when they fit there and are more than the arena's share for
+        outputs (as the parent lays out later runs' outputs)."""
         keep = keep or {}
         placed = [t for i, t in enumerate(outputs) if i not in keep]
         offsets, end = shm.layout(placed, start)
         place: OutputPlace = "arena"
         fd: int | None = None
-        if end > arena_size:
-            offsets, end = shm.layout(placed)
+        own_offsets, own_end = shm.layout(placed)  # in a segment of their own
+        large = sum(t.nbytes for t in placed) > arena_size // shm.ARENA_OUTPUT_SHARE
+        if spare is not None and large and own_end <= spare[1]:
+            place, offsets, end = "spare", own_offsets, own_end
+        elif end > arena_size:
+            offsets, end = own_offsets, own_end
             place, fd = "new", shm.new_segment(end, "pjrt-pool-outputs")
         found = iter(offsets)
         every = tuple(-1 if i in keep else next(found) for i in range(len(outputs)))
+        if place == "spare":
+            assert spare is not None
+            wheres = tuple(
+                (places.VALUE, keep[i], 0) if i in keep else (places.PLACE, spare[0], o)
+                for i, o in enumerate(every)
+            )
+            return cls(place, every, end, None, wheres, keep)
         return cls(place, every, end, fd, None, keep)
 
     def destinations(self, new_segment: int) -> list[places.Where]:

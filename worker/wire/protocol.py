@@ -386,8 +386,11 @@ class Run:
     runs, send them). `destinations` give each output's Where, or are None
     when the parent does not know the outputs yet (a first run): the worker
     then lays them out in the arena after the arena's inputs if they fit,
-    else in a segment it makes and sends back ("new"), and keeps the outputs
-    `keep` names ((output index, value id)) instead. `segments`, `drops` and
+    else over the task's own copy of its inputs when the request offers it
+    (`spare`: that segment's id and bytes) and they fit there ("spare": the
+    run has ended on every device before any output is copied out, so no
+    input is read after), else in a segment it makes and sends back ("new"),
+    and keeps the outputs `keep` names ((output index, value id)) instead. `segments`, `drops` and
     `forgets` are as in PlacedRun (the descriptors come with the frame).
     `want_output_types` asks for the output types in the reply; the parent
     remembers them per program, so that small replies stay small. `program`
@@ -417,6 +420,7 @@ class Run:
     segments: tuple[tuple[int, int], ...] = ()
     drops: tuple[int, ...] = ()
     forgets: tuple[int, ...] = ()
+    spare: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -523,9 +527,10 @@ class RemoteError:
         )
 
 
-OutputPlace = Literal["placed", "arena", "new"]
+OutputPlace = Literal["placed", "arena", "spare", "new"]
 """Where a Run's outputs lie (Reply.output_place): where the request's destinations said,
-after the inputs in the arena, or in a segment the worker made and sent with the reply."""
+after the inputs in the arena, over the inputs in the segment the request offered
+(Run.spare), or in a segment the worker made and sent with the reply."""
 
 
 @dataclass(frozen=True)
@@ -533,8 +538,9 @@ class Reply:
     """The result of one request.
 
     For Compile: `spec`. For Run: the outputs at `output_offsets` in the
-    `output_place`: "placed" (where the request's destinations said), "arena"
-    or "new" (a segment sent with this frame), of `output_types` when the
+    `output_place`: "placed" (where the request's destinations said), "arena",
+    "spare" (the segment the request offered) or "new" (a segment sent with
+    this frame), of `output_types` when the
     request wanted them (a kept output's offset is -1). `statistics` is what the request added to
     the worker's CompileStatistics and `counters` the worker's disk cache
     counters, both only when the request compiled or loaded something (None

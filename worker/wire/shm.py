@@ -15,7 +15,7 @@ import fcntl
 import itertools
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,6 +23,11 @@ from worker.records import ArrayType
 from worker.wire.protocol import DescriptorLimitError
 
 ALIGNMENT = 64
+
+ARENA_OUTPUT_SHARE = 4
+"""Outputs of at most 1/ARENA_OUTPUT_SHARE of a worker's arena in all come back through it,
+copied out (cheaper than a segment for a few KB); larger ones lie in a segment the
+results view (the parent's layout, and a first run's offered the inputs' segment)."""
 
 _serials = itertools.count()
 
@@ -143,14 +148,25 @@ def attach(fd: int, size: int, populate: bool = False, keep_fd: bool = False) ->
             os.close(fd)
 
 
-def write(segment: mmap.mmap, arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> None:
-    """Copies C-contiguous arrays into a segment at the given byte offsets."""
+def write(
+    segment: mmap.mmap,
+    arrays: Sequence[np.ndarray],
+    offsets: Sequence[int],
+    copy: Callable[[memoryview, np.ndarray], None] | None = None,
+) -> None:
+    """Copies C-contiguous arrays into a segment at the given byte offsets; `copy`, given,
+    copies each one's bytes (flat uint8) into its place (the parent's Copier)."""
     memory = memoryview(segment)
     try:
         for array, offset in zip(arrays, offsets, strict=True):
             if array.nbytes:
                 # As bytes: ml_dtypes arrays (bfloat16, ...) have no buffer format.
-                memory[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8).data
+                source = array.reshape(-1).view(np.uint8)
+                place = memory[offset : offset + array.nbytes]
+                if copy is None:
+                    place[:] = source.data
+                else:
+                    copy(place, source)
     finally:
         memory.release()
 
