@@ -19,7 +19,9 @@ hold the chip (a leg that finds it still held by the last one waits and tries ag
                    the chip once they are done: scripts/bench_tpu_compile.py
                    --device-start when-needed,at-once compares the two starts),
                    then (once its device worker holds the chip) Pool.run at the
-                   three sizes, with numpy inputs and with inputs made by pool.asarray,
+                   three sizes, with numpy inputs (and, where the tree spreads large
+                   copies, the same with PJRT_POOL_COPY_THREADS=1) and with inputs
+                   made by pool.asarray,
                    the MLP loop through Pool.function with keep=0 (the parameters stay
                    in the worker) and without, and the tiny round trip
     jax-serial     jax.jit(step).lower().compile() of the training steps one by one
@@ -48,7 +50,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import median_seconds  # noqa: E402  (this folder's, after the path)
+from timing import copy_threads_variable, median_seconds, with_environment  # noqa: E402
 
 PLATFORM = os.environ.get("TPU_ARRAYS_PLATFORM", "tpu")
 LEGS = ("jax", "inproc", "pool", "jax-serial", "jax-threads")
@@ -171,6 +173,10 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
                 assert np.array_equal(pool.run(program, [x])[0], x * 2 + 1)
                 run = lambda p=program, x=x: pool.run(p, [x])  # noqa: E731
                 found[f"pool_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
+                variable = copy_threads_variable()
+                if variable is not None:  # the same call with the copy on one thread
+                    one = lambda run=run, v=variable: with_environment(v, "1", run)  # noqa: E731
+                    found[f"pool_one_copy_thread_{mib}MiB_ms"] = _median_ms(one, _rounds(mib))
                 shared = pool.asarray(x)
                 run = lambda p=program, s=shared: pool.run(p, [s])  # noqa: E731
                 found[f"pool_shared_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
@@ -275,7 +281,9 @@ def _table(found: dict[str, dict[str, Any]], out: Path) -> list[str]:
         goal = "<= 1.15x" if mib >= 16 else "-"
         rows.append(
             f"| f(x) = x*2+1, {mib} MiB (ms) | {cell(jit)} | {cell(inproc.get(f'run_{mib}MiB_ms'))}"
-            f" | {cell(ours)} | {cell(pool_leg.get(f'pool_shared_{mib}MiB_ms'))} | "
+            f" | {cell(ours)} (1 copy thread: "
+            f"{cell(pool_leg.get(f'pool_one_copy_thread_{mib}MiB_ms'))})"
+            f" | {cell(pool_leg.get(f'pool_shared_{mib}MiB_ms'))} | "
             f"{cell(ratio)} | {goal} |"
         )
     jit_step, kept = jax_leg.get("loop_ms_per_step"), pool_leg.get("kept_all_loop_ms_per_step")
