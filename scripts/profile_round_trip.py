@@ -191,7 +191,12 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
     reply = bytearray(frame.size)
     wait_set = pool._wait_set
     with pool._lock:
-        wait_set.remove(sock.fileno())
+        if getattr(worker, "parked", False):
+            # Its socket is out of the wait set already; unparked, the manager does not
+            # put it back meanwhile (it would read these replies as a protocol breach).
+            worker.park(False)
+        else:
+            wait_set.remove(sock.fileno())
     times = []
     try:
         for task_id in range(1 << 40, (1 << 40) + calls):
