@@ -125,6 +125,42 @@ def test_a_sharded_program_gives_jax_jits_numbers_through_the_pool(case, pool8):
         _assert_same(case, got, want)
 
 
+def test_large_outputs_of_a_sharded_first_run_go_over_its_inputs_copy(pool8):
+    # A first run's outputs go over the task's copy of its numpy inputs (Run.spare) when
+    # they fit: every device's part has ended before any output is written there.
+    # Outputs that reorder the inputs' blocks (a transpose of a row-sharded matrix, a
+    # matmul, as many bytes as the inputs) read what the inputs were, on the first run
+    # and the next.
+    mesh = make_mesh(jax.devices()[:4], (2, 2))
+    rows, columns = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "model"))
+
+    def step(x, w):
+        return x.T * 2, x @ w
+
+    f32 = np.float32
+    program = lower(
+        step,
+        [jax.ShapeDtypeStruct((512, 512), f32), jax.ShapeDtypeStruct((512, 256), f32)],
+        in_shardings=(rows, columns),
+        out_shardings=(columns, NamedSharding(mesh, P("data", "model"))),
+    )
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        x = rng.standard_normal((512, 512)).astype(f32)
+        w = rng.standard_normal((512, 256)).astype(f32)
+        before = {line for line in _memfds() if "pjrt-pool-outputs" in line}
+        transposed, product = pool8.run(program, [x, w])
+        assert {line for line in _memfds() if "pjrt-pool-outputs" in line} == before
+        assert np.array_equal(transposed, x.T * 2)
+        np.testing.assert_allclose(product, x @ w, rtol=1e-4, atol=1e-3)
+
+
+def _memfds() -> list[str]:
+    """This process's shared-memory mappings, by name."""
+    with open("/proc/self/maps") as maps:
+        return [line.split()[-2] for line in maps if "/memfd:" in line]
+
+
 def test_each_partition_runs_on_its_own_device(pool8):
     """axis_index: each device's block of the result holds its own place in the mesh."""
     mesh = make_mesh(jax.devices(), (2, 4))
