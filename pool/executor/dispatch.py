@@ -457,6 +457,7 @@ class Dispatcher:
         kept = {} if memory.plan is None else memory.plan.kept
         placed_types = [t for index, t in enumerate(types) if index not in kept]
         placed_offsets = tuple(o for index, o in enumerate(offsets) if index not in kept)
+        spare = None if memory.plan is None else memory.plan.spare  # offered: Run.spare
         # Nothing the reply says is mapped or viewed before it is checked against what
         # the parent knows: a wrong size or offset would fault (SIGBUS) in this process.
         try:
@@ -468,8 +469,8 @@ class Dispatcher:
                 size = reply.output_size
                 shm.check_layout(placed_types, placed_offsets, size, "its output segment")
                 shm.check_received(fds[0], size, "its output segment")
-            elif place == "spare" and not fds and memory.plan and memory.plan.spare:
-                size = memory.plan.spare.capacity
+            elif place == "spare" and not fds and spare is not None:
+                size = spare.capacity
                 shm.check_layout(placed_types, placed_offsets, size, "the inputs' segment")
             else:
                 raise ValueError(f"outputs in {place!r} with {len(fds)} descriptors")
@@ -488,7 +489,6 @@ class Dispatcher:
             # The arena is reused by the next task: copy the (small) outputs out.
             arrays = [view.copy() for view in shm.views(worker.arena, placed_types, placed_offsets)]
         else:  # over the task's own copy of its inputs (theirs now), or in the one sent
-            spare = None if memory.plan is None else memory.plan.spare
             if place == "spare" and spare is not None:
                 lease = self._segments.adopt(spare)
             else:

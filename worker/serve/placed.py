@@ -142,17 +142,14 @@ class OutputLayout(NamedTuple):
             place, fd = "new", shm.new_segment(end, "pjrt-pool-outputs")
         found = iter(offsets)
         every = tuple(-1 if i in keep else next(found) for i in range(len(outputs)))
-        if place == "spare":
-            assert spare is not None
-            wheres = tuple(
-                (places.VALUE, keep[i], 0) if i in keep else (places.PLACE, spare[0], o)
-                for i, o in enumerate(every)
-            )
-            return cls(place, every, end, None, wheres, keep)
-        return cls(place, every, end, fd, None, keep)
+        layout = cls(place, every, end, fd, None, keep)
+        if spare is not None and place == "spare":  # its places, as a request's would be
+            return layout._replace(wheres=tuple(layout.destinations(spare[0])))
+        return layout
 
     def destinations(self, new_segment: int) -> list[places.Where]:
-        """Each output's Where; `new_segment` is the id the "new" segment is mapped under."""
+        """Each output's Where; `new_segment` is the id the "new" (or "spare") segment is
+        mapped under."""
         if self.wheres is not None:
             return list(self.wheres)
         segment = 0 if self.place == "arena" else new_segment
