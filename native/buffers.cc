@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -54,17 +55,24 @@ void AwaitReady(const PJRT_Api* api, PJRT_Buffer* buffer) {
   if (event) AwaitEvent(api, event.get(), "the run that made the value");
 }
 
-const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
-                        size_t rank) {
-  if (offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) + sizeof(void*) > api->struct_size ||
-      api->PJRT_Buffer_IsOnCpu == nullptr || api->PJRT_Buffer_UnsafePointer == nullptr ||
-      api->PJRT_Buffer_OnDeviceSizeInBytes == nullptr) {
-    return nullptr;
+bool InHostMemory(const PJRT_Api* api, PJRT_Buffer* buffer) {
+  if (offsetof(PJRT_Api, PJRT_Buffer_IsOnCpu) + sizeof(void*) > api->struct_size ||
+      api->PJRT_Buffer_IsOnCpu == nullptr) {
+    return false;
   }
   auto on_cpu = PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
   on_cpu.buffer = buffer;
   Check(api, api->PJRT_Buffer_IsOnCpu(&on_cpu), "PJRT_Buffer_IsOnCpu");
-  if (!on_cpu.is_on_cpu) return nullptr;
+  return on_cpu.is_on_cpu;
+}
+
+const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
+                        size_t rank) {
+  if (offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) + sizeof(void*) > api->struct_size ||
+      api->PJRT_Buffer_UnsafePointer == nullptr ||
+      api->PJRT_Buffer_OnDeviceSizeInBytes == nullptr || !InHostMemory(api, buffer)) {
+    return nullptr;
+  }
   auto size = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
   size.buffer = buffer;
   Check(api, api->PJRT_Buffer_OnDeviceSizeInBytes(&size), "PJRT_Buffer_OnDeviceSizeInBytes");
@@ -121,6 +129,12 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
     if (output.size > 0) std::memcpy(output.data, source, output.size);
     return;
   }
+  Owned<PJRT_Event> copied = StartCopyToHost(api, buffer, output, rank, index);
+  if (copied) AwaitEvent(api, copied.get(), "copying an output to host memory");
+}
+
+Owned<PJRT_Event> StartCopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer,
+                                  const HostOutput& output, size_t rank, size_t index) {
   // Without a host layout PJRT copies in the buffer's own device layout
   // (column-major for some TPU results): ask for dense row-major. A scalar's or
   // a vector's only dense layout is that already, so none is asked for them
@@ -145,15 +159,65 @@ void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& outp
                             std::to_string(size.dst_size) + " bytes but its buffer has " +
                             std::to_string(output.size));
   }
-  if (output.size == 0) return;
+  if (output.size == 0) return Owned<PJRT_Event>(api, nullptr);
   auto copy = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   copy.src = buffer;
   copy.host_layout = host_layout;
   copy.dst = output.data;
   copy.dst_size = output.size;
   Check(api, to_host(&copy), "PJRT_Buffer_ToHostBuffer");
-  Owned<PJRT_Event> copied(api, copy.event);
-  if (copied) AwaitEvent(api, copied.get(), "copying an output to host memory");
+  return Owned<PJRT_Event>(api, copy.event);
+}
+
+void CopyOutputsToHost(const PJRT_Api* api, const std::vector<OutputCopy>& copies,
+                       const std::vector<Owned<PJRT_Event>>& run_ends) {
+  std::exception_ptr failure;  // the first error; every started copy is awaited before it
+  const auto await = [&](PJRT_Event* event, const char* what) {
+    if (failure) {
+      AwaitEventQuietly(api, event);
+      return;
+    }
+    try {
+      AwaitEvent(api, event, what);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  };
+  // The plugin's copies off a device are asked for at once, before the run's end is
+  // awaited: each starts as the run ends (as jax.jit's np.asarray asks right after
+  // dispatch), not once this thread has woken to that end, and they overlap.
+  std::vector<Owned<PJRT_Event>> started;
+  std::vector<const OutputCopy*> in_host;  // read once the run has ended
+  try {
+    for (const OutputCopy& copy : copies) {
+      if (InHostMemory(api, copy.buffer)) {
+        in_host.push_back(&copy);
+        continue;
+      }
+      Owned<PJRT_Event> event =
+          StartCopyToHost(api, copy.buffer, copy.place, copy.rank, copy.index);
+      if (event) started.push_back(std::move(event));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (const Owned<PJRT_Event>& end : run_ends) {
+    if (end) await(end.get(), "executing the program");
+  }
+  if (!failure) {
+    try {
+      for (const OutputCopy* copy : in_host) {
+        if (run_ends.empty()) AwaitReady(api, copy->buffer);
+        CopyToHost(api, copy->buffer, copy->place, copy->rank, copy->index);
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  for (const Owned<PJRT_Event>& event : started) {
+    await(event.get(), "copying an output to host memory");
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 HostBuffers::~HostBuffers() {

@@ -62,13 +62,16 @@ std::string DimsText(const std::vector<int64_t>& dims);
 // element type it does not know. Throws std::invalid_argument naming `index`.
 void CheckInput(const HostInput& input, size_t index);
 
-// Host memory a buffer lives in, or nullptr when it lives on a device, is not
-// dense row-major, or the plugin cannot say. CPU plugins keep buffers in host
-// memory.
 // Blocks until `buffer`'s data is written (the run that makes it has ended),
 // and throws that run's error, if any.
 void AwaitReady(const PJRT_Api* api, PJRT_Buffer* buffer);
 
+// Whether a buffer lives in host memory (CPU plugins keep buffers there);
+// false when the plugin cannot say. Safe before the run that makes it ends.
+bool InHostMemory(const PJRT_Api* api, PJRT_Buffer* buffer);
+
+// Host memory a buffer lives in, or nullptr when it lives on a device, is not
+// dense row-major, or the plugin cannot say.
 const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expected_size,
                         size_t rank);
 
@@ -77,5 +80,29 @@ const void* HostPointer(const PJRT_Api* api, PJRT_Buffer* buffer, size_t expecte
 // output in errors.
 void CopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer, const HostOutput& output, size_t rank,
                 size_t index);
+
+// Asks the plugin to copy a buffer (finished or not: the copy waits for its
+// data on the device) into caller memory as CopyToHost does, and returns the
+// copy's event without awaiting it (empty for an empty output). The memory
+// must stay valid until the event is ready.
+Owned<PJRT_Event> StartCopyToHost(const PJRT_Api* api, PJRT_Buffer* buffer,
+                                  const HostOutput& output, size_t rank, size_t index);
+
+// One output of a run and the host memory it goes to.
+struct OutputCopy {
+  PJRT_Buffer* buffer;
+  HostOutput place;
+  size_t rank;
+  size_t index;  // the output's index in the program, for errors
+};
+
+// Copies a run's outputs into host memory as CopyToHost does, `run_ends` being
+// the run's completion events, not yet awaited (none: each buffer's own
+// readiness is awaited). Copies off a device start before the run's end is
+// awaited, each as soon as the run ends; buffers in host memory are read once
+// it has. Returns once the run and every copy have ended, then throws the
+// first error, if any (so no copy still writes into the memory when it does).
+void CopyOutputsToHost(const PJRT_Api* api, const std::vector<OutputCopy>& copies,
+                       const std::vector<Owned<PJRT_Event>>& run_ends);
 
 }  // namespace pjrt_pool

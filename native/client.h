@@ -140,6 +140,18 @@ class Executable {
       const std::vector<std::vector<PJRT_Buffer*>>& argument_lists,
       bool await_completion = true) const;
 
+  // A run dispatched and not awaited: each device's output buffers and, when
+  // asked for, each device's completion event (else empty owners).
+  struct Launched {
+    std::vector<std::vector<Owned<PJRT_Buffer>>> outputs;
+    std::vector<Owned<PJRT_Event>> ends;
+  };
+  // Dispatches a run as ExecuteOnDevices does and returns at once; the caller
+  // awaits the ends (or reads the outputs, which wait for the run) before the
+  // host memory the run reads in place may change.
+  Launched Launch(const std::vector<std::vector<PJRT_Buffer*>>& argument_lists,
+                  bool with_ends) const;
+
   // Says how a program over several devices splits its global inputs and
   // outputs: `device_ids` are the program's devices in its device assignment's
   // order, and each array's shards are in that order too (they are put in

@@ -49,10 +49,9 @@ void DeviceValue::ToHost(const HostOutput& output) const {
   CopyToHost(client_->api(), buffer(), output, dims_.size(), 0);
 }
 
-std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
-                                                      const std::vector<Argument>& arguments,
-                                                      bool zero_copy, bool await_completion,
-                                                      StagedInputs* staged) {
+std::vector<std::shared_ptr<DeviceValue>> RunToValues(
+    const Executable& executable, const std::vector<Argument>& arguments, bool zero_copy,
+    bool await_completion, StagedInputs* staged, std::vector<Owned<PJRT_Event>>* run_ends) {
   // Host memory read in place must stay as it is until the run ends: the
   // caller's memory then is read during the call, or staged (a copy this side
   // owns, which may be aliased).
@@ -96,7 +95,14 @@ std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executab
                                           host.dims, zero_copy));
     }
   }
-  std::vector<Owned<PJRT_Buffer>> outputs = std::move(executable.ExecuteOnDevices({buffers}, await_completion)[0]);
+  std::vector<Owned<PJRT_Buffer>> outputs;
+  if (await_completion && run_ends != nullptr) {
+    Executable::Launched launched = executable.Launch({buffers}, /*with_ends=*/true);
+    outputs = std::move(launched.outputs[0]);
+    *run_ends = std::move(launched.ends);
+  } else {
+    outputs = std::move(executable.ExecuteOnDevices({buffers}, await_completion)[0]);
+  }
   const std::vector<OutputType>& types = executable.output_types();
   std::vector<std::shared_ptr<DeviceValue>> values;
   values.reserve(outputs.size());

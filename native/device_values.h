@@ -68,12 +68,16 @@ struct Argument {
 // arguments are then copied, never read in place): the values are read once it
 // ends (see ExecuteOnDevices); with `staged`, its small host arguments are
 // copied there, so that it returns without waiting for their transfers either.
-// Throws std::invalid_argument, before any PJRT call, for an argument that does
-// not fit. Blocks; call without the GIL.
-std::vector<std::shared_ptr<DeviceValue>> RunToValues(const Executable& executable,
-                                                      const std::vector<Argument>& arguments,
-                                                      bool zero_copy, bool await_completion = true,
-                                                      StagedInputs* staged = nullptr);
+// With `await_completion` and `run_ends`, the run's completion events are put
+// there unawaited, for the caller to await with its copies of the outputs
+// (CopyOutputsToHost), so that those start as the run ends; host arguments read
+// in place are read until the run's end, which the caller awaits before their
+// memory may change. Throws std::invalid_argument, before any PJRT call, for an
+// argument that does not fit. Blocks; call without the GIL.
+std::vector<std::shared_ptr<DeviceValue>> RunToValues(
+    const Executable& executable, const std::vector<Argument>& arguments, bool zero_copy,
+    bool await_completion = true, StagedInputs* staged = nullptr,
+    std::vector<Owned<PJRT_Event>>* run_ends = nullptr);
 
 // The values a worker keeps between runs, by the id the parent gave each; a
 // dropped value's device memory is freed once no run uses it.

@@ -179,14 +179,27 @@ void Executable::Execute(const std::vector<HostInput>& inputs,
     input_buffers.Put(client_->get(), devices_[0], input.data, input.element_type, input.dims,
                       zero_copy);
   }
-  std::vector<std::vector<Owned<PJRT_Buffer>>> results = ExecuteOnDevices({input_buffers.raw()});
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    CopyToHost(api, results[0][i].get(), outputs[i], output_types_[i].dims.size(), i);
+  Launched launched = Launch({input_buffers.raw()}, /*with_ends=*/true);
+  std::vector<OutputCopy> copies;
+  copies.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    copies.push_back({launched.outputs[0][i].get(), outputs[i], output_types_[i].dims.size(), i});
   }
+  // The inputs' buffers (input_buffers) outlive the run: it may read them in place.
+  CopyOutputsToHost(api, copies, launched.ends);
 }
 
 std::vector<std::vector<Owned<PJRT_Buffer>>> Executable::ExecuteOnDevices(
     const std::vector<std::vector<PJRT_Buffer*>>& argument_lists, bool await_completion) const {
+  Launched launched = Launch(argument_lists, await_completion);
+  for (const Owned<PJRT_Event>& end : launched.ends) {
+    if (end) AwaitEvent(client_->api(), end.get(), "executing the program");
+  }
+  return std::move(launched.outputs);
+}
+
+Executable::Launched Executable::Launch(
+    const std::vector<std::vector<PJRT_Buffer*>>& argument_lists, bool with_ends) const {
   const PJRT_Api* api = client_->api();
   const size_t count = argument_lists.size();
   if (count != devices_.size()) {
@@ -215,23 +228,20 @@ std::vector<std::vector<Owned<PJRT_Buffer>>> Executable::ExecuteOnDevices(
   args.num_devices = count;
   args.num_args = num_args;
   args.output_lists = outputs.data();
-  args.device_complete_events = await_completion ? complete_events.data() : nullptr;
+  args.device_complete_events = with_ends ? complete_events.data() : nullptr;
   Check(api, PJRT_FN(api, PJRT_LoadedExecutable_Execute)(&args),
         "PJRT_LoadedExecutable_Execute");
 
-  // Own every buffer and event before waiting: a failed wait throws.
-  std::vector<std::vector<Owned<PJRT_Buffer>>> results(count);
-  std::vector<Owned<PJRT_Event>> events;
-  events.reserve(count);
+  // Own every buffer and event at once: whatever the caller does next may throw.
+  Launched launched;
+  launched.outputs.resize(count);
+  launched.ends.reserve(count);
   for (size_t d = 0; d < count; ++d) {
-    results[d].reserve(output_lists[d].size());
-    for (PJRT_Buffer* buffer : output_lists[d]) results[d].emplace_back(api, buffer);
-    events.emplace_back(api, complete_events[d]);
+    launched.outputs[d].reserve(output_lists[d].size());
+    for (PJRT_Buffer* buffer : output_lists[d]) launched.outputs[d].emplace_back(api, buffer);
+    launched.ends.emplace_back(api, complete_events[d]);
   }
-  for (const Owned<PJRT_Event>& complete : events) {
-    if (complete) AwaitEvent(api, complete.get(), "executing the program");
-  }
-  return results;
+  return launched;
 }
 
 }  // namespace pjrt_pool

@@ -12,6 +12,8 @@
 #include <optional>
 #include <utility>
 
+#include "buffers.h"
+
 namespace pjrt_pool {
 namespace {
 
@@ -320,13 +322,19 @@ void HotLoop::RunPlaced(const PlacedRequest& request, const std::vector<int>& fd
   // run that takes these values waits for them on the device.
   const bool all_kept = std::all_of(request.destinations.begin(), request.destinations.end(),
                                      [](const Where& where) { return where.kind == Where::kValue; });
+  std::vector<Owned<PJRT_Event>> run_ends;  // awaited with the copies, which start first
   std::vector<std::shared_ptr<DeviceValue>> outputs =
       RunToValues(executable, arguments, request.zero_copy, /*await_completion=*/!all_kept,
-                  &staged_);
+                  &staged_, all_kept ? nullptr : &run_ends);
   // Every placed output is copied before any value is kept: a copy that fails fails the
   // run with nothing kept, so no value outlives a run whose handles are never made.
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (request.destinations[i].kind != Where::kValue) outputs[i]->ToHost(places[i]);
+  if (!all_kept) {
+    std::vector<OutputCopy> copies;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (request.destinations[i].kind == Where::kValue) continue;
+      copies.push_back({outputs[i]->buffer(), places[i], types[i].dims.size(), i});
+    }
+    CopyOutputsToHost(executable.client()->api(), copies, run_ends);
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Where& destination = request.destinations[i];
