@@ -31,6 +31,7 @@ from pool import (
     compile_program,
     lower,
 )
+from pool.executor import caller
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
 from worker.serve.server import register_slot
@@ -92,6 +93,27 @@ def test_a_hot_run_past_its_deadline_is_killed_and_the_pool_goes_on(handlers: st
             pool.run(program, [milliseconds(20_000)], timeout=0.5)
         assert pool.run(program, [milliseconds(2)])[0][0] == 2.0
         assert pool.worker_info[0]["pid"] != pid
+
+
+def test_a_caller_spins_for_a_fast_reply_and_sleeps_for_a_slow_one(
+    handlers: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where callers may poll for a reply past the short spin (hosts of 4 CPUs or more;
+    here any machine is let), a run of a millisecond is polled for and a slow one slept for:
+    a caller of a 100 ms program spends a small part of its time on the CPU."""
+    monkeypatch.setattr(caller, "LONG_SPIN_CPUS", 1)
+    program = sleep_program()
+    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+        for ms in (1.0, 100.0):  # the first run loads; the next ones learn how long it takes
+            for _ in range(3):
+                assert pool.run(program, [milliseconds(ms)])[0][0] == ms
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for _ in range(5):
+            assert pool.run(program, [milliseconds(100)])[0][0] == 100.0
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    # The short spin and the call's own work take well under a millisecond of each 100 ms;
+    # polling for as long as the reply takes (or for the long spin's 2 ms) would take more.
+    assert cpu < 0.015 * wall, f"the caller was on the CPU {cpu:.4f} s of {wall:.3f} s"
 
 
 def test_a_crash_in_a_hot_run_fails_that_run_only(handlers: str) -> None:

@@ -27,6 +27,7 @@ methods (pool.executor.tasks, pool.executor.workers) under the pool's lock.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,22 @@ from worker.wire import protocol
 
 DIRECT_SPIN_SECONDS = 500e-6
 """How long a caller polls for a worker's reply before sleeping (protocol.spin_until_readable)."""
+
+LONG_SPIN_SECONDS = 2e-3
+"""How long Pool.run's caller polls, at most, for the reply of a program whose last reply
+came later than DIRECT_SPIN_SECONDS (a quarter longer than that reply took), where the
+machine has CPUs to spare (LONG_SPIN_CPUS); a program slower than this is slept for."""
+
+LONG_SPIN_CPUS = 4
+"""The CPUs a process needs for its callers to spin past DIRECT_SPIN_SECONDS: a spinning
+caller takes a CPU from the worker and the plugin's threads, which on 2 CPUs costs the run
+more than the sleep's wake-up saves (the wake-up is tens of microseconds on a virtual machine;
+on the TPU v5e host a tiny run's reply comes after about 1.2 ms, past the short spin)."""
+
+
+def spins_long() -> bool:
+    """Whether this process may spin past DIRECT_SPIN_SECONDS for a reply (LONG_SPIN_CPUS)."""
+    return len(os.sched_getaffinity(0)) >= LONG_SPIN_CPUS
 
 
 class CallerPath:
@@ -76,6 +93,10 @@ class CallerPath:
         self._owner = owner  # the process that made the pool (see pool.executor.forks)
         self._requests = requests  # says which runs may go ahead of their replies
         self._ahead = ahead  # how many runs may be out ahead of their replies (dispatch_ahead)
+        # How long each program's last direct run took from its send to its reply read, where
+        # callers may spin for as long (spins_long): a reply that comes after the short spin
+        # costs a sleep's wake-up, which a run of a millisecond on a device feels.
+        self._reply_seconds: dict[str, float] | None = {} if spins_long() else None
 
     # -- queueing ---------------------------------------------------------------
 
@@ -177,8 +198,23 @@ class CallerPath:
             return
         if not self._dispatcher.send(worker, task):
             return  # dead or broken, and retired: it cannot have started the task
-        protocol.spin_until_readable(worker.poller, DIRECT_SPIN_SECONDS)
+        program_id, sent = task.request.program_id, time.perf_counter()
+        protocol.spin_until_readable(worker.poller, self._spin_seconds(program_id))
         self.receive_directly(worker)
+        if self._reply_seconds is not None:
+            self._reply_seconds[program_id] = time.perf_counter() - sent
+
+    def _spin_seconds(self, program_id: str) -> float:
+        """How long to poll for the reply of a run of this program before sleeping: a little
+        past its last reply where callers spin long (spins_long), else DIRECT_SPIN_SECONDS; a
+        reply later than LONG_SPIN_SECONDS is slept for (the wake-up is small beside it, and
+        the spin would only burn the CPU)."""
+        if self._reply_seconds is None:
+            return DIRECT_SPIN_SECONDS
+        expected = self._reply_seconds.get(program_id, 0.0) * 1.25
+        return (
+            expected if DIRECT_SPIN_SECONDS < expected <= LONG_SPIN_SECONDS else DIRECT_SPIN_SECONDS
+        )
 
     def _drain(self, worker: WorkerProcess, ahead: bool) -> bool:
         """Reads the replies of the runs sent ahead to a worker this thread claimed, in
