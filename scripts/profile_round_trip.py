@@ -2,9 +2,11 @@
 
 Usage::
 
-    python scripts/profile_round_trip.py [--calls N]
+    python scripts/profile_round_trip.py [--calls N] [--platform tpu]
 
 Runs the tiny program (x + 1, float32[4]) --calls times with Pool(1).run
+(on --platform's device worker: on a TPU host this process leaves the chip
+to it, JAX_PLATFORMS=cpu, and opens it itself only once the pool is closed)
 after a warm-up and prints the median microseconds of:
 
 - the call's segments, split at the three socket steps of the direct path
@@ -39,6 +41,9 @@ import time
 from typing import Any
 
 os.environ["PJRT_POOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="profile-round-trip-")
+# Read before JAX is imported: --platform tpu, or --platform=tpu.
+if "--platform=tpu" in sys.argv or ("--platform" in sys.argv and "tpu" in sys.argv):
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the pool's worker holds the chip, not this process
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +63,7 @@ _now = time.perf_counter_ns
 
 def median_us(values: list[int]) -> float:
     ordered = sorted(values)
-    return ordered[len(ordered) // 2] / 1000
+    return ordered[len(ordered) // 2] / 1000 if ordered else float("nan")
 
 
 def wrap(owner: Any, name: str, samples: Samples, recording: list[bool]) -> None:
@@ -182,7 +187,8 @@ def bare_exchanges(pool: Pool, x: np.ndarray, calls: int) -> list[int]:
     HotReply read into a buffer, outputs copied out; no task, future, claim
     or settling. The worker is taken out of the manager's wait set meanwhile.
     """
-    (worker,) = list(pool._workers)
+    # The worker that runs (a TPU pool has compile workers beside it, without hot slots).
+    (worker,) = [worker for worker in pool._workers if worker.hot]
     hot = next(iter(worker.hot.values()))
     sock = worker.sock
     poller = select.poll()
@@ -234,10 +240,13 @@ def submits(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> dict[str, list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument(
+        "--platform", default="cpu", help="the pool's platform (tpu: its device worker's chip)"
+    )
     args = parser.parse_args(argv)
-    tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)])
+    tiny = lower(lambda x: x + 1, [jax.ShapeDtypeStruct((4,), jnp.float32)], platform=args.platform)
     x = np.ones(4, np.float32)
-    with Pool(1) as pool:
+    with Pool(1, platform=args.platform) as pool:
         for _ in range(1000):
             pool.run(tiny, [x])
         split = segments(pool, tiny, x, args.calls)
@@ -245,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         timed = steps(pool, tiny, x, args.calls)
         submitted = submits(pool, tiny, x, args.calls)
     runs = native_runs(tiny, x, args.calls)
-    print(f"Pool(1).run of the tiny program, {args.calls} calls, medians in us")
-    print("the call, split at its socket steps:")
+    print(f"Pool(1).run of the tiny program on {args.platform}, {args.calls} calls, medians in us")
+    print(f"the call, split at its socket steps ({len(split['the whole call'])} direct calls):")
     for name, values in split.items():
         print(f"    {name:22s} {median_us(values):7.1f}")
     print(f"    {'a bare exchange':22s} {median_us(bare):7.1f}   (the same, without bookkeeping)")
