@@ -201,13 +201,16 @@ void CopyOutputsToHost(const PJRT_Api* api, const std::vector<OutputCopy>& copie
   } catch (...) {
     failure = std::current_exception();
   }
+  bool ended = false;  // a plugin may give no completion event: then each buffer is awaited
   for (const Owned<PJRT_Event>& end : run_ends) {
-    if (end) await(end.get(), "executing the program");
+    if (!end) continue;
+    await(end.get(), "executing the program");
+    ended = true;
   }
   if (!failure) {
     try {
       for (const OutputCopy* copy : in_host) {
-        if (run_ends.empty()) AwaitReady(api, copy->buffer);
+        if (!ended) AwaitReady(api, copy->buffer);
         CopyToHost(api, copy->buffer, copy->place, copy->rank, copy->index);
       }
     } catch (...) {

@@ -97,8 +97,8 @@ struct OutputCopy {
 };
 
 // Copies a run's outputs into host memory as CopyToHost does, `run_ends` being
-// the run's completion events, not yet awaited (none: each buffer's own
-// readiness is awaited). Copies off a device start before the run's end is
+// the run's completion events, not yet awaited (none, or only empty ones: each
+// buffer's own readiness is awaited). Copies off a device start before the run's end is
 // awaited, each as soon as the run ends; buffers in host memory are read once
 // it has. Returns once the run and every copy have ended, then throws the
 // first error, if any (so no copy still writes into the memory when it does).

@@ -8,7 +8,10 @@ For f(x) = x * 2 + 1 on float32 arrays of each size, after two warm-up calls, ru
 --calls calls each of jax.jit (numpy in and out), Executable.run in this process, and
 Pool(1).run (with a numpy input, and with one made by pool.asarray), and prints per
 call: the median time, the minor page faults taken by this process and by the
-worker (/proc/PID/stat), and the CPU seconds of each. With --perf, `perf record`
+worker (/proc/PID/stat), and the CPU seconds of each; then each Pool.run side's calls
+split where the request is built and sent and the reply read (the parent's work before
+and while building it, its copy of a numpy input among it; the send; the wait for the
+worker; the rest). With --perf, `perf record`
 samples the worker and this process during the Pool.run calls and the report
 groups their samples: the copies (memmove), the kernel zeroing fresh pages
 (clear_page), other page-fault handling, XLA's own code (JIT-compiled kernels
@@ -80,6 +83,60 @@ GROUPS = (
 )
 
 
+def split(call: Callable[[], Any], calls: int) -> dict[str, float] | None:
+    """Median ms of a direct Pool.run's parts: the parent's work before it builds the request
+    (its copy of a numpy input among it), the request's making, its send, the wait for the
+    worker's reply, and the reply's reading and the rest; None for a tree without these
+    steps, or calls that did not take the direct path."""
+    from pool.executor import caller, requests, worker_process
+
+    steps = (
+        (requests.Requests, "build"),
+        (worker_process.WorkerProcess, "send"),
+        (caller.CallerPath, "receive_directly"),
+    )
+    if not all(hasattr(owner, name) for owner, name in steps):
+        return None
+    marks: dict[str, int] = {}
+    originals = {name: getattr(owner, name) for owner, name in steps}
+
+    def marked(name: str) -> Callable[..., Any]:
+        def call_marked(*args: Any, **kwargs: Any) -> Any:
+            marks.setdefault(name + " start", time.perf_counter_ns())
+            try:
+                return originals[name](*args, **kwargs)
+            finally:
+                marks.setdefault(name + " end", time.perf_counter_ns())
+
+        return call_marked
+
+    names = ("before build", "build", "send", "worker", "after")
+    parts: dict[str, list[int]] = {name: [] for name in names}
+    for owner, name in steps:
+        setattr(owner, name, marked(name))
+    try:
+        for _ in range(calls):
+            marks.clear()
+            start = time.perf_counter_ns()
+            call()
+            end = time.perf_counter_ns()
+            if len(marks) != 6:
+                continue
+            points = [start, marks["build start"], marks["build end"], marks["send start"],
+                      marks["send end"], marks["receive_directly start"], end]  # fmt: skip
+            parts["before build"].append(points[1] - points[0])
+            parts["build"].append(points[2] - points[1])
+            parts["send"].append(points[4] - points[3])
+            parts["worker"].append(points[5] - points[4])
+            parts["after"].append(points[6] - points[5])
+    finally:
+        for owner, name in steps:
+            setattr(owner, name, originals[name])
+    if not parts["send"]:
+        return None
+    return {name: statistics.median(values) / 1e6 for name, values in parts.items()}
+
+
 def perf_report(data: Path) -> list[str]:
     """The samples of a perf record, grouped (see GROUPS), by process."""
     done = subprocess.run(
@@ -144,6 +201,12 @@ def profile_size(
             f"{found['cpu_ms']:12.2f} {found['worker_faults']:15.0f} "
             f"{found['worker_cpu_ms']:14.2f}"
         )
+    print("    the same calls' parts, ms: before the request is built, its building, its "
+          "send, the worker's reply, reading it and after")  # fmt: skip
+    for name, (call, pid) in sides.items():
+        parts = split(call, calls) if pid is not None else None
+        if parts is not None:
+            print(f"    {name:<22} " + "  ".join(f"{k} {v:6.2f}" for k, v in parts.items()))
     if perf:
         data = Path(tempfile.mkdtemp(prefix="perf-")) / "perf.data"
         recorder = subprocess.Popen(
