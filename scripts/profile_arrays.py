@@ -6,7 +6,8 @@ Usage::
 
 For f(x) = x * 2 + 1 on float32 arrays of each size, after two warm-up calls, runs
 --calls calls each of jax.jit (numpy in and out), Executable.run in this process, and
-Pool(1).run (with a numpy input, and with one made by pool.asarray), and prints per
+Pool(1).run (with a numpy input, with one made by pool.asarray, with the numpy input's
+copy on one thread, and with the outputs kept off the numpy input's segment), and prints per
 call: the median time, the minor page faults taken by this process and by the
 worker (/proc/PID/stat), and the CPU seconds of each; then each Pool.run side's calls
 split where the request is built and sent and the reply read (the parent's work before
@@ -30,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("PJRT_POOL_CACHE_DIR", tempfile.mkdtemp(prefix="profile-arrays-"))
 # Read before JAX is imported: --platform tpu, or --platform=tpu.
@@ -43,6 +44,9 @@ import numpy as np
 from timing import copy_threads_variable, with_environment  # this folder's
 
 from pool import Pool, compile_program, lower
+from pool.executor import inputs as pool_inputs
+
+T = TypeVar("T")
 
 CLOCK = os.sysconf("SC_CLK_TCK")
 
@@ -81,6 +85,19 @@ GROUPS = (
     ("the plugin (XLA)", ("pjrt_c_api", "[JIT]", "xla", "Eigen", "tsl")),
     ("Python", ("libpython", "_PyEval", "Py")),
 )
+
+
+def outputs_apart(call: Callable[[], T]) -> T:
+    """Makes a call whose numpy inputs' segment the outputs may not go over
+    (TaskMemory.spare answers None): they go to a segment of their own, as before stop 57,
+    which tells that placement's share of a call apart from the copy's."""
+    memory = pool_inputs.TaskMemory
+    spare = memory.spare
+    memory.spare = lambda self: None  # type: ignore[method-assign]
+    try:
+        return call()
+    finally:
+        memory.spare = spare  # type: ignore[method-assign]
 
 
 def split(call: Callable[[], Any], calls: int) -> dict[str, float] | None:
@@ -188,6 +205,11 @@ def profile_size(
     if variable is not None:  # a tree that spreads large copies: the same call on one thread
         sides["Pool.run, 1 copy thread"] = (
             lambda: with_environment(variable, "1", lambda: pool.run(program, [x])),
+            worker,
+        )
+    if hasattr(getattr(pool_inputs, "TaskMemory", None), "spare"):  # outputs over inputs' copy
+        sides["Pool.run, outputs apart"] = (
+            lambda: outputs_apart(lambda: pool.run(program, [x])),
             worker,
         )
     print(
