@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "client.h"
+#include "copies.h"
 #include "device_values.h"
 #include "hot_loop.h"
 #include "segments.h"
@@ -352,6 +353,27 @@ PYBIND11_MODULE(_pjrt, m) {
                       py::make_tuple(e.code().value(), std::string(e.what())).ptr());
     }
   });
+
+  m.def(
+      "stream_copy",
+      [](const py::buffer& destination, const py::buffer& source) {
+        py::buffer_info to = destination.request(/*writable=*/true);
+        py::buffer_info from = source.request();
+        const size_t size = static_cast<size_t>(to.size * to.itemsize);
+        if (!IsCContiguous(to) || !IsCContiguous(from) ||
+            size != static_cast<size_t>(from.size * from.itemsize)) {
+          throw py::value_error(
+              "stream_copy takes a C-contiguous writable buffer and a C-contiguous source "
+              "of as many bytes (" + std::to_string(size) + " and " +
+              std::to_string(from.size * from.itemsize) + " given)");
+        }
+        py::gil_scoped_release release;
+        StreamCopy(to.ptr, from.ptr, size);
+      },
+      py::arg("destination"), py::arg("source"),
+      "Copies source's bytes into destination (both C-contiguous, as many bytes) without "
+      "the GIL, writing around the CPU's caches where it can: for copies larger than "
+      "the caches (the parent's copy of a large input into shared memory).");
 
   py::class_<Plugin, std::shared_ptr<Plugin>>(m, "Plugin",
                                               "A loaded PJRT plugin library.")

@@ -32,7 +32,7 @@ from pool_helpers import handler_initializer, milliseconds, sleep_program, wait_
 
 from pool import Pool, compile_program, lower
 from pool.errors import PoolClosedError, WorkerCrashedError
-from pool.executor.copier import COPY_THREADS_VARIABLE, Copier
+from pool.executor.copier import COPY_THREADS_VARIABLE, STREAM_BYTES, Copier
 from pool.executor.values import DeviceValue
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
@@ -225,22 +225,36 @@ def test_large_copies_into_shared_memory_are_spread_over_threads_and_exact(
 ) -> None:
     # A copy of copier.SPREAD_BYTES or more goes over threads the pool's Copier keeps:
     # every byte lands once, at its place, whatever the split (sizes that are not a
-    # multiple of the threads or of a page, more threads than pages).
+    # multiple of the threads or of a page, more threads than pages), copied plainly or
+    # streamed (copier.STREAM_BYTES or more: stores around the caches, which want aligned
+    # destinations: these start 0, 1 and 17 bytes past a 64-byte boundary).
     rng = np.random.default_rng(0)
     source = rng.integers(0, 255, (9 << 20) + 4097, dtype=np.uint8)
-    spreading = Copier(spread_bytes=0)
-    for size in (0, 1, 4095, 4097, 3 * 4096 + 5, 9 << 20, (9 << 20) + 4097):
-        for threads in ("1", "2", "3", "7", "64"):
-            monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
-            destination = np.zeros(size, np.uint8)
-            spreading.copy(memoryview(destination), source[:size])
-            assert np.array_equal(destination, source[:size]), (size, threads)
-    assert any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
-    spreading.close()
-    assert not any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
-    destination = np.zeros(4097, np.uint8)
-    spreading.copy(memoryview(destination), source[:4097])  # closed: on the caller's thread
-    assert np.array_equal(destination, source[:4097])
+    for streamed in (False, True):
+        spreading = Copier(spread_bytes=0, stream_bytes=0 if streamed else STREAM_BYTES)
+        for size in (0, 1, 31, 4095, 4097, 3 * 4096 + 5, 9 << 20, (9 << 20) + 4097):
+            for threads in ("1", "2", "3", "7", "64"):
+                monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
+                for skew in (0, 1, 17):
+                    room = np.zeros(size + 128, np.uint8)
+                    start = -room.ctypes.data % 64 + skew
+                    destination = room[start : start + size]
+                    spreading.copy(memoryview(destination), source[:size])
+                    assert np.array_equal(destination, source[:size]), (size, threads, skew)
+                    assert not room[:start].any() and not room[start + size :].any()
+        assert any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
+        spreading.close()
+        assert not any(t.name.startswith("pjrt-pool-copy") for t in threading.enumerate())
+        destination = np.zeros(4097, np.uint8)
+        spreading.copy(memoryview(destination), source[:4097])  # closed: the caller's thread
+        assert np.array_equal(destination, source[:4097])
+    # The streamed copy itself refuses buffers it cannot copy between, saying why.
+    with pytest.raises(ValueError, match="as many bytes"):
+        _pjrt.stream_copy(np.zeros(4, np.uint8), np.zeros(5, np.uint8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _pjrt.stream_copy(np.zeros(8, np.uint8)[::2], np.zeros(4, np.uint8))
+    with pytest.raises((BufferError, ValueError)):
+        _pjrt.stream_copy(np.zeros(4, np.uint8).data.toreadonly(), np.zeros(4, np.uint8))
     # Through the pool: a numpy input and Pool.asarray of 12 MiB and 4 bytes, spread and not.
     n = (3 << 20) + 1
     big = lower(lambda a, b: (a * 2 + b,), [f32(n), f32(n)])
@@ -252,6 +266,12 @@ def test_large_copies_into_shared_memory_are_spread_over_threads_and_exact(
             monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
         (out,) = pool.run(big, [a, pool.asarray(b)])
         assert np.array_equal(out, a * 2 + b)
+    # A numpy input past copier.STREAM_BYTES goes streamed, its result exact.
+    huge = (STREAM_BYTES >> 2) + 1
+    x = rng.standard_normal(huge).astype(np.float32)
+    (out,) = pool.run(lower(lambda v: (v * 2,), [f32(huge)]), [x])
+    assert np.array_equal(out, x * 2)
+    del out, x
     # A setting it cannot use is refused, naming the variable, and the pool goes on.
     monkeypatch.setenv(COPY_THREADS_VARIABLE, "many")
     with pytest.raises(ValueError, match="PJRT_POOL_COPY_THREADS='many': give the number"):

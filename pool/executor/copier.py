@@ -8,7 +8,10 @@ draws from memory (16 MiB: 1.8 ms on a TPU v5e host, 1.0 ms on 4 threads;
 `scripts/bench_copy.py --cache cold`). So a copy of SPREAD_BYTES or more
 is cut into page-aligned parts, copied by threads that a Copier keeps (a
 thread made for each copy costs about a millisecond on that host) while
-the caller's thread copies the first part.
+the caller's thread copies the first part. A copy of STREAM_BYTES or more
+is written around the caches (`_pjrt.stream_copy`: streaming stores, which
+do not read each destination line before writing it): 0.76-0.83x the time
+of a plain copy from memory on one thread (`scripts/bench_copy.py`).
 
 A Copier belongs to one pool (its SegmentCache's) and ends with it; its
 threads start on the first large copy. A part still copying when the
@@ -27,10 +30,18 @@ from typing import Any
 
 import numpy as np
 
+from worker import _pjrt
 from worker.wire import shm
 
 SPREAD_BYTES = 8 << 20
 """Copies this large are spread; smaller ones end before a part would reach a thread."""
+
+STREAM_BYTES = 32 << 20
+"""Copies this large are written around the caches (`_pjrt.stream_copy`). On a 2-CPU
+machine a Pool.run with a numpy input of 64 MiB took 0.76-0.85x the time so and one of
+256 MiB 0.90-0.91x, but one of 16 MiB 0.99-1.09x: a smaller copy leaves part of itself in
+the caches for the worker to read, a streamed one nothing (`scripts/bench_arrays.py
+--parts sizes`, "streamed / plain copy", the sides alternated in one run)."""
 
 COPY_THREADS_VARIABLE = "PJRT_POOL_COPY_THREADS"
 MAX_COPY_THREADS = 64
@@ -62,8 +73,9 @@ def copy_threads() -> int:
 class Copier:
     """Copies arrays into shared memory, spreading large copies over threads of its own."""
 
-    def __init__(self, spread_bytes: int = SPREAD_BYTES) -> None:
+    def __init__(self, spread_bytes: int = SPREAD_BYTES, stream_bytes: int = STREAM_BYTES) -> None:
         self.spread_bytes = spread_bytes  # copies this large are spread
+        self.stream_bytes = stream_bytes  # copies this large are streamed
         self._threads: ThreadPoolExecutor | None = None  # made on the first large copy
         self._closed = False
         self._lock = threading.Lock()
@@ -76,25 +88,29 @@ class Copier:
     def copy(self, destination: memoryview | np.ndarray, source: np.ndarray) -> None:
         """Copies the bytes of a C-contiguous array (as uint8, flat) into a writable buffer
         of as many bytes; returns once every byte is there and no thread copies."""
-        parts = copy_threads() if source.nbytes >= max(1, self.spread_bytes) else 1
-        threads = self._executor() if parts > 1 else None
-        if threads is None:
+        if source.nbytes < max(1, self.spread_bytes):
             if isinstance(destination, memoryview):
                 destination[:] = source.data  # a small copy: the fastest way there is
             else:
                 destination[...] = source
             return
         into = np.frombuffer(destination, np.uint8)
+        copy = _pjrt.stream_copy if source.nbytes >= self.stream_bytes else np.copyto
+        parts = copy_threads()
+        threads = self._executor() if parts > 1 else None
+        if threads is None:  # one thread, or the copier is closed
+            copy(into, source)
+            return
         step = -(-source.nbytes // parts // _PART_ALIGNMENT) * _PART_ALIGNMENT
         futures: list[Future[None]] = []
         try:
             for begin in range(step, source.nbytes, step):
                 part = slice(begin, begin + step)
                 try:
-                    futures.append(threads.submit(np.copyto, into[part], source[part]))
+                    futures.append(threads.submit(copy, into[part], source[part]))
                 except RuntimeError:  # closed meanwhile (the pool's close): copied here
-                    np.copyto(into[part], source[part])
-            np.copyto(into[:step], source[:step])
+                    copy(into[part], source[part])
+            copy(into[:step], source[:step])
         finally:
             _join(futures)
         for future in futures:
