@@ -16,7 +16,9 @@ machine's speed drifts 2-3x between hours, so only ratios mean anything):
             Pool.run <= 1.3x in-process at 16 and 256 MiB and <= 1.5x at 1
             MiB; in-process <= 1.1x jax.jit. Where the tree spreads large
             copies over threads, Pool.run with PJRT_POOL_COPY_THREADS=1 too
-            (the same call with the parent's copy on one thread).
+            (the same call with the parent's copy on one thread); where it
+            streams them (writes around the caches), the same call with the
+            copy made plainly (timing.with_plain_copies).
     memory  a 256 MiB round trip of the same program: how much memory the
             parent and its worker touched at their peak (VmHWM growth of each,
             and the parent's private growth), as multiples of the array.
@@ -55,7 +57,12 @@ os.environ.setdefault("PJRT_POOL_CACHE_DIR", str(Path(_SCRATCH) / "cache"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from timing import copy_threads_variable, with_environment  # noqa: E402  (this folder's)
+from timing import (  # noqa: E402  (this folder's)
+    copy_threads_variable,
+    streams_copies,
+    with_environment,
+    with_plain_copies,
+)
 
 from pool import Pool, compile_program, lower  # noqa: E402
 
@@ -98,6 +105,8 @@ def _sides(pool: Pool, mib: int) -> tuple[dict[str, Callable[[], Any]], np.ndarr
         sides["Pool.run, 1 copy thread"] = lambda: with_environment(
             variable, "1", lambda: pool.run(program, [x])[0]
         )
+    if streams_copies():  # a tree that streams large copies: the same call copying plainly
+        sides["Pool.run, plain copy"] = lambda: with_plain_copies(lambda: pool.run(program, [x])[0])
     return sides, x
 
 
@@ -139,6 +148,7 @@ def part_sizes(sizes: list[int], rounds: int) -> None:
             ("shared input / in-process", ("Pool.run, shared input", "in-process"), {1: 1.5}),
             ("Pool.run / jax.jit", ("Pool.run", "jax.jit"), {}),
             ("spread / 1 copy thread", ("Pool.run", "Pool.run, 1 copy thread"), {}),
+            ("streamed / plain copy", ("Pool.run", "Pool.run, plain copy"), {}),
         ):
             if over[0] not in names:
                 continue

@@ -1,6 +1,8 @@
-"""How fast the parent copies a numpy input into shared memory: on the caller's thread
-alone, against the pool's Copier spreading it over 2, 4 and 8 threads (its own, kept
-between copies; numpy's copyto frees the GIL), and over threads made for each copy.
+"""How fast the parent copies a numpy input into shared memory: a plain copy on the
+caller's thread alone, against the pool's Copier streaming it (writes around the caches,
+`_pjrt.stream_copy`) on that thread ("Copier 1") and spreading it over 2, 4 and 8 threads
+(its own, kept between copies; the copy frees the GIL), and a plain copy over threads
+made for each copy.
 
 Usage::
 
@@ -28,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 from timing import with_environment
 
-from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, Copier
+from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, STREAM_BYTES, Copier
 
 PAGE = 4096
 
@@ -75,10 +77,12 @@ def main() -> None:
     parser.add_argument("--cache", choices=("hot", "cold", "both"), default="both")
     args = parser.parse_args()
     scratch = np.zeros(64 << 20, np.float32)  # 256 MiB, written between cold copies
-    spreading = Copier(spread_bytes=0)  # every size, to show where spreading starts to pay
+    # Every size spread and streamed, to show where each starts to pay.
+    spreading = Copier(spread_bytes=0, stream_bytes=0)
     print(f"bench_copy: {os.cpu_count()} CPUs; the pool spreads copies of "
-          f"{SPREAD_BYTES >> 20} MiB or more")  # fmt: skip
-    ways = {"1 thread": one_thread} | {f"Copier {k}": copier(spreading, k) for k in (2, 4, 8)}
+          f"{SPREAD_BYTES >> 20} MiB or more, streams those of "
+          f"{STREAM_BYTES >> 20} MiB or more")  # fmt: skip
+    ways = {"1 thread": one_thread} | {f"Copier {k}": copier(spreading, k) for k in (1, 2, 4, 8)}
     ways |= {"4 fresh threads": fresh_threads(4)}
     try:
         for mib in map(int, args.mib.split(",")):

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -55,3 +57,38 @@ def copy_threads_variable() -> str | None:
     except ImportError:
         return None
     return COPY_THREADS_VARIABLE
+
+
+def with_plain_copies(call: Callable[[], T]) -> T:
+    """call() with the pool's large copies into shared memory made plainly (numpy's copy,
+    through the caches) where the tree streams them (`_pjrt.stream_copy`), so that a
+    benchmark measures both in the same run; a tree that does not stream runs call()."""
+    try:
+        from pool.executor import copier
+    except ImportError:
+        return call()
+    native = getattr(copier, "_pjrt", None)
+    if native is None or not hasattr(native, "stream_copy"):
+        return call()
+    copier._pjrt = _PlainCopies  # type: ignore[attr-defined]
+    try:
+        return call()
+    finally:
+        copier._pjrt = native  # type: ignore[attr-defined]
+
+
+def streams_copies() -> bool:
+    """Whether this tree's pool streams its large copies (with_plain_copies has a side)."""
+    try:
+        from pool.executor import copier
+    except ImportError:
+        return False
+    return hasattr(getattr(copier, "_pjrt", None), "stream_copy")
+
+
+class _PlainCopies:
+    """What with_plain_copies puts where the Copier finds `_pjrt`: a plain stream_copy."""
+
+    @staticmethod
+    def stream_copy(destination: np.ndarray, source: np.ndarray) -> None:
+        np.copyto(destination, source)

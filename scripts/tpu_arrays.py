@@ -20,8 +20,9 @@ hold the chip (a leg that finds it still held by the last one waits and tries ag
                    --device-start when-needed,at-once compares the two starts),
                    then (once its device worker holds the chip) Pool.run at the
                    three sizes, with numpy inputs (and, where the tree spreads large
-                   copies, the same with PJRT_POOL_COPY_THREADS=1) and with inputs
-                   made by pool.asarray,
+                   copies, the same with PJRT_POOL_COPY_THREADS=1; where it streams
+                   them, the same with the copy made plainly) and with inputs made
+                   by pool.asarray,
                    the MLP loop through Pool.function with keep=0 (the parameters stay
                    in the worker) and without, and the tiny round trip
     jax-serial     jax.jit(step).lower().compile() of the training steps one by one
@@ -50,7 +51,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import copy_threads_variable, median_seconds, with_environment  # noqa: E402
+from timing import (  # noqa: E402
+    copy_threads_variable,
+    median_seconds,
+    streams_copies,
+    with_environment,
+    with_plain_copies,
+)
 
 PLATFORM = os.environ.get("TPU_ARRAYS_PLATFORM", "tpu")
 LEGS = ("jax", "inproc", "pool", "jax-serial", "jax-threads")
@@ -177,6 +184,9 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
                 if variable is not None:  # the same call with the copy on one thread
                     one = lambda run=run, v=variable: with_environment(v, "1", run)  # noqa: E731
                     found[f"pool_one_copy_thread_{mib}MiB_ms"] = _median_ms(one, _rounds(mib))
+                if streams_copies():  # the same call with the copy made plainly
+                    plain_copy = lambda run=run: with_plain_copies(run)  # noqa: E731
+                    found[f"pool_plain_copy_{mib}MiB_ms"] = _median_ms(plain_copy, _rounds(mib))
                 shared = pool.asarray(x)
                 run = lambda p=program, s=shared: pool.run(p, [s])  # noqa: E731
                 found[f"pool_shared_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
@@ -282,7 +292,8 @@ def _table(found: dict[str, dict[str, Any]], out: Path) -> list[str]:
         rows.append(
             f"| f(x) = x*2+1, {mib} MiB (ms) | {cell(jit)} | {cell(inproc.get(f'run_{mib}MiB_ms'))}"
             f" | {cell(ours)} (1 copy thread: "
-            f"{cell(pool_leg.get(f'pool_one_copy_thread_{mib}MiB_ms'))})"
+            f"{cell(pool_leg.get(f'pool_one_copy_thread_{mib}MiB_ms'))}; plain copy: "
+            f"{cell(pool_leg.get(f'pool_plain_copy_{mib}MiB_ms'))})"
             f" | {cell(pool_leg.get(f'pool_shared_{mib}MiB_ms'))} | "
             f"{cell(ratio)} | {goal} |"
         )
