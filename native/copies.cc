@@ -44,7 +44,13 @@ __attribute__((target("avx2"))) size_t StreamLinesAvx2(char* to, const char* fro
   return lines * 64;
 }
 
-const bool kAvx2 = __builtin_cpu_supports("avx2");
+bool HasAvx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();  // the CPU's features, asked for before any constructor may have
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
 
 #endif
 
@@ -62,7 +68,8 @@ void StreamCopy(void* destination, const void* source, size_t size) {
   to += head;
   from += head;
   size -= head;
-  const size_t streamed = kAvx2 ? StreamLinesAvx2(to, from, size) : StreamLines(to, from, size);
+  const size_t streamed =
+      HasAvx2() ? StreamLinesAvx2(to, from, size) : StreamLines(to, from, size);
   _mm_sfence();  // streaming stores are weakly ordered: seen before what follows the copy
   to += streamed;
   from += streamed;
