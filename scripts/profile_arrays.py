@@ -41,7 +41,7 @@ if "--platform=tpu" in sys.argv or ("--platform" in sys.argv and "tpu" in sys.ar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import copy_threads_variable, with_environment  # this folder's
+from timing import copy_threads_variable, marked, with_environment  # this folder's
 
 from pool import Pool, compile_program, lower
 from pool.executor import inputs as pool_inputs
@@ -115,23 +115,9 @@ def split(call: Callable[[], Any], calls: int) -> dict[str, float] | None:
     if not all(hasattr(owner, name) for owner, name in steps):
         return None
     marks: dict[str, int] = {}
-    originals = {name: getattr(owner, name) for owner, name in steps}
-
-    def marked(name: str) -> Callable[..., Any]:
-        def call_marked(*args: Any, **kwargs: Any) -> Any:
-            marks.setdefault(name + " start", time.perf_counter_ns())
-            try:
-                return originals[name](*args, **kwargs)
-            finally:
-                marks.setdefault(name + " end", time.perf_counter_ns())
-
-        return call_marked
-
     names = ("before build", "build", "send", "worker", "after")
     parts: dict[str, list[int]] = {name: [] for name in names}
-    for owner, name in steps:
-        setattr(owner, name, marked(name))
-    try:
+    with marked(steps, marks):
         for _ in range(calls):
             marks.clear()
             start = time.perf_counter_ns()
@@ -146,9 +132,6 @@ def split(call: Callable[[], Any], calls: int) -> dict[str, float] | None:
             parts["send"].append(points[4] - points[3])
             parts["worker"].append(points[5] - points[4])
             parts["after"].append(points[6] - points[5])
-    finally:
-        for owner, name in steps:
-            setattr(owner, name, originals[name])
     if not parts["send"]:
         return None
     return {name: statistics.median(values) / 1e6 for name, values in parts.items()}

@@ -48,6 +48,7 @@ if "--platform=tpu" in sys.argv or ("--platform" in sys.argv and "tpu" in sys.ar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from timing import marked  # this folder's
 
 from pool import Pool, compile_program, lower
 from pool.executor import caller, dispatch, requests
@@ -83,31 +84,12 @@ def wrap(owner: Any, name: str, samples: Samples, recording: list[bool]) -> None
     setattr(owner, name, timed)
 
 
-def mark(owner: Any, name: str, marks: dict[str, int]) -> None:
-    """Replaces owner.name with a wrapper that notes when it starts and ends."""
-    original = getattr(owner, name)
-
-    def marked(*args: Any, **kwargs: Any) -> Any:
-        marks[name + " start"] = _now()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            marks[name + " end"] = _now()
-
-    setattr(owner, name, marked)
-
-
 def segments(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> dict[str, list[int]]:
     """The direct path's segments per call, split at its three socket steps."""
     marks: dict[str, int] = {}
-    originals = {
-        name: getattr(protocol, name)
-        for name in ("send_frame", "spin_until_readable", "recv_frame")
-    }
-    for name in originals:
-        mark(protocol, name, marks)
+    steps = [(protocol, name) for name in ("send_frame", "spin_until_readable", "recv_frame")]
     found: dict[str, list[int]] = collections.defaultdict(list)
-    try:
+    with marked(steps, marks):
         for _ in range(calls):
             marks.clear()
             start = _now()
@@ -129,9 +111,6 @@ def segments(pool: Pool, tiny: Any, x: np.ndarray, calls: int) -> dict[str, list
             ]
             for name, begin, finish in points:
                 found[name].append(finish - begin)
-    finally:
-        for name, original in originals.items():
-            setattr(protocol, name, original)
     return found
 
 

@@ -6,11 +6,12 @@ tests through the path conftest.py gives them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -92,3 +93,30 @@ class _PlainCopies:
     @staticmethod
     def stream_copy(destination: np.ndarray, source: np.ndarray) -> None:
         np.copyto(destination, source)
+
+
+@contextlib.contextmanager
+def marked(steps: Sequence[tuple[Any, str]], marks: dict[str, int]) -> Iterator[None]:
+    """Within the block, each (owner, name) of `steps` is wrapped so that its first call
+    since `marks` was last cleared notes when it started and ended ("NAME start", "NAME
+    end", time.perf_counter_ns): where a call's time went, split at those steps. The
+    originals are back once the block ends."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name in steps]
+
+    def marking(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            marks.setdefault(name + " start", time.perf_counter_ns())
+            try:
+                return original(*args, **kwargs)
+            finally:
+                marks.setdefault(name + " end", time.perf_counter_ns())
+
+        return call
+
+    try:
+        for owner, name, original in originals:
+            setattr(owner, name, marking(name, original))
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
