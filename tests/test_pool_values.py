@@ -32,7 +32,7 @@ from pool_helpers import handler_initializer, milliseconds, sleep_program, wait_
 
 from pool import Pool, compile_program, lower
 from pool.errors import PoolClosedError, WorkerCrashedError
-from pool.executor.copier import COPY_THREADS_VARIABLE, STREAM_BYTES, Copier
+from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, STREAM_BYTES, Copier
 from pool.executor.values import DeviceValue
 from worker import _pjrt
 from worker.dtypes import code_of_dtype
@@ -227,11 +227,12 @@ def test_large_copies_into_shared_memory_are_spread_over_threads_and_exact(
     # every byte lands once, at its place, whatever the split (sizes that are not a
     # multiple of the threads or of a page, more threads than pages), copied plainly or
     # streamed (copier.STREAM_BYTES or more: stores around the caches, which want aligned
-    # destinations: these start 0, 1 and 17 bytes past a 64-byte boundary).
+    # destinations: these start 0, 1 and 17 bytes past a 64-byte boundary), and streamed
+    # on the caller's thread alone below SPREAD_BYTES (a TPU pool's copies from 1 MiB).
     rng = np.random.default_rng(0)
     source = rng.integers(0, 255, (9 << 20) + 4097, dtype=np.uint8)
-    for streamed in (False, True):
-        spreading = Copier(spread_bytes=0, stream_bytes=0 if streamed else STREAM_BYTES)
+    for spread_bytes, stream_bytes in ((0, STREAM_BYTES), (0, 0), (SPREAD_BYTES, 0)):
+        spreading = Copier(spread_bytes=spread_bytes, stream_bytes=stream_bytes)
         for size in (0, 1, 31, 4095, 4097, 3 * 4096 + 5, 9 << 20, (9 << 20) + 4097):
             for threads in ("1", "2", "3", "7", "64"):
                 monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
@@ -266,7 +267,8 @@ def test_large_copies_into_shared_memory_are_spread_over_threads_and_exact(
             monkeypatch.setenv(COPY_THREADS_VARIABLE, threads)
         (out,) = pool.run(big, [a, pool.asarray(b)])
         assert np.array_equal(out, a * 2 + b)
-    # A numpy input past copier.STREAM_BYTES goes streamed, its result exact.
+    # A numpy input past copier.STREAM_BYTES (a CPU pool's size) goes streamed, exact.
+    assert pool._segments.copier.stream_bytes == STREAM_BYTES
     huge = (STREAM_BYTES >> 2) + 1
     x = rng.standard_normal(huge).astype(np.float32)
     (out,) = pool.run(lower(lambda v: (v * 2,), [f32(huge)]), [x])

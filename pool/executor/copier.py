@@ -11,7 +11,10 @@ thread made for each copy costs about a millisecond on that host) while
 the caller's thread copies the first part. A copy of STREAM_BYTES or more
 is written around the caches (`_pjrt.stream_copy`: streaming stores, which
 do not read each destination line before writing it): 0.76-0.83x the time
-of a plain copy from memory on one thread (`scripts/bench_copy.py`).
+of a plain copy from memory on one thread (`scripts/bench_copy.py`). A pool
+whose devices read inputs from host memory themselves streams smaller
+copies too, from its platform's size (Platform.input_stream_bytes: a TPU's
+1 MiB), spread or not.
 
 A Copier belongs to one pool (its SegmentCache's) and ends with it; its
 threads start on the first large copy. A part still copying when the
@@ -37,7 +40,8 @@ SPREAD_BYTES = 8 << 20
 """Copies this large are spread; smaller ones end before a part would reach a thread."""
 
 STREAM_BYTES = 32 << 20
-"""Copies this large are written around the caches (`_pjrt.stream_copy`). On a 2-CPU
+"""Copies this large are written around the caches (`_pjrt.stream_copy`), by default and
+on the CPU plugins, whose workers read the inputs with the CPU. On a 2-CPU
 machine a Pool.run with a numpy input of 64 MiB took 0.76-0.85x the time so and one of
 256 MiB 0.90-0.91x, but one of 16 MiB 0.99-1.09x: a smaller copy leaves part of itself in
 the caches for the worker to read, a streamed one nothing (`scripts/bench_arrays.py
@@ -88,15 +92,17 @@ class Copier:
     def copy(self, destination: memoryview | np.ndarray, source: np.ndarray) -> None:
         """Copies the bytes of a C-contiguous array (as uint8, flat) into a writable buffer
         of as many bytes; returns once every byte is there and no thread copies."""
-        if source.nbytes < max(1, self.spread_bytes):
+        spread = source.nbytes >= max(1, self.spread_bytes)
+        streamed = source.nbytes >= self.stream_bytes
+        if not (spread or streamed):
             if isinstance(destination, memoryview):
                 destination[:] = source.data  # a small copy: the fastest way there is
             else:
                 destination[...] = source
             return
         into = np.frombuffer(destination, np.uint8)
-        copy = _pjrt.stream_copy if source.nbytes >= self.stream_bytes else np.copyto
-        parts = copy_threads()
+        copy = _pjrt.stream_copy if streamed else np.copyto
+        parts = copy_threads() if spread else 1
         threads = self._executor() if parts > 1 else None
         if threads is None:  # one thread, or the copier is closed
             copy(into, source)

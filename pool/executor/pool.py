@@ -192,7 +192,9 @@ class WorkerPool(TaskMaking, PoolArrays):
         wait_set = self._wait_set = WaitSet()
         self._tasks = Tasks(wait_set)
         self._quarantine = Quarantine(lock, settings.max_crashes)
-        self._segments = SegmentCache(settings.segment_cache_bytes, settings.segment_fds)
+        self._segments = SegmentCache(
+            settings.segment_cache_bytes, settings.segment_fds, settings.input_stream_bytes
+        )
         self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
         self._starts = WorkerStarts(settings, lock, self._workers, self._tasks, wait_set)
         self._requests = Requests(self._segments)

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from pool.executor.copier import Copier
+from pool.executor.copier import STREAM_BYTES, Copier
 from worker.records import ArrayType
 from worker.wire import shm
 
@@ -230,7 +230,7 @@ class SegmentCache:
     longer open is told to forget it.
     """
 
-    def __init__(self, max_bytes: int, max_fds: int) -> None:
+    def __init__(self, max_bytes: int, max_fds: int, stream_bytes: int = STREAM_BYTES) -> None:
         self.max_bytes = max_bytes
         self.max_fds = max_fds
         self._free: list[tuple[int, int, Segment]] = []  # sorted
@@ -244,7 +244,8 @@ class SegmentCache:
         self.closings = 0  # segments closed so far: workers look for ones to forget when it grows
         self._closed = False
         self._lock = threading.Lock()
-        self.copier = Copier()  # fills segments with callers' arrays; ends with the cache
+        # Fills segments with callers' arrays; ends with the cache.
+        self.copier = Copier(stream_bytes=stream_bytes)
 
     @property
     def held(self) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pool.executor.checks import finite, pickle_initializer
+from pool.executor.copier import STREAM_BYTES
 from pool.executor.options import MAX_DISPATCH_AHEAD, DeviceStart, check_options
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
@@ -25,6 +26,7 @@ from worker.cache import open_cache
 from worker.cache.location import resolve_cache_dir
 from worker.partitioning import Partitioning
 from worker.plugin.devices import more_per_worker, too_few_devices
+from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
 
@@ -58,6 +60,13 @@ class PoolSettings:
     device_start: DeviceStart = DeviceStart.WHEN_NEEDED
     # How many all-kept runs a caller may send one worker before their replies.
     dispatch_ahead: int = MAX_DISPATCH_AHEAD
+
+    @property
+    def input_stream_bytes(self) -> int:
+        """From what size numpy inputs are copied into shared memory with streaming stores:
+        the platform's own size (Platform.input_stream_bytes), else the copier's."""
+        own = platform_named(self.platform or default_platform()).input_stream_bytes
+        return STREAM_BYTES if own is None else own
 
     @property
     def runners(self) -> int:

@@ -173,6 +173,11 @@ class Platform:
     device_access: DeviceAccess = DeviceAccess.SHARED
     """Whether several processes may hold one of its devices."""
 
+    input_stream_bytes: int | None = None
+    """From what size a pool's parent copies a numpy input for its workers into shared
+    memory with streaming stores (pool.executor.copier); None: the copier's STREAM_BYTES,
+    measured where the worker's CPU reads the inputs (the CPU plugins)."""
+
     @property
     def ffi_name(self) -> str:
         """The platform name XLA's FFI registry uses ("Host", "CUDA"; default: NAME)."""
