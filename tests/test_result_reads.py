@@ -45,18 +45,26 @@ def test_result_reads_the_reply_in_the_waiting_thread_and_callbacks_run_on_the_m
 
         pool._dispatcher.receive = recording_receive  # type: ignore[method-assign]
         callback_threads: list[str] = []
+        late: list[bool] = []  # whether this thread came to result() past half the task's time
         for step in range(20):
             x = milliseconds(100 + step % 2)
+            sent = time.monotonic()
             future = pool.submit(sleeper, [x])
             future.add_done_callback(
                 lambda f: callback_threads.append(threading.current_thread().name)
             )
+            late.append(time.monotonic() - sent > 0.05)
             np.testing.assert_array_equal(future.result()[0], x)
         deadline = time.monotonic() + 10
         while len(callback_threads) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
-    # Before TaskFuture, the manager thread read every reply of a submitted task.
-    assert readers == ["MainThread"] * 20, readers
+    # Before TaskFuture, the manager thread read every reply of a submitted task. A reply
+    # that came before result() was called, this thread held off the CPU past the task's
+    # 100 ms (seen while .ci/run's legs and another suite shared 2 CPUs), the manager may
+    # rightly read; such a call is let off, as long as most calls come in time.
+    assert len(readers) == 20 and late.count(True) <= 5, (readers, late)
+    in_time = [reader for reader, was_late in zip(readers, late, strict=True) if not was_late]
+    assert in_time == ["MainThread"] * len(in_time), (readers, late)
     assert callback_threads == ["pjrt-pool-manager"] * 20, callback_threads
 
 
