@@ -64,18 +64,16 @@ def with_plain_copies(call: Callable[[], T]) -> T:
     """call() with the pool's large copies into shared memory made plainly (numpy's copy,
     through the caches) where the tree streams them (`_pjrt.stream_copy`), so that a
     benchmark measures both in the same run; a tree that does not stream runs call()."""
-    try:
-        from pool.executor import copier
-    except ImportError:
+    if not streams_copies():
         return call()
-    native = getattr(copier, "_pjrt", None)
-    if native is None or not hasattr(native, "stream_copy"):
-        return call()
-    copier._pjrt = _PlainCopies  # type: ignore[attr-defined]
+    from pool.executor import copier
+
+    native = copier._pjrt
+    copier._pjrt = _PlainCopies  # type: ignore[assignment]
     try:
         return call()
     finally:
-        copier._pjrt = native  # type: ignore[attr-defined]
+        copier._pjrt = native
 
 
 def streams_copies() -> bool:
