@@ -331,9 +331,17 @@ def test_array_type_size_and_nbytes(dtype, shape, size, nbytes):
 
 def test_lowered_program_fields_and_defaults(affine_program: LoweredProgram):
     # The seed's four fields first and in order; fields added since come after them.
-    assert LoweredProgram._fields == ("code", "text", "input_types", "platform", "partitioning")
+    assert LoweredProgram._fields == (
+        "code",
+        "text",
+        "input_types",
+        "platform",
+        "partitioning",
+        "compile_options",
+    )
     bare = LoweredProgram(affine_program.code, affine_program.text)
     assert bare.input_types is None and bare.platform is None and bare.partitioning is None
+    assert bare.compile_options is None
     # Without input types the executable takes arguments as they come.
     executable, _ = compile_program(bare)
     assert executable.input_types is None

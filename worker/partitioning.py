@@ -22,9 +22,12 @@ and the native module checks the blocks against the arrays again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.identity.options import compile_options, spmd_compile_options
+
+if TYPE_CHECKING:
+    from worker.records import LoweredProgram
 
 PARTITIONING_FORMAT = 1
 """Bumped whenever the meaning of the record's fields changes; other formats are refused."""
@@ -232,11 +235,15 @@ def partitioning_from_json(data: Any) -> Partitioning | None:
     return None if data is None else Partitioning.from_json(data)
 
 
-def compile_options_for(partitioning: Partitioning | None, given: bytes | None = None) -> bytes:
-    """The serialized compile options of a program: those given, else derived from its
-    partitioning (a program of one device: the default options, worker.identity.options)."""
+def compile_options_for(program: LoweredProgram, given: bytes | None = None) -> bytes:
+    """The serialized compile options of a program: those given, else those it was lowered
+    with (jax.jit's, LoweredProgram.compile_options), else derived from its partitioning
+    (a program of one device: the default options, worker.identity.options)."""
     if given is not None:
         return given
+    if program.compile_options is not None:
+        return program.compile_options
+    partitioning = program.partitioning
     return compile_options() if partitioning is None else partitioning.compile_options()
 
 

@@ -93,6 +93,11 @@ class LoweredProgram(NamedTuple):
     shard_map): its devices and how each input and output is split over them (see
     worker.partitioning); None for a program of one device."""
 
+    compile_options: bytes | None = None
+    """The serialized CompileOptionsProto that jax.jit compiles the program with (lower
+    records it), which compile_program uses unless given others; None: the default
+    ones (worker.partitioning.compile_options_for)."""
+
     @property
     def name(self) -> str:
         """The module's symbol name (for example "jit_f"), for messages and reports."""

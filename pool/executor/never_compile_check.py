@@ -53,7 +53,7 @@ class NeverCompileCheck:
             return  # known to be there, or the workers did not say: they refuse themselves
         if program.platform not in (None, self._parts.get("platform")):
             return  # the worker refuses it for its platform, which says more
-        options = compile_options_for(program.partitioning, compile_options)
+        options = compile_options_for(program, compile_options)
         parts = program_key_parts(self._parts, text_digest, options)
         key = key_of(parts)
         if self._cache.usable and self._cache.path_of(key).is_file():

@@ -61,7 +61,7 @@ def program_id(program: LoweredProgram, compile_options: bytes | None = None) ->
     lower() carries its text's digest (DigestedProgram), so that its text is
     hashed once, however large it is.
     """
-    options = compile_options_for(program.partitioning, compile_options)
+    options = compile_options_for(program, compile_options)
     return _identity(program_text_digest(program), program.platform, options)
 
 

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from pool.lowering.devices import leave_devices_to_workers
+from pool.lowering.options import detailed_logging, jit_compile_options
 from pool.lowering.plugin_info import plugin_info
 from pool.lowering.sharding import boundary_shardings, flat_shardings, partitioning_of
 from pool.lowering.stablehlo import reserialize, target_version
@@ -307,20 +308,13 @@ def lower_tree(
         raise TypeError("custom_calls must be a sequence of target names, not one str")
     tree_input = (tuple(args), dict(kwargs or {}))
     paths_and_leaves, in_tree = jax.tree_util.tree_flatten_with_path(tree_input)
-    arguments, input_keys = [], []
-    for path, leaf in paths_and_leaves:
-        # path[0] is 0 (positional) or 1 (keyword); path[1] the index or name.
-        index = path[1].idx if path[0].idx == 0 else -1
-        rest = path[2:] if path[0].idx == 0 else path[1:]
-        argument, key = _leaf_shape(label(index, jax.tree_util.keystr(rest)), leaf)
-        arguments.append(argument)
-        input_keys.append(key)
+    arguments, input_keys = _flat_arguments(paths_and_leaves, label)
     if platform is not None:
         leave_devices_to_workers(platform)
     platform = platform or lowering_platform([leaf for _, leaf in paths_and_leaves])
 
     results: list[tuple[Any, tuple[KeyDtype | None, ...]]] = []
-    flat = _flat_function(function, in_tree, tuple(input_keys), results)
+    flat = _flat_function(function, in_tree, input_keys, results)
     jitted = jax.jit(flat, keep_unused=True)
     targets = set(custom_calls)
     _lowerings.custom_calls.append(targets)
@@ -342,7 +336,7 @@ def lower_tree(
             # (pool.lowering.sharding), as jax.jit(f, in_shardings=..., out_shardings=...).
             results.clear()
             jitted = jax.jit(
-                _flat_function(function, in_tree, tuple(input_keys), results),
+                _flat_function(function, in_tree, input_keys, results),
                 in_shardings=tuple(boundary[1]),
                 out_shardings=list(boundary[2]),
                 keep_unused=True,
@@ -356,12 +350,36 @@ def lower_tree(
         )(*arguments)
     finally:
         _lowerings.custom_calls.pop()
+    program = _program(exported, boundary, platform)
+    out_tree, output_keys = results[-1]
+    float0 = tuple(i for i, a in enumerate(exported.out_avals) if a.dtype == jax.dtypes.float0)
+    return TreeProgram(program, in_tree, input_keys, out_tree, output_keys, float0)
+
+
+def _flat_arguments(
+    paths_and_leaves: list[tuple[Any, Any]], label: Callable[[int, str], str]
+) -> tuple[list[Any], tuple[KeyDtype | None, ...]]:
+    """Each leaf of ``(args, kwargs)`` as the shape it is traced with, and the key dtype of
+    those that are typed PRNG keys (None for an array)."""
+    arguments, input_keys = [], []
+    for path, leaf in paths_and_leaves:
+        # path[0] is 0 (positional) or 1 (keyword); path[1] the index or name.
+        index = path[1].idx if path[0].idx == 0 else -1
+        rest = path[2:] if path[0].idx == 0 else path[1:]
+        argument, key = _leaf_shape(label(index, jax.tree_util.keystr(rest)), leaf)
+        arguments.append(argument)
+        input_keys.append(key)
+    return arguments, tuple(input_keys)
+
+
+def _program(exported: Any, boundary: Any, platform: str) -> DigestedProgram:
+    """The LoweredProgram of an export: its StableHLO for the platform's plugin, its types,
+    its partitioning over several devices, and the options jax.jit compiles it with."""
     if exported.ordered_effects:
         raise ValueError(
             f"the function has ordered side effects ({exported.ordered_effects}), which a "
             "standalone program cannot carry; remove io_callback(ordered=True) and the like"
         )
-
     info = plugin_info(platform)
     target = None
     if info is not None:
@@ -369,7 +387,9 @@ def lower_tree(
             info["stablehlo_minimum_version"], info["stablehlo_current_version"]
         )
     rewrite = module_rewrite(active_workarounds(info))
-    code, text = reserialize(exported.mlir_module_serialized, target, rewrite)
+    code, text, detailed = reserialize(
+        exported.mlir_module_serialized, target, rewrite, detailed_logging
+    )
     input_types = tuple(ArrayType.of(a.dtype, a.shape) for a in exported.in_avals)
     partitioning = None
     if boundary is not None:
@@ -382,16 +402,16 @@ def lower_tree(
             text,
         )
         _check_devices(partitioning, exported.nr_devices)
-    program = DigestedProgram(
+    return DigestedProgram(
         code=code,
         text=text,
         input_types=input_types,
         platform=platform,
         partitioning=partitioning,
+        compile_options=jit_compile_options(
+            bool(detailed), len(exported.in_avals), len(exported.out_avals), partitioning
+        ),
     )
-    out_tree, output_keys = results[-1]
-    float0 = tuple(i for i, a in enumerate(exported.out_avals) if a.dtype == jax.dtypes.float0)
-    return TreeProgram(program, in_tree, tuple(input_keys), out_tree, output_keys, float0)
 
 
 def _input_shardings(

@@ -10,9 +10,11 @@ jax.export itself uses); this module is the only place that touches it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from jaxlib.mlir.dialects import stablehlo
+
+T = TypeVar("T")
 
 
 class StableHLOVersionError(RuntimeError):
@@ -71,25 +73,31 @@ def _export_default_version() -> str:
 
 
 def reserialize(
-    artifact: bytes, target: str | None, rewrite: Callable[[Any], bool] | None = None
-) -> tuple[bytes, str]:
-    """Returns (bytecode at `target`, module text without locations) for a jax.export artifact.
+    artifact: bytes,
+    target: str | None,
+    rewrite: Callable[[Any], bool] | None = None,
+    describe: Callable[[Any], T] | None = None,
+) -> tuple[bytes, str, T | None]:
+    """Returns (bytecode at `target`, module text without locations, what describe(module)
+    returns, or None without describe) for a jax.export artifact.
 
     The bytecode keeps source locations, so the plugin's errors point at the
     user's code; the text leaves them out, so that the cache key depends on
     the program only, not on where it was written. rewrite, if given,
     changes the MLIR module in place first (returning whether it changed
     anything): the workarounds for plugin builds known to miscompile some
-    programs (pool.lowering.workarounds).
+    programs (pool.lowering.workarounds). describe reads the module as it
+    is compiled (pool.lowering.options: the options JAX compiles it with).
     """
     _jax, jax_mlir, xla_bridge = _private_api()
     with jax_mlir.make_ir_context():
         module = _jax.mlir.deserialize_portable_artifact(artifact)
         changed = rewrite is not None and rewrite(module)
         text = module.operation.get_asm(enable_debug_info=False)
+        described = None if describe is None else describe(module)
         if target is None:
             if not changed:
-                return artifact, text
+                return artifact, text, described
             target = _export_default_version()
         try:
             code = _jax.mlir.serialize_portable_artifact(
@@ -101,4 +109,4 @@ def reserialize(
                 f"the plugin reads: {error}. The program uses an op newer than the plugin; "
                 "use a newer plugin"
             ) from error
-    return code, text
+    return code, text, described

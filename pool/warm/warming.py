@@ -261,7 +261,7 @@ class _Prefetch:
             submit(index, program)
             return
         digest = program_text_digest(program)
-        options = compile_options_for(program.partitioning, compile_options)
+        options = compile_options_for(program, compile_options)
         key = key_of(program_key_parts(self._key_parts, digest, options))
 
         def fetched(done: Future[Moved]) -> None:

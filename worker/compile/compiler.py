@@ -89,7 +89,7 @@ def cache_key_of(
 ) -> str:
     """The cache key compile_program would give a program here, without loading or compiling
     it: the same plugin, host, topology and cache directory make the same key."""
-    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
+    options = compile_options_for(program, checked_compile_options(compile_options))
     cache = open_cache(cache_dir)
     runtime = get_runtime(program.platform, deviceless=topology is not None)
     target = target_for(runtime, topology)
@@ -272,7 +272,7 @@ def compile_program(
     see worker.cache.trust, and worker.cache.signing for signed entries.
     """
     program = _check_code(check_program(program, "compile_program"))
-    options = compile_options_for(program.partitioning, checked_compile_options(compile_options))
+    options = compile_options_for(program, checked_compile_options(compile_options))
     bound = None if max_size is None else parse_size(max_size)
     never = never_compile_on(never_compile)
     remote_cache = open_remote(remote)
