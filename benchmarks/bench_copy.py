@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
-from harness import with_environment
+from harness import Side, compare, report, with_environment
 
 from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, STREAM_BYTES, Copier
 
@@ -71,6 +70,25 @@ def fresh_threads(k: int) -> Callable[[mmap.mmap, np.ndarray], None]:
     return copy
 
 
+Copy = Callable[[mmap.mmap, np.ndarray], None]
+
+
+def timed(
+    way: Copy, memory: mmap.mmap, array: np.ndarray, evict: np.ndarray | None
+) -> Callable[[], float]:
+    """A side that measures itself: the seconds of one copy, after writing `evict` (256 MiB of other
+    memory, which pushes both arrays out of every cache level) where it is given."""
+
+    def measure() -> float:
+        if evict is not None:
+            np.add(evict, 1, out=evict)
+        start = time.perf_counter()
+        way(memory, array)
+        return time.perf_counter() - start
+
+    return measure
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", default="1,4,16,64")
@@ -94,21 +112,13 @@ def main() -> None:
             array = np.random.default_rng(0).random(size // 4, dtype=np.float32)
             one_thread(memory, array)  # the pages faulted in once, as a reused segment's are
             for cache in ("hot", "cold") if args.cache == "both" else (args.cache,):
-                times: dict[str, list[float]] = {name: [] for name in ways}
-                for _ in range(max(5, (400 if cache == "hot" else 40) // mib)):
-                    for name, way in ways.items():
-                        if cache == "cold":
-                            scratch += 1  # evicts both arrays from every cache level
-                        started = time.perf_counter()
-                        way(memory, array)
-                        times[name].append(time.perf_counter() - started)
-                base = statistics.median(times["1 thread"])
-                cells = [
-                    f"{name} {statistics.median(t) * 1e3:.3f} ms "
-                    f"({statistics.median(t) / base:.2f}x)"
-                    for name, t in times.items()
+                evict = scratch if cache == "cold" else None
+                sides = [
+                    Side(name, timed(way, memory, array, evict), measures=True)
+                    for name, way in ways.items()
                 ]
-                print(f"{mib} MiB, {cache}: " + ", ".join(cells))
+                rounds = max(5, (400 if cache == "hot" else 40) // mib)
+                report(compare(sides, rounds), f"{mib} MiB, {cache}")
             memory.close()
     finally:
         spreading.close()

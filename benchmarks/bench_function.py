@@ -3,61 +3,44 @@
 Usage::
 
     python benchmarks/bench_function.py [--workers N] [--calls N] [--batches N]
+                                        [--constant-mib N]
 
 The tiny program (a + 1.0 on float32[4]) runs sequentially through one Pool,
 after a warm-up, in two ways: pool.run(program, [x]) with the program lowered
-beforehand, and step(x) for step = pool.function(lambda a: a + 1.0), which
-also flattens the arguments, looks up the signature and rebuilds the result.
-Batches of --calls calls alternate between the two; the figures are medians
-of the per-call means of --batches batches, and the ratio is Pool.function
-over pool.run. A second line does the same for a pytree argument (a dict of
-three float32[4] arrays in, a dict out) against pool.run on its flat leaves.
-Round trips on a loaded machine vary by more than the overhead, so the last
-line times step.lower(x) alone (splitting, flattening and looking up the
-signature: most of the parent-side work, without the worker). With
---constant-mib N (default 64; 0 skips it), a last line times warm calls of a
-function that closes over an N MiB constant (its program text is about 2N
-MB, as hex) against the same function under jax.jit and against the tiny
-Pool.function: a call of a lowered signature never touches the text. The
-cache directory is a fresh temporary one.
+beforehand (the baseline), and step(x) for step = pool.function(lambda a:
+a + 1.0), which also flattens the arguments, looks up the signature and
+rebuilds the result; and step.lower(x) alone (splitting, flattening and
+looking up the signature: most of the parent-side work, without the
+worker), since round trips on a loaded machine vary by more than the
+overhead. A sample is the time per call of a batch of --calls calls; the
+sides alternate (benchmarks/harness.py) for --batches samples each. A second
+table does the same for a pytree argument (a dict of three float32[4] arrays
+in, a dict out) against pool.run on its flat leaves. With --constant-mib N
+(default 64; 0 skips it), a last table times warm calls of a function that
+closes over an N MiB constant (its program text is about 2N MB, as hex)
+against the same function under jax.jit and the tiny Pool.function: a call
+of a lowered signature never touches the text. The cache directory is a
+fresh temporary one.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import per_call
+from harness import Side, compare, per_call, report
 
 from pool import Pool, lower
 
 
-def compare(
-    name: str,
-    baseline: Callable[[], object],
-    candidate: Callable[[], object],
-    args: argparse.Namespace,
-) -> None:
-    for _ in range(200):  # warm-up: compile, load, fill the segment and signature caches
-        baseline()
-        candidate()
-    run_times, function_times = [], []
-    for batch in range(args.batches):
-        # Alternate which side goes first, so drifting load hits both alike.
-        sides = [(baseline, run_times), (candidate, function_times)]
-        for function, times in sides if batch % 2 == 0 else sides[::-1]:
-            times.append(per_call(function, args.calls))
-    run, function = statistics.median(run_times), statistics.median(function_times)
-    print(
-        f"{name}: pool.run {run * 1e6:.1f} us, Pool.function {function * 1e6:.1f} us per call: "
-        f"{function / run:.3f}x ({(function - run) * 1e6:+.1f} us)"
-    )
+def batches(name: str, call: Callable[[], object], calls: int) -> Side:
+    """A side whose sample is the time per call over a batch of `calls` calls."""
+    return Side(name, lambda: per_call(call, calls), measures=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,12 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     program = lower(add_one, [jax.ShapeDtypeStruct((4,), jnp.float32)])
     tree_program = lower(tree_sum, [tree])
     leaves = jax.tree_util.tree_leaves(tree)
+    calls = args.calls
     with Pool(args.workers) as pool:
         step, tree_step = pool.function(add_one), pool.function(tree_sum)
-        compare("tiny a + 1.0", lambda: pool.run(program, [x]), lambda: step(x), args)
-        compare("dict of 3", lambda: pool.run(tree_program, leaves), lambda: tree_step(tree), args)
-        lookup = statistics.median(per_call(lambda: step.lower(x), args.calls) for _ in range(9))
-        print(f"signature lookup alone (step.lower(x)): {lookup * 1e6:.2f} us per call")
+        for _ in range(200):  # compile, load, fill the segment and signature caches
+            pool.run(program, [x]), step(x), pool.run(tree_program, leaves), tree_step(tree)
+        tiny = [
+            batches("pool.run", lambda: pool.run(program, [x]), calls),
+            batches("Pool.function", lambda: step(x), calls),
+            batches("its signature lookup alone (step.lower)", lambda: step.lower(x), calls),
+        ]
+        report(compare(tiny, args.batches), "tiny a + 1.0, per call", unit="us")
+        dicts = [
+            batches("pool.run of the leaves", lambda: pool.run(tree_program, leaves), calls),
+            batches("Pool.function of the dict", lambda: tree_step(tree), calls),
+        ]
+        report(compare(dicts, args.batches), "a dict of 3 arrays, per call", unit="us")
         if args.constant_mib:
             large_constant(pool, args.constant_mib, step, x)
     return 0
@@ -104,16 +97,13 @@ def large_constant(pool: Pool, mib: int, tiny: Callable[..., object], x: np.ndar
     text = len(heavy.lower(x).text)
     for function in (heavy, reference, tiny):
         function(x)  # lowered, compiled and loaded
-    times = {name: [] for name in ("heavy", "jit", "tiny")}
-    for _ in range(9):
-        for name, function in (("heavy", heavy), ("jit", reference), ("tiny", tiny)):
-            times[name].append(per_call(lambda f=function: f(x), 5))
-    heavy_s, jit_s, tiny_s = (statistics.median(times[n]) for n in ("heavy", "jit", "tiny"))
-    print(
-        f"{mib} MiB closure constant ({text / 1e6:.0f} MB of text): Pool.function "
-        f"{heavy_s * 1e3:.2f} ms, jax.jit {jit_s * 1e3:.2f} ms per call ({heavy_s / jit_s:.2f}x); "
-        f"the tiny Pool.function {tiny_s * 1e3:.3f} ms"
-    )
+    sides = [
+        batches("jax.jit", lambda: reference(x), 5),
+        batches("Pool.function", lambda: heavy(x), 5),
+        batches("the tiny Pool.function", lambda: tiny(x), 5),
+    ]
+    title = f"{mib} MiB closure constant ({text / 1e6:.0f} MB of text), a warm call"
+    report(compare(sides, 9), title)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Usage::
 Three measures, each against a baseline taken in the same run:
 
 1. Import: fresh interpreters (``python -X importtime -c "import M"``),
-   --rounds times each, interleaved; the medians of the cumulative import
+   --rounds times each, alternated (benchmarks/harness.py); the medians of the cumulative import
    time of orjson and of json. Alone, orjson imports dataclasses, inspect,
    uuid and json; a worker imports most of those anyway, so the figure that
    counts is orjson's share of a worker's imports as it starts: the time to
@@ -28,18 +28,19 @@ import argparse
 import contextlib
 import json
 import re
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+
+from harness import Side, compare, ratio_line, report
 
 from worker.untrusted import MAX_JSON_DEPTH, parse_json
 
 _IMPORT = re.compile(r"import time:\s+\d+ \|\s+(\d+) \|\s*(\S+)$")
 
 
-def import_microseconds(module: str) -> int:
+def import_seconds(module: str) -> float:
+    """The cumulative time of importing module in a fresh interpreter (-X importtime)."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {module}"],
         capture_output=True,
@@ -49,7 +50,7 @@ def import_microseconds(module: str) -> int:
     for line in done.stderr.splitlines():
         found = _IMPORT.search(line)
         if found and found.group(2) == module:
-            return int(found.group(1))
+            return int(found.group(1)) / 1e6
     raise RuntimeError(f"no import time for {module}")
 
 
@@ -78,8 +79,9 @@ print(time.perf_counter() - start)
 """
 
 
-def worker_import_seconds() -> tuple[float, float]:
-    """(a worker's imports as it starts, orjson's share: importing it after all the others)."""
+def worker_import_seconds() -> dict[str, float]:
+    """A worker's imports as it starts ("wall"), and orjson's share of them ("orjson": the
+    time to import it after all the others)."""
     done = subprocess.run(
         [sys.executable, "-c", _WORKER_IMPORT], capture_output=True, text=True, check=True
     )
@@ -90,17 +92,17 @@ def worker_import_seconds() -> tuple[float, float]:
         text=True,
         check=True,
     )
-    return float(total), float(alone.stdout)
+    return {"wall": float(total), "orjson": float(alone.stdout)}
 
 
-def best_seconds(function: Callable[[], object], rounds: int) -> float:
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+def refusing(function: Callable[[], object]) -> Callable[[], None]:
+    """A side's call: function(), which may refuse its text (ValueError)."""
+
+    def measure() -> None:
         with contextlib.suppress(ValueError):  # the hostile texts are refused
             function()
-        seconds.append(time.perf_counter() - start)
-    return min(seconds)
+
+    return measure
 
 
 def index_document(programs: int) -> bytes:
@@ -144,40 +146,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     rounds = parser.parse_args().rounds
 
-    samples: dict[str, list[int]] = {"json": [], "orjson": []}
-    for _ in range(rounds):
-        for module in samples:
-            samples[module].append(import_microseconds(module))
-    imports = {module: statistics.median(values) for module, values in samples.items()}
-    print(f"import, median of {rounds} fresh interpreters (cumulative, -X importtime):")
-    for module, value in imports.items():
-        print(f"  {module:8} {value / 1000:7.2f} ms")
-    print(f"  orjson / json: {imports['orjson'] / imports['json']:.2f}x")
-    shares = [worker_import_seconds() for _ in range(rounds)]
-    total = statistics.median(t for t, _ in shares)
-    share = statistics.median(o for _, o in shares)
-    print(
-        f"  a worker's imports as it starts: {total * 1000:.1f} ms, of which orjson (imported "
-        f"after the others) {share * 1000:.2f} ms: {share / total:.3f}x"
-    )
+    imports = [Side(m, lambda m=m: import_seconds(m), measures=True) for m in ("json", "orjson")]
+    report(compare(imports, rounds, warmup=0), "import in a fresh interpreter (cumulative)")
+    starting = compare([Side("worker start", worker_import_seconds, True)], rounds, warmup=0)
+    print("a worker's imports as it starts, and orjson's share (imported after the others)")
+    whole = starting.median("worker start")
+    ratio_line("a worker's imports", whole, whole)
+    ratio_line("orjson's share", starting.median("worker start", "orjson"), whole)
 
-    print("\ndocuments pjrt-pool writes (best of 5):")
-    for label, data in (("index, 2000 programs", index_document(2000)),):
-        ours = best_seconds(lambda data=data: parse_json(data), 5)
-        theirs = best_seconds(lambda data=data: json.loads(data), 5)
-        print(
-            f"  {label} ({len(data) / 1e6:.1f} MB): parse_json {ours * 1000:.1f} ms, "
-            f"json.loads {theirs * 1000:.1f} ms, ratio {ours / theirs:.2f}x"
-        )
+    index = index_document(2000)
+    documents = [
+        Side("json.loads", lambda: json.loads(index)),
+        Side("parse_json", lambda: parse_json(index)),
+    ]
+    report(compare(documents, 5), f"a bundle index of 2000 programs ({len(index) / 1e6:.1f} MB)")
 
-    print("\nhostile text at the bounds (best of 3), against json.loads of valid JSON that size:")
     for size in (1 << 20, 64 << 20):
         valid = valid_of_size(size)
-        baseline = best_seconds(lambda valid=valid: json.loads(valid), 3)
-        print(f"  {size >> 20} MiB: json.loads of a valid document {baseline * 1000:.1f} ms")
-        for label, data in hostile(size).items():
-            ours = best_seconds(lambda data=data: parse_json(data), 3)
-            print(f"    {label:20} parse_json {ours * 1000:8.2f} ms  ({ours / baseline:.3f}x)")
+        sides = [Side("json.loads of valid JSON that size", lambda v=valid: json.loads(v))]
+        sides += [
+            Side(f"parse_json refusing {label}", refusing(lambda d=data: parse_json(d)))
+            for label, data in hostile(size).items()
+        ]
+        report(compare(sides, 3), f"hostile text of {size >> 20} MiB")
 
 
 if __name__ == "__main__":
