@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_arrays.py [--parts sizes,memory,loop,tiny] [--mib 1,16,256]
-                                   [--rounds N] [--steps N] [--width N]
+                                      [--rounds N] [--steps N] [--width N] [--loops N]
 
 Parts (each prints ratios against a baseline measured in the same run; this
 machine's speed drifts 2-3x between hours, so only ratios mean anything):
@@ -12,13 +12,14 @@ machine's speed drifts 2-3x between hours, so only ratios mean anything):
             jax.jit(f) (np.asarray of its result), compile_program +
             Executable.run in this process, Pool(1).run, and Pool(1).run of an
             input made in shared memory (pool.asarray), alternated round by
-            round in bursts of BURST calls (one at 256 MiB); medians. Goals:
+            round (benchmarks/harness.py); a sample is the median of a burst
+            of BURST calls (one at 256 MiB), as a loop makes them. Goals:
             Pool.run <= 1.3x in-process at 16 and 256 MiB and <= 1.5x at 1
-            MiB; in-process <= 1.1x jax.jit. Where the tree spreads large
-            copies over threads, Pool.run with PJRT_POOL_COPY_THREADS=1 too
-            (the same call with the parent's copy on one thread); where it
-            streams them (writes around the caches), the same call with the
-            copy made plainly (timing.with_plain_copies).
+            MiB; in-process <= 1.1x jax.jit. Pool.run with
+            PJRT_POOL_COPY_THREADS=1 too (the same call with the parent's copy
+            on one thread), and the same call with the copy made plainly
+            (through the caches: harness.with_plain_copies) instead of
+            streamed.
     memory  a 256 MiB round trip of the same program: how much memory the
             parent and its worker touched at their peak (VmHWM growth of each,
             and the parent's private growth), as multiples of the array.
@@ -32,15 +33,11 @@ machine's speed drifts 2-3x between hours, so only ratios mean anything):
             plugin is another XLA build than jaxlib's, so allclose is shown too).
     tiny    the tiny round trip of benchmarks/bench_pool.py --parts b: Pool(1).run
             against two processes spinning on a socket (goal: within 2x).
-
-Parts a tree does not have (pool.asarray, keep=) are left out, so the same
-script measures older trees too.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import statistics
 import sys
@@ -57,14 +54,10 @@ os.environ.setdefault("PJRT_POOL_CACHE_DIR", str(Path(_SCRATCH) / "cache"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from harness import (  # noqa: E402  (this folder's)
-    copy_threads_variable,
-    streams_copies,
-    with_environment,
-    with_plain_copies,
-)
+from harness import Side, compare, ratio_line, report, with_environment, with_plain_copies  # noqa: E402
 
 from pool import Pool, compile_program, lower  # noqa: E402
+from pool.executor.copier import COPY_THREADS_VARIABLE  # noqa: E402
 
 
 def affine(x: jax.Array) -> jax.Array:
@@ -76,87 +69,67 @@ BURST = 8
 """Calls of one side in a row, in each round of the sizes part (one at 256 MiB)."""
 
 
-def median_ms(values: list[float]) -> float:
-    return statistics.median(values) * 1e3
-
-
 # -- sizes ---------------------------------------------------------------------------------
 
 
-def _sides(pool: Pool, mib: int) -> tuple[dict[str, Callable[[], Any]], np.ndarray]:
+def _calls(pool: Pool, mib: int) -> tuple[dict[str, Callable[[], Any]], np.ndarray]:
     """Each side's call for an array of `mib` MiB, and the array."""
     n = mib << 18
     x = np.random.default_rng(0).random(n, dtype=np.float32)
     program = lower(affine, [jax.ShapeDtypeStruct((n,), jnp.float32)])
     executable, _ = compile_program(program)
     jitted = jax.jit(affine)
-    sides: dict[str, Callable[[], Any]] = {
+    shared = pool.asarray(x)
+    calls: dict[str, Callable[[], Any]] = {
         "jax.jit": lambda: np.asarray(jitted(x)),
         "in-process": lambda: executable.run([x])[0],
         "Pool.run": lambda: pool.run(program, [x])[0],
+        "Pool.run, shared input": lambda: pool.run(program, [shared])[0],
+        "Pool.run, 1 copy thread": lambda: with_environment(
+            COPY_THREADS_VARIABLE, "1", lambda: pool.run(program, [x])[0]
+        ),
+        "Pool.run, plain copy": lambda: with_plain_copies(lambda: pool.run(program, [x])[0]),
     }
-    if hasattr(pool, "asarray"):
-        shared = pool.asarray(x)
-        sides["Pool.run, shared input"] = lambda: pool.run(program, [shared])[0]
-    variable = copy_threads_variable()
-    if variable is not None:  # a tree that spreads large copies: the same call on one thread
-        sides["Pool.run, 1 copy thread"] = lambda: with_environment(
-            variable, "1", lambda: pool.run(program, [x])[0]
-        )
-    if streams_copies():  # a tree that streams large copies: the same call copying plainly
-        sides["Pool.run, plain copy"] = lambda: with_plain_copies(lambda: pool.run(program, [x])[0])
-    return sides, x
+    return calls, x
+
+
+def burst(call: Callable[[], Any], count: int) -> Callable[[], float]:
+    """A side's sample: the median time of `count` calls in a row, as a loop makes them (the
+    first ones after another side's find the worker and the plugin's thread pool asleep, or
+    the last side's threads still spinning; the median is the loop's pace)."""
+
+    def measure() -> float:
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            out = call()
+            times.append(time.perf_counter() - started)
+            del out
+        return statistics.median(times)
+
+    return measure
 
 
 def part_sizes(sizes: list[int], rounds: int) -> None:
-    print("\nsizes: f(x) = x * 2 + 1, float32, numpy in and out (median ms)")
+    print("\nsizes: f(x) = x * 2 + 1, float32, numpy in and out")
     with Pool(1) as pool:
-        rows = {}
         for mib in sizes:
-            sides, x = _sides(pool, mib)
+            calls, x = _calls(pool, mib)
             expected = x * 2 + 1
-            for call in sides.values():  # compile, warm up, check
+            for call in calls.values():  # compile, warm up, check
                 for _ in range(2):
                     out = call()
                 assert np.array_equal(out, expected)
                 del out
-            times: dict[str, list[float]] = {side: [] for side in sides}
-            count = max(3, rounds if mib < 64 else max(3, rounds // 4))
-            order = list(sides)
-            for i in range(count):
-                for side in order if i % 2 == 0 else order[::-1]:
-                    # A burst of calls, as a loop makes them: the first ones after another
-                    # side's find the worker and the plugin's thread pool asleep (or the
-                    # last side's threads still spinning), the median the loop's pace.
-                    for _ in range(BURST if mib < 64 else 1):
-                        started = time.perf_counter()
-                        out = sides[side]()
-                        times[side].append(time.perf_counter() - started)
-                        del out
-            rows[mib] = {side: median_ms(t) for side, t in times.items()}
-            del sides, x, expected
-        names = list(next(iter(rows.values())))
-        print("    " + f"{'':<24}" + "".join(f"{f'{m} MiB':>12}" for m in sizes))
-        for name in names:
-            print("    " + f"{name:<24}" + "".join(f"{rows[m][name]:>12.2f}" for m in sizes))
-        print("    ratios")
-        for name, over, goal in (
-            ("in-process / jax.jit", ("in-process", "jax.jit"), {m: 1.1 for m in sizes}),
-            ("Pool.run / in-process", ("Pool.run", "in-process"), {1: 1.5}),
-            ("shared input / in-process", ("Pool.run, shared input", "in-process"), {1: 1.5}),
-            ("Pool.run / jax.jit", ("Pool.run", "jax.jit"), {}),
-            ("spread / 1 copy thread", ("Pool.run", "Pool.run, 1 copy thread"), {}),
-            ("streamed / plain copy", ("Pool.run", "Pool.run, plain copy"), {}),
-        ):
-            if over[0] not in names:
-                continue
-            cells = []
-            for m in sizes:
-                ratio = rows[m][over[0]] / rows[m][over[1]]
-                target = goal.get(m, 1.3 if over[1] == "in-process" else None)
-                mark = "" if target is None else (" ok" if ratio <= target else " NO")
-                cells.append(f"{ratio:>9.2f}{mark:<3}")
-            print("    " + f"{name:<24}" + "".join(cells))
+            count = BURST if mib < 64 else 1
+            sides = [Side(name, burst(call, count), measures=True) for name, call in calls.items()]
+            samples = compare(sides, max(3, rounds if mib < 64 else rounds // 4), warmup=0)
+            report(samples, f"{mib} MiB", goals={"in-process": 1.1})
+            goal = 1.5 if mib == 1 else 1.3
+            in_process = samples.median("in-process")
+            for side in ("Pool.run", "Pool.run, shared input"):
+                ratio_line(f"{side} / in-process", samples.median(side), in_process, goal=goal)
+            del calls, sides, samples, x, expected
 
 
 # -- memory --------------------------------------------------------------------------------
@@ -212,8 +185,6 @@ def part_memory(mib: int) -> None:
     )
     for shared in (False, True):
         with Pool(1) as pool:
-            if shared and not hasattr(pool, "asarray"):
-                continue
             pid = pool.worker_info[0]["pid"]
             pool.run(small, [np.ones(1 << 18, np.float32)])
             pool.compile(program)
@@ -290,42 +261,35 @@ def loop_seconds(
     return (time.perf_counter() - started) / steps, params
 
 
-def partloop_seconds(steps: int, width: int) -> None:
+def part_loop(steps: int, width: int, rounds: int) -> None:
     params, x, y, step = mlp_problem(width)
-    print(f"\nloop: {steps} SGD steps of an MLP (width {width}, batch 256), ms per step")
-    results: dict[str, tuple[float, Any]] = {}
-    jitted = jax.jit(step)
-    # A tree with dispatch ahead (Pool's dispatch_ahead) runs the all-kept leg with it off too.
-    ahead = "dispatch_ahead" in inspect.signature(Pool).parameters
-    with Pool(1) as pool, Pool(1, **({"dispatch_ahead": 0} if ahead else {})) as waiting:
-        legs: dict[str, Callable[[], tuple[float, Any]]] = {
-            "jax.jit": lambda: loop_seconds(jitted, params, x, y, steps),
-            "Pool.function": lambda: loop_seconds(pool.function(step), params, x, y, steps),
-        }
-        if hasattr(pool, "put"):
-            kept = pool.function(step, keep=0)
-            legs["Pool.function, kept"] = lambda: loop_seconds(kept, params, x, y, steps)
-            everything = pool.function(step, keep=True)
-            legs["Pool.function, all kept"] = lambda: loop_seconds(everything, params, x, y, steps)
-        if ahead:
-            awaited = waiting.function(step, keep=True)
-            legs["all kept, ahead=0"] = lambda: loop_seconds(awaited, params, x, y, steps)
-        for _ in range(2):  # alternated twice; the faster of each
-            for name, leg in legs.items():
-                seconds, final = leg()
-                if name not in results or seconds < results[name][0]:
-                    results[name] = (seconds, final)
-        reference = jax.tree_util.tree_leaves(results["jax.jit"][1])
-        for name, (seconds, final) in results.items():
+    finals: dict[str, Any] = {}
+
+    def loop(name: str, stepping: Callable[..., Any]) -> Side:
+        def measure() -> float:
+            seconds, finals[name] = loop_seconds(stepping, params, x, y, steps)
+            return seconds
+
+        return Side(name, measure, measures=True)
+
+    with Pool(1) as pool, Pool(1, dispatch_ahead=0) as waiting:
+        sides = [
+            loop("jax.jit", jax.jit(step)),
+            loop("Pool.function", pool.function(step)),
+            loop("Pool.function, kept (keep=0)", pool.function(step, keep=0)),
+            loop("Pool.function, all kept", pool.function(step, keep=True)),
+            loop("all kept, dispatch_ahead=0", waiting.function(step, keep=True)),
+        ]
+        samples = compare(sides, rounds, warmup=0)
+        title = f"\nloop: {steps} SGD steps of an MLP (width {width}, batch 256), a step"
+        report(samples, title, goals={"Pool.function, all kept": 1.2})
+        reference = jax.tree_util.tree_leaves(finals["jax.jit"])
+        for name, final in finals.items():  # kept values are read while their pool is open
             leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(final)]
             same = all(np.array_equal(a, b) for a, b in zip(leaves, reference, strict=True))
             pairs = zip(leaves, reference, strict=True)
             close = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
-            ratio = seconds / results["jax.jit"][0]
-            print(
-                f"    {name:<22} {seconds * 1e3:8.3f} ms  {ratio:5.2f}x jax.jit  "
-                f"bit-identical {same}, allclose {close}"
-            )
+            print(f"    {name:<32} final parameters: bit-identical {same}, allclose {close}")
 
 
 # -- tiny ----------------------------------------------------------------------------------
@@ -344,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=21, help="rounds of the sizes part")
     parser.add_argument("--steps", type=int, default=300, help="steps of the loop part")
     parser.add_argument("--width", type=int, default=256, help="hidden width in the loop part")
+    parser.add_argument("--loops", type=int, default=3, help="loops per side in the loop part")
     parser.add_argument("--calls", type=int, default=2000, help="round trips in the tiny part")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
@@ -353,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in parts:
         part_memory(256)
     if "loop" in parts:
-        partloop_seconds(args.steps, args.width)
+        part_loop(args.steps, args.width, args.loops)
     if "tiny" in parts:
         part_tiny(args.calls)
     return 0

@@ -2,14 +2,18 @@
 
 Usage::
 
-    python benchmarks/bench_pool.py [--workers N] [--calls N] [--repeat N] [--parts abcde]
+    python benchmarks/bench_pool.py [--workers N] [--calls N] [--repeat N] [--tasks N]
+                                    [--parts abcde]
 
-(a) Parallel compile. The example programs (examples, lowered first and
+Every part alternates its sides and prints medians and ratios against its
+baseline (benchmarks/harness.py).
+
+(a) Parallel compile. The example programs (pool.examples, lowered first and
     outside every timer) are compiled with a Pool of --workers workers
     (default: the CPU count) into a fresh cache directory, against compiling
     them one after another in this process (compile_program, disk_cache=False).
-    Pool start-up is timed apart. Target: pool wall time <= 0.65x serial.
-    Passes alternate which side goes first; medians over --repeat passes.
+    Pool start-up is timed apart. Target: pool wall time <= 0.65x serial;
+    --repeat rounds.
 
 (b) Round trip. pool.run on the tiny program (x + 1, float32[4]), sequential
     calls after a warm-up, and pool.submit(...).result(), whose reply the
@@ -20,10 +24,10 @@ Usage::
     echoes it) plus Executable.run of the same program in this process. The
     round trip is measured two ways: both sides spinning on a non-blocking
     recv (the fair floor: the pool and its workers poll before they sleep,
-    so neither pays a wake-up; issue 33) and both blocking in recv (on a VM a
-    wake-up can cost more than the pool's whole call). All six alternate in
-    batches; per-call medians. Targets: run <= 2x the spinning floor (1.5x
-    the ambition), submit + result <= 3x.
+    so neither pays a wake-up) and both blocking in recv (on a VM a wake-up
+    can cost more than the pool's whole call). A sample is the median of a
+    batch of --calls / 8 calls; eight rounds. Targets: run <= 2x the
+    spinning floor (1.5x the ambition), submit + result <= 3x.
 
 (c) 64 MiB output. A program that returns a 64 MiB float32 array, run through
     the pool, against Executable.run in this process (target: <= 1.5x), and
@@ -32,12 +36,13 @@ Usage::
     process pools do (target: the pool >= 3x faster).
 
 (d) Worker start-up: spawn to Ready (plugin loaded, handshake done) for each
-    worker of a fresh pool, and the whole Pool() construction. Target < 0.5 s.
+    worker of a fresh pool, and the whole Pool() construction, against a
+    fresh interpreter that imports numpy. Target < 0.5 s.
 
 (e) Throughput. --tasks submits of the tiny program on a Pool(2), from one
-    thread and from 8 threads at once, then every result: tasks per second,
-    against the floor's rate (one bare round trip plus one in-process run
-    per task, as in (b)).
+    thread and from 8 threads at once, then every result: the time per task
+    against the floor's (one bare round trip plus one in-process run per
+    task, as in (b)).
 
 Cache directories are fresh temporary ones; the user's cache is untouched.
 """
@@ -55,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +70,7 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from harness import Samples, Side, compare, ratio_line, report  # noqa: E402
 
 from pool import Pool, compile_program, lower  # noqa: E402
 from pool.examples import example_programs  # noqa: E402
@@ -73,10 +80,6 @@ from worker import LoweredProgram  # noqa: E402
 BIG = 1 << 24  # float32 elements: 64 MiB
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def fresh_dir(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH)
 
@@ -84,33 +87,34 @@ def fresh_dir(prefix: str) -> str:
 # -- (a) ---------------------------------------------------------------------
 
 
-def serial_compile(programs: list[LoweredProgram]) -> tuple[float, float]:
-    """Compiles one after another in this process; returns (wall, CPU) seconds."""
+def serial_compile(programs: list[LoweredProgram]) -> dict[str, float]:
+    """Compiles one after another in this process: wall and CPU seconds."""
     cpu = time.process_time()
     start = time.perf_counter()
     for program in programs:
         _, stats = compile_program(program, disk_cache=False)
         assert stats.compiled == 1
-    return time.perf_counter() - start, time.process_time() - cpu
+    return {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu}
 
 
-def pool_compile(programs: list[LoweredProgram], workers: int) -> tuple[float, float]:
+def pool_compile(programs: list[LoweredProgram], workers: int) -> dict[str, float]:
+    """compile_many on a fresh Pool: its wall seconds, and the pool's start apart."""
     start = time.perf_counter()
     with Pool(workers, cache_dir=fresh_dir("a-")) as pool:
         ready = time.perf_counter()
         pool.compile_many(programs)
         done = time.perf_counter()
         assert pool.statistics.compiled == len(programs)
-    return ready - start, done - ready
+    return {"wall": done - ready, "start": ready - start}
 
 
 # -- (b) ---------------------------------------------------------------------
 
 
-def round_trips(
+def round_trip(
     pool: Pool, program: LoweredProgram, x: np.ndarray, calls: int, submit: bool = False
-) -> list[float]:
-    """Seconds per call of pool.run (or of pool.submit(...).result(), with submit)."""
+) -> float:
+    """The median seconds of `calls` pool.run calls (pool.submit(...).result(), with submit)."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
@@ -119,7 +123,7 @@ def round_trips(
         else:
             pool.run(program, [x])
         times.append(time.perf_counter() - start)
-    return times
+    return statistics.median(times)
 
 
 _ECHO = """
@@ -159,8 +163,9 @@ class Echo:
         theirs.close()
         self.sock.setblocking(not spin)
 
-    def round_trips(self, calls: int) -> list[float]:
-        """Seconds per bare round trip of one byte (spinning or blocking in recv)."""
+    def round_trips(self, calls: int) -> float:
+        """The median seconds of `calls` bare round trips of one byte (spinning or blocking
+        in recv)."""
         times = []
         sock = self.sock
         spin = self.spin
@@ -178,7 +183,7 @@ class Echo:
             else:
                 sock.recv(1)
             times.append(time.perf_counter() - start)
-        return times
+        return statistics.median(times)
 
     def close(self) -> None:
         self.sock.close()
@@ -212,13 +217,25 @@ def throughput(
     return sum(len(share) for share in shares) / (time.perf_counter() - start)
 
 
-def in_process_runs(executable: Any, x: np.ndarray, calls: int) -> list[float]:
+def in_process_runs(executable: Any, x: np.ndarray, calls: int) -> float:
+    """The median seconds of `calls` runs of the executable in this process."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         executable.run([x])
         times.append(time.perf_counter() - start)
-    return times
+    return statistics.median(times)
+
+
+def spinning_round_trips(calls: int) -> float:
+    """Echo(spin=True).round_trips of a fresh echo process, which burns a core while it waits
+    and so runs only for its own sample."""
+    echo = Echo(spin=True)
+    try:
+        echo.round_trips(min(calls, 50))  # its start-up, untimed
+        return echo.round_trips(calls)
+    finally:
+        echo.close()
 
 
 # -- (c) ---------------------------------------------------------------------
@@ -237,36 +254,18 @@ def _executor_run(x: np.ndarray) -> np.ndarray:
 
 def part_a(programs: list[LoweredProgram], workers: int, repeat: int) -> None:
     """(a): compiling every example serially in this process against a pool, alternated."""
-    serial, serial_cpu, parallel, startups = [], [], [], []
-    for rep in range(repeat):
-        if rep % 2 == 0:
-            wall_s, cpu_s = serial_compile(programs)
-            startup, wall = pool_compile(programs, workers)
-        else:
-            startup, wall = pool_compile(programs, workers)
-            wall_s, cpu_s = serial_compile(programs)
-        serial.append(wall_s)
-        serial_cpu.append(cpu_s)
-        parallel.append(wall)
-        startups.append(startup)
-    ratio_a = median(parallel) / median(serial)
+    sides = [
+        Side("serial, in this process", lambda: serial_compile(programs), measures=True),
+        Side(f"Pool({workers}).compile_many", lambda: pool_compile(programs, workers), True),
+    ]
+    samples = compare(sides, repeat, warmup=0)
+    title = f"\n(a) compiling {len(programs)} programs"
+    report(samples, title, unit="s", goals={sides[1].name: 0.65})
+    serial, cpu = samples.median(sides[0].name), samples.median(sides[0].name, "cpu")
     cores = os.cpu_count() or 1
-    floor = median(serial_cpu) / cores
-    print(f"\n(a) compiling {len(programs)} programs:")
-    print(
-        f"    serial in-process   {median(serial):7.2f} s  "
-        f"({median(serial_cpu):.2f} CPU-s: XLA itself uses "
-        f"{median(serial_cpu) / median(serial):.2f} cores, so {cores} cores cannot "
-        f"beat {floor:.2f} s = {floor / median(serial):.2f}x)"
-    )
-    print(
-        f"    pool of {workers} workers   {median(parallel):7.2f} s  "
-        f"(+ {median(startups):.2f} s pool start-up)"
-    )
-    print(
-        f"    ratio pool/serial   {ratio_a:7.2f}   target <= 0.65: "
-        f"{'met' if ratio_a <= 0.65 else 'NOT met'}"
-    )
+    print(f"  the pool's start apart: {samples.median(sides[1].name, 'start'):.2f} s; XLA "
+          f"itself keeps {cpu / serial:.2f} cores busy, so {cores} cores cannot beat "
+          f"{cpu / cores / serial:.2f}x")  # fmt: skip
 
 
 class Tiny:
@@ -278,57 +277,40 @@ class Tiny:
         self.executable, _ = compile_program(self.program, disk_cache=False)
 
 
-def sequential_calls(tiny: Tiny, calls: int) -> dict[str, list[float]]:
-    """(b)'s timings, in seconds per call: the pool's run and submit, the run in this
-    process, and bare round trips between two processes (blocking and spinning), taken
-    in eight alternated batches."""
+def sequential_calls(tiny: Tiny, calls: int) -> Samples:
+    """(b)'s sides, each sample the median seconds of a batch of calls: the pool's run and
+    submit, the run in this process, and bare round trips between two processes (blocking
+    and spinning); eight rounds."""
     tiny_args = (tiny.program, tiny.x)
-    # The spinning echo burns a core while it waits; it runs only in its batches.
     blocking = Echo(spin=False)
-    times: dict[str, list[float]] = {"pool": [], "submit": [], "local": [], "block": [], "spin": []}
+    batch = max(calls // 8, 1)
     with Pool(1, cache_dir=fresh_dir("b-")) as pool:
-        round_trips(pool, *tiny_args, 200)
-        round_trips(pool, *tiny_args, 200, submit=True)
-        in_process_runs(tiny.executable, tiny.x, 200)
-        blocking.round_trips(200)
-        batch = max(calls // 8, 1)
-        for _ in range(8):
-            times["pool"] += round_trips(pool, *tiny_args, batch)
-            times["submit"] += round_trips(pool, *tiny_args, batch, submit=True)
-            times["local"] += in_process_runs(tiny.executable, tiny.x, batch)
-            times["block"] += blocking.round_trips(batch)
-            spinning = Echo(spin=True)
-            spinning.round_trips(min(batch, 50))  # its start-up, untimed
-            times["spin"] += spinning.round_trips(batch)
-            spinning.close()
+        sides = [
+            Side("in-process run", lambda: in_process_runs(tiny.executable, tiny.x, batch), True),
+            Side("bare round trip, spinning", lambda: spinning_round_trips(batch), True),
+            Side("bare round trip, blocking", lambda: blocking.round_trips(batch), True),
+            Side("pool.run", lambda: round_trip(pool, *tiny_args, batch), True),
+            Side("submit + result", lambda: round_trip(pool, *tiny_args, batch, True), True),
+        ]
+        samples = compare(sides, 8)
     blocking.close()
-    return times
+    return samples
 
 
-def report_b(times: dict[str, list[float]]) -> None:
-    """(b): the pool's round trip against the floors two bare processes set."""
-    rt, submitted, local, bare, bare_spin = (
-        median(times[side]) * 1e6 for side in ("pool", "submit", "local", "block", "spin")
-    )
-    floor_us, spin_floor_us = bare + local, bare_spin + local
-    print("\n(b) tiny program, sequential calls (median):")
-    print(f"    bare round trip     {bare_spin:7.1f} us   (two processes, one byte, spinning)")
-    print(f"    bare round trip     {bare:7.1f} us   (two processes, one byte, blocking recv)")
-    print(f"    in-process run      {local:7.1f} us")
-    print(f"    spinning floor      {spin_floor_us:7.1f} us   (spinning round trip + run)")
-    print(f"    blocking floor      {floor_us:7.1f} us   (blocking round trip + run)")
-    print(
-        f"    pool.run            {rt:7.1f} us   "
-        f"(p90 {np.percentile(times['pool'], 90) * 1e6:.1f} us)   "
-        f"{rt / spin_floor_us:5.2f}x the spinning floor, target <= 2 "
-        f"(ambition 1.5): {'met' if rt <= 2 * spin_floor_us else 'NOT met'}; "
-        f"{rt / floor_us:5.2f}x the blocking floor"
-    )
-    print(
-        f"    submit + result     {submitted:7.1f} us   (result() reads)  "
-        f"{submitted / spin_floor_us:5.2f}x the spinning floor, target <= 3: "
-        f"{'met' if submitted <= 3 * spin_floor_us else 'NOT met'}"
-    )
+def report_b(samples: Samples) -> None:
+    """(b): the pool's round trip against the floors two bare processes set (a bare round
+    trip plus the run in one process)."""
+    local = samples.median("in-process run")
+    spinning = samples.median("bare round trip, spinning") + local
+    blocking = samples.median("bare round trip, blocking") + local
+    title = "\n(b) tiny program, sequential calls, each against the run in process"
+    report(samples, title, unit="us")
+    print("  against the floors (a bare round trip between two processes + the run):")
+    ratio_line("spinning floor", spinning, spinning, "us")
+    ratio_line("pool.run", samples.median("pool.run"), spinning, "us", goal=2)
+    ratio_line("submit + result", samples.median("submit + result"), spinning, "us", goal=3)
+    ratio_line("blocking floor", blocking, blocking, "us")
+    ratio_line("pool.run", samples.median("pool.run"), blocking, "us")
 
 
 def _pool_with_small_pages(cache_dir: str) -> Pool:
@@ -365,92 +347,81 @@ def part_c(repeat: int) -> None:
             initargs=(big, cache_c),
         ) as executor,
     ):
-        sides = {
+        calls = {
+            "in-process": lambda: big_exe.run([scalar])[0],
             "pool": lambda: pool.run(big, [scalar])[0],
             "pool, 4 KiB pages": lambda: small_pages.run(big, [scalar])[0],
-            "in-process": lambda: big_exe.run([scalar])[0],
-            "executor": lambda: executor.submit(_executor_run, scalar).result(),
+            "ProcessPoolExecutor": lambda: executor.submit(_executor_run, scalar).result(),
         }
-        timings = _timed_big_outputs(sides, max(repeat, 5))
-    print("\n(c) 64 MiB output (median ms):          returned   returned and read")
-    for side in sides:
-        print(
-            f"    {side:<20} {median(timings[side]) * 1e3:12.1f} "
-            f"{median(timings[side + ' read']) * 1e3:14.1f}"
-        )
-    for suffix in ("", " read"):
-        p = median(timings["pool" + suffix])
-        loc = median(timings["in-process" + suffix])
-        ex = median(timings["executor" + suffix])
-        small = median(timings["pool, 4 KiB pages" + suffix])
-        label = "returned and read" if suffix else "returned"
-        print(f"    {label}: pool/pool with 4 KiB pages {p / small:.2f}")
-        print(
-            f"    {label}: pool/in-process {p / loc:.2f} (target <= 1.5: "
-            f"{'met' if p / loc <= 1.5 else 'NOT met'}); pool {ex / p:.2f}x faster than "
-            f"ProcessPoolExecutor (target >= 3: {'met' if ex / p >= 3 else 'NOT met'})"
-        )
+        sides = [Side(name, big_output(call), measures=True) for name, call in calls.items()]
+        samples = compare(sides, max(repeat, 5), warmup=2)
+    report(samples, "\n(c) 64 MiB output, returned", goals={"pool": 1.5})
+    report(samples, "(c) 64 MiB output, returned and read", figure="read", goals={"pool": 1.5})
 
 
-def _timed_big_outputs(sides: dict[str, Any], rounds: int) -> dict[str, list[float]]:
-    """Each side's seconds to return its 64 MiB output, and to return it and read it all,
-    after two warm-up calls each."""
-    for _ in range(2):  # warm up all four
-        for call in sides.values():
-            assert call()[-1] == 3.0
-    timings: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for side, call in sides.items():
-            start = time.perf_counter()
-            out = call()
-            returned = time.perf_counter()
-            # Reading every element: the pool's array maps its pages lazily,
-            # so "returned" alone would hide that cost.
-            total = float(out.sum(dtype=np.float64))
-            read = time.perf_counter()
-            assert total == 3.0 * BIG
-            timings.setdefault(side, []).append(returned - start)
-            timings.setdefault(side + " read", []).append(read - start)
-            del out
-    return timings
+def big_output(call: Callable[[], np.ndarray]) -> Callable[[], dict[str, float]]:
+    """A side's sample: seconds to return the 64 MiB output ("wall"), and to return it and read
+    it all ("read": the pool's array maps its pages lazily, so "returned" alone would hide
+    that cost)."""
+
+    def measure() -> dict[str, float]:
+        start = time.perf_counter()
+        out = call()
+        returned = time.perf_counter()
+        total = float(out.sum(dtype=np.float64))
+        read = time.perf_counter()
+        assert total == 3.0 * BIG
+        return {"wall": returned - start, "read": read - start}
+
+    return measure
+
+
+NUMPY = (sys.executable, "-c", "import numpy")
+"""A fresh interpreter that imports numpy: the floor of any process a worker could be."""
 
 
 def part_d(workers: int, repeat: int) -> None:
-    """(d): how long a worker takes to start, and a Pool to be ready."""
-    ready, constructions = [], []
-    for _ in range(max(repeat, 3)):
+    """(d): how long a worker takes to start, and a Pool to be ready, against a fresh
+    interpreter that imports numpy."""
+
+    def pool_start() -> dict[str, float]:
         start = time.perf_counter()
         with Pool(workers, cache_dir=fresh_dir("d-")) as pool:
-            constructions.append(time.perf_counter() - start)
-            ready += [w["startup_seconds"] for w in pool.worker_info]
-    print("\n(d) worker start to ready:")
-    print(
-        f"    per worker median   {median(ready):7.3f} s   max {max(ready):.3f} s   "
-        f"target < 0.5 s: {'met' if median(ready) < 0.5 else 'NOT met'}"
-    )
-    print(f"    Pool({workers}) ready     {median(constructions):7.3f} s")
+            wall = time.perf_counter() - start
+            ready = [w["startup_seconds"] for w in pool.worker_info]
+        return {"wall": wall, "worker": statistics.median(ready)}
+
+    sides = [
+        Side("python -c 'import numpy'", lambda: subprocess.run(NUMPY, check=True)),
+        Side(f"Pool({workers}) ready", pool_start, measures=True),
+    ]
+    samples = compare(sides, max(repeat, 3))
+    report(samples, "\n(d) start-up", unit="s")
+    numpy = samples.median(sides[0].name)
+    worker = samples.median(sides[1].name, "worker")
+    ratio_line("a worker, spawn to Ready (goal < 0.5 s)", worker, numpy, "s")
 
 
-def part_e(tiny: Tiny, times: dict[str, list[float]], tasks: int, repeat: int) -> None:
-    """(e): submits from one and from eight threads on Pool(2), against the rate of a
-    blocking round trip and a run each ((b)'s floor)."""
-    floor_rate = 1 / (median(times["block"]) + median(times["local"]))
+def part_e(tiny: Tiny, floor: Samples, tasks: int, repeat: int) -> None:
+    """(e): submits from one and from eight threads on Pool(2), then every result, against
+    the floor's time per task (a blocking round trip and a run each, from (b))."""
+    each = floor.median("bare round trip, blocking") + floor.median("in-process run")
+
+    def per_task(threads: int) -> Callable[[], float]:
+        return lambda: 1 / throughput(pool, tiny.program, tiny.x, tasks, threads)
+
     with Pool(2, cache_dir=fresh_dir("e-")) as pool:
         throughput(pool, tiny.program, tiny.x, 1000, 1)  # both workers load the program
         throughput(pool, tiny.program, tiny.x, 1000, 8)
-        rates: dict[int, list[float]] = {1: [], 8: []}
-        for _ in range(max(repeat, 3)):
-            for threads in rates:
-                rates[threads].append(throughput(pool, tiny.program, tiny.x, tasks, threads))
-    print(f"\n(e) throughput, {tasks} submits on Pool(2), then every result (median):")
-    print(f"    floor               {floor_rate:9.0f} tasks/s   (a round trip + a run each)")
-    for threads, measured in rates.items():
-        rate = median(measured)
-        print(
-            f"    {threads} thread{'s' if threads > 1 else ' '}"
-            f"           {rate:9.0f} tasks/s   "
-            f"{rate / floor_rate:5.2f}x the floor's rate"
-        )
+        sides = [
+            Side("1 thread", per_task(1), measures=True),
+            Side("8 threads", per_task(8), measures=True),
+        ]
+        samples = compare(sides, max(repeat, 3), warmup=0)
+    print(f"\n(e) throughput: {tasks} submits on Pool(2), then every result, a task")
+    ratio_line("floor (a round trip and a run)", each, each, "us")
+    for side in samples.sides:
+        ratio_line(side, samples.median(side), each, "us")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,15 +447,15 @@ def main(argv: list[str] | None = None) -> int:
     if "a" in args.parts:
         part_a(programs, args.workers, args.repeat)
     tiny = Tiny()
-    times = sequential_calls(tiny, args.calls) if set("be") & set(args.parts) else {}
-    if "b" in args.parts:
-        report_b(times)
+    floor = sequential_calls(tiny, args.calls) if set("be") & set(args.parts) else None
+    if floor is not None and "b" in args.parts:
+        report_b(floor)
     if "c" in args.parts:
         part_c(args.repeat)
     if "d" in args.parts:
         part_d(args.workers, args.repeat)
-    if "e" in args.parts:
-        part_e(tiny, times, args.tasks, args.repeat)
+    if floor is not None and "e" in args.parts:
+        part_e(tiny, floor, args.tasks, args.repeat)
     return 0
 
 
