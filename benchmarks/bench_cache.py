@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_cache.py [--repeat N]
 
 The question: once a cache is warm, how long does a *new* process take to get
-executables for all of examples' programs, from pjrt-pool's disk cache
+executables for all of pool.examples' programs, from pjrt-pool's disk cache
 compared with JAX's persistent compilation cache? The target is that our
 warm load is faster than JAX's.
 
@@ -24,10 +24,10 @@ Method (one run measures both, so the ratio holds on a noisy machine):
    jax_persistent_cache_min_entry_size_bytes -1 (no size restriction and no
    filesystem override; the default 0 permits one).
 3. Time --repeat fresh children of each kind (default 5), alternating the
-   kinds, and take medians. Each child reports, measured inside itself:
+   kinds (benchmarks/harness.py), and take medians. Each child reports, measured inside itself:
    import (``import worker`` for ours, which does not import JAX, just as
    a pool worker does not; ``import jax`` for JAX), read (ours: parsing the
-   programs file; JAX: building the example functions), init (loading the
+   programs file; JAX: importing and building the example functions), init (loading the
    plugin and creating its client: worker.get_runtime(); JAX:
    jax.devices()), LAPACK (jaxlib's ``_lapack.initialize()``, which imports
    scipy.linalg: both sides need it once per process for the linalg
@@ -70,7 +70,6 @@ import base64
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,8 +78,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import Side, compare, ratio_line, report
+
 SCRIPT = Path(__file__).resolve()
-EXAMPLES = SCRIPT.parent / "examples.py"
 CHILD_TIMEOUT = 600.0
 SECRET = "bench-cache-signing-secret-0123456789abcdef"
 """The signing secret of the "signed" children (a benchmark's, not a real one)."""
@@ -167,14 +167,12 @@ def child_ours(programs_file: str, expect: str) -> dict[str, Any]:
     wanted = {"hit": (0, len(programs)), "miss": (len(programs), 0)}[expect]
     if (stats.compiled, stats.loaded) != wanted:
         raise RuntimeError(f"expected every program to {expect} the cache, got: {stats}")
+    if "jax" in sys.modules:
+        raise RuntimeError("loading imported jax, which a worker never does")
     return {
         **_phases(start, imported, read, initialized, lapack, done),
         "load_seconds": stats.load_seconds,
-        "compile_seconds": stats.compile_seconds,
         "markers": markers,
-        "programs": len(programs),
-        "imported_jax": "jax" in sys.modules,
-        "signed": os.environ.get("PJRT_POOL_CACHE_SECRET") is not None,
     }
 
 
@@ -195,15 +193,9 @@ def child_jax(cache_dir: str, expect: str) -> dict[str, Any]:
         events[event] = events.get(event, 0) + 1
 
     monitoring.register_event_listener(count)
+    from pool.examples import example_programs  # JAX and the programs, no compiler of ours
 
-    # examples by its path, so that this child imports JAX and nothing of pjrt-pool.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_examples", EXAMPLES)
-    assert spec is not None and spec.loader is not None
-    examples = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(examples)
-    programs = examples.example_programs()
+    programs = example_programs()
     read = time.perf_counter()
     jax.devices()
     lapack = initialize_lapack()
@@ -229,7 +221,6 @@ def child_jax(cache_dir: str, expect: str) -> dict[str, Any]:
         **_phases(start, imported, read, initialized, lapack, done),
         "lower": lowering,
         "compile": compiling,
-        "programs": len(programs),
     }
 
 
@@ -286,90 +277,41 @@ def run_child(kind: str, expect: str, paths: dict[str, Path]) -> dict[str, Any]:
     return result
 
 
-def median_of(results: Sequence[dict[str, Any]], field: str) -> float:
-    """The median of one field over children's results."""
-    return statistics.median(r[field] for r in results)
-
-
-def report(
-    ours: list[dict[str, Any]],
-    theirs: list[dict[str, Any]],
-    signed: list[dict[str, Any]],
-    count: int,
-) -> None:
-    """Prints the table of medians and the summary with the ratios and the target."""
-
-    def row(label: str, mine: float | None, jax_value: float | None) -> None:
-        left = f"{mine * 1e3:10.1f}" if mine is not None else f"{'-':>10s}"
-        right = f"{jax_value * 1e3:10.1f}" if jax_value is not None else f"{'-':>10s}"
-        ratio = f"{mine / jax_value:8.3f}" if mine is not None and jax_value is not None else ""
-        print(f"  {label:38s} {left} {right} {ratio}")
-
-    if any(r["imported_jax"] for r in ours):
-        print("WARNING: loading in the ours child imported jax (a worker must not)")
-    m = {
-        f: median_of(ours, f)
-        for f in ("import", "read", "init", "lapack", "loop", "load_seconds", "wall", "markers")
+def child(kind: str, paths: dict[str, Path]) -> Side:
+    """A side whose sample is a fresh child of `kind` loading every program from its warm
+    cache: what the child measured, and its whole wall time."""
+    labels = {
+        "jax": "JAX's persistent cache",
+        "ours": "pjrt-pool",
+        "signed": "pjrt-pool, signed entries",
     }
-    s = {f: median_of(signed, f) for f in ("loop", "load_seconds", "wall")}
-    j = {
-        f: median_of(theirs, f)
-        for f in ("import", "read", "init", "lapack", "loop", "lower", "compile")
-    }
-    j["wall"] = median_of(theirs, "wall")
-    print()
-    print(f"Fresh processes loading {count} programs from a warm cache; medians of {len(ours)}")
-    print(f"  {'':38s} {'ours ms':>10s} {'jax ms':>10s} {'ours/jax':>8s}")
-    row("import (worker / jax)", m["import"], j["import"])
-    row("read programs / build functions", m["read"], j["read"])
-    row("init (plugin+client / jax.devices)", m["init"], j["init"])
-    row("LAPACK kernels: initialize()", m["lapack"], j["lapack"])
-    row("load loop: ours vs jax lower+compile", m["loop"], j["loop"])
-    row("  jax lowering only", None, j["lower"])
-    row("  ours vs jax .compile() only", m["loop"], j["compile"])
-    row("  ours load_seconds (read+deserialize)", m["load_seconds"], None)
-    row("whole child, start to exit", m["wall"], j["wall"])
-    print(f"\n  {'':38s} {'signed ms':>10s} {'ours ms':>10s} {'ratio':>8s}")
-    row("load loop, signed vs unsigned entries", s["loop"], m["loop"])
-    row("  load_seconds (read+verify+deserialize)", s["load_seconds"], m["load_seconds"])
-    row("whole child, signed vs unsigned", s["wall"], m["wall"])
-    print(f"\n  {'':38s} {'markers ms':>10s} {'loop ms':>10s} {'ratio':>8s}")
-    row("load markers, one per program", m["markers"], m["loop"])
+    return Side(labels[kind], lambda: run_child(kind, "hit", paths), measures=True)
 
-    print("\n  per child, load loop ms (ours | jax .compile() only | jax lower+compile):")
-    for index, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
-        print(
-            f"    #{index + 1}: {mine['loop'] * 1e3:8.1f} | {other['compile'] * 1e3:8.1f}"
-            f" | {other['loop'] * 1e3:8.1f}"
-        )
 
-    strict = m["loop"] / j["compile"]
-    print()
-    print("SUMMARY")
-    print(
-        f"  ours {m['loop'] * 1e3:.1f} ms vs JAX .compile() from its cache"
-        f" {j['compile'] * 1e3:.1f} ms -> ratio {strict:.3f} ({1 / strict:.1f}x faster)"
-    )
-    print(
-        f"  ours {m['loop'] * 1e3:.1f} ms vs JAX lower+compile from its cache"
-        f" {j['loop'] * 1e3:.1f} ms -> ratio {m['loop'] / j['loop']:.3f}"
-    )
-    print(
-        f"  whole fresh process: ours {m['wall']:.2f} s vs JAX {j['wall']:.2f} s"
-        f" -> ratio {m['wall'] / j['wall']:.3f}"
-    )
-    print(
-        f"  signed entries: load loop {s['loop'] * 1e3:.1f} ms vs unsigned {m['loop'] * 1e3:.1f}"
-        f" ms -> ratio {s['loop'] / m['loop']:.3f}"
-    )
-    print(
-        f"  load markers: {m['markers'] * 1e6 / count:.0f} us per load,"
-        f" {100 * m['markers'] / m['loop']:.1f}% of the unsigned load loop"
-    )
-    print(
-        "  target: our warm load is faster than JAX's (load loop vs .compile() only): "
-        + ("MET" if strict < 1 else "NOT MET")
-    )
+def report_loads(samples: Any, count: int) -> None:
+    """Prints the medians and ratios: the whole process and its phases against JAX's, then
+    the load loop against JAX's .compile() alone (the target: faster), signing's cost and
+    the load markers'."""
+    jax_, ours, signed = samples.sides
+    report(samples, f"fresh processes loading {count} programs from a warm cache", unit="s")
+    for figure, what in (
+        ("import", "imports (worker / jax)"),
+        ("init", "the plugin and client / jax.devices()"),
+        ("lapack", "LAPACK kernels: initialize()"),
+    ):
+        report(samples, what, figure=figure, sides=(jax_, ours))
+    compiled = samples.median(jax_, "compile")
+    print("the load loop, against JAX's .compile() alone (its lowering apart)")
+    ratio_line("JAX .compile() from its cache", compiled, compiled)
+    ratio_line("JAX lower + compile", samples.median(jax_, "loop"), compiled)
+    loop = samples.median(ours, "loop")
+    ratio_line("pjrt-pool compile_program, all hits", loop, compiled, goal=1)
+    ratio_line("  of which reading and deserializing", samples.median(ours, "load_seconds"),
+               compiled)  # fmt: skip
+    ratio_line("pjrt-pool, signed entries", samples.median(signed, "loop"), compiled)
+    print("the load markers (one per program), against pjrt-pool's load loop")
+    ratio_line("load loop", loop, loop)
+    ratio_line("load markers", samples.median(ours, "markers"), loop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -408,13 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind in ("ours", "signed", "jax"):
             warm = run_child(kind, "miss", paths)
             print(f"warmed the {kind} cache in a child: {warm['wall']:.2f} s")
-        results: dict[str, list[dict[str, Any]]] = {"ours": [], "signed": [], "jax": []}
-        for rep in range(args.repeat):
-            order = ("ours", "signed", "jax")
-            for kind in order[rep % 3 :] + order[: rep % 3]:
-                results[kind].append(run_child(kind, "hit", paths))
-            print(f"  repetition {rep + 1}/{args.repeat} done", flush=True)
-        report(results["ours"], results["jax"], results["signed"], count)
+        sides = [child("jax", paths), child("ours", paths), child("signed", paths)]
+        report_loads(compare(sides, args.repeat, warmup=0), count)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
