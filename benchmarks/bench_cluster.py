@@ -19,23 +19,24 @@ routing: 16 programs run 20 times each: how many times the nodes' Pools
 compiled or loaded them (16 when each stays on one node, up to 32 when
 runs go anywhere); then one program run N times: the nodes it spread to.
 
-warm: the example programs (examples) warmed into fresh cache directories
+warm: the example programs (pool.examples) warmed into fresh cache directories
 by a local Pool with one worker per CPU and by a ClusterPool (one PJRT
 worker per node); the cluster's start-up is timed apart.
 
-Legs alternate in order across --repeat rounds; medians are printed. On
-one 2-core machine the cluster can only add overhead; the ratios say how
-much.
+Sides alternate across --repeat rounds (three times as many for large),
+after a warm-up round (benchmarks/harness.py); medians and ratios against
+the plain Dask tasks (the local pool for warm) are printed. On one 2-core
+machine the cluster can only add overhead; the ratios say how much.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import distributed  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from harness import Side, compare, report  # noqa: E402
 
 from pool import ClusterPool, Pool, lower  # noqa: E402
 from pool.cluster import local_client  # noqa: E402
@@ -106,39 +108,27 @@ def _pool_run_on_node(plugin: str, program: Any, x: np.ndarray) -> list[np.ndarr
 def _runs(client: distributed.Client, cluster: ClusterPool, count: int, repeat: int) -> None:
     program = lower(_tiny, [jax.ShapeDtypeStruct((8,), jnp.float32)])
     x = np.arange(8, dtype=np.float32)
+
+    def each(results: Callable[[], list[Any]]) -> Callable[[], float]:
+        def measure() -> float:
+            start = time.perf_counter()
+            assert len(results()) == count
+            return (time.perf_counter() - start) / count
+
+        return measure
+
     with Pool(2) as local:
-        legs = {
-            "local": lambda: [
-                f.result() for f in [local.submit(program, [x]) for _ in range(count)]
-            ],
-            "cluster": lambda: [
-                f.result() for f in [cluster.submit(program, [x]) for _ in range(count)]
-            ],
-            "dask": lambda: client.gather(
-                [client.submit(_jit_task, x, pure=False) for _ in range(count)]
-            ),
-        }
-        for leg in legs.values():  # warm: pools started, the program loaded, jit compiled
-            leg()
-        times: dict[str, list[float]] = {name: [] for name in legs}
-        for rep in range(repeat):
-            order = list(legs) if rep % 2 == 0 else list(reversed(legs))
-            for name in order:
-                start = time.perf_counter()
-                results = legs[name]()
-                times[name].append(time.perf_counter() - start)
-                assert len(results) == count
-            print(f"  runs round {rep + 1}/{repeat} done", flush=True)
-    median = {name: statistics.median(t) for name, t in times.items()}
-    us = {name: 1e6 * t / count for name, t in median.items()}
-    print(f"\n{count} tiny runs, all submitted then read (median of {repeat}):")
-    print(f"  local Pool(2)                      {us['local']:8.0f} us/run")
-    print(
-        f"  ClusterPool, 2 nodes x 1 PJRT       {us['cluster']:8.0f} us/run   "
-        f"cluster/dask {median['cluster'] / median['dask']:.2f}x   "
-        f"cluster/local {median['cluster'] / median['local']:.2f}x"
-    )
-    print(f"  plain Dask tasks calling jax.jit   {us['dask']:8.0f} us/run")
+        sides = [
+            Side("plain Dask tasks calling jax.jit", each(lambda: client.gather(
+                [client.submit(_jit_task, x, pure=False) for _ in range(count)])), True),
+            Side("ClusterPool, 2 nodes x 1 PJRT worker", each(lambda: [
+                f.result() for f in [cluster.submit(program, [x]) for _ in range(count)]]), True),
+            Side("a local Pool(2)", each(lambda: [
+                f.result() for f in [local.submit(program, [x]) for _ in range(count)]]), True),
+        ]  # fmt: skip
+        samples = compare(sides, repeat)  # the warm-up round starts the pools, compiles
+    title = f"\n{count} tiny runs, all submitted then read, a run"
+    report(samples, title, unit="us", goals={sides[1].name: 1.5})
 
 
 def _large(client: distributed.Client, cluster: ClusterPool, repeat: int) -> None:
@@ -147,58 +137,38 @@ def _large(client: distributed.Client, cluster: ClusterPool, repeat: int) -> Non
         [jax.ShapeDtypeStruct((SIDE,), jnp.float32)],
     )
     x = np.full(SIDE, 3.0, np.float32)
-    legs = {
-        "cluster": lambda: cluster.run(program, [x])[0],
-        "dask": lambda: client.submit(_large_task, 3.0, pure=False).result(),
-        "dask_jit": lambda: client.submit(_large_jit_task, x, pure=False).result(),
-    }
-    on_node = {  # the same legs, the array made on the node and not sent
-        "cluster": lambda: client.submit(
-            _timed_on_node, _pool_run_on_node, cluster.plugin_name, program, x
-        ).result(),
-        "dask": lambda: client.submit(_timed_on_node, _large_task, 3.0, pure=False).result(),
-        "dask_jit": lambda: client.submit(_timed_on_node, _large_jit_task, x, pure=False).result(),
-    }
-    for leg in legs.values():
-        assert float(leg()[-1, -1]) == 6.0
-    times: dict[str, list[float]] = {name: [] for name in legs}
-    made: dict[str, list[float]] = {name: [] for name in legs}
-    for rep in range(repeat * 3):
-        for name in list(legs) if rep % 2 == 0 else list(reversed(legs)):
+
+    def fetched(fetch: Callable[[], np.ndarray], made: Callable[[], float]) -> Any:
+        """A side's sample: the array fetched to the client ("wall"), and the node's own time
+        to make it, kept there ("made"; the rest is Dask, the network and the client)."""
+
+        def measure() -> dict[str, float]:
             start = time.perf_counter()
-            out = legs[name]()
-            times[name].append(time.perf_counter() - start)
-            assert out.nbytes == 64 << 20
+            out = fetch()
+            wall = time.perf_counter() - start
+            assert out.nbytes == 64 << 20 and float(out[-1, -1]) == 6.0
             del out
-            made[name].append(on_node[name]())
-    total = {name: statistics.median(t) for name, t in times.items()}
-    node = {name: statistics.median(t) for name, t in made.items()}
-    print(f"\n64 MiB output, fetched to the client (median of {repeat * 3}; 'made' is")
-    print("the node's own time to make it, 'sent' the rest: Dask, the network, the client):")
-    for name, label in [
-        ("cluster", "ClusterPool.run"),
-        ("dask", "plain Dask task, np.full"),
-        ("dask_jit", "plain Dask task, jax.jit"),
-    ]:
-        sent = total[name] - node[name]
-        print(
-            f"  {label:28s} {total[name] * 1e3:7.1f} ms  made {node[name] * 1e3:6.1f} ms  "
-            f"sent {sent * 1e3:6.1f} ms"
-        )
-    print(
-        f"  cluster/np.full task {total['cluster'] / total['dask']:.2f}x, cluster/jit task "
-        f"{total['cluster'] / total['dask_jit']:.2f}x, sent part cluster/np.full task "
-        f"{(total['cluster'] - node['cluster']) / (total['dask'] - node['dask']):.2f}x"
-    )
-    # The fastest of each leg: what a busy machine disturbs least (the medians above
-    # move by 1.5x between runs here when other work shares the two cores).
-    fastest = {name: min(t) for name, t in times.items()}
-    print(
-        f"  fastest of each: cluster {fastest['cluster'] * 1e3:.1f} ms, np.full task "
-        f"{fastest['dask'] * 1e3:.1f} ms, jit task {fastest['dask_jit'] * 1e3:.1f} ms: "
-        f"cluster/np.full task {fastest['cluster'] / fastest['dask']:.2f}x, cluster/jit task "
-        f"{fastest['cluster'] / fastest['dask_jit']:.2f}x (goal 1.2x)"
-    )
+            return {"wall": wall, "made": made()}
+
+        return measure
+
+    sides = [
+        Side("plain Dask task, np.full", fetched(
+            lambda: client.submit(_large_task, 3.0, pure=False).result(),
+            lambda: client.submit(_timed_on_node, _large_task, 3.0, pure=False).result()), True),
+        Side("plain Dask task, jax.jit", fetched(
+            lambda: client.submit(_large_jit_task, x, pure=False).result(),
+            lambda: client.submit(_timed_on_node, _large_jit_task, x, pure=False).result()),
+            True),
+        Side("ClusterPool.run", fetched(
+            lambda: cluster.run(program, [x])[0],
+            lambda: client.submit(
+                _timed_on_node, _pool_run_on_node, cluster.plugin_name, program, x).result()),
+            True),
+    ]  # fmt: skip
+    samples = compare(sides, repeat * 3)
+    report(samples, "\n64 MiB output, fetched to the client", goals={"ClusterPool.run": 1.2})
+    report(samples, "the same, the node's own time to make it", figure="made")
 
 
 def _loads(client: distributed.Client, cluster: ClusterPool) -> int:
@@ -242,24 +212,21 @@ def _warm(client: distributed.Client, repeat: int) -> None:
         for name, function, shapes in example_programs()
     ]
     cores = os.cpu_count() or 2
-    local, remote = [], []
-    for rep in range(repeat):
-        for side in ("local", "cluster") if rep % 2 == 0 else ("cluster", "local"):
-            cache = tempfile.mkdtemp(prefix=f"{side}-", dir=_SCRATCH)
-            start = time.perf_counter()
-            if side == "local":
-                report = warm(programs, workers=cores, cache_dir=cache)
-                local.append(time.perf_counter() - start)
-            else:
-                report = warm(
-                    programs, workers=1, cache_dir=cache, scheduler=client.scheduler.address
-                )
-                remote.append(time.perf_counter() - start)
+
+    def warming(**options: Any) -> Callable[[], None]:
+        def call() -> None:
+            cache = tempfile.mkdtemp(prefix="warm-", dir=_SCRATCH)
+            report = warm(programs, cache_dir=cache, **options)
             assert report.ok and report.statistics.compiled == len(programs), report.summary()
-        print(f"  warm round {rep + 1}/{repeat} done", flush=True)
-    lo, re = statistics.median(local), statistics.median(remote)
-    print(f"\nwarm {len(programs)} programs: local pool of {cores} workers {lo:7.2f} s")
-    print(f"  LocalCluster, 2 Dask workers x 1 PJRT   {re:7.2f} s   cluster/local {re / lo:.2f}x")
+
+        return call
+
+    sides = [
+        Side(f"a local pool of {cores} workers", warming(workers=cores)),
+        Side("LocalCluster, 2 Dask workers x 1 PJRT",
+             warming(workers=1, scheduler=client.scheduler.address)),
+    ]  # fmt: skip
+    report(compare(sides, repeat, warmup=0), f"\nwarm {len(programs)} programs", unit="s")
 
 
 def main(argv: list[str] | None = None) -> int:

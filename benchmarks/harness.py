@@ -149,7 +149,18 @@ def ratio_line(
     verdict = ""
     if goal is not None:
         verdict = f"  goal {goal:g}x: {'met' if value / baseline <= goal else 'NOT met'}"
-    print(f"  {label:<42} {value * scale:10.4g} {unit:<3} {against}{verdict}")
+    print(f"  {label:<42} {_number(value * scale):>10} {unit:<3} {against}{verdict}")
+
+
+def _number(value: float) -> str:
+    """A figure to about four significant digits, never in exponent form."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
 
 
 def with_environment(variable: str, value: str, call: Callable[[], T]) -> T:
