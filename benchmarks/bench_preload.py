@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cold_start import PLAIN_CLIENT
+from bench_start import PLAIN_CLIENT
 
 from pool.examples import example_programs
 
