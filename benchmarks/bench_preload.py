@@ -12,13 +12,14 @@ two plain processes started at once that each load and prime half of them.
 Setup (not timed): the examples are lowered and compiled into a fresh
 temporary cache, and a manifest of them is written; for the plain loader
 each entry's serialized executable is written to a file of its own. Then
---rounds times (default 7), interleaved, each in fresh processes:
+--rounds times (default 7), alternated (benchmarks/harness.py), each in fresh
+processes:
 
   pool    a fresh ``python -c`` that constructs the Pool (the time inside it,
           from the call to its return, is the figure; its whole time from
           spawn to ready is shown too), from the cache the manifest names
   plain   two fresh processes spawned together, each the plainest loader of
-          the plugin (bench_cold_start.py's): the native module loaded by
+          the plugin (bench_start.py's): the native module loaded by
           file path, the plugin, a client, jaxlib's LAPACK FFI handlers
           registered as the worker registers them (worker.plugin.kernels:
           the handlers whose name ends in ``_ffi``, with the plugin's "Host"
@@ -40,7 +41,6 @@ import compileall
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_start import PLAIN_CLIENT
+from harness import Samples, Side, compare, ratio_line
 
 from pool.examples import example_programs
 
@@ -104,7 +105,7 @@ print(
 )
 
 
-def _setup(root: Path) -> dict[str, Any]:
+def setup(root: Path) -> dict[str, Any]:
     """Compiles the examples into a fresh cache; writes the manifest and the plain halves."""
     cache = root / "cache"
     os.environ["PJRT_POOL_CACHE_DIR"] = str(cache)
@@ -150,7 +151,15 @@ def _setup(root: Path) -> dict[str, Any]:
     }
 
 
-def _pool(command: list[str], env: dict[str, str]) -> tuple[float, list[float]]:
+POOL_FIGURES = ("import", "constructed", "loading")
+"""What a pool child prints: its import of pool, Pool(...) until ready, both workers'
+loading (preload_statistics)."""
+
+PLAIN_FIGURES = ("imports", "plugin and client", "LAPACK", "deserialize", "prime")
+"""What a plain child prints, per phase."""
+
+
+def _pool(command: list[str], env: dict[str, str]) -> dict[str, float]:
     """A pool child: its wall time from spawn to ready, and the figures it printed."""
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -160,10 +169,11 @@ def _pool(command: list[str], env: dict[str, str]) -> tuple[float, list[float]]:
     _, error = child.communicate()
     if child.returncode != 0 or not line:
         raise SystemExit(f"pool child failed:\n{error.decode()[-3000:]}")
-    return wall, [float(value) for value in line.split()]
+    printed = (float(value) for value in line.split())
+    return {"wall": wall, **dict(zip(POOL_FIGURES, printed, strict=True))}
 
 
-def _plain(commands: list[list[str]], env: dict[str, str]) -> tuple[float, list[float]]:
+def _plain(commands: list[list[str]], env: dict[str, str]) -> dict[str, float]:
     """Two plain children spawned together: the time to the last one's ready line, and the
     per-phase figures of the slower one."""
     start = time.perf_counter()
@@ -180,8 +190,8 @@ def _plain(commands: list[list[str]], env: dict[str, str]) -> tuple[float, list[
         _, error = child.communicate()
         if child.returncode != 0 or not line:
             raise SystemExit(f"plain child failed:\n{error.decode()[-3000:]}")
-    figures = [[float(value) for value in line.split()] for line in lines]
-    return wall, max(figures, key=sum)
+    slower = max(([float(value) for value in line.split()] for line in lines), key=sum)
+    return {"wall": wall, **dict(zip(PLAIN_FIGURES, slower, strict=True))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,59 +207,39 @@ def main(argv: list[str] | None = None) -> int:
         compileall.compile_dir(str(tree), quiet=1)
     root = Path(tempfile.mkdtemp(prefix="pjrt-pool-preload-"))
     try:
-        made = _setup(root)
+        made = setup(root)
         unset = ("PJRT_POOL_CACHE_DIR", "PYTHONDONTWRITEBYTECODE")
         base = {k: v for k, v in os.environ.items() if k not in unset}
         plain_env = {**base, "XLA_FLAGS": "--xla_cpu_enable_fast_min_max=false"}
         python = sys.executable
         pool_args = [made["manifest"], made["cache"]]
-        kinds: dict[str, Any] = {
-            "pool": lambda: _pool([python, "-c", POOL, *pool_args], base),
-            "plain": lambda: _plain(
-                [[python, "-c", PLAIN, *made["plain"], half] for half in made["halves"]],
-                plain_env,
-            ),
-        }
-        results: dict[str, list[tuple[float, list[float]]]] = {kind: [] for kind in kinds}
-        for measure in kinds.values():  # page the plugin in, fill the OS's caches
-            measure()
-        for _ in range(args.rounds):
-            for kind, measure in kinds.items():
-                results[kind].append(measure())
+        halves = [[python, "-c", PLAIN, *made["plain"], half] for half in made["halves"]]
+        sides = [
+            Side("plain", lambda: _plain(halves, plain_env), measures=True),
+            Side("pool", lambda: _pool([python, "-c", POOL, *pool_args], base), measures=True),
+        ]
+        samples = compare(sides, args.rounds)  # the warm-up round pages the plugin in
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report(results, made["count"], args.rounds)
+    report_preload(samples, made["count"])
     return 0
 
 
-def report(results: dict[str, list[tuple[float, list[float]]]], count: int, rounds: int) -> None:
-    """Prints the medians and the ratio against its goal."""
-
-    def median(kind: str, field: int | None = None) -> float:
-        values = [wall if field is None else fields[field] for wall, fields in results[kind]]
-        return statistics.median(values)
-
-    plain = median("plain")
+def report_preload(samples: Samples, count: int) -> None:
+    """Prints the medians and the ratios against the plain processes, with the goal."""
+    plain = samples.median("plain")
+    rounds = len(samples.of("plain"))
     print(
-        f"a Pool(2) preloading and priming {count} example programs, {rounds} rounds of fresh "
-        f"processes, medians, python {sys.version.split()[0]}"
+        f"a Pool(2) preloading and priming {count} example programs, against two plain "
+        f"processes loading half each (medians of {rounds} rounds of fresh processes)"
     )
-    print(
-        f"  plain: two processes, half each, spawn to both ready {plain * 1e3:8.1f} ms  "
-        "(slower one inside: imports, plugin+client, LAPACK, deserialize, prime ms: "
-        + " ".join(f"{median('plain', field) * 1e3:.1f}" for field in range(5))
-        + ")"
-    )
-    for kind in results:
-        if kind == "plain":
-            continue
-        constructed = median(kind, 1)
-        print(
-            f"  {kind:6} Pool(...) constructed {constructed * 1e3:8.1f} ms = "
-            f"{constructed / plain:.3f}x plain (goal {GOAL:.1f}x); whole process to ready "
-            f"{median(kind) * 1e3:.1f} ms = {median(kind) / plain:.3f}x (its import of pool "
-            f"{median(kind, 0) * 1e3:.1f} ms, both workers' loading {median(kind, 2) * 1e3:.1f} ms)"
-        )
+    ratio_line("plain: spawn to both ready", plain, plain)
+    ratio_line("Pool(...) constructed", samples.median("pool", "constructed"), plain, goal=GOAL)
+    ratio_line("the pool's whole process, spawn to ready", samples.median("pool"), plain)
+    ratio_line("  its import of pool", samples.median("pool", "import"), plain)
+    ratio_line("  both workers' loading", samples.median("pool", "loading"), plain)
+    for figure in PLAIN_FIGURES:
+        ratio_line(f"  the slower plain process: {figure}", samples.median("plain", figure), plain)
 
 
 if __name__ == "__main__":
