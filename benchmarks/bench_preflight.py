@@ -7,12 +7,13 @@ Usage::
 The preflight must answer well under a second for a few hundred programs,
 without deserializing anything. Method:
 
-1. Compile the 33 examples (pool/examples) into a fresh temporary
+1. Compile the 33 examples (pool.examples) into a fresh temporary
    cache, and N more small programs (default 300: a sine with a different
    constant each, every one its own executable), in this process; write a
    manifest of each set and a bundle of each.
-2. R times (default 7), in turn, each in a fresh process timed from spawn
-   to exit: ``python -c "import numpy"`` (the baseline), then ``pjrt-pool
+2. R times (default 7), in turn (benchmarks/harness.py), each in a fresh
+   process timed from spawn to exit: ``python -c "import numpy"`` (the
+   baseline), then ``pjrt-pool
    bundle check`` of each bundle, and of the examples' manifest and cache,
    on a host with the cache directory (the plugin's digest memoized there,
    as after warming or importing) and, for the large bundle, on one with no
@@ -28,15 +29,16 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from harness import Side, compare, report
 
 from pool import compile_program, lower
 from pool.examples import example_programs
@@ -62,14 +64,21 @@ def _sine(constant: float):
     return lambda x: jnp.sin(x) * constant + constant
 
 
-def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float | None]:
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{command[3:]} failed ({done.returncode}):\n{done.stdout[-2000:]}")
-    inside = json.loads(done.stdout)["seconds"] if "--json" in command else None
-    return wall, inside
+def fresh_process(command: list[str], env: dict[str, str]) -> Callable[[], dict[str, float]]:
+    """A side's sample: a child's wall time from spawn to exit ("wall") and, for a check, the
+    time the check itself reports ("check": opening and verifying, the plugin, judging)."""
+
+    def measure() -> dict[str, float]:
+        start = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"{command[3:]} failed ({done.returncode}):\n{done.stdout[-2000:]}")
+        if "--json" not in command:
+            return {"wall": wall}
+        return {"wall": wall, "check": json.loads(done.stdout)["seconds"]}
+
+    return measure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,39 +105,22 @@ def main(argv: list[str] | None = None) -> int:
         python = sys.executable
         check = [python, "-c", CHECK, "bundle", "check", "--json"]
         kinds = {
-            "numpy": ([python, "-c", "import numpy"], base),
+            "python -c 'import numpy'": ([python, "-c", "import numpy"], base),
             f"bundle, {examples} examples": ([*check, str(root / "examples.bundle")], with_cache),
             f"manifest, {examples} examples": ([*check, str(root / "examples.json")], with_cache),
         }
         if extra:
-            kinds[f"bundle, {extra} programs"] = ([*check, str(root / "many.bundle")], with_cache)
-            kinds[f"bundle, {extra}, no cache dir"] = (
-                [*check, str(root / "many.bundle")],
-                no_cache,
-            )
-        results: dict[str, list[tuple[float, float | None]]] = {kind: [] for kind in kinds}
-        for command, env in kinds.values():  # byte-compile, page the plugin in
-            _timed(command, env)
-        for _ in range(args.rounds):
-            for kind, (command, env) in kinds.items():
-                results[kind].append(_timed(command, env))
+            many_bundle = [*check, str(root / "many.bundle")]
+            kinds[f"bundle, {extra} programs"] = (many_bundle, with_cache)
+            kinds[f"bundle, {extra}, no cache dir"] = (many_bundle, no_cache)
+        sides = [Side(kind, fresh_process(*how), measures=True) for kind, how in kinds.items()]
+        samples = compare(sides, args.rounds)  # the warm-up round byte-compiles, pages in
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    numpy_wall = statistics.median(wall for wall, _ in results["numpy"])
-    print(
-        f"pjrt-pool bundle check, {args.rounds} fresh processes per kind, medians; "
-        f"python {sys.version.split()[0]}, jax {jax.__version__}"
-    )
-    print(f"  {'python -c import numpy':32} {numpy_wall * 1e3:7.1f} ms")
-    for kind, values in results.items():
-        if kind == "numpy":
-            continue
-        wall = statistics.median(w for w, _ in values)
-        inside = statistics.median(i for _, i in values if i is not None)
-        print(
-            f"  {kind:32} {wall * 1e3:7.1f} ms  ({wall / numpy_wall:.2f}x numpy); "
-            f"the check itself {inside * 1e3:.1f} ms"
-        )
+    print(f"pjrt-pool bundle check; python {sys.version.split()[0]}, jax {jax.__version__}")
+    report(samples, "the whole process, spawn to exit")
+    checks = samples.sides[1:]
+    report(samples, "the check itself", figure="check", sides=checks, baseline=checks[0])
     return 0
 
 
