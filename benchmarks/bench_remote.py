@@ -3,24 +3,25 @@
 Usage::
 
     python benchmarks/bench_remote.py [--parts hit,prefetch] [--programs 12] [--size 128]
-                                   [--latency-ms 20] [--entries 300] [--rounds 3]
+                                      [--latency-ms 20] [--entries 300] [--rounds 3]
 
 Part ``prefetch``: --entries synthetic cache entries (4 KiB random payloads
 under real key parts, encoded as the cache encodes entries) are published
-through RemoteCache.publish to moto's S3 server; then, through the proxy
-adding --latency-ms per request, they are fetched into empty local caches
-one by one (worker.cache.remote.prefetch with concurrency 1: the same code,
-sequential) and by prefetch (concurrency 16), alternating, --rounds times,
-and the medians and their ratio are printed (the issue's goal: at most 1/8).
-No program is compiled for it: prefetching verifies and stores entries, it
+through RemoteCache.publish to moto's S3 server answering every request
+--latency-ms late (in a process of its own); then they are fetched into
+empty local caches one by one (worker.cache.remote.prefetch with
+concurrency 1: the same code, sequential) and by prefetch (concurrency 16),
+alternated (benchmarks/harness.py) --rounds times; the medians and their
+ratio are printed (the goal: at most 1/8). The same from a plain HTTP
+server (the entries as files) sleeping as long before each answer. No
+program is compiled for it: prefetching verifies and stores entries, it
 loads none.
 
-Part ``hit``:
-The parent lowers --programs small programs (a matmul and a sin, of
---size), then compiles them once with a remote tier, which publishes each
-entry there. Then, for each remote (moto's S3 server on the loopback, the
-same server behind a proxy adding --latency-ms to every request, and a
-file:// directory), it times per program:
+Part ``hit``: the parent lowers --programs small programs (a matmul and a
+sin, of --size), then compiles them once with a remote tier, which
+publishes each entry there. Then, for each remote (moto's S3 server on the
+loopback, the same answering --latency-ms late, and a file:// directory),
+one program a round, it times:
 
 - local hit: compile_program with the warm local cache directory;
 - remote hit: compile_program with another local cache directory (made
@@ -31,20 +32,24 @@ file:// directory), it times per program:
   client, without verifying or loading.
 
 and prints medians and the ratios remote / local and remote / (local +
-transfer): the issue's bound is that a remote hit costs at most the local
-load plus one transfer of its bytes plus one round trip.
+transfer): the bound is that a remote hit costs at most the local load plus
+one transfer of its bytes plus one round trip.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from harness import Samples, Side, compare, ratio_line, report
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
 
@@ -96,12 +101,9 @@ def lowered_programs(count: int, size: int) -> list:
     return [pool.lower(lambda x, k=k: jnp.sin(x @ x) * (k + 2.0), shape) for k in range(count)]
 
 
-def median_ms(values: list[float]) -> float:
-    return statistics.median(values) * 1e3
-
-
-def measure(name: str, url: str, programs: list, scratch: Path) -> dict[str, float]:
-    """Warms the remote at url, then times local hits, remote hits and raw transfers."""
+def hits(name: str, url: str, programs: list, scratch: Path) -> tuple[Samples, float]:
+    """Warms the remote at url, then times, one program after another, a local hit, a remote
+    hit and the raw transfer of its record and entry; returns them and the entries' size."""
     import worker
     from worker.cache import open_cache
     from worker.cache.remote import open_remote
@@ -111,41 +113,45 @@ def measure(name: str, url: str, programs: list, scratch: Path) -> dict[str, flo
     remote = open_remote(url)
     assert remote is not None
     warm = scratch / f"{name}-warm"
-    keys = []
-    for program in programs:
-        executable, stats = worker.compile_program(program, cache_dir=warm, remote=url)
-        keys.append(executable.key)
-    local, fetched, transfer, sizes = [], [], [], []
-    for i, program in enumerate(programs):
-        start = time.perf_counter()
-        _, stats = worker.compile_program(program, cache_dir=warm, remote=url)
-        local.append(time.perf_counter() - start)
+    keys = [worker.compile_program(p, cache_dir=warm, remote=url)[0].key for p in programs]
+    sizes: list[int] = []
+
+    def local(index: int) -> None:
+        _, stats = worker.compile_program(programs[index], cache_dir=warm, remote=url)
         assert stats.loaded == 1
+
+    def fetched(index: int) -> float:
         hits = remote.counters.hits
-        fresh = scratch / f"{name}-{i}"
+        fresh = scratch / f"{name}-{index}"
         open_cache(fresh)  # made beforehand: a host's cache directory exists, without the entry
         start = time.perf_counter()
-        _, stats = worker.compile_program(program, cache_dir=fresh, remote=url)
-        fetched.append(time.perf_counter() - start)
+        _, stats = worker.compile_program(programs[index], cache_dir=fresh, remote=url)
+        seconds = time.perf_counter() - start
         assert stats.loaded == 1 and remote.counters.hits == hits + 1, remote.counters
-        start = time.perf_counter()
+        return seconds
+
+    def transfer(index: int) -> None:
         deadline = time.monotonic() + 30
-        data = remote.client.get(record_name(keys[i], remote.signer), MAX_RECORD_SIZE, deadline)
-        assert data is not None
-        record = checked_record(data, keys[i], remote.signer, remote.keys)
+        record_bytes = remote.client.get(
+            record_name(keys[index], remote.signer), MAX_RECORD_SIZE, deadline
+        )
+        assert record_bytes is not None
+        record = checked_record(record_bytes, keys[index], remote.signer, remote.keys)
         blob = remote.client.get(blob_name(record.sha256), record.size, deadline)
-        transfer.append(time.perf_counter() - start)
         assert blob is not None
         sizes.append(len(blob))
-    row = {
-        "local_ms": median_ms(local),
-        "remote_ms": median_ms(fetched),
-        "transfer_ms": median_ms(transfer),
-        "entry_kib": statistics.median(sizes) / 1024,
-    }
-    row["remote/local"] = row["remote_ms"] / row["local_ms"]
-    row["remote/(local+transfer)"] = row["remote_ms"] / (row["local_ms"] + row["transfer_ms"])
-    return row
+
+    def each_program(call: Callable[[int], float | None]) -> Callable[[], float | None]:
+        """call of the next program, one a round."""
+        numbers = itertools.count()
+        return lambda: call(next(numbers))
+
+    sides = [
+        Side("local hit", each_program(local)),
+        Side("remote hit", each_program(fetched), measures=True),
+        Side("raw transfer of record and entry", each_program(transfer)),
+    ]
+    return compare(sides, len(programs), warmup=0), statistics.median(sizes)
 
 
 def synthetic_entries(count: int) -> list[tuple[str, dict, bytes]]:
@@ -201,21 +207,29 @@ def publish_synthetic(url: str, entries: int) -> list[str]:
     return list(made)
 
 
-def time_prefetch(url: str, keys: list[str], rounds: int, scratch: Path) -> dict[str, float]:
-    """Times one-by-one fetches (concurrency 1) and prefetch (16) of keys, alternating."""
+def prefetching(url: str, keys: list[str], scratch: Path, concurrency: int) -> Side:
+    """A side's sample: every key fetched into an empty local cache by prefetch, `concurrency`
+    at once (1: one by one, the same code); the seconds prefetch reports."""
     from worker.cache.remote import RemoteCache, parse_remote, prefetch
     from worker.cache.store import DiskCache
 
-    times: dict[int, list[float]] = {1: [], 16: []}
-    for round_ in range(rounds):
-        for concurrency in (1, 16):
-            reader = RemoteCache(parse_remote(url))  # a fresh process's tier: no state kept
-            cache = DiskCache(scratch / f"{len(os.listdir(scratch))}-{round_}-{concurrency}")
-            report = prefetch(reader, cache, keys, concurrency=concurrency)
-            assert report.counts() == {"fetched": len(keys)}, report.counts()
-            times[concurrency].append(report.seconds)
-    one, many = statistics.median(times[1]), statistics.median(times[16])
-    return {"one_by_one_s": one, "prefetch_s": many, "ratio": many / one}
+    numbers = itertools.count()
+
+    def measure() -> float:
+        reader = RemoteCache(parse_remote(url))  # a fresh process's tier: no state kept
+        cache = DiskCache(scratch / f"{concurrency}-{next(numbers)}")
+        outcome = prefetch(reader, cache, keys, concurrency=concurrency)
+        assert outcome.counts() == {"fetched": len(keys)}, outcome.counts()
+        return outcome.seconds
+
+    name = "one by one" if concurrency == 1 else f"prefetch, {concurrency} at once"
+    return Side(name, measure, measures=True)
+
+
+def time_prefetch(url: str, keys: list[str], rounds: int, scratch: Path) -> Samples:
+    """One-by-one fetches (concurrency 1) and prefetch (16) of keys, alternated."""
+    sides = [prefetching(url, keys, scratch, 1), prefetching(url, keys, scratch, 16)]
+    return compare(sides, rounds, warmup=0)
 
 
 def _child_url(command: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -227,7 +241,7 @@ def _child_url(command: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 def measure_prefetch(
     latency: float, entries: int, rounds: int, scratch: Path
-) -> dict[str, dict[str, float]]:
+) -> dict[str, Samples]:
     """Prefetch against one-by-one fetches, from two servers with the same added latency.
 
     "s3": moto's S3 server answering each request late, in its own process
@@ -280,18 +294,16 @@ def main() -> None:
     if "prefetch" in parts:
         with tempfile.TemporaryDirectory() as scratch:
             rows = measure_prefetch(args.latency_ms / 1e3, args.entries, args.rounds, Path(scratch))
-        for name, row in rows.items():
-            print(
-                f"prefetch of {args.entries} entries from {name} +{args.latency_ms:g} ms per "
-                f"request, medians of {args.rounds} rounds: one by one {row['one_by_one_s']:.2f} s,"
-                f" prefetch (16 at once) {row['prefetch_s']:.2f} s, ratio {row['ratio']:.3f}"
-            )
+        for name, samples in rows.items():
+            delay = f"+{args.latency_ms:g} ms a request"
+            title = f"prefetch of {args.entries} entries from {name}, {delay}"
+            report(samples, title, unit="s", goals={"prefetch, 16 at once": 1 / 8})
     if "hit" not in parts:
         return
     servers = [s3_server(), s3_server(args.latency_ms / 1e3)]
     (_, endpoint), (_, delayed) = servers
     programs = lowered_programs(args.programs, args.size)
-    print(f"{args.programs} programs, {args.size}x{args.size} f32; medians per program")
+    print(f"{args.programs} programs, {args.size}x{args.size} f32, each a round")
     with tempfile.TemporaryDirectory() as scratch:
         remotes = [
             ("s3 loopback", endpoint, "s3://bench/loopback"),
@@ -301,14 +313,11 @@ def main() -> None:
         for name, url_endpoint, url in remotes:
             if url_endpoint is not None:
                 os.environ["AWS_ENDPOINT_URL"] = url_endpoint
-            row = measure(f"remote{len(name)}", url, programs, Path(scratch))
-            print(
-                f"{name:14s} local hit {row['local_ms']:7.2f} ms"
-                f"  remote hit {row['remote_ms']:7.2f} ms"
-                f"  raw transfer {row['transfer_ms']:7.2f} ms  entry {row['entry_kib']:6.1f} KiB"
-                f"  remote/local {row['remote/local']:6.2f}"
-                f"  remote/(local+transfer) {row['remote/(local+transfer)']:5.2f}"
-            )
+            samples, size = hits(f"remote{len(name)}", url, programs, Path(scratch))
+            report(samples, f"{name}: a hit, entries of {size / 1024:.1f} KiB")
+            bound = samples.median("local hit") + samples.median(samples.sides[2])
+            ratio_line("remote hit / (local hit + raw transfer)",
+                       samples.median("remote hit"), bound)  # fmt: skip
     for child, _ in servers:
         child.kill()
         child.wait()
