@@ -8,8 +8,9 @@ The parent lowers and compiles --programs small programs (bench_remote's),
 bundles them (pjrt-pool bundle create's writer) and puts the bundle on
 moto's S3 server on the loopback. Then, round after round, interleaved, it
 times load_manifest(...) and one Manifest.run of a program (another each
-round) from: the local file; s3:// on the loopback; s3:// from a server
-answering every request --latency-ms late (a distant store). It prints medians,
+round, the same on every side) from: the local file; s3:// on the
+loopback; s3:// from a server answering every request --latency-ms late (a
+distant store), alternated (benchmarks/harness.py). It prints medians,
 the ratios against the local file, and what the remote reads cost: requests
 and bytes, against the bundle's size.
 """
@@ -17,13 +18,15 @@ and bytes, against the bundle's size.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_remote import S3_ENV, lowered_programs, s3_server
+from harness import Side, compare, report
 
 
 def make_bundle(count: int, size: int, scratch: Path) -> tuple[Path, list[str]]:
@@ -55,6 +58,21 @@ def load_one(where: str, name: str, x: object) -> tuple[float, int, int]:
     return seconds, getattr(archive, "requests", 0), getattr(archive, "bytes_read", 0)
 
 
+def opening(where: str, endpoint: str | None, names: list[str], x: object) -> Any:
+    """A side's sample: load_one of another program each round (the same one on every side
+    in a round), from `where`, reached through `endpoint` (an s3:// URL's server)."""
+    rounds = itertools.count()
+
+    def measure() -> dict[str, float]:
+        if endpoint is not None:
+            os.environ["AWS_ENDPOINT_URL"] = endpoint
+        name = names[(next(rounds) * 37) % len(names)]
+        seconds, requests, read = load_one(where, name, x)
+        return {"wall": seconds, "requests": requests, "bytes": read}
+
+    return measure
+
+
 def main() -> None:
     """Runs the benchmark and prints one line per place."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,36 +98,17 @@ def main() -> None:
             ("s3 loopback", endpoint, "s3://bench/apps/app.bundle"),
             (f"s3 +{args.latency_ms:g} ms", delayed, "s3://bench/apps/app.bundle"),
         ]
-        times: dict[str, list[float]] = {place[0]: [] for place in places}
-        reads: dict[str, list[tuple[int, int]]] = {place[0]: [] for place in places}
         load_one(str(bundle), names[0], x)  # the plugin loads once, outside the rounds
-        for round_ in range(args.rounds):
-            name = names[(round_ * 37) % len(names)]
-            for label, url_endpoint, where in places:
-                if url_endpoint is not None:
-                    os.environ["AWS_ENDPOINT_URL"] = url_endpoint
-                seconds, requests, read = load_one(where, name, x)
-                times[label].append(seconds)
-                reads[label].append((requests, read))
+        sides = [Side(label, opening(where, endpoint, names, x), measures=True)
+                 for label, endpoint, where in places]  # fmt: skip
+        samples = compare(sides, args.rounds, warmup=0)
         size = bundle.stat().st_size
-        print(
-            f"bundle of {args.programs} programs, {size / 1024:.0f} KiB; open + run one program, "
-            f"median of {args.rounds} interleaved rounds"
-        )
-        base = statistics.median(times["local file"])
-        for label, _, _ in places:
-            median = statistics.median(times[label])
-            requests = statistics.median(r for r, _ in reads[label])
-            read = statistics.median(b for _, b in reads[label])
-            cost = (
-                ""
-                if label == "local file"
-                else (
-                    f"  {requests:.0f} requests, {read / 1024:.0f} KiB read"
-                    f" ({read / size:.1%} of the bundle)"
-                )
-            )
-            print(f"{label:14s} {median * 1e3:8.2f} ms  x{median / base:6.2f} of local{cost}")
+        title = f"bundle of {args.programs} programs, {size / 1024:.0f} KiB: open, run one"
+        report(samples, title)
+        for label, _, _ in places[1:]:
+            requests, read = samples.median(label, "requests"), samples.median(label, "bytes")
+            print(f"  {label}: {requests:.0f} requests, {read / 1024:.0f} KiB read "
+                  f"({read / size:.1%} of the bundle)")  # fmt: skip
     for child, _ in servers:
         child.kill()
         child.wait()
