@@ -9,23 +9,22 @@ that XLA might see as a constant through an optimization barrier
 (worker.plugin.known_builds: the plugin miscompiles atan2(x, 1.0), which is
 jnp.arctan). Each program below is lowered twice in this process, with the
 workaround and with PJRT_POOL_WORKAROUNDS=off, compiled in process and run
-alternately in batches of about --seconds each; the figures are the medians
-over --batches batches per side, and the ratio is with over without. The
-"changed" column says whether the workaround changed the program at all.
-Without it, jnp.arctan's results are wrong from about 50 elements (the ULP
-columns say how far each side is from jax.jit), so its time is that of a
-wrong program. atan2(x, 2.0) was right without the barrier, and so was the
-loop whose divisor is computed from the loop's state (which the barrier
-keeps from fusing with its producer); arcsin, whose divisor is computed
-from the input, is left unchanged (a control). jax.jit's time is shown for
-scale.
+alternately (benchmarks/harness.py) in batches of about --seconds each; the
+figures are the medians over --batches batches per side, and the ratios are
+against the program without the workaround. Each table's title says whether
+the workaround changed the program at all. Without it, jnp.arctan's results
+are wrong from about 50 elements (the title says how far each side is from
+jax.jit, in ULPs), so its time is that of a wrong program. atan2(x, 2.0)
+was right without the barrier, and so was the loop whose divisor is
+computed from the loop's state (which the barrier keeps from fusing with
+its producer); arcsin, whose divisor is computed from the input, is left
+unchanged (a control). jax.jit's time is shown for scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import Side, compare, report
 from jax import lax
 
 from pool import compile_program, lower
@@ -82,6 +82,7 @@ def _max_ulps(got: np.ndarray, expected: np.ndarray) -> float:
 
 
 def _per_call(function: Callable[[], object], seconds: float) -> float:
+    """Seconds per call of function, called over about `seconds` seconds."""
     calls, start = 0, time.perf_counter()
     while True:
         function()
@@ -112,23 +113,22 @@ def _compare(
         for side in (with_it, without)
     ]
     jitted = jax.jit(function)
-    sides: list[tuple[Callable[[], object], list[float]]] = [
-        (lambda: with_it.run(inputs), []),
-        (lambda: without.run(inputs), []),
-        (lambda: jax.block_until_ready(jitted(*inputs)), []),
-    ]
-    for run, _ in sides:  # warm-up: first runs of a fresh executable cost more
+    runs = {
+        "without the workaround": lambda: without.run(inputs),
+        "with it": lambda: with_it.run(inputs),
+        "jax.jit": lambda: jax.block_until_ready(jitted(*inputs)),
+    }
+    for run in runs.values():  # warm-up: first runs of a fresh executable cost more
         _per_call(run, args.seconds / 4)
-    for batch in range(args.batches):
-        # Rotate which side goes first, so drifting load hits every side alike.
-        for run, times in sides[batch % 3 :] + sides[: batch % 3]:
-            times.append(_per_call(run, args.seconds))
-    on, off, jit = (statistics.median(times) for _, times in sides)
-    print(
-        f"{name:<40} {changed:>7} {on * 1e6:>8.1f}us {off * 1e6:>8.1f}us {on / off:>5.2f}x "
-        f"{jit * 1e6:>8.1f}us {ulps[0]:>9.3g} {ulps[1]:>10.3g}",
-        flush=True,
+    sides = [
+        Side(side, lambda run=run: _per_call(run, args.seconds), measures=True)
+        for side, run in runs.items()
+    ]
+    title = (
+        f"{name}: program changed {changed}; ULPs from jax.jit with it {ulps[0]:.3g}, "
+        f"without {ulps[1]:.3g}"
     )
+    report(compare(sides, args.batches, warmup=0), title, unit="us")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,10 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     if not workarounds:
         print("this plugin build has no workarounds: there is nothing to compare")
         return 0
-    print(
-        f"{'program':<40} {'changed':>7} {'with':>10} {'without':>10} {'ratio':>6} {'jax.jit':>10} "
-        f"{'ULPs with':>9} {'without':>10}"
-    )
     for name, function, make in PROGRAMS:
         if args.only in name:
             _compare(name, function, make(), args)
