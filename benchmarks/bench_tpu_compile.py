@@ -6,8 +6,9 @@ Usage::
                                         [--programs 12] [--topology v5e:1x1] [--mesh 2x4]
                                         [--device-start when-needed,at-once]
 
-Legs, each in a fresh process, alternated --repeat times (this machine's speed
-drifts between hours, so only ratios within one run mean anything):
+Legs, each in a fresh process, alternated --repeat times (benchmarks/harness.py;
+this machine's speed drifts between hours, so only ratios within one run mean
+anything):
 
     jax-serial     jax.jit(step).lower(...).compile() of each step, one by one
     jax-threads    the same from a thread pool of --threads in one process
@@ -25,15 +26,15 @@ the pool is Pool(N, platform="tpu"): N compile workers beside the device
 worker, as a user's pool is. Elsewhere, or with --topology, both compile
 for the topology without a device (JAX through jax.experimental.topologies,
 the pool as Pool(N, topology=...)): what a CI machine does (no device
-worker there, so --device-start changes nothing). Prints one line per leg
-and then the ratios: each pool's compile time, and its start + compile time,
-against the best JAX leg and against JAX serial; each at-once leg's start +
-compile time against the same pool's when needed; and a JSON summary last.
+worker there, so --device-start changes nothing). Prints each leg's
+compile time against JAX serial's, each pool's start + compile time against
+the best JAX leg's (goal: at most 0.95x), and each at-once leg's start +
+compile time against the same pool's when needed.
 
 --mesh DxM compiles the steps sharded over a mesh of D x M devices (axes
-"data" and "model": train_steps.sharded_train_steps), both legs with the
-same shardings over the topology's devices (needs --topology, or a host of
-that many chips): for example --topology v5e:2x4 --mesh 2x4.
+"data" and "model": pool.examples.training.sharded_train_steps), both legs
+with the same shardings over the topology's devices (needs --topology, or a
+host of that many chips): for example --topology v5e:2x4 --mesh 2x4.
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ import argparse
 import concurrent.futures
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from harness import Side, compare, ratio_line, report
 
 
 def _devices(topology: str | None) -> list[Any]:
@@ -217,40 +220,36 @@ def main() -> None:
     if args.mesh:
         where += f", sharded over a {args.mesh} mesh (data x model)"
     print(f"{args.programs} train steps, {where}, {os.cpu_count()} cores", flush=True)
-    results: dict[str, list[dict[str, Any]]] = {leg: [] for leg in legs}
-    for round_ in range(args.repeat):
-        for leg in legs if round_ % 2 == 0 else legs[::-1]:
-            found = _run_leg(leg, args.programs, topology, args.mesh)
-            results[leg].append(found)
-            extra = (
-                f", start {found['start']:.1f} s, start + compile_many {found['total']:.1f} s, "
-                f"{found['roles']}, device workers then {found['devices_after']}"
-                if "start" in found
-                else ""
-            )
-            print(f"  {leg:<16} {found['wall']:6.1f} s{extra}", flush=True)
-    median = {leg: statistics.median(r["wall"] for r in runs) for leg, runs in results.items()}
-    total = {leg: statistics.median(r["total"] for r in results[leg]) for leg in pools}
-    best_jax = min(median["jax-serial"], median[f"jax-{args.threads}"])
-    summary = {"where": where, "median_wall": median, "median_total": total, "ratios": {}}
+    sides = [Side(leg, leg_figures(leg, args.programs, topology, args.mesh), True) for leg in legs]
+    samples = compare(sides, args.repeat, warmup=0)
+    report(samples, "compiling: JAX's compiles, compile_many", unit="s")
+    best = min(samples.median("jax-serial"), samples.median(f"jax-{args.threads}"))
+    print("each pool's start + compile_many, against the best JAX leg")
+    ratio_line("the best JAX leg", best, best, "s")
     for leg in pools:
-        versus_best, versus_serial = median[leg] / best_jax, median[leg] / median["jax-serial"]
-        with_start = total[leg] / best_jax
-        ratios = {"vs_best_jax": versus_best, "vs_jax_serial": versus_serial}
-        ratios["start_and_compile_vs_best_jax"] = with_start
-        print(
-            f"{leg}: {versus_best:.2f}x the best JAX leg, {versus_serial:.2f}x JAX serial; "
-            f"with its start {with_start:.2f}x the best JAX leg (goal: at most 0.95x)"
-        )
+        ratio_line(leg, samples.median(leg, "total"), best, "s", goal=0.95)
+    for leg in pools:
         when_needed = leg.removesuffix("-at-once")
-        if leg != when_needed and when_needed in total:
-            ratios["at_once_vs_when_needed"] = total[leg] / total[when_needed]
-            print(
-                f"{leg}: start + compile_many {ratios['at_once_vs_when_needed']:.2f}x "
-                f"{when_needed}'s (device workers started when needed)"
-            )
-        summary["ratios"][leg] = ratios
-    print(json.dumps(summary))
+        if leg != when_needed and when_needed in pools:
+            ratio_line(f"{leg}, against {when_needed}", samples.median(leg, "total"),
+                       samples.median(when_needed, "total"), "s")  # fmt: skip
+
+
+def leg_figures(
+    leg: str, count: int, topology: str | None, mesh: str | None
+) -> Callable[[], dict[str, float]]:
+    """A side's sample: one leg in a fresh process; its compile time ("wall") and, with the
+    pool's start, "total" (a JAX leg's is its wall). A pool leg's workers are printed."""
+
+    def measure() -> dict[str, float]:
+        found = _run_leg(leg, count, topology, mesh)
+        if "start" in found:
+            devices = found["devices_after"]
+            print(f"  {leg}: start {found['start']:.1f} s, workers {found['roles']}, device "
+                  f"workers as compile_many returned {devices}", flush=True)  # fmt: skip
+        return {"wall": found["wall"], "total": found.get("total", found["wall"])}
+
+    return measure
 
 
 if __name__ == "__main__":
