@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -54,7 +53,15 @@ os.environ.setdefault("PJRT_POOL_CACHE_DIR", str(Path(_SCRATCH) / "cache"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from harness import Side, compare, ratio_line, report, with_environment, with_plain_copies  # noqa: E402
+from harness import (  # noqa: E402
+    Side,
+    compare,
+    median_per_call,
+    ratio_line,
+    report,
+    with_environment,
+    with_plain_copies,
+)
 
 from pool import Pool, compile_program, lower  # noqa: E402
 from pool.executor.copier import COPY_THREADS_VARIABLE  # noqa: E402
@@ -97,17 +104,7 @@ def burst(call: Callable[[], Any], count: int) -> Callable[[], float]:
     """A side's sample: the median time of `count` calls in a row, as a loop makes them (the
     first ones after another side's find the worker and the plugin's thread pool asleep, or
     the last side's threads still spinning; the median is the loop's pace)."""
-
-    def measure() -> float:
-        times = []
-        for _ in range(count):
-            started = time.perf_counter()
-            out = call()
-            times.append(time.perf_counter() - started)
-            del out
-        return statistics.median(times)
-
-    return measure
+    return lambda: median_per_call(call, count)
 
 
 def part_sizes(sizes: list[int], rounds: int) -> None:

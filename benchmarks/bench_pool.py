@@ -70,7 +70,7 @@ os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from harness import Samples, Side, compare, ratio_line, report  # noqa: E402
+from harness import Samples, Side, compare, median_per_call, ratio_line, report  # noqa: E402
 
 from pool import Pool, compile_program, lower  # noqa: E402
 from pool.examples import example_programs  # noqa: E402
@@ -115,15 +115,9 @@ def round_trip(
     pool: Pool, program: LoweredProgram, x: np.ndarray, calls: int, submit: bool = False
 ) -> float:
     """The median seconds of `calls` pool.run calls (pool.submit(...).result(), with submit)."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        if submit:
-            pool.submit(program, [x]).result()
-        else:
-            pool.run(program, [x])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    if submit:
+        return median_per_call(lambda: pool.submit(program, [x]).result(), calls)
+    return median_per_call(lambda: pool.run(program, [x]), calls)
 
 
 _ECHO = """
@@ -219,12 +213,7 @@ def throughput(
 
 def in_process_runs(executable: Any, x: np.ndarray, calls: int) -> float:
     """The median seconds of `calls` runs of the executable in this process."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        executable.run([x])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_per_call(lambda: executable.run([x]), calls)
 
 
 def spinning_round_trips(calls: int) -> float:

@@ -1,12 +1,15 @@
-"""Issue 50's TPU figures in one command: large arrays, a training loop, compiles at start.
+"""The TPU figures in one command: large arrays, a training loop, compiles at start.
 
-Usage (on the TPU host; pjrt-pool installed there as DESIGN.md says, libtpu's path in
-PJRT_POOL_PLUGIN_TPU)::
+Usage (on the TPU host, pjrt-pool installed with the tpu extra; libtpu's path in
+PJRT_POOL_PLUGIN_TPU where it is not the installed one)::
 
-    python benchmarks/tpu_arrays.py --out DIR [--legs ...] [--steps 300] [--programs 12]
+    python benchmarks/bench_tpu_arrays.py --out DIR [--legs ...] [--rounds 2] [--steps 300]
+                                          [--programs 12]
 
 Each leg is a process of its own, one after another, since one process at a time may
-hold the chip (a leg that finds it still held by the last one waits and tries again):
+hold the chip (a leg that finds it still held by the last one waits and tries again);
+the legs alternate for --rounds rounds (benchmarks/harness.py), and every figure is the
+median over the rounds:
 
     jax            jax.jit on the chip, numpy in and out: f(x) = x * 2 + 1 at 1, 16 and
                    256 MiB (float32); the MLP's --steps SGD steps (parameters fed back,
@@ -19,22 +22,21 @@ hold the chip (a leg that finds it still held by the last one waits and tries ag
                    the chip once they are done: benchmarks/bench_tpu_compile.py
                    --device-start when-needed,at-once compares the two starts),
                    then (once its device worker holds the chip) Pool.run at the
-                   three sizes, with numpy inputs (and, where the tree spreads large
-                   copies, the same with PJRT_POOL_COPY_THREADS=1; where it streams
-                   them, the same with the copy made plainly) and with inputs made
-                   by pool.asarray,
-                   the MLP loop through Pool.function with keep=0 (the parameters stay
-                   in the worker) and without, and the tiny round trip
+                   three sizes, with numpy inputs (and the same with
+                   PJRT_POOL_COPY_THREADS=1, and with the copy made plainly instead
+                   of streamed) and with inputs made by pool.asarray, the MLP loop
+                   through Pool.function with everything kept, with keep=0 (the
+                   parameters stay in the worker) and without, and the tiny round trip
     jax-serial     jax.jit(step).lower().compile() of the training steps one by one
     jax-threads    the same from 4 threads of one process
 
-It prints one table (ratios against jax.jit, and the goals of issue 50: Pool.run at most
-1.15x jax.jit at 16 and 256 MiB, the kept loop at most 1.2x a step and bit-identical,
-compile_many with the pool's start at most 0.95x the better JAX leg, the tiny round trip
-at most 1.0x) and writes DIR/summary.json. TPU_ARRAYS_PLATFORM=cpu rehearses every leg
-on a machine without a TPU (its pool then splits compiles from runs with run_workers=1,
-as a TPU host's pool does); use --programs 2 there, since XLA:CPU compiles the training
-steps slowly.
+It prints each figure against jax.jit's, with the goals: Pool.run at most 1.15x jax.jit
+at 16 and 256 MiB, the kept loop at most 1.2x a step and bit-identical, compile_many with
+the pool's start at most 0.95x the better JAX leg, the tiny round trip at most 1.0x; and
+writes the medians to DIR/summary.json. TPU_ARRAYS_PLATFORM=cpu rehearses every leg on a
+machine without a TPU (its pool then splits compiles from runs with run_workers=1, as a
+TPU host's pool does); use --programs 2 there, since XLA:CPU compiles the training steps
+slowly.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    copy_threads_variable,
-    median_seconds,
-    streams_copies,
+    Samples,
+    Side,
+    compare,
+    median_per_call,
+    ratio_line,
     with_environment,
     with_plain_copies,
 )
@@ -72,7 +76,7 @@ def _rounds(mib: int) -> int:
 def _median_ms(call: Any, rounds: int) -> float:
     for _ in range(2):  # compiled, warm
         call()
-    return median_seconds(lambda _: call(), rounds) * 1e3
+    return median_per_call(call, rounds) * 1e3
 
 
 def _mlp(width: int) -> Any:
@@ -153,6 +157,7 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
 
     from pool import Pool, lower
     from pool.examples.training import train_steps
+    from pool.executor.copier import COPY_THREADS_VARIABLE
 
     lowered = [lower(f, s, platform=PLATFORM) for _, f, s in train_steps()[:programs]]
     found: dict[str, Any] = {}
@@ -178,13 +183,11 @@ def leg_pool(out: Path, steps: int, width: int, programs: int) -> dict[str, Any]
                 assert np.array_equal(pool.run(program, [x])[0], x * 2 + 1)
                 run = lambda p=program, x=x: pool.run(p, [x])  # noqa: E731
                 found[f"pool_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
-                variable = copy_threads_variable()
-                if variable is not None:  # the same call with the copy on one thread
-                    one = lambda run=run, v=variable: with_environment(v, "1", run)  # noqa: E731
-                    found[f"pool_one_copy_thread_{mib}MiB_ms"] = _median_ms(one, _rounds(mib))
-                if streams_copies():  # the same call with the copy made plainly
-                    plain_copy = lambda run=run: with_plain_copies(run)  # noqa: E731
-                    found[f"pool_plain_copy_{mib}MiB_ms"] = _median_ms(plain_copy, _rounds(mib))
+                # The same call with the copy on one thread, and with it made plainly.
+                one = lambda run=run: with_environment(COPY_THREADS_VARIABLE, "1", run)  # noqa: E731
+                found[f"pool_one_copy_thread_{mib}MiB_ms"] = _median_ms(one, _rounds(mib))
+                plain_copy = lambda run=run: with_plain_copies(run)  # noqa: E731
+                found[f"pool_plain_copy_{mib}MiB_ms"] = _median_ms(plain_copy, _rounds(mib))
                 shared = pool.asarray(x)
                 run = lambda p=program, s=shared: pool.run(p, [s])  # noqa: E731
                 found[f"pool_shared_{mib}MiB_ms"] = _median_ms(run, _rounds(mib))
@@ -251,7 +254,7 @@ def _run_leg(leg: str, out: Path, argv: list[str], seconds: float) -> dict[str, 
         except subprocess.TimeoutExpired as expired:
             raw = expired.stderr or b""
             text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-            return {"failed": f"over {seconds:g} s", "stderr": text.strip().splitlines()[-12:]}
+            raise SystemExit(f"leg {leg} ran over {seconds:g} s:\n{text[-3000:]}") from None
         lines = done.stdout.strip().splitlines()
         if done.returncode == 0 and lines:
             found = json.loads(lines[-1])
@@ -259,7 +262,7 @@ def _run_leg(leg: str, out: Path, argv: list[str], seconds: float) -> dict[str, 
             return found
         held = any(text in done.stderr for text in HELD)
         if not held or time.monotonic() > deadline:
-            return {"failed": done.returncode, "stderr": done.stderr.strip().splitlines()[-12:]}
+            raise SystemExit(f"leg {leg} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         time.sleep(3)
 
 
@@ -273,59 +276,68 @@ def _bit_identical(out: Path) -> bool | None:
         return len(a.files) == len(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
-def _table(found: dict[str, dict[str, Any]], out: Path) -> list[str]:
-    jax_leg, pool_leg = found.get("jax", {}), found.get("pool", {})
-    inproc = found.get("inproc", {})
-    rows = ["| what | jax.jit | in-process | Pool.run | shared input | Pool/jit | goal |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+def leg_side(leg: str, out: Path, argv: list[str], seconds: float) -> Side:
+    """A side whose sample is one run of a leg in its own process: its figures (the numbers
+    it found; what else it found, such as the pool's workers, is printed)."""
 
-    def cell(value: Any) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else "-"
+    def measure() -> dict[str, float]:
+        found = _run_leg(leg, out, argv, seconds)
+        numbers = {k: float(v) for k, v in found.items() if isinstance(v, int | float)}
+        others = {k: v for k, v in found.items() if k not in numbers}
+        print(f"  {leg}: {json.dumps(others, default=str)}", flush=True)
+        return {"wall": found["leg_seconds"], **numbers}
+
+    return Side(leg, measure, measures=True)
+
+
+def report_tpu(samples: Samples, out: Path) -> None:
+    """Prints each figure against jax.jit's, with its goal."""
+    legs = set(samples.sides)
+
+    def figure(leg: str, name: str) -> float | None:
+        present = leg in legs and name in samples.figures(leg)
+        return samples.median(leg, name) if present else None
+
+    def line(label: str, leg: str, name: str, against: float | None, goal: float | None = None):
+        value = figure(leg, name)
+        if value is not None and against:
+            ratio_line(label, value / 1e3, against / 1e3, "ms", goal)
 
     for mib in SIZES_MIB:
-        jit = jax_leg.get(f"jit_{mib}MiB_ms")
-        ours = pool_leg.get(f"pool_{mib}MiB_ms")
-        ratio = ours / jit if jit and ours else None
-        goal = "<= 1.15x" if mib >= 16 else "-"
-        rows.append(
-            f"| f(x) = x*2+1, {mib} MiB (ms) | {cell(jit)} | {cell(inproc.get(f'run_{mib}MiB_ms'))}"
-            f" | {cell(ours)} (1 copy thread: "
-            f"{cell(pool_leg.get(f'pool_one_copy_thread_{mib}MiB_ms'))}; plain copy: "
-            f"{cell(pool_leg.get(f'pool_plain_copy_{mib}MiB_ms'))})"
-            f" | {cell(pool_leg.get(f'pool_shared_{mib}MiB_ms'))} | "
-            f"{cell(ratio)} | {goal} |"
-        )
-    jit_step, kept = jax_leg.get("loop_ms_per_step"), pool_leg.get("kept_all_loop_ms_per_step")
-    rows.append(
-        f"| MLP step, kept values (ms) | {cell(jit_step)} | - | {cell(kept)} | "
-        f"(keep=0, loss read each step: {cell(pool_leg.get('kept_loop_ms_per_step'))}; "
-        f"without keep: {cell(pool_leg.get('plain_loop_ms_per_step'))}) | "
-        f"{cell(kept / jit_step if jit_step and kept else None)} | <= 1.2x, bit-identical: "
-        f"{_bit_identical(out)} |"
-    )
-    serial = found.get("jax-serial", {}).get("wall")
-    threads = found.get("jax-threads", {}).get("wall")
-    best = min(v for v in (serial, threads, float("inf")) if v is not None)
-    pool_total = pool_leg.get("start_and_compile_many_s")
-    rows.append(
-        f"| compile_many, start included (s) | serial {cell(serial)}, 4 threads "
-        f"{cell(threads)} | - | {cell(pool_total)} (start {cell(pool_leg.get('start_s'))}, "
-        f"chip ready at {cell(pool_leg.get('device_ready_after_s'))}) | - | "
-        f"{cell(pool_total / best if pool_total and best != float('inf') else None)} | "
-        "<= 0.95x the better |"
-    )
-    tiny_jit, tiny = jax_leg.get("tiny_ms"), pool_leg.get("tiny_ms")
-    rows.append(
-        f"| tiny round trip (ms) | {cell(tiny_jit)} | - | {cell(tiny)} | - | "
-        f"{cell(tiny / tiny_jit if tiny and tiny_jit else None)} | <= 1.0x |"
-    )
-    return rows
+        jit = figure("jax", f"jit_{mib}MiB_ms")
+        print(f"f(x) = x * 2 + 1, {mib} MiB, numpy in and out, against jax.jit")
+        line("jax.jit", "jax", f"jit_{mib}MiB_ms", jit)
+        line("in-process", "inproc", f"run_{mib}MiB_ms", jit)
+        line("Pool.run", "pool", f"pool_{mib}MiB_ms", jit, 1.15 if mib >= 16 else None)
+        line("Pool.run, 1 copy thread", "pool", f"pool_one_copy_thread_{mib}MiB_ms", jit)
+        line("Pool.run, copied plainly", "pool", f"pool_plain_copy_{mib}MiB_ms", jit)
+        line("Pool.run, pool.asarray input", "pool", f"pool_shared_{mib}MiB_ms", jit)
+    step = figure("jax", "loop_ms_per_step")
+    print(f"an MLP's SGD step, against jax.jit's; bit-identical: {_bit_identical(out)}")
+    line("jax.jit", "jax", "loop_ms_per_step", step)
+    line("Pool.function, everything kept", "pool", "kept_all_loop_ms_per_step", step, 1.2)
+    line("Pool.function, keep=0", "pool", "kept_loop_ms_per_step", step)
+    line("Pool.function", "pool", "plain_loop_ms_per_step", step)
+    tiny = figure("jax", "tiny_ms")
+    print("the tiny round trip, against jax.jit's")
+    line("jax.jit", "jax", "tiny_ms", tiny)
+    line("Pool.run", "pool", "tiny_ms", tiny, 1.0)
+    serial, threads = figure("jax-serial", "wall"), figure("jax-threads", "wall")
+    best = min((v for v in (serial, threads) if v is not None), default=None)
+    print("compile_many of the training steps with the pool's start, against the better JAX leg")
+    if best and "pool" in legs:
+        ratio_line("the better JAX leg", best, best, "s")
+        ratio_line("a fresh Pool(4): start + compile_many",
+                   samples.median("pool", "start_and_compile_many_s"), best, "s", 0.95)  # fmt: skip
+        ratio_line("  its start", samples.median("pool", "start_s"), best, "s")
+        ratio_line("  the chip ready", samples.median("pool", "device_ready_after_s"), best, "s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--legs", default=",".join(LEGS))
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every leg, alternated")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--width", type=int, default=1024, help="the MLP's hidden width")
     parser.add_argument("--programs", type=int, default=12, help="training steps compiled")
@@ -339,13 +351,14 @@ def main() -> None:
         return
     argv = ["--out", str(args.out), "--steps", str(args.steps), "--width", str(args.width),
             "--programs", str(args.programs)]  # fmt: skip
-    found: dict[str, dict[str, Any]] = {}
-    for leg in args.legs.split(","):
-        found[leg] = _run_leg(leg, args.out, argv, args.leg_timeout)
-        print(f"{leg}: {json.dumps(found[leg], default=str)}", flush=True)
-    rows = _table(found, args.out)
-    (args.out / "summary.json").write_text(json.dumps(found, indent=1, default=str))
-    print("\n".join(rows), flush=True)
+    sides = [leg_side(leg, args.out, argv, args.leg_timeout) for leg in args.legs.split(",")]
+    samples = compare(sides, args.rounds, warmup=0)
+    report_tpu(samples, args.out)
+    medians = {
+        leg: {name: samples.median(leg, name) for name in samples.figures(leg)}
+        for leg in samples.sides
+    }
+    (args.out / "summary.json").write_text(json.dumps(medians, indent=1))
 
 
 if __name__ == "__main__":

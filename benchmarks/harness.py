@@ -115,6 +115,17 @@ def per_call(call: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def median_per_call(call: Callable[[], object], calls: int) -> float:
+    """The median seconds of `calls` calls of `call`, each timed alone (a sample of a batch
+    whose slowest calls, a wake-up or another process's turn, the median leaves out)."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 
 
