@@ -13,6 +13,7 @@ Programs API imports from here. What the folders hold:
     warm/         warm specs and warming the disk cache
     conformance/  the check-plugin battery
     cli/          the pjrt-pool command line, one module per command
+    examples/     example programs: what the README and docs run (pool.examples:programs)
     manifest.py   running warmed programs by name (production jobs)
     errors.py, progress.py, spawn.py   the parent's errors, progress display, child processes
     remote_option.py   the remote cache tier as an option of Pool, ClusterPool, load_manifest
@@ -20,13 +21,14 @@ Programs API imports from here. What the folders hold:
 The floors, lowest first: a module imports only from its own floor and the
 floors below it, and from worker (tests/test_structure.py checks it)::
 
-    *.py < executor/ < lowering/ < face.py < cluster/ < warm/ < conformance/ < cli/
+    *.py < executor/ < lowering/ < face.py < cluster/ < warm/ < conformance/ < cli/ < examples/
 
 where *.py stands for the modules at the top (manifest.py, errors.py, ...).
 The executor uses none of JAX; lowering/ adds it, with Pool.function;
 face.py puts the two behind one Pool; cluster/ runs Pools on Dask's workers;
 warming may use a cluster; the conformance battery and the command line use
-what they need of the rest.
+what they need of the rest. The examples need only JAX and worker, and
+nothing in pool imports them.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ __version__ = "0.1.0"
 # pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
 # cloudpickle: ~36 ms of imports), and lower(), which imports JAX (about a
 # second). Each name is imported on first use instead
-# (scripts/bench_cold_start.py measures the cold start). The block below is
+# (benchmarks/bench_cold_start.py measures the cold start). The block below is
 # the one list of the names (worker.lazy_names reads it on first use).
 if TYPE_CHECKING:
     from pool.cluster import ClusterPool as ClusterPool

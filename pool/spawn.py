@@ -33,7 +33,7 @@ def with_huge_pages(environment: dict[str, str]) -> dict[str, str]:
     A PJRT CPU plugin allocates every output and temporary buffer with malloc;
     a block over 32 MiB is always a fresh mapping, whose pages fault in 4 KiB
     at a time on every run: for a 64 MiB output about 20 of the 35 ms the
-    plugin takes (scripts/bench_pool.py --parts c). With huge pages they
+    plugin takes (benchmarks/bench_pool.py --parts c). With huge pages they
     fault in 2 MiB at a time. Where the system grants none (transparent huge
     pages set to never) nothing changes. A GLIBC_TUNABLES that already names
     the tunable (glibc.malloc.hugetlb=0 turns it off) is left as it is.

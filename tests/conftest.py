@@ -7,6 +7,7 @@ in a child with run_python.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -30,9 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 # it ignored: give it Python's own handler, which children inherit as the
 # default (a handler is reset at exec, an ignored signal stays ignored).
 signal.signal(signal.SIGINT, signal.default_int_handler)
-# The example programs (scripts/examples.py) are shared by tests and scripts.
-sys.path.insert(0, str(REPO / "scripts"))
-
 JAX_CPU_DEVICES = 8
 """The devices of this process's JAX CPU backend: programs over several devices
 (tests/test_sharding.py) are compared with jax.jit over as many. Set before any test starts
@@ -50,8 +49,6 @@ _set_jax_cpu_devices()
 
 
 def _package_dir(package: str) -> Path | None:
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec(package)
     except ModuleNotFoundError:  # its parent package is not installed (only pytest is, say)
@@ -113,14 +110,23 @@ def pjrt_pool(
     )
 
 
-def run_script(
+def run_tool(
     name: str, *args: str, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Runs scripts/NAME with args in a child (this environment plus env, the repository first
+    """Runs tools/NAME with args in a child (this environment plus env, the repository first
     on PYTHONPATH); its exit status is the caller's to check."""
-    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    command = [sys.executable, str(REPO / "tools" / name), *args]
     environment = repo_environment(env, empty_unsets=False)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def load_tool(name: str) -> ModuleType:
+    """Imports tools/NAME.py from its path (tools/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None, name
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def printed(done: subprocess.CompletedProcess[str], *texts: str) -> None:

@@ -12,14 +12,13 @@ remote, s3_proxy) are in conftest.py.
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import socket
 import threading
 import time
 from pathlib import Path
-
-from http_relay import relay
 
 
 class Remote:
@@ -105,6 +104,30 @@ RESET = 0
 """A FaultProxy fault: the connection is closed without an answer."""
 SHORT = 1
 """A FaultProxy fault: the answer's body is cut to half its Content-Length."""
+
+
+def relay(handler: http.server.BaseHTTPRequestHandler, upstream: str, body: bytes) -> bytes:
+    """Sends the request handler received (its method, path, headers but Connection, and
+    body) to upstream (host:port), and the answer's status and headers back through
+    handler; returns the answer's body, which the caller writes (none after a HEAD)."""
+    method = handler.command
+    connection = http.client.HTTPConnection(upstream, timeout=30)
+    try:
+        headers = {k: v for k, v in handler.headers.items() if k.lower() != "connection"}
+        connection.request(method, handler.path, body=body or None, headers=headers)
+        answer = connection.getresponse()
+        data = answer.read()
+    finally:
+        connection.close()
+    handler.send_response(answer.status)
+    for name, value in answer.getheaders():
+        if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+            handler.send_header(name, value)
+    # A HEAD answer has no body: its length is the object's, as the server said.
+    length = answer.getheader("Content-Length") if method == "HEAD" else None
+    handler.send_header("Content-Length", length or str(len(data)))
+    handler.end_headers()
+    return data
 
 
 class FaultProxy:

@@ -1,6 +1,6 @@
 """The command line's help is for users, and docs/cli.md is made of it (issue 53).
 
-docs/cli.md's reference of each command is what scripts/cli_reference.py
+docs/cli.md's reference of each command is what tools/cli_reference.py
 makes of the parsers, so the page cannot say other than --help does; and
 the help itself: every command has a description and every argument and
 option a help that says its default, with a metavar of its own (N, DIR), in
@@ -15,12 +15,13 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_reference import PAGE, commands, rewritten
-from conftest import pjrt_pool
+from conftest import load_tool, pjrt_pool
 
 from pool.cli.main import build_parser
 
 TRIVIAL_DEFAULTS = (None, False, [], argparse.SUPPRESS)
+_REFERENCE = load_tool("cli_reference")
+PAGE, commands, rewritten = _REFERENCE.PAGE, _REFERENCE.commands, _REFERENCE.rewritten
 
 
 def every_parser() -> list[tuple[str, argparse.ArgumentParser]]:
@@ -30,7 +31,7 @@ def every_parser() -> list[tuple[str, argparse.ArgumentParser]]:
 def test_the_command_line_page_is_what_the_parsers_make() -> None:
     text = PAGE.read_text(encoding="utf-8")
     assert rewritten(text, build_parser()) == text, (
-        "docs/cli.md differs from the parsers: run python scripts/cli_reference.py"
+        "docs/cli.md differs from the parsers: run python tools/cli_reference.py"
     )
 
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLI_COMMAND, REPO, pjrt_pool, printed, repo_environment, run_python
+from conftest import CLI_COMMAND, pjrt_pool, printed, repo_environment, run_python
 
-EXAMPLE_SPEC = str(REPO / "scripts" / "example_spec.py")
+EXAMPLE_SPEC = "pool.examples:programs"
 
 # Lowering "busy" keeps the lowering thread in jaxlib's native code for about 3 s
 # (a spec that computes constants as it traces, eagerly); it touches MARK first.

@@ -3,7 +3,7 @@
 Per-phase timing of compiles and start-ups (worker.phases), a machine-wide
 cap on concurrent compiles (worker.compile.slots) and XLA's per-fusion autotune
 results shared through the cache directory (worker.plugin.startup). The GPU effects
-are measured by scripts/device_check.py; here the mechanisms run on the CPU
+are measured by tools/device_check.py; here the mechanisms run on the CPU
 plugin, with real processes, files and locks.
 """
 

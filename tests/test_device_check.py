@@ -1,4 +1,4 @@
-"""scripts/device_check.py rehearses on CPU: every step runs and its summary says all is right.
+"""tools/device_check.py rehearses on CPU: every step runs and its summary says all is right.
 
 On a GPU machine the same script measures the CUDA figures of docs/performance.md;
 here it must at least run end to end, so that the one-shot device run does
@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DEFAULT_PLUGIN, run_script
+from conftest import DEFAULT_PLUGIN, run_tool
 
 
 @pytest.mark.slow
 def test_device_check_quick_rehearsal_on_cpu():
     plugin = {"PJRT_POOL_PLUGIN_CPU": DEFAULT_PLUGIN} if DEFAULT_PLUGIN else {}
     arguments = ("--platform", "cpu", "--quick", "--rounds", "2")
-    done = run_script("device_check.py", *arguments, timeout=300, env=plugin)
+    done = run_tool("device_check.py", *arguments, timeout=300, env=plugin)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["platform"] == "cpu" and summary["programs"] == 5

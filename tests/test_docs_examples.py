@@ -3,13 +3,12 @@
 Examples are the fenced blocks whose info string is python (or py) or bash
 (or sh, shell); other fences (none, text) hold output or synopses. Each
 example runs in a fresh temporary directory, which stands for the
-checkout's root (a copy of scripts/ is there), with its own
-PJRT_POOL_CACHE_DIR and this interpreter's bin/ first on PATH (so
-`python` and `pjrt-pool` are this environment's): a Python block as a file
-in a fresh interpreter, a shell block with bash -e -o pipefail; pjrt-pool
-is the installed one. A block
-fails the test when it exits non-zero, showing its first line, stdout and
-stderr.
+checkout's root, with its own PJRT_POOL_CACHE_DIR and this interpreter's
+bin/ first on PATH (so `python` and `pjrt-pool` are this environment's): a
+Python block as a file in a fresh interpreter, a shell block with bash -e
+-o pipefail; pjrt-pool is the installed one, example programs included
+(pool.examples). A block fails the test when it exits non-zero, showing its
+first line, stdout and stderr.
 
 An HTML comment right before a fence (blank lines between are fine) says
 what a block needs; a block without one must run:
@@ -272,12 +271,9 @@ def environments(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _run_example(example: Example, directory: Path, bin_dir: Path, fails: bool = False) -> str:
-    """Runs an example's blocks in directory (a copy of scripts/ there) with bin_dir's python
-    and pjrt-pool; with fails, until one fails, and returns the last line it printed on
-    stderr (failing the test if none fails)."""
-    shutil.copytree(
-        REPO / "scripts", directory / "scripts", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    """Runs an example's blocks in directory with bin_dir's python and pjrt-pool; with fails,
+    until one fails, and returns the last line it printed on stderr (failing the test if
+    none fails)."""
     environment = _environment(directory, bin_dir)
     for block in example.blocks:
         done = run_block(block, directory, environment, bin_dir, fails)

@@ -6,12 +6,14 @@ real Pool of worker processes.
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import child
-from timing import median_seconds
 
 from pool import Pool, TracedPoolFunctionError, lower
 
@@ -169,8 +171,14 @@ def test_a_users_own_error_about_host_callbacks_is_the_users(pool) -> None:
 
 
 def _warm_call_seconds(function, argument, calls: int = 7) -> float:
-    function(argument)  # lowered and loaded
-    return median_seconds(lambda _: function(argument), calls)
+    """The median time of a call, once the function is lowered and loaded."""
+    function(argument)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        function(argument)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 @pytest.mark.slow

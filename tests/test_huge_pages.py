@@ -2,7 +2,7 @@
 
 A CPU plugin mallocs each output; a block over 32 MiB is a fresh mapping on
 every run, and its 4 KiB page faults were most of a 64 MiB output's cost
-(scripts/bench_pool.py --parts c). pool.spawn.with_huge_pages turns on glibc's
+(benchmarks/bench_pool.py --parts c). pool.spawn.with_huge_pages turns on glibc's
 glibc.malloc.hugetlb tunable in every worker's environment.
 """
 

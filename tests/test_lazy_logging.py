@@ -1,7 +1,7 @@
 """The worker side's loggers (worker.log): no `import logging` on a serving start, same messages.
 
 A serving process that loads and runs a warmed program never configures
-logging; importing it cost about 2 ms of the start (scripts/bench_start.py).
+logging; importing it cost about 2 ms of the start (benchmarks/bench_start.py).
 """
 
 from __future__ import annotations

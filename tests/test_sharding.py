@@ -19,7 +19,9 @@ import pytest
 from conftest import SECOND_PLUGIN, run_python
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sharded_examples import (
+
+from pool import Pool, lower
+from pool.examples.sharded import (
     make_mesh,
     mlp_batch,
     mlp_parameters,
@@ -27,8 +29,6 @@ from sharded_examples import (
     mlp_step,
     sharded_cases,
 )
-
-from pool import Pool, lower
 from worker import compile_program
 from worker.errors import DeviceCountError
 from worker.partitioning import Partitioning
@@ -250,7 +250,7 @@ def test_a_worker_refuses_a_program_over_more_devices_than_it_was_given(tmp_path
         f"""
         import jax
         jax.config.update("jax_num_cpu_devices", 4)
-        from sharded_examples import make_mesh, sharded_cases
+        from pool.examples.sharded import make_mesh, sharded_cases
         from pool import lower
         from worker import compile_program
         from worker.errors import DeviceCountError
@@ -261,17 +261,11 @@ def test_a_worker_refuses_a_program_over_more_devices_than_it_was_given(tmp_path
         except DeviceCountError as error:
             print("refused:", error)
         """,
-        env={"PJRT_POOL_DEVICES": "2", "PYTHONPATH": _scripts_path()},
+        env={"PJRT_POOL_DEVICES": "2"},
     )
     assert "refused: the program needs 4 devices (mesh data=4) but this pool worker holds 2" in (
         done.stdout
     )
-
-
-def _scripts_path() -> str:
-    from conftest import REPO, repo_environment
-
-    return f"{REPO}:{REPO / 'scripts'}:{repo_environment()['PYTHONPATH']}"
 
 
 # -- records ----------------------------------------------------------------------------------
@@ -383,7 +377,7 @@ def test_sharded_programs_run_on_the_second_cpu_plugin(tmp_path):
         f"""
         import jax, numpy as np
         jax.config.update("jax_num_cpu_devices", 4)
-        from sharded_examples import make_mesh, sharded_cases
+        from pool.examples.sharded import make_mesh, sharded_cases
         from pool import lower
         from worker import compile_program
         for case in sharded_cases(make_mesh(jax.devices(), (2, 2))):
@@ -396,7 +390,7 @@ def test_sharded_programs_run_on_the_second_cpu_plugin(tmp_path):
                 np.testing.assert_allclose(g, np.asarray(w), rtol=2e-6, atol=1e-7)
             print("ok", case.name)
         """,
-        env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN, "PYTHONPATH": _scripts_path()},
+        env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN},
     )
     assert done.stdout.count("ok ") == 7
 
@@ -462,7 +456,7 @@ def test_a_cluster_pool_runs_and_refuses_sharded_programs_as_a_pool_does():
 SPEC = """
 import jax
 from jax.sharding import AbstractMesh
-from sharded_examples import mlp_batch, mlp_parameters, mlp_shardings, mlp_step
+from pool.examples.sharded import mlp_batch, mlp_parameters, mlp_shardings, mlp_step
 from pool.warm import WarmProgram
 
 MESH = AbstractMesh((2, 2), ("data", "model"))  # a mesh without devices: any host's 4
@@ -484,7 +478,7 @@ def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_pr
     from conftest import pjrt_pool
 
     (tmp_path / "spec.py").write_text(SPEC)
-    env = {"PYTHONPATH": _scripts_path(), "PJRT_POOL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PJRT_POOL_CACHE_DIR": str(tmp_path / "cache")}
     manifest, bundle = tmp_path / "m.json", tmp_path / "app.bundle"
     warm = pjrt_pool(
         "warm", str(tmp_path / "spec.py"), "--workers", "1", "--devices-per-worker", "4",

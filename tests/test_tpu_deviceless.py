@@ -6,7 +6,7 @@ entry it publishes and a second process's hit, pjrt-pool warm, a bundle made
 and checked for a topology, a compile-only Pool beside a process that holds
 libtpu's host lock, and the executable compared with JAX's own deviceless
 compile of the same function. Running what they compiled needs the chip:
-scripts/tpu_check.py does that through the device tool.
+tools/tpu_check.py does that through the device tool.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pool.errors import PoolError
 from worker.plugin import libtpu
 from worker.plugin.topology import derived_options, parse_topology
 
-EXAMPLES = str(REPO / "scripts" / "example_spec.py")
+EXAMPLES = "pool.examples:programs"
 
 if libtpu.attached_chips():
     pytest.skip(

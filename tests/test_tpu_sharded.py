@@ -7,7 +7,7 @@ fingerprint equals JAX's own deviceless compile of the same jax.jit
 chip; a program over more chips than the topology is refused naming both
 counts; ``pjrt-pool warm`` of a spec of sharded programs for v5e:2x4 makes a
 bundle whose check names each program's mesh and refuses a host of fewer
-chips. Running them needs the chips: scripts/tpu_sharding_check.py does
+chips. Running them needs the chips: tools/tpu_sharding_check.py does
 that on the TPU host.
 """
 
@@ -17,7 +17,7 @@ import json
 import textwrap
 
 import pytest
-from conftest import REPO, pjrt_pool, run_python
+from conftest import pjrt_pool, run_python
 
 pytest.importorskip("libtpu", reason="needs libtpu (pip install -e '.[tpu]')")
 
@@ -31,8 +31,6 @@ if libtpu.attached_chips():
 DEVICELESS = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "1"}
 """JAX loads libtpu in the child too: without the host's lock, as compile workers do."""
 
-PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'scripts'}"}
-
 
 def in_child(body: str) -> list[str]:
     """Runs a test's body in a fresh process (this one holds the CPU plugin); returns its
@@ -40,8 +38,8 @@ def in_child(body: str) -> list[str]:
     prelude = """
         import jax, numpy as np, pytest
         from jax.experimental import topologies
-        from sharded_examples import make_mesh, mlp_batch, mlp_parameters, mlp_shardings
-        from sharded_examples import mlp_step, sharded_cases
+        from pool.examples.sharded import make_mesh, mlp_batch, mlp_parameters, mlp_shardings
+        from pool.examples.sharded import mlp_step, sharded_cases
         from pool import lower
         from worker import compile_program, get_runtime
         from worker.plugin.topology import parse_topology
@@ -52,7 +50,7 @@ def in_child(body: str) -> list[str]:
             return spec, description.devices
     """
     code = textwrap.dedent(prelude) + textwrap.dedent(body)
-    return run_python(code, env={**DEVICELESS, **PATH}, timeout=300).stdout.splitlines()
+    return run_python(code, env=DEVICELESS, timeout=300).stdout.splitlines()
 
 
 @pytest.mark.parametrize(
@@ -134,7 +132,7 @@ def test_a_program_over_more_chips_than_the_topology_is_refused_before_it_compil
 SPEC = """
 import jax
 from jax.sharding import AbstractMesh
-from sharded_examples import mlp_batch, mlp_parameters, mlp_shardings, mlp_step, sharded_cases
+from pool.examples.sharded import mlp_batch, mlp_parameters, mlp_shardings, mlp_step, sharded_cases
 from pool.warm import WarmProgram
 
 MESH = AbstractMesh((2, 4), ("data", "model"))  # no device needed: a TPU host's 8 chips
@@ -153,7 +151,7 @@ def programs():
 @pytest.mark.slow
 def test_warm_for_v5e_2x4_then_a_bundle_that_names_each_mesh_and_refuses_fewer_chips(tmp_path):
     (tmp_path / "spec.py").write_text(SPEC)
-    env = {**PATH, "PJRT_POOL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PJRT_POOL_CACHE_DIR": str(tmp_path / "cache")}
     manifest, bundle = tmp_path / "m.json", tmp_path / "app.bundle"
     warm = pjrt_pool(
         "warm", str(tmp_path / "spec.py"), "--platform", "tpu", "--topology", "v5e:2x4",

@@ -138,7 +138,7 @@ def test_bad_specs_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_module_function_specs_load() -> None:
-    spec = load_spec("examples:example_programs")
+    spec = load_spec("pool.examples:example_programs")
     assert len(spec.programs) >= 20 and spec.initializer is None
 
 

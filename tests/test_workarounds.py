@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN, run_python
-from examples import example_programs
 from jax import lax
 
 from pool import compile_program, lower
 from pool.conformance import battery
 from pool.conformance.budgets import ELEMENTARY
 from pool.conformance.compare import ulp_distance
+from pool.examples import example_programs
 from pool.lowering.workarounds import REWRITES
 from worker.plugin.known_builds import KNOWN_BUILDS, WORKAROUNDS_ENV, may_have_uncovered_failures
 

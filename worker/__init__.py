@@ -61,7 +61,7 @@ from worker.lazy_names import on_first_use
 # job running a bundle or a manifest needs no compiler (with its compile
 # slots, conformance records, known builds, tempfile and shutil: ~9 ms of
 # imports). Each name is imported on first use instead
-# (scripts/bench_cold_start.py measures the cold start). The block below is
+# (benchmarks/bench_cold_start.py measures the cold start). The block below is
 # the one list of the names (worker.lazy_names reads it on first use).
 if TYPE_CHECKING:
     from worker.cache import CacheCounters as CacheCounters

@@ -1,7 +1,7 @@
 """The worker side's loggers, which import `logging` only when a message could be seen.
 
 Importing logging (with traceback and string, which it imports) costs about
-2 ms, on the path of every serving process's start (scripts/bench_start.py),
+2 ms, on the path of every serving process's start (benchmarks/bench_start.py),
 and most processes never see a message of ours. Until some module of the
 process has imported logging, nothing can have configured it, so its root
 logger's level is WARNING: a debug or info message is then dropped, as

@@ -12,5 +12,5 @@ options several commands take, --remote among them, sizes and durations),
 run_files.py (a run's inputs from .npz/.npy files and its report), paths.py
 (paths given on the command line). version.py says what ``pjrt-pool
 --version`` prints. Every help text is for users, and docs/cli.md's
-reference is made of them (scripts/cli_reference.py).
+reference is made of them (tools/cli_reference.py).
 """

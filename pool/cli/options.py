@@ -57,7 +57,7 @@ def add_command(
     help is its line in the list of commands (None: not listed), description
     what its own --help says first (default: help), epilog what it says
     last (its exit statuses). These texts are for users, in plain text: the
-    command line's reference (docs/cli.md) is made of them (scripts/cli_reference.py).
+    command line's reference (docs/cli.md) is made of them (tools/cli_reference.py).
     main.py calls run(args) for it, with args.prog its name as its usage
     errors say it; defaults are further values args takes (exit_at_once).
     """

@@ -6,7 +6,7 @@ far narrower than a miscompile (the default CPU plugin's arctan is off by up
 to π, some 10^9 ULP). The widths come from measuring jax.jit
 (jaxlib 0.10.2), lammps-jax-pjrt-cpu (XLA of jaxlib 0.11.2) and xla-cpu-pjrt
 (an older XLA) against float64 / long-double references on 20,000 points
-per function (scripts/calibrate_budgets.py):
+per function (tools/calibrate_budgets.py):
 
 =================  =====  ======================================================
 budget             ULPs   why

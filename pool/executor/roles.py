@@ -60,7 +60,7 @@ from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
 """A TPU pool's default compile workers: the cores divided by this, and at least 2.
-Measured on a TPU v5e host with 13 cores (scripts/bench_tpu_compile.py --workers 3,4,6):
+Measured on a TPU v5e host with 13 cores (benchmarks/bench_tpu_compile.py --workers 3,4,6):
 12 training steps compiled in 16.7, 15.8 and 17.3 s (JAX with 4 threads: 18.2 s), so a
 third of the cores (4), and more made every compile slower, since each XLA TPU compile is
 multithreaded itself; on this 2-core machine 2 compile workers for v5e:1x1 beat JAX's

@@ -38,7 +38,7 @@ _STATEFUL_MARKERS = (
 
 PRIME_RUNS = 2
 """Executions of a priming (Executable.prime): after two, a first request runs at the warm
-speed (1.0x against 1.25-1.3x after one; scripts/bench_start.py's primed kind)."""
+speed (1.0x against 1.25-1.3x after one; benchmarks/bench_start.py's primed kind)."""
 
 
 def keeps_state(serialized: bytes | bytearray | memoryview) -> bool:

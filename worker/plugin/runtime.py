@@ -56,7 +56,7 @@ class Runtime:
     """A loaded plugin and its client, for one platform."""
 
     # A plain class, not a dataclass: making a dataclass costs about 0.4 ms at import, on
-    # the path of every serving process's start (scripts/bench_start.py).
+    # the path of every serving process's start (benchmarks/bench_start.py).
     def __init__(
         self,
         location: PluginLocation,

@@ -1,7 +1,7 @@
 """The object stores a remote names by URL (s3://, gs://, az://, http(s)://), through obstore.
 
 One client library serves every scheme: obstore (the Rust object_store
-crate), picked by scripts/pick_remote_client.py: it imports in about 13 ms
+crate): it imports in about 13 ms
 where s3fs takes about 270 ms, and a put/get round trip on the loopback is
 about 2-3 times faster; both refuse a create-only put of an existing object.
 obstore is imported here only, when the first request is made, never
