@@ -10,6 +10,7 @@ Programs API imports from here. What the folders hold:
     executor/     the Pool's machinery (tasks, workers, manager thread, shared memory)
     lowering/     lower(), StableHLO for the plugin's window, Pool.function, save_inputs
     cluster/      compiling and running on a Dask cluster (ClusterPool)
+    jax_cache/    JAX's own persistent cache, warmed and backed by pjrt-pool
     warm/         warm specs and warming the disk cache
     conformance/  the check-plugin battery
     cli/          the pjrt-pool command line, one module per command
@@ -21,7 +22,8 @@ Programs API imports from here. What the folders hold:
 The floors, lowest first: a module imports only from its own floor and the
 floors below it, and from worker (tests/test_structure.py checks it)::
 
-    *.py < executor/ < lowering/ < face.py < cluster/ < warm/ < conformance/ < cli/ < examples/
+    *.py < executor/ < lowering/ < face.py < cluster/ < jax_cache/ < warm/ < conformance/
+        < cli/ < examples/
 
 where *.py stands for the modules at the top (manifest.py, errors.py, ...).
 The executor uses none of JAX; lowering/ adds it, with Pool.function;

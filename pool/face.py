@@ -37,7 +37,7 @@ from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult, Progress, compile_many
 from pool.executor.options import document
 from pool.executor.pool import WorkerPool
-from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+from worker.records import CompileStatistics, JaxCompile, LoweredProgram, ProgramSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,7 +75,12 @@ class PoolFace(abc.ABC):
 
     @abc.abstractmethod
     def _submit_compile(
-        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
+        self,
+        program: Any,
+        name: str | None,
+        timeout: float | None,
+        options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> Future[CompileResult]:
         """submit_compile's work, as this pool does it (the program is what the caller gave,
         unchecked)."""
@@ -135,6 +140,7 @@ class PoolFace(abc.ABC):
         name: str | None = None,
         timeout: float | None = None,
         compile_options: bytes | None = None,
+        jax: JaxCompile | None = None,
     ) -> Future[CompileResult]:
         """Compiles (or loads) a program in a worker; the Future's result is a CompileResult.
 
@@ -146,9 +152,14 @@ class PoolFace(abc.ABC):
         use their own executable. The plugin checks it: malformed options can
         make the plugin abort, which fails only this task. A ClusterPool
         compiles each program on the node its hash picks, so that nodes with
-        caches of their own still compile it once.
+        caches of their own still compile it once. With jax (pool.jax_cache makes it), the
+        program is compiled for JAX's own persistent cache instead, in the form JAX keeps,
+        and filed under JAX's key in the disk cache and remote tier; the result's spec
+        names that entry (its key) and carries no types.
         """
-        return self._submit_compile(program, name, timeout, compile_options)
+        if jax is None:
+            return self._submit_compile(program, name, timeout, compile_options)
+        return self._submit_compile(program, name, timeout, compile_options, jax)
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None

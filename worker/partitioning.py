@@ -22,12 +22,9 @@ and the native module checks the blocks against the arrays again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from worker.identity.options import compile_options, spmd_compile_options
-
-if TYPE_CHECKING:
-    from worker.records import LoweredProgram
 
 PARTITIONING_FORMAT = 1
 """Bumped whenever the meaning of the record's fields changes; other formats are refused."""
@@ -235,7 +232,17 @@ def partitioning_from_json(data: Any) -> Partitioning | None:
     return None if data is None else Partitioning.from_json(data)
 
 
-def compile_options_for(program: LoweredProgram, given: bytes | None = None) -> bytes:
+class _WithOptions(Protocol):
+    """What compile_options_for reads of a program (a LoweredProgram)."""
+
+    @property
+    def compile_options(self) -> bytes | None: ...
+
+    @property
+    def partitioning(self) -> Partitioning | None: ...
+
+
+def compile_options_for(program: _WithOptions, given: bytes | None = None) -> bytes:
     """The serialized compile options of a program: those given, else those it was lowered
     with (jax.jit's, LoweredProgram.compile_options), else derived from its partitioning
     (a program of one device: the default options, worker.identity.options)."""

@@ -141,6 +141,30 @@ class DigestedProgram(LoweredProgram):
         return (LoweredProgram, tuple(self))
 
 
+class JaxCompile(NamedTuple):
+    """What compiling a program for JAX's own persistent cache takes besides the program
+    (pool.jax_cache): the key JAX files it under, and what its value is made for. The
+    program (a LoweredProgram) is the module and compile options JAX itself compiles."""
+
+    key: str
+    """JAX's key: the module's name, a dash and 64 hex digits."""
+
+    parts: tuple[tuple[str, str], ...]
+    """Each part of JAX's key and its digest, which the entry records (to explain misses)."""
+
+    topology: dict[str, Any] | None
+    """For a TPU, the topology compiled for (TopologySpec.to_json); None for the CPU."""
+
+    devices: int
+    """The devices the program runs on (for the CPU: its client's count)."""
+
+    compression: str
+    """How the reading JAX compresses values ("zlib" or "zstandard")."""
+
+    target: str
+    """The target for people ("tpu v5e:1x1", "cpu, 1 device"), which the entry records."""
+
+
 class CompileStatistics(NamedTuple):
     """Time and counts of compiling programs."""
 

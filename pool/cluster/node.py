@@ -33,7 +33,7 @@ from pool.executor.compile_many import CompileResult
 from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 T = TypeVar("T")
 
@@ -190,8 +190,10 @@ def compile_task(
     name: str,
     timeout: float | None,
     compile_options: bytes | None,
+    jax: JaxCompile | None = None,
 ) -> CompileResult | CarriedError:
-    """Compiles in this node's Pool; a program's failure is returned, not raised.
+    """Compiles in this node's Pool (for JAX's cache, with jax); a program's failure is
+    returned, not raised.
 
     Returning the exception keeps a compile error or a PJRT worker crash a
     value of the program (compile_many reports it per program), not a
@@ -200,7 +202,7 @@ def compile_task(
 
     def compile_in(pool: Pool) -> CompileResult:
         return pool.submit_compile(
-            program, name=name, timeout=timeout, compile_options=compile_options
+            program, name=name, timeout=timeout, compile_options=compile_options, jax=jax
         ).result()
 
     return _in_node_pool(plugin, compile_in)

@@ -58,7 +58,14 @@ from worker.cache.remote import RemoteCounters
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
 from worker.plugin.topology import TopologySpec
-from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
+from worker.records import (
+    ArrayType,
+    CompileStatistics,
+    JaxCompile,
+    LoweredProgram,
+    ProgramSpec,
+    check_program,
+)
 
 HOLD_TEXT_CHARS = 64 << 10
 """Programs with a longer text are sent to the nodes once, as a Dask task of their own
@@ -383,7 +390,12 @@ class ClusterPool(PoolFace):
         return home_of(program_id(program, compile_options), self._router.addresses())
 
     def _submit_compile(
-        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
+        self,
+        program: Any,
+        name: str | None,
+        timeout: float | None,
+        options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> Future[CompileResult]:
         """ClusterPool.submit_compile (see PoolFace's): on the node the program's hash picks."""
         self._check_open()
@@ -398,6 +410,7 @@ class ClusterPool(PoolFace):
             name or program.name,
             timeout,
             options,
+            jax,
         )
         done = functools.partial(self._forget, remote.key)
         return ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost)

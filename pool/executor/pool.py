@@ -109,6 +109,7 @@ from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.topology import TopologySpec
 from worker.records import (
     CompileStatistics,
+    JaxCompile,
     LoweredProgram,
     ProgramSpec,
     check_program,
@@ -384,11 +385,16 @@ class WorkerPool(TaskMaking, PoolArrays):
         return self._submit(task, arguments, None)
 
     def _submit_compile(
-        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
+        self,
+        program: Any,
+        name: str | None,
+        timeout: float | None,
+        options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> Future[CompileResult]:
         """Pool.submit_compile (pool.face.PoolFace writes its signature and docstring)."""
         program = check_program(program, "Pool.submit_compile")
-        task = self._new_task(Kind.COMPILE, program, name, timeout, options)
+        task = self._new_task(Kind.COMPILE, program, name, timeout, options, jax=jax)
         future = self._submit(task, None, None)
         if self._settings.compiles_apart:
             identity = task.request.program_id

@@ -105,6 +105,7 @@ class Requests:
                 request.program,
                 request.name,
                 request.compile_options,
+                request.jax,
             )
             return message, (), NOTHING
         memory = task.memory

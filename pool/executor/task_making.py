@@ -36,7 +36,7 @@ from pool.executor.worker_memory import WorkerMemory
 from pool.executor.worker_process import ARENA_INPUT_LIMIT
 from worker.arguments import prepare_arguments
 from worker.identity.options import checked_compile_options
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
@@ -117,6 +117,7 @@ class TaskMaking:
         keep: int | Sequence[int] = (),
         pinned: WorkerMemory | None = None,
         value: ValueOp | None = None,
+        jax: JaxCompile | None = None,
     ) -> Task:
         """A task for a program, or (program None) for the executable a ProgramSpec names, or
         a VALUE task (value: its operation; pinned: the memory of the worker it must run
@@ -145,6 +146,8 @@ class TaskMaking:
         elif program is None:
             assert spec is not None
             identity, name, key = spec.key, name or spec.name, spec.key
+        elif jax is not None:  # JAX's value: no executable of the pool's, its own identity
+            identity, name, key = f"jax:{jax.key}", name or program.name, None
         else:
             identity = program_id(program, compile_options)
             if self._never_compile_check is not None:
@@ -165,6 +168,7 @@ class TaskMaking:
             pinned,
             self._requests.check_keep(identity, _keep_indices(keep), spec),
             value,
+            jax,
         )
         if kind is not Kind.COMPILE and self._starts.deferring:
             # Its device workers start now, even while its program compiles first.

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pool.errors import PoolClosedError, PoolError
 from pool.executor.futures import RunOutcome, fail, resolve
 from pool.executor.wait_set import WaitSet
-from worker.records import ArrayType, LoweredProgram
+from worker.records import ArrayType, JaxCompile, LoweredProgram
 
 if TYPE_CHECKING:
     from pool.executor.inputs import TaskMemory
@@ -120,6 +120,8 @@ class Request(NamedTuple):
     """The outputs a run keeps in its worker, as values (their indices, ascending)."""
     value: ValueOp | None = None
     """A VALUE task's operation."""
+    jax: JaxCompile | None = None
+    """A COMPILE task for JAX's own cache: JAX's key and what its value is made for."""
 
 
 class TaskState(enum.Enum):

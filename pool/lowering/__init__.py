@@ -2,7 +2,8 @@
 
 Runs in the parent process and imports JAX. lower.py has lower() and
 lowering_platform(); stablehlo.py serializes for the plugin's StableHLO
-window; plugin_info.py learns that window without loading the plugin here;
+window; options.py gives the compile options jax.jit compiles a program with;
+plugin_info.py learns that window without loading the plugin here;
 workarounds.py rewrites what a plugin build is known to miscompile;
 devices.py keeps this process's JAX off a TPU that the workers must hold;
 sharding.py gives a program over several devices every boundary sharding and

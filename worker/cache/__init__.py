@@ -11,7 +11,9 @@ file locks), loads.py (markers that catch entries whose load kills a
 process), space.py (the size bound and eviction), counters.py, warn_once.py
 (a warning once per topic, and CacheUnavailableWarning), rejections.py (records of entries a plugin
 refused), store.py (DiskCache, tying them together), open_caches.py (this
-process's DiskCache per directory: open_cache), report.py (inspection for
+process's DiskCache per directory: open_cache), blobs.py (values kept for
+another program's cache, never loaded here: JAX's own), jax_values.py (the
+format of JAX's cache values), report.py (inspection for
 ``pjrt-pool cache``; loading entries with the plugin is
 worker.serve.entry_check's, in a child process). remote/ is the
 remote tier behind this cache (an object store shared by a fleet); it uses

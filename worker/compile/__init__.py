@@ -14,4 +14,5 @@ JAX; the cache itself is worker/cache.
     executable.py     Executable: a program loaded into the plugin's client
     stamp.py          the plugin build and host stamped into serialized executables
     slots.py          compile slots: how many compiles run at once on the machine
+    for_jax.py        compiling a program for JAX's own persistent cache, filed under its key
 """

@@ -123,3 +123,65 @@ def spmd_compile_options(
         + (_number(_USE_SHARDY, 1) if shardy else b"")
     )
     return _message(_BUILD_OPTIONS, build)
+
+
+def _read_varint(data: bytes, index: int) -> tuple[int, int]:
+    """The varint at data[index:] and the index after it; raises ValueError if cut short."""
+    value = shift = 0
+    while True:
+        if index >= len(data) or shift > 63:
+            raise ValueError("a truncated varint")
+        byte = data[index]
+        index += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, index
+
+
+def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """A serialized message's fields, in order: (number, value) for varints and length-
+    delimited fields (what these options use); raises ValueError for anything else."""
+    found: list[tuple[int, int | bytes]] = []
+    index = 0
+    while index < len(data):
+        tag, index = _read_varint(data, index)
+        number, kind = tag >> 3, tag & 7
+        if kind == _VARINT:
+            value, index = _read_varint(data, index)
+            found.append((number, value))
+        elif kind == _LENGTH:
+            size, index = _read_varint(data, index)
+            if index + size > len(data):
+                raise ValueError("a truncated field")
+            found.append((number, data[index : index + size]))
+            index += size
+        else:
+            raise ValueError(f"a field of wire type {kind}")
+    return found
+
+
+def _packed(data: bytes) -> list[int]:
+    """The values of a packed repeated varint field."""
+    values, index = [], 0
+    while index < len(data):
+        value, index = _read_varint(data, index)
+        values.append(value)
+    return values
+
+
+def assignment_device_ids(serialized: bytes) -> list[int]:
+    """The device ids of a serialized DeviceAssignmentProto, replica by replica and, within one,
+    partition by partition (the order spmd_compile_options writes them in). Raises ValueError
+    for bytes that are not one."""
+    fields = _fields(serialized)
+    replicas = next((v for n, v in fields if n == _REPLICA_COUNT and isinstance(v, int)), 0)
+    columns: list[list[int]] = []
+    for number, value in fields:
+        if number == _COMPUTATION_DEVICES and isinstance(value, bytes):
+            column: list[int] = []
+            for inner, ids in _fields(value):
+                if inner == _REPLICA_DEVICE_IDS:
+                    column.extend(_packed(ids) if isinstance(ids, bytes) else [ids])
+            columns.append(column)
+    return [column[r] for r in range(replicas) for column in columns if r < len(column)]

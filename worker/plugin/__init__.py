@@ -21,4 +21,6 @@ in in-process use, the probe the parent starts) and never imports JAX.
                             hashed (the rules and the memo: worker/identity/build.py)
     known_builds.py         plugin builds known to miscompile, and the workarounds
     conformance_records.py  check-plugin's recorded outcomes, and the warning they give
+    jaxlib_compile.py       compiling through jaxlib's own clients (CPU, a plugin's topology):
+                            executables in the form JAX's persistent cache keeps
 """

@@ -40,6 +40,7 @@ from worker.cache.remote import remote_counters
 from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
+from worker.compile.for_jax import compile_for_jax
 from worker.dtypes import code_of_dtype
 from worker.log import get_logger
 from worker.phases import last_phases
@@ -283,6 +284,9 @@ class Server:
         return tuple(key for key in loaded if key in self.loaded), total, hot
 
     def compile(self, request: Compile) -> Reply:
+        if request.jax is not None:
+            spec, statistics = compile_for_jax(request.program, request.jax, request.name)
+            return Reply(request.task_id, spec=spec, statistics=statistics)
         executable, statistics, evicted = self._load(
             request.program_id, request.program, compile_options=request.compile_options
         )

@@ -68,7 +68,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec
+from worker.records import (
+    ArrayType,
+    CompileStatistics,
+    JaxCompile,
+    LoweredProgram,
+    ProgramSpec,
+)
 from worker.wire.places import (
     MAX_PLACED_LENGTH,
     PLACED_HEAD_LENGTH,
@@ -364,6 +370,8 @@ class Compile:
     """Compile or load a program and describe it.
 
     `compile_options` replaces the default CompileOptionsProto when given.
+    With `jax`, the program is compiled for JAX's own persistent cache
+    instead, and filed there under JAX's key (worker.compile.for_jax).
     """
 
     task_id: int
@@ -371,6 +379,7 @@ class Compile:
     program: LoweredProgram
     name: str
     compile_options: bytes | None = None
+    jax: JaxCompile | None = None
 
 
 @dataclass(frozen=True)

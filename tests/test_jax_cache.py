@@ -1,0 +1,156 @@
+"""JAX's own persistent cache, made and backed by pjrt-pool (pool.jax_cache).
+
+Each case runs JAX in a fresh process (its cache is process-wide state): keys equal the
+keys JAX itself computes (on this machine for the CPU, and as measured on a TPU v5e VM for
+a topology warmed here), install() makes an unmodified jax.jit read and publish through
+pjrt-pool's stores, and a miss says which part of JAX's key differs.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import jax
+import pytest
+from conftest import run_python
+
+from pool.jax_cache.versions import jax_version
+
+PRELUDE = """
+    import json, os, sys
+    import numpy as np, jax, jax.numpy as jnp
+    from jax import monitoring
+
+    events = []
+    monitoring.register_event_listener(lambda name, **kw: events.append(name))
+
+    def small(w, x):
+        return jnp.tanh(x @ w) @ w.T + jnp.sin(x)
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((256, 256)).astype(np.float32)
+    X = rng.standard_normal((64, 256)).astype(np.float32)
+    SHAPES = [jax.ShapeDtypeStruct(W.shape, W.dtype), jax.ShapeDtypeStruct(X.shape, X.dtype)]
+
+    def counted():
+        return {
+            "hits": events.count("/jax/compilation_cache/cache_hits"),
+            "misses": events.count("/jax/compilation_cache/cache_misses"),
+        }
+"""
+
+CPU = {"JAX_PLATFORMS": "cpu"}
+
+
+def child(body: str, env: dict[str, str] | None = None, timeout: float = 240) -> dict:
+    """Runs PRELUDE + body in a fresh JAX process; returns the JSON its last line prints."""
+    code = textwrap.dedent(PRELUDE) + textwrap.dedent(body)
+    done = run_python(code, env={**CPU, **(env or {})}, timeout=timeout)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_cpu_key_is_the_key_jax_files_the_program_under(tmp_path):
+    """On each checked JAX: the key computed for this machine's CPU equals the one JAX's own
+    jax.jit writes its entry under, for a plain function and for a jit with options."""
+    found = child(
+        f"""
+        from functools import partial
+        from pool.jax_cache.keys import jax_program
+        from pool.jax_cache.target import JaxTarget, local_compression
+
+        path = {str(tmp_path / "jax")!r}
+        donating = jax.jit(small, donate_argnums=(1,))
+        target = JaxTarget("cpu", path, compression=local_compression())
+        ours = [jax_program(f, SHAPES, None, target) for f in (small, donating)]
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.jit(small)(W, X).block_until_ready()
+        donating(W, X.copy()).block_until_ready()
+        files = sorted(n[: -len("-cache")] for n in os.listdir(path) if n.endswith("-cache"))
+        print(json.dumps({{"ours": sorted(p.key for p in ours), "jax": files,
+                          "parts": [name for name, _ in ours[0].parts]}}))
+        """
+    )
+    assert found["ours"] == found["jax"], found
+    assert found["parts"][:2] == ["computation", "jax_lib version"]
+    assert "compile_options" in found["parts"] and "XLA flags" in found["parts"]
+
+
+@pytest.mark.skipif(jax_version() != (0, 10), reason="measured on the TPU VM with jax 0.10.2")
+@pytest.mark.skipif(
+    jax.__version__ != "0.10.2", reason="the chip's keys were measured with jax 0.10.2"
+)
+def test_a_tpu_key_made_here_is_the_key_the_chip_computes():
+    """A v5e:1x1 key made on this CPU machine equals what jax.jit computed on a TPU v5e VM
+    (jax 0.10.2, libtpu 0.0.42.1, jax_compilation_cache_dir=/tmp/jit/jaxcache): its key
+    and every part. A deviceless compile of the same jit (JAX's own way to compile for a
+    topology here) files it under another key."""
+    pytest.importorskip("libtpu")
+    found = child(
+        """
+        from pool.jax_cache.keys import jax_program
+        from pool.jax_cache.target import JaxTarget
+        from worker.plugin.topology import parse_topology
+
+        target = JaxTarget("tpu", "/tmp/jit/jaxcache", topology=parse_topology("v5e:1x1"))
+        made = jax_program(small, SHAPES, None, target)
+        print(json.dumps({"key": made.key, "parts": dict(made.parts)}))
+        """,
+        env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "1"},
+    )
+    assert found["key"] == (
+        "jit_small-e3862199627fe2d7130c38961825bdf0376084f0c4a5de70f296e86fe8c6c6b0"
+    )
+    chip = {  # each part's SHA-256 as JAX logged it on the chip
+        "computation": "111f939e8845ae1519bc42e66cd5f667f30b89edc379bd690f489d37754aeca4",
+        "backend version": "fa1ee1c8d643053005761b562e94cdb94740cae2715bfa2f067f66d7c6eb0a3b",
+        "XLA flags": "542121283c29d07821f077110af0f57c569ed8ea4865a1e540e2676eabe4a410",
+        "compile_options": "5fd71357bec94ca4c4a9f637624fa67ba57a95f5c8552c685e11a6170bd69807",
+        "accelerator_config": "2af2b1e916cbf0d28010a5304e02dcce409f106b5f66e8ee96fcdb4678a4523b",
+    }
+    assert {name: found["parts"][name] for name in chip} == chip
+
+
+def test_installed_jax_publishes_what_it_compiles_and_a_fresh_process_loads_it(tmp_path):
+    """install(): the first process misses, compiles and publishes into pjrt-pool's disk
+    cache (nothing in a JAX directory); a fresh one hits and compiles nothing; the results
+    are bit for bit the same."""
+    script = f"""
+        from pool.jax_cache import install
+        install(cache_dir={str(tmp_path / "cache")!r}, remote=False)
+        np.save(os.environ["OUT"], np.asarray(jax.jit(small)(W, X)))
+        print(json.dumps(counted()))
+    """
+    first = child(script, env={"OUT": str(tmp_path / "out0.npy")})
+    second = child(script, env={"OUT": str(tmp_path / "out1.npy")})
+    assert (first["hits"], first["misses"]) == (0, 1), first
+    assert (second["hits"], second["misses"]) == (1, 0), second
+    import numpy as np
+
+    outs = sorted(tmp_path.glob("out*.npy"))
+    assert len(outs) == 2 and np.array_equal(np.load(outs[0]), np.load(outs[1]))
+
+
+def test_a_miss_says_which_part_of_jaxs_key_differs(tmp_path):
+    """A program compiled under other XLA flags misses; the warning names the XLA flags (and
+    the compile options, whose debug options JAX makes from them), not the program."""
+    script = f"""
+        import warnings
+        from pool.jax_cache import install
+        backing = install(cache_dir={str(tmp_path / "cache")!r}, remote=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jax.jit(small)(W, X).block_until_ready()
+        said = [str(w.message) for w in caught if "JAX cache miss" in str(w.message)]
+        print(json.dumps({{"said": said, **counted()}}))
+    """
+    first = child(script)
+    assert first["misses"] == 1
+    assert first["said"] == ["JAX cache miss for 'jit_small': no entry of this program "
+                             "(0 entries of other programs)"]
+    second = child(script, env={"XLA_FLAGS": "--xla_backend_optimization_level=2"})
+    assert second["misses"] == 1
+    assert len(second["said"]) == 1 and "differs in 2 part(s)" in second["said"][0]
+    assert "XLA flags:" in second["said"][0] and "compile_options:" in second["said"][0]
+    assert "computation:" not in second["said"][0]
