@@ -13,7 +13,7 @@ import textwrap
 
 import jax
 import pytest
-from conftest import run_python
+from conftest import pjrt_pool, run_python
 
 from pool.jax_cache.versions import jax_version
 
@@ -147,10 +147,93 @@ def test_a_miss_says_which_part_of_jaxs_key_differs(tmp_path):
     """
     first = child(script)
     assert first["misses"] == 1
-    assert first["said"] == ["JAX cache miss for 'jit_small': no entry of this program "
-                             "(0 entries of other programs)"]
+    assert first["said"] == [
+        "JAX cache miss for 'jit_small': no entry of this program (0 entries of other programs)"
+    ]
     second = child(script, env={"XLA_FLAGS": "--xla_backend_optimization_level=2"})
     assert second["misses"] == 1
     assert len(second["said"]) == 1 and "differs in 2 part(s)" in second["said"][0]
     assert "XLA flags:" in second["said"][0] and "compile_options:" in second["said"][0]
     assert "computation:" not in second["said"][0]
+
+
+SPEC = """
+import jax, jax.numpy as jnp
+
+def small(w, x):
+    return jnp.tanh(x @ w) @ w.T + jnp.sin(x)
+
+def mlp(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+def programs():
+    f32 = jnp.float32
+    shapes = [jax.ShapeDtypeStruct((256, 256), f32), jax.ShapeDtypeStruct((64, 256), f32)]
+    mlp_shapes = [jax.ShapeDtypeStruct(s, f32) for s in ((8, 32), (32, 64), (64, 10))]
+    return [("small", small, shapes), ("mlp", jax.jit(mlp, static_argnums=()), mlp_shapes)]
+"""
+
+RUN_SCRIPT = """
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_CACHE"])
+    def mlp(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+    a = np.asarray(jax.jit(small)(W, X))
+    b = np.asarray(jax.jit(mlp, static_argnums=())(X[:8, :32], W[:32, :64], W[:64, :10]))
+    np.save(os.environ["OUT"], np.concatenate([a.ravel(), b.ravel()]))
+    print(json.dumps(counted()))
+"""
+
+
+def test_warm_makes_entries_that_an_unmodified_script_loads_without_compiling(tmp_path):
+    """pjrt-pool warm --jax-cache DIR: a fresh process running plain jax.jit with
+    jax_compilation_cache_dir=DIR finds both programs (a plain function, and a jax.jit with
+    options) and compiles none; its results are a cold jax.jit's bit for bit."""
+    import numpy as np
+
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    jax_dir = tmp_path / "jax"
+    done = pjrt_pool(
+        "warm", str(spec), "--jax-cache", str(jax_dir), "--cache-dir", str(tmp_path / "cache")
+    )
+    assert "JAX cache: 2 entries in" in done.stdout, done.stdout + done.stderr
+    assert len(list(jax_dir.glob("jit_*-cache"))) == 2
+    warm = child(RUN_SCRIPT, env={"JAX_CACHE": str(jax_dir), "OUT": str(tmp_path / "warm.npy")})
+    cold = child(
+        RUN_SCRIPT, env={"JAX_CACHE": str(tmp_path / "empty"), "OUT": str(tmp_path / "cold.npy")}
+    )
+    assert (warm["hits"], warm["misses"]) == (2, 0), warm  # each miss is a compile
+    assert cold["hits"] == 0, cold
+    assert np.array_equal(np.load(tmp_path / "warm.npy"), np.load(tmp_path / "cold.npy"))
+
+
+@pytest.mark.skipif(jax.__version__ != "0.10.2", reason="the chip's key was measured with 0.10.2")
+def test_warm_for_a_tpu_topology_files_its_entry_under_the_chips_key(tmp_path):
+    """On this CPU machine, warm --platform tpu --topology v5e:1x1 for a script whose
+    jax_compilation_cache_dir is /tmp/jit/jaxcache on the VM: the entry is named with the key
+    the chip computed, and holds jaxlib's serialized form (its IFRT header)."""
+    pytest.importorskip("libtpu")
+    from worker.cache.jax_values import Compression, unpack
+
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    jax_dir = tmp_path / "jax"
+    done = pjrt_pool(
+        "warm",
+        f"{spec}:programs",
+        "--platform",
+        "tpu",
+        "--topology",
+        "v5e:1x1",
+        "--jax-cache",
+        str(jax_dir),
+        "--jax-cache-path",
+        "/tmp/jit/jaxcache",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    name = "jit_small-e3862199627fe2d7130c38961825bdf0376084f0c4a5de70f296e86fe8c6c6b0-cache"
+    serialized, _ = unpack((jax_dir / name).read_bytes(), Compression.ZLIB)
+    assert b"pjrt_ifrt" in serialized[:200]

@@ -155,7 +155,7 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
         program = programs[name]
         platform = program.platform or args.platform or default_platform()
         try:
-            lowered = lower_warm_program(program, platform)
+            lowered, _ = lower_warm_program(program, platform)
         except Exception as error:  # the spec's function does not lower: its own error
             raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
         parts = here.parts(platform, lowered.text, program.compile_options)

@@ -54,6 +54,7 @@ from pool.manifest import (
 )
 from pool.progress import ProgressDisplay
 from worker.arguments import random_inputs
+from worker.cache.jax_values import Compression
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.extras import Feature, require
@@ -62,8 +63,13 @@ from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
+    from pool.jax_cache.entries import JaxCacheDestination
     from pool.warm.report import WarmReport
     from worker.records import ProgramSpec
+
+PATH_FOR_INSTALL = "pjrt-pool"
+"""--jax-cache's name for pjrt-pool's own stores (pool.jax_cache.backing.PATH_IN_KEYS: what
+install() sets jax_compilation_cache_dir to)."""
 
 
 def register(subparsers: Any) -> None:
@@ -142,6 +148,50 @@ def _register_warm(subparsers: Any) -> None:
         metavar="FILE",
         help="write a manifest of the warmed programs (checked before warming: its directory "
         "must exist and be writable)",
+    )
+    _register_jax_cache(warm)
+
+
+def _register_jax_cache(warm: Any) -> None:
+    jax = warm.add_argument_group(
+        "JAX's own persistent cache",
+        "make each program's entry of JAX's persistent cache, as an unmodified jax.jit on the "
+        "target reads it (docs/jax-cache.md); the spec's functions are what the script calls "
+        "(a jax.jit, its options kept, or a function jax.jit wraps); run the warm with the "
+        "target's XLA_FLAGS",
+    )
+    jax.add_argument(
+        "--jax-cache",
+        metavar="DIR",
+        help="write the entries into the JAX cache directory DIR (made if missing); "
+        f"'{PATH_FOR_INSTALL}': only into pjrt-pool's disk cache and remote tier, for scripts "
+        "that call pool.jax_cache.install()",
+    )
+    jax.add_argument(
+        "--jax-cache-path",
+        metavar="PATH",
+        help="the jax_compilation_cache_dir the target's script sets, which is part of JAX's "
+        f"key (default: DIR, made absolute; '{PATH_FOR_INSTALL}' with install())",
+    )
+    jax.add_argument(
+        "--jax-compression",
+        choices=[c.value for c in Compression],
+        default=Compression.ZLIB.value,
+        help="how the target's JAX compresses entries: zstandard where it can import it, else "
+        "zlib (default)",
+    )
+    jax.add_argument(
+        "--jax-cpu-devices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the CPU devices of the target's JAX (jax_num_cpu_devices; default 1)",
+    )
+    jax.add_argument(
+        "--libtpu-init-args",
+        metavar="ARGS",
+        help="LIBTPU_INIT_ARGS in the target's environment (default: none; JAX on a TPU VM "
+        "adds its own, which the key includes)",
     )
 
 
@@ -235,6 +285,7 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
     if args.manifest:
         _check_manifest_path(Path(args.manifest))
     topology_option(args)  # UsageError for a name libtpu would not take
+    _check_jax_cache_arguments(args)
     if args.scheduler is None:  # a cluster's nodes have their own plugins, caches and settings
         open_remote_option(args.remote)  # UsageError for a URL or setting the tier cannot use
         checked_cache_dir(args.cache_dir, create=True)
@@ -242,6 +293,77 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
     else:
         require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
         remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
+
+
+def _check_jax_cache_arguments(args: argparse.Namespace) -> None:
+    """Refuses what a warm for JAX's cache cannot do, before anything imports JAX."""
+    given = [
+        name
+        for name, value in (
+            ("--jax-cache-path", args.jax_cache_path),
+            ("--libtpu-init-args", args.libtpu_init_args),
+        )
+        if value is not None
+    ]
+    if args.jax_cache is None:
+        if given:
+            raise UsageError(f"{', '.join(given)} describe JAX's cache: give --jax-cache too")
+        return
+    if args.manifest:
+        raise UsageError(
+            "--manifest lists programs pjrt-pool runs; JAX cache entries are JAX's own: "
+            "leave --manifest out with --jax-cache"
+        )
+    platform = args.platform or default_platform()
+    if platform not in ("cpu", "tpu"):
+        raise UsageError(
+            f"--jax-cache makes entries for the CPU and TPU topologies, not {platform}"
+        )
+    if platform == "tpu" and args.topology is None:
+        raise UsageError(
+            "--jax-cache for a TPU names the topology its JAX sees: --topology v5e:1x1"
+        )
+    if args.jax_cpu_devices < 1:
+        raise UsageError(f"--jax-cpu-devices must be 1 or more, not {args.jax_cpu_devices}")
+
+
+def _jax_cache(args: argparse.Namespace) -> JaxCacheDestination | None:
+    """The destination --jax-cache names, and the target its entries are made for."""
+    if args.jax_cache is None:
+        return None
+    from pool.jax_cache.entries import JaxCacheDestination
+    from pool.jax_cache.target import JaxTarget
+
+    installed = args.jax_cache == PATH_FOR_INSTALL
+    directory = None if installed else str(Path(args.jax_cache).absolute())
+    path = args.jax_cache_path or (PATH_FOR_INSTALL if installed else directory)
+    target = JaxTarget(
+        platform=args.platform or default_platform(),
+        cache_path=str(path),
+        topology=topology_option(args),
+        device_count=args.jax_cpu_devices,
+        compression=Compression(args.jax_compression),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        libtpu_init_args=args.libtpu_init_args,
+    )
+    return JaxCacheDestination(target, directory)
+
+
+def _jax_cache_said(args: argparse.Namespace, report: WarmReport) -> str:
+    """Where the JAX cache entries went, and for which target."""
+    made = sum(1 for p in report.programs if p.outcome.ok and p.jax_key is not None)
+    destination = _jax_cache(args)
+    assert destination is not None
+    target = destination.target
+    where = (
+        f"in {destination.directory}"
+        if destination.directory is not None
+        else "in pjrt-pool's stores (for install())"
+    )
+    return (
+        f"JAX cache: {made} entr{'y' if made == 1 else 'ies'} {where}, for {target.describe()} "
+        f"with jax_compilation_cache_dir={target.cache_path}, {target.compression.value}"
+    )
 
 
 def _check_manifest_path(path: Path) -> None:
@@ -325,6 +447,7 @@ def _warm(args: argparse.Namespace) -> int:
                 remote=args.remote,
                 topology=topology_option(args),
                 devices_per_worker=args.devices_per_worker,
+                jax_cache=_jax_cache(args),
             )
         except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
             report, interrupted = stopped.report, stopped
@@ -335,6 +458,8 @@ def _warm(args: argparse.Namespace) -> int:
         print(report.summary())
         if written is not None:
             print(written)
+        if args.jax_cache is not None:
+            print(_jax_cache_said(args, report))
     if interrupted is not None:
         raise interrupted
     return ExitCode.OK if report.ok else ExitCode.PROBLEMS

@@ -29,9 +29,11 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from pool.jax_cache.keys import jax_program
+from pool.jax_cache.target import JaxTarget
 from pool.lowering.lower import lower
 from pool.warm.spec_file import WarmProgram
-from worker.records import LoweredProgram
+from worker.records import JaxCompile, LoweredProgram
 
 
 class Lowered(NamedTuple):
@@ -41,31 +43,39 @@ class Lowered(NamedTuple):
     seconds: float
     note: str | None = None
     """Set when the program could not be sent to a lowering process and was lowered here."""
+    jax: JaxCompile | None = None
+    """For JAX's own cache: JAX's key and what its value is made for (pool.jax_cache)."""
 
 
 OnLowered = Callable[[int, "Future[Lowered]"], None]
 
 
 def _lower_pickled(payload: bytes) -> Lowered:
-    """Runs in a lowering process: unpickles (function, shapes, platform, calls, in_shardings,
-    out_shardings) and lowers."""
+    """Runs in a lowering process: unpickles a WarmProgram, the run's platform and JAX
+    target, and lowers."""
     started = time.perf_counter()
-    function, shapes, platform, custom_calls, ins, outs = cloudpickle.loads(payload)
-    program = lower(
-        function,
-        shapes,
-        platform=platform,
-        custom_calls=custom_calls,
-        in_shardings=ins,
-        out_shardings=outs,
-    )
-    return Lowered(program, time.perf_counter() - started)
+    program, platform, jax_target = cloudpickle.loads(payload)
+    lowered, jax = lower_warm_program(program, platform, jax_target)
+    return Lowered(lowered, time.perf_counter() - started, jax=jax)
 
 
-def lower_warm_program(program: WarmProgram, platform: str | None) -> LoweredProgram:
-    """A spec's program lowered for its platform (else `platform`): what warm compiles."""
+def lower_warm_program(
+    program: WarmProgram, platform: str | None, jax_target: JaxTarget | None = None
+) -> tuple[LoweredProgram, JaxCompile | None]:
+    """A spec's program lowered for its platform (else `platform`): what warm compiles; for
+    JAX's own cache (jax_target), the module and options JAX compiles on the target, and
+    what a worker files its value under (pool.jax_cache)."""
+    if jax_target is not None:
+        if program.function is None:
+            raise ValueError(
+                "a program for JAX's cache is made from its function as the script calls it: "
+                "give (name, function, shapes), not a LoweredProgram"
+            )
+        return jax_program(program.function, program.shapes, None, jax_target).compile_request(
+            jax_target
+        )
     if program.lowered is not None:
-        return program.lowered
+        return program.lowered, None
     assert program.function is not None
     return lower(
         program.function,
@@ -74,7 +84,7 @@ def lower_warm_program(program: WarmProgram, platform: str | None) -> LoweredPro
         custom_calls=tuple(program.custom_calls),
         in_shardings=program.in_shardings,
         out_shardings=program.out_shardings,
-    )
+    ), None
 
 
 class Lowerer:
@@ -92,10 +102,13 @@ class Lowerer:
     interpreter from exiting: a second Ctrl-C stops close() from waiting.
     """
 
-    def __init__(self, processes: int = 0, platform: str | None = None) -> None:
+    def __init__(
+        self, processes: int = 0, platform: str | None = None, jax_target: JaxTarget | None = None
+    ) -> None:
         if processes < 0:
             raise ValueError(f"lowering processes cannot be negative: {processes}")
         self._platform = platform
+        self._jax_target = jax_target
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._executor: ProcessPoolExecutor | None = None
@@ -138,20 +151,11 @@ class Lowerer:
         for index, program in enumerate(programs):
             future: Future[Lowered] = Future()
             future.add_done_callback(lambda f, i=index: on_lowered(i, f))
-            if program.lowered is not None:
+            if program.lowered is not None and self._jax_target is None:
                 future.set_result(Lowered(program.lowered, 0.0))
                 continue
             try:
-                payload = cloudpickle.dumps(
-                    (
-                        program.function,
-                        list(program.shapes),
-                        program.platform or self._platform,
-                        tuple(program.custom_calls),
-                        program.in_shardings,
-                        program.out_shardings,
-                    )
-                )
+                payload = cloudpickle.dumps((program, self._platform, self._jax_target))
             except Exception as error:  # pickling runs the user's __reduce__ and the like
                 self._lower_here(program, future, f"pickling failed: {_describe(error)}")
                 continue
@@ -180,7 +184,7 @@ class Lowerer:
                 return
             started = time.perf_counter()
             try:
-                lowered = lower_warm_program(program, self._platform)
+                lowered, jax = lower_warm_program(program, self._platform, self._jax_target)
             except Exception as error:  # this process's error is the program's error
                 future.set_exception(error)
                 return
@@ -188,7 +192,7 @@ class Lowerer:
                 f"could not be sent to a lowering process ({reason}); "
                 "lowered in this process instead"
             )
-            future.set_result(Lowered(lowered, time.perf_counter() - started, note))
+            future.set_result(Lowered(lowered, time.perf_counter() - started, note, jax))
 
         assert self._fallback is not None
         self._fallback.submit(run)
@@ -202,8 +206,8 @@ class Lowerer:
                 continue
             started = time.perf_counter()
             try:
-                lowered = lower_warm_program(program, self._platform)
-                future.set_result(Lowered(lowered, time.perf_counter() - started))
+                lowered, jax = lower_warm_program(program, self._platform, self._jax_target)
+                future.set_result(Lowered(lowered, time.perf_counter() - started, jax=jax))
             except Exception as error:  # a lowering error is that program's outcome
                 future.set_exception(error)
             on_lowered(index, future)

@@ -60,6 +60,8 @@ class ProgramReport:
     spec: ProgramSpec | None = None
     phases: dict[str, float] | None = None
     """Seconds per phase of its compile or load in the worker (see worker.phases)."""
+    jax_key: str | None = None
+    """For JAX's own cache: the key JAX files it under (the entry's own is `key`)."""
 
     def to_json(self) -> dict[str, Any]:
         """Returns the report as a JSON-ready dict."""
@@ -67,6 +69,7 @@ class ProgramReport:
             "name": self.name,
             "outcome": self.outcome.value,
             "key": self.key,
+            "jax_key": self.jax_key,
             "seconds": round(self.seconds, 6),
             "lower_seconds": round(self.lower_seconds, 6),
             "error": self.error,

@@ -41,6 +41,8 @@ from typing import Any, NamedTuple
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_key_parts, program_text_digest
 from pool.face import Pool, PoolFace
+from pool.jax_cache.entries import JaxCacheDestination, JaxFiles
+from pool.jax_cache.target import JaxTarget
 from pool.progress import ProgressDisplay
 from pool.warm.lowerer import Lowered, Lowerer
 from pool.warm.report import (
@@ -65,7 +67,7 @@ from worker.compile.never_compile import never_compile_on
 from worker.identity.keys import key_of
 from worker.partitioning import compile_options_for
 from worker.plugin.topology import TopologySpec
-from worker.records import CompileStatistics, LoweredProgram
+from worker.records import CompileStatistics, JaxCompile, LoweredProgram
 
 
 class _Ledger:
@@ -96,11 +98,13 @@ class _Ledger:
         report.lower_seconds, report.note = lowered.seconds, lowered.note
         report.seconds = lowered.seconds
 
-    def compiled(self, index: int, result: CompileResult) -> None:
-        """Records a program's compile (or load) in a worker, which finishes it."""
+    def compiled(self, index: int, result: CompileResult, jax_key: str | None = None) -> None:
+        """Records a program's compile (or load) in a worker, which finishes it (jax_key: the
+        key JAX's cache files it under, for JAX's own cache)."""
         report = self.reports[index]
         report.spec = result.spec
         report.key = result.spec.key
+        report.jax_key = jax_key
         report.phases = result.phases
         report.seconds += result.statistics.compile_seconds + result.statistics.load_seconds
         self.finish(index, Outcome.COMPILED if result.statistics.compiled else Outcome.LOADED)
@@ -175,15 +179,18 @@ class _Compile:
         programs: list[WarmProgram],
         timeout: float | None,
         ledger: _Ledger,
+        jax_files: JaxFiles | None = None,
     ) -> None:
         self._compiler = compiler
         self._programs = programs
         self._timeout = timeout
         self._ledger = ledger
+        self._jax_files = jax_files
         self._submitted: list[Future[CompileResult]] = []
 
-    def submit(self, index: int, program: LoweredProgram) -> None:
-        """Submits a lowered program's compile (nothing, once warming stops)."""
+    def submit(self, index: int, program: LoweredProgram, jax: JaxCompile | None = None) -> None:
+        """Submits a lowered program's compile (nothing, once warming stops); with jax, its
+        compile for JAX's own cache."""
         ledger = self._ledger
         if ledger.stop.is_set():
             ledger.finish(index, Outcome.SKIPPED)
@@ -193,16 +200,17 @@ class _Compile:
                 program,
                 name=self._programs[index].name,
                 timeout=self._timeout,
-                compile_options=self._programs[index].compile_options,
+                compile_options=None if jax else self._programs[index].compile_options,
+                jax=jax,
             )
         except Exception as failure:  # quarantined, or the pool is shutting down
             outcome = Outcome.SKIPPED if ledger.stop.is_set() else classify(failure)
             ledger.finish(index, outcome, failure)
             return
         self._submitted.append(task)
-        task.add_done_callback(functools.partial(self._compiled, index))
+        task.add_done_callback(functools.partial(self._compiled, index, jax))
 
-    def _compiled(self, index: int, future: Future[CompileResult]) -> None:
+    def _compiled(self, index: int, jax: JaxCompile | None, future: Future[CompileResult]) -> None:
         if future.cancelled():
             self._ledger.finish(index, Outcome.SKIPPED)
             return
@@ -210,7 +218,13 @@ class _Compile:
         if error is not None:
             self._ledger.finish(index, classify(error), error)
             return
-        self._ledger.compiled(index, future.result())
+        if jax is not None and self._jax_files is not None:
+            try:
+                self._jax_files.write(jax.key)
+            except (OSError, ValueError) as failure:
+                self._ledger.finish(index, Outcome.NOT_STORED, failure)
+                return
+        self._ledger.compiled(index, future.result(), None if jax is None else jax.key)
 
     def cancel(self) -> None:
         """Cancels the compiles submitted that have not begun (fail-fast's stop)."""
@@ -299,12 +313,12 @@ class _Lower:
         self._prefetch = prefetch
         self._compiles = compiles
 
-    def run(self, processes: int, platform: str | None) -> None:
+    def run(self, processes: int, platform: str | None, jax_target: JaxTarget | None) -> None:
         """Lowers every program and waits for each to finish; at a stop (fail-fast), the
         lowering and the compiles not begun are cancelled. A Ctrl-C stops everything (see
         _Ledger.interrupt) before the lowering is cancelled and the pool stops the tasks."""
         ledger = self._ledger
-        with Lowerer(processes, platform) as lowerer:
+        with Lowerer(processes, platform, jax_target) as lowerer:
             try:
                 lowerer.lower_all(self._programs, self._lowered)
                 for _ in self._programs:
@@ -329,6 +343,9 @@ class _Lower:
             return
         lowered = future.result()
         ledger.lowered(index, lowered)
+        if lowered.jax is not None:  # the worker looks in the remote tier for JAX's value
+            self._compiles.submit(index, lowered.program, lowered.jax)
+            return
         options = self._programs[index].compile_options
         self._prefetch.then(index, lowered.program, options, self._compiles.submit)
 
@@ -397,6 +414,7 @@ def warm(
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
     devices_per_worker: int = 1,
+    jax_cache: JaxCacheDestination | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -421,8 +439,19 @@ def warm(
     compiling worker holds, as for Pool: a CPU or GPU program over several
     devices compiles on that many (a topology's programs compile without any).
     A Ctrl-C raises WarmInterrupted, with the report of what was warmed
-    before it, once the workers have stopped.
+    before it, once the workers have stopped. With jax_cache, each program is
+    made for JAX's own persistent cache instead (pool.jax_cache): lowered as
+    jax.jit does on the destination's target, compiled in the form JAX keeps,
+    filed in the disk cache and remote tier under JAX's key, and written into
+    the destination's directory as JAX's file; platform and topology are the
+    target's.
     """
+    jax_files = None
+    if jax_cache is not None:
+        target = jax_cache.target
+        platform, topology = target.platform, target.topology
+        if jax_cache.directory is not None:
+            jax_files = JaxFiles(jax_cache.directory, cache_dir, remote)
     prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
@@ -443,8 +472,11 @@ def warm(
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
             try:
-                compiles = _Compile(compiler, programs, timeout, ledger)
-                _Lower(programs, ledger, prefetch, compiles).run(lower_workers, platform)
+                compiles = _Compile(compiler, programs, timeout, ledger, jax_files)
+                jax_target = None if jax_cache is None else jax_cache.target
+                _Lower(programs, ledger, prefetch, compiles).run(
+                    lower_workers, platform, jax_target
+                )
             finally:  # what was compiled before an interrupt counts too
                 figures = _Figures.of(compiler)
     except KeyboardInterrupt as interrupt:
