@@ -237,3 +237,17 @@ def test_warm_for_a_tpu_topology_files_its_entry_under_the_chips_key(tmp_path):
     name = "jit_small-e3862199627fe2d7130c38961825bdf0376084f0c4a5de70f296e86fe8c6c6b0-cache"
     serialized, _ = unpack((jax_dir / name).read_bytes(), Compression.ZLIB)
     assert b"pjrt_ifrt" in serialized[:200]
+
+
+def test_a_jax_whose_cache_was_not_checked_is_refused_with_the_versions_that_were(monkeypatch):
+    """Another JAX's entry format and key function may differ: refused in one error naming the
+    checked versions (the installed JAX is told it is 0.99)."""
+    from pool.jax_cache import versions
+
+    versions.jax_internals.cache_clear()
+    monkeypatch.setattr(jax, "__version_info__", (0, 99, 0))
+    try:
+        with pytest.raises(versions.JaxVersionError, match=r"checked: 0\.10, 0\.11, 0\.12"):
+            versions.jax_internals()
+    finally:
+        versions.jax_internals.cache_clear()

@@ -424,6 +424,14 @@ def _warm(args: argparse.Namespace) -> int:
     from pool.warm.spec_file import SpecError, load_spec
     from pool.warm.warming import warm
 
+    if args.jax_cache is not None:
+        from pool.jax_cache.versions import JaxVersionError, jax_internals
+
+        try:
+            jax_internals()
+        except JaxVersionError as error:
+            raise UsageError(str(error)) from None
+
     interrupted: WarmInterrupted | None = None
     with _stdout_to_stderr():
         try:

@@ -64,10 +64,13 @@ class JaxInternals(NamedTuple):
         return xla_client.DeviceAssignment.create(ids)
 
     def ignore_callbacks(self) -> Any:
-        """Which callbacks JAX leaves out of a module's hash, as its compile path chooses."""
-        if jax.config.jax_remove_custom_partitioning_ptr_from_cache_key:
-            return self.cache_key.IgnoreCallbacks.CUSTOM_PARTITIONING
-        return self.cache_key.IgnoreCallbacks.NO
+        """What JAX leaves out of a module's hash, as its compile path chooses: an
+        IgnoreCallbacks (jax 0.10.2), or whether to drop custom partitioning's (0.11, 0.12)."""
+        removing = bool(jax.config.jax_remove_custom_partitioning_ptr_from_cache_key)
+        choices = getattr(self.cache_key, "IgnoreCallbacks", None)
+        if choices is None:
+            return removing
+        return choices.CUSTOM_PARTITIONING if removing else choices.NO
 
 
 def jax_version() -> tuple[int, int]:
@@ -99,7 +102,6 @@ def jax_internals() -> JaxInternals:
         for module, name in (
             (compiler, "compile_or_get_cached"),
             (cache_key, "get"),
-            (cache_key, "IgnoreCallbacks"),
             (compilation_cache, "combine_executable_and_time"),
             (compilation_cache, "compress_executable"),
             (compilation_cache, "decompress_executable"),
