@@ -177,6 +177,7 @@ def _register_jax_cache(warm: Any) -> None:
         "--jax-compression",
         choices=[c.value for c in Compression],
         default=Compression.ZLIB.value,
+        metavar="{zlib,zstandard}",
         help="how the target's JAX compresses entries: zstandard where it can import it, else "
         "zlib (default)",
     )
