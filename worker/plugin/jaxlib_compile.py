@@ -44,9 +44,13 @@ _c_apis: dict[str, Any] = {}
 
 
 def _load_plugin(platform: str, library: str) -> Any:
-    """Loads and initializes a PJRT plugin through jaxlib, once per process; its C API."""
+    """Loads and initializes a PJRT plugin through jaxlib, once per process, for compiling only
+    (libtpu: without the host's lock; worker.plugin.runtime.loading_environment); its C API."""
+    from worker.plugin.locate import environment_variables
+    from worker.plugin.runtime import loading_environment
+
     xla_client = _xla_client()
-    with _loaded_lock:
+    with _loaded_lock, environment_variables(loading_environment(platform, deviceless=True)):
         try:
             if platform not in _c_apis:
                 _c_apis[platform] = xla_client.load_pjrt_plugin_dynamically(platform, library)
