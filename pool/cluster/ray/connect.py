@@ -60,6 +60,12 @@ def connect_ray(address: str) -> Iterator[str]:
             yield address
             return
         check_reachable(address)
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        options = {}
+        host = address.rpartition(":")[0]
+        if host.startswith("127."):  # a cluster on this machine's loopback (LocalRayCluster)
+            # This process is on the cluster's machine: its node's address is the head's.
+            # Ray would take this machine's outward address, which no node listens at.
+            options["_node_ip_address"] = host
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, **options)
         stack.callback(ray.shutdown)
         yield address

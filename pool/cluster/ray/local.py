@@ -3,7 +3,7 @@
 For trying a RayClusterPool out (`pjrt-pool warm --ray local:N`) and for the
 tests: every node is a real Ray node (its own raylet and object store, as on
 another machine), started by `ray start --block` in a session of its own, on
-loopback only, with small object stores. The head has no CPUs, so it hosts
+loopback only (LOOPBACK), with small object stores. The head has no CPUs, so it hosts
 no NodeActor (pool.cluster.ray.nodes): the cluster's N nodes are the worker
 nodes. close() interrupts each `ray start` (which stops its node's
 processes) and kills what is left of each node's session: nothing started
@@ -27,6 +27,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+LOOPBACK = "127.0.0.2"
+"""The address every node listens and is reached at: loopback, but not 127.0.0.1 nor
+localhost, which Ray replaces by this machine's outward address (so that other machines can
+reach it), where a local cluster must not be reached."""
 
 START_SECONDS = 120.0
 """How long a node may take to start before LocalRayCluster gives up (a busy 2-core machine
@@ -53,9 +58,13 @@ _FREE_PORTS = (
 )
 
 
+class _NodeGaveUpError(RuntimeError):
+    """A node's `ray start` exited as it started."""
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((LOOPBACK, 0))
         return int(probe.getsockname()[1])
 
 
@@ -95,8 +104,10 @@ class LocalRayCluster:
             nodes = [{}] * nodes
         self._cpus = cpus_per_node or os.cpu_count() or 1
         self._temp = tempfile.mkdtemp(prefix="pjrt-ray-", dir="/tmp")  # short: Ray's sockets
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"{LOOPBACK}:{_free_port()}"
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._logs: dict[int, Path] = {}
+        self._start_timeout = start_timeout
         self._deadline = time.monotonic() + start_timeout
         atexit.register(self.close)  # a process that exits with it open still stops it
         try:
@@ -109,9 +120,9 @@ class LocalRayCluster:
                 f"--temp-dir={self._temp}",
             )
             self._await_port(head)
+            self._await_started(head)
             for index, options in enumerate(nodes):
                 self.add_node(index, **options)
-            self._await_nodes()
         except BaseException:
             self.close()
             raise
@@ -119,24 +130,36 @@ class LocalRayCluster:
     def add_node(
         self, index: int, cpus: int | None = None, resources: Mapping[str, float] | None = None
     ) -> subprocess.Popen[bytes]:
-        """Starts one more worker node (its log: node-INDEX.log in the cluster's directory)."""
+        """Starts one more worker node and waits until it has joined (its log: node-INDEX.log
+        in the cluster's directory). One that gives up as it starts (Ray allows a raylet 30 s
+        to register, which a busy machine can take) is started again, until the deadline."""
         arguments = [f"--address={self.address}", f"--num-cpus={cpus or self._cpus}"]
         if resources:
             arguments.append(f"--resources={json.dumps(dict(resources))}")
-        return self._start(f"node-{index}", *arguments)
+        while True:
+            process = self._start(f"node-{index}", *arguments)
+            try:
+                self._await_started(process)
+                return process
+            except _NodeGaveUpError:
+                self.processes.remove(process)
+                with contextlib.suppress(ProcessLookupError):  # what it started of its node
+                    os.killpg(process.pid, signal.SIGKILL)
+                self._check_deadline()
 
     def _start(self, name: str, *arguments: str) -> subprocess.Popen[bytes]:
         command = [
             *_ray_command(),
             "start",
             "--block",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={LOOPBACK}",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
             *_QUIET,
             *_FREE_PORTS,
             *arguments,
         ]
-        with open(os.path.join(self._temp, f"{name}.log"), "wb") as log:
+        path = Path(self._temp, f"{name}.log")
+        with open(path, "wb") as log:
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -148,26 +171,30 @@ class LocalRayCluster:
                 env={**os.environ, "TMPDIR": self._temp, "RAY_TMPDIR": self._temp},
             )
         self.processes.append(process)
+        self._logs[process.pid] = path
         return process
 
     def log(self, process: subprocess.Popen[bytes]) -> str:
-        """The end of a node's log."""
-        name = (
-            "head" if process is self.processes[0] else f"node-{self.processes.index(process) - 1}"
-        )
-        with contextlib.suppress(OSError):
-            return Path(self._temp, f"{name}.log").read_text(errors="replace")
+        """A node's log (what its `ray start` printed)."""
+        with contextlib.suppress(OSError, KeyError):
+            return self._logs[process.pid].read_text(errors="replace")
         return ""
 
-    def _check_started(self) -> None:
-        for process in self.processes:
+    def _check_deadline(self) -> None:
+        if time.monotonic() > self._deadline:
+            raise TimeoutError(f"the local Ray cluster did not start in {self._start_timeout:g} s")
+
+    def _await_started(self, process: subprocess.Popen[bytes]) -> None:
+        """Waits until a node's `ray start` has said that its node runs (it joined); raises
+        _NodeGaveUpError when it exited first."""
+        while _STARTED not in self.log(process):
             if process.poll() is not None:
-                raise RuntimeError(
+                raise _NodeGaveUpError(
                     f"a local Ray node exited as it started (status {process.returncode}):\n"
                     f"{self.log(process)[-3000:]}"
                 )
-        if time.monotonic() > self._deadline:
-            raise TimeoutError(f"the local Ray cluster did not start in {START_SECONDS:g} s")
+            self._check_deadline()
+            time.sleep(0.2)
 
     def _await_port(self, head: subprocess.Popen[bytes]) -> None:
         host, _, port = self.address.rpartition(":")
@@ -176,14 +203,11 @@ class LocalRayCluster:
                 socket.create_connection((host, int(port)), timeout=0.5).close()
                 return
             except OSError:
-                self._check_started()
+                if head.poll() is not None:
+                    log = self.log(head)[-3000:]
+                    raise _NodeGaveUpError(f"the local Ray head exited:\n{log}") from None
+                self._check_deadline()
                 time.sleep(0.2)
-
-    def _await_nodes(self) -> None:
-        """Waits until every node's `ray start` has said that its node runs (it joined)."""
-        while not all(_STARTED in self.log(process) for process in self.processes):
-            self._check_started()
-            time.sleep(0.2)
 
     def kill_node(self, index: int) -> None:
         """Kills worker node `index` at once, every process of it (a machine that died)."""
