@@ -190,5 +190,5 @@ class NodePool:
         if question == "platform":
             return (None if pool is None else pool.platform) or default_platform()
         if question == "worker_info":
-            return [] if pool is None else pool.worker_info()
+            return [] if pool is None else pool.worker_info
         return {} if pool is None else getattr(pool, question)._asdict()
