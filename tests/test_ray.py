@@ -280,22 +280,25 @@ def test_a_lost_node_s_runs_finish_elsewhere_and_its_kept_values_say_they_are_lo
     cluster, handlers: str, tmp_path: Path
 ) -> None:
     program = sleep_program(1)
-    with _pool(tmp_path, initializer=handler_initializer(handlers)) as pool:
+    options = {"initializer": handler_initializer(handlers), "spread_at": 1}
+    with _pool(tmp_path, **options) as pool:
         keep = pool.function(lambda x: (x * 2.0, jnp.sum(x)), keep=0)
-        while True:  # a value on the node that will be lost (the first node)
-            value, _ = keep(X)
-            node_id = pool._node_holding(value._memory)
-            if node_id == sorted(pool.nodes())[0]:
-                break
+        value, _ = keep(X)
+        victim = pool._node_holding(value._memory)
         pool.run(program, [milliseconds(1)])
         runs = [pool.submit(program, [milliseconds(1500 + i)]) for i in range(4)]
-        time.sleep(0.5)  # they run, on the program's node and then the other
-        cluster.kill_node(_index_of(cluster, node_id))
+        holders = pool.router.holders(program_id(program))
+        assert sorted(holders) == sorted(pool.nodes())  # spread_at=1: runs on both nodes
+        time.sleep(0.5)  # they run
+        cluster.kill_node(_index_of(cluster, victim))
+        # Each run ends once, with its outputs: those on the lost node ran again on the other.
         assert [float(r.result(timeout=180)[0][0]) for r in runs] == [1500.0 + i for i in range(4)]
-        with pytest.raises(WorkerCrashedError, match="value"):
+        assert victim not in pool.nodes()
+        with pytest.raises(WorkerCrashedError, match="1 value"):
             np.asarray(value)
-        with pytest.raises(WorkerCrashedError, match="value"):
+        with pytest.raises(WorkerCrashedError, match="1 value"):
             keep(value)
+        np.testing.assert_array_equal(np.asarray(keep(X)[0]), X * 2.0)  # on the node left
 
 
 def _index_of(cluster: LocalRayCluster, node_id: str) -> int:

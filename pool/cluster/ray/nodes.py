@@ -47,6 +47,10 @@ from worker.plugin.topology import TopologySpec
 LOST_COOLDOWN_SECONDS = 30.0
 """How long a node whose actor died gets no new one (see the module docstring)."""
 
+LOST = "was lost with its Ray node"
+"""How a lost node's values are said to be lost (WorkerMemory.lose: "the worker (pid P) that
+held N value(s) was lost with its Ray node, and they are lost: ...")."""
+
 CLOSE_SECONDS = 120.0
 """How long closing waits for a node's Pool to close before its actor is killed."""
 
@@ -114,7 +118,7 @@ class Nodes:
             if self._closed:
                 return
             for gone in set(self._nodes) - {n["NodeID"] for n in alive}:
-                self._drop_locked(gone, "was lost with its Ray node", now)
+                self._drop_locked(gone, LOST, now)
             for info in sorted(alive, key=lambda n: n["NodeID"]):
                 node_id = info["NodeID"]
                 if node_id in self._nodes or now - self._lost_at.get(node_id, -1e9) < (

@@ -22,7 +22,7 @@ from pool.cluster.carried import CarriedError, NodeLostError, original_error
 from pool.cluster.core import ClusterPoolBase, RunCall
 from pool.cluster.options import cluster_signature, documented
 from pool.cluster.ray.futures import RayFuture
-from pool.cluster.ray.nodes import NO_SEGMENTS, Node, Nodes, Role
+from pool.cluster.ray.nodes import LOST, NO_SEGMENTS, Node, Nodes, Role
 from pool.cluster.ray.values import Held, KeptOnNode
 from pool.errors import PoolClosedError
 from pool.executor.values import DeviceValue
@@ -118,7 +118,8 @@ twice a node's CPUs).""",
         return node
 
     def _send_run(self, address: str, call: RunCall) -> RayFuture:
-        pinned = type(call.arguments) is list and DeviceValue in map(type, call.arguments)
+        held = [x._memory for x in call.arguments if type(x) is DeviceValue]
+        pinned = bool(held)
 
         def send(address: str) -> ray.ObjectRef:
             node = self._node(address)
@@ -139,7 +140,7 @@ twice a node's CPUs).""",
                 node.memory.delivered(deliveries)
             return ref
 
-        reroute = functools.partial(self._reroute_run, call.identity, pinned)
+        reroute = functools.partial(self._reroute_run, call.identity, held[0] if held else None)
         return self._follow(
             RayFuture(
                 send,
@@ -161,7 +162,7 @@ twice a node's CPUs).""",
         def send(address: str) -> ray.ObjectRef:
             return self._node(address).actor.run_spec.remote(spec, arguments, timeout, bundle)
 
-        reroute = functools.partial(self._reroute_run, spec.key, False)
+        reroute = functools.partial(self._reroute_run, spec.key, None)
         return self._follow(RayFuture(send, address, reroute=reroute, ended=self._run_ended))
 
     def _send_compile(
@@ -202,21 +203,29 @@ twice a node's CPUs).""",
         self._untrack(id(future))
 
     def _reroute_run(
-        self, identity: str, pinned: bool, address: str, error: BaseException, losses: int
+        self,
+        identity: str,
+        held: WorkerMemory | None,
+        address: str,
+        error: BaseException,
+        losses: int,
     ) -> str:
-        """Where a run goes after its node was lost (see the class docstring)."""
+        """Where a run goes after its node was lost (see the class docstring); a run taking
+        values kept there (`held`: their record) fails as a Pool's does when the worker
+        holding them dies."""
         self._router.done(address)
-        self._lose(address, error, losses)
-        if pinned:  # its kept inputs were lost with the node: the node's values say so
-            raise NodeLostError(
+        if held is not None:
+            self._nodes.lost(address, self._nodes.get(address), LOST)
+            raise held.lost or NodeLostError(
                 f"Ray node {address} was lost with the values this run takes ({error})"
             )
+        self._lose(address, error, losses)
         return self._router.choose(identity)
 
     def _lose(self, address: str, error: BaseException, losses: int) -> None:
         """A call's node was lost: forgotten (its values lost); raises when the call is not
         to be sent again."""
-        self._nodes.lost(address, self._nodes.get(address), "was lost with its Ray node")
+        self._nodes.lost(address, self._nodes.get(address), LOST)
         if self._closed:
             raise PoolClosedError(f"the {type(self).__name__} is closed") from error
         if not self._retry_lost or losses > ALLOWED_LOSSES:
@@ -270,7 +279,7 @@ twice a node's CPUs).""",
         try:
             array = ray.get(ref)
         except ray.exceptions.RayActorError as error:
-            self._nodes.lost(address, node, "was lost with its Ray node")
+            self._nodes.lost(address, node, LOST)
             raise node.memory.lost or NodeLostError(str(error)) from error
         if isinstance(array, CarriedError):
             raise original_error(array)
@@ -302,7 +311,7 @@ twice a node's CPUs).""",
             try:
                 answers.append(ray.get(ref))
             except ray.exceptions.RayActorError:
-                self._nodes.lost(node.node_id, node, "was lost with its Ray node")
+                self._nodes.lost(node.node_id, node, LOST)
         return answers
 
     def _close_nodes(self) -> None:
