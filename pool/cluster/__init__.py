@@ -26,9 +26,9 @@ another compiled.
 
 The modules: core.py (ClusterPoolBase), options.py (every Pool option,
 by its declaration), routing.py, carried.py (CarriedError, NodeLostError),
-node_pool.py (the node's side); dask/ (ClusterPool: pool.py, node.py,
-futures.py, run_once.py, connect.py) and ray/ (RayClusterPool: pool.py,
-actor.py, nodes.py, futures.py, connect.py).
+node_pool.py (the node's side); the engines: dask/ (ClusterPool, its
+plugin and futures, local_client) and ray/ (RayClusterPool, its actors and
+futures, LocalRayCluster).
 
 Each engine is an extra: dask/ needs Dask's ``distributed`` (the
 ``cluster`` extra), ray/ needs ``ray`` (the ``ray`` extra). Without it, the

@@ -100,8 +100,17 @@ twice a node's CPUs).""",
         return self._nodes.addresses(Role.RUN, Role.TPU_HOST)
 
     def _compile_addresses(self) -> list[str]:
-        run = self._router.addresses()  # listed again when the last listing is old
-        return self._nodes.addresses(Role.COMPILE) or run
+        try:
+            run = self._router.addresses()  # the nodes listed again when the listing is old
+        except RuntimeError:  # no node runs: a TPU pool without TPU hosts compiles only
+            run = []
+        compilers = self._nodes.addresses(Role.COMPILE) or run
+        if not compilers:
+            raise RuntimeError(
+                "no node of the Ray cluster compiles for this pool: it has no node with CPUs "
+                "(nor, for platform 'tpu', a TPU host, or a topology to compile for)"
+            )
+        return compilers
 
     def _is_cluster_data(self, value: Any) -> bool:
         return isinstance(value, ray.ObjectRef)
@@ -118,7 +127,8 @@ twice a node's CPUs).""",
         return node
 
     def _send_run(self, address: str, call: RunCall) -> RayFuture:
-        held = [x._memory for x in call.arguments if type(x) is DeviceValue]
+        listed = call.arguments if type(call.arguments) is list else []
+        held = [x._memory for x in listed if type(x) is DeviceValue]
         pinned = bool(held)
 
         def send(address: str) -> ray.ObjectRef:
