@@ -33,8 +33,9 @@ _resends: concurrent.futures.ThreadPoolExecutor | None = None
 _resends_lock = threading.Lock()
 
 
-def _resend(call: Callable[[], None]) -> None:
-    """Runs a resend off Ray's callback thread (which must not wait on Ray)."""
+def _off_ray_thread(call: Callable[[], None]) -> None:
+    """Runs a resend, or a conversion, off Ray's callback thread: a resend calls Ray, and a
+    conversion may wait for a lock a thread holds while it calls Ray."""
     global _resends
     with _resends_lock:
         if _resends is None:
@@ -89,16 +90,22 @@ class RayFuture(Future):  # type: ignore[type-arg]
         try:
             value = inner.result()
         except ray.exceptions.RayActorError as error:
-            _resend(functools.partial(self._lost, error))
+            _off_ray_thread(functools.partial(self._lost, error))
             return
         except BaseException as error:
             self._finish(None, error)
             return
         if isinstance(value, CarriedError):
             self._finish(None, original_error(value))
-            return
+        elif self._convert is None:
+            self._finish(value, None)
+        else:
+            _off_ray_thread(functools.partial(self._converted, value))
+
+    def _converted(self, value: Any) -> None:
+        assert self._convert is not None
         try:
-            converted = value if self._convert is None else self._convert(value, self.address)
+            converted = self._convert(value, self.address)
         except Exception as error:  # converting failed: the caller sees why
             self._finish(None, error)
             return

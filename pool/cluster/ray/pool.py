@@ -156,7 +156,8 @@ twice a node's CPUs).""",
                 send,
                 address,
                 reroute=reroute,
-                convert=functools.partial(self._outputs, call.name),
+                # Only a run that keeps outputs has any to make DeviceValues of.
+                convert=functools.partial(self._outputs, call.name) if call.keep else None,
                 ended=self._run_ended,
             )
         )
