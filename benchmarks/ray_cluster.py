@@ -11,12 +11,12 @@ worker processes (compiled there beforehand). Each leg both ways: one at a
 time (run, ray.get of each task), and all submitted then every result read.
 The goal: (a) at most 1.5x (b).
 
-warm: the example programs (scripts/examples.py: 31 of them) warmed into
-fresh cache directories on two nodes of one PJRT worker each, (a) by a
-RayClusterPool (warm(ray=...)) and (b) by the Dask ClusterPool
-(warm(scheduler=...)) on a LocalCluster of two Dask workers, both clusters
-on this machine, started before (their start-up in no figure). The goal:
-(a) at most 1.1x (b).
+warm: the example programs (scripts/examples.py, which scripts/example_spec.py
+warms) warmed into fresh cache directories on two nodes of one PJRT worker
+each, (a) by a RayClusterPool (warm(ray=...): its actors start with it) and
+(b) by the Dask ClusterPool (warm(scheduler=...)) on a LocalCluster of two
+Dask workers, both clusters on this machine, started before (their start-up
+in no figure). The goal: (a) at most 1.1x (b).
 
 Legs alternate in order across --repeat rounds; medians are printed. Self-
 contained: every figure's baseline is measured in the same run.

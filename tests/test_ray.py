@@ -10,8 +10,10 @@ cluster has one node left after it).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ ray = pytest.importorskip("ray")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from conftest import CLI_COMMAND, repo_environment  # noqa: E402
 from pool_helpers import handler_initializer, milliseconds, scale_program, sleep_program  # noqa: E402
 
 from pool import (  # noqa: E402
@@ -237,6 +240,40 @@ def test_close_leaves_no_actor_and_no_pjrt_worker(cluster, tmp_path: Path) -> No
     while any(map(_alive, [*actors, *workers])):
         assert time.monotonic() < deadline, "an actor or a PJRT worker outlived close()"
         time.sleep(0.2)
+
+
+def test_warm_and_run_on_the_cluster_from_the_command_line(cluster, tmp_path: Path) -> None:
+    spec, cache, manifest = tmp_path / "spec.py", tmp_path / "cache", tmp_path / "m.json"
+    spec.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def programs():\n"
+        "    s = [jax.ShapeDtypeStruct((8,), jnp.float32)]\n"
+        "    return [(f'p{i}', (lambda i: lambda x: x * i + 1)(i), s) for i in range(6)]\n"
+    )
+    where = ["--ray", cluster.address, "--workers", "1", "--cache-dir", str(cache)]
+    done = _cli("warm", str(spec), *where, "--json", "--manifest", str(manifest))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["counts"] == {"compiled": 6}
+    inputs = tmp_path / "x.npy"
+    np.save(inputs, X)
+    done = _cli(
+        "run", str(manifest), "p3", "--ray", cluster.address, "--batch", str(inputs), "--json"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"ran": 1, "failed": 0} and report["ray"] == cluster.address
+    assert report["runs"][0]["outputs"][0]["sum"] == pytest.approx(float((X * 3 + 1).sum()))
+
+
+def _cli(*words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI_COMMAND, *words],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=repo_environment(empty_unsets=False),
+        check=False,
+    )
 
 
 def _medium_program(seed: int):

@@ -1,16 +1,13 @@
-"""`pjrt-pool warm --ray` and `pjrt-pool run --ray`: a local Ray cluster started for the run,
-and a head that does not answer (one clear error, at once)."""
+"""`pjrt-pool warm --ray` and `pjrt-pool run --ray` with a head that does not answer: one clear
+error, at once. (Against a cluster: tests/test_ray.py; with local:N, docs/ray.md's example.)"""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("ray")
@@ -67,45 +64,3 @@ def test_a_head_that_does_not_answer_is_one_clear_error(tmp_path: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith(f"pjrt-pool warm: --ray {words[-1]}: ")
     done = _cli("warm", str(spec), "--ray", address, "--scheduler", "local:2")
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
-
-
-@pytest.mark.slow
-def test_warm_and_run_on_a_local_ray_cluster(tmp_path: Path) -> None:
-    before = _local_clusters()  # other clusters of this machine's, which are not this test's
-    spec = tmp_path / "spec.py"
-    spec.write_text(SPEC)
-    cache, manifest = tmp_path / "cache", tmp_path / "m.json"
-    common = ["--workers", "1", "--cache-dir", str(cache)]
-    done = _cli(
-        "warm", str(spec), "--ray", "local:2", *common, "--json", "--manifest", str(manifest)
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["counts"] == {"compiled": 6}
-    inputs = tmp_path / "x.npy"
-
-    np.save(inputs, np.arange(8, dtype=np.float32))
-    done = _cli("run", str(manifest), "p3", "--ray", "local:1", "--batch", str(inputs), "--json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    assert report["counts"] == {"ran": 1, "failed": 0} and report["ray"] == "local:1"
-    assert report["runs"][0]["outputs"][0]["sum"] == float((np.arange(8) * 3 + 1).sum())
-    # Nothing of the local clusters outlived the commands: no process of theirs, no directory.
-    assert _local_clusters() <= before
-
-
-def _local_clusters() -> set[str]:
-    """The local Ray clusters' directories (LocalRayCluster's) on this machine, and those
-    that processes name (a node's processes name its directory on their command lines)."""
-    found = {str(path) for path in Path("/tmp").glob("pjrt-ray-*")}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        for word in _cmdline(int(pid)).split():
-            if "/tmp/pjrt-ray-" in word:
-                found.add("/tmp/pjrt-ray-" + word.split("/tmp/pjrt-ray-")[1].split("/")[0])
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""

@@ -59,9 +59,9 @@ WorkerCrashedError a Pool raises when the worker holding a value dies.
 
 A call whose node is lost (its actor died) is sent to another node, up to
 ALLOWED_LOSSES times, and its future settles once; retry_lost=False fails
-it with NodeLostError instead, and so does a call that takes kept values
-(they were lost with the node). spread_at is as for ClusterPool (default:
-twice a node's CPUs).""",
+it with NodeLostError instead. A call that takes kept values is not sent
+elsewhere: it fails with their loss. spread_at is as for ClusterPool
+(default: twice a node's CPUs).""",
     )
 
     _engine = "Ray"
