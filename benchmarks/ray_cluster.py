@@ -11,8 +11,8 @@ worker processes (compiled there beforehand). Each leg both ways: one at a
 time (run, ray.get of each task), and all submitted then every result read.
 The goal: (a) at most 1.5x (b).
 
-warm: the example programs (scripts/examples.py, which scripts/example_spec.py
-warms) warmed into fresh cache directories on two nodes of one PJRT worker
+warm: the example programs (pool.examples, which `pjrt-pool warm
+pool.examples:programs` warms) warmed into fresh cache directories on two nodes of one PJRT worker
 each, (a) by a RayClusterPool (warm(ray=...): its actors start with it) and
 (b) by the Dask ClusterPool (warm(scheduler=...)) on a LocalCluster of two
 Dask workers, both clusters on this machine, started before (their start-up
@@ -36,7 +36,6 @@ from typing import Any
 
 _SCRATCH = tempfile.mkdtemp(prefix="bench-ray-")
 os.environ["PJRT_POOL_CACHE_DIR"] = str(Path(_SCRATCH) / "default-cache")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # examples.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -102,9 +101,8 @@ def _runs(cluster: RayClusterPool, count: int, repeat: int) -> None:
 
 
 def _warm(ray_address: str, repeat: int) -> None:
-    from examples import example_programs
-
     from pool.cluster import local_client
+    from pool.examples import example_programs
     from pool.warm.spec_file import WarmProgram
     from pool.warm.warming import warm
 

@@ -50,7 +50,14 @@ from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
-from worker.records import ArrayType, CompileStatistics, LoweredProgram, ProgramSpec, check_program
+from worker.records import (
+    ArrayType,
+    CompileStatistics,
+    JaxCompile,
+    LoweredProgram,
+    ProgramSpec,
+    check_program,
+)
 
 HOLD_TEXT_CHARS = 64 << 10
 """Programs with a longer text are sent to the cluster once (as a Dask task of their own, or a
@@ -138,9 +145,10 @@ class ClusterPoolBase(PoolFace):
         name: str,
         timeout: float | None,
         options: bytes | None,
+        jax: JaxCompile | None,
     ) -> Future[CompileResult]:
-        """Sends a compile to `address`'s Pool; returns a future of its CompileResult
-        (converted by _unwrap, so that it is counted once)."""
+        """Sends a compile (for JAX's cache, with jax) to `address`'s Pool; returns a future
+        of its CompileResult (converted by _unwrap, so that it is counted once)."""
 
     @abc.abstractmethod
     def _check_on(
@@ -396,7 +404,12 @@ class ClusterPoolBase(PoolFace):
         return home_of(program_id(program, compile_options), self._compile_addresses())
 
     def _submit_compile(
-        self, program: Any, name: str | None, timeout: float | None, options: bytes | None
+        self,
+        program: Any,
+        name: str | None,
+        timeout: float | None,
+        options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> Future[CompileResult]:
         """submit_compile (see PoolFace's): on the node the program's hash picks."""
         self._check_open()
@@ -404,7 +417,7 @@ class ClusterPoolBase(PoolFace):
         options = checked_compile_options(options)
         check_devices(program.partitioning, *self._devices)
         address = self._route(program, options)
-        return self._send_compile(address, program, name or program.name, timeout, options)
+        return self._send_compile(address, program, name or program.name, timeout, options, jax)
 
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""

@@ -32,7 +32,7 @@ from pool.executor.compile_many import CompileResult
 from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 T = TypeVar("T")
 
@@ -141,14 +141,15 @@ class NodePool:
         name: str,
         timeout: float | None,
         compile_options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> CompileResult | CarriedError:
-        """Compiles in the Pool; a program's failure is returned, not raised: a compile
-        error or a PJRT worker crash is a value of the program (compile_many reports it per
-        program), not a failed task of the engine."""
+        """Compiles in the Pool (for JAX's cache, with jax); a program's failure is
+        returned, not raised: a compile error or a PJRT worker crash is a value of the
+        program (compile_many reports it per program), not a failed task of the engine."""
 
         def compile_in(pool: Pool) -> CompileResult:
             return pool.submit_compile(
-                program, name=name, timeout=timeout, compile_options=compile_options
+                program, name=name, timeout=timeout, compile_options=compile_options, jax=jax
             ).result()
 
         return self._in_pool(compile_in)

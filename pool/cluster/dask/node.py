@@ -24,7 +24,7 @@ from pool.cluster.node_pool import NodePool, Question
 from pool.errors import PoolClosedError
 from pool.executor.compile_many import CompileResult
 from pool.face import Pool
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 PLUGIN_PREFIX = "pjrt-pool-"
 """Each ClusterPool registers its PoolPlugin under this prefix and a uuid of its own, so
@@ -155,13 +155,14 @@ def compile_task(
     name: str,
     timeout: float | None,
     compile_options: bytes | None,
+    jax: JaxCompile | None = None,
 ) -> CompileResult | CarriedError:
-    """Compiles in this node's Pool; a program's failure is returned, not raised (see
-    NodePool.compile)."""
+    """Compiles in this node's Pool (for JAX's cache, with jax); a program's failure is
+    returned, not raised (see NodePool.compile)."""
     node = _node(plugin)
     if isinstance(node, CarriedError):
         return node
-    return node.compile(program, name, timeout, compile_options)
+    return node.compile(program, name, timeout, compile_options, jax)
 
 
 def check_task(

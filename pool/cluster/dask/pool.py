@@ -40,7 +40,7 @@ from pool.cluster.dask.node import (
 )
 from pool.cluster.dask.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
 from pool.cluster.options import cluster_signature, documented
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 
 class ClusterPool(ClusterPoolBase):
@@ -174,8 +174,11 @@ see pool.cluster.routing).""",
         name: str,
         timeout: float | None,
         options: bytes | None,
+        jax: JaxCompile | None,
     ) -> ClusterFuture:
-        remote = self._send(compile_task, address, "pjrt-compile-", program, name, timeout, options)
+        remote = self._send(
+            compile_task, address, "pjrt-compile-", program, name, timeout, options, jax
+        )
         done = functools.partial(self._untrack, remote.key)
         return ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost)
 

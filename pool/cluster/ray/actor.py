@@ -32,7 +32,7 @@ from pool.executor.values import DeviceValue
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 CONTROL = "control"
 """The concurrency group of the calls that must not wait behind runs."""
@@ -108,9 +108,10 @@ class NodeActor:
         name: str,
         timeout: float | None,
         compile_options: bytes | None,
+        jax: JaxCompile | None = None,
     ) -> CompileResult | CarriedError:
         """Compiles in the node's Pool (NodePool.compile)."""
-        return self._node.compile(program, name, timeout, compile_options)
+        return self._node.compile(program, name, timeout, compile_options, jax)
 
     def check(
         self,

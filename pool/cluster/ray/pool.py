@@ -27,7 +27,7 @@ from pool.cluster.ray.values import Held, KeptOnNode
 from pool.errors import PoolClosedError
 from pool.executor.values import DeviceValue
 from pool.executor.worker_memory import WorkerMemory
-from worker.records import LoweredProgram, ProgramSpec
+from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 
 ALLOWED_LOSSES = 3
 """How many times a call is sent again after its node was lost, before it fails with
@@ -183,9 +183,11 @@ elsewhere: it fails with their loss. spread_at is as for ClusterPool
         name: str,
         timeout: float | None,
         options: bytes | None,
+        jax: JaxCompile | None,
     ) -> RayFuture:
         def send(address: str) -> ray.ObjectRef:
-            return self._node(address).actor.compile.remote(program, name, timeout, options)
+            actor = self._node(address).actor
+            return actor.compile.remote(program, name, timeout, options, jax)
 
         def reroute(address: str, error: BaseException, losses: int) -> str:
             self._lose(address, error, losses)
