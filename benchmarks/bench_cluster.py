@@ -51,7 +51,7 @@ from harness import Side, compare, report  # noqa: E402
 
 from pool import ClusterPool, Pool, lower  # noqa: E402
 from pool.cluster import local_client  # noqa: E402
-from pool.cluster.node import node_figures  # noqa: E402
+from pool.cluster.dask.node import node_answer  # noqa: E402
 
 SIDE = 4096
 """A SIDE x SIDE float32 output is 64 MiB."""
@@ -100,7 +100,7 @@ def _timed_on_node(make: Any, *args: Any) -> float:
 
 
 def _pool_run_on_node(plugin: str, program: Any, x: np.ndarray) -> list[np.ndarray]:
-    from pool.cluster.node import node_pool
+    from pool.cluster.dask.node import node_pool
 
     return node_pool(plugin).run(program, [x])
 
@@ -174,7 +174,7 @@ def _large(client: distributed.Client, cluster: ClusterPool, repeat: int) -> Non
 def _loads(client: distributed.Client, cluster: ClusterPool) -> int:
     return sum(
         int(s.get("compiled", 0)) + int(s.get("loaded", 0))
-        for s in client.run(node_figures, cluster.plugin_name, "statistics").values()
+        for s in client.run(node_answer, cluster.plugin_name, "statistics").values()
     )
 
 

@@ -9,7 +9,7 @@ Programs API imports from here. What the folders hold:
                   both offer (compile, compile_many, map, function), written once
     executor/     the Pool's machinery (tasks, workers, manager thread, shared memory)
     lowering/     lower(), StableHLO for the plugin's window, Pool.function, save_inputs
-    cluster/      compiling and running on a Dask cluster (ClusterPool)
+    cluster/      compiling and running on a Dask or Ray cluster (ClusterPool, RayClusterPool)
     jax_cache/    JAX's own persistent cache, warmed and backed by pjrt-pool
     warm/         warm specs and warming the disk cache
     conformance/  the check-plugin battery
@@ -27,7 +27,7 @@ floors below it, and from worker (tests/test_structure.py checks it)::
 
 where *.py stands for the modules at the top (manifest.py, errors.py, ...).
 The executor uses none of JAX; lowering/ adds it, with Pool.function;
-face.py puts the two behind one Pool; cluster/ runs Pools on Dask's workers;
+face.py puts the two behind one Pool; cluster/ runs Pools on Dask's workers and Ray's nodes;
 warming may use a cluster; the conformance battery and the command line use
 what they need of the rest. The examples need only JAX and worker, and
 nothing in pool imports them.
@@ -51,6 +51,7 @@ __version__ = "0.1.0"
 # the one list of the names (worker.lazy_names reads it on first use).
 if TYPE_CHECKING:
     from pool.cluster import ClusterPool as ClusterPool
+    from pool.cluster import RayClusterPool as RayClusterPool
     from pool.errors import DeviceFailureError as DeviceFailureError
     from pool.errors import PoolClosedError as PoolClosedError
     from pool.errors import PoolError as PoolError

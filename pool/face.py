@@ -5,7 +5,8 @@
       │             implements
       ├─ Pool         (this module) the Pool users import: pool.executor's WorkerPool,
       │               worker processes on this machine, behind the face
-      └─ ClusterPool  (pool.cluster) a Pool on each Dask worker of a cluster
+      └─ ClusterPoolBase  (pool.cluster.core) a Pool on each node of a cluster: ClusterPool
+                          on Dask's workers, RayClusterPool in an actor on each Ray node
 
 The primitives: submit, run and submit_spec (a run of a program, or of the
 executable a ProgramSpec names), _submit_compile (submit_compile's work),
@@ -299,7 +300,8 @@ class PoolFace(abc.ABC):
         `step = pool.function(train_step, keep=0)` returning (params, loss)
         gives params as values, which the next call takes as they are, so the
         parameters never leave the worker between steps (np.asarray or fetch()
-        copies them out). A Pool's only: a ClusterPool refuses it. A call whose
+        copies them out). A Pool's, and a RayClusterPool's (each node's actor keeps
+        them): a Dask ClusterPool refuses it. A call whose
         result is kept whole (keep=True) returns once its request is sent, as
         jax.jit returns once it dispatched (the Pool's dispatch_ahead): an
         error of that run is raised where its values are next used.
@@ -324,7 +326,7 @@ class PoolFace(abc.ABC):
         if keep is not False and not _no_keep(keep) and not self._keeps_values:
             raise TypeError(
                 f"{type(self).__name__}.function takes no keep=: its tasks run on whichever "
-                "node is free, so no value stays between calls; use a Pool"
+                "node is free, so no value stays between calls; use a Pool, or a RayClusterPool"
             )
         return PoolFunction(
             self,

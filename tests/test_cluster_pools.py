@@ -31,7 +31,7 @@ from pool_helpers import (  # noqa: E402
 
 from pool import ClusterPool, NeverCompileError, PoolClosedError, PoolError  # noqa: E402
 from pool.cluster import NodeLostError, local_client  # noqa: E402
-from pool.cluster.node import node_figures, run_task  # noqa: E402
+from pool.cluster.dask.node import node_answer, run_task  # noqa: E402
 from pool.cluster.routing import home_of  # noqa: E402
 from pool.executor.programs import program_id  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
@@ -208,7 +208,7 @@ def test_cluster_pools_on_one_cluster_keep_their_own_options_and_node_pools(
     assert not list((tmp_path / "b").rglob("*.pjx"))
     compiled = sum(
         figures.get("compiled", 0)
-        for figures in cluster.run(node_figures, first.plugin_name, "statistics").values()
+        for figures in cluster.run(node_answer, first.plugin_name, "statistics").values()
     )
     assert compiled == 3  # the same node Pools all along: none was replaced and restarted
 
@@ -256,7 +256,7 @@ def test_a_compile_goes_where_the_runs_of_its_options_go(cluster, tmp_path: Path
     with ClusterPool(cluster, workers_per_node=1, cache_dir=str(tmp_path)) as pool:
         pool.submit_compile(program, compile_options=options).result(timeout=120)
         pool.run(program, [X], compile_options=options)
-        figures = cluster.run(node_figures, pool.plugin_name, "statistics").values()
+        figures = cluster.run(node_answer, pool.plugin_name, "statistics").values()
         # Compiled once, then run where it is loaded: no node loaded it again.
         assert sum(f.get("compiled", 0) + f.get("loaded", 0) for f in figures) == 1
 
@@ -266,7 +266,7 @@ def test_a_node_exception_this_process_cannot_rebuild_comes_as_a_pool_error(clus
         import sys
         import types
 
-        from pool.cluster.futures import CarriedError
+        from pool.cluster.carried import CarriedError
 
         module = types.ModuleType("pjrt_pool_node_only")
 

@@ -36,7 +36,7 @@ from pool import (  # noqa: E402
     lower,
 )
 from pool.cluster import NodeLostError, local_client  # noqa: E402
-from pool.cluster.node import node_figures, run_task  # noqa: E402
+from pool.cluster.dask.node import node_answer, run_task  # noqa: E402
 from pool.manifest import Manifest, load_manifest  # noqa: E402
 from worker.bundle.writer import create_bundle  # noqa: E402
 from worker.cache import DiskCache  # noqa: E402
@@ -237,7 +237,7 @@ def test_never_compile_refuses_before_a_node_works(cluster, tmp_path: Path) -> N
         with pytest.raises(NeverCompileError, match="must not compile"):
             remote.submit(program, [x])
         # No node's PJRT worker compiled or loaded anything.
-        for statistics in cluster.run(node_figures, remote.plugin_name, "statistics").values():
+        for statistics in cluster.run(node_answer, remote.plugin_name, "statistics").values():
             assert statistics.get("compiled", 0) == 0 and statistics.get("loaded", 0) == 0
         assert remote.cache_counters.misses == 0
     with ClusterPool(cluster, workers_per_node=1, cache_dir=cache) as warming:

@@ -76,6 +76,8 @@ def in_environment(
 COMMANDS = {
     "warm --scheduler": (["warm", "SPEC", "--scheduler", "local:2"], {}, "cluster"),
     "run --scheduler": (["run", "MANIFEST", "add", "--scheduler", "local:2"], {}, "cluster"),
+    "warm --ray": (["warm", "SPEC", "--ray", "local:2"], {}, "ray"),
+    "run --ray": (["run", "MANIFEST", "add", "--ray", "127.0.0.1:6379"], {}, "ray"),
     "warm --remote s3://": (["warm", "SPEC", "--remote", "s3://bucket/prefix"], {}, "s3"),
     "warm, PJRT_POOL_CACHE_REMOTE gs://": (
         ["warm", "SPEC"],
@@ -145,8 +147,10 @@ sys.exit("no error")
 """
 
 CALLS = {
-    "import pool.cluster": ("import pool.cluster", "cluster", "distributed"),
+    "import pool.cluster.dask": ("import pool.cluster.dask", "cluster", "distributed"),
     "from pool import ClusterPool": ("from pool import ClusterPool", "cluster", "distributed"),
+    "import pool.cluster.ray": ("import pool.cluster.ray", "ray", "ray"),
+    "from pool import RayClusterPool": ("from pool import RayClusterPool", "ray", "ray"),
     "Pool(remote=s3://...)": (
         "from pool import Pool; Pool(1, remote='s3://bucket/p')",
         "s3",

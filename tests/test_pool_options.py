@@ -6,7 +6,7 @@ declarations, or written out beside them, agrees with them.
   types and defaults; help(Pool) documents each one.
 - Every option reaches the executor's settings, as a PoolSettings field of
   its own name holding its checked value, or combined with others.
-- ClusterPool's options that are Pool's have Pool's defaults and checks.
+- ClusterPool and RayClusterPool take every Pool option, with Pool's defaults and checks.
 - docs/pool.md states the signature.
 - A worker's command line reads back as the parent wrote it.
 - `pjrt-pool`'s flags for Pool options are the declared ones.
@@ -85,27 +85,25 @@ def test_the_first_bad_option_in_the_signature_order_is_the_one_named() -> None:
         PoolSettings.check({**{o.name: o.default for o in POOL_OPTIONS}, "max_load": 3})
 
 
-def test_cluster_pool_takes_pool_options_with_pool_defaults() -> None:
-    pytest.importorskip("distributed")
-    from pool.cluster import ClusterPool
+@pytest.mark.parametrize("engine", ["distributed", "ray"])
+def test_cluster_pools_take_every_pool_option_with_pool_defaults(engine: str) -> None:
+    pytest.importorskip(engine)
+    from pool import cluster
 
-    parameters = inspect.signature(ClusterPool).parameters
-    shared = [name for name in parameters if name in OPTIONS]
-    assert shared == [
-        "platform",
-        "cache_dir",
-        "task_timeout",
-        "initializer",
-        "never_compile",
-        "remote",
-        "topology",
-        "devices_per_worker",
-    ]
-    for name in [*shared, "workers_per_node"]:
-        option = OPTIONS["workers" if name == "workers_per_node" else name]
-        assert parameters[name].default == option.default, name
-        if name != "initializer":  # a node's initializer takes no arguments (no initargs)
-            assert parameters[name].annotation == option.annotation, name
+    cluster_pool = cluster.ClusterPool if engine == "distributed" else cluster.RayClusterPool
+    parameters = inspect.signature(cluster_pool).parameters
+    named = {"workers_per_node": "workers"}
+    shared = [named.get(name, name) for name in parameters if named.get(name, name) in OPTIONS]
+    assert shared == [option.name for option in POOL_OPTIONS]  # every one, in Pool's order
+    for name, parameter in parameters.items():
+        option = OPTIONS.get(named.get(name, name))
+        if option is not None:
+            assert parameter.default == option.default, name
+            assert parameter.annotation == option.annotation, name
+            assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+    # The docstring's options section is made of the same declarations.
+    assert "workers_per_node: int | None = None" in (cluster_pool.__doc__ or "")
+    assert "device_start: DeviceStart = DeviceStart.WHEN_NEEDED" in (cluster_pool.__doc__ or "")
 
 
 def test_the_docs_state_the_signature() -> None:

@@ -1,7 +1,7 @@
 """pjrt-pool's optional extras: which feature needs which package, and where to install it from.
 
 Runs in every process that may use a feature behind an extra: the parent, a
-pool worker, a Dask node. Each Feature names the package it imports and the
+pool worker, a Dask or Ray node. Each Feature names the package it imports and the
 extra of pjrt-pool that installs it; ``require`` checks that the package is
 there (without importing it) and ``import_for`` imports it, each raising
 MissingExtraError, an ImportError, when it is not: one line naming the
@@ -37,6 +37,7 @@ class Feature(enum.Enum):
     """A feature behind one of pjrt-pool's extras: the package it needs, and the extra."""
 
     CLUSTER = _Needs("distributed", "cluster", "compiling and running on a Dask cluster")
+    RAY = _Needs("ray", "ray", "compiling and running on a Ray cluster")
     ED25519 = _Needs(
         "cryptography",
         "remote",

@@ -6,10 +6,10 @@ command raises UsageError; main prints it and exits 2); warm.py (warm,
 run), bundle.py (bundle ...), cache.py (cache ...) and check.py
 (check-plugin) each register their subcommands; cache_remote.py (cache
 push/pull/gc), cache_explain.py (cache explain) and cluster_run.py (run
---scheduler) hold the remote tier's, the miss explanation's and the
+--scheduler or --ray) hold the remote tier's, the miss explanation's and the
 cluster's halves of those commands. Shared by several: options.py (the
-options several commands take, --remote among them, sizes and durations),
-run_files.py (a run's inputs from .npz/.npy files and its report), paths.py
+options several commands take, --remote and --scheduler|--ray among them, sizes
+and durations), run_files.py (a run's inputs from .npz/.npy files and its report), paths.py
 (paths given on the command line). version.py says what ``pjrt-pool
 --version`` prints. Every help text is for users, and docs/cli.md's
 reference is made of them (tools/cli_reference.py).

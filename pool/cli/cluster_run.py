@@ -1,7 +1,8 @@
-"""``pjrt-pool run MANIFEST NAME --scheduler ADDRESS``: runs on a Dask cluster, once or a batch.
+"""``pjrt-pool run MANIFEST NAME --scheduler|--ray ADDRESS``: runs on a cluster, once or a batch.
 
-With --scheduler, the program runs on the cluster's nodes through a
-ClusterPool: each node loads it from its disk cache (the manifest's
+With --scheduler, the program runs on a Dask cluster's nodes through a
+ClusterPool; with --ray, on a Ray cluster's through a RayClusterPool. Each
+node loads it from its disk cache (the manifest's
 directory, or --cache-dir, as the nodes see it: a shared filesystem, or the
 same path warmed on each), and from the remote tier that --remote or this
 process's PJRT_POOL_CACHE_REMOTE names (as a run here would). Without
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from pool.cli.main import ExitCode, UsageError
+from pool.cli.options import cluster_address
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import Manifest
 from pool.progress import ProgressDisplay
@@ -38,26 +40,34 @@ from worker.records import ProgramSpec
 def cluster_pool(
     args: argparse.Namespace, manifest: Manifest, spec: ProgramSpec, remote: str | None
 ) -> Iterator[Any]:
-    """A ClusterPool on --scheduler, for the manifest's platform and cache directory, whose
-    nodes use the remote tier run's --remote names (checked; None: the nodes' own)."""
-    # Here, not at the top: Dask's distributed is an optional extra (MissingExtraError).
-    from pool.cluster import ClusterPool, connect
-
+    """A ClusterPool on --scheduler (or a RayClusterPool on --ray), for the manifest's
+    platform and cache directory, whose nodes use the remote tier run's --remote names
+    (checked; None: the nodes' own)."""
+    options = {
+        "workers_per_node": args.workers or None,
+        "platform": spec.platform,
+        "cache_dir": manifest.cache_dir,
+        "remote": remote,
+        "devices_per_worker": devices_needed(spec.partitioning),
+    }
     with contextlib.ExitStack() as stack:
+        # Here, not at the top: each engine is an optional extra (MissingExtraError).
+        if args.ray:
+            from pool.cluster import RayClusterPool, connect_ray
+
+            try:
+                stack.enter_context(connect_ray(args.ray))
+            except (OSError, ValueError) as error:
+                raise UsageError(f"--ray {args.ray}: cannot connect ({error})") from None
+            yield stack.enter_context(RayClusterPool(**options))
+            return
+        from pool.cluster import ClusterPool, connect
+
         try:
             client = stack.enter_context(connect(args.scheduler))
         except (OSError, ValueError) as error:
             raise UsageError(f"--scheduler {args.scheduler}: cannot connect ({error})") from None
-        yield stack.enter_context(
-            ClusterPool(
-                client,
-                workers_per_node=args.workers or None,
-                platform=spec.platform,
-                cache_dir=manifest.cache_dir,
-                remote=remote,
-                devices_per_worker=devices_needed(spec.partitioning),
-            )
-        )
+        yield stack.enter_context(ClusterPool(client, **options))
 
 
 def run_batch(
@@ -105,6 +115,7 @@ def run_batch(
         "name": args.name,
         "key": spec.key,
         "scheduler": args.scheduler,
+        "ray": args.ray,
         "seconds": time.perf_counter() - started,
         "counts": {"ran": len(done) - failed, "failed": failed},
         "runs": [run if "error" in run else finite_sums(run) for run in done],
@@ -122,7 +133,7 @@ def run_batch(
             )
             print(f"{run['inputs']}: {shown}")
         print(
-            f"{args.name}: {len(done) - failed} ran, {failed} failed on {args.scheduler} "
+            f"{args.name}: {len(done) - failed} ran, {failed} failed on {cluster_address(args)} "
             f"in {report['seconds']:.2f} s"
         )
     return ExitCode.PROBLEMS if failed else ExitCode.OK

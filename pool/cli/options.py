@@ -84,11 +84,14 @@ def paragraph(docstring: str | None, index: int) -> str:
     return (docstring or "").split("\n\n")[index].replace("\n", " ").replace("``", "")
 
 
-def add_scheduler_option(
+def add_cluster_options(
     parser: argparse.ArgumentParser | Any, verb: str, how: str | None = None
 ) -> None:
-    """Adds ``--scheduler ADDRESS`` (a Dask cluster, or local:N) to a command's parser."""
-    parser.add_argument(
+    """Adds ``--scheduler ADDRESS`` (a Dask cluster, or local:N) and ``--ray ADDRESS`` (a Ray
+    cluster, or local:N), one or the other, to a command's parser (cluster_address reads
+    them)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
         "--scheduler",
         metavar="ADDRESS",
         default=None,
@@ -96,6 +99,38 @@ def add_scheduler_option(
         f"N workers started for this run (local:N){', ' + how if how else ''}; needs the "
         "cluster extra",
     )
+    group.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help=f"{verb} the Ray cluster whose head is at ADDRESS (host:6379), or on a local Ray "
+        f"cluster of N nodes started for this run (local:N){', ' + how if how else ''}, a "
+        "pjrt-pool actor on each node; needs the ray extra",
+    )
+
+
+def cluster_address(args: argparse.Namespace) -> str | None:
+    """The cluster a command runs on (--scheduler's or --ray's address), or None: here."""
+    return args.scheduler or args.ray  # type: ignore[no-any-return]
+
+
+def check_cluster(args: argparse.Namespace) -> None:
+    """Raises MissingExtraError (exit 2, naming the extra) when the engine of --scheduler or
+    --ray is not installed, and UsageError for a --ray that is neither local:N nor a head
+    that answers (one line, at once, instead of Ray's minutes of retries)."""
+    from worker.extras import Feature, require
+
+    if args.scheduler:
+        require(Feature.CLUSTER)
+    elif args.ray:
+        require(Feature.RAY)
+        from pool.cluster.ray.connect import check_reachable, parse_local
+
+        try:
+            if parse_local(args.ray) is None:
+                check_reachable(args.ray)
+        except (ValueError, ConnectionError) as error:
+            raise UsageError(f"--ray {args.ray}: {error}") from None
 
 
 def argument_type(parse: Callable[[str], _T]) -> Callable[[str], _T]:

@@ -12,8 +12,8 @@ run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
 file (or an .npy file of its one input) or on seeded random inputs,
 printing its outputs' types and checksums and how long loading and running
-took; with --scheduler it runs on a Dask cluster, once or once per --batch
-file (pool.cli.cluster_run).
+took; with --scheduler it runs on a Dask cluster, with --ray on a Ray cluster,
+once or once per --batch file (pool.cli.cluster_run).
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ import numpy as np
 
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
+    add_cluster_options,
     add_command,
     add_pool_option,
     add_remote_option,
-    add_scheduler_option,
     add_topology_options,
+    check_cluster,
+    cluster_address,
     open_remote_option,
     pool_option,
     remote_url,
@@ -57,7 +59,6 @@ from worker.arguments import random_inputs
 from worker.cache.jax_values import Compression
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
-from worker.extras import Feature, require
 from worker.partitioning import devices_needed
 from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
@@ -110,7 +111,7 @@ def _register_warm(subparsers: Any) -> None:
     add_topology_options(
         warm,
         "compile for this TPU topology, without its devices: on a machine without one, or beside "
-        "the process that holds the chip (with --scheduler, on every node)",
+        "the process that holds the chip (with --scheduler or --ray, on every node)",
     )
     add_pool_option(
         warm,
@@ -131,7 +132,7 @@ def _register_warm(subparsers: Any) -> None:
     mode.add_argument(
         "--fail-fast", dest="fail_fast", action="store_true", help="stop at the first failure"
     )
-    add_scheduler_option(warm, "compile on")
+    add_cluster_options(warm, "compile on")
     add_remote_option(
         warm,
         "a remote cache tier: entries are prefetched from it before compiling, and what is "
@@ -206,7 +207,8 @@ def _register_run(subparsers: Any) -> None:
         "itself (writing nothing), and runs it on the inputs of --inputs or on seeded random "
         "inputs of its input types; prints how long loading and running took and each output's "
         "dtype, shape and sum. With --workers it runs through a Pool, with --scheduler on a "
-        "Dask cluster, once or once per --batch file. Without NAME, lists the programs.",
+        "Dask cluster or --ray on a Ray cluster, once or once per --batch file. Without NAME, "
+        "lists the programs.",
         epilog="exit status: 0 when the program ran (with --batch: every run); 1 when its "
         "entry was refused as it was read (damaged, or changed after the bundle was made), the "
         "plugin failed to load or run it, or a --batch run failed; 2 for usage and environment "
@@ -254,13 +256,14 @@ def _register_run(subparsers: Any) -> None:
         help="prime the program (run it twice on zeros) as it loads, timed with loading, so "
         "that the timed run is at the warm speed",
     )
-    add_scheduler_option(run, "run on", "each node loading the program from its cache")
+    add_cluster_options(run, "run on", "each node loading the program from its cache")
     run.add_argument(
         "--batch",
         metavar="FILE",
         nargs="+",
         default=None,
-        help="with --scheduler: run once per .npz (or .npy) file, with progress and a report",
+        help="with --scheduler or --ray: run once per .npz (or .npy) file, with progress and "
+        "a report",
     )
     run.add_argument(
         "--json",
@@ -287,12 +290,12 @@ def _check_warm_arguments(args: argparse.Namespace) -> None:
         _check_manifest_path(Path(args.manifest))
     topology_option(args)  # UsageError for a name libtpu would not take
     _check_jax_cache_arguments(args)
-    if args.scheduler is None:  # a cluster's nodes have their own plugins, caches and settings
+    if cluster_address(args) is None:  # a cluster's nodes have their own plugins, caches...
         open_remote_option(args.remote)  # UsageError for a URL or setting the tier cannot use
         checked_cache_dir(args.cache_dir, create=True)
         _check_plugin(args.platform or default_platform(), "--platform")
     else:
-        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
+        check_cluster(args)  # MissingExtraError or UsageError: exit 2
         remote_url(args.remote)  # UsageError for a URL the remote tier cannot use
 
 
@@ -453,6 +456,7 @@ def _warm(args: argparse.Namespace) -> int:
                 lower_workers=args.lower_workers,
                 progress=progress,
                 scheduler=args.scheduler,
+                ray=args.ray,
                 remote=args.remote,
                 topology=topology_option(args),
                 devices_per_worker=args.devices_per_worker,
@@ -510,13 +514,13 @@ def _not_in_cache(name: str, error: Exception, from_bundle: bool) -> UsageError:
 def _run(args: argparse.Namespace) -> int:
     # A pool's workers and shared memory are cleaned up at exit: only a run in this
     # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
-    args.exit_at_once = not args.workers and not args.scheduler
+    args.exit_at_once = not args.workers and not cluster_address(args)
     _check_run_options(args)
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     manifest_or_bundle_file(args.manifest)
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
     remote = remote_url(args.remote) if args.remote or not is_bundle(args.manifest) else None
-    if remote is not None and not args.scheduler:  # else the nodes', with their settings
+    if remote is not None and not cluster_address(args):  # else the nodes', their settings
         open_remote_option(remote)  # UsageError for a setting the tier cannot use
     try:
         manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime, remote=remote)
@@ -529,8 +533,10 @@ def _run(args: argparse.Namespace) -> int:
         spec = manifest.spec(args.name)
     except ManifestError as error:
         raise UsageError(str(error)) from None
-    if args.batch and not args.scheduler:
-        raise UsageError("--batch runs on a cluster: give --scheduler ADDRESS (or local:N)")
+    if args.batch and not cluster_address(args):
+        raise UsageError(
+            "--batch runs on a cluster: give --scheduler ADDRESS or --ray ADDRESS (or local:N)"
+        )
     if args.batch and args.inputs:
         raise UsageError("--batch names the inputs of each run: leave --inputs out")
     if args.batch and manifest.bundle is not None:
@@ -538,7 +544,7 @@ def _run(args: argparse.Namespace) -> int:
             "--batch runs a manifest's program from the nodes' caches: import the bundle there "
             "(pjrt-pool bundle import FILE --manifest HOST.json) and give that manifest"
         )
-    if args.scheduler:  # the cluster's nodes have their own plugins
+    if cluster_address(args):  # the cluster's nodes have their own plugins
         if args.batch:
             from pool.cli.cluster_run import run_batch
 
@@ -553,16 +559,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_run_options(args: argparse.Namespace) -> None:
-    if args.scheduler:
-        require(Feature.CLUSTER)  # MissingExtraError: exit 2, naming the extra
+    check_cluster(args)  # MissingExtraError or UsageError: exit 2
     if args.workers is not None and args.workers < 0:
         raise UsageError(
             f"--workers must be 0 (run in this process) or a number of workers, not {args.workers}"
         )
-    if args.prime and (args.workers or args.scheduler):
+    if args.prime and (args.workers or cluster_address(args)):
         raise UsageError(
-            "--prime primes the program in this process: leave out --workers and --scheduler "
-            "to use it"
+            "--prime primes the program in this process: leave out --workers, --scheduler and "
+            "--ray to use it"
         )
 
 
@@ -571,12 +576,12 @@ def _timed_run(
 ) -> tuple[Any, float, float]:
     """Loads and runs the program (on the cluster, in a pool or here); returns its outputs,
     the seconds loading took (with the cluster's or the pool's start) and the run's."""
-    if args.scheduler:
+    if cluster_address(args):
         from pool.cli.cluster_run import cluster_pool
     inputs = _inputs(args, spec)
     started = time.perf_counter()
     try:
-        if args.scheduler:
+        if cluster_address(args):
             with cluster_pool(args, manifest, spec, remote) as cluster:
                 ready = time.perf_counter()
                 outputs = manifest.run(args.name, inputs, pool=cluster)
@@ -631,8 +636,8 @@ def _report_run(
         print(json.dumps(finite_sums(result), indent=2, allow_nan=False))
         return
     where = f"a pool of {args.workers}" if args.workers else "this process"
-    if args.scheduler:
-        where = f"the cluster at {args.scheduler}"
+    if cluster_address(args):
+        where = f"the cluster at {cluster_address(args)}"
     print(
         f"{args.name}: loaded{' and primed' if result['primed'] else ''} from the "
         f"{'bundle' if manifest.bundle else 'cache'} in "

@@ -9,8 +9,10 @@ half as many, the run goes to that other node, which from then on holds
 the program too: a program run thousands of times spreads over the
 cluster, and many programs each stay on few nodes.
 
-The choice is a loose hint to Dask (workers=[node], allow_other_workers),
-so a lost or gone node never stalls a run: Dask places it elsewhere.
+On Dask the choice is a loose hint (workers=[node], allow_other_workers),
+so a lost or gone node never stalls a run: Dask places it elsewhere. On Ray
+it is the node's actor; a run whose node is lost is routed again, the node
+forgotten.
 
 A never-compile ClusterPool admits a node for a program before its first
 run there (choose's admit: the node's Pool checks its cache). A program
@@ -38,8 +40,8 @@ def home_of(identity: str, addresses: list[str]) -> str:
 class Router:
     """Routes runs (see the module docstring) and counts each node's runs in flight.
 
-    addresses() returns the current nodes' addresses, sorted (a scheduler
-    round trip); it is asked at most every ADDRESS_REFRESH_SECONDS, so that
+    addresses() returns the current nodes' addresses, sorted (a round trip to
+    the cluster); it is asked at most every ADDRESS_REFRESH_SECONDS, so that
     a small run does not pay a round trip to be routed.
     """
 
@@ -61,7 +63,7 @@ class Router:
         if now - self._asked > ADDRESS_REFRESH_SECONDS or not self._addresses:
             addresses = sorted(self._ask())
             if not addresses:
-                raise RuntimeError("the Dask cluster has no workers")
+                raise RuntimeError("the cluster has no nodes that run programs")
             with self._lock:
                 self._addresses, self._asked = addresses, now
         return self._addresses
@@ -119,6 +121,21 @@ class Router:
         self._holders[identity] = holders
         self._in_flight[best] += 1
         return best
+
+    def pin(self, identity: str, address: str) -> str:
+        """Counts a run in flight on `address`, where it must run (the node holding its
+        kept values), which holds the program from now on; returns the address."""
+        with self._lock:
+            return self._take(identity, self._live_holders(identity, self._addresses), address)
+
+    def forget(self, address: str) -> None:
+        """A node was lost: the next choice asks for the nodes again, and no program is held
+        there any longer (a node that comes back starts empty)."""
+        with self._lock:
+            self._asked = -float("inf")
+            for holders in self._holders.values():
+                if address in holders:
+                    holders.remove(address)
 
     def done(self, address: str) -> None:
         """A run routed to `address` has ended."""

@@ -374,8 +374,10 @@ def _compiler(
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
     devices_per_worker: int = 1,
+    ray: str | None = None,
 ) -> Iterator[PoolFace]:
-    """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler` (local:N starts one)."""
+    """A local Pool, or a ClusterPool on the Dask scheduler at `scheduler`, or a
+    RayClusterPool on the Ray cluster at `ray` (local:N starts one)."""
     # The options both take alike (a ClusterPool's apply on every node).
     options: dict[str, Any] = {
         "platform": platform,
@@ -386,6 +388,14 @@ def _compiler(
         "topology": topology,
         "devices_per_worker": devices_per_worker,
     }
+    if ray is not None:
+        # Here, not at the top: pool.cluster.ray needs ray, an optional extra.
+        from pool.cluster.ray.connect import connect_ray
+        from pool.cluster.ray.pool import RayClusterPool
+
+        with connect_ray(ray), RayClusterPool(workers_per_node=workers, **options) as cluster:
+            yield cluster
+        return
     if scheduler is None:
         with Pool(workers, **options) as pool:
             yield pool
@@ -414,6 +424,7 @@ def warm(
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
     devices_per_worker: int = 1,
+    ray: str | None = None,
     jax_cache: JaxCacheDestination | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
@@ -424,7 +435,9 @@ def warm(
     compile. With fail_fast, the first failure stops the rest, which are
     reported as skipped. scheduler is a Dask scheduler address to compile on
     that cluster instead of locally ("local:N" starts a local cluster of N
-    workers); see pool.cluster. In never-compile mode (PJRT_POOL_COMPILE=never)
+    workers); see pool.cluster. ray is a Ray cluster's address (HOST:PORT of its
+    head, or "local:N") to compile on instead, as scheduler does on Dask
+    (pool.cluster.ray). In never-compile mode (PJRT_POOL_COMPILE=never)
     nothing is compiled: warming checks that every program is in the cache,
     and stops at the first that is not (as with fail_fast). remote is the
     URL of a remote cache tier (default: PJRT_POOL_CACHE_REMOTE): entries are
@@ -446,13 +459,16 @@ def warm(
     the destination's directory as JAX's file; platform and topology are the
     target's.
     """
+    if ray is not None and scheduler is not None:
+        raise ValueError("warm compiles on one cluster: give scheduler (Dask) or ray, not both")
+    cluster = scheduler if ray is None else ray  # the cluster's address, or None: here
     jax_files = None
     if jax_cache is not None:
         target = jax_cache.target
         platform, topology = target.platform, target.topology
         if jax_cache.directory is not None:
             jax_files = JaxFiles(jax_cache.directory, cache_dir, remote)
-    prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
+    prefetch = _Prefetch(open_remote(remote) if cluster is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
     initializer = spec.initializer if isinstance(spec, Spec) else None
@@ -468,6 +484,7 @@ def warm(
         remote,
         topology,
         devices_per_worker,
+        ray,
     )
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
@@ -493,7 +510,7 @@ def warm(
         started,
         platform,
         cache_dir,
-        scheduler,
+        cluster,
         remote,
         interrupted=stopped is not None,
     )

@@ -1,4 +1,4 @@
-"""The futures ClusterPool hands out: concurrent.futures' Futures that follow Dask's.
+"""The futures the Dask ClusterPool hands out: concurrent.futures' Futures that follow Dask's.
 
 ClusterPool.submit returns a ClusterFuture, a concurrent.futures.Future
 whose result is fetched to this process when it is first read; its dask_future
@@ -17,7 +17,6 @@ the others' settling.
 from __future__ import annotations
 
 import asyncio
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -26,66 +25,9 @@ from typing import Any, NamedTuple
 
 import distributed
 
+from pool.cluster.carried import CarriedError, NodeLostError, original_error
 from pool.errors import PoolError
 from pool.executor.futures import fail, remaining, resolve
-
-
-class NodeLostError(PoolError):
-    """The Dask worker running a task was lost, and the task was not run again.
-
-    With ClusterPool(retry_lost=False) this is the first loss; otherwise Dask
-    ran it again on other workers until the scheduler's allowed failures
-    (distributed.scheduler.allowed-failures) were used up.
-    """
-
-
-class CarriedError(Exception):
-    """A node Pool's exception on its way to the client, pickled with the standard pickle.
-
-    Dask pickles a task's exception with tblib, which cannot rebuild
-    exceptions of two bases (TaskTimeoutError is a PoolError and a
-    TimeoutError): the client got a bare Exception of its text. So a node's
-    task raises (or returns) this instead, and the client raises the
-    original (original_error). Dask's own future of such a task shows this,
-    whose text names the original.
-    """
-
-    def __init__(self, payload: bytes, text: str) -> None:
-        super().__init__(payload, text)
-        self.payload = payload
-
-    def __str__(self) -> str:
-        return str(self.args[1])
-
-    @classmethod
-    def of(cls, error: BaseException) -> CarriedError:
-        """Carries an exception (one that does not pickle travels as a PoolError of its text)."""
-        text = f"{type(error).__name__}: {error}"
-        try:
-            payload = pickle.dumps(error)
-            pickle.loads(payload)
-        except Exception:
-            payload = pickle.dumps(PoolError(text))
-        return cls(payload, text)
-
-
-def original_error(error: BaseException) -> BaseException:
-    """The exception a CarriedError carries; any other exception as it is.
-
-    One that does not unpickle here (its class is importable on the node
-    only, say) comes back as a PoolError of the node's text.
-    """
-    if not isinstance(error, CarriedError):
-        return error
-    try:
-        return pickle.loads(error.payload)  # from the cluster's nodes, as all Dask data is
-    except Exception as failure:
-        rebuilt = PoolError(
-            f"{error} (the node's exception could not be rebuilt here: "
-            f"{type(failure).__name__}: {failure})"
-        )
-        rebuilt.__cause__ = failure
-        return rebuilt
 
 
 class _Fetched(NamedTuple):
