@@ -1,6 +1,9 @@
 """``tpu``: libtpu, on Cloud TPU chips; what libtpu needs around it is worker.plugin.libtpu.
 
 - Plugin: ``libtpu`` (``pjrt-pool[tpu]``, the libtpu of the installed jax).
+- Generations (v2 ... v6e): one table, worker.identity.tpu_generations, at the floor
+  of keys because a TPU key names its topology ("v5e:2x2"); a new generation is a row
+  there, which this platform (its host's topology, topology names) reads.
 - Compile-only processes load it without the host's lock and without polling
   for a topology (libtpu.compile_only_environment); a process that needs the
   chip where none is attached is told so at once, before libtpu polls a
