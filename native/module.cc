@@ -1,8 +1,9 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
 // (PjrtException -> PjrtError, FfiVersionException -> HandlerVersionError,
 // PluginLoadException -> PluginLoadError, SocketException -> a ConnectionError
-// (its errno's own, else SocketError), std::system_error -> OSError, and pybind11's own std::invalid_argument -> ValueError for bad
-// inputs) and the only place the GIL is released (around compile,
+// (its errno's own, else SocketError): the classes worker.errors defines;
+// std::system_error -> OSError, and pybind11's own std::invalid_argument ->
+// ValueError for bad inputs) and the only place the GIL is released (around compile,
 // deserialize and execute, which can run for seconds, and the hot loop).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -304,24 +305,17 @@ py::tuple Serve(ArenaHotLoop& self) {
 PYBIND11_MODULE(_pjrt, m) {
   m.doc() = "PJRT plugins, clients and executables for pjrt-pool's worker side.";
 
-  g_pjrt_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.PjrtError",
-      "A PJRT call failed. `code` is the PJRT error code, `code_name` its name.",
-      PyExc_RuntimeError, nullptr);
-  g_plugin_load_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.PluginLoadError",
-      "A PJRT plugin library could not be loaded or is not a usable PJRT plugin.",
-      PyExc_OSError, nullptr);
-  g_socket_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.SocketError",
-      "A worker's socket failed with an errno that has no ConnectionError of its own "
-      "(`errno` says which).",
-      PyExc_ConnectionError, nullptr);
-  g_handler_version_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.HandlerVersionError",
-      "An FFI handler is built for an XLA FFI version the plugin's XLA cannot take. "
-      "`handler_version` and `plugin_version` are (major, minor).",
-      g_pjrt_error, nullptr);
+  // The classes are worker.errors' (there, every error pjrt-pool raises derives from
+  // PjrtPoolError); that module imports nothing of this one. The references are kept
+  // for the life of the process, as the module's own attributes are.
+  py::module_ errors = py::module_::import("worker.errors");
+  const auto error_class = [&errors](const char* name) {
+    return py::object(errors.attr(name)).release().ptr();
+  };
+  g_pjrt_error = error_class("PjrtError");
+  g_plugin_load_error = error_class("PluginLoadError");
+  g_socket_error = error_class("SocketError");
+  g_handler_version_error = error_class("HandlerVersionError");
   m.attr("PjrtError") = py::handle(g_pjrt_error);
   m.attr("HandlerVersionError") = py::handle(g_handler_version_error);
   m.attr("PluginLoadError") = py::handle(g_plugin_load_error);

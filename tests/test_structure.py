@@ -317,7 +317,7 @@ def _stated_floors(package: str) -> list[set[str]]:
     every module of the package's own that no floor names, "cache/" a sub-package, "log.py"
     a module)."""
     docstring = ast.get_docstring(_parse(ROOT / package / "__init__.py")) or ""
-    lines = _FLOORS.findall(docstring)
+    lines = _FLOORS.findall(re.sub(r"<[ \t]*\n\s*", "< ", docstring))  # a line ending "<" goes on
     assert len(lines) == 1, f"{package}/__init__.py states no floors (a line 'a/ < b/ < c/')"
     return [{name.strip() for name in floor.split(",")} for floor in lines[0].split("<")]
 

@@ -28,6 +28,7 @@ import distributed
 
 from pool.errors import PoolError
 from pool.executor.futures import fail, remaining, resolve
+from worker.errors import PjrtPoolError
 
 
 class NodeLostError(PoolError):
@@ -39,7 +40,7 @@ class NodeLostError(PoolError):
     """
 
 
-class CarriedError(Exception):
+class CarriedError(PjrtPoolError):
     """A node Pool's exception on its way to the client, pickled with the standard pickle.
 
     Dask pickles a task's exception with tblib, which cannot rebuild

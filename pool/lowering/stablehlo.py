@@ -14,8 +14,10 @@ from typing import Any
 
 from jaxlib.mlir.dialects import stablehlo
 
+from worker.errors import PjrtPoolError
 
-class StableHLOVersionError(RuntimeError):
+
+class StableHLOVersionError(PjrtPoolError, RuntimeError):
     """The plugin and this jaxlib share no StableHLO version, or JAX moved its serializer."""
 
 

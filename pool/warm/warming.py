@@ -400,28 +400,24 @@ def warm(
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
-    workers compile processes (default: the CPU count; per node on a
-    cluster), lower_workers extra lowering processes (0: lower in a thread of
-    this process, overlapped with compiling). timeout bounds each program's
-    compile. With fail_fast, the first failure stops the rest, which are
-    reported as skipped. scheduler is a Dask scheduler address to compile on
-    that cluster instead of locally ("local:N" starts a local cluster of N
-    workers); see pool.cluster. In never-compile mode (PJRT_POOL_COMPILE=never)
-    nothing is compiled: warming checks that every program is in the cache,
-    and stops at the first that is not (as with fail_fast). remote is the
-    URL of a remote cache tier (default: PJRT_POOL_CACHE_REMOTE): entries are
-    prefetched from it before their programs compile (see the module
-    docstring), and the workers publish to it; with a scheduler, it is
-    given to every node (ClusterPool(remote=)), whose workers fetch and
-    publish themselves (no prefetch here): the report's remote counters are
-    theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
-    TopologySpec) compiles every program for that topology without a device
-    (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. devices_per_worker is the devices each
-    compiling worker holds, as for Pool: a CPU or GPU program over several
-    devices compiles on that many (a topology's programs compile without any).
-    A Ctrl-C raises WarmInterrupted, with the report of what was warmed
-    before it, once the workers have stopped.
+    workers compile processes (default: the CPU count; per node on a cluster), lower_workers
+    extra lowering processes (0: lower in a thread of this process, overlapped with
+    compiling); timeout bounds each program's compile; with fail_fast, the first failure
+    stops the rest, which are reported as skipped. scheduler is a Dask scheduler address to
+    compile on that cluster instead of locally ("local:N" starts a local cluster of N
+    workers; see pool.cluster). In never-compile mode (PJRT_POOL_COMPILE=never) nothing is
+    compiled: warming checks that every program is in the cache, and stops at the first that
+    is not (as with fail_fast). remote is the URL of a remote cache tier (default:
+    PJRT_POOL_CACHE_REMOTE): entries are prefetched from it before their programs compile
+    (see the module docstring), and the workers publish to it; with a scheduler, it is given
+    to every node (ClusterPool(remote=)), whose workers fetch and publish themselves (no
+    prefetch here): the report's remote counters are theirs, summed over the nodes. topology
+    (a name such as "v5e:1x1", or a TopologySpec) compiles every program for that topology
+    without a device (Pool(topology=...)): a machine without a TPU warms the cache, and makes
+    the manifest, of a TPU host. devices_per_worker is the devices each compiling worker
+    holds, as for Pool: a CPU or GPU program over several devices compiles on that many (a
+    topology's programs compile without any). A Ctrl-C raises WarmInterrupted, with the
+    report of what was warmed before it, once the workers have stopped.
     """
     prefetch = _Prefetch(open_remote(remote) if scheduler is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker import _pjrt
-from worker.arguments import prepare_arguments
+from worker.compile.arguments import prepare_arguments
 from worker.compile.stamp import check_stamp
 from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
 from worker.errors import NotLoadedError, PjrtError

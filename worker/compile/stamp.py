@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from worker.errors import PjrtPoolError
+
 STAMP_FIELD = 536_870_000
 """Protobuf field number of the stamp (near the top of the 29-bit range)."""
 
 _STAMP_TAG_WIRE_TYPE = 2  # length-delimited
 
 
-class ForeignExecutableError(ValueError):
+class ForeignExecutableError(PjrtPoolError, ValueError):
     """A serialized executable was made by another plugin build or for another host."""
 
 

@@ -10,7 +10,8 @@ topology part is named by. Runs in every process that computes or
 matches keys: pool workers, a user's process compiling or loading in
 process, the parent (Pool.key_parts, warm, bundles, manifests) and the
 command line. It never imports JAX, the native module or another package of
-the worker side (only worker.untrusted, for reading RECORD files), so the
+the worker side (only worker.errors, the base of its errors, and
+worker.untrusted, for reading RECORD files), so the
 shared records, the cache, plugins, compiling and bundles all take from it::
 
     keys.py         key_parts (one key's parts, assembled) and key_of (the key); the parts

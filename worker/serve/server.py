@@ -41,6 +41,7 @@ from worker.compile.by_key import load_cached_executable
 from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
 from worker.dtypes import code_of_dtype
+from worker.errors import PjrtPoolError
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
@@ -112,7 +113,7 @@ class _ArenaViews(NamedTuple):
     slot: int
 
 
-class PreloadError(Exception):
+class PreloadError(PjrtPoolError):
     """A program named in Init.preload did not load (or prime); `program` names it."""
 
     def __init__(self, program: str, cause: BaseException) -> None:
