@@ -300,6 +300,28 @@ py::tuple Serve(ArenaHotLoop& self) {
   }
 }
 
+// What an executable compiled here says of itself, loaded (Executable) or not
+// (UnloadedExecutable): its outputs, its serialized form (made with the GIL released)
+// and its fingerprint.
+template <typename Compiled>
+void BindCompiled(py::class_<Compiled, std::shared_ptr<Compiled>>& compiled) {
+  compiled.def_property_readonly("num_outputs", &Compiled::num_outputs)
+      .def_property_readonly("output_types", [](const Compiled& executable) {
+        return OutputTypeList(executable.output_types());
+      }, "(PJRT_Buffer_Type, dims) of each output.")
+      .def("serialize", [](const Compiled& executable) {
+        std::string bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = executable.Serialize();
+        }
+        return py::bytes(bytes);
+      }, "The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.")
+      .def("fingerprint", [](const Compiled& executable) {
+        return OptionalBytes(executable.Fingerprint());
+      }, "The plugin's fingerprint of the executable, or None where it keeps none.");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_pjrt, m) {
@@ -446,25 +468,11 @@ PYBIND11_MODULE(_pjrt, m) {
       .def("topology", [](std::shared_ptr<Client> client) { return Topology::OfClient(client); },
            "The topology of the client's devices.");
 
-  py::class_<UnloadedExecutable, std::shared_ptr<UnloadedExecutable>>(
+  py::class_<UnloadedExecutable, std::shared_ptr<UnloadedExecutable>> unloaded(
       m, "UnloadedExecutable",
       "An executable compiled for a topology without a device: it serializes, and a client "
-      "on matching devices loads the bytes.")
-      .def_property_readonly("num_outputs", &UnloadedExecutable::num_outputs)
-      .def_property_readonly("output_types", [](const UnloadedExecutable& executable) {
-        return OutputTypeList(executable.output_types());
-      }, "(PJRT_Buffer_Type, dims) of each output.")
-      .def("serialize", [](const UnloadedExecutable& executable) {
-        std::string bytes;
-        {
-          py::gil_scoped_release release;
-          bytes = executable.Serialize();
-        }
-        return py::bytes(bytes);
-      }, "The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.")
-      .def("fingerprint", [](const UnloadedExecutable& executable) {
-        return OptionalBytes(executable.Fingerprint());
-      }, "The plugin's fingerprint of the executable, or None where it keeps none.");
+      "on matching devices loads the bytes.");
+  BindCompiled(unloaded);
 
   py::class_<Topology, std::shared_ptr<Topology>>(
       m, "Topology", "The devices a program is compiled for, with or without those devices.")
@@ -554,23 +562,10 @@ PYBIND11_MODULE(_pjrt, m) {
                                {static_cast<py::ssize_t>(mapping.size())}, {1}, false);
       });
 
-  py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable",
-                                                      "A loaded PJRT executable.")
-      .def_property_readonly("num_outputs", &Executable::num_outputs)
-      .def_property_readonly("output_types", [](const Executable& executable) {
-        return OutputTypeList(executable.output_types());
-      }, "(PJRT_Buffer_Type, dims) of each output.")
-      .def("fingerprint", [](const Executable& executable) {
-        return OptionalBytes(executable.Fingerprint());
-      }, "The plugin's fingerprint of the executable, or None where it keeps none.")
-      .def("serialize", [](const Executable& executable) {
-        std::string bytes;
-        {
-          py::gil_scoped_release release;
-          bytes = executable.Serialize();
-        }
-        return py::bytes(bytes);
-      })
+  py::class_<Executable, std::shared_ptr<Executable>> loaded(m, "Executable",
+                                                             "A loaded PJRT executable.");
+  BindCompiled(loaded);
+  loaded
       .def_property_readonly("device_ids", &Executable::device_ids,
                              "The ids of the devices it runs on, in PJRT's order.")
       .def_property_readonly("sharded", &Executable::sharded,
