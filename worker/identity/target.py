@@ -4,11 +4,11 @@ A target (worker.compile.target) is what a compile is for: this process's
 device, or a topology without its devices. Either says the plugin's platform
 version and device kind and, on platforms whose executables are tied to a
 topology (TPU), the topology's part (topology_part): the plugin's serialized
-topology, which the PJRT C API says is "for use in cache keys". Measured on a
-TPU v5e VM, the client's topology of its one chip serializes to exactly the
-bytes of a deviceless ``v5e:1x1`` made on a CPU-only machine, so a device
-target and a topology target whose devices match give the same key, and an
-entry compiled on either side hits on the other. The part also says the
+topology, which the PJRT C API says is "for use in cache keys". A client's
+topology of its one chip serializes to exactly the bytes of a deviceless
+``v5e:1x1`` made on a machine without one (docs/facts.md, "TPU"), so a
+device target and a topology target whose devices match give the same key,
+and an entry compiled on either side hits on the other. The part also says the
 topology's name, the chips' bounds and their kind, all read off the devices
 (so they are the same on both sides), for people reading a key or a miss,
 and for ``pjrt-pool bundle check`` on a machine without the devices.

@@ -1,7 +1,7 @@
 """What libtpu needs around it: its environment, the chips of this host, and its lock.
 
-Measured on a TPU v5e VM and on CPU-only machines (DESIGN.md, "Measured on a
-TPU machine"):
+What libtpu does around it (docs/facts.md, "TPU"), on a TPU VM and on
+machines without a chip:
 
 - libtpu takes ``/tmp/libtpu_lockfile`` in ``PJRT_Plugin_Initialize`` in every
   process, chip or no chip, so a second process on the host fails to load it
@@ -12,10 +12,9 @@ TPU machine"):
   topology (about 30 s per key, then errors) unless ``TPU_SKIP_MDS_QUERY`` is
   set, and logs a screenful about the worker hostnames and the accelerator
   type it could not find; compile-only processes set all three there. libtpu
-  reads them only as it initializes, and measured with libtpu 0.0.42.1, the
-  accelerator type changes nothing a deviceless compile makes (the same
-  serialized topology and executable for v5e:1x1 and v6e:1x1 with it unset,
-  v5litepod-4 or v6e-8): it only names the host's default topology.
+  reads them only as it initializes, and the accelerator type changes
+  nothing a deviceless compile makes: it only names the host's default
+  topology.
 - The chip itself stays exclusive: a second opener gets "open(/dev/vfio/N): 16:
   Device or resource busy"; a killed holder frees it, and the next process had
   it 7-12 s after its start.
