@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_preload.py [--rounds N]
 
-The goal of issue 33: ``Pool(2, preload=manifest, prime=True)`` of the
+The goal: ``Pool(2, preload=manifest, prime=True)`` of the
 example programs (pool/examples), constructed until it is ready (every
 worker holds every program, loaded and primed), in at most 1.3x the time of
 two plain processes started at once that each load and prime half of them.

@@ -189,7 +189,6 @@ def setup(root: Path, name: str) -> dict[str, Any]:
     return made
 
 
-
 FIGURES = ("imports", "load", "first", "warm")
 """What a loader child prints, in seconds, measured inside itself."""
 

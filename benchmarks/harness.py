@@ -145,9 +145,9 @@ def report(
     base = baseline or samples.sides[0]
     rounds = len(samples.of(base, figure))
     print(f"{title} (medians of {rounds} rounds, against {base})")
+    against = samples.median(base, figure)
     for side in sides or samples.sides:
-        ratio_line(side, samples.median(side, figure), samples.median(base, figure), unit,
-                   (goals or {}).get(side))  # fmt: skip
+        ratio_line(side, samples.median(side, figure), against, unit, (goals or {}).get(side))
 
 
 def ratio_line(
@@ -207,8 +207,3 @@ class _PlainCopies:
     @staticmethod
     def stream_copy(destination: np.ndarray, source: np.ndarray) -> None:
         np.copyto(destination, source)
-
-
-def fields(line: str) -> list[float]:
-    """The numbers a child process printed on one line (its own figures, in seconds)."""
-    return [float(value) for value in line.split()]

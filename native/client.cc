@@ -12,8 +12,7 @@ std::shared_ptr<Client> Client::Create(std::shared_ptr<Plugin> plugin,
 
   std::vector<PJRT_NamedValue> named_values = NamedValues(options);
   auto create = PJRT_ARGS(PJRT_Client_Create_Args);
-  create.create_options = named_values.data();
-  create.num_options = named_values.size();
+  SetCreateOptions(create, named_values);
   Check(api, PJRT_FN(api, PJRT_Client_Create)(&create), "PJRT_Client_Create");
   client->client_ = Owned<PJRT_Client>(api, create.client);
 

@@ -105,17 +105,8 @@ std::string SerializeExecutable(const PJRT_Api* api, PJRT_Executable* executable
   auto args = PJRT_ARGS(PJRT_Executable_Serialize_Args);
   args.executable = executable;
   Check(api, PJRT_FN(api, PJRT_Executable_Serialize)(&args), "PJRT_Executable_Serialize");
-  // The bytes live as long as serialized_executable; copy, then free it even
-  // if the copy throws.
-  struct Release {
-    PJRT_Executable_Serialize_Args* args;
-    ~Release() {
-      if (args->serialized_executable_deleter != nullptr) {
-        args->serialized_executable_deleter(args->serialized_executable);
-      }
-    }
-  } release{&args};
-  return std::string(args.serialized_bytes, args.serialized_bytes_size);
+  return CopySerialized(args.serialized_bytes, args.serialized_bytes_size,
+                        args.serialized_executable, args.serialized_executable_deleter);
 }
 
 std::optional<std::string> ExecutableFingerprint(const PJRT_Api* api,

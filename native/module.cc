@@ -1,8 +1,9 @@
 // The Python binding: the only place C++ exceptions become Python exceptions
 // (PjrtException -> PjrtError, FfiVersionException -> HandlerVersionError,
 // PluginLoadException -> PluginLoadError, SocketException -> a ConnectionError
-// (its errno's own, else SocketError), std::system_error -> OSError, and pybind11's own std::invalid_argument -> ValueError for bad
-// inputs) and the only place the GIL is released (around compile,
+// (its errno's own, else SocketError): the classes worker.errors defines;
+// std::system_error -> OSError, and pybind11's own std::invalid_argument ->
+// ValueError for bad inputs) and the only place the GIL is released (around compile,
 // deserialize and execute, which can run for seconds, and the hot loop).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -299,29 +300,44 @@ py::tuple Serve(ArenaHotLoop& self) {
   }
 }
 
+// What an executable compiled here says of itself, loaded (Executable) or not
+// (UnloadedExecutable): its outputs, its serialized form (made with the GIL released)
+// and its fingerprint.
+template <typename Compiled>
+void BindCompiled(py::class_<Compiled, std::shared_ptr<Compiled>>& compiled) {
+  compiled.def_property_readonly("num_outputs", &Compiled::num_outputs)
+      .def_property_readonly("output_types", [](const Compiled& executable) {
+        return OutputTypeList(executable.output_types());
+      }, "(PJRT_Buffer_Type, dims) of each output.")
+      .def("serialize", [](const Compiled& executable) {
+        std::string bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = executable.Serialize();
+        }
+        return py::bytes(bytes);
+      }, "The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.")
+      .def("fingerprint", [](const Compiled& executable) {
+        return OptionalBytes(executable.Fingerprint());
+      }, "The plugin's fingerprint of the executable, or None where it keeps none.");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_pjrt, m) {
   m.doc() = "PJRT plugins, clients and executables for pjrt-pool's worker side.";
 
-  g_pjrt_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.PjrtError",
-      "A PJRT call failed. `code` is the PJRT error code, `code_name` its name.",
-      PyExc_RuntimeError, nullptr);
-  g_plugin_load_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.PluginLoadError",
-      "A PJRT plugin library could not be loaded or is not a usable PJRT plugin.",
-      PyExc_OSError, nullptr);
-  g_socket_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.SocketError",
-      "A worker's socket failed with an errno that has no ConnectionError of its own "
-      "(`errno` says which).",
-      PyExc_ConnectionError, nullptr);
-  g_handler_version_error = PyErr_NewExceptionWithDoc(
-      "worker._pjrt.HandlerVersionError",
-      "An FFI handler is built for an XLA FFI version the plugin's XLA cannot take. "
-      "`handler_version` and `plugin_version` are (major, minor).",
-      g_pjrt_error, nullptr);
+  // The classes are worker.errors' (there, every error pjrt-pool raises derives from
+  // PjrtPoolError); that module imports nothing of this one. The references are kept
+  // for the life of the process, as the module's own attributes are.
+  py::module_ errors = py::module_::import("worker.errors");
+  const auto error_class = [&errors](const char* name) {
+    return py::object(errors.attr(name)).release().ptr();
+  };
+  g_pjrt_error = error_class("PjrtError");
+  g_plugin_load_error = error_class("PluginLoadError");
+  g_socket_error = error_class("SocketError");
+  g_handler_version_error = error_class("HandlerVersionError");
   m.attr("PjrtError") = py::handle(g_pjrt_error);
   m.attr("HandlerVersionError") = py::handle(g_handler_version_error);
   m.attr("PluginLoadError") = py::handle(g_plugin_load_error);
@@ -452,25 +468,11 @@ PYBIND11_MODULE(_pjrt, m) {
       .def("topology", [](std::shared_ptr<Client> client) { return Topology::OfClient(client); },
            "The topology of the client's devices.");
 
-  py::class_<UnloadedExecutable, std::shared_ptr<UnloadedExecutable>>(
+  py::class_<UnloadedExecutable, std::shared_ptr<UnloadedExecutable>> unloaded(
       m, "UnloadedExecutable",
       "An executable compiled for a topology without a device: it serializes, and a client "
-      "on matching devices loads the bytes.")
-      .def_property_readonly("num_outputs", &UnloadedExecutable::num_outputs)
-      .def_property_readonly("output_types", [](const UnloadedExecutable& executable) {
-        return OutputTypeList(executable.output_types());
-      }, "(PJRT_Buffer_Type, dims) of each output.")
-      .def("serialize", [](const UnloadedExecutable& executable) {
-        std::string bytes;
-        {
-          py::gil_scoped_release release;
-          bytes = executable.Serialize();
-        }
-        return py::bytes(bytes);
-      }, "The plugin's serialized form, exactly as PJRT_Executable_Serialize gives it.")
-      .def("fingerprint", [](const UnloadedExecutable& executable) {
-        return OptionalBytes(executable.Fingerprint());
-      }, "The plugin's fingerprint of the executable, or None where it keeps none.");
+      "on matching devices loads the bytes.");
+  BindCompiled(unloaded);
 
   py::class_<Topology, std::shared_ptr<Topology>>(
       m, "Topology", "The devices a program is compiled for, with or without those devices.")
@@ -560,23 +562,10 @@ PYBIND11_MODULE(_pjrt, m) {
                                {static_cast<py::ssize_t>(mapping.size())}, {1}, false);
       });
 
-  py::class_<Executable, std::shared_ptr<Executable>>(m, "Executable",
-                                                      "A loaded PJRT executable.")
-      .def_property_readonly("num_outputs", &Executable::num_outputs)
-      .def_property_readonly("output_types", [](const Executable& executable) {
-        return OutputTypeList(executable.output_types());
-      }, "(PJRT_Buffer_Type, dims) of each output.")
-      .def("fingerprint", [](const Executable& executable) {
-        return OptionalBytes(executable.Fingerprint());
-      }, "The plugin's fingerprint of the executable, or None where it keeps none.")
-      .def("serialize", [](const Executable& executable) {
-        std::string bytes;
-        {
-          py::gil_scoped_release release;
-          bytes = executable.Serialize();
-        }
-        return py::bytes(bytes);
-      })
+  py::class_<Executable, std::shared_ptr<Executable>> loaded(m, "Executable",
+                                                             "A loaded PJRT executable.");
+  BindCompiled(loaded);
+  loaded
       .def_property_readonly("device_ids", &Executable::device_ids,
                              "The ids of the devices it runs on, in PJRT's order.")
       .def_property_readonly("sharded", &Executable::sharded,

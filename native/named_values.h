@@ -26,4 +26,12 @@ std::vector<Attribute> ReadNamedValues(const PJRT_NamedValue* values, size_t cou
 // PJRT_NamedValues pointing into `options`, which must outlive them.
 std::vector<PJRT_NamedValue> NamedValues(const std::vector<Attribute>& options);
 
+// Points a create call's arguments (a client's, a topology's) at `values`, which must
+// outlive the call.
+template <typename CreateArgs>
+void SetCreateOptions(CreateArgs& args, const std::vector<PJRT_NamedValue>& values) {
+  args.create_options = values.data();
+  args.num_options = values.size();
+}
+
 }  // namespace pjrt_pool

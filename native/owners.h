@@ -3,6 +3,8 @@
 // exception anywhere in a call sequence still destroys everything it made.
 #pragma once
 
+#include <cstddef>
+#include <string>
 #include <utility>
 
 #include "status.h"
@@ -64,6 +66,21 @@ class Owned {
   const PJRT_Api* api_ = nullptr;
   T* ptr_ = nullptr;
 };
+
+// Copies the bytes a PJRT serialize call returned, then frees them with the deleter the call
+// gave (also when the copy throws): `backing` holds the bytes until then.
+template <typename Backing>
+std::string CopySerialized(const char* bytes, size_t size, Backing* backing,
+                           void (*deleter)(Backing*)) {
+  struct Release {
+    Backing* backing;
+    void (*deleter)(Backing*);
+    ~Release() {
+      if (deleter != nullptr) deleter(backing);
+    }
+  } release{backing, deleter};
+  return std::string(bytes, size);
+}
 
 // Blocks until `event` is ready and throws its error, if any. `what` names
 // the operation the event belongs to.

@@ -16,7 +16,7 @@ namespace pjrt_pool {
 // header we build against predates the separate extension header.
 //
 // Unlike most PJRT argument structs, these have no `extension_start`: with one,
-// the plugin reads the name pointer as the name's size (measured: bad_alloc).
+// the plugin reads the name pointer as the name's size (docs/facts.md, "The FFI extension").
 struct FfiRegisterHandlerArgs {
   size_t struct_size;
   const char* target_name;

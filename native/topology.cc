@@ -39,12 +39,10 @@ std::shared_ptr<Topology> Topology::Create(std::shared_ptr<Plugin> plugin,
   auto args = PJRT_ARGS(PJRT_TopologyDescription_Create_Args);
   args.topology_name = name.data();
   args.topology_name_size = name.size();
-  args.create_options = named_values.data();
-  args.num_options = named_values.size();
+  SetCreateOptions(args, named_values);
   Check(api, PJRT_FN(api, PJRT_TopologyDescription_Create)(&args),
         "PJRT_TopologyDescription_Create");
-  topology->owned_ = Owned<PJRT_TopologyDescription>(api, args.topology);
-  topology->Describe();
+  topology->Adopt(args.topology);
   return topology;
 }
 
@@ -57,8 +55,7 @@ std::shared_ptr<Topology> Topology::Deserialize(std::shared_ptr<Plugin> plugin,
   args.serialized_topology_size = serialized.size();
   Check(api, PJRT_FN(api, PJRT_TopologyDescription_Deserialize)(&args),
         "PJRT_TopologyDescription_Deserialize");
-  topology->owned_ = Owned<PJRT_TopologyDescription>(api, args.topology);
-  topology->Describe();
+  topology->Adopt(args.topology);
   return topology;
 }
 
@@ -73,6 +70,11 @@ std::shared_ptr<Topology> Topology::OfClient(std::shared_ptr<Client> client) {
   topology->client_ = std::move(client);
   topology->Describe();
   return topology;
+}
+
+void Topology::Adopt(PJRT_TopologyDescription* made) {
+  owned_ = Owned<PJRT_TopologyDescription>(plugin_->api(), made);
+  Describe();
 }
 
 void Topology::Describe() {
@@ -113,15 +115,8 @@ std::string Topology::Serialize() const {
   args.topology = get();
   Check(api, PJRT_FN(api, PJRT_TopologyDescription_Serialize)(&args),
         "PJRT_TopologyDescription_Serialize");
-  struct Release {
-    PJRT_TopologyDescription_Serialize_Args* args;
-    ~Release() {
-      if (args->serialized_topology_deleter != nullptr) {
-        args->serialized_topology_deleter(args->serialized_topology);
-      }
-    }
-  } release{&args};
-  return std::string(args.serialized_bytes, args.serialized_bytes_size);
+  return CopySerialized(args.serialized_bytes, args.serialized_bytes_size,
+                        args.serialized_topology, args.serialized_topology_deleter);
 }
 
 std::shared_ptr<UnloadedExecutable> Topology::Compile(std::string_view code,

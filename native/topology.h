@@ -58,6 +58,8 @@ class Topology : public std::enable_shared_from_this<Topology> {
  private:
   explicit Topology(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
   PJRT_TopologyDescription* get() const { return owned_ ? owned_.get() : borrowed_; }
+  // Owns a description the plugin made (Create, Deserialize) and reads it (Describe).
+  void Adopt(PJRT_TopologyDescription* made);
   // Reads the names, devices and attributes once the description is set.
   void Describe();
 

@@ -47,7 +47,7 @@ __version__ = "0.1.0"
 # pool.manifest: the Pool and its machinery (the wire protocol, subprocess,
 # cloudpickle: ~36 ms of imports), and lower(), which imports JAX (about a
 # second). Each name is imported on first use instead
-# (benchmarks/bench_cold_start.py measures the cold start). The block below is
+# (benchmarks/bench_start.py measures a serving process's start). The block below is
 # the one list of the names (worker.lazy_names reads it on first use).
 if TYPE_CHECKING:
     from pool.cluster import ClusterPool as ClusterPool
@@ -90,6 +90,7 @@ if TYPE_CHECKING:
     from worker.errors import DeviceCountError as DeviceCountError
     from worker.errors import NeverCompileError as NeverCompileError
     from worker.errors import NotInCacheError as NotInCacheError
+    from worker.errors import PjrtPoolError as PjrtPoolError
     from worker.identity.keys import InvalidKeyError as InvalidKeyError
     from worker.wire.protocol import DescriptorLimitError as DescriptorLimitError
 

@@ -6,6 +6,7 @@ import importlib
 import signal
 from typing import Any
 
+from worker.errors import PjrtPoolError
 from worker.wire.protocol import RemoteError
 
 
@@ -37,7 +38,7 @@ def likely_cause(returncode: int | None) -> str:
     return "the worker exited unexpectedly"
 
 
-class PoolError(RuntimeError):
+class PoolError(PjrtPoolError, RuntimeError):
     """Base class of the pool's own failures."""
 
 
@@ -140,7 +141,7 @@ def rebuild_error(remote: RemoteError) -> BaseException:
     return error
 
 
-class TracedPoolFunctionError(TypeError):
+class TracedPoolFunctionError(PjrtPoolError, TypeError):
     """A PoolFunction was called with JAX tracers (under jax.grad, jax.vmap, jax.jit, ...).
 
     Its program runs in a worker process, where JAX's tracers cannot follow:

@@ -301,22 +301,19 @@ class PoolFace(abc.ABC):
         gives params as values, which the next call takes as they are, so the
         parameters never leave the worker between steps (np.asarray or fetch()
         copies them out). A Pool's, and a RayClusterPool's (each node's actor keeps
-        them): a Dask ClusterPool refuses it. A call whose
-        result is kept whole (keep=True) returns once its request is sent, as
-        jax.jit returns once it dispatched (the Pool's dispatch_ahead): an
-        error of that run is raised where its values are next used.
+        them): a Dask ClusterPool refuses it. A call whose result is kept whole
+        (keep=True) returns once its request is sent, as jax.jit returns once it
+        dispatched (dispatch_ahead): an error of that run is raised where its values
+        are next used.
 
-        donate_argnums is accepted and ignored, with a warning: arguments are
-        copied into shared memory for the worker, so donated arrays stay
-        valid and no memory is saved.
-
-        in_shardings and out_shardings are as jax.jit takes them (a sharding,
-        or a pytree prefix of the dynamic positional arguments and of the
-        result): the program runs over the devices of their mesh, as does a
-        function that is a jax.jit with shardings, or a shard_map, or is
-        called with arrays placed on a mesh (its shardings are kept). It still
-        takes and returns whole arrays; each worker needs that many devices
-        (Pool's devices_per_worker). See docs/sharding.md.
+        donate_argnums is accepted and ignored, with a warning: arguments are copied into
+        shared memory for the worker, so donated arrays stay valid and no memory is saved.
+        in_shardings and out_shardings are as jax.jit takes them (a sharding, or a pytree
+        prefix of the dynamic positional arguments and of the result): the program runs over
+        the devices of their mesh, as does a function that is a jax.jit with shardings, or a
+        shard_map, or is called with arrays placed on a mesh (its shardings are kept). It
+        still takes and returns whole arrays; each worker needs that many devices (Pool's
+        devices_per_worker). See docs/sharding.md.
         """
         # Here, not at the top: it imports JAX (about a second), which a pool that
         # runs warmed programs (pool.manifest) never needs.

@@ -36,7 +36,7 @@ import numpy as np
 
 from worker.bundle.container import looks_like_archive
 from worker.bundle.urls import is_url, shown
-from worker.errors import BundleError
+from worker.errors import BundleError, PjrtPoolError
 from worker.identity.keys import InvalidKeyError, check_key
 from worker.records import ProgramSpec
 from worker.untrusted import parse_json, read_file
@@ -63,7 +63,7 @@ class SpecRunner(Protocol):
         ...
 
 
-class ManifestError(ValueError):
+class ManifestError(PjrtPoolError, ValueError):
     """A manifest file is missing, malformed, or lacks the program asked for."""
 
 

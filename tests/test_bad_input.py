@@ -24,7 +24,7 @@ from conftest import run_python
 import pool
 import worker
 from pool import Pool
-from worker.arguments import random_inputs
+from worker.compile.arguments import random_inputs
 from worker.dtypes import code_of_dtype, supported_dtypes
 
 

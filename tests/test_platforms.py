@@ -195,3 +195,62 @@ def test_a_tpu_worker_is_given_one_chip_or_the_whole_host():
         chip_settings(1, 4, 4, {})
     with pytest.raises(ValueError, match="one chip or all 4 of this host, not 2"):
         chip_settings(2, 0, 4, {})
+
+
+def test_the_tpu_generations_name_topologies_hosts_and_host_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """One table (worker.identity.tpu_generations) says every generation's names: the topology
+    a key names, the topology of a host's chips, the host bounds a topology name needs."""
+    from worker.identity.target import topology_name
+    from worker.identity.tpu_generations import GENERATIONS
+    from worker.plugin.libtpu import host_topology
+    from worker.plugin.topology import derived_options
+
+    for field in ("device_kind", "names", "accelerator_types"):
+        values = [
+            value
+            for generation in GENERATIONS
+            for value in (
+                getattr(generation, field) if field != "device_kind" else [generation.device_kind]
+            )
+        ]
+        assert len(values) == len(set(values)), f"a {field} names two generations"
+
+    def chips(kind: str, *coords: tuple[int, ...]) -> list[dict]:
+        return [{"kind": kind, "attributes": {"coords": c}} for c in coords]
+
+    square = ((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0))
+    assert topology_name(chips("TPU v5 lite", *square)) == "v5e:2x2"
+    assert topology_name(chips("TPU v4", *square)) == "v4:2x2x1"
+    assert topology_name(chips("TPU v5", *square)) == "v5p:2x2x1"
+    assert topology_name(chips("TPU v6 lite", (0, 0, 0))) == "v6e:1x1"
+    assert topology_name(chips("TPU v9 giant", (0, 0, 0))) is None
+    assert topology_name([*chips("TPU v4", (0, 0, 0)), *chips("TPU v3", (1, 0, 0))]) is None
+
+    hosts = {
+        ("v5litepod-4", 4): "v5e:2x2",
+        ("v5lite-1", 1): "v5e:1x1",
+        ("v6e-8", 8): "v6e:2x4",
+        ("v4-8", 4): "v4:2x2x1",
+        ("v5p-16", 8): "v5p:2x2x2",
+        ("v3-8", 2): "v3:1x2",
+        ("v9-8", 2): "v9:1x2",  # a "vN" the table does not know, by its name
+    }
+    for (accelerator, count), name in hosts.items():
+        monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accelerator)
+        found = host_topology(chips=count)
+        assert found is not None and found.name == name, (accelerator, found)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "tpu7x-8")
+    assert host_topology(chips=8) is None
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-16")
+    assert host_topology(chips=16) is None  # no layout known for 16 chips on a host
+
+    # A v5e or v6e slice of at most 8 chips is one host of its own chips; other names fill
+    # libtpu's default hosts (2x2x1) or say the bounds they need.
+    assert derived_options("v6e:2x4") == {"chips_per_host_bounds": (2, 4, 1)}
+    assert derived_options("v5litepod:2x2") == {"chips_per_host_bounds": (2, 2, 1)}
+    assert derived_options("V5E:1x1") == {"chips_per_host_bounds": (1, 1, 1)}
+    assert derived_options("v5e:4x4") == {}
+    assert derived_options("v4:2x2x2") == {}
+    assert derived_options("v5lite:2x2") == {}

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import child
+from conftest import child, run_python
 from pool_helpers import wait_until_started
 
 from pool import Pool, lower
@@ -180,6 +180,23 @@ def test_put_converts_as_device_put_and_values_refuse_copy_false(tmp_path) -> No
         with pytest.raises(ValueError, match="always copied"):
             np.asarray(value, copy=False)
         np.testing.assert_array_equal(np.asarray(value, copy=True), np.arange(N))
+
+
+@pytest.mark.parametrize("x64", ["", "true"])
+def test_put_converts_as_device_put_in_a_process_that_never_imports_jax(x64: str) -> None:
+    """The executor imports no JAX (tests/test_structure.py): a put reads JAX's x64 mode from
+    JAX where the process imported it, else from JAX_ENABLE_X64, as JAX would start."""
+    done = run_python(
+        """
+        import sys
+        import numpy as np
+        from pool import Pool
+        with Pool(1) as pool:
+            print(pool.put(np.arange(4, dtype=np.float64)).dtype, "jax" in sys.modules)
+        """,
+        env={"JAX_ENABLE_X64": x64},
+    )
+    assert done.stdout.split() == ["float64" if x64 else "float32", "False"]
 
 
 def fail_first_mapping():

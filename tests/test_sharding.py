@@ -60,7 +60,7 @@ def _expected(case, arguments):
 BITWISE = {"psum", "all_gather", "ppermute", "axis_index", "jit_replicated_output"}
 """Cases whose numbers the plugin's XLA and this process's JAX agree on bit for bit: data
 movement and sums. A matmul or tanh may differ in the last bit: the CPU plugin is built from
-another XLA than this jaxlib's (DESIGN.md), whatever the partitioning."""
+another XLA than this jaxlib's (docs/facts.md), whatever the partitioning."""
 
 
 def _assert_same(case, got, want):

@@ -28,8 +28,12 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pool", "worker")
@@ -286,22 +290,33 @@ JAXLIB_MODULES = "worker.plugin.jaxlib"
 whose names start so: those that compile or run through jaxlib's own clients."""
 
 
+def _imported_names(tree: ast.Module) -> Iterator[str]:
+    """Every module name an absolute import anywhere in the tree names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            yield node.module or ""
+
+
+def _imports_jax(tree: ast.Module) -> list[str]:
+    return [name for name in _imported_names(tree) if name.split(".")[0] in ("jax", "jaxlib")]
+
+
 def test_the_worker_side_never_imports_jax():
     for module, path in _modules():
         if module.startswith("worker"):
-            tree = _parse(path)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                else:
-                    continue
-                for name in names:
-                    top = name.split(".")[0]
-                    assert top != "jax", f"{module} imports {name}"
-                    if top == "jaxlib":
-                        assert module.startswith(JAXLIB_MODULES), f"{module} imports {name}"
+            for name in _imports_jax(_parse(path)):
+                jaxlib = name.split(".")[0] == "jaxlib"
+                assert jaxlib and module.startswith(JAXLIB_MODULES), f"{module} imports {name}"
+
+
+def test_the_executor_never_imports_jax():
+    """The Pool's machinery runs warmed programs without JAX (a serving process's start): what
+    it needs of JAX's state it reads where JAX is imported already (sys.modules)."""
+    for module, path in _modules():
+        if module.startswith(EXECUTOR):
+            assert not _imports_jax(_parse(path)), f"{module} imports {_imports_jax(_parse(path))}"
 
 
 def _import_graph() -> dict[str, set[str]]:
@@ -325,7 +340,7 @@ def _stated_floors(package: str) -> list[set[str]]:
     every module of the package's own that no floor names, "cache/" a sub-package, "log.py"
     a module)."""
     docstring = ast.get_docstring(_parse(ROOT / package / "__init__.py")) or ""
-    lines = _FLOORS.findall(docstring)
+    lines = _FLOORS.findall(re.sub(r"<[ \t]*\n\s*", "< ", docstring))  # a line ending "<" goes on
     assert len(lines) == 1, f"{package}/__init__.py states no floors (a line 'a/ < b/ < c/')"
     return [{name.strip() for name in floor.split(",")} for floor in lines[0].split("<")]
 
@@ -515,3 +530,125 @@ def test_a_lazy_package_lists_its_names_once_in_its_type_checking_block():
             if isinstance(target, ast.Name)
         }
         assert "__all__" not in stores, f"{package}: __all__ comes from the block"
+
+
+# -- the guards of size: no drawer grows unnoticed ---------------------------------------------
+
+LONGEST_FUNCTION = 80
+"""The most lines a function of pool/ or worker/ may have: its lines that are neither blank nor
+comments (the docstring counts)."""
+
+LONG_FUNCTIONS = {"pool.lowering.lower.lower_tree"}
+"""Functions let past LONGEST_FUNCTION, each on its way to being cut."""
+
+TOP_OF_WORKER = 12
+"""The most modules at the top of worker/: the shared records and the few helpers below every
+package; everything else has a package of its own."""
+
+MOST_DUPLICATES = 20
+"""The most pairs of duplicated places (the `duplicates` command) in the tree."""
+
+
+def _function_lengths() -> Iterator[tuple[str, int]]:
+    for module, path in _modules():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = lines[node.lineno - 1 : node.end_lineno]
+                counted = [
+                    line for line in body if line.strip() and not line.lstrip().startswith("#")
+                ]
+                yield f"{module}.{node.name}", len(counted)
+
+
+def test_no_function_is_longer_than_the_guard():
+    lengths = dict(_function_lengths())
+    assert len(lengths) > 1000, "the walk reached pool/ and worker/"
+    long = {
+        name: n
+        for name, n in lengths.items()
+        if n > LONGEST_FUNCTION and name not in LONG_FUNCTIONS
+    }
+    assert not long, f"functions over {LONGEST_FUNCTION} lines (cut them into named steps): {long}"
+    assert all(lengths.get(name, 0) > LONGEST_FUNCTION for name in LONG_FUNCTIONS), (
+        "a function let past the guard is short now: take it off LONG_FUNCTIONS"
+    )
+
+
+def test_the_top_of_worker_holds_few_modules():
+    top = sorted(path.name for path in (ROOT / "worker").glob("*.py"))
+    assert len(top) <= TOP_OF_WORKER, f"{len(top)} modules at the top of worker/: {top}"
+
+
+@pytest.mark.slow
+def test_the_tree_repeats_itself_in_few_places():
+    """The `duplicates` command (on PATH where the project is developed; CI may lack it) over
+    the tree: pairs of places that share six or more lines of the same shape."""
+    command = shutil.which("duplicates")
+    if command is None:
+        pytest.skip("the duplicates command is not on PATH")
+    done = subprocess.run(
+        [command, "--repo", str(ROOT), "--seconds", "300", "--most", "200"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    first = done.stdout.splitlines()[0]
+    assert "incomplete" not in done.stdout, done.stdout
+    count = 0 if first.startswith("no duplicates") else int(first.split()[0])
+    assert count <= MOST_DUPLICATES, done.stdout
+
+
+# -- the folders beside the packages -----------------------------------------------------------
+
+SCRIPT_FOLDERS = ("benchmarks", "tools", "tests")
+
+
+def _scripts() -> Iterator[tuple[Path, ast.Module]]:
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield path, _parse(path)
+
+
+def test_no_script_patches_sys_path():
+    """Benchmarks and tools import their neighbours as scripts do (their folder comes first on
+    sys.path) and pjrt-pool as installed; the tests' fixtures are pytest's (tests/)."""
+    for path, tree in _scripts():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path":
+                owner = node.value
+                assert not (isinstance(owner, ast.Name) and owner.id == "sys"), (
+                    f"{path.relative_to(ROOT)}:{node.lineno} uses sys.path"
+                )
+    assert not (ROOT / "scripts").exists(), "scripts/ is emptied by kind: benchmarks/, tools/"
+
+
+def test_every_benchmark_measures_through_the_harness():
+    """Each benchmark alternates its sides and prints ratios against a baseline of the same
+    run: benchmarks/harness.py's compare(), not a loop of its own."""
+    benchmarks = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    assert len(benchmarks) > 10
+    for path in benchmarks:
+        tree = _parse(path)
+        from_harness = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "harness"
+            for alias in node.names
+        }
+        assert "compare" in from_harness or "ratio_line" in from_harness, path.name
+        calls = {
+            node.func.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        imported = set(_imported_names(tree))
+        uses_a_benchmark = any(name.startswith("bench_") for name in imported)
+        assert "compare" in calls or uses_a_benchmark, f"{path.name} never calls compare()"
+
+
+def test_tools_and_tests_import_no_benchmark():
+    """Benchmarks may share code among themselves; tools and tests stand without them."""
+    for path, tree in _scripts():
+        if path.parent.name == "benchmarks":
+            continue
+        found = [n for n in _imported_names(tree) if n == "harness" or n.startswith("bench_")]
+        assert not found, f"{path.relative_to(ROOT)} imports {found}"

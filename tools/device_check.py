@@ -130,7 +130,7 @@ def _bf16_matmul(a, b):
 
 
 def _spectral(x):
-    """sort, top_k and rfft of an (8, 1024) array (zoo_spectral_n1024 of issue 11)."""
+    """sort, top_k and rfft of an (8, 1024) array: a program that hit CUDA_ERROR_ILLEGAL_ADDRESS."""
     values, _ = jax.lax.top_k(x, 16)
     spectrum = jnp.abs(jnp.fft.rfft(x, axis=-1))
     return jnp.sort(x, axis=-1), values, spectrum

@@ -1,31 +1,74 @@
-"""The exceptions of pjrt-pool's worker side.
+"""The exceptions of pjrt-pool's worker side, and the one base of every error pjrt-pool raises.
 
 Every failure a user can cause or meet gets one of these, or a standard
 TypeError/ValueError for malformed arguments, with a message that says what
-was wrong and what to do about it.
+was wrong and what to do about it. Every exception class pjrt-pool defines,
+here and in pool/, derives from PjrtPoolError, and from the builtin exception
+it has always derived from (ValueError, RuntimeError, ...), so that both
+``except PjrtPoolError`` and ``except ValueError`` catch it (docs/api.md,
+"Errors"). The native module (worker._pjrt) raises the four classes defined
+for it here (PjrtError, HandlerVersionError, PluginLoadError, SocketError),
+which it takes from this module as it initializes: nothing here imports it,
+so this module is the lowest floor of the worker side.
 """
 
 from __future__ import annotations
-
-from worker._pjrt import PjrtError, PluginLoadError
 
 __all__ = [
     "BundleError",
     "DeviceCountError",
     "DeviceUnavailableError",
+    "HandlerVersionError",
     "MissingExtraError",
     "NeverCompileError",
     "NotInCacheError",
     "NotLoadedError",
     "PjrtError",
+    "PjrtPoolError",
     "PlatformMismatchError",
     "PluginLoadError",
     "PluginNotFoundError",
+    "SocketError",
     "TopologyError",
 ]
 
 
-class MissingExtraError(ModuleNotFoundError):
+class PjrtPoolError(Exception):
+    """The base of every error pjrt-pool raises: ``except PjrtPoolError`` catches them all.
+
+    Each error also derives from the builtin exception its kind of failure is
+    (a malformed argument's ValueError, a failed call's RuntimeError, a lost
+    connection's ConnectionError, ...), and from its family's base (PoolError,
+    PjrtError, NotInCacheError, ...): docs/api.md, "Errors".
+    """
+
+
+class PjrtError(PjrtPoolError, RuntimeError):
+    """A PJRT call failed. `code` is the PJRT error code, `code_name` its name (the native
+    module sets both)."""
+
+    code: int
+    code_name: str
+
+
+class HandlerVersionError(PjrtError):
+    """An FFI handler is built for an XLA FFI version the plugin's XLA cannot take.
+    `handler_version` and `plugin_version` are (major, minor) (the native module sets them)."""
+
+    handler_version: tuple[int, int] | None
+    plugin_version: tuple[int, int] | None
+
+
+class PluginLoadError(PjrtPoolError, OSError):
+    """A PJRT plugin library could not be loaded or is not a usable PJRT plugin."""
+
+
+class SocketError(PjrtPoolError, ConnectionError):
+    """A worker's socket failed with an errno that has no ConnectionError of its own
+    (`errno` says which)."""
+
+
+class MissingExtraError(PjrtPoolError, ModuleNotFoundError):
     """A feature needs a package that one of pjrt-pool's extras installs, and it is not installed.
 
     The message names the feature, the package, the extra and the pip
@@ -42,7 +85,7 @@ class MissingExtraError(ModuleNotFoundError):
         self.install = install
 
 
-class PluginNotFoundError(RuntimeError):
+class PluginNotFoundError(PjrtPoolError, RuntimeError):
     """No PJRT plugin is installed or configured for the requested platform."""
 
 
@@ -60,7 +103,7 @@ class DeviceUnavailableError(PjrtError):
         self.code_name = "UNAVAILABLE"
 
 
-class DeviceCountError(ValueError):
+class DeviceCountError(PjrtPoolError, ValueError):
     """A program over several devices needs more devices than the process (or a pool's
     worker, or a topology) has; refused before it compiles.
 
@@ -75,7 +118,7 @@ class DeviceCountError(ValueError):
         self.available = available
 
 
-class NotLoadedError(RuntimeError):
+class NotLoadedError(PjrtPoolError, RuntimeError):
     """An executable compiled for a topology without a device was asked to run.
 
     It runs where devices of that topology are: loaded there from the cache
@@ -83,16 +126,16 @@ class NotLoadedError(RuntimeError):
     """
 
 
-class TopologyError(ValueError):
+class TopologyError(PjrtPoolError, ValueError):
     """The plugin cannot make the topology asked for: a name it does not know, options that do
     not fit the name, or a plugin that compiles for no topology (the CPU plugins)."""
 
 
-class PlatformMismatchError(RuntimeError):
+class PlatformMismatchError(PjrtPoolError, RuntimeError):
     """A program is for another platform than the plugin loaded in this process."""
 
 
-class NotInCacheError(LookupError):
+class NotInCacheError(PjrtPoolError, LookupError):
     """No usable executable for a program here: not in the disk cache (or bundle) asked.
 
     Attributes: `program` (its name, when known), `key` (the cache key looked
@@ -126,7 +169,7 @@ class NeverCompileError(NotInCacheError):
     """
 
 
-class BundleError(ValueError):
+class BundleError(PjrtPoolError, ValueError):
     """A bundle is not one, is damaged, or was changed after it was made.
 
     The message names the file and what is wrong with it (a member added,

@@ -1,8 +1,8 @@
 """The worker side's loggers, which import `logging` only when a message could be seen.
 
-Importing logging (with traceback and string, which it imports) costs about
-2 ms, on the path of every serving process's start (benchmarks/bench_start.py),
-and most processes never see a message of ours. Until some module of the
+Importing logging (with traceback and string, which it imports) costs
+milliseconds on the path of every serving process's start (docs/facts.md,
+"Start-up costs"), and most processes never see a message of ours. Until some module of the
 process has imported logging, nothing can have configured it, so its root
 logger's level is WARNING: a debug or info message is then dropped, as
 logging itself would drop it, without importing it. A warning or an error

@@ -49,6 +49,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+from worker.errors import PjrtPoolError
+
 
 class ExitCode(enum.IntEnum):
     """A command's exit status: the same meaning for every command."""
@@ -74,7 +76,7 @@ COMMANDS = {
 """Each command and the module whose register(subparsers) adds it, in the order of the help."""
 
 
-class CommandError(Exception):
+class CommandError(PjrtPoolError):
     """What stopped a command, and what to do: printed as one line, exit_code its status."""
 
     exit_code: ClassVar[ExitCode] = ExitCode.PROBLEMS

@@ -13,7 +13,7 @@ import numpy as np
 
 from pool.cli.main import UsageError
 from pool.cli.paths import input_file
-from worker.arguments import prepare_arguments
+from worker.compile.arguments import prepare_arguments
 
 
 def read_inputs(path: str, spec: Any, option: str) -> list[np.ndarray]:

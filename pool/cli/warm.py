@@ -55,8 +55,8 @@ from pool.manifest import (
     load_manifest,
 )
 from pool.progress import ProgressDisplay
-from worker.arguments import random_inputs
 from worker.cache.jax_values import Compression
+from worker.compile.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
 from worker.partitioning import devices_needed

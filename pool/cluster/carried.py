@@ -15,6 +15,7 @@ from __future__ import annotations
 import pickle
 
 from pool.errors import PoolError
+from worker.errors import PjrtPoolError
 
 
 class NodeLostError(PoolError):
@@ -27,7 +28,7 @@ class NodeLostError(PoolError):
     """
 
 
-class CarriedError(Exception):
+class CarriedError(PjrtPoolError):
     """A node Pool's exception on its way to the client, pickled with the standard pickle
     (see the module docstring). Its text names the original, for an engine's own future of
     the task (a Dask future) that shows it."""

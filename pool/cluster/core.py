@@ -44,10 +44,10 @@ from pool.executor.settings import check_devices
 from pool.executor.values import DeviceValue, check_values, values_in
 from pool.executor.worker_memory import WorkerMemory
 from pool.face import PoolFace
-from worker.arguments import prepare_arguments
 from worker.bundle.urls import bundle_source
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
+from worker.compile.arguments import prepare_arguments
 from worker.identity.keys import check_key
 from worker.identity.options import checked_compile_options
 from worker.records import (

@@ -53,6 +53,7 @@ from pool.conformance.case import Case
 from pool.conformance.status import Status
 from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
+from worker.errors import PjrtPoolError
 from worker.plugin.platforms.registry import platform_named
 
 START_TIMEOUT = 180.0
@@ -66,7 +67,7 @@ _EXIT_WAIT = 5.0
 _TAIL_LINES = 3
 
 
-class JaxSideError(Exception):
+class JaxSideError(PjrtPoolError):
     """jax.jit's side failed on a case; status says how (a Status.REFERENCE_* outcome)."""
 
     def __init__(self, status: Status, message: str) -> None:
@@ -95,7 +96,7 @@ class _Child:
     """Where this process's output begins in the log."""
 
 
-class _StartError(Exception):
+class _StartError(PjrtPoolError):
     """No reference process could be started; the message says why."""
 
 

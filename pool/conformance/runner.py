@@ -54,7 +54,7 @@ from pool.lowering.plugin_info import PluginProbeError, plugin_info
 from pool.lowering.stablehlo import StableHLOVersionError
 from pool.lowering.workarounds import active_workarounds, build_workarounds
 from worker.cache import open_cache
-from worker.errors import DeviceUnavailableError, PluginNotFoundError
+from worker.errors import DeviceUnavailableError, PjrtPoolError, PluginNotFoundError
 from worker.identity.build import plugin_digest
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
@@ -77,7 +77,7 @@ must not fail the yardstick's ordinary compiles."""
 __all__ = ["STATUSES"]  # re-exported: the report's order of outcomes (status.py)
 
 
-class CheckError(RuntimeError):
+class CheckError(PjrtPoolError, RuntimeError):
     """The check could not run at all (no plugin, a conflicting plugin in this process)."""
 
 

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from worker.arguments import random_inputs
+from worker.compile.arguments import random_inputs
 
 ExampleProgram = tuple[str, Callable[..., Any], list[jax.ShapeDtypeStruct]]
 """One example: a unique name, a JAX-traceable function and the shapes of its arguments."""

@@ -12,6 +12,8 @@ checks) is WorkerPool's.
 
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,7 @@ from pool.errors import PoolClosedError
 from pool.executor.segments import Segment, SegmentCache
 from pool.executor.tasks import Kind, Task, ValueOp, ValueOpKind
 from pool.executor.values import DeviceValue, check_values
-from worker.arguments import prepare_arguments
+from worker.compile.arguments import prepare_arguments
 from worker.dtypes import code_of_dtype
 from worker.records import ArrayType
 
@@ -47,17 +49,36 @@ class ValueOwner:
         return pool._fetch(value)
 
 
-_WIDE_DTYPES = frozenset(map(np.dtype, ("float64", "int64", "uint64", "complex128")))
-"""The dtypes JAX narrows unless its x64 mode is on (the only ones Pool.put imports JAX for)."""
+_NARROWED = {
+    np.dtype(wide): np.dtype(narrow)
+    for wide, narrow in (
+        ("float64", "float32"),
+        ("int64", "int32"),
+        ("uint64", "uint32"),
+        ("complex128", "complex64"),
+    )
+}
+"""The dtypes JAX narrows unless its x64 mode is on, and the dtype it narrows each to."""
+
+_TRUE = ("1", "on", "t", "true", "y", "yes")
+"""The values of JAX_ENABLE_X64 that JAX reads as true."""
+
+
+def _x64_mode() -> bool:
+    """JAX's x64 mode (jax_enable_x64): its config where this process imported JAX, else what
+    JAX would start with (JAX_ENABLE_X64). Never imports JAX, which the executor needs for
+    nothing else."""
+    jax = sys.modules.get("jax")
+    if jax is not None:  # as jax.device_put reads it
+        return jax.dtypes.canonicalize_dtype(np.float64) == np.float64
+    return os.environ.get("JAX_ENABLE_X64", "").strip().lower() in _TRUE
 
 
 def _as_jax_puts(array: np.ndarray) -> np.ndarray:
     """An array of a 64-bit dtype as jax.device_put would convert it (narrowed unless JAX's
     x64 mode is on)."""
-    import jax  # here: a pool that runs warmed programs never needs it otherwise
-
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
-    return array if dtype == array.dtype else array.astype(dtype)
+    narrow = _NARROWED.get(array.dtype)
+    return array if narrow is None or _x64_mode() else array.astype(narrow)
 
 
 class PoolArrays:
@@ -92,8 +113,7 @@ class PoolArrays:
         """
         self._refuse_on_manager("Pool.put")
         (prepared,) = prepare_arguments([array], None)
-        if prepared.dtype in _WIDE_DTYPES:
-            prepared = _as_jax_puts(prepared)
+        prepared = _as_jax_puts(prepared)
         array_type = ArrayType(prepared.dtype, prepared.shape)
         pinned = None if like is None else self._pinned({0: like}, None)
         operation = ValueOp(ValueOpKind.PUT, array_type)

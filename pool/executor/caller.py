@@ -58,8 +58,8 @@ machine has CPUs to spare (LONG_SPIN_CPUS); a program slower than this is slept 
 LONG_SPIN_CPUS = 4
 """The CPUs a process needs for its callers to spin past DIRECT_SPIN_SECONDS. A spinning
 caller takes a CPU that the worker and the plugin's threads may want for the run; with
-fewer (a 2-CPU machine) the poll stays as short as it was. On the TPU v5e host (13 CPUs) a
-tiny run's reply comes after about 1.2 ms, and reading it after a sleep cost 0.1 ms a call."""
+fewer (a 2-CPU machine) the poll stays DIRECT_SPIN_SECONDS (docs/facts.md, "Waiting for a
+reply")."""
 
 
 def spins_long() -> bool:

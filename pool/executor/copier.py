@@ -1,20 +1,17 @@
 """The parent's copies of callers' arrays into shared memory, large ones on a few threads.
 
 The one copy a numpy input costs (into its segment, or Pool.asarray's) is,
-in a call, a copy from memory to memory: between two calls the worker's
-reads of inputs and writes of outputs push both the caller's array and the
-segment out of the CPU's caches, so one thread copies at what one core
-draws from memory (16 MiB: 1.8 ms on a TPU v5e host, 1.0 ms on 4 threads;
-`benchmarks/bench_copy.py --cache cold`). So a copy of SPREAD_BYTES or more
-is cut into page-aligned parts, copied by threads that a Copier keeps (a
-thread made for each copy costs about a millisecond on that host) while
-the caller's thread copies the first part. A copy of STREAM_BYTES or more
-is written around the caches (`_pjrt.stream_copy`: streaming stores, which
-do not read each destination line before writing it): 0.76-0.83x the time
-of a plain copy from memory on one thread (`benchmarks/bench_copy.py`). A pool
+in a call, a copy from memory to memory, which one thread makes at what one
+core draws from memory (docs/facts.md, "Copies from memory"). So a copy of
+SPREAD_BYTES or more is cut into page-aligned parts, copied by threads that
+a Copier keeps (threads made for each copy would cost more than they save)
+while the caller's thread copies the first part; and a copy of STREAM_BYTES
+or more is written around the caches (`_pjrt.stream_copy`: streaming
+stores, which do not read each destination line before writing it). A pool
 whose devices read inputs from host memory themselves streams smaller
 copies too, from its platform's size (Platform.input_stream_bytes: a TPU's
-1 MiB), spread or not.
+1 MiB), spread or not. What each saves: docs/performance.md, "Large arrays"
+(benchmarks/bench_copy.py, benchmarks/bench_arrays.py).
 
 A Copier belongs to one pool (its SegmentCache's) and ends with it; its
 threads start on the first large copy. A part still copying when the
@@ -41,11 +38,9 @@ SPREAD_BYTES = 8 << 20
 
 STREAM_BYTES = 32 << 20
 """Copies this large are written around the caches (`_pjrt.stream_copy`), by default and
-on the CPU plugins, whose workers read the inputs with the CPU. On a 2-CPU
-machine a Pool.run with a numpy input of 64 MiB took 0.76-0.85x the time so and one of
-256 MiB 0.90-0.91x, but one of 16 MiB 0.99-1.09x: a smaller copy leaves part of itself in
-the caches for the worker to read, a streamed one nothing (`benchmarks/bench_arrays.py
---parts sizes`, "streamed / plain copy", the sides alternated in one run)."""
+on the CPU plugins, whose workers read the inputs with the CPU: a smaller copy leaves part
+of itself in the caches for the worker to read, a streamed one nothing (docs/facts.md,
+"Copies from memory")."""
 
 COPY_THREADS_VARIABLE = "PJRT_POOL_COPY_THREADS"
 MAX_COPY_THREADS = 64

@@ -50,10 +50,10 @@ from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
-from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.records import ArrayType, CompileStatistics
 from worker.wire import protocol, shm
+from worker.wire.fds import close_all
 
 logger = logging.getLogger("pjrt_pool.pool")
 

@@ -131,9 +131,8 @@ class RunOutcome:
     """The outcome of a Pool.run task: the future-like part of a task that only its own
     caller waits for, and that nobody can cancel.
 
-    A concurrent.futures.Future costs two microseconds a task (a Condition
-    made, then notified), the best part of a small program's round trip
-    measured against two processes exchanging a byte; Pool.run's future
+    A concurrent.futures.Future costs the best part of a small program's
+    round trip (docs/facts.md, "A Future per task"); Pool.run's future
     never leaves the pool, so it needs none of that: no callbacks, no
     cancellation, one waiter. Its result is set once (a second setting
     raises InvalidStateError, which resolve and fail drop, as for a

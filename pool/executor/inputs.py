@@ -24,7 +24,7 @@ import numpy as np
 
 from pool.executor.segments import Segment, SegmentCache, lease_of
 from pool.executor.values import DeviceValue, failure_of
-from worker.arguments import types_of
+from worker.compile.arguments import types_of
 from worker.records import ArrayType
 from worker.wire import places, shm
 

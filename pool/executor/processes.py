@@ -23,9 +23,9 @@ from pool.executor.worker_process import ARENA_SIZE, WorkerProcess
 from pool.spawn import child_environment, python_command, with_huge_pages
 from worker.cache import CACHE_DIR_ENV
 from worker.cache.remote.location import REMOTE_ENV
-from worker.fds import close_quietly
 from worker.serve.command_line import WorkerCommand
 from worker.wire import protocol, shm
+from worker.wire.fds import close_quietly
 
 
 def spawn_worker(index: int, settings: PoolSettings, plan: WorkerPlan) -> WorkerProcess:

@@ -1,10 +1,9 @@
 """What each worker of a pool is for: compiling, running on a device, or both.
 
 On a CPU or a GPU every worker loads the plugin on the process's device and
-both compiles and runs (Role.ANY). A TPU host differs (DESIGN.md, "Measured on
-a TPU machine"): one process at a time may hold a chip, libtpu's host lock
-keeps a second from even loading it, and compiles are long and
-multithreaded. So a pool there is two kinds of worker::
+both compiles and runs (Role.ANY). A TPU host differs (docs/facts.md, "TPU"):
+one process at a time may hold a chip, libtpu's host lock keeps a second from
+even loading it, and compiles are long and multithreaded. So a pool there is two kinds of worker::
 
     compile workers (Role.COMPILE)   libtpu loaded without the host's lock, no
                                      client, no chip: compile for the host's
@@ -18,9 +17,8 @@ needs before its first run) go to compile workers; runs go to device workers,
 which find the executable in the cache (the key is the same on both sides).
 The pool's start waits for the compile workers only (start_awaits), so
 compile_many starts at once, and runs wait in the queue until a device
-worker is ready. A device worker opening its chip (5-10 s on a TPU v5e host)
-slows the compiles beside it (compile_many of 12 train steps: 22.2 s while it
-opened the chip, 15.0 s once it had), so by default (DeviceStart.WHEN_NEEDED)
+worker is ready. A device worker opening its chip slows the compiles beside it
+(docs/facts.md, "TPU"), so by default (DeviceStart.WHEN_NEEDED)
 the device workers start when first needed (deferred_roles; WorkerStarts
 starts them): at the first task only they take (a run, even one whose
 program is still compiling, a put, a fetch), or once the compile workers
@@ -59,12 +57,9 @@ from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 
 DEFAULT_COMPILE_SHARE = 3
-"""A TPU pool's default compile workers: the cores divided by this, and at least 2.
-Measured on a TPU v5e host with 13 cores (benchmarks/bench_tpu_compile.py --workers 3,4,6):
-12 training steps compiled in 16.7, 15.8 and 17.3 s (JAX with 4 threads: 18.2 s), so a
-third of the cores (4), and more made every compile slower, since each XLA TPU compile is
-multithreaded itself; on this 2-core machine 2 compile workers for v5e:1x1 beat JAX's
-serial and threaded deviceless compiles (0.60x and 0.76x, 3 steps)."""
+"""A TPU pool's default compile workers: the cores divided by this, and at least 2. Each XLA
+TPU compile is multithreaded itself, and more compile processes than about a third of the
+cores make every compile slower (docs/facts.md, "TPU"; benchmarks/bench_tpu_compile.py)."""
 
 MIN_COMPILE_WORKERS = 2
 

@@ -34,7 +34,7 @@ from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
 from pool.executor.values import DeviceValue, values_in
 from pool.executor.worker_memory import WorkerMemory
 from pool.executor.worker_process import ARENA_INPUT_LIMIT
-from worker.arguments import prepare_arguments
+from worker.compile.arguments import prepare_arguments
 from worker.identity.options import checked_compile_options
 from worker.records import JaxCompile, LoweredProgram, ProgramSpec
 

@@ -20,7 +20,7 @@ import os
 import select
 from typing import Any
 
-from worker.fds import close_quietly
+from worker.wire.fds import close_quietly
 
 _MISSING = object()
 

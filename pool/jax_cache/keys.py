@@ -43,6 +43,7 @@ import numpy as np
 
 from pool.jax_cache.target import JaxTarget
 from pool.jax_cache.versions import jax_internals
+from worker.errors import PjrtPoolError
 from worker.records import JaxCompile, LoweredProgram
 
 
@@ -88,7 +89,7 @@ class JaxProgram(NamedTuple):
         return program, request
 
 
-class _StoppedError(Exception):
+class _StoppedError(PjrtPoolError):
     """Raised in place of JAX's compile, carrying what JAX would have compiled."""
 
 

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from worker.errors import PjrtPoolError
+
 CHECKED_VERSIONS = ((0, 10), (0, 11), (0, 12))
 """The (major, minor) JAX versions whose cache format and key function were checked."""
 
@@ -25,7 +27,7 @@ TPU_VM_LIBTPU_ARGS = ("--xla_tpu_use_enhanced_launch_barrier=true",)
 (jax._src.cloud_tpu_init), on every checked version: a key made on the VM hashes it."""
 
 
-class JaxVersionError(RuntimeError):
+class JaxVersionError(PjrtPoolError, RuntimeError):
     """This JAX's cache format or key function was not checked by this pjrt-pool."""
 
 

@@ -3,8 +3,8 @@
 Lowering traces with JAX, and JAX initializes its backends the first time
 anything needs a device (jax.export asks for the default device even with
 its platforms given). On a TPU host that opens the chip in the parent
-(measured: /dev/vfio/N among its descriptors), and one process at a time may
-hold a chip, so the pool's device worker could then never have it.
+(docs/facts.md, "JAX takes the chip"), and one process at a time may hold a
+chip, so the pool's device worker could then never have it.
 
 So lowering for a platform whose devices one process at a time may hold
 (DeviceAccess.EXCLUSIVE in worker.plugin.platforms: "tpu") in a process whose

@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from worker.errors import PjrtPoolError
 from worker.partitioning import Partitioning
 
 
-class CompileOptionsError(RuntimeError):
+class CompileOptionsError(PjrtPoolError, RuntimeError):
     """This JAX has no get_compile_options where pjrt-pool expects it."""
 
 

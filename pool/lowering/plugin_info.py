@@ -22,14 +22,14 @@ from pool.errors import describe_exit
 from pool.spawn import child_environment, python_command
 from worker import find_plugin, loaded_runtime
 from worker.cache import UntrustedCacheError, open_cache
-from worker.errors import PluginNotFoundError
+from worker.errors import PjrtPoolError, PluginNotFoundError
 from worker.identity.build import memoized_by_file, plugin_digest
 from worker.plugin.locate import env_var
 
 PROBE_TIMEOUT = 120.0
 
 
-class PluginProbeError(RuntimeError):
+class PluginProbeError(PjrtPoolError, RuntimeError):
     """Probing a plugin in a child process failed (it crashed or said why)."""
 
 

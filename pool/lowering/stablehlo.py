@@ -14,10 +14,12 @@ from typing import Any, TypeVar
 
 from jaxlib.mlir.dialects import stablehlo
 
+from worker.errors import PjrtPoolError
+
 T = TypeVar("T")
 
 
-class StableHLOVersionError(RuntimeError):
+class StableHLOVersionError(PjrtPoolError, RuntimeError):
     """The plugin and this jaxlib share no StableHLO version, or JAX moved its serializer."""
 
 

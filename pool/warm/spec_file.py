@@ -28,10 +28,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from worker.errors import PjrtPoolError
 from worker.records import LoweredProgram
 
 
-class SpecError(ValueError):
+class SpecError(PjrtPoolError, ValueError):
     """A spec cannot be loaded or holds an entry that is not a program."""
 
 

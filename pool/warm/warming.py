@@ -429,71 +429,51 @@ def warm(
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
-    workers compile processes (default: the CPU count; per node on a
-    cluster), lower_workers extra lowering processes (0: lower in a thread of
-    this process, overlapped with compiling). timeout bounds each program's
-    compile. With fail_fast, the first failure stops the rest, which are
-    reported as skipped. scheduler is a Dask scheduler address to compile on
-    that cluster instead of locally ("local:N" starts a local cluster of N
-    workers); see pool.cluster. ray is a Ray cluster's address (HOST:PORT of its
-    head, or "local:N") to compile on instead, as scheduler does on Dask
-    (pool.cluster.ray). In never-compile mode (PJRT_POOL_COMPILE=never)
-    nothing is compiled: warming checks that every program is in the cache,
-    and stops at the first that is not (as with fail_fast). remote is the
-    URL of a remote cache tier (default: PJRT_POOL_CACHE_REMOTE): entries are
-    prefetched from it before their programs compile (see the module
-    docstring), and the workers publish to it; with a scheduler, it is
-    given to every node (ClusterPool(remote=)), whose workers fetch and
-    publish themselves (no prefetch here): the report's remote counters are
-    theirs, summed over the nodes. topology (a name such as "v5e:1x1", or a
-    TopologySpec) compiles every program for that topology without a device
-    (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. devices_per_worker is the devices each
-    compiling worker holds, as for Pool: a CPU or GPU program over several
-    devices compiles on that many (a topology's programs compile without any).
-    A Ctrl-C raises WarmInterrupted, with the report of what was warmed
-    before it, once the workers have stopped. With jax_cache, each program is
-    made for JAX's own persistent cache instead (pool.jax_cache): lowered as
-    jax.jit does on the destination's target, compiled in the form JAX keeps,
-    filed in the disk cache and remote tier under JAX's key, and written into
-    the destination's directory as JAX's file; platform and topology are the
-    target's.
+    workers compile processes (default: the CPU count; per node on a cluster), lower_workers
+    extra lowering processes (0: lower in a thread of this process, overlapped with
+    compiling); timeout bounds each program's compile; with fail_fast, the first failure
+    stops the rest, which are reported as skipped. scheduler is a Dask scheduler address to
+    compile on that cluster instead of locally ("local:N" starts a local cluster of N
+    workers; see pool.cluster), ray a Ray cluster's (HOST:PORT of its head, or "local:N";
+    pool.cluster.ray). In never-compile mode (PJRT_POOL_COMPILE=never) nothing is compiled:
+    warming checks that every program is in the cache, and stops at the first that is not
+    (as with fail_fast). remote is the URL of a remote cache tier (default:
+    PJRT_POOL_CACHE_REMOTE): entries are prefetched from it before their programs compile
+    (see the module docstring), and the workers publish to it; on a cluster, it is given to
+    every node (ClusterPool(remote=)), whose workers fetch and publish themselves (no
+    prefetch here): the report's remote counters are theirs, summed over the nodes. topology
+    (a name such as "v5e:1x1", or a TopologySpec) compiles every program for that topology
+    without a device (Pool(topology=...)): a machine without a TPU warms the cache, and makes
+    the manifest, of a TPU host. devices_per_worker is the devices each compiling worker
+    holds, as for Pool: a CPU or GPU program over several devices compiles on that many (a
+    topology's programs compile without any). With jax_cache, each program is made for
+    JAX's own persistent cache instead (pool.jax_cache): lowered as jax.jit does on the
+    destination's target (whose platform and topology warming takes), compiled in the form
+    JAX keeps, filed in the disk cache and remote tier under JAX's key, and written into the
+    destination's directory as JAX's file. A Ctrl-C raises WarmInterrupted, with the report
+    of what was warmed before it, once the workers have stopped.
     """
     if ray is not None and scheduler is not None:
         raise ValueError("warm compiles on one cluster: give scheduler (Dask) or ray, not both")
     cluster = scheduler if ray is None else ray  # the cluster's address, or None: here
-    jax_files = None
-    if jax_cache is not None:
-        target = jax_cache.target
-        platform, topology = target.platform, target.topology
-        if jax_cache.directory is not None:
-            jax_files = JaxFiles(jax_cache.directory, cache_dir, remote)
+    jax_target = None if jax_cache is None else jax_cache.target
+    if jax_target is not None:
+        platform, topology = jax_target.platform, jax_target.topology
+    jax_files = _jax_files(jax_cache, cache_dir, remote)
     prefetch = _Prefetch(open_remote(remote) if cluster is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
     initializer = spec.initializer if isinstance(spec, Spec) else None
     started = time.monotonic()
     figures = _Figures()
-    compiling = _compiler(
-        scheduler,
-        workers,
-        platform,
-        cache_dir,
-        timeout,
-        initializer,
-        remote,
-        topology,
-        devices_per_worker,
-        ray,
-    )
+    compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer,
+                          remote, topology, devices_per_worker, ray)  # fmt: skip
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
             try:
                 compiles = _Compile(compiler, programs, timeout, ledger, jax_files)
-                jax_target = None if jax_cache is None else jax_cache.target
-                _Lower(programs, ledger, prefetch, compiles).run(
-                    lower_workers, platform, jax_target
-                )
+                lowering = _Lower(programs, ledger, prefetch, compiles)
+                lowering.run(lower_workers, platform, jax_target)
             finally:  # what was compiled before an interrupt counts too
                 figures = _Figures.of(compiler)
     except KeyboardInterrupt as interrupt:
@@ -503,20 +483,22 @@ def warm(
         stopped = None
     finally:
         ledger.end_progress()
-    report = _report(
-        ledger,
-        figures,
-        prefetch,
-        started,
-        platform,
-        cache_dir,
-        cluster,
-        remote,
-        interrupted=stopped is not None,
-    )
+    report = _report(ledger, figures, prefetch, started, platform, cache_dir, cluster, remote,
+                     interrupted=stopped is not None)  # fmt: skip
     if stopped is not None:
         raise WarmInterrupted(report) from stopped
     return report
+
+
+def _jax_files(
+    jax_cache: JaxCacheDestination | None,
+    cache_dir: str | os.PathLike[str] | None,
+    remote: str | None,
+) -> JaxFiles | None:
+    """Where a warm for JAX's cache writes JAX's files: its destination's directory, if any."""
+    if jax_cache is None or jax_cache.directory is None:
+        return None
+    return JaxFiles(jax_cache.directory, cache_dir, remote)
 
 
 def _report(

@@ -18,8 +18,7 @@ format of JAX's cache values), report.py (inspection for
 worker.serve.entry_check's, in a child process). remote/ is the
 remote tier behind this cache (an object store shared by a fleet); it uses
 the modules here, and none of them uses it. What identifies an executable,
-and the form of a key, is worker.identity's (key.py keeps the old import
-path of explain_key and InvalidKeyError; the names below include the key's).
+and the form of a key, is worker.identity's (the names below include the key's).
 
 The names below are imported on first use (worker.lazy_names, which reads
 them from the TYPE_CHECKING block): a process that only reads a bundle

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.fds import close_quietly
+from worker.wire.fds import close_quietly
 
 TEMP_PREFIX = ".tmp."
 """Temporary files start with this; anything older than a trim's grace is debris."""

@@ -37,6 +37,7 @@ import struct
 from typing import Any, BinaryIO, NamedTuple
 
 from worker.cache.signing import MAC_SIZE, Signer
+from worker.errors import PjrtPoolError
 from worker.identity.keys import key_of
 from worker.untrusted import parse_json
 
@@ -51,7 +52,7 @@ SIGNED = 1
 MAX_HEADER_SIZE = 1 << 20
 
 
-class CorruptEntryError(Exception):
+class CorruptEntryError(PjrtPoolError):
     """An entry file failed verification; the message says how.
 
     `stat` is the os.stat_result of the file judged bad, when there was one
@@ -65,7 +66,7 @@ class SignatureError(CorruptEntryError):
     """Signing is on and an entry is unsigned, signed with another secret, or changed."""
 
 
-class UnreadableEntryError(Exception):
+class UnreadableEntryError(PjrtPoolError):
     """An entry file exists but could not be read (EACCES, EMFILE, EIO, ...).
 
     This says nothing about the entry, which may be perfectly good: it is

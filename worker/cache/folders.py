@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker.cache import trust
-from worker.fds import close_quietly
+from worker.wire.fds import close_quietly
 
 _DIRECTORY_FLAGS = (
     os.O_RDONLY

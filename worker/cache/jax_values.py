@@ -14,6 +14,8 @@ import enum
 import zlib
 from collections.abc import Callable
 
+from worker.errors import PjrtPoolError
+
 TIME_BYTES = 4
 """The compile time's width at the start of a value."""
 
@@ -25,7 +27,7 @@ class Compression(enum.StrEnum):
     ZSTANDARD = "zstandard"
 
 
-class JaxValueError(ValueError):
+class JaxValueError(PjrtPoolError, ValueError):
     """A value cannot be made or read here (a compression this Python lacks, bad bytes)."""
 
 

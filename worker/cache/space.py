@@ -44,10 +44,10 @@ from typing import NamedTuple
 from worker.cache.atomic import is_temp_name
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.folders import Folder
-from worker.fds import close_quietly
 from worker.identity.keys import check_key, is_key
 from worker.log import get_logger
 from worker.untrusted import parse_json, read_file
+from worker.wire.fds import close_quietly
 
 logger = get_logger("pjrt_pool.cache")
 

@@ -43,6 +43,7 @@ import struct
 from pathlib import Path
 
 from worker.cache.location import SUBDIRECTORIES, flag_from_environment, resolve_cache_dir
+from worker.errors import PjrtPoolError
 
 SHARED_ENV = "PJRT_POOL_CACHE_SHARED"
 """Set to 1 to trust a cache directory's group (a group-shared cache)."""
@@ -56,7 +57,7 @@ SHARED_FILE_MODE = 0o660
 entries' access times (which needs write permission on a file another member made)."""
 
 
-class UntrustedCacheError(Exception):
+class UntrustedCacheError(PjrtPoolError):
     """A cache directory is writable by someone this process does not trust.
 
     The message names the directory, its owner and mode, and how to fix it.

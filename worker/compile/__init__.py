@@ -9,9 +9,9 @@ JAX; the cache itself is worker/cache.
     by_key.py         loading an executable by its cache key alone (manifests)
     never_compile.py  never-compile mode: serving processes that only load
     explain_miss.py   why a program would miss: its nearest entries and the key parts that differ
-    identity.py       the old import path of compile_options (the key's parts: worker/identity)
     target.py         what a compile is for: this process's device, or a topology without one
     executable.py     Executable: a program loaded into the plugin's client
+    arguments.py      converting a call's arguments to a program's input types; seeded inputs
     stamp.py          the plugin build and host stamped into serialized executables
     slots.py          compile slots: how many compiles run at once on the machine
     for_jax.py        compiling a program for JAX's own persistent cache, filed under its key

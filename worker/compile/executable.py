@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker import _pjrt
-from worker.arguments import prepare_arguments
+from worker.compile.arguments import prepare_arguments
 from worker.compile.stamp import check_stamp
 from worker.dtypes import buffer_view, code_of_dtype, dtype_of_code
 from worker.errors import NotLoadedError, PjrtError
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 # HLO opcodes whose execution leaves a trace outside its outputs: the
-# executable's RNG counter that stablehlo.rng advances on every run (measured:
-# each run draws other numbers), and transfers to or from the host, which a
+# executable's RNG counter that stablehlo.rng advances on every run (docs/facts.md,
+# "State in an executable"), and transfers to or from the host, which a
 # priming run would consume or send. rng-get-and-update-state is matched
 # anywhere in the bytes, the others as the opcode field of an instruction
 # (tag 2, then the length), since "send" and "recv" occur in other names.
@@ -38,7 +38,7 @@ _STATEFUL_MARKERS = (
 
 PRIME_RUNS = 2
 """Executions of a priming (Executable.prime): after two, a first request runs at the warm
-speed (1.0x against 1.25-1.3x after one; benchmarks/bench_start.py's primed kind)."""
+speed (docs/facts.md, "First runs"; benchmarks/bench_start.py's primed kind)."""
 
 
 def keeps_state(serialized: bytes | bytearray | memoryview) -> bool:
@@ -302,12 +302,10 @@ class Executable:
     def prime(self) -> bool:
         """Runs the program PRIME_RUNS times on zeros of its input types, dropping the outputs.
 
-        A plugin's first execution of an executable costs more than later
-        ones (the CPU plugin's, about 0.1 s for a transformer step), and its
-        second still about a quarter more than the warm run (24-25 ms against
-        19 ms for that step, measured in fresh processes); so a server primes
-        what it loads before it says it is ready, and its first request runs
-        at the warm speed. Zeros cannot fault a
+        A plugin's first executions of an executable cost more than later
+        ones (docs/facts.md, "First runs"); so a server primes what it loads
+        before it says it is ready, and its first request runs at the warm
+        speed. Zeros cannot fault a
         StableHLO program (XLA defines division by zero and clamps
         indices), but a loop whose end depends on the inputs may not end
         on zeros: leave such a program unprimed. The runs change nothing a

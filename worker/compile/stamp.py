@@ -1,8 +1,8 @@
 """Stamps that older versions appended to serialized executables, read and removed.
 
 A plugin does not always refuse an executable serialized by another build:
-measured here, the 0.81 CPU plugin loads one from the 0.115 plugin and runs
-it, silently returning zeros. pjrt-pool 0.1 before the TPU work appended a
+the 0.81 CPU plugin loads one from the 0.115 plugin and runs it, silently
+returning zeros (docs/facts.md, "CPU plugins"). pjrt-pool 0.1 before the TPU work appended a
 record naming the plugin (library SHA-256, API version) and, on CPU, the
 host's CPU features to the bytes Executable.serialize returned, as an extra
 length-delimited protobuf field with a field number XLA does not use.
@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from worker.errors import PjrtPoolError
+
 STAMP_FIELD = 536_870_000
 """Protobuf field number of the stamp (near the top of the 29-bit range)."""
 
 _STAMP_TAG_WIRE_TYPE = 2  # length-delimited
 
 
-class ForeignExecutableError(ValueError):
+class ForeignExecutableError(PjrtPoolError, ValueError):
     """A serialized executable was made by another plugin build or for another host."""
 
 

@@ -13,7 +13,7 @@ A target says what it puts into a cache key (worker.identity.target: the
 plugin's platform version and device kind and, on platforms whose
 executables are tied to a topology (TPU), the topology's key part). A device
 target and a topology target whose devices match give the same key, so an
-entry compiled on either side loads on the other (measured on a TPU v5e VM).
+entry compiled on either side loads on the other (docs/facts.md, "TPU").
 What a target compiles or loads is made knowing the key and the argument
 types it is for (worker.compile.executable.compile_executable).
 """

@@ -5,10 +5,8 @@ variables when it loads (see codegen_environment): XLA_FLAGS, normalized
 (parsed as XLA parses it, later flags overriding earlier ones, sorted, and
 without the flags that only dump or log, which change no code), and the
 thread-count variables PJRT_NPROC and NPROC, which change how XLA:CPU splits
-loops into parallel tasks. Measured: ``--xla_cpu_enable_fast_math=true
---xla_cpu_fast_math_honor_nans=false`` turns isnan into false (a program
-returns [0 0 0 0] instead of [11 0 11 0]), and PJRT_NPROC=8 or more changes
-the serialized executable of a 1024x1024 matmul program on both CPU plugins.
+loops into parallel tasks: both change the code a CPU plugin makes
+(docs/facts.md, "The code-generation environment").
 
 On CPU the host's CPU features count too: XLA:CPU compiles for the host's
 instruction set, and a plugin refuses an executable built for other
@@ -38,9 +36,7 @@ _NON_CODE_FLAGS = frozenset(
         "xla_gpu_per_fusion_autotune_cache_dir",
         # What JAX adds to LIBTPU_INIT_ARGS as it is imported on a Cloud TPU VM
         # (jax/_src/cloud_tpu_init.py), so every process there has it and a CPU
-        # machine does not: measured with libtpu 0.0.42.1, 14 programs (12 example
-        # programs, 2 training steps) compile for v5e:1x1 to the same serialized
-        # executable with it and without it.
+        # machine does not; it changes no executable (docs/facts.md, "TPU").
         "xla_tpu_use_enhanced_launch_barrier",
     }
 )
@@ -131,8 +127,8 @@ def codegen_environment(
     (flag_variables: TPU's LIBTPU_INIT_ARGS), its code flags, normalized as
     XLA_FLAGS are, under the variable's name in lower case, when it names
     any. Variables read at run time only (oneDNN's DNNL_MAX_CPU_ISA, the
-    TF_CPP_* logging ones) are left out: measured, DNNL_MAX_CPU_ISA=SSE41
-    leaves the serialized executable unchanged.
+    TF_CPP_* logging ones) are left out: they leave the serialized executable
+    unchanged (docs/facts.md, "The code-generation environment").
     """
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {"xla_flags": normalized_xla_flags(env.get(XLA_FLAGS_ENV))}

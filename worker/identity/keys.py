@@ -21,6 +21,7 @@ import json
 import platform as host_platform
 from typing import Any
 
+from worker.errors import PjrtPoolError
 from worker.identity.environment import codegen_environment, host_cpu_features, host_cpu_flags
 
 KEY_FORMAT = 2
@@ -114,7 +115,7 @@ def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-class InvalidKeyError(ValueError):
+class InvalidKeyError(PjrtPoolError, ValueError):
     """A cache key that is not 64 lowercase hexadecimal digits (a SHA-256)."""
 
 

@@ -4,11 +4,11 @@ A target (worker.compile.target) is what a compile is for: this process's
 device, or a topology without its devices. Either says the plugin's platform
 version and device kind and, on platforms whose executables are tied to a
 topology (TPU), the topology's part (topology_part): the plugin's serialized
-topology, which the PJRT C API says is "for use in cache keys". Measured on a
-TPU v5e VM, the client's topology of its one chip serializes to exactly the
-bytes of a deviceless ``v5e:1x1`` made on a CPU-only machine, so a device
-target and a topology target whose devices match give the same key, and an
-entry compiled on either side hits on the other. The part also says the
+topology, which the PJRT C API says is "for use in cache keys". A client's
+topology of its one chip serializes to exactly the bytes of a deviceless
+``v5e:1x1`` made on a machine without one (docs/facts.md, "TPU"), so a
+device target and a topology target whose devices match give the same key,
+and an entry compiled on either side hits on the other. The part also says the
 topology's name, the chips' bounds and their kind, all read off the devices
 (so they are the same on both sides), for people reading a key or a miss,
 and for ``pjrt-pool bundle check`` on a machine without the devices.
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from worker.identity.keys import PlatformPart, key_parts
 from worker.identity.options import options_or_default
+from worker.identity.tpu_generations import generation_of_kind
 
 
 class Topology(Protocol):
@@ -160,33 +161,19 @@ def describe_part(part: Any) -> str:
     )
 
 
-_GENERATION_OF_KIND = {
-    "TPU v2": "v2",
-    "TPU v3": "v3",
-    "TPU v4": "v4",
-    "TPU v5": "v5p",
-    "TPU v5 lite": "v5e",
-    "TPU v6 lite": "v6e",
-}
-"""The topology-name generation of each device kind libtpu reports."""
-
-_THREE_AXES = ("v4", "v5p")
-"""Generations whose topology names give three axes (v4:2x2x1); the others give two."""
-
-
 def topology_name(devices: list[dict[str, Any]]) -> str | None:
     """The name a topology of these devices has as libtpu takes it ("v5e:2x2"), or None when
     their kind or layout says none. The same devices give the same name, whether they are
     a deviceless topology's or a client's."""
     kinds = {d.get("kind") for d in devices}
-    generation = _GENERATION_OF_KIND.get(kinds.pop()) if len(kinds) == 1 else None
+    generation = generation_of_kind(kinds.pop()) if len(kinds) == 1 else None
     bounds = _bounds(devices)
     if generation is None or "x" not in bounds:
         return None
     axes = bounds.split("x")
-    if generation not in _THREE_AXES and len(axes) == 3 and axes[2] == "1":
+    if generation.axes == 2 and len(axes) == 3 and axes[2] == "1":
         axes = axes[:2]
-    return f"{generation}:{'x'.join(axes)}"
+    return f"{generation.names[0]}:{'x'.join(axes)}"
 
 
 def _bounds(devices: list[dict[str, Any]]) -> str:

@@ -22,13 +22,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from worker.errors import PjrtPoolError
 from worker.identity.options import assignment_device_ids
 from worker.plugin.topology import TopologySpec
 
 _loaded_lock = threading.Lock()
 
 
-class JaxlibApiError(RuntimeError):
+class JaxlibApiError(PjrtPoolError, RuntimeError):
     """The installed jaxlib lacks a binding this module uses (its private API moved)."""
 
 

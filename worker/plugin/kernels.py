@@ -273,7 +273,7 @@ def ensure_kernels_for(runtime: Runtime, blob: bytes | memoryview) -> None:
     """
     libraries = runtime.facts.kernels
     if not libraries:
-        return  # no copy of the bytes: a TPU entry's are tens of MB (7 ms each, measured)
+        return  # no copy of the bytes: a TPU entry's are tens of MB (docs/facts.md)
     data = bytes(blob) if isinstance(blob, memoryview) else blob
     for library in libraries:
         if not any(marker in data for marker in library.markers):

@@ -1,7 +1,7 @@
 """What libtpu needs around it: its environment, the chips of this host, and its lock.
 
-Measured on a TPU v5e VM and on CPU-only machines (DESIGN.md, "Measured on a
-TPU machine"):
+What libtpu does around it (docs/facts.md, "TPU"), on a TPU VM and on
+machines without a chip:
 
 - libtpu takes ``/tmp/libtpu_lockfile`` in ``PJRT_Plugin_Initialize`` in every
   process, chip or no chip, so a second process on the host fails to load it
@@ -12,10 +12,9 @@ TPU machine"):
   topology (about 30 s per key, then errors) unless ``TPU_SKIP_MDS_QUERY`` is
   set, and logs a screenful about the worker hostnames and the accelerator
   type it could not find; compile-only processes set all three there. libtpu
-  reads them only as it initializes, and measured with libtpu 0.0.42.1, the
-  accelerator type changes nothing a deviceless compile makes (the same
-  serialized topology and executable for v5e:1x1 and v6e:1x1 with it unset,
-  v5litepod-4 or v6e-8): it only names the host's default topology.
+  reads them only as it initializes, and the accelerator type changes
+  nothing a deviceless compile makes: it only names the host's default
+  topology.
 - The chip itself stays exclusive: a second opener gets "open(/dev/vfio/N): 16:
   Device or resource busy"; a killed holder frees it, and the next process had
   it 7-12 s after its start.
@@ -29,6 +28,7 @@ import glob
 import os
 import re
 
+from worker.identity.tpu_generations import generation_of_accelerator
 from worker.plugin.topology import TopologySpec, parse_topology
 
 ALLOW_MULTIPLE_LOAD_ENV = "ALLOW_MULTIPLE_LIBTPU_LOAD"
@@ -41,9 +41,6 @@ VISIBLE_CHIPS_ENV = "TPU_VISIBLE_CHIPS"
 
 _CHIP_DEVICES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 """Where a TPU VM shows its chips: /dev/accelN (v4 and earlier), /dev/vfio/N (v5e and later)."""
-
-_GENERATIONS = {"v5litepod": "v5e", "v5lite": "v5e", "v5e": "v5e", "v6e": "v6e", "v5p": "v5p"}
-"""TPU_ACCELERATOR_TYPE's prefixes ("v5litepod-4") and the topology generation they name."""
 
 _LAYOUTS_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4"}
 _LAYOUTS_3D = {1: "1x1x1", 2: "1x1x2", 4: "2x2x1", 8: "2x2x2"}
@@ -83,18 +80,23 @@ def compile_only_environment() -> dict[str, str]:
 def host_topology(chips: int | None = None) -> TopologySpec | None:
     """The topology of this TPU host's chips (or of `chips` of them), or None off a TPU host.
 
-    The generation comes from TPU_ACCELERATOR_TYPE ("v5litepod-4" -> v5e), the
+    The generation comes from TPU_ACCELERATOR_TYPE ("v5litepod-4" -> v5e, by
+    worker.identity.tpu_generations; a "vN" it does not know, as itself), the
     layout from the number of chips: 1x1, 1x2, 2x2 or 2x4 (1x1x1 ... 2x2x2
-    for v4 and v5p). None when either is unknown; a device worker then
-    reports its client's own topology, which is exact.
+    for generations of three axes, v4 and v5p). None when either is unknown;
+    a device worker then reports its client's own topology, which is exact.
     """
     count = attached_chips() if chips is None else chips
     accelerator = os.environ.get(ACCELERATOR_TYPE_ENV, "").strip().lower()
     prefix = accelerator.split("-", 1)[0]
-    generation = _GENERATIONS.get(prefix, prefix if re.fullmatch(r"v[0-9]+", prefix) else "")
+    known = generation_of_accelerator(prefix)
+    if known is not None:
+        generation, axes = known.names[0], known.axes
+    else:
+        generation, axes = (prefix if re.fullmatch(r"v[0-9]+", prefix) else ""), 2
     if count == 0 or not generation:
         return None
-    layouts = _LAYOUTS_3D if generation in ("v4", "v5p") else _LAYOUTS_2D
+    layouts = _LAYOUTS_3D if axes == 3 else _LAYOUTS_2D
     layout = layouts.get(count)
     return None if layout is None else parse_topology(f"{generation}:{layout}")
 

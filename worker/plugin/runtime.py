@@ -118,7 +118,7 @@ class Runtime:
         `devices` devices (default: as many as a pool fixed; Platform.device_settings). The
         device count is left out of the key: a program's compile options say the devices it
         runs on (its device assignment), and a program of one device compiles alike on a
-        client of any count (measured: one fingerprint on clients of 4 and 8 CPU devices)."""
+        client of any count (docs/facts.md, "Devices")."""
         wanted = self.fixed_devices if devices is None else devices
         given = {} if wanted is None else self.facts.device_settings(wanted).create_options
         return {**self.client_options, **given}

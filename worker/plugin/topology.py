@@ -8,12 +8,13 @@ whose executable loads on a client whose devices form the same topology.
 A TopologySpec names one as libtpu takes it, ``GENERATION:AxB[xC]`` (``v5e:1x1``,
 ``v5e:2x2``, ``v6e:2x4``, ``v4:2x2x1``), with the plugin's create options.
 libtpu lays a topology over hosts of ``chips_per_host_bounds`` chips (2x2x1 by
-default) and refuses one that does not divide evenly (measured: "Topology
-layout v5e:1x1 is not divisible by the given (or default) chips_per_host_bounds
+default) and refuses one that does not divide evenly ("Topology layout
+v5e:1x1 is not divisible by the given (or default) chips_per_host_bounds
 2x2x1"), so parse_topology derives the bounds a name needs: a topology that
-fills no whole default host, and a v5e or v6e slice of at most 8 chips (which
-Cloud TPU VMs put on one host: v5litepod-8, v6e-8), is one host of exactly its
-own chips. Options given explicitly win over derived ones.
+fills no whole default host, and a slice that Cloud TPU VMs put on one host
+(a v5e or v6e of at most 8 chips: v5litepod-8, v6e-8; TpuGeneration.host_chips
+in worker.identity.tpu_generations), is one host of exactly its own chips.
+Options given explicitly win over derived ones.
 
 What a compile for a topology puts in a cache key is the plugin's serialized
 topology, with its name, chips and kind read off the devices:
@@ -26,6 +27,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from worker.identity.tpu_generations import generation_named
+
 OptionValue = str | int | float | bool | tuple[int, ...]
 """A create option's value, as PJRT_NamedValue carries it."""
 
@@ -33,11 +36,6 @@ _NAME = re.compile(r"^(?P<generation>[A-Za-z0-9_ ]+)[=_:](?P<layout>[0-9]+(?:x[0
 
 _DEFAULT_HOST = (2, 2, 1)
 """libtpu's chips_per_host_bounds when none is given."""
-
-_SINGLE_HOST_LITE = 8
-"""Chips of a v5e or v6e slice that Cloud TPU puts on one host (v5litepod-8, v6e-8)."""
-
-_LITE_GENERATIONS = ("v5e", "v5litepod", "v6e")
 
 HOST_BOUNDS = "chips_per_host_bounds"
 """libtpu's create option: the chips of one host along each axis."""
@@ -121,8 +119,9 @@ def derived_options(name: str) -> dict[str, OptionValue]:
     generation, dims = layout_of(name)
     chips = dims[0] * dims[1] * dims[2]
     fills_hosts = all(d % h == 0 for d, h in zip(dims, _DEFAULT_HOST, strict=True))
-    one_lite_host = generation.lower() in _LITE_GENERATIONS and chips <= _SINGLE_HOST_LITE
-    if not fills_hosts or one_lite_host:
+    known = generation_named(generation)
+    one_host = known is not None and chips <= known.host_chips
+    if not fills_hosts or one_host:
         return {HOST_BOUNDS: dims}
     return {}
 

@@ -5,9 +5,9 @@ compile options without any (the six bytes of compile_options()), so the
 plugin takes its debug options from its defaults and XLA_FLAGS. One default
 changes results: both CPU plugins have ``xla_cpu_enable_fast_min_max`` on,
 so ``max(x, NaN)`` is x where JAX gives NaN (maximum, minimum, hypot, and
-max/min reductions; found by ``pjrt-pool check-plugin``). Measured on both
-CPU plugins: the plugin reads XLA_FLAGS once, when it loads, and the flag
-set then makes those results equal JAX's.
+max/min reductions; found by ``pjrt-pool check-plugin``). The plugin reads
+XLA_FLAGS once, when it loads, and the flag set then makes those results
+equal JAX's (docs/facts.md, "Fast min/max").
 
 Each platform names its flags (worker.plugin.platforms: Platform.jax_semantics).
 So while a plugin loads, these flags are added to XLA_FLAGS, and the

@@ -42,6 +42,7 @@ from worker.compile.compiler import cache_key_of, compile_program
 from worker.compile.executable import Executable
 from worker.compile.for_jax import compile_for_jax
 from worker.dtypes import code_of_dtype
+from worker.errors import PjrtPoolError
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
@@ -113,7 +114,7 @@ class _ArenaViews(NamedTuple):
     slot: int
 
 
-class PreloadError(Exception):
+class PreloadError(PjrtPoolError):
     """A program named in Init.preload did not load (or prime); `program` names it."""
 
     def __init__(self, program: str, cause: BaseException) -> None:

@@ -7,4 +7,5 @@ uses only the shared records below it, and never imports JAX.
     protocol.py  the frames: Init, Compile, Run, HotRun, Exit; Ready, Reply, HotReply
     places.py    where a run's arrays lie (Where: PLACE, VALUE) and the PlacedRun frame
     shm.py       shared memory: memfd segments and the 64-byte aligned layout of arrays
+    fds.py       closing descriptors quietly in cleanup (also the cache's directories')
 """

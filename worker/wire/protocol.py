@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from worker.errors import PjrtPoolError
 from worker.records import (
     ArrayType,
     CompileStatistics,
@@ -135,11 +136,11 @@ STARTED = struct.Struct("<q")
 """The layout of the started request's id at the start of the control bytes."""
 
 
-class ConnectionLostError(EOFError):
+class ConnectionLostError(PjrtPoolError, EOFError):
     """The other end closed the socket (the process exited or died)."""
 
 
-class DescriptorLimitError(OSError):
+class DescriptorLimitError(PjrtPoolError, OSError):
     """This process has no file descriptor left for shared memory (EMFILE).
 
     When the limit is hit while receiving, the frame was read whole (the

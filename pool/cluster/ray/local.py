@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from worker.errors import PjrtPoolError
+
 LOOPBACK = "127.0.0.2"
 """The address every node listens and is reached at: loopback, but not 127.0.0.1 nor
 localhost, which Ray replaces by this machine's outward address (so that other machines can
@@ -58,7 +60,7 @@ _FREE_PORTS = (
 )
 
 
-class _NodeGaveUpError(RuntimeError):
+class _NodeGaveUpError(PjrtPoolError, RuntimeError):
     """A node's `ray start` exited as it started."""
 
 

@@ -46,6 +46,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from worker.errors import PjrtPoolError
 from worker.identity.keys import check_key, is_key
 from worker.untrusted import parse_json
 
@@ -80,7 +81,7 @@ def program_index_name(parts: dict[str, Any], key: str) -> str:
     return program_folder(parts) + check_key(key)
 
 
-class BadRecordError(ValueError):
+class BadRecordError(PjrtPoolError, ValueError):
     """A remote record is malformed; the message says how."""
 
 

@@ -1,9 +1,8 @@
 """The object stores a remote names by URL (s3://, gs://, az://, http(s)://), through obstore.
 
 One client library serves every scheme: obstore (the Rust object_store
-crate): it imports in about 13 ms
-where s3fs takes about 270 ms, and a put/get round trip on the loopback is
-about 2-3 times faster; both refuse a create-only put of an existing object.
+crate), which imports in a fraction of fsspec and s3fs's time (docs/facts.md,
+"Start-up costs") and refuses a create-only put of an existing object.
 obstore is imported here only, when the first request is made, never
 before: a process whose lookups all hit the local cache never loads it.
 Where it is not installed, making a backend raises MissingExtraError, naming

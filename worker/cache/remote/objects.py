@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from worker.cache.remote.location import redact_text
+from worker.errors import PjrtPoolError
 
 
 class Failure(enum.Enum):
@@ -28,7 +29,7 @@ class Failure(enum.Enum):
     """The object is larger than the reader's bound (not read)."""
 
 
-class RemoteError(Exception):
+class RemoteError(PjrtPoolError):
     """A request to the remote failed; `failure` says how (the message holds no credential)."""
 
     def __init__(self, failure: Failure, message: str) -> None:

@@ -28,10 +28,11 @@ from worker.cache.remote.layout import (
 )
 from worker.cache.remote.signing_keys import RecordKeys
 from worker.cache.signing import Signer
+from worker.errors import PjrtPoolError
 from worker.identity.keys import key_of
 
 
-class RefusedObjectError(Exception):
+class RefusedObjectError(PjrtPoolError):
     """A remote object failed a check; the message says which."""
 
 

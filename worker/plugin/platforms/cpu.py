@@ -9,7 +9,7 @@
 - Keys: the host's CPU features, since XLA:CPU compiles for the host's
   instruction set and a plugin refuses an executable built for other features.
 - Devices: a CPU client has DEFAULT_DEVICES devices of its own, made of the
-  host's cores (measured: 4 on both CPU plugins). A worker that needs more is
+  host's cores (4 on both CPU plugins: docs/facts.md). A worker that needs more is
   given them by the plugin's create option ``cpu_device_count`` (which is no
   part of a key: a program compiles alike on a client of any count, and a
   program over several devices says its devices in its compile options); up to
@@ -34,8 +34,8 @@ DEVICE_COUNT_OPTION = "cpu_device_count"
 """The CPU plugin's create option: how many devices its client has."""
 
 DEFAULT_DEVICES = 4
-"""The devices of a CPU client made without DEVICE_COUNT_OPTION (measured on both CPU plugins:
-lammps-jax-pjrt-cpu 0.11.2 and xla-cpu-pjrt 0.0.1)."""
+"""The devices of a CPU client made without DEVICE_COUNT_OPTION, on both CPU plugins
+(docs/facts.md, "Devices")."""
 
 LAMMPS_JAX_PJRT_CPU = PluginPackage(
     "lammps-jax-pjrt-cpu",

@@ -33,8 +33,8 @@ A platform no module describes still works when its plugin is named by
 ``PJRT_POOL_PLUGIN_<NAME>``: it gets the defaults below (UnlistedPlatform).
 
 Platforms are plain classes, not dataclasses: every process that loads a
-plugin reads one, and a dataclass costs about a millisecond to define
-(measured: 1.5 ms for one of 12 fields), on the path of every worker's start.
+plugin reads one, and defining a dataclass costs about a millisecond, on the
+path of every worker's start (docs/facts.md, "Start-up costs").
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Platform:
     input_stream_bytes: int | None = None
     """From what size a pool's parent copies a numpy input for its workers into shared
     memory with streaming stores (pool.executor.copier); None: the copier's STREAM_BYTES,
-    measured where the worker's CPU reads the inputs (the CPU plugins)."""
+    the size for a worker whose CPU reads the inputs (the CPU plugins)."""
 
     @property
     def ffi_name(self) -> str:

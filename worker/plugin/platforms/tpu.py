@@ -1,6 +1,9 @@
 """``tpu``: libtpu, on Cloud TPU chips; what libtpu needs around it is worker.plugin.libtpu.
 
 - Plugin: ``libtpu`` (``pjrt-pool[tpu]``, the libtpu of the installed jax).
+- Generations (v2 ... v6e): one table, worker.identity.tpu_generations, at the floor
+  of keys because a TPU key names its topology ("v5e:2x2"); a new generation is a row
+  there, which this platform (its host's topology, topology names) reads.
 - Compile-only processes load it without the host's lock and without polling
   for a topology (libtpu.compile_only_environment); a process that needs the
   chip where none is attached is told so at once, before libtpu polls a
@@ -15,8 +18,8 @@
   TPU_VISIBLE_CHIPS (chosen among those this process sees) as a job of one
   process of one chip (TPU_CHIPS_PER_PROCESS_BOUNDS, TPU_PROCESS_BOUNDS), as
   JAX's multi-process TPU tests set them. Which k chips of a host form one
-  process's block of chips is not measured yet, so a worker has one chip or
-  all of them.
+  process's block of chips is not known yet (docs/facts.md, "Blocks of
+  chips"), so a worker has one chip or all of them.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def chip_settings(
     if count != 1:
         raise ValueError(
             f"a TPU worker has one chip or all {attached} of this host, not {count}: which "
-            "chips of a host form one process's block is not measured yet"
+            "chips of a host form one process's block is not known yet"
         )
     chip = visible_devices(libtpu.VISIBLE_CHIPS_ENV, 1, first, environ)
     environment = {
@@ -83,8 +86,8 @@ class Tpu(Platform):
     platform_parts = frozenset({PlatformPart.TOPOLOGY})
     device_access = DeviceAccess.EXCLUSIVE
     # The chip reads its inputs from host memory itself: a copy that left them in the
-    # CPU's caches gains it nothing, and a streamed one is quicker (a Pool.run with a numpy
-    # input of 1-64 MiB 0.93-0.99x the time on a v5e host; docs/performance.md, TPU).
+    # CPU's caches gains it nothing, and a streamed one is quicker (docs/facts.md,
+    # "Inputs read by the chip").
     input_stream_bytes = 1 << 20
 
     def compile_only_environment(self) -> dict[str, str]:
