@@ -140,6 +140,8 @@ def script(out: Path) -> None:
     params, state = jax.tree_util.tree_unflatten(tree, arrays)
     rng = np.random.default_rng(0)
     tokens = {n: rng.integers(0, VOCAB, (BATCH, n)).astype(np.int32) for n in LENGTHS}
+    # On the device first, as a script puts its checkpoint there before its first step.
+    params, state, tokens = jax.block_until_ready(jax.device_put((params, state, tokens)))
     first = time.perf_counter()
     for n in LENGTHS:
         forward(params, tokens[n]).block_until_ready()
