@@ -43,37 +43,17 @@ from typing import Any
 from harness import Side, compare, report
 
 LAYERS = int(os.environ.get("JCB_LAYERS", "4"))  # fewer: a quick rehearsal
-WIDTH, HEADS, VOCAB, BATCH = 768, 12, 50257, 2
-LENGTHS = (16, 32, 64)
+BATCH, LENGTHS = 2, (16, 32, 64)
 
 
-def _model() -> tuple[Any, Any, Any, Any]:
-    """(jitted forward, jitted step, optimizer, parameter shapes): the script's programs."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def _model() -> tuple[Any, Any, Any]:
+    """(the model, its jitted forward, its jitted train step): the script's programs."""
     import jax
-    import jax.numpy as jnp
-    import optax
-    from transformers import FlaxGPT2LMHeadModel, GPT2Config
 
-    config = GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB)
-    with jax.default_device(jax.devices("cpu")[0]):  # its PRNG key: setup, not the model's work
-        lm = FlaxGPT2LMHeadModel(config, seed=0, _do_init=False)
-    optimizer = optax.adamw(1e-4)
+    from pool.examples.gpt2 import Gpt2
 
-    def forward(params: Any, tokens: Any) -> Any:
-        return lm(tokens, params=params, train=False).logits
-
-    def loss(params: Any, tokens: Any) -> Any:
-        log_probs = jax.nn.log_softmax(forward(params, tokens)[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
-
-    def step(params: Any, state: Any, tokens: Any) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, tokens)
-        updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, value
-
-    shapes = jax.eval_shape(lambda: FlaxGPT2LMHeadModel(config, seed=0).params)
-    return jax.jit(forward), jax.jit(step), optimizer, shapes
+    model = Gpt2(LAYERS, learning_rate=1e-4)
+    return model, jax.jit(model.forward), jax.jit(model.step)
 
 
 def programs() -> list[tuple[str, Any, Any]]:
@@ -81,11 +61,11 @@ def programs() -> list[tuple[str, Any, Any]]:
     import jax
     import numpy as np
 
-    forward, step, optimizer, shapes = _model()
-    state = jax.eval_shape(optimizer.init, shapes)
+    model, forward, step = _model()
+    params, state = model.shapes()
     tokens = [jax.ShapeDtypeStruct((BATCH, n), np.int32) for n in LENGTHS]
-    found = [(f"forward_{n}", forward, (shapes, t)) for n, t in zip(LENGTHS, tokens, strict=True)]
-    return [*found, ("train_step", step, (shapes, state, tokens[-1]))]
+    found = [(f"forward_{n}", forward, (params, t)) for n, t in zip(LENGTHS, tokens, strict=True)]
+    return [*found, ("train_step", step, (params, state, tokens[-1]))]
 
 
 def make_parameters(out: Path) -> None:
@@ -93,13 +73,9 @@ def make_parameters(out: Path) -> None:
     command, run on the CPU)."""
     import jax
     import numpy as np
-    from transformers import FlaxGPT2LMHeadModel, GPT2Config
 
-    _, _, optimizer, _ = _model()
-    config = GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB)
-    params = FlaxGPT2LMHeadModel(config, seed=0).params
-    leaves = jax.tree_util.tree_leaves((params, optimizer.init(params)))
-    np.savez(out / "parameters.npz", *[np.asarray(x) for x in leaves])
+    leaves = jax.tree_util.tree_leaves(_model()[0].parameters())
+    np.savez(out / "parameters.npz", *leaves)
 
 
 def _parameters(out: Path) -> None:
@@ -133,13 +109,12 @@ def script(out: Path) -> None:
     compile_log = logging.getLogger("jax._src.compiler")
     compile_log.addHandler(Said(logging.DEBUG))
     compile_log.setLevel(logging.DEBUG)
-    forward, step, optimizer, shapes = _model()
+    model, forward, step = _model()
     leaves = np.load(out / "parameters.npz")
-    tree = jax.tree_util.tree_structure((shapes, jax.eval_shape(optimizer.init, shapes)))
+    tree = jax.tree_util.tree_structure(model.shapes())
     arrays = [leaves[f"arr_{i}"] for i in range(len(leaves))]
     params, state = jax.tree_util.tree_unflatten(tree, arrays)
-    rng = np.random.default_rng(0)
-    tokens = {n: rng.integers(0, VOCAB, (BATCH, n)).astype(np.int32) for n in LENGTHS}
+    tokens = {n: model.tokens(BATCH, n) for n in LENGTHS}
     # On the device first, as a script puts its checkpoint there before its first step.
     params, state, tokens = jax.block_until_ready(jax.device_put((params, state, tokens)))
     first = time.perf_counter()

@@ -315,8 +315,7 @@ class PoolFace(abc.ABC):
         still takes and returns whole arrays; each worker needs that many devices (Pool's
         devices_per_worker). See docs/sharding.md.
         """
-        # Here, not at the top: it imports JAX (about a second), which a pool that
-        # runs warmed programs (pool.manifest) never needs.
+        # Here: it imports JAX (a second), which a pool running warmed programs never needs.
         from pool.lowering.function import PoolFunction
 
         self._refuse_in_child()

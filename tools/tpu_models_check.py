@@ -36,60 +36,24 @@ from typing import Any
 
 import numpy as np
 
+from pool.examples.gpt2 import Gpt2
+
 PLATFORM = os.environ.get("TPU_CHECK_PLATFORM", "tpu")
 LENGTHS = (16, 32, 64)
 
 
-def model(layers: int) -> tuple[Any, Any, Any, Any]:
-    """(step, loss, forward, the model's config): the train step of a GPT-2-width LM."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from transformers import FlaxGPT2LMHeadModel, GPT2Config
-
-    config = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=128)
-    lm = FlaxGPT2LMHeadModel(config, seed=0, _do_init=False)
-    optimizer = optax.adamw(1e-3)
-
-    def forward(params: Any, tokens: Any) -> Any:
-        return lm(tokens, params=params, train=False).logits
-
-    def loss(params: Any, tokens: Any) -> Any:
-        log_probs = jax.nn.log_softmax(forward(params, tokens)[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
-
-    def step(params: Any, state: Any, tokens: Any) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, tokens)
-        updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, value
-
-    return step, optimizer, forward, config
+def model(layers: int) -> Gpt2:
+    """The GPT-2-width model of `layers` layers (pool.examples.gpt2), 128 positions."""
+    return Gpt2(layers, positions=128)
 
 
-def inputs(out: Path, layers: int) -> tuple[Any, Any, Any, dict[int, Any]]:
-    """The parameters (made once on the CPU, saved in out), optimizer state and tokens."""
-    import jax
-    from transformers import FlaxGPT2LMHeadModel
-
-    _, optimizer, _, config = model(layers)
-    saved = out / "params.npz"
-    cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
-        shapes = jax.eval_shape(lambda: FlaxGPT2LMHeadModel(config, seed=0).params)
-        if not saved.exists():
-            made = FlaxGPT2LMHeadModel(config, seed=0).params
-            np.savez(saved, *[np.asarray(x) for x in jax.tree_util.tree_leaves(made)])
-        leaves = np.load(saved)
-        tree = jax.tree_util.tree_structure(shapes)
-        params = jax.tree_util.tree_unflatten(
-            tree, [leaves[f"arr_{i}"] for i in range(len(leaves))]
-        )
-        state = jax.tree_util.tree_map(np.asarray, optimizer.init(params))
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, config.vocab_size, (2, 64)).astype(np.int32)
-    prompts = {n: rng.integers(0, config.vocab_size, (2, n)).astype(np.int32) for n in LENGTHS}
-    return params, state, tokens, prompts
+def inputs(layers: int) -> tuple[Any, Any, Any, dict[int, Any]]:
+    """The parameters and optimizer state (made on the CPU, the same in every process), a
+    batch of tokens and a prompt of each length."""
+    gpt2 = model(layers)
+    params, state = gpt2.parameters()
+    prompts = {n: gpt2.tokens(2, n, seed=n) for n in LENGTHS}
+    return params, state, gpt2.tokens(2, 64), prompts
 
 
 def digest(tree: Any) -> str:
@@ -119,24 +83,21 @@ def jit_side(out: Path, layers: int, steps: int) -> None:
     """In the process that holds the chip: jax.jit's results."""
     import jax
 
-    step, _, forward, _ = model(layers)
-    params, state, tokens, prompts = inputs(out, layers)
-    results = {"step": run_steps(jax.jit(step), params, state, tokens, steps)}
-    results["forward"] = {n: digest(jax.jit(forward)(params, p)) for n, p in prompts.items()}
+    gpt2 = model(layers)
+    params, state, tokens, prompts = inputs(layers)
+    results = {"step": run_steps(jax.jit(gpt2.step), params, state, tokens, steps)}
+    results["forward"] = {n: digest(jax.jit(gpt2.forward)(params, p)) for n, p in prompts.items()}
     results["device"] = str(jax.devices()[0])
     (out / "jit.json").write_text(json.dumps(results))
 
 
 SPEC = """
-import sys
-sys.path.insert(0, {tools!r})
-from pathlib import Path
-from tpu_models_check import inputs, model
+from pool.examples.gpt2 import Gpt2
 
 def programs():
-    step = model({layers})[0]
-    params, state, tokens, _ = inputs(Path({out!r}), {layers})
-    return [("gpt2_step", step, (params, state, tokens), {platform!r})]
+    gpt2 = Gpt2({layers}, positions=128)
+    params, state = gpt2.parameters()
+    return [("gpt2_step", gpt2.step, (params, state, gpt2.tokens(2, 64)), {platform!r})]
 """
 
 
@@ -147,11 +108,7 @@ def bundle_side(out: Path, layers: int, steps: int, params: Any, state: Any, tok
     from pool.manifest import load_manifest
 
     spec = out / "gpt2_spec.py"
-    spec.write_text(
-        SPEC.format(
-            tools=str(Path(__file__).parent), layers=layers, out=str(out), platform=PLATFORM
-        )
-    )
+    spec.write_text(SPEC.format(layers=layers, platform=PLATFORM))
     cache, manifest, bundle = out / "bundle-cache", out / "gpt2.json", out / "gpt2.bundle"
     command = [sys.executable, "-m", "pool.cli.main"]
     warm = [*command, "warm", str(spec), "--manifest", str(manifest), "--cache-dir", str(cache)]
@@ -192,8 +149,9 @@ def pool_side(out: Path, layers: int, steps: int) -> dict[str, Any]:
 
     from pool import Pool
 
-    step, _, forward, _ = model(layers)
-    params, state, tokens, prompts = inputs(out, layers)
+    gpt2 = model(layers)
+    step, forward = gpt2.step, gpt2.forward
+    params, state, tokens, prompts = inputs(layers)
     results: dict[str, Any] = {}
     with Pool(1, platform=PLATFORM) as pool:
         results["function"] = run_steps(pool.function(step), params, state, tokens, steps)

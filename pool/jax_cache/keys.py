@@ -122,45 +122,32 @@ def _stop_before_compiling() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environment(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Sets (None: removes) environment variables, and puts them back."""
-    saved = {name: os.environ.get(name) for name in values}
+def _as_on_target(target: JaxTarget) -> Iterator[None]:
+    """This process as the target's JAX sees it, while a key is made: its cache path set in
+    JAX's config, its XLA_FLAGS and LIBTPU_INIT_ARGS in the environment, and no ``--xla``
+    arguments in sys.argv (JAX hashes those of the process it runs in); all put back."""
+    path = jax.config.jax_compilation_cache_dir
+    variables = target.flags()
+    saved = {name: os.environ.get(name) for name in variables}
+    argv = list(sys.argv)
     try:
-        for name, value in values.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        jax.config.update("jax_compilation_cache_dir", target.cache_path)
+        _set_environment(variables)
+        sys.argv[:] = [a for a in argv if not a.startswith("--xla")]
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        sys.argv[:] = argv
+        _set_environment(saved)
+        jax.config.update("jax_compilation_cache_dir", path)
 
 
-@contextlib.contextmanager
-def _cache_path(path: str) -> Iterator[None]:
-    """JAX's jax_compilation_cache_dir set to `path` (the target's), and put back."""
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", path)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before)
-
-
-@contextlib.contextmanager
-def _no_xla_arguments() -> Iterator[None]:
-    """sys.argv without ``--xla`` arguments (JAX hashes those of the process it runs in; the
-    target's flags come from JaxTarget)."""
-    saved = list(sys.argv)
-    sys.argv[:] = [a for a in sys.argv if not a.startswith("--xla")]
-    try:
-        yield
-    finally:
-        sys.argv[:] = saved
+def _set_environment(values: Mapping[str, str | None]) -> None:
+    """Sets environment variables (None: removes them)."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 class _PartDigests(logging.Handler):
@@ -214,8 +201,8 @@ def jax_program(
     """
     internals = jax_internals()
     backend = target.backend()
-    with _lock, _cache_path(target.cache_path), _environment(target.flags()):
-        with _no_xla_arguments(), _stop_before_compiling():
+    with _lock, _as_on_target(target):
+        with _stop_before_compiling():
             try:
                 _jit(function).trace(*args, **dict(kwargs or {})).lower(
                     lowering_platforms=(target.jax_platform,)

@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from worker.errors import PjrtPoolError
+from worker.identity.options import read_varint, varint
 
 STAMP_FIELD = 536_870_000
 """Protobuf field number of the stamp (near the top of the 29-bit range)."""
@@ -34,36 +35,11 @@ class ForeignExecutableError(PjrtPoolError, ValueError):
     """A serialized executable was made by another plugin build or for another host."""
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
-def _read_varint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if offset >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, offset
-        shift += 7
-
-
 def stamp(serialized: bytes, identity: dict[str, Any]) -> bytes:
     """Returns serialized bytes with an identity record appended, as older versions wrote."""
     record = json.dumps({"pjrt_pool": 1, **identity}, sort_keys=True).encode()
-    tag = _varint((STAMP_FIELD << 3) | _STAMP_TAG_WIRE_TYPE)
-    return serialized + tag + _varint(len(record)) + record
+    tag = varint((STAMP_FIELD << 3) | _STAMP_TAG_WIRE_TYPE)
+    return serialized + tag + varint(len(record)) + record
 
 
 def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, Any] | None]:
@@ -79,16 +55,16 @@ def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, A
     try:
         while offset < len(data):
             start = offset
-            tag, offset = _read_varint(data, offset)
+            tag, offset = read_varint(data, offset)
             field, wire_type = tag >> 3, tag & 7
             if wire_type == 0:
-                _, offset = _read_varint(data, offset)
+                _, offset = read_varint(data, offset)
             elif wire_type == 1:
                 offset += 8
             elif wire_type == 5:
                 offset += 4
             elif wire_type == 2:
-                length, offset = _read_varint(data, offset)
+                length, offset = read_varint(data, offset)
                 if field == STAMP_FIELD:
                     found = (start, json.loads(bytes(data[offset : offset + length])))
                 offset += length
@@ -106,8 +82,8 @@ def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, A
 
 def _ends_at(data: memoryview, start: int) -> bool:
     """Whether the field that begins at `start` is the last one (where stamp() puts it)."""
-    _, offset = _read_varint(data, start)
-    length, offset = _read_varint(data, offset)
+    _, offset = read_varint(data, start)
+    length, offset = read_varint(data, offset)
     return offset + length == len(data)
 
 

@@ -61,8 +61,9 @@ _VARINT = 0
 _LENGTH = 2
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64s as protobuf writes them: ten bytes
+def varint(value: int) -> bytes:
+    """A protobuf varint (a negative int64 as protobuf writes it: ten bytes)."""
+    value &= (1 << 64) - 1
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -74,11 +75,11 @@ def _varint(value: int) -> bytes:
 
 
 def _number(field: int, value: int) -> bytes:
-    return _varint(field << 3 | _VARINT) + _varint(value)
+    return varint(field << 3 | _VARINT) + varint(value)
 
 
 def _message(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | _LENGTH) + _varint(len(payload)) + payload
+    return varint(field << 3 | _LENGTH) + varint(len(payload)) + payload
 
 
 def spmd_compile_options(
@@ -103,7 +104,7 @@ def spmd_compile_options(
             _COMPUTATION_DEVICES,
             _message(
                 _REPLICA_DEVICE_IDS,
-                b"".join(_varint(ids[r * num_partitions + p]) for r in range(num_replicas)),
+                b"".join(varint(ids[r * num_partitions + p]) for r in range(num_replicas)),
             ),
         )
         for p in range(num_partitions)
@@ -125,8 +126,9 @@ def spmd_compile_options(
     return _message(_BUILD_OPTIONS, build)
 
 
-def _read_varint(data: bytes, index: int) -> tuple[int, int]:
-    """The varint at data[index:] and the index after it; raises ValueError if cut short."""
+def read_varint(data: bytes | memoryview, index: int) -> tuple[int, int]:
+    """The protobuf varint at data[index:] and the index after it; raises ValueError if cut
+    short."""
     value = shift = 0
     while True:
         if index >= len(data) or shift > 63:
@@ -145,13 +147,13 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
     found: list[tuple[int, int | bytes]] = []
     index = 0
     while index < len(data):
-        tag, index = _read_varint(data, index)
+        tag, index = read_varint(data, index)
         number, kind = tag >> 3, tag & 7
         if kind == _VARINT:
-            value, index = _read_varint(data, index)
+            value, index = read_varint(data, index)
             found.append((number, value))
         elif kind == _LENGTH:
-            size, index = _read_varint(data, index)
+            size, index = read_varint(data, index)
             if index + size > len(data):
                 raise ValueError("a truncated field")
             found.append((number, data[index : index + size]))
@@ -165,7 +167,7 @@ def _packed(data: bytes) -> list[int]:
     """The values of a packed repeated varint field."""
     values, index = [], 0
     while index < len(data):
-        value, index = _read_varint(data, index)
+        value, index = read_varint(data, index)
         values.append(value)
     return values
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from worker.errors import PjrtPoolError
-from worker.identity.options import assignment_device_ids
+from worker.identity.options import assignment_device_ids, read_varint
 from worker.plugin.topology import TopologySpec
 
 _loaded_lock = threading.Lock()
@@ -107,14 +107,7 @@ class CompiledForJax(NamedTuple):
 def strip_jaxlib_header(serialized: bytes) -> bytes:
     """The plugin's bytes of an executable jaxlib serialized (its header is a varint length,
     then that many bytes naming "pjrt_ifrt"); raises ValueError for bytes without one."""
-    length, shift, index = 0, 0, 0
-    while index < len(serialized) and index < 10:
-        byte = serialized[index]
-        length |= (byte & 0x7F) << shift
-        index += 1
-        shift += 7
-        if byte < 0x80:
-            break
+    length, index = read_varint(serialized, 0)
     header = serialized[index : index + length]
     if b"pjrt_ifrt" not in header or index + length > len(serialized):
         raise ValueError("not an executable serialized by jaxlib (no IFRT header)")
