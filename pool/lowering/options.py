@@ -6,7 +6,7 @@ and this process's XLA_FLAGS; a proto without them (the six bytes of
 worker.identity.options.compile_options) makes XLA compile otherwise: on
 jaxlib's own CPU compiler a transformer's train step gave jax.jit's outputs
 in 6 of its 86 arrays with those, and in all 86 with JAX's
-(docs/numerics.md). So lower() records, for each program, the serialized
+(docs/facts.md, JAX and jaxlib). So lower() records, for each program, the serialized
 options that JAX's get_compile_options gives for it, with the fields
 jax.jit sets on top: sharding propagation allowed at an unsharded
 program's boundary and forbidden at a sharded one's (whose boundaries are
