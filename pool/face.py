@@ -324,19 +324,11 @@ class PoolFace(abc.ABC):
                 f"{type(self).__name__}.function takes no keep=: its tasks run on whichever "
                 "node is free, so no value stays between calls; use a Pool, or a RayClusterPool"
             )
-        return PoolFunction(
-            self,
-            function,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            platform=platform,
-            custom_calls=custom_calls,
-            name=name,
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-            keep=keep,
-        )
+        return PoolFunction(self, function, static_argnums=static_argnums,
+                            static_argnames=static_argnames, donate_argnums=donate_argnums,
+                            platform=platform, custom_calls=custom_calls, name=name,
+                            in_shardings=in_shardings, out_shardings=out_shardings,
+                            keep=keep)  # fmt: skip
 
     def __enter__(self) -> Self:
         self._refuse_in_child()

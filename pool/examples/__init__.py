@@ -27,6 +27,8 @@ modules:
                   Mesh, and shard_map collectives
     training.py   twelve training steps of transformer-like models: long,
                   multithreaded compiles
+    gpt2.py       transformers' Flax GPT-2, its forward and AdamW step (needs
+                  transformers, flax and optax)
 """
 
 from __future__ import annotations
