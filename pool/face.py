@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Self
 
 from pool.errors import PoolClosedError
-from pool.executor.compile_many import CompileResult, Progress, compile_many
+from pool.executor.compile_many import CompileCall, CompileResult, Progress, compile_many
 from pool.executor.options import document
 from pool.executor.pool import WorkerPool
 from worker.records import CompileStatistics, JaxCompile, LoweredProgram, ProgramSpec
@@ -75,14 +75,7 @@ class PoolFace(abc.ABC):
         """Runs the executable a ProgramSpec names (by its cache key); returns a Future."""
 
     @abc.abstractmethod
-    def _submit_compile(
-        self,
-        program: Any,
-        name: str | None,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> Future[CompileResult]:
+    def _submit_compile(self, call: CompileCall) -> Future[CompileResult]:
         """submit_compile's work, as this pool does it (the program is what the caller gave,
         unchecked)."""
 
@@ -158,9 +151,7 @@ class PoolFace(abc.ABC):
         and filed under JAX's key in the disk cache and remote tier; the result's spec
         names that entry (its key) and carries no types.
         """
-        if jax is None:
-            return self._submit_compile(program, name, timeout, compile_options)
-        return self._submit_compile(program, name, timeout, compile_options, jax)
+        return self._submit_compile(CompileCall(program, name, timeout, compile_options, jax))
 
     def compile(
         self, program: LoweredProgram, *, name: str | None = None, timeout: float | None = None

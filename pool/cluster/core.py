@@ -38,7 +38,7 @@ from pool.cluster.carried import CarriedError, original_error
 from pool.cluster.options import check_cluster_options, node_options
 from pool.cluster.routing import Router, home_of
 from pool.errors import PoolClosedError, PoolError
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.executor.programs import program_id
 from pool.executor.settings import check_devices
 from pool.executor.values import DeviceValue, check_values, values_in
@@ -403,21 +403,15 @@ class ClusterPoolBase(PoolFace):
         to)."""
         return home_of(program_id(program, compile_options), self._compile_addresses())
 
-    def _submit_compile(
-        self,
-        program: Any,
-        name: str | None,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> Future[CompileResult]:
+    def _submit_compile(self, call: CompileCall) -> Future[CompileResult]:
         """submit_compile (see PoolFace's): on the node the program's hash picks."""
         self._check_open()
-        program = check_program(program, f"{type(self).__name__}.submit_compile")
-        options = checked_compile_options(options)
+        program = check_program(call.program, f"{type(self).__name__}.submit_compile")
+        options = checked_compile_options(call.options)
         check_devices(program.partitioning, *self._devices)
         address = self._route(program, options)
-        return self._send_compile(address, program, name or program.name, timeout, options, jax)
+        name = call.name or program.name
+        return self._send_compile(address, program, name, call.timeout, options, call.jax)
 
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""

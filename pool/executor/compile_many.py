@@ -11,10 +11,25 @@ from typing import Any, NamedTuple
 from pool.errors import PoolError
 from pool.progress import ProgressDisplay
 from worker.errors import NeverCompileError
-from worker.records import CompileStatistics, LoweredProgram, ProgramSpec
+from worker.records import CompileStatistics, JaxCompile, LoweredProgram, ProgramSpec
 
 Progress = Callable[[int, int, "ProgramSpec | BaseException"], None]
 """A compile_many progress callback: (done, total, ProgramSpec or exception)."""
+
+
+class CompileCall(NamedTuple):
+    """What submit_compile was asked for, as a pool's own _submit_compile takes it."""
+
+    program: Any
+    """The program, as the caller gave it (each pool checks it)."""
+    name: str | None
+    """The task's name (default: the program's)."""
+    timeout: float | None
+    """Seconds the compile may take in a worker (None: the pool's task_timeout)."""
+    options: bytes | None
+    """Serialized compile options in place of the program's own."""
+    jax: JaxCompile | None = None
+    """For JAX's own cache: JAX's key and what its value is made for (pool.jax_cache)."""
 
 
 class CompileResult(NamedTuple):

@@ -80,7 +80,7 @@ from pool.executor import forks
 from pool.executor.arrays import PoolArrays, ValueOwner
 from pool.executor.caller import CallerPath
 from pool.executor.closing import Closing, terminate_at_exit
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.executor.dispatch import Dispatcher
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
@@ -109,7 +109,6 @@ from worker.plugin.conformance_records import warn_known_failures
 from worker.plugin.topology import TopologySpec
 from worker.records import (
     CompileStatistics,
-    JaxCompile,
     LoweredProgram,
     ProgramSpec,
     check_program,
@@ -384,17 +383,12 @@ class WorkerPool(TaskMaking, PoolArrays):
         task = self._new_task(Kind.RUN, None, spec.name, timeout, None, spec=spec, bundle=source)
         return self._submit(task, arguments, None)
 
-    def _submit_compile(
-        self,
-        program: Any,
-        name: str | None,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> Future[CompileResult]:
+    def _submit_compile(self, call: CompileCall) -> Future[CompileResult]:
         """Pool.submit_compile (pool.face.PoolFace writes its signature and docstring)."""
-        program = check_program(program, "Pool.submit_compile")
-        task = self._new_task(Kind.COMPILE, program, name, timeout, options, jax=jax)
+        program = check_program(call.program, "Pool.submit_compile")
+        task = self._new_task(
+            Kind.COMPILE, program, call.name, call.timeout, call.options, jax=call.jax
+        )
         future = self._submit(task, None, None)
         if self._settings.compiles_apart:
             identity = task.request.program_id
