@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,7 @@ import numpy as np
 from pool.jax_cache.target import JaxTarget
 from pool.jax_cache.versions import jax_internals
 from worker.errors import PjrtPoolError
+from worker.plugin.locate import environment_variables
 from worker.records import JaxCompile, LoweredProgram
 
 
@@ -127,27 +127,15 @@ def _as_on_target(target: JaxTarget) -> Iterator[None]:
     JAX's config, its XLA_FLAGS and LIBTPU_INIT_ARGS in the environment, and no ``--xla``
     arguments in sys.argv (JAX hashes those of the process it runs in); all put back."""
     path = jax.config.jax_compilation_cache_dir
-    variables = target.flags()
-    saved = {name: os.environ.get(name) for name in variables}
     argv = list(sys.argv)
     try:
         jax.config.update("jax_compilation_cache_dir", target.cache_path)
-        _set_environment(variables)
         sys.argv[:] = [a for a in argv if not a.startswith("--xla")]
-        yield
+        with environment_variables(target.flags()):
+            yield
     finally:
         sys.argv[:] = argv
-        _set_environment(saved)
         jax.config.update("jax_compilation_cache_dir", path)
-
-
-def _set_environment(values: Mapping[str, str | None]) -> None:
-    """Sets environment variables (None: removes them)."""
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 class _PartDigests(logging.Handler):
