@@ -303,15 +303,15 @@ def without_compile_options(payload: bytes) -> bytes:
     Both CPU plugins abort the process deserializing it ("Check failed:
     replica_count > 0"): a real entry that crashes every loader.
     """
-    from worker.compile.stamp import _read_varint
+    from worker.identity.options import read_varint
 
     kept = bytearray()
     offset = 0
     while offset < len(payload):
         start = offset
-        tag, offset = _read_varint(payload, offset)
+        tag, offset = read_varint(payload, offset)
         assert tag & 7 == 2, "a serialized executable holds length-delimited fields"
-        length, offset = _read_varint(payload, offset)
+        length, offset = read_varint(payload, offset)
         offset += length
         if tag >> 3 != 2:  # ExecutableAndOptionsProto.compile_options
             kept += payload[start:offset]

@@ -43,6 +43,7 @@ def options_or_default(options: bytes | None) -> bytes:
 
 # Field numbers of xla.ExecutableBuildOptionsProto (CompileOptionsProto's field 3).
 _BUILD_OPTIONS = 3
+_DEBUG_OPTIONS = 3
 _NUM_REPLICAS = 4
 _NUM_PARTITIONS = 5
 _USE_SPMD_PARTITIONING = 6
@@ -187,3 +188,30 @@ def assignment_device_ids(serialized: bytes) -> list[int]:
                     column.extend(_packed(ids) if isinstance(ids, bytes) else [ids])
             columns.append(column)
     return [column[r] for r in range(replicas) for column in columns if r < len(column)]
+
+
+def _message_field(data: bytes, field: int) -> bytes | None:
+    """The last length-delimited field of that number in a serialized message, or None
+    (also for bytes that are no message, as far as _fields reads one)."""
+    try:
+        fields = _fields(data)
+    except ValueError:
+        return None
+    found = [value for number, value in fields if number == field and isinstance(value, bytes)]
+    return found[-1] if found else None
+
+
+def debug_options_of(options: bytes) -> bytes | None:
+    """The serialized XLA debug options serialized compile options carry
+    (ExecutableBuildOptionsProto field 3), or None: JAX's always carry them, compile_options()
+    does not, and XLA then compiles with every debug option at zero, which jaxlib's own
+    client honours literally (worker.plugin.jaxlib_cpu puts jaxlib's defaults under them)."""
+    build = _message_field(bytes(options), _BUILD_OPTIONS)
+    return None if build is None else _message_field(build, _DEBUG_OPTIONS)
+
+
+def with_debug_options(options: bytes, debug_options: bytes) -> bytes:
+    """Serialized compile options with debug options under their own: a protobuf message read
+    after another merges into it, so what `options` set of them wins, and nothing else
+    changes (options without replicas stay without them)."""
+    return _message(_BUILD_OPTIONS, _message(_DEBUG_OPTIONS, debug_options)) + bytes(options)
