@@ -45,9 +45,31 @@ def with_huge_pages(environment: dict[str, str]) -> dict[str, str]:
     return {**environment, "GLIBC_TUNABLES": f"{tunables}:{entry}" if tunables else entry}
 
 
+JAX_CPU_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"
+"""JAX's variable for its jax_num_cpu_devices setting."""
+
+
+def jax_cpu_devices_environment() -> dict[str, str]:
+    """JAX's jax_num_cpu_devices as its variable, where this process's JAX has it set
+    (jax.config.update: a child would not see it otherwise), else nothing.
+
+    A worker on jaxlib's own CPU client makes its client with as many devices
+    as JAX's would have (worker.plugin.jaxlib_cpu.client.jax_devices), since
+    the count changes a CPU client's results: this gives it this process's.
+    JAX is read only where this process imported it already.
+    """
+    jax = sys.modules.get("jax")
+    value = getattr(getattr(jax, "config", None), "jax_num_cpu_devices", None)
+    if isinstance(value, int) and value >= 0:
+        return {JAX_CPU_DEVICES_ENV: str(value)}
+    return {}
+
+
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Returns the environment for a child: this one, with the worker package importable."""
+    """Returns the environment for a child: this one, with the worker package importable, and
+    JAX's CPU device count where this process's JAX set it (jax_cpu_devices_environment)."""
     environment = dict(os.environ)
+    environment.update(jax_cpu_devices_environment())
     package_root = str(Path(worker.__file__).resolve().parent.parent)
     paths = [package_root, *environment.get("PYTHONPATH", "").split(os.pathsep)]
     environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))

@@ -2,7 +2,8 @@
 
 Everything here runs in any process that holds a plugin: a pool worker
 (``python -m worker``), or the user's own process for in-process use. It
-never imports JAX, so that a worker starts in a fraction of a second. Where
+never imports JAX (only jaxlib, for the CPU's runtime: plugin/jaxlib_cpu/), so that
+a worker starts in a fraction of a second. Where
 each thing lives, and so where plugin loading ends and serving begins::
 
     records.py, partitioning.py, dtypes.py, errors.py, phases.py
@@ -23,7 +24,8 @@ each thing lives, and so where plugin loading ends and serving begins::
                   closing the descriptors they pass
     cache/        the shared disk cache of executables (DiskCache); cache/remote/ its remote tier
     plugin/       the plugin: the platforms (one module each), finding, loading (Runtime),
-                  XLA flags, FFI kernels, device errors, known builds and check-plugin's records
+                  jaxlib's own CPU client as a runtime, XLA flags, FFI kernels, device
+                  errors, known builds and check-plugin's records
     compile/      compile_program and the cache tiers it walks (the disk cache, a remote:
                   lookup, claim, publish), loading by key, never-compile mode,
                   Executable and converting its arguments, what a compile is for,

@@ -105,9 +105,12 @@ def _set_shards(
     )
 
 
-def host_array(value: _pjrt.DeviceValue, array_type: ArrayType) -> np.ndarray:
+def host_array(value: _pjrt.DeviceValue | np.ndarray, array_type: ArrayType) -> np.ndarray:
     """A native value as a numpy array: a view of it where it lies in host memory (a CPU
-    plugin's output: no copy, as jax.jit's np.asarray of a CPU array), else a copy."""
+    plugin's output: no copy, as jax.jit's np.asarray of a CPU array), else a copy. jaxlib's
+    client gives its outputs as such views already."""
+    if isinstance(value, np.ndarray):
+        return value
     dtype, shape = array_type
     if value.in_host_memory and value.nbytes:
         return np.frombuffer(value, np.uint8).view(dtype).reshape(shape)
@@ -192,8 +195,15 @@ class Executable:
 
     @property
     def native(self) -> _pjrt.Executable:
-        """The native executable (what the worker's hot loop runs)."""
+        """The native executable (what the worker's hot loop runs), or on jaxlib's own client
+        a JaxlibExecutable (worker.plugin.jaxlib_cpu), which has its methods."""
         return self._native
+
+    @property
+    def runs_natively(self) -> bool:
+        """Whether the native module runs it (a PJRT plugin's executable: the worker's hot
+        loop takes it), rather than Python (jaxlib's own client's)."""
+        return isinstance(self._native, _pjrt.Executable)
 
     @property
     def output_bytes(self) -> tuple[int, ...]:
@@ -356,18 +366,26 @@ def compile_executable(
     client = _client_for(runtime, partitioning)
     ensure_kernels_for(runtime, code)
     try:
-        native = client.compile(code, options)
+        if isinstance(client, _pjrt.Client):
+            native = client.compile(code, options)
+        else:  # jaxlib's client is told the devices, which a plugin reads from the options
+            native = client.compile(code, options, _device_ids(partitioning))
     except PjrtError as error:
         raise explain_missing_handler(error, runtime) from None
     return Executable(native, runtime, input_types, key, partitioning)
 
 
-def _client_for(runtime: Runtime, partitioning: Partitioning | None) -> _pjrt.Client:
+def _client_for(runtime: Runtime, partitioning: Partitioning | None) -> Any:
     """The client a program runs on: the runtime's, or one with its partitioning's devices
     (Runtime.client_for: DeviceCountError where there are not that many)."""
     if partitioning is None:
         return runtime.client
     return runtime.client_for(partitioning.devices, partitioning.mesh_text)
+
+
+def _device_ids(partitioning: Partitioning | None) -> tuple[int, ...] | None:
+    """The devices a program runs on (None: the client's first)."""
+    return None if partitioning is None else partitioning.device_ids
 
 
 def deserialize_executable(
@@ -387,7 +405,10 @@ def deserialize_executable(
     serialized = check_stamp(serialized, runtime.identity())
     ensure_kernels_for(runtime, serialized)
     try:
-        native = client.deserialize(serialized)
+        if isinstance(client, _pjrt.Client):
+            native = client.deserialize(serialized)
+        else:  # jaxlib's client loads onto the devices it is told (its count must fit)
+            native = client.deserialize(serialized, _device_ids(partitioning))
     except PjrtError as error:
         raise explain_missing_handler(error, runtime) from None
     return Executable(native, runtime, input_types, key, partitioning)

@@ -10,6 +10,9 @@ in in-process use, the probe the parent starts) and never imports JAX.
     startup.py              what a pool worker sets up before its plugin loads
     xla_flags.py            the XLA flags a plugin loads with (JAX's semantics)
     runtime.py              the one Runtime of the process: plugin, client, identity
+    jaxlib_cpu/             jaxlib's own CPU client as a runtime (the cpu platform's): the XLA
+                            jax.jit runs on, through jaxlib's bindings, behind the native
+                            module's interface
     devices.py              how a client is given k devices, per platform; refusing more
     kernels.py              XLA FFI handlers: jaxlib's kernels, register_custom_call
     device_errors.py        which errors leave a device context unusable

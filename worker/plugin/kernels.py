@@ -75,9 +75,12 @@ def _version_text(version: tuple[int, int] | None) -> str:
 
 def _describe(runtime: Runtime) -> str:
     ffi = runtime.ffi_version
+    shown = ffi if ffi is not None else "not shown"
+    if not runtime.runs_natively:  # jaxlib's own client: no plugin, no PJRT API
+        return f"the {runtime.platform} platform's {runtime.location.source} (XLA FFI {shown})"
     return (
         f"the {runtime.platform} plugin {runtime.location.path} (PJRT API "
-        f"{runtime.api_version}, XLA FFI {ffi if ffi is not None else 'not shown'})"
+        f"{runtime.api_version}, XLA FFI {shown})"
     )
 
 

@@ -13,6 +13,13 @@ so it never opens a device, and for TPU it loads libtpu without taking the
 host's lock (worker.plugin.libtpu). A client, when something asks for one,
 opens the platform's first device; where there is none, or another process
 holds it, that is a DeviceUnavailableError saying so.
+
+A runtime is either a PJRT plugin, through the native module, or, for a
+platform that runs on it (the CPU: Platform.runs_on_jaxlib), the installed
+jaxlib's own client (worker.plugin.jaxlib_cpu), whose plugin handle and
+client have the native ones' methods. Its client holds as many devices as
+JAX's own would here (jaxlib_cpu.client.jax_devices), or as a program needs:
+that count changes a CPU client's results.
 """
 
 from __future__ import annotations
@@ -25,25 +32,45 @@ from typing import TYPE_CHECKING, Any
 from worker import _pjrt
 from worker.cache.location import default_cache_dir
 from worker.errors import PjrtError, PlatformMismatchError, TopologyError
+from worker.identity.build import memoized_by_file
 from worker.identity.environment import codegen_environment, host_cpu_features
 from worker.identity.keys import PlatformPart
 from worker.log import get_logger
 from worker.phases import STARTUP
 from worker.plugin.build_identity import plugin_build_sha256
 from worker.plugin.devices import fixed_devices, more_per_worker, too_few_devices
-from worker.plugin.locate import PluginLocation, env_var, environment_variables, find_plugin
+from worker.plugin.locate import (
+    PluginLocation,
+    RuntimeKind,
+    env_var,
+    environment_variables,
+    find_plugin,
+)
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.topology import TopologySpec
 from worker.plugin.xla_flags import semantic_flags, xla_flags_added
 
 if TYPE_CHECKING:
     from worker.cache.memos import MemoStore
+    from worker.plugin.jaxlib_cpu.client import JaxlibClient, JaxlibPlugin
     from worker.plugin.platforms.platform import Platform
+
+    PluginHandle = _pjrt.Plugin | JaxlibPlugin
+    ClientHandle = _pjrt.Client | JaxlibClient
 
 logger = get_logger("pjrt_pool.runtime")
 
 PLATFORM_ENV = "PJRT_POOL_PLATFORM"
 """Names the platform to load when nothing else says which (default "cpu")."""
+
+
+def _is_window(value: Any) -> bool:
+    """Whether a remembered StableHLO window is two versions (or Nones)."""
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, (str, type(None))) for v in value)
+    )
 
 
 def _version(value: Any) -> str | None:
@@ -53,15 +80,15 @@ def _version(value: Any) -> str | None:
 
 
 class Runtime:
-    """A loaded plugin and its client, for one platform."""
+    """A loaded plugin (or jaxlib's own client) and its client, for one platform."""
 
     # A plain class, not a dataclass: making a dataclass costs about 0.4 ms at import, on
     # the path of every serving process's start (benchmarks/bench_start.py).
     def __init__(
         self,
         location: PluginLocation,
-        plugin: _pjrt.Plugin,
-        client: _pjrt.Client | None,
+        plugin: PluginHandle,
+        client: ClientHandle | None,
         *,
         client_options: dict[str, Any] | None = None,
         codegen_environment: dict[str, Any] | None = None,
@@ -73,7 +100,7 @@ class Runtime:
         self.facts: Platform = platform_named(location.platform)
         """What pjrt-pool knows about the platform (worker.plugin.platforms)."""
         self.plugin = plugin
-        """The native plugin handle."""
+        """The native plugin handle (for jaxlib's client, a JaxlibPlugin)."""
         self._client = client
         self.deviceless = deviceless
         """Whether the plugin loaded for deviceless compiles (no client until one is asked for)."""
@@ -102,7 +129,18 @@ class Runtime:
         return f"Runtime({self.location!r})"
 
     @property
-    def client(self) -> _pjrt.Client:
+    def kind(self) -> RuntimeKind:
+        """A PJRT plugin, or jaxlib's own client."""
+        return self.location.kind
+
+    @property
+    def runs_natively(self) -> bool:
+        """Whether its executables are the native module's (a PJRT plugin's), which the native
+        hot loop runs; jaxlib's are run from Python."""
+        return self.location.kind is RuntimeKind.PLUGIN
+
+    @property
+    def client(self) -> ClientHandle:
         """The native client on the plugin's first device, opened on first use.
 
         Raises DeviceUnavailableError when the platform has no device here or
@@ -110,8 +148,13 @@ class Runtime:
         """
         with self._making:
             if self._client is None:
-                self._client = _open_client(self.facts, self.plugin, self._create_options())
+                self._client = self._open(None)
             return self._client
+
+    def _open(self, devices: int | None) -> ClientHandle:
+        """A new client with `devices` devices (None: as many as a pool fixed, or by default)."""
+        wanted = self.fixed_devices if devices is None else devices
+        return _open_client(self.facts, self.plugin, self._create_options(devices), wanted)
 
     def _create_options(self, devices: int | None = None) -> dict[str, Any]:
         """The client's create options: the key's (client_options) and those that give it
@@ -123,7 +166,7 @@ class Runtime:
         given = {} if wanted is None else self.facts.device_settings(wanted).create_options
         return {**self.client_options, **given}
 
-    def client_for(self, devices: int, mesh: str = "") -> _pjrt.Client:
+    def client_for(self, devices: int, mesh: str = "") -> ClientHandle:
         """A client that holds at least `devices` devices, for a program over that many
         (over `mesh`, described for the refusal).
 
@@ -151,12 +194,15 @@ class Runtime:
             )
         with self._making:
             if self._client is None or self._client.num_devices < devices:
-                self._client = _open_client(self.facts, self.plugin, self._create_options(devices))
+                self._client = self._open(devices)
             return self._client
 
     def _grows_to(self, devices: int) -> bool:
-        """Whether a client of this process can be made with `devices` devices: the platform
-        gives them by create options, not by variables read before the plugin loads."""
+        """Whether a client of this process can be made with `devices` devices: jaxlib's client
+        takes any count, a plugin's where the platform gives them by create options, not by
+        variables read before the plugin loads."""
+        if not self.runs_natively:
+            return True
         try:
             return bool(self.facts.device_settings(devices).create_options)
         except ValueError:
@@ -172,8 +218,15 @@ class Runtime:
         """The plugin's topology for a spec, made once per process; opens no device.
 
         Raises TopologyError when the plugin cannot make it (a name it does
-        not know, options that do not fit the name, a plugin without topologies).
+        not know, options that do not fit the name, a plugin without topologies,
+        jaxlib's own client).
         """
+        if not self.runs_natively:
+            raise TopologyError(
+                f"the {self.platform} platform runs on {self.location.source}, which compiles "
+                "for its own devices, not for a topology; compile for a topology on a platform "
+                "whose plugin has them (tpu)"
+            )
         with self._making:
             found = self._topologies.get(spec)
             if found is None:
@@ -203,13 +256,29 @@ class Runtime:
 
     @property
     def api_version(self) -> str:
-        """The plugin's PJRT C API version, "major.minor"."""
-        major, minor = self.plugin.api_version
+        """The plugin's PJRT C API version, "major.minor"; for jaxlib's own client, which is
+        no PJRT plugin, "jaxlib VERSION"."""
+        if not self.runs_natively:
+            return f"jaxlib {getattr(self.plugin, 'version', '')}"
+        major, minor = self.plugin.api_version  # type: ignore[union-attr]
         return f"{major}.{minor}"
 
     @property
     def stablehlo_window(self) -> tuple[str | None, str | None]:
-        """The (minimum, current) StableHLO versions the plugin reads, when it says."""
+        """The (minimum, current) StableHLO versions the plugin reads, when it says.
+
+        jaxlib's, which takes its MLIR bindings (a third of a second) to read, are
+        memoized per jaxlib build in memory and in the default cache's records.
+        """
+        if not self.runs_natively:
+            window = memoized_by_file(
+                self.location.path, _existing_memos(), "stablehlo-window", self._read_window,
+                _is_window,
+            )  # fmt: skip
+            return window[0], window[1]
+        return self._read_window()
+
+    def _read_window(self) -> tuple[str | None, str | None]:
         attributes = self.plugin.attributes()
         return (
             _version(attributes.get("stablehlo_minimum_version")),
@@ -263,6 +332,7 @@ class Runtime:
         client = self._client
         return {
             "platform": self.platform,
+            "runtime": self.kind.value,
             "path": self.location.path,
             "source": self.location.source,
             "api_version": self.api_version,
@@ -301,11 +371,21 @@ def loaded_runtime() -> Runtime | None:
     return _runtime
 
 
-def _open_client(facts: Platform, plugin: _pjrt.Plugin, options: dict[str, Any]) -> _pjrt.Client:
-    """Creates the client on the plugin's first device, saying clearly when there is none."""
+def _open_client(
+    facts: Platform, plugin: PluginHandle, options: dict[str, Any], devices: int | None
+) -> ClientHandle:
+    """Creates the client on the plugin's first device, saying clearly when there is none.
+
+    A plugin's client takes its devices from `options`; jaxlib's is made with as many as
+    JAX's own client would have here, or `devices` where that is more (see the module).
+    """
     try:
         with STARTUP.time("client"):  # on a GPU, also the CUDA context and the allocator
-            return _pjrt.Client(plugin, options)
+            if isinstance(plugin, _pjrt.Plugin):
+                return _pjrt.Client(plugin, options)
+            from worker.plugin.jaxlib_cpu.client import jax_devices
+
+            return plugin.client(max(devices or 1, jax_devices()))
     except PjrtError as error:
         raise facts.unavailable(error) or error from None
 
@@ -341,6 +421,9 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             return _runtime
         platform = platform or default_platform()
         location = find_plugin(platform)
+        if location.kind is RuntimeKind.JAXLIB:
+            _runtime = _jaxlib_runtime(location, deviceless)
+            return _runtime
         facts = platform_named(platform)
         facts.before_load(location.path, deviceless=deviceless)
         logger.debug("loading PJRT plugin %s (%s)", location.path, location.source)
@@ -362,7 +445,9 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             except PjrtError as error:  # PJRT_Plugin_Initialize: libtpu's lock is one cause
                 raise facts.unavailable(error) or error from None
             given = {} if devices is None else facts.device_settings(devices).create_options
-            client = None if deviceless else _open_client(facts, plugin, {**options, **given})
+            client = (
+                None if deviceless else _open_client(facts, plugin, {**options, **given}, devices)
+            )
         STARTUP.record("startup", platform=platform, plugin=location.path)
         _runtime = Runtime(
             location,
@@ -374,3 +459,26 @@ def get_runtime(platform: str | None = None, *, deviceless: bool = False) -> Run
             devices=devices,
         )
         return _runtime
+
+
+def _jaxlib_runtime(location: PluginLocation, deviceless: bool) -> Runtime:
+    """The runtime of jaxlib's own client (worker.plugin.jaxlib_cpu): nothing is added to
+    XLA_FLAGS, which jaxlib reads as JAX does, and its client is opened at once unless
+    deviceless (a CPU's devices are the host's: nothing else can hold them)."""
+    with STARTUP.time("plugin_load"):
+        from worker.plugin.jaxlib_cpu.client import JaxlibPlugin
+
+        plugin = JaxlibPlugin(location.path)
+    facts = platform_named(location.platform)
+    environment = codegen_environment(flag_variables=facts.flag_variables)
+    devices = fixed_devices()
+    client = None if deviceless else _open_client(facts, plugin, {}, devices)
+    STARTUP.record("startup", platform=location.platform, plugin=location.path)
+    return Runtime(
+        location,
+        plugin,
+        client,
+        codegen_environment=environment,
+        deviceless=deviceless,
+        devices=devices,
+    )

@@ -10,6 +10,8 @@ plugin, compile), and never import JAX.
                     run requests from the parent over the wire (worker/wire)
     placed.py       a worker's runs by place: where a Run's inputs lie and its outputs
                     go (checked), and the runs that read and write there
+    python_runs.py  the runs and kept values of executables the native hot loop cannot
+                    run (jaxlib's own client's), served from Python
     command_line.py what a pool worker is started with (WorkerCommand): the parent
                     writes it, ``python -m worker`` reads it
     entry_check.py  ``python -m worker.serve.entry_check``: loads cache entries with the

@@ -7,7 +7,9 @@
            ──Init/Compile/Run/Exit──▶         serve() ──▶ compile_program
            ◀──Ready, Reply──────────          ◀──  Executable.run_into(shm)
 
-One request at a time, in order. A program run again and again with its
+One request at a time, in order. (A worker on jaxlib's own CPU client, whose
+executables the native loop cannot run, serves the same requests from Python:
+worker.serve.python_runs.) A program run again and again with its
 inputs and outputs in the arena gets a hot slot: the parent then sends a
 HotRun of a few bytes for it, which the native hot loop answers with a
 HotReply after little more than the run itself (no Python at all: the slot
@@ -57,6 +59,7 @@ from worker.serve.placed import (
     run_from_views,
     run_placed,
 )
+from worker.serve.python_runs import PythonRuns
 from worker.wire import places, protocol, shm
 from worker.wire.protocol import (
     Compile,
@@ -90,7 +93,11 @@ def register_slot(
     input_offsets: tuple[int, ...],
     output_offsets: tuple[int, ...],
 ) -> None:
-    """Gives a hot loop a slot: the executable and the places of its arrays in the arena."""
+    """Gives a hot loop a slot: the executable and the places of its arrays in the arena.
+    An executable the native loop cannot run (Executable.runs_natively) gets none: the loop
+    hands its HotRuns back to Python (Server.run_hot)."""
+    if not executable.runs_natively:
+        return
     inputs = [
         (offset, t.nbytes, code_of_dtype(t.dtype), t.shape)
         for t, offset in zip(input_types, input_offsets, strict=True)
@@ -157,6 +164,8 @@ class Server:
         self._preloaded: set[str] = set()  # the keys Init.preload loaded
         self._placed: dict[str, int] = {}  # each loaded program's slot for PlacedRuns
         self._bundles: dict[str, Bundle] = {}  # those runs came from, by source, kept open
+        # Runs and kept values of executables the hot loop cannot run (jaxlib's client's).
+        self._python = PythonRuns(self._hot_loop)
 
     def _preloaded_as(self, program: Any, compile_options: bytes | None) -> Executable | None:
         """The preloaded executable that a program (sent by a Run or a Compile) compiles to,
@@ -338,7 +347,10 @@ class Server:
         return views
 
     def _placed_slot(self, program_id: str, executable: Executable) -> int:
-        """The slot its placed runs name (worker.wire.places.PlacedRun), made on first use."""
+        """The slot its placed runs name (worker.wire.places.PlacedRun), made on first use; -1
+        (none) for an executable the native hot loop cannot run: its runs come as Runs."""
+        if not executable.runs_natively:
+            return -1
         slot = self._placed.get(program_id)
         if slot is None:
             types = executable.input_types
@@ -365,6 +377,7 @@ class Server:
             [(segment, fd, size) for (segment, size), fd in zip(segments, fds, strict=True)]
         )
         self._hot_loop.drop_values(list(drops))
+        self._python.drop(drops)
         self._hot_loop.forget_segments(list(forgets))
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
@@ -404,7 +417,10 @@ class Server:
                 ), ()
         placed_slot = self._placed_slot(request.program_id, executable)
         layout = OutputLayout.of(request, types, executable.output_types, self.arena_size)
-        run_placed(self._hot_loop, request, placed_slot, layout)
+        if executable.runs_natively:
+            run_placed(self._hot_loop, request, placed_slot, layout)
+        else:
+            self._python.run(request, executable, types, layout)
         answer = reply(
             output_offsets=layout.offsets,
             output_size=layout.size,
@@ -431,9 +447,13 @@ class Server:
         if kind != places.PLACE:
             raise ValueError("a value is put from shared memory")
         array_type = request.array_type
+        runtime = get_runtime()
+        if not runtime.runs_natively:
+            self._python.put(request.value_id, runtime.client, request.source, array_type)
+            return Reply(request.task_id)
         self._hot_loop.put_value(
             request.value_id,
-            get_runtime().client,
+            runtime.client,
             segment,
             offset,
             code_of_dtype(array_type.dtype),
@@ -449,22 +469,33 @@ class Server:
             kind, segment, offset = request.destination
             if kind != places.PLACE:
                 raise ValueError("a value is fetched into shared memory")
-            self._hot_loop.fetch_value(request.value_id, segment, offset)
-        return Reply(request.task_id, values_held=self._hot_loop.value_count)
+            if self._python.holds(request.value_id):
+                client = get_runtime().client
+                self._python.fetch(request.value_id, client, request.destination)
+            else:
+                self._hot_loop.fetch_value(request.value_id, segment, offset)
+        held = self._hot_loop.value_count + self._python.value_count
+        return Reply(request.task_id, values_held=held)
 
     def run_hot(self, request: HotRun) -> None:
         """Answers a HotRun that the hot loop left to Python: runs its slot and says so.
 
         The loop leaves a HotRun of a slot it does not know (its program was
-        unloaded: a LookupError, after which the parent sends the full Run)
-        and one that came with descriptors. Any failure is answered as a
-        Run's would be.
+        unloaded: a LookupError, after which the parent sends the full Run;
+        or its executable is one the loop cannot run, which runs here) and
+        one that came with descriptors. Any failure is answered as a Run's
+        would be.
         """
         protocol.STARTED.pack_into(self.arena, self.arena_size, request.task_id)
         try:
-            if request.slot not in self._hot:
+            views = self._hot.get(request.slot)
+            if views is None:
                 raise LookupError(f"hot slot {request.slot} is not loaded in this worker")
-            self._hot_loop.run(request.task_id, request.slot, request.zero_copy)
+            if views.executable.runs_natively:
+                self._hot_loop.run(request.task_id, request.slot, request.zero_copy)
+            else:  # the loop holds no slot for it (register_slot)
+                views.executable.run_into(views.inputs, views.outputs, request.zero_copy)
+                self.loaded.move_to_end(views.program_id)
         except Exception as error:  # as in handle: the request's failure is its reply
             self._send(*self._failed(request.task_id, error))
             return

@@ -1,20 +1,29 @@
-"""``cpu``: XLA's CPU plugin, the host's own cores.
+"""``cpu``: the host's own cores, on the installed jaxlib's own CPU client.
 
-- Plugin: ``lammps-jax-pjrt-cpu`` (the extra ``pjrt-pool[cpu]``; XLA of
-  jaxlib 0.11.2), else ``xla-cpu-pjrt`` (PJRT API 0.81).
+- Runtime: jaxlib's CPU client (worker.plugin.jaxlib_cpu), the XLA that
+  ``jax.jit`` runs on, so that programs give jax.jit's numbers bit for bit.
+  A CPU PJRT plugin is another build of XLA (lammps-jax-pjrt-cpu is jaxlib
+  0.11.2's), whose last bits differ for matrix products and convolutions:
+  ``pjrt_cpu`` (worker.plugin.platforms.pjrt_cpu) and ``xla_cpu`` run those by
+  name, and ``PJRT_POOL_PLUGIN_CPU`` makes this platform load the library it
+  names instead.
 - Kernels: jaxlib's LAPACK kernels (``jaxlib.cpu``), for ``jnp.linalg``.
 - Flags: both CPU plugins default to XLA's fast min/max, which returns x for
   max(x, NaN) where JAX returns NaN; ``xla_cpu_enable_fast_min_max=false``
-  makes them compute what JAX computes (worker.plugin.xla_flags).
+  makes them compute what JAX computes (worker.plugin.xla_flags). jaxlib's
+  own client takes no flags from pjrt-pool: it reads XLA_FLAGS as JAX does.
 - Keys: the host's CPU features, since XLA:CPU compiles for the host's
   instruction set and a plugin refuses an executable built for other features.
-- Devices: a CPU client has DEFAULT_DEVICES devices of its own, made of the
-  host's cores (4 on both CPU plugins: docs/facts.md). A worker that needs more is
-  given them by the plugin's create option ``cpu_device_count`` (which is no
-  part of a key: a program compiles alike on a client of any count, and a
-  program over several devices says its devices in its compile options); up to
-  4 need nothing, so that a client is made as it always was. There are no
-  host devices to choose among, so ``first`` changes nothing.
+- Devices: jaxlib's client has as many devices as JAX's CPU client has here
+  (worker.plugin.jaxlib_cpu.client.jax_devices), or as many as a program over
+  several devices needs. A CPU plugin's client has DEFAULT_DEVICES devices of
+  its own, made of the host's cores (4 on both CPU plugins: docs/facts.md);
+  a worker that needs more is given them by the plugin's create option
+  ``cpu_device_count`` (which is no part of a key: a program compiles alike on
+  a client of any count, and a program over several devices says its devices
+  in its compile options); up to 4 need nothing, so that a client is made as
+  it always was. There are no host devices to choose among, so ``first``
+  changes nothing.
 """
 
 from __future__ import annotations
@@ -50,13 +59,13 @@ XLA_CPU_PJRT = PluginPackage(
 
 
 class Cpu(Platform):
-    """XLA's CPU plugin (see the module)."""
+    """The host's CPU (see the module)."""
 
     __slots__ = ()
 
     name = "cpu"
     jax_names = ("cpu",)
-    packages = (LAMMPS_JAX_PJRT_CPU, XLA_CPU_PJRT)
+    runs_on_jaxlib = True
     kernels = (KernelLibrary((b"lapack_",), (("_lapack", False),), "jaxlib's LAPACK kernels"),)
     jax_semantics = MappingProxyType({"xla_cpu_enable_fast_min_max": "false"})
     platform_parts = frozenset({PlatformPart.HOST})
@@ -67,11 +76,11 @@ class Cpu(Platform):
         return "Host"
 
     def kernel_package(self, plugin_path: str, platform_version: str | None) -> str | None:
-        """jaxlib's: every CPU plugin's kernels are the installed jaxlib's."""
+        """jaxlib's: every CPU runtime's kernels are the installed jaxlib's."""
         return "jaxlib.cpu"
 
     def given_devices(self, count: int, first: int) -> DeviceSettings:
-        """cpu_device_count devices, where the default's are too few (see the module)."""
+        """cpu_device_count devices, where a plugin's default are too few (see the module)."""
         if count <= DEFAULT_DEVICES:
             return NO_SETTINGS
         return DeviceSettings(

@@ -8,7 +8,8 @@ code only reads it (registry.platform_named). A platform says:
 
 - where its plugin is found: ``packages``, the pip distributions that
   install a plugin library, tried in order after ``PJRT_POOL_PLUGIN_<NAME>``
-  (worker.plugin.locate);
+  (worker.plugin.locate), or, before them, ``runs_on_jaxlib``: the installed
+  jaxlib's own client (the CPU's, worker.plugin.jaxlib_cpu);
 - what a process needs around the plugin: ``before_load`` (CUDA preloads
   NVIDIA's libraries; TPU says at once that no chip is attached),
   ``compile_only_environment`` (libtpu kept off the chips and their lock),
@@ -146,6 +147,10 @@ class Platform:
 
     packages: tuple[PluginPackage, ...] = ()
     """The distributions that install its plugin, in the order they are looked for."""
+
+    runs_on_jaxlib: bool = False
+    """Whether its programs run on the installed jaxlib's own client (worker.plugin.jaxlib_cpu),
+    the XLA jax.jit runs on, unless PJRT_POOL_PLUGIN_<NAME> names a plugin."""
 
     client_options: Mapping[str, Any] = NOTHING
     """Client create options every process gives the plugin (part of the key)."""
