@@ -8,10 +8,13 @@ process. A crash or hang fails its case only. The programs are those
 lower() writes, with its workarounds for plugin builds known to miscompile
 something (--no-workarounds: without). Results are remembered per plugin
 build in the cache directory, and later processes that load a build with
-failing cases warn about them. Exit status: 0 when every case passes
+failing cases warn about them. The report also counts the cases whose
+outputs are jax.jit's bit for bit, and says where the plugin is another
+build of XLA than jax.jit's (--exact: a case that is not bit for bit fails).
+Exit status: 0 when every case passes
 (skipped cases do not fail), 1 when any is wrong, errs, crashes or hangs
-(or the plugin crashes as it starts), 2 for usage and environment errors (no
-plugin, or a file that is not one).
+(or the plugin crashes as it starts; with --exact, or is not bit for bit),
+2 for usage and environment errors (no plugin, or a file that is not one).
 """
 
 from __future__ import annotations
@@ -70,6 +73,12 @@ def register(subparsers: Any) -> None:
         "plugin builds known to miscompile something: shows the plugin's own bugs (not "
         "remembered)",
     )
+    check.add_argument(
+        "--exact",
+        action="store_true",
+        help="fail on every case whose outputs are not jax.jit's bit for bit, even within its "
+        "error budget, and list them (the report counts them either way)",
+    )
     check.add_argument("--list", action="store_true", help="list the selected cases and exit")
     check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
@@ -117,6 +126,7 @@ def _check(args: argparse.Namespace) -> int:
             if progress is None
             else lambda r: progress.update(r.name, r.status, r.seconds),
             workarounds=args.workarounds,
+            exact=args.exact,
             # Cases chosen by name run even where their types are unsupported.
             run_unsupported=args.cases is not None,
             **options,

@@ -6,6 +6,10 @@ Python, jax and jaxlib versions, and for each platform a plugin could be
 found for (each a module of worker.plugin.platforms describes, and any a
 PJRT_POOL_PLUGIN_<PLATFORM> names) the plugin this machine would load, or
 why there is none and how to install one.
+For a CPU platform it also says whether its programs run on the XLA that
+jax.jit uses here (the installed jaxlib's own client, the ``cpu`` platform's)
+or on a CPU plugin, another build of XLA whose results may differ from
+jax.jit's in the last bits (worker.plugin.locate.jit_xla_note).
 Nothing is imported or loaded to say it: versions come from the installed
 distributions' metadata, and plugins are located as worker.plugin.locate
 locates them, without loading them.
@@ -20,7 +24,13 @@ from importlib import metadata
 from pool import __version__
 from worker.errors import PluginNotFoundError
 from worker.extras import installed_from
-from worker.plugin.locate import ENV_PREFIX, default_plugin_of, find_plugin
+from worker.plugin.locate import (
+    ENV_PREFIX,
+    RuntimeKind,
+    default_plugin_of,
+    find_plugin,
+    jit_xla_note,
+)
 from worker.plugin.platforms.registry import known_platforms
 from worker.plugin.runtime import PLATFORM_ENV, default_platform
 
@@ -51,10 +61,15 @@ def _plugin_line(platform: str) -> str:
         location = find_plugin(platform)
     except PluginNotFoundError as error:
         return f"none: {error}"
+    if location.kind is RuntimeKind.JAXLIB:
+        return f"{location.source}, the XLA jax.jit uses here (identity: {location.path})"
     default = default_plugin_of(location)
     if default is None:
-        return f"{location.path} ({location.source})"
-    return f"{default.distribution} {_version_of(default.distribution)}: {location.path}"
+        found = f"{location.path} ({location.source})"
+    else:
+        found = f"{default.distribution} {_version_of(default.distribution)}: {location.path}"
+    note = jit_xla_note(location)
+    return found if note is None else f"{found}\n      {note}"
 
 
 def describe() -> str:

@@ -74,6 +74,9 @@ class OutputComparison:
     worst: Element | None = None
     """The element with the largest finite error, when it is outside the budget."""
 
+    identical: bool = False
+    """True when the output is jax.jit's bit for bit (every byte equal: NaN payloads too)."""
+
     problem: str = ""
     """"shape" or "dtype" when the outputs cannot be compared element by element."""
 
@@ -197,6 +200,7 @@ def compare_output(
     comparison = OutputComparison(
         name,
         not bad.any(),
+        identical=bit_identical(got, expected),
         budget=budget,
         max_error=float(error.max()) if error.size else 0.0,
         max_abs_error=float(absolute.max()) if absolute.size else 0.0,
@@ -212,6 +216,16 @@ def compare_output(
             worst = np.unravel_index(int(np.argmax(error)), error.shape)
             comparison.worst = _element(worst, inputs, got, expected, error[worst])
     return comparison
+
+
+def bit_identical(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Whether two arrays of one shape and dtype hold the same bytes."""
+    return bool(
+        np.array_equal(
+            np.ascontiguousarray(got).reshape(-1).view(np.uint8),
+            np.ascontiguousarray(expected).reshape(-1).view(np.uint8),
+        )
+    )
 
 
 def compare_case(

@@ -37,7 +37,12 @@ def headline(report: CheckReport) -> str:
         for r in report.results
         if r.status in (Status.SKIPPED, Status.UNSUPPORTED)
     )
-    if failed:
+    inexact = len(report.inexact) if report.exact else 0
+    if inexact:
+        verdict = f"{inexact} case(s) NOT BIT FOR BIT (--exact)"
+        verdict += f", {failed} case(s) failed" if failed else ""
+        verdict += f", {passed} of {total} pass"
+    elif failed:
         verdict = f"{failed} case(s) FAILED"
         if unchecked:
             verdict += f" ({unchecked} unchecked: jax.jit's side failed)"
@@ -142,6 +147,27 @@ def type_lines(report: CheckReport) -> list[str]:
     return lines
 
 
+def exact_lines(report: CheckReport) -> list[str]:
+    """Which XLA each side is, where the plugin is not jax.jit's (a line), and how many compared
+    cases give jax.jit's outputs bit for bit; with --exact, every case that does not, by name
+    with its largest error."""
+    compared = [r for r in report.results if r.compared]
+    inexact = report.inexact
+    lines = [] if report.xla_note is None else [f"XLA: {report.xla_note}"]
+    line = f"bit for bit: {len(compared) - len(inexact)} of {len(compared)} compared cases"
+    line += " give jax.jit's outputs exactly"
+    if inexact and not report.exact:
+        line += f" ({len(inexact)} do not: --exact lists them and fails the check on them)"
+    lines.append(line)
+    if report.exact:
+        lines += [
+            f"  not bit for bit: {r.name} (largest error {_number(r.max_error)} "
+            f"{'ULP' if r.budget else 'apart'})"
+            for r in inexact
+        ]
+    return lines
+
+
 def failure_lines(report: CheckReport) -> list[str]:
     """Every case that was run and did not pass, by op family (families in battery order), a
     header per family counting its outcomes; unsupported cases are said once, per type."""
@@ -163,12 +189,18 @@ def format_report(report: CheckReport) -> str:
     """The report as text: plugin, types, every case that did not pass by family, the table
     per family, the verdict."""
     plugin = report.plugin
+    if plugin.get("runtime") == "jaxlib":  # jaxlib's own client: no PJRT plugin, jax.jit's XLA
+        checked = f"runtime: {plugin.get('source')}, the XLA jax.jit uses ({report.platform}, "
+    else:
+        checked = f"plugin: {plugin.get('path')} ({report.platform}, PJRT API "
+        checked += f"{plugin.get('api_version')}, "
     lines = [
-        f"plugin: {plugin.get('path')} ({report.platform}, PJRT API {plugin.get('api_version')}, "
-        f"StableHLO {plugin.get('stablehlo_current_version')}, sha256 {report.plugin_sha256[:12]})",
+        f"{checked}StableHLO {plugin.get('stablehlo_current_version')}, "
+        f"sha256 {report.plugin_sha256[:12]})",
         _reference_line(report),
         *type_lines(report),
         *_workaround_lines(report),
+        *exact_lines(report),
     ]
     failures = failure_lines(report)
     if failures:
@@ -221,6 +253,8 @@ def report_json(report: CheckReport) -> str:
             "budget_ulps": result.budget,
             "max_error": result.max_error,
         }
+        if result.compared:
+            entry["bit_identical"] = result.identical
         if result.message:
             entry["message"] = result.message
         if result.reason:
@@ -243,6 +277,9 @@ def report_json(report: CheckReport) -> str:
         "workers": report.workers,
         "summary": family_summary(report),
         "failures": [r.name for r in report.failures],
+        "exact": report.exact,
+        "xla": report.xla_note,
+        "not_bit_identical": [r.name for r in report.inexact],
         "cases": cases,
     }
     return json.dumps(_plain(data), indent=1)

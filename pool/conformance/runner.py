@@ -59,7 +59,7 @@ from worker.identity.build import plugin_digest
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV
-from worker.plugin.locate import env_var, environment_variables, find_plugin
+from worker.plugin.locate import env_var, environment_variables, find_plugin, jit_xla_note
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform, loaded_runtime
 
@@ -125,6 +125,16 @@ class CaseResult:
         """The largest error over the outputs (ULPs, or absolute for integers)."""
         return max((o.max_error for o in self.outputs), default=0.0)
 
+    @property
+    def compared(self) -> bool:
+        """Whether its outputs were compared with jax.jit's (it passed or was wrong)."""
+        return self.status in (Status.PASS, Status.WRONG) and bool(self.outputs)
+
+    @property
+    def identical(self) -> bool:
+        """Whether its outputs were compared and are jax.jit's bit for bit."""
+        return self.compared and all(o.identical for o in self.outputs)
+
 
 @dataclass
 class CheckReport:
@@ -169,6 +179,19 @@ class CheckReport:
     reference_processes: int = 0
     """Reference processes started: one, and one more after each crash or hang."""
 
+    exact: bool = False
+    """Whether a compared case that is not jax.jit's bit for bit fails the check (--exact)."""
+
+    xla_note: str | None = None
+    """Where the plugin is another build of XLA than the one jax.jit uses here: which each
+    side is (worker.plugin.locate.jit_xla_note); None where it is jax.jit's."""
+
+    @property
+    def inexact(self) -> list[CaseResult]:
+        """The compared cases whose outputs are not jax.jit's bit for bit (within their
+        budgets or not)."""
+        return [r for r in self.results if r.compared and not r.identical]
+
     @property
     def failures(self) -> list[CaseResult]:
         """The cases that did not pass and were run: the plugin's failures and the cases
@@ -177,8 +200,9 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        """True when every case passed, was skipped or was not supported here."""
-        return not self.failures
+        """True when every case passed, was skipped or was not supported here, and with exact
+        every compared case is jax.jit's bit for bit."""
+        return not self.failures and not (self.exact and self.inexact)
 
     @property
     def unsupported(self) -> list[TypeSupport]:
@@ -499,6 +523,7 @@ def run_cases(
     on_result: Callable[[CaseResult], None] | None = None,
     workarounds: bool = True,
     run_unsupported: bool = False,
+    exact: bool = False,
 ) -> CheckReport:
     """Runs cases on a platform's plugin (or the plugin at `plugin`) and compares them with JAX.
 
@@ -510,6 +535,8 @@ def run_cases(
     builds unless workarounds is False. Each element type the cases use is
     probed first (type_probe.py); cases that need a type the plugin does not
     compile are reported unsupported, or run anyway with run_unsupported.
+    Every compared case says whether its outputs are jax.jit's bit for bit;
+    with exact, one that is not fails the check (CheckReport.ok).
     Raises CheckError when the check cannot run, and PluginStartError when
     the plugin's workers do not start.
     """
@@ -571,6 +598,8 @@ def run_cases(
         ran_unsupported=run_unsupported,
         reference_device=references.device,
         reference_processes=references.processes_started,
+        exact=exact,
+        xla_note=jit_xla_note(location),
     )
 
 
