@@ -34,7 +34,7 @@ if path == "runtime":
     from worker.identity.target import runtime_key_parts
     from worker.plugin.runtime import get_runtime
 
-    runtime = get_runtime("cpu")
+    runtime = get_runtime("pjrt_cpu")
     digest = runtime.identity()["plugin_sha256"]
     assert runtime_key_parts(runtime, None)["plugin"]["sha256"] == digest
 else:
@@ -53,6 +53,7 @@ def _no_cache_env(home: Path, site: Path | None = None) -> dict[str, str]:
         "XDG_CACHE_HOME": "",
         "PJRT_POOL_CACHE_DIR": "",
         "PJRT_POOL_PLUGIN_CPU": "",
+        "PJRT_POOL_PLUGIN_PJRT_CPU": "",
     }
     if site is not None:  # a fake installation, found before the real one
         env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
@@ -182,7 +183,7 @@ real_digest = key._file_digest
 key._file_digest = lambda path: hashed.append(path) or real_digest(path)
 from worker.plugin.runtime import get_runtime
 
-runtime = get_runtime("cpu")
+runtime = get_runtime("pjrt_cpu")
 runtime.identity()
 print(json.dumps({"scans": scans, "hashed": len(hashed),
                   "flags": runtime.codegen_environment["xla_flags"]}))

@@ -3,13 +3,16 @@
 The library (tests/ffi/handlers.cc, built once per session by the
 ffi_library fixture) exports ``add_one`` and ``null_deref``, which report XLA
 FFI 0.1, and add_one reporting 0.5 and 0.9. Handlers are registered with this
-process's plugin under target names unique to each test, since a plugin's
-registry lasts as long as the process.
+process's runtime, jaxlib's own CPU client (the cpu platform's), under target
+names unique to each test, since the registry lasts as long as the process.
 
-Every registration is checked against the XLA FFI version of the plugin's
-XLA (issue 20): a handler newer than it would be dropped by XLA without an
-error, so it is refused, except an FFI 0.5 handler on an FFI 0.4 plugin,
-which runs through an adapter.
+Every registration is checked against the XLA FFI version of the runtime's
+XLA (issue 20): jaxlib's refuses a newer handler itself; a PJRT plugin's
+would drop it without an error, so pjrt-pool reads both versions and refuses
+it, except an FFI 0.5 handler on an FFI 0.4 plugin, which runs through an
+adapter. The plugins' side runs in children (a process holds one runtime):
+the default CPU plugin (lammps-jax-pjrt-cpu, FFI 0.4) and xla-cpu-pjrt
+(FFI 0.2).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from pool import (
     lower,
     register_custom_call,
 )
-from worker.plugin.locate import install_extra_command
 
 
 def calls(target: str):
@@ -61,16 +63,17 @@ def capsule_of(address: int) -> object:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def default_plugin(tmp_path_factory: pytest.TempPathFactory):
-    """These tests register with the default CPU plugin; load it before anything else."""
+def runtime(tmp_path_factory: pytest.TempPathFactory):
+    """These tests register with the cpu platform's runtime, jaxlib's own client."""
     import pool as _pool  # noqa: F401  (jax first, as a user would)
     from worker import get_runtime
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PJRT_POOL_CACHE_DIR", str(tmp_path_factory.mktemp("module-cache")))
-        if DEFAULT_PLUGIN:
-            patch.setenv("PJRT_POOL_PLUGIN_CPU", DEFAULT_PLUGIN)
-        return get_runtime("cpu")
+        patch.delenv("PJRT_POOL_PLUGIN_CPU", raising=False)
+        loaded = get_runtime("cpu")
+    assert not loaded.runs_natively, "this process's cpu runtime is not jaxlib's client"
+    return loaded
 
 
 def test_handler_registered_by_address_runs(ffi_library: Path):
@@ -168,53 +171,20 @@ def test_null_deref_handler_kills_its_process(ffi_library: Path):
         executable.run([np.zeros(4)])
         print("survived", flush=True)
         """,
-        env={"PJRT_POOL_PLUGIN_CPU": DEFAULT_PLUGIN or ""},
         check=False,
     )
     assert done.returncode == -signal.SIGSEGV, (done.returncode, done.stderr[-2000:])
     assert done.stdout.split() == ["compiled"]
 
 
-def test_versions_are_read_from_the_plugin_and_from_each_handler(default_plugin, ffi_library: Path):
-    # The default CPU plugin is built from the XLA of jaxlib 0.11.2: XLA FFI 0.4.
-    assert default_plugin.plugin.ffi_api_version("Host") == (0, 4)
-    assert default_plugin.ffi_version == "0.4"
-    for symbol, version in [
-        ("add_one", (0, 1)),
-        ("add_one_reporting_0_5", (0, 5)),
-        ("add_one_reporting_0_9", (0, 9)),
-    ]:
-        handler = address_of(ffi_library, symbol)
-        assert default_plugin.plugin.handler_ffi_version(handler, "Host") == version
-
-
-def test_an_ffi_0_5_handler_runs_on_the_ffi_0_4_plugin_through_an_adapter(
-    default_plugin, ffi_library: Path
-):
-    target = "pjrt_pool_test_add_one_0_5"
-    handler = address_of(ffi_library, "add_one_reporting_0_5")
-    register_custom_call(target, handler)
-    program = lower(calls(target), [jax.ShapeDtypeStruct((4,), jnp.float32)], custom_calls=[target])
-    executable, _ = compile_program(program)
-    np.testing.assert_array_equal(executable.run([np.arange(4)])[0], np.arange(1, 5))
-    # The same handler under another name gets the same adapter; XLA accepts it.
-    registration = default_plugin.plugin.register_ffi_handler(target + "_again", handler, "Host")
-    assert registration == {"plugin_version": (0, 4), "handler_version": (0, 5), "adapted": True}
-
-
-# The XLA FFI version of jaxlib's handlers, by jaxlib's minor version.
+# The XLA FFI version of jaxlib's handlers (and of its XLA), by jaxlib's minor version.
 JAXLIB_FFI = {"0.10": (0, 3), "0.11": (0, 4), "0.12": (0, 5)}
+THIS_JAXLIB_FFI = JAXLIB_FFI[".".join(jaxlib.__version__.split(".")[:2])]
 
 
-def test_jaxlibs_lapack_kernels_run_on_the_default_plugin_whatever_their_version(default_plugin):
-    # jaxlib 0.10's and 0.11's are no newer than the plugin's XLA FFI 0.4 and
-    # register as they are; jaxlib 0.12's are 0.5 and run through the adapter.
-    from jaxlib.cpu import _lapack
-
-    _lapack.initialize()
-    capsule = _lapack.registrations()["lapack_sgetrf_ffi"]
-    version = default_plugin.plugin.handler_ffi_version(capsule, "Host")
-    assert version == JAXLIB_FFI[".".join(jaxlib.__version__.split(".")[:2])]
+def test_jaxlibs_own_kernels_run_on_its_client_as_jax_jit_runs_them(runtime):
+    assert runtime.plugin.ffi_api_version("Host") == THIS_JAXLIB_FFI
+    assert runtime.ffi_version == "{}.{}".format(*THIS_JAXLIB_FFI)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((5, 5)).astype(np.float32) + 5 * np.eye(5, dtype=np.float32)
     b = rng.standard_normal((5, 2)).astype(np.float32)
@@ -222,31 +192,92 @@ def test_jaxlibs_lapack_kernels_run_on_the_default_plugin_whatever_their_version
     def function(a, b):
         return jnp.linalg.solve(a, b), jnp.linalg.eigh(a @ a.T)[0], jnp.linalg.svd(a)[1]
 
-    program = lower(function, [a, b])
-    executable, _ = compile_program(program)
+    executable, _ = compile_program(lower(function, [a, b]))
     for got, expected in zip(executable.run([a, b]), jax.jit(function)(a, b), strict=True):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        assert got.tobytes() == np.asarray(expected).tobytes()  # the same kernels, bit for bit
 
 
-def test_a_handler_newer_than_the_plugins_xla_is_refused_when_registered(
-    default_plugin, ffi_library: Path
-):
+def test_a_handler_newer_than_jaxlibs_xla_is_refused_when_registered(ffi_library: Path):
     target = "pjrt_pool_test_add_one_0_9"
     with pytest.raises(FfiVersionError) as caught:
         register_custom_call(target, address_of(ffi_library, "add_one_reporting_0_9"))
     error = caught.value
     message = str(error)
-    assert (error.handler_version, error.plugin_version) == ("0.9", "0.4")
+    jaxlib_ffi = "{}.{}".format(*THIS_JAXLIB_FFI)
+    assert (error.handler_version, error.plugin_version) == ("0.9", jaxlib_ffi)
     assert isinstance(error, MissingCustomCallError) and error.code_name == "FAILED_PRECONDITION"
     assert f"cannot take the handler for {target!r}: it is built for XLA FFI 0.9" in message
-    assert "takes handlers of XLA FFI 0.4 or older" in message
-    assert os.path.realpath(DEFAULT_PLUGIN) in message
-    assert f"installed jaxlib, {jaxlib.__version__}" in message
-    assert "lammps-jax-pjrt-cpu" not in message.split("cannot take")[1]  # never the loaded one
+    assert f"jaxlib {jaxlib.__version__}'s own CPU client (XLA FFI {jaxlib_ffi})" in message
     # Nothing was registered: a program calling the target says so, before or at compile.
     program = lower(calls(target), [jax.ShapeDtypeStruct((3,), jnp.float32)], custom_calls=[target])
     with pytest.raises(MissingCustomCallError, match="no handler for custom call"):
         compile_program(program)
+
+
+@pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="lammps-jax-pjrt-cpu is not installed")
+def test_on_the_default_plugin_versions_are_read_adapted_and_refused(ffi_library: Path):
+    # The default CPU plugin is built from the XLA of jaxlib 0.11.2: XLA FFI 0.4. Its
+    # registration drops a newer handler without an error: pjrt-pool reads the plugin's
+    # version and each handler's, runs an FFI 0.5 handler through an adapter, refuses 0.9,
+    # and registers jaxlib's LAPACK kernels whatever their version (0.5's adapted).
+    done = run_python(
+        f"""
+        import ctypes, json
+        import jax, jax.numpy as jnp, numpy as np
+        import pool
+        from jaxlib.cpu import _lapack
+        from worker import get_runtime
+        runtime = get_runtime("pjrt_cpu")
+        library = ctypes.CDLL({str(ffi_library)!r})
+        address = lambda name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+        plugin = runtime.plugin
+        result = {{"plugin": plugin.ffi_api_version("Host"), "ffi": runtime.ffi_version}}
+        result["handlers"] = [
+            plugin.handler_ffi_version(address(name), "Host")
+            for name in ("add_one", "add_one_reporting_0_5", "add_one_reporting_0_9")
+        ]
+        _lapack.initialize()
+        capsule = _lapack.registrations()["lapack_sgetrf_ffi"]
+        result["lapack"] = plugin.handler_ffi_version(capsule, "Host")
+        def calls(target):
+            return lambda x: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        target = "pjrt_pool_test_add_one_0_5"
+        handler = address("add_one_reporting_0_5")
+        pool.register_custom_call(target, handler, platform="pjrt_cpu")
+        shapes = [jax.ShapeDtypeStruct((4,), np.float32)]
+        program = pool.lower(calls(target), shapes, custom_calls=[target], platform="pjrt_cpu")
+        result["adapted"] = pool.compile_program(program)[0].run([np.arange(4)])[0].tolist()
+        result["again"] = plugin.register_ffi_handler(target + "_again", handler, "Host")
+        try:
+            pool.register_custom_call("pjrt_pool_test_0_9", address("add_one_reporting_0_9"),
+                                      platform="pjrt_cpu")
+        except pool.FfiVersionError as error:
+            result["refused"] = [error.handler_version, error.plugin_version, str(error)]
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((5, 5)).astype(np.float32) + 5 * np.eye(5, dtype=np.float32)
+        b = rng.standard_normal((5, 2)).astype(np.float32)
+        function = lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.eigh(a @ a.T)[0])
+        executable, _ = pool.compile_program(pool.lower(function, [a, b], platform="pjrt_cpu"))
+        result["linalg"] = all(
+            np.allclose(got, want, rtol=1e-5, atol=1e-5)
+            for got, want in zip(executable.run([a, b]), jax.jit(function)(a, b))
+        )
+        print(json.dumps(result))
+        """
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["plugin"] == [0, 4] and result["ffi"] == "0.4"
+    assert result["handlers"] == [[0, 1], [0, 5], [0, 9]]
+    assert tuple(result["lapack"]) == THIS_JAXLIB_FFI
+    assert result["adapted"] == [1.0, 2.0, 3.0, 4.0]
+    assert result["again"] == {"plugin_version": [0, 4], "handler_version": [0, 5], "adapted": True}
+    handler, plugin, message = result["refused"]
+    assert (handler, plugin) == ("0.9", "0.4")
+    assert "takes handlers of XLA FFI 0.4 or older" in message
+    assert os.path.realpath(DEFAULT_PLUGIN) in message
+    assert f"installed jaxlib, {jaxlib.__version__}" in message
+    assert "lammps-jax-pjrt-cpu" not in message.split("cannot take")[1]  # never the loaded one
+    assert result["linalg"] is True
 
 
 @pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
@@ -281,15 +312,15 @@ def test_on_the_older_plugin_the_suites_handlers_run_and_jaxlibs_are_refused(ffi
         env={"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN},
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["out"] == [1.0, 2.0, 3.0, 4.0]
+    assert result["out"] == [1.0, 2.0, 3.0, 4.0]  # the plugin named for the cpu platform ran it
     assert sorted(result["refused"]) == ["getrf", "v05"]
     handler, plugin, message = result["refused"]["getrf"]
     assert plugin == "0.2" and handler in ("0.3", "0.4", "0.5")
     assert f"XLA FFI {handler}" in message and "XLA FFI 0.2 or older" in message
     assert "PJRT API 0.81" in message and os.path.realpath(SECOND_PLUGIN) in message
     assert f"installed jaxlib, {result['jaxlib']}" in message
-    # What to do names the default CPU plugin, which is not the one loaded.
-    assert f"such as lammps-jax-pjrt-cpu ({install_extra_command('cpu')};" in message
+    # What to do names jaxlib's own client, the cpu platform's when no plugin is named.
+    assert "unset PJRT_POOL_PLUGIN_CPU to run on the installed jaxlib's own client" in message
     assert result["refused"]["v05"][:2] == ["0.5", "0.2"]
 
 

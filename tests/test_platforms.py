@@ -90,7 +90,11 @@ def test_the_facts_each_platform_holds(monkeypatch: pytest.MonkeyPatch):
         ("rocm", "gpu"),
         ("tpu",),
     ]
-    assert [d.distribution for d in cpu.packages] == ["lammps-jax-pjrt-cpu", "xla-cpu-pjrt"]
+    assert cpu.packages == () and cpu.runs_on_jaxlib  # jaxlib's own client, not a plugin
+    pjrt_cpu = platform_named("pjrt_cpu")
+    assert not pjrt_cpu.runs_on_jaxlib and pjrt_cpu.jax_names == ("cpu",)
+    assert [d.distribution for d in pjrt_cpu.packages] == ["lammps-jax-pjrt-cpu", "xla-cpu-pjrt"]
+    assert [p.runs_on_jaxlib for p in (cuda, rocm, tpu)] == [False, False, False]
     assert [d.distribution for d in cuda.packages] == ["jax-cuda13-pjrt", "jax-cuda12-pjrt"]
     assert [d.distribution for d in rocm.packages] == ["jax-rocm7-pjrt", "jax-rocm60-pjrt"]
     assert [d.distribution for d in tpu.packages] == ["libtpu"]
@@ -146,15 +150,15 @@ def test_a_cpu_worker_given_k_devices_has_them(plugin: str):
         from worker.plugin.locate import find_plugin
         from worker.plugin.platforms.registry import platform_named
 
-        cpu = platform_named("cpu")
-        plugin = _pjrt.Plugin.load(find_plugin("cpu").path)
+        cpu = platform_named("pjrt_cpu")
+        plugin = _pjrt.Plugin.load(find_plugin("pjrt_cpu").path)
         counts = {}
         for count in (1, 4, 6):
             options = {**cpu.client_options, **cpu.device_settings(count).create_options}
             counts[count] = [options, _pjrt.Client(plugin, options).num_devices]
         print(json.dumps(counts))
     """
-    env = {"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN} if plugin == "second" else {}
+    env = {"PJRT_POOL_PLUGIN_PJRT_CPU": SECOND_PLUGIN} if plugin == "second" else {}
     counts = json.loads(run_python(code, env=env).stdout.strip().splitlines()[-1])
     assert counts == {"1": [{}, 4], "4": [{}, 4], "6": [{"cpu_device_count": 6}, 6]}
 

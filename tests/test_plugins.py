@@ -12,13 +12,14 @@ import json
 import os
 from pathlib import Path
 
+import jaxlib
 import pytest
 from conftest import DEFAULT_PLUGIN, REPO, SECOND_PLUGIN, run_python
 from install_sources import SOURCES, installed_as
 
 import pool
 from worker import PluginNotFoundError, find_plugin
-from worker.plugin.locate import env_var, install_extra_command
+from worker.plugin.locate import RuntimeKind, env_var, install_extra_command
 
 needs_both = pytest.mark.skipif(
     DEFAULT_PLUGIN is None or SECOND_PLUGIN is None, reason="needs both CPU plugins installed"
@@ -78,9 +79,26 @@ def test_env_var_chooses_the_plugin_of_its_platform(no_plugin_env, tmp_path: Pat
 
 @needs_both
 def test_default_cpu_plugin_is_the_first_installed_package(no_plugin_env):
-    location = find_plugin("cpu")
+    location = find_plugin("pjrt_cpu")
     assert location.path == os.path.realpath(DEFAULT_PLUGIN)
     assert location.source == "package lammps-jax-pjrt-cpu"
+    assert location.kind is RuntimeKind.PLUGIN
+
+
+def test_the_cpu_platform_runs_on_jaxlibs_own_client_unless_a_plugin_is_named(no_plugin_env):
+    location = find_plugin("cpu")
+    assert location.kind is RuntimeKind.JAXLIB
+    assert location.source == f"jaxlib {jaxlib.__version__}'s own CPU client"
+    # Its identity: jaxlib's installed RECORD, which names every file of it by its digest.
+    assert location.path.endswith(f"jaxlib-{jaxlib.__version__}.dist-info/RECORD")
+    if DEFAULT_PLUGIN is not None:
+        no_plugin_env.setenv("PJRT_POOL_PLUGIN_CPU", DEFAULT_PLUGIN)
+        named = find_plugin("cpu")
+        assert (named.kind, named.path) == (RuntimeKind.PLUGIN, os.path.realpath(DEFAULT_PLUGIN))
+    # The variable may name jaxlib's own client too, as its location names it (the probe
+    # lower() starts names a platform's runtime so).
+    no_plugin_env.setenv("PJRT_POOL_PLUGIN_CPU", location.path)
+    assert find_plugin("cpu") == location
 
 
 @needs_both
@@ -94,8 +112,8 @@ def test_a_default_package_without_its_library_is_skipped(tmp_path: Path, no_plu
         """
         import json, sys
         import worker
-        location = worker.find_plugin("cpu")
-        runtime = worker.get_runtime()
+        location = worker.find_plugin("pjrt_cpu")
+        runtime = worker.get_runtime("pjrt_cpu")
         print(json.dumps({"path": location.path, "source": location.source,
                           "api": runtime.api_version}))
         """,
@@ -125,17 +143,17 @@ def test_no_cpu_plugin_names_the_extra_to_install(tmp_path: Path, no_plugin_env,
         """
         import worker
         try:
-            worker.find_plugin("cpu")
+            worker.find_plugin("pjrt_cpu")
         except worker.PluginNotFoundError as error:
             print(error)
         """,
         env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
     )
     message = done.stdout
-    assert "no PJRT plugin found for platform 'cpu'" in message
+    assert "no PJRT plugin found for platform 'pjrt_cpu'" in message
     assert f"({command} for lammps-jax-pjrt-cpu or pip install xla-cpu-pjrt)" in message
     assert "pip install pjrt-pool[cpu]" not in message  # what no index serves
-    assert "PJRT_POOL_PLUGIN_CPU" in message
+    assert "PJRT_POOL_PLUGIN_PJRT_CPU" in message
 
 
 def test_no_plugin_for_a_platform_says_what_to_set(no_plugin_env):
