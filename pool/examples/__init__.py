@@ -29,6 +29,9 @@ modules:
                   multithreaded compiles
     gpt2.py       transformers' Flax GPT-2, its forward and AdamW step (needs
                   transformers, flax and optax)
+    models.py     train steps of real models (GPT-2, a ResNet block with batch
+                  norm, a CNN), small, with their arguments, for checking
+                  numbers against jax.jit (needs flax and optax)
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ old jax), flax and optax, which pjrt-pool itself does not depend on; set HF_HUB_
 where no hub is reachable (nothing is downloaded: the model is built from its config).
 
     model = Gpt2(layers=4)                      # GPT-2 width: 768 wide, 12 heads, 50257 tokens
+    small = Gpt2(1, positions=8, width=32, heads=2, vocab=128)   # a check's model, in seconds
     params, state = model.parameters()          # made on the CPU, as numpy arrays
     params, state, loss = jax.jit(model.step)(params, state, tokens)
 
@@ -27,15 +28,24 @@ WIDTH, HEADS, VOCAB = 768, 12, 50257
 
 
 class Gpt2:
-    """A GPT-2-width language model of `layers` layers (see the module)."""
+    """A GPT-2 language model of `layers` layers, GPT-2's width unless told (see the module)."""
 
-    def __init__(self, layers: int = 4, positions: int = 1024, learning_rate: float = 1e-3):
+    def __init__(
+        self,
+        layers: int = 4,
+        positions: int = 1024,
+        learning_rate: float = 1e-3,
+        *,
+        width: int = WIDTH,
+        heads: int = HEADS,
+        vocab: int = VOCAB,
+    ):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import optax
         from transformers import FlaxGPT2LMHeadModel, GPT2Config
 
         self.config = GPT2Config(
-            n_layer=layers, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB, n_positions=positions
+            n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=positions
         )
         with jax.default_device(jax.devices("cpu")[0]):
             self._lm = FlaxGPT2LMHeadModel(self.config, seed=0, _do_init=False)
@@ -76,4 +86,5 @@ class Gpt2:
 
     def tokens(self, batch: int, length: int, seed: int = 0) -> np.ndarray:
         """A batch of random token ids."""
-        return np.random.default_rng(seed).integers(0, VOCAB, (batch, length)).astype(np.int32)
+        tokens = np.random.default_rng(seed).integers(0, self.config.vocab_size, (batch, length))
+        return tokens.astype(np.int32)
