@@ -249,23 +249,29 @@ class _Aval:
 
 
 class _OneDevice(xla_client.SingleDeviceSharding):  # type: ignore[misc,name-defined]
-    """An array on one device: what JAX's SingleDeviceSharding adds to jaxlib's class."""
+    """An array on one device: what JAX's SingleDeviceSharding adds to jaxlib's class (its
+    device list made once: batched_device_put asks for it on every put)."""
 
     memory_kind = None
     is_fully_addressable = True
     is_fully_replicated = True
     num_devices = 1
 
+    def __init__(self, device: Any) -> None:
+        super().__init__(device)
+        self._devices_of = _device_list((device,))
+        self._assignment = (device,)
+
     def _to_xla_hlo_sharding(self, ndim: int) -> Any:
         return xla_client.HloSharding.replicate()
 
     @property
     def _internal_device_list(self) -> Any:
-        return _device_list((self._device,))
+        return self._devices_of
 
     @property
     def _device_assignment(self) -> tuple[Any, ...]:
-        return (self._device,)
+        return self._assignment
 
 
 class _Devices(xla_client.GSPMDSharding):  # type: ignore[misc,name-defined]
@@ -304,21 +310,24 @@ def sharding_over(devices: Sequence[Any], hlo_sharding: Any) -> Any:
     return _Devices(_device_list(devices), hlo_sharding)
 
 
+@functools.lru_cache(maxsize=1024)
+def abstract(shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """The abstract value of arrays of a shape and dtype (made once: puts are the hot path)."""
+    return _Aval(tuple(shape), np.dtype(dtype))
+
+
 def put(arrays: Sequence[np.ndarray], devices: Sequence[Any], sharding: Any, zero_copy: bool,
-        shape: tuple[int, ...] | None = None) -> Any:  # fmt: skip
-    """One array on `devices` from its blocks (one per device, C-contiguous, of one dtype):
-    the device's buffer is the block's own memory where zero_copy and XLA takes it (dense,
-    aligned to 64 bytes), else a copy. A zero-copy array keeps its block (and the memory it
-    views) alive until the array is gone. shape is the global array's (default: the one
-    block's)."""
+        aval: Any) -> Any:  # fmt: skip
+    """One array on `devices` from its blocks (one per device, C-contiguous, of aval's dtype;
+    aval's shape is the whole array's): the device's buffer is the block's own memory where
+    zero_copy and XLA takes it (dense, aligned to 64 bytes), else a copy. A zero-copy array
+    keeps its block (and the memory it views) alive until the array is gone."""
     if _ZERO_COPY is None or _COPY is None:
         raise _moved("HostBufferSemantics.ZERO_COPY")
-    first = arrays[0]
-    aval = _Aval(first.shape if shape is None else shape, first.dtype)
     semantics = _ZERO_COPY if zero_copy else _COPY
     try:
         return xla_client.batched_device_put(
-            aval, sharding, list(arrays), list(devices), True, False, semantics, True
+            aval, sharding, arrays, devices, True, False, semantics, True
         )
     except RUNTIME_ERRORS as error:
         raise pjrt_error(error) from None
@@ -329,7 +338,7 @@ def put(arrays: Sequence[np.ndarray], devices: Sequence[Any], sharding: Any, zer
 def result_handler(shape: tuple[int, ...], dtype: np.dtype, device: Any) -> Any:
     """What makes an output of one device into an array (JAX makes these for a jax.jit)."""
     make = _binding(xla_client, "array_result_handler", "xla_client.array_result_handler")
-    return make(_Aval(shape, dtype), one_device(device), True, _skip_checks=True)
+    return make(abstract(shape, dtype), one_device(device), True, _skip_checks=True)
 
 
 def execute(executable: Any, arguments: Sequence[Any], handlers: Sequence[Any]) -> list[Any]:
@@ -391,6 +400,12 @@ def ready(arrays: Sequence[Any]) -> None:
 def buffer_address(array: Any) -> int:
     """The address of an array's buffer on its one CPU device."""
     return int(array.unsafe_buffer_pointer())
+
+
+def copy_out(array: Any, address: int, size: int) -> None:
+    """Copies the `size` bytes of a computed array on one CPU device (ready) to an address."""
+    if size:
+        ctypes.memmove(address, buffer_address(array), size)
 
 
 CAPSULE_NAME = b"xla._CUSTOM_CALL_TARGET"

@@ -201,7 +201,8 @@ class JaxlibClient:
         """A copy of an array on the first device (a value a worker keeps)."""
         device = self._devices[0]
         block = np.ascontiguousarray(array)
-        return calls.put([block], [device], calls.one_device(device), zero_copy=False)
+        aval = calls.abstract(block.shape, block.dtype)
+        return calls.put([block], [device], calls.one_device(device), False, aval)
 
     @staticmethod
     def host(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

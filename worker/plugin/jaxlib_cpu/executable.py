@@ -19,6 +19,7 @@ which of its inputs it still reads.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,14 +40,21 @@ def as_typed(buffer: Any, code: int) -> np.ndarray:
     return array if array.dtype == dtype else array.view(dtype)
 
 
-def write_bytes(destination: Any, source: np.ndarray) -> None:
-    """Copies an array's bytes into caller memory of exactly its size (ValueError else)."""
+def writable_address(destination: Any, size: int) -> int:
+    """The address of caller memory for an output of `size` bytes: a writable, C-contiguous
+    buffer of exactly that size (ValueError else)."""
     target = np.asarray(destination)
-    target = target.reshape(-1).view(np.uint8) if target.size else target.view(np.uint8)
-    data = source.reshape(-1).view(np.uint8) if source.size else source.view(np.uint8)
-    if target.size != data.size:
-        raise ValueError(f"an output of {data.size} bytes was given a place of {target.size} bytes")
-    np.copyto(target, data)
+    if target.nbytes != size or not target.flags.c_contiguous or not target.flags.writeable:
+        raise ValueError(
+            f"an output of {size} bytes was given a place of {target.nbytes} bytes "
+            "(or one that is not writable and contiguous)"
+        )
+    if size == 0:
+        return 0
+    # Through the buffer protocol: a third of the time of __array_interface__ (measured).
+    if target.dtype.isbuiltin != 1:  # ml_dtypes' types have no buffer format
+        target = target.view(np.uint8)
+    return ctypes.addressof(ctypes.c_char.from_buffer(target))
 
 
 def _slices(starts: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
@@ -61,6 +69,8 @@ class JaxlibExecutable:
         """The JaxlibClient it is loaded into, which keeps values it takes and gives."""
         self._loaded = loaded
         self._types = calls.output_types(loaded)
+        self._sizes = [int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                       for dtype, shape in self._types]  # fmt: skip
         self.output_types = [(code_of_dtype(dtype), list(shape)) for dtype, shape in self._types]
         """Each output's (element type code, dims) on one device, as the native module's."""
         self._devices = list(loaded.local_devices())
@@ -122,8 +132,9 @@ class JaxlibExecutable:
 
     def _put(self, array: np.ndarray, zero_copy: bool) -> Any:
         device = self._devices[0]
-        return calls.put([np.ascontiguousarray(array)], [device], calls.one_device(device),
-                         zero_copy)  # fmt: skip
+        aval = calls.abstract(array.shape, array.dtype)
+        block = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        return calls.put([block], [device], calls.one_device(device), zero_copy, aval)
 
     def run_arrays(self, arguments: Sequence[Any], zero_copy: bool = True) -> list[Any]:
         """Runs a program of one device on arguments that are numpy arrays of its input types
@@ -159,9 +170,12 @@ class JaxlibExecutable:
         """Runs on host arrays and copies each output into caller memory of its size."""
         if len(outputs) != self.num_outputs:
             raise ValueError(f"{len(outputs)} places given for {self.num_outputs} outputs")
-        for place, value in zip(outputs, self.execute_values(inputs, element_types, zero_copy),
-                                strict=True):  # fmt: skip
-            write_bytes(place, value)
+        places = [writable_address(o, size) for o, size in zip(outputs, self._sizes, strict=True)]
+        arrays = [as_typed(b, code) for b, code in zip(inputs, element_types, strict=True)]
+        values = self.run_arrays(arrays, zero_copy)
+        calls.ready(values)
+        for value, address, size in zip(values, places, self._sizes, strict=True):
+            calls.copy_out(value, address, size)
 
     def execute_sharded(
         self,
@@ -183,7 +197,8 @@ class JaxlibExecutable:
             if array.shape != shape:
                 raise ValueError(f"an input of shape {array.shape} where {shape} is expected")
             parts = [np.ascontiguousarray(array[_slices(*block)]) for block in blocks]
-            arguments.append(calls.put(parts, self._devices, placement, zero_copy, shape))
+            aval = calls.abstract(shape, array.dtype)
+            arguments.append(calls.put(parts, self._devices, placement, zero_copy, aval))
         results = calls.execute_per_device(self._loaded, arguments)
         for place, per_device, (dtype, shape), blocks in zip(
             outputs, results, self._types, out_blocks, strict=True
