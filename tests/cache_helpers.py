@@ -300,12 +300,19 @@ def plant(
 def without_compile_options(payload: bytes) -> bytes:
     """Returns a serialized executable with its compile options removed (its stamp kept).
 
-    Both CPU plugins abort the process deserializing it ("Check failed:
-    replica_count > 0"): a real entry that crashes every loader.
+    A plugin's is XLA's ExecutableAndOptionsProto; jaxlib's client's is the same after a
+    header of its own (its length, as a varint, then the header). Both CPU plugins and
+    jaxlib's client abort the process deserializing it ("Check failed: replica_count > 0"):
+    a real entry that crashes every loader.
     """
     from worker.identity.options import read_varint
 
-    kept = bytearray()
+    header = b""
+    tag, _ = read_varint(payload, 0)
+    if tag & 7 != 2:  # no length-delimited field first: jaxlib's header precedes XLA's bytes
+        length, offset = read_varint(payload, 0)
+        header, payload = payload[: offset + length], payload[offset + length :]
+    kept = bytearray(header)
     offset = 0
     while offset < len(payload):
         start = offset

@@ -104,7 +104,7 @@ def test_a_bundle_is_a_plain_deterministic_tar_with_an_index(warmed, bundles, tm
     parts = environment["parts"]
     assert set(parts["plugin"]) == {"sha256", "api_version", "platform_version", "device_kind"}
     assert parts["host"]["cpu_features"]
-    assert parts["environment"] == {"xla_flags": ["xla_cpu_enable_fast_min_max=false"]}
+    assert parts["environment"] == {"xla_flags": []}  # jaxlib's client: no flags added
     assert environment["cpu_flags"]  # the builder's CPU flags, for messages
     for entry in index["entries"].values():
         assert set(entry) == {"environment", "program_sha256", "compile_options", "size", "sha256"}
@@ -139,9 +139,10 @@ def test_the_index_is_signed_with_a_secret_and_checked_by_readers(warmed, monkey
 # -- running straight from a bundle -------------------------------------------------
 
 
-READ_PATH_LEAVES_OUT = ("ml_dtypes", "worker.cache.space", "worker.cache.trust")
-"""What a float32 program's run from a bundle has no use for: ml_dtypes' types (loaded when a
-program, array or name needs one) and the cache's space accounting and directory checks."""
+READ_PATH_LEAVES_OUT = ("worker.cache.space", "worker.cache.trust")
+"""What a float32 program's run from a bundle has no use for: the cache's space accounting and
+directory checks. (ml_dtypes' types, which pjrt-pool loads only when a program, array or name
+needs one, jaxlib's client loads itself.)"""
 
 READ_ONLY_RUN = """
 import json, sys

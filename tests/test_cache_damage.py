@@ -3,9 +3,9 @@
 - An I/O error on read (a real EMFILE) is not corruption: the entry is left
   alone, counted and reported, and the program compiles.
 - A directory named like an entry is a damaged entry: healed, and cleared.
-- An entry whose deserialize aborts the plugin (a real one: a serialized
-  executable without its compile options makes both CPU plugins fail
-  "Check failed: replica_count > 0") kills one process; the next one
+- An entry whose deserialize aborts the runtime (a real one: a serialized
+  executable without its compile options makes both CPU plugins and jaxlib's
+  client fail "Check failed: replica_count > 0") kills one process; the next one
   quarantines it and compiles afresh, through compile_program in child
   processes, through load_cached_executable, and through a real Pool.
 """

@@ -45,6 +45,15 @@ SUBSET = [
 """The CI subset: the arctan miscompile, its neighbours, and one case of a few families."""
 
 
+def test_jaxlibs_client_gives_jax_jits_outputs_bit_for_bit_where_checked(cache_dir, capsys):
+    """The cpu platform runs on jaxlib's own client, jax.jit's XLA: --exact passes, every case
+    bit for bit, and no XLA of another build is said."""
+    assert main(["check-plugin", "--cases", ",".join(SUBSET), "--workers", "2", "--exact"]) == 0
+    text = capsys.readouterr().out
+    assert f"bit for bit: {len(SUBSET)} of {len(SUBSET)} compared cases" in text
+    assert "XLA:" not in text and "runtime: jaxlib" in text
+
+
 def test_float8_e5m2_programs_run(cache_dir):
     # ml_dtypes gives float8_e5m2 (alone of its types) the kind "f", which let it
     # reach the native module without its uint view: "cannot include dtype '5' in a buffer".
@@ -75,7 +84,7 @@ def test_battery_names_are_stable_and_select_by_prefix():
 
 def test_subset_passes_on_the_default_plugin_and_flags_arctan_without_workarounds(cache_dir):
     # As lower() writes the programs (with the workaround for this build): every case passes.
-    report = run_cases(select(SUBSET), workers=2)
+    report = run_cases(select(SUBSET), workers=2, platform="pjrt_cpu")
     assert report.ok, [(r.name, r.status, r.message) for r in report.failures]
     # Each element type the programs use was probed, once, and compiles on this plugin.
     used = set()
@@ -89,6 +98,10 @@ def test_subset_passes_on_the_default_plugin_and_flags_arctan_without_workaround
     )
     assert report.workarounds == ("atan2-divisor-barrier",) and not report.workarounds_off
     assert report.plugin["api_version"] == "0.115"
+    # Another build of XLA than jax.jit's: said, and its cases counted bit for bit.
+    assert report.xla_note is not None and "the XLA of jaxlib 0.11.2" in report.xla_note
+    text = format_report(report)
+    assert f"XLA: {report.xla_note}" in text and "bit for bit: " in text
     memo = remember(report)
     assert memo is not None and memo.parent == cache_dir / "plugins"
     record = read_memo(cache_dir, report.plugin_sha256)
@@ -96,7 +109,7 @@ def test_subset_passes_on_the_default_plugin_and_flags_arctan_without_workaround
     assert record["cases"][ARCTAN[0]] == "pass"
 
     # As JAX writes them: the plugin's own miscompile.
-    raw = run_cases(select(SUBSET), workers=2, workarounds=False)
+    raw = run_cases(select(SUBSET), workers=2, workarounds=False, platform="pjrt_cpu")
     status = {r.name: r for r in raw.results}
     assert {n for n, r in status.items() if r.status != "pass"} == set(ARCTAN), [
         (r.name, r.status, r.message) for r in raw.results if r.status != "pass"
@@ -163,8 +176,8 @@ def test_exit_codes_and_usage_errors(cache_dir, capsys, tmp_path):
     assert [line.split()[0] for line in listed] == [
         f"elementwise/arctan/float32/n{n}" for n in (7, 64, 4096)
     ]
-    # Problems found: 1, with the failure's details in the report.
-    command = ["check-plugin", "--cases", ARCTAN[0], "--workers", "1"]
+    # Problems found: 1, with the failure's details in the report (the CPU plugin's bug).
+    command = ["check-plugin", "--cases", ARCTAN[0], "--workers", "1", "--platform", "pjrt_cpu"]
     assert main([*command, "--no-workarounds"]) == 1
     text = capsys.readouterr().out
     assert "WRONG    elementwise/arctan/float32/n64" in text and "input" in text

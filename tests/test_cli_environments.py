@@ -75,11 +75,12 @@ ENVIRONMENTS = {
         PLUGIN,
         ["does not name a file", "PJRT_POOL_PLUGIN_CPU"],
     ),
-    # cache verify --load reports the entries of a platform without a plugin here as
-    # another host's (a shared cache), not as an error.
+    # The cpu platform runs on jaxlib's own client, which pjrt-pool's jax brings: a CPU
+    # plugin is missing for the platform that needs one, pjrt_cpu, as the default platform.
+    # The commands that take the default platform (not a manifest's) meet it.
     "no plugin installed": (
-        PLUGIN - {"cache verify --load"},
-        ["no PJRT plugin found for platform 'cpu'", "[cpu]'", "PJRT_POOL_PLUGIN_CPU"],
+        {"warm", "check-plugin"},
+        ["no PJRT plugin found for platform 'pjrt_cpu'", "[cpu]'", "PJRT_POOL_PLUGIN_PJRT_CPU"],
     ),
     "cache directory anyone can write": (CACHE, ["mode 0777", "chmod o-w"]),
     "cache directory is a file": (CACHE, ["is a file, not a directory", "name a directory"]),
@@ -155,6 +156,7 @@ def bad_environment(
             (place / "shadow" / package / "__init__.py").write_text("")
         (place / "shadow" / "xla_plugins" / "__init__.py").write_text("")
         variables["PYTHONPATH"] = os.pathsep.join([str(place / "shadow"), str(REPO)])
+        variables["PJRT_POOL_PLATFORM"] = "pjrt_cpu"
     elif environment == "cache directory anyone can write":
         cache.chmod(0o777)
     elif environment == "cache directory is a file":

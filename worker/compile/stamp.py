@@ -47,10 +47,28 @@ def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, A
 
     Unstamped bytes, and bytes that are not a protobuf message, come back
     whole with None. Only a stamp that ends the bytes, as stamp() wrote it,
-    is split off.
+    is split off. A plugin's bytes are one message; jaxlib's client's are a
+    header (its length, as a varint, then it) and then one message, which a
+    stamp would end as well.
     """
     data = memoryview(serialized)
-    offset = 0
+    found = _stamp_after(data, 0)
+    if found is None:
+        try:
+            length, begin = read_varint(data, 0)
+        except ValueError:
+            return data, None
+        found = _stamp_after(data, begin + length) if begin + length < len(data) else None
+    if found is None:
+        return data, None
+    start, record = found
+    return data[:start], record
+
+
+def _stamp_after(data: memoryview, begin: int) -> tuple[int, dict[str, Any]] | None:
+    """Where a stamp ending data begins, and its record, reading a message from `begin`; None
+    when data holds no message there or no stamp ends it."""
+    offset = begin
     found: tuple[int, Any] | None = None
     try:
         while offset < len(data):
@@ -69,15 +87,13 @@ def split_stamp(serialized: bytes | memoryview) -> tuple[memoryview, dict[str, A
                     found = (start, json.loads(bytes(data[offset : offset + length])))
                 offset += length
             else:
-                return data, None  # groups or garbage: not a message this module wrote to
-        if offset != len(data):
-            return data, None
+                return None  # groups or garbage: not a message this module wrote to
     except ValueError:
-        return data, None
+        return None
     if found is None or not isinstance(found[1], dict) or offset != len(data):
-        return data, None
+        return None
     start, record = found
-    return (data[:start], record) if _ends_at(data, start) else (data, None)
+    return (start, record) if _ends_at(data, start) else None
 
 
 def _ends_at(data: memoryview, start: int) -> bool:

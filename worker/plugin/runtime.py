@@ -307,8 +307,12 @@ class Runtime:
         From the installed package's RECORD when that vouches for the file;
         else hashed, memoized in memory and in the records memos() gives
         (default: the default cache directory's, if that directory exists and
-        passes the trust check; it is never created just for this).
+        passes the trust check; it is never created just for this). jaxlib's
+        client is named by jaxlib's RECORD itself (worker.plugin.locate), which
+        is hashed, memoized in memory only: it takes a millisecond.
         """
+        if not self.runs_natively:
+            return plugin_build_sha256(self.location.path, lambda: None)
         return plugin_build_sha256(self.location.path, memos or _existing_memos)
 
     def identity(self) -> dict[str, Any]:

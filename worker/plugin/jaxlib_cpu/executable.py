@@ -32,12 +32,31 @@ Block = tuple[tuple[int, ...], tuple[int, ...]]
 """One device's block of a global array, as set_shards takes it: (starts, sizes)."""
 
 
-def as_typed(buffer: Any, code: int) -> np.ndarray:
-    """A buffer (a numpy array, maybe a same-size uint view of a narrow float) as an array of
-    the element type `code` names."""
+def as_typed(buffer: Any, code: int, index: int) -> np.ndarray:
+    """Input `index`, a buffer (a numpy array, maybe a same-size uint view of a narrow float),
+    as an array of the element type `code` names; ValueError, as the native module says it,
+    for a code of no byte-sized type pjrt-pool supports or a buffer of another size than its
+    dimensions of that type need (the Python side converts arguments first: this is the
+    last line, for every caller)."""
+    which = f"input {index}"
+    try:
+        dtype = dtype_of_code(code)
+    except TypeError:
+        raise ValueError(
+            f"{which} has element type {code}, which is not a PJRT_Buffer_Type with a "
+            "byte-sized host layout that pjrt-pool supports (codes 1-20 and 26-28)"
+        ) from None
     array = np.asarray(buffer)
-    dtype = dtype_of_code(code)
-    return array if array.dtype == dtype else array.view(dtype)
+    if array.dtype == dtype:
+        return array
+    expected = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+    if expected != array.nbytes:
+        dims = "[" + ", ".join(str(n) for n in array.shape) + "]"
+        raise ValueError(
+            f"{which} has dimensions {dims} of element type {code} ({dtype.itemsize} bytes "
+            f"each), which need {expected} bytes, but its buffer has {array.nbytes} bytes"
+        )
+    return array.view(dtype)
 
 
 def writable_address(destination: Any, size: int) -> int:
@@ -157,7 +176,8 @@ class JaxlibExecutable:
     ) -> list[np.ndarray]:
         """Runs on host arrays; returns each output as a read-only numpy view of the buffer
         XLA wrote it into (no copy, as jax.jit's np.asarray of a CPU array)."""
-        arrays = [as_typed(b, code) for b, code in zip(inputs, element_types, strict=True)]
+        arrays = [as_typed(b, code, i) for i, (b, code) in enumerate(zip(inputs, element_types,
+                                                                         strict=True))]  # fmt: skip
         return self.host(self.run_arrays(arrays, zero_copy))
 
     def execute(
@@ -171,7 +191,8 @@ class JaxlibExecutable:
         if len(outputs) != self.num_outputs:
             raise ValueError(f"{len(outputs)} places given for {self.num_outputs} outputs")
         places = [writable_address(o, size) for o, size in zip(outputs, self._sizes, strict=True)]
-        arrays = [as_typed(b, code) for b, code in zip(inputs, element_types, strict=True)]
+        arrays = [as_typed(b, code, i) for i, (b, code) in enumerate(zip(inputs, element_types,
+                                                                         strict=True))]  # fmt: skip
         values = self.run_arrays(arrays, zero_copy)
         calls.ready(values)
         for value, address, size in zip(values, places, self._sizes, strict=True):
@@ -190,10 +211,10 @@ class JaxlibExecutable:
             raise ValueError("the executable has no blocks: set_shards first")
         placements, shapes, in_blocks, out_blocks = self._shards
         arguments = []
-        for buffer, code, placement, shape, blocks in zip(
-            inputs, element_types, placements, shapes, in_blocks, strict=True
+        for index, (buffer, code, placement, shape, blocks) in enumerate(
+            zip(inputs, element_types, placements, shapes, in_blocks, strict=True)
         ):
-            array = as_typed(buffer, code)
+            array = as_typed(buffer, code, index)
             if array.shape != shape:
                 raise ValueError(f"an input of shape {array.shape} where {shape} is expected")
             parts = [np.ascontiguousarray(array[_slices(*block)]) for block in blocks]
