@@ -12,16 +12,21 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SECOND_PLUGIN, run_python
+from conftest import DEFAULT_PLUGIN, REPO, SECOND_PLUGIN, run_python
 
 pytestmark = pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed")
 
 
 @pytest.mark.slow
-def test_programs_api_passes_on_the_second_plugin(tmp_path):
-    """Runs all of tests/test_programs.py in a child whose CPU plugin is xla-cpu-pjrt."""
+@pytest.mark.parametrize("plugin", ["second", "default"])
+def test_programs_api_passes_on_the_second_plugin(tmp_path, plugin):
+    """Runs all of tests/test_programs.py in a child whose cpu platform's runtime is a CPU
+    plugin: xla-cpu-pjrt, and the default one, lammps-jax-pjrt-cpu (this process's is
+    jaxlib's own client, on which the suite runs it too)."""
+    if plugin == "default" and DEFAULT_PLUGIN is None:
+        pytest.skip("lammps-jax-pjrt-cpu is not installed")
     environment = dict(os.environ)
-    environment["PJRT_POOL_PLUGIN_CPU"] = SECOND_PLUGIN
+    environment["PJRT_POOL_PLUGIN_CPU"] = SECOND_PLUGIN if plugin == "second" else DEFAULT_PLUGIN
     environment["PJRT_POOL_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [

@@ -98,12 +98,13 @@ _CODES = {
 """absl status codes by name, as PJRT_Error_Code numbers them."""
 
 
-def pjrt_error(error: BaseException) -> PjrtError:
-    """A jaxlib runtime error as the PjrtError a PJRT plugin's would be (code, code_name)."""
+def pjrt_error(error: BaseException, step: str = "") -> PjrtError:
+    """A jaxlib runtime error as the PjrtError a PJRT plugin's would be (code, code_name), its
+    message after the jaxlib call that failed (`step`), as a plugin's names its function."""
     message = str(error)
     found = _STATUS.match(message)
     name = found.group(1) if found and found.group(1) in _CODES else "UNKNOWN"
-    converted = PjrtError(message)
+    converted = PjrtError(f"{step}: {message}" if step else message)
     converted.code = _CODES[name]
     converted.code_name = name
     return converted
@@ -163,7 +164,7 @@ def compile_and_load(client: Any, code: bytes, options: bytes, devices: Sequence
     try:
         return compile_(bytes(code), _device_list(devices), parsed)
     except RUNTIME_ERRORS as error:
-        raise pjrt_error(error) from None
+        raise pjrt_error(error, "jaxlib Client.compile_and_load") from None
 
 
 def deserialize(client: Any, serialized: bytes, devices: Sequence[Any]) -> Any:
@@ -174,7 +175,7 @@ def deserialize(client: Any, serialized: bytes, devices: Sequence[Any]) -> Any:
     try:
         return load(bytes(serialized), _device_list(devices), None)
     except RUNTIME_ERRORS as error:
-        raise pjrt_error(error) from None
+        raise pjrt_error(error, "jaxlib Client.deserialize_executable") from None
 
 
 def serialize(executable: Any) -> bytes:
@@ -370,7 +371,7 @@ class _HostBuffer:
     def __init__(self, array: Any, address: int, size: int) -> None:
         self.array = array
         self.__array_interface__ = {
-            "data": (address, True),  # read-only, as jax.jit's np.asarray of a CPU array
+            "data": (address, False),  # writable: the buffer is the array's alone
             "shape": (size,),
             "typestr": "|u1",
             "version": 3,
@@ -378,9 +379,10 @@ class _HostBuffer:
 
 
 def host_view(array: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """An array on one CPU device (of this dtype and row-major shape) as a read-only numpy view
-    of its buffer, once it is computed; raises PjrtError for a run that failed. Read through
-    its buffer's address, since jaxlib's own conversions import JAX."""
+    """An array on one CPU device (of this dtype and row-major shape) as a numpy view of its
+    buffer, once it is computed; raises PjrtError for a run that failed. Read through its
+    buffer's address, since jaxlib's own conversions import JAX. The view is writable, as a
+    PJRT plugin's outputs are: the buffer is the array's alone, and the view holds it."""
     ready([array])
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size == 0:

@@ -206,7 +206,7 @@ class JaxlibClient:
 
     @staticmethod
     def host(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """A value on one device (of this dtype and shape) as a read-only numpy view of its
+        """A value on one device (of this dtype and shape) as a numpy view of its
         buffer, once computed."""
         return calls.host_view(value, dtype, shape)
 

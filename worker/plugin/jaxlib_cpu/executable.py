@@ -165,7 +165,7 @@ class JaxlibExecutable:
         return calls.execute(self._loaded, given, self._handlers)
 
     def host(self, values: Sequence[Any]) -> list[np.ndarray]:
-        """run_arrays' outputs as read-only numpy views of their buffers, once computed."""
+        """run_arrays' outputs as numpy views of their buffers, once computed."""
         return [
             calls.host_view(value, dtype, shape)
             for value, (dtype, shape) in zip(values, self._types, strict=True)
@@ -174,7 +174,7 @@ class JaxlibExecutable:
     def execute_values(
         self, inputs: Sequence[Any], element_types: Sequence[int], zero_copy: bool = True
     ) -> list[np.ndarray]:
-        """Runs on host arrays; returns each output as a read-only numpy view of the buffer
+        """Runs on host arrays; returns each output as a numpy view of the buffer
         XLA wrote it into (no copy, as jax.jit's np.asarray of a CPU array)."""
         arrays = [as_typed(b, code, i) for i, (b, code) in enumerate(zip(inputs, element_types,
                                                                          strict=True))]  # fmt: skip
