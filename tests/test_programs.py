@@ -284,7 +284,7 @@ def test_linalg_needs_no_custom_call_entry():
         assert "lapack_" in message and "PJRT API 0.81, XLA FFI 0.2" in message
         assert "takes handlers of XLA FFI 0.2 or older" in message
         assert f"jaxlib {jaxlib.__version__}" in message
-        assert "such as lammps-jax-pjrt-cpu" in message  # what to use instead
+        assert "unset PJRT_POOL_PLUGIN_CPU to run on" in message  # jaxlib's own client instead
         assert caught.value.code_name == "FAILED_PRECONDITION"
         assert isinstance(caught.value, MissingCustomCallError)
         return
