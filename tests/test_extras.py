@@ -220,11 +220,17 @@ def test_version_says_the_version_the_source_and_each_platform_s_plugin(cpu_only
     assert lines[0] == f"pjrt-pool {pool.__version__}, from {source.describe()}", lines[0]
     assert f"jax {metadata.version('jax')}, jaxlib {metadata.version('jaxlib')}" in lines[1]
     plugins = {line.split()[0]: line.split(None, 1)[1] for line in lines[3:]}
-    cpu = find_plugin("cpu")
-    assert (
-        plugins["cpu"]
-        == f"lammps-jax-pjrt-cpu {metadata.version('lammps-jax-pjrt-cpu')}: {cpu.path}"
+    jaxlib = metadata.version("jaxlib")
+    assert plugins["cpu"] == (
+        f"jaxlib {jaxlib}'s own CPU client, the XLA jax.jit uses here "
+        f"(identity: {find_plugin('cpu').path})"
     )
+    cpu = find_plugin("pjrt_cpu")
+    assert plugins["pjrt_cpu"].startswith(
+        f"lammps-jax-pjrt-cpu {metadata.version('lammps-jax-pjrt-cpu')}: {cpu.path}; "
+        "the XLA of jaxlib 0.11.2"
+    )  # another build of XLA than jax.jit's, and so said:
+    assert "results may differ from jax.jit's in the last bits" in plugins["pjrt_cpu"]
     assert plugins["cuda"].startswith("none: no PJRT plugin found for platform 'cuda'")
     assert install_extra_command("cuda13") in plugins["cuda"]
     # Without the tpu extra (and with a platform named by its variable):

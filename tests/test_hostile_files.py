@@ -35,6 +35,7 @@ from worker.cache.signing import Signer
 from worker.compile.by_key import load_cached_executable
 from worker.identity.build import memoized_by_file, plugin_digest
 from worker.identity.keys import InvalidKeyError
+from worker.plugin.locate import find_plugin
 
 SECRET = "a-secret-only-the-team-holds-0123456789"
 X = [0.5, 1.0, 1.5, 2.0]
@@ -129,7 +130,7 @@ def test_a_tampered_flag_memo_does_not_undo_signing(tmp_path, cache_dir):
     # A copy of the plugin that no installed RECORD vouches for: the flag is read from the
     # library and memoized (a known build's installed library needs no memo: KnownBuild.flags).
     plugin = str(tmp_path / "plugin.so")
-    shutil.copyfile(worker.get_runtime("cpu").location.path, plugin)
+    shutil.copyfile(find_plugin("pjrt_cpu").path, plugin)
     assert np.isnan(_max_in_child(program, plugin))  # the flag makes max propagate NaN
     (memo,) = (cache_dir / "plugins").glob("flag-xla_cpu_enable_fast_min_max-*.json")
     record = json.loads(memo.read_text())

@@ -69,7 +69,7 @@ def _plugin_line(platform: str) -> str:
     else:
         found = f"{default.distribution} {_version_of(default.distribution)}: {location.path}"
     note = jit_xla_note(location)
-    return found if note is None else f"{found}\n      {note}"
+    return found if note is None else f"{found}; {note}"
 
 
 def describe() -> str:
