@@ -162,3 +162,24 @@ def test_an_empty_compile_options_proto_aborts_jaxlibs_client_in_its_worker_only
             pool.run(program, [x], compile_options=b"")
         (out,) = pool.run(program, [x])
     np.testing.assert_array_equal(out, np.asarray(jax.jit(lambda x: jnp.sin(x) * 2)(x)))
+
+
+def test_its_serialized_executables_load_in_jaxs_own_client():
+    """What JAX's persistent cache stores: bytes JAX's CPU backend loads and runs (warming
+    JAX's cache builds on this)."""
+    from jax._src import xla_bridge
+    from jaxlib import xla_client
+
+    from worker.plugin.jaxlib_cpu.client import serialized_for_jax
+
+    x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8)
+    program = lower(lambda x: jnp.tanh(x @ x.T), [x])
+    serialized = serialized_for_jax(program.code, compile_options(), JAX_CPU_DEVICES)
+    backend = xla_bridge.get_backend("cpu")
+    device = backend.local_devices()[0]
+    loaded = backend.deserialize_executable(serialized, xla_client.DeviceList((device,)), None)
+    (out,) = loaded.execute_sharded(
+        [jax.device_put(x, device)]
+    ).disassemble_into_single_device_arrays()
+    expected = jax.jit(lambda x: jnp.tanh(x @ x.T))(x)
+    assert np.asarray(out[0]).tobytes() == np.asarray(expected).tobytes()

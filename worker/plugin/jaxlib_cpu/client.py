@@ -214,3 +214,23 @@ class JaxlibClient:
     def wait(values: Sequence[Any]) -> None:
         """Waits until values are computed; raises PjrtError for a run that failed."""
         calls.ready(values)
+
+
+_clients: dict[int, JaxlibClient] = {}
+_clients_lock = threading.Lock()
+
+
+def serialized_for_jax(
+    code: bytes, options: bytes, devices: int, device_ids: Sequence[int] | None = None
+) -> bytes:
+    """A program compiled as jax.jit compiles it on a CPU client of `devices` devices, over
+    `device_ids` (None: the first), serialized as JAX's persistent cache stores it
+    (``executable.serialize()``, behind JAX's own header of the compile time): options are
+    JAX's for the program (pool.lowering records them). Compiled here, on a client of that
+    many devices made once per count (not the process's runtime's, whose count is JAX's
+    here), with the installed jaxlib's XLA, the one jax.jit uses."""
+    with _clients_lock:
+        client = _clients.get(devices)
+        if client is None:
+            client = _clients[devices] = JaxlibClient(calls.make_client(devices), calls.version())
+    return client.compile(code, options, device_ids).serialize()
