@@ -20,9 +20,9 @@ def sds(*shape: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, F32)
 
 
-def scale_program(factor: float, size: int = 8) -> LoweredProgram:
-    """x * factor + 1: distinct programs for distinct factors."""
-    return lower(lambda x: x * factor + 1.0, [sds(size)])
+def scale_program(factor: float, size: int = 8, platform: str | None = None) -> LoweredProgram:
+    """x * factor + 1: distinct programs for distinct factors (lowered for `platform`)."""
+    return lower(lambda x: x * factor + 1.0, [sds(size)], platform=platform)
 
 
 def spin_program() -> LoweredProgram:
@@ -64,13 +64,13 @@ def custom_call_program(target: str) -> LoweredProgram:
     return lower(call, [sds(8)], custom_calls=[target])
 
 
-def sleep_program(size: int = 1) -> LoweredProgram:
+def sleep_program(size: int = 1, platform: str | None = None) -> LoweredProgram:
     """y = x after sleeping x[0] milliseconds (the test library's sleep_ms handler)."""
 
     def call(x):
         return jax.ffi.ffi_call("sleep_ms", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
-    return lower(call, [sds(size)], custom_calls=["sleep_ms"])
+    return lower(call, [sds(size)], custom_calls=["sleep_ms"], platform=platform)
 
 
 def milliseconds(ms: float, size: int = 1) -> np.ndarray:

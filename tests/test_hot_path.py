@@ -4,7 +4,10 @@ which the worker's native hot loop answers without Python (worker._pjrt.HotLoop)
 
 Every guarantee of a full run holds on it: right results, the LRU of loaded
 programs, deadlines, crash attribution, device failures, and the frames
-themselves arrive whole, one per read, never more.
+themselves arrive whole, one per read, never more. The native loop runs a PJRT
+plugin's executables, so these tests run on the CPU plugin (PLATFORM); the
+cpu platform's own runtime, jaxlib's client, serves HotRuns from Python
+(tests/test_jaxlib_runtime.py).
 """
 
 from __future__ import annotations
@@ -21,21 +24,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pool_helpers import handler_initializer, milliseconds, scale_program, sds, sleep_program
+from conftest import DEFAULT_PLUGIN
+from pool_helpers import handler_initializer, milliseconds, sds
+from pool_helpers import scale_program as scale_on_any
+from pool_helpers import sleep_program as sleep_on_any
 
 from pool import (
     DeviceFailureError,
     Pool,
     TaskTimeoutError,
     WorkerCrashedError,
-    compile_program,
     lower,
 )
 from pool.executor import caller
 from worker import _pjrt
+from worker.compile.executable import Executable
 from worker.dtypes import code_of_dtype
+from worker.identity.options import compile_options
+from worker.plugin.locate import find_plugin
+from worker.plugin.runtime import Runtime
 from worker.serve.server import register_slot
 from worker.wire import protocol, shm
+
+pytestmark = pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="needs lammps-jax-pjrt-cpu")
+
+PLATFORM = "pjrt_cpu"
+"""The CPU plugin's platform: the native hot loop runs a PJRT plugin's executables."""
+
+
+def scale_program(factor: float, size: int = 8):
+    return scale_on_any(factor, size, platform=PLATFORM)
+
+
+def sleep_program(size: int = 1):
+    return sleep_on_any(size, platform=PLATFORM)
 
 
 def hot_slots(pool: Pool) -> dict[str, int]:
@@ -51,12 +73,12 @@ def failing_when_positive(target: str):
         failing = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))
         return jax.lax.cond(x[0] > 0, failing, lambda v: v, x)
 
-    return lower(call, [sds(8)], custom_calls=[target])
+    return lower(call, [sds(8)], custom_calls=[target], platform=PLATFORM)
 
 
 def test_repeated_runs_go_hot_and_give_what_the_first_gave() -> None:
     program = scale_program(3.0)
-    with Pool(1) as pool:
+    with Pool(1, platform=PLATFORM) as pool:
         first = pool.run(program, [np.arange(8, dtype=np.float32)])[0]
         assert list(hot_slots(pool).values()) == [0]
         for step in range(50):
@@ -73,7 +95,7 @@ def test_repeated_runs_go_hot_and_give_what_the_first_gave() -> None:
 def test_programs_the_worker_unloads_lose_their_slots_and_run_right() -> None:
     programs = [scale_program(float(f)) for f in (2, 5, 7)]
     x = np.ones(8, np.float32)
-    with Pool(1, max_loaded=2) as pool:
+    with Pool(1, max_loaded=2, platform=PLATFORM) as pool:
         for step in range(12):
             factor, program = [(2, programs[0]), (5, programs[1]), (7, programs[2])][step % 3]
             np.testing.assert_array_equal(pool.run(program, [x])[0], x * factor + 1)
@@ -85,7 +107,7 @@ def test_programs_the_worker_unloads_lose_their_slots_and_run_right() -> None:
 
 def test_a_hot_run_past_its_deadline_is_killed_and_the_pool_goes_on(handlers: str) -> None:
     program = sleep_program()
-    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+    with Pool(1, initializer=handler_initializer(handlers), platform=PLATFORM) as pool:
         assert pool.run(program, [milliseconds(1)])[0][0] == 1.0
         assert hot_slots(pool)
         pid = pool.worker_info[0]["pid"]
@@ -103,7 +125,7 @@ def test_a_caller_spins_for_a_fast_reply_and_sleeps_for_a_slow_one(
     a caller of a 100 ms program spends a small part of its time on the CPU."""
     monkeypatch.setattr(caller, "LONG_SPIN_CPUS", 1)
     program = sleep_program()
-    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+    with Pool(1, initializer=handler_initializer(handlers), platform=PLATFORM) as pool:
         for ms in (1.0, 100.0):  # the first run loads; the next ones learn how long it takes
             for _ in range(3):
                 assert pool.run(program, [milliseconds(ms)])[0][0] == ms
@@ -119,7 +141,7 @@ def test_a_caller_spins_for_a_fast_reply_and_sleeps_for_a_slow_one(
 def test_a_crash_in_a_hot_run_fails_that_run_only(handlers: str) -> None:
     program = failing_when_positive("null_deref")
     calm, fatal = np.zeros(8, np.float32), np.ones(8, np.float32)
-    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+    with Pool(1, initializer=handler_initializer(handlers), platform=PLATFORM) as pool:
         np.testing.assert_array_equal(pool.run(program, [calm])[0], calm)
         assert hot_slots(pool)
         with pytest.raises(WorkerCrashedError, match="SIGSEGV"):
@@ -131,7 +153,7 @@ def test_a_crash_in_a_hot_run_fails_that_run_only(handlers: str) -> None:
 def test_a_device_failure_in_a_hot_run_retires_the_worker(handlers: str) -> None:
     program = failing_when_positive("device_error")
     calm, fatal = np.zeros(8, np.float32), np.ones(8, np.float32)
-    with Pool(1, initializer=handler_initializer(handlers)) as pool:
+    with Pool(1, initializer=handler_initializer(handlers), platform=PLATFORM) as pool:
         np.testing.assert_array_equal(pool.run(program, [calm])[0], calm)
         pid = pool.worker_info[0]["pid"]
         with pytest.raises(DeviceFailureError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
@@ -160,8 +182,8 @@ def test_frames_arrive_one_per_read_and_a_foreign_format_is_refused() -> None:
 
 
 def test_a_program_with_no_inputs_or_outputs_of_size_zero_runs_hot() -> None:
-    program = lower(lambda x: (x * 2, jnp.zeros((0,), jnp.float32)), [sds(0)])
-    with Pool(1) as pool:
+    program = lower(lambda x: (x * 2, jnp.zeros((0,), jnp.float32)), [sds(0)], platform=PLATFORM)
+    with Pool(1, platform=PLATFORM) as pool:
         for _ in range(3):
             doubled, empty = pool.run(program, [np.zeros(0, np.float32)])
             assert doubled.shape == (0,) and empty.shape == (0,)
@@ -172,7 +194,7 @@ def test_hot_runs_keep_their_programs_loaded_in_the_workers_lru() -> None:
     # runs, or loading C would unload A (used last) instead of B.
     a, b, c = (scale_program(float(f)) for f in (2, 5, 7))
     x = np.ones(8, np.float32)
-    with Pool(1, max_loaded=2) as pool:
+    with Pool(1, max_loaded=2, platform=PLATFORM) as pool:
         pool.run(a, [x])
         pool.run(b, [x])
         for _ in range(5):
@@ -183,11 +205,25 @@ def test_hot_runs_keep_their_programs_loaded_in_the_workers_lru() -> None:
         assert pool.statistics == before  # A stayed loaded: nothing compiled or loaded again
 
 
+_plugin: list[Runtime] = []
+
+
+def plugin_executable(program) -> Executable:
+    """A program compiled on the CPU plugin, loaded in this process beside its own runtime
+    (jaxlib's client), not through it: what a pool worker's native loop runs."""
+    if not _plugin:
+        location = find_plugin(PLATFORM)
+        _plugin.append(Runtime(location, _pjrt.Plugin.load(location.path), None))
+    runtime = _plugin[0]
+    native = runtime.client.compile(program.code, compile_options())
+    return Executable(native, runtime, program.input_types)
+
+
 class _Loop:
     """A hot loop in this process on one end of a socketpair, the other end for the test."""
 
     def __init__(self, program, arena_size: int = 4096) -> None:
-        self.executable, _ = compile_program(program, disk_cache=False)
+        self.executable = plugin_executable(program)
         self.ours, self.theirs = socket.socketpair()
         self.arena_size = arena_size
         self.arena = mmap.mmap(-1, arena_size + protocol.CONTROL_BYTES)
@@ -313,7 +349,7 @@ def test_an_idle_worker_a_caller_parked_is_replaced_when_it_dies() -> None:
     # the manager puts it back within PARKED_SECONDS, so a death is still seen.
     program = scale_program(2.0)
     x = np.ones(8, np.float32)
-    with Pool(1) as pool:
+    with Pool(1, platform=PLATFORM) as pool:
         for _ in range(5):
             pool.run(program, [x])
         pid = pool.worker_info[0]["pid"]
