@@ -12,6 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from pool import LoweredProgram, Pool, lower
+from worker import _pjrt
+from worker.compile.executable import Executable
+from worker.identity.options import compile_options
+from worker.plugin.locate import find_plugin
+from worker.plugin.runtime import Runtime
 
 F32 = jnp.float32
 
@@ -98,6 +103,21 @@ def fast_math_options() -> bytes:
     debug.xla_cpu_enable_fast_math = True
     debug.xla_cpu_fast_math_honor_nans = False
     return options.SerializeAsString()
+
+
+_plugin: list[Runtime] = []
+
+
+def plugin_executable(program: LoweredProgram) -> Executable:
+    """A program (lowered for platform="pjrt_cpu") compiled on the CPU plugin, which is loaded
+    in this process beside the process's own runtime (jaxlib's client), not through it: what
+    a pool worker's native hot loop runs, for tests of that loop in this process."""
+    if not _plugin:
+        location = find_plugin("pjrt_cpu")
+        _plugin.append(Runtime(location, _pjrt.Plugin.load(location.path), None))
+    runtime = _plugin[0]
+    native = runtime.client.compile(program.code, compile_options())
+    return Executable(native, runtime, program.input_types)
 
 
 def handler_initializer(library: str):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DEFAULT_PLUGIN
-from pool_helpers import handler_initializer, milliseconds, sds
+from pool_helpers import handler_initializer, milliseconds, plugin_executable, sds
 from pool_helpers import scale_program as scale_on_any
 from pool_helpers import sleep_program as sleep_on_any
 
@@ -38,18 +38,15 @@ from pool import (
 )
 from pool.executor import caller
 from worker import _pjrt
-from worker.compile.executable import Executable
 from worker.dtypes import code_of_dtype
-from worker.identity.options import compile_options
-from worker.plugin.locate import find_plugin
-from worker.plugin.runtime import Runtime
 from worker.serve.server import register_slot
 from worker.wire import protocol, shm
 
 pytestmark = pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="needs lammps-jax-pjrt-cpu")
 
 PLATFORM = "pjrt_cpu"
-"""The CPU plugin's platform: the native hot loop runs a PJRT plugin's executables."""
+"""The CPU plugin's platform: the native hot loop runs a PJRT plugin's executables (and
+plugin_executable compiles on it)."""
 
 
 def scale_program(factor: float, size: int = 8):
@@ -203,20 +200,6 @@ def test_hot_runs_keep_their_programs_loaded_in_the_workers_lru() -> None:
         before = pool.statistics
         np.testing.assert_array_equal(pool.run(a, [x])[0], x * 2 + 1)
         assert pool.statistics == before  # A stayed loaded: nothing compiled or loaded again
-
-
-_plugin: list[Runtime] = []
-
-
-def plugin_executable(program) -> Executable:
-    """A program compiled on the CPU plugin, loaded in this process beside its own runtime
-    (jaxlib's client), not through it: what a pool worker's native loop runs."""
-    if not _plugin:
-        location = find_plugin(PLATFORM)
-        _plugin.append(Runtime(location, _pjrt.Plugin.load(location.path), None))
-    runtime = _plugin[0]
-    native = runtime.client.compile(program.code, compile_options())
-    return Executable(native, runtime, program.input_types)
 
 
 class _Loop:

@@ -28,9 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pool_helpers import handler_initializer, milliseconds, sleep_program, wait_until_started
+from pool_helpers import (
+    handler_initializer,
+    milliseconds,
+    plugin_executable,
+    sleep_program,
+    wait_until_started,
+)
 
-from pool import Pool, compile_program, lower
+from pool import Pool, lower
 from pool.errors import PoolClosedError, WorkerCrashedError
 from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, STREAM_BYTES, Copier
 from pool.executor.values import DeviceValue
@@ -332,7 +338,8 @@ def test_a_crash_fails_every_call_that_needs_its_values_and_the_pool_goes_on(
 
 
 def test_the_native_loop_refuses_places_outside_their_segments() -> None:
-    executable, _ = compile_program(AFFINE, disk_cache=False)
+    # The native loop runs a PJRT plugin's executables: the program on the CPU plugin.
+    executable = plugin_executable(lower(lambda x: x * 2 + 1, [f32(N)], platform="pjrt_cpu"))
     ours, theirs = socket.socketpair()
     arena = mmap.mmap(-1, 4096 + protocol.CONTROL_BYTES)
     loop = _pjrt.HotLoop(theirs.fileno(), arena, 4096, 0.0)
