@@ -339,7 +339,10 @@ def put(arrays: Sequence[np.ndarray], devices: Sequence[Any], sharding: Any, zer
 def result_handler(shape: tuple[int, ...], dtype: np.dtype, device: Any) -> Any:
     """What makes an output of one device into an array (JAX makes these for a jax.jit)."""
     make = _binding(xla_client, "array_result_handler", "xla_client.array_result_handler")
-    return make(abstract(shape, dtype), one_device(device), True, _skip_checks=True)
+    try:
+        return make(abstract(shape, dtype), one_device(device), True, _skip_checks=True)
+    except TypeError:  # jaxlib 0.12 dropped _skip_checks (and checks nothing JAX would)
+        return make(abstract(shape, dtype), one_device(device), True)
 
 
 def execute(executable: Any, arguments: Sequence[Any], handlers: Sequence[Any]) -> list[Any]:
