@@ -415,6 +415,15 @@ Unanswered HotLoop::Serve() {
     const bool whole = static_cast<size_t>(got) == kFirstRead && !frame.truncated;
     if (whole && Field<uint8_t>(data, 5) == kFormatPlacedRun &&
         Field<uint8_t>(data, 4) == frame.fds.size()) {
+      // A slot this loop does not hold is the caller's: a program whose executable the
+      // loop cannot run (the Python side runs it), or one unloaded (it says so). The
+      // caller reads the rest of the frame, its descriptors included, once its length is
+      // known to be a placed run's (else the stream is not ours: ReadPlaced says so).
+      const size_t length = Field<uint32_t>(data, 0);
+      if (length >= kPlacedHead && length <= kMaxPlacedPayload &&
+          !HasSlot(Field<int32_t>(data, 14))) {
+        return frame;
+      }
       const int64_t task_id = Field<int64_t>(data, 6);
       last_task_id_.store(task_id, std::memory_order_release);  // a failure is this task's
       PlacedRequest request;

@@ -113,9 +113,10 @@ class HotLoop {
   void DropSlot(int64_t slot);
   bool HasSlot(int64_t slot) const;
 
-  // Answers HotRuns of registered slots until a frame comes that is not one;
-  // returns that frame. A run's failure is thrown (what Execute throws), with
-  // its task in last_task_id(); a socket failure throws SocketException.
+  // Answers HotRuns and PlacedRuns of registered slots until a frame comes that is
+  // not one (a PlacedRun of a slot it does not hold included); returns that frame.
+  // A run's failure is thrown (what Execute throws), with its task in
+  // last_task_id(); a socket failure throws SocketException.
   // Blocks; call without the GIL.
   Unanswered Serve();
 

@@ -2,8 +2,9 @@
 
 Both CPU plugins default to XLA's fast min/max, which returns x for
 max(x, NaN) where JAX returns NaN; worker.plugin.xla_flags turns it off while the
-plugin loads. Each case runs in a fresh process, since a plugin reads its
-flags once, when it loads.
+plugin loads. jaxlib's own client (the cpu platform's runtime) computes as JAX
+does with no flag added. Each case runs in a fresh process, since a plugin reads
+its flags once, when it loads.
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SECOND_PLUGIN, run_python
+from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN, run_python
 
 PLUGINS = [
-    "default",
+    "jaxlib",
+    pytest.param(
+        "default",
+        marks=pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="lammps-jax-pjrt-cpu is needed"),
+    ),
     pytest.param(
         "second",
         marks=pytest.mark.skipif(SECOND_PLUGIN is None, reason="xla-cpu-pjrt is not installed"),
     ),
 ]
+"""The cpu platform's runtimes: its own (jaxlib's client), and each CPU plugin named."""
 
 SCRIPT = """
     import json, os
@@ -49,7 +55,8 @@ SCRIPT = """
 
 
 def run(plugin: str, xla_flags: str | None = None) -> dict:
-    env = {"PJRT_POOL_PLUGIN_CPU": SECOND_PLUGIN} if plugin == "second" else {}
+    named = {"default": DEFAULT_PLUGIN, "second": SECOND_PLUGIN}.get(plugin)
+    env = {"PJRT_POOL_PLUGIN_CPU": named or ""}
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
     done = run_python(SCRIPT, env=env)
@@ -67,14 +74,18 @@ def test_max_and_min_propagate_nan_as_in_jax(plugin: str) -> None:
     assert same(found["pooled"], found["jax"]), found
     assert found["ours"][0][0] != found["ours"][0][0]  # max(1, NaN) is NaN
     assert found["environment_unchanged"]
-    assert "xla_cpu_enable_fast_min_max=false" in found["key_flags"]
+    if plugin == "jaxlib":
+        assert found["key_flags"] == []  # nothing added: jaxlib's XLA is JAX's
+    else:
+        assert "xla_cpu_enable_fast_min_max=false" in found["key_flags"]
 
 
-def test_a_user_s_own_flags_reach_the_program_as_they_reach_jax_jit() -> None:
+@pytest.mark.parametrize("plugin", PLUGINS[:2])
+def test_a_user_s_own_flags_reach_the_program_as_they_reach_jax_jit(plugin: str) -> None:
     # A program compiles with the options jax.jit compiles it with (pool.lowering.options),
     # whose debug options this process's jaxlib made from XLA_FLAGS: the results are
     # jax.jit's under the same flags, whatever this jaxlib's XLA makes of the flag.
-    found = run("default", "--xla_cpu_enable_fast_min_max=true")
+    found = run(plugin, "--xla_cpu_enable_fast_min_max=true")
     assert same(found["ours"], found["jax"]), found
     assert same(found["pooled"], found["jax"]), found
     assert found["key_flags"] == ["xla_cpu_enable_fast_min_max=true"]

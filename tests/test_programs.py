@@ -42,9 +42,11 @@ from pool import (
     lower,
 )
 
-PLUGIN = os.path.realpath(os.environ["PJRT_POOL_PLUGIN_CPU"]) if os.environ.get(
-    "PJRT_POOL_PLUGIN_CPU"
-) else None
+PLUGIN = (
+    os.path.realpath(os.environ["PJRT_POOL_PLUGIN_CPU"])
+    if os.environ.get("PJRT_POOL_PLUGIN_CPU")
+    else None
+)
 """The CPU plugin this process loads for the cpu platform, or None: jaxlib's own client."""
 
 ON_SECOND_PLUGIN = SECOND_PLUGIN is not None and os.path.realpath(SECOND_PLUGIN) == PLUGIN

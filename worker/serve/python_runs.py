@@ -9,12 +9,17 @@ wire protocol from Python instead (worker.serve.server calls this):
                 does not hold: the server runs the slot's arena views (Executable.run_into)
     Run         each input read where its Where says (a view of a mapped segment, or a
                 value kept here), each output copied to its place or kept here
-                (PythonRuns.run); no placed slot is offered (Reply.placed_slot -1), so
-                the parent sends every run a hot slot does not take as a Run
+                (PythonRuns.run)
+    PlacedRun   the same with the places the frame names (PythonRuns.run_at): the
+                slot is this side's (Server.placed_here), which the hot loop does not
+                hold and so hands back, its segments unmapped
     Put, Fetch  a value copied from shared memory onto the device and kept, or back
 
 The hot loop still maps each request's shared-memory segments (the server's
-_apply), and this reads them through its views (placed.view). A run returns
+_apply), and this reads them through its views (placed.view). A run that
+keeps every output and reads nothing from shared memory is not awaited, as
+jax.jit dispatches a step (the parent sends such PlacedRuns ahead of their
+replies): the next run that takes its values waits for them on the device. A run returns
 once it no longer reads its inputs: every output is awaited before any is
 copied out (an output may go over the inputs' own copy: OutputLayout's
 "spare"), and a run whose outputs all stay here is awaited when an input
@@ -95,8 +100,8 @@ class PythonRuns:
         try:
             if layout.fd is not None:
                 self._loop.map_segments([(temporary, layout.fd, layout.size)])
-            self._run(request.sources, layout.destinations(temporary), executable, types,
-                      request.zero_copy)  # fmt: skip
+            self.run_at(request.sources, layout.destinations(temporary), executable, types,
+                        request.zero_copy)  # fmt: skip
         except BaseException:
             if layout.fd is not None:
                 os.close(layout.fd)
@@ -104,7 +109,7 @@ class PythonRuns:
         finally:
             self._loop.forget_segments([temporary])
 
-    def _run(
+    def run_at(
         self,
         sources: tuple[places.Where, ...],
         destinations: list[places.Where],
@@ -112,6 +117,9 @@ class PythonRuns:
         types: tuple[ArrayType, ...],
         zero_copy: bool,
     ) -> None:
+        """Runs a program of one device on inputs where `sources` say (of `types`, the
+        executable's own), each output copied to its place or kept (`destinations`): a Run's,
+        or a PlacedRun's, whose segments are mapped already."""
         if len(destinations) != executable.num_outputs:
             raise ValueError(
                 f"a run gives {len(destinations)} outputs to a program of {executable.num_outputs}"

@@ -48,7 +48,7 @@ from worker.errors import PjrtPoolError
 from worker.log import get_logger
 from worker.phases import last_phases
 from worker.plugin.device_errors import fatal_device_error
-from worker.plugin.runtime import get_runtime
+from worker.plugin.runtime import get_runtime, loaded_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import ArrayType, CompileStatistics, ProgramSpec
 from worker.serve.placed import (
@@ -66,6 +66,7 @@ from worker.wire.protocol import (
     Exit,
     Fetch,
     HotRun,
+    PlacedRun,
     Put,
     RemoteError,
     Reply,
@@ -163,6 +164,7 @@ class Server:
         self._hot_loop = _pjrt.HotLoop(sock.fileno(), arena, arena_size, SPIN_SECONDS)
         self._preloaded: set[str] = set()  # the keys Init.preload loaded
         self._placed: dict[str, int] = {}  # each loaded program's slot for PlacedRuns
+        self._placed_here: dict[int, str] = {}  # the slots this Python side runs: programs
         self._bundles: dict[str, Bundle] = {}  # those runs came from, by source, kept open
         # Runs and kept values of executables the hot loop cannot run (jaxlib's client's).
         self._python = PythonRuns(self._hot_loop)
@@ -235,6 +237,7 @@ class Server:
                 slot = self._placed.pop(program, None)
                 if slot is not None:
                     self._hot_loop.drop_slot(slot)
+                    self._placed_here.pop(slot, None)
         return executable, statistics, tuple(evicted)
 
     def _from_bundle(self, source: str, name: str) -> Executable:
@@ -347,19 +350,51 @@ class Server:
         return views
 
     def _placed_slot(self, program_id: str, executable: Executable) -> int:
-        """The slot its placed runs name (worker.wire.places.PlacedRun), made on first use; -1
-        (none) for an executable the native hot loop cannot run: its runs come as Runs."""
-        if not executable.runs_natively:
-            return -1
+        """The slot its placed runs name (worker.wire.places.PlacedRun), made on first use: the
+        native hot loop's, or for an executable it cannot run this side's (the loop hands
+        such a slot's PlacedRuns back: placed_here)."""
         slot = self._placed.get(program_id)
         if slot is None:
             types = executable.input_types
             assert types is not None, "placed runs are of programs of known input types"
             slot = next(self._slots)
-            inputs = [(code_of_dtype(t.dtype), list(t.shape)) for t in types]
-            self._hot_loop.set_placed_slot(slot, executable.native, inputs)
+            if executable.runs_natively:
+                inputs = [(code_of_dtype(t.dtype), list(t.shape)) for t in types]
+                self._hot_loop.set_placed_slot(slot, executable.native, inputs)
+            else:
+                self._placed_here[slot] = program_id
             self._placed[program_id] = slot
         return slot
+
+    def placed_here(self, request: PlacedRun, fds: list[int]) -> None:
+        """Answers a PlacedRun that the hot loop left to Python (a slot it does not hold): runs
+        a slot of this side's (a program the loop cannot run), else fails with LookupError
+        (the program was unloaded: the parent sends the full Run), as the loop would. Its
+        segments are mapped first, whatever follows. Any failure is answered as a Run's."""
+        try:
+            self._apply(request.segments, fds, request.drops, request.forgets)
+            protocol.STARTED.pack_into(self.arena, self.arena_size, request.task_id)
+            program_id = self._placed_here.get(request.slot)
+            if program_id is None:
+                raise LookupError(f"hot slot {request.slot} is not loaded in this worker")
+            executable = self.loaded[program_id]
+            self.loaded.move_to_end(program_id)
+            types = executable.input_types
+            assert types is not None, "placed runs are of programs of known input types"
+            if len(request.sources) != len(types):
+                raise ValueError(
+                    f"a placed run gives {len(request.sources)} inputs to a program of {len(types)}"
+                )
+            self._python.run_at(
+                request.sources, list(request.destinations), executable, types, request.zero_copy
+            )
+        except Exception as error:  # as in handle: the request's failure is its reply
+            self._send(*self._failed(request.task_id, error))
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        protocol.send_frame(self.sock, protocol.HotReply(request.task_id))
 
     def _apply(
         self,
@@ -379,6 +414,11 @@ class Server:
         self._hot_loop.drop_values(list(drops))
         self._python.drop(drops)
         self._hot_loop.forget_segments(list(forgets))
+        runtime = loaded_runtime()
+        if (drops or forgets) and runtime is not None and not runtime.runs_natively:
+            # jaxlib drops its references to inputs it read in place (and to values' host
+            # copies) when it next holds the GIL: now, so that forgotten segments unmap.
+            runtime.plugin.let_go()
 
     def run(self, request: Run, fds: list[int]) -> tuple[Reply, tuple[int, ...]]:
         self._apply(request.segments, fds, request.drops, request.forgets)
@@ -518,6 +558,9 @@ class Server:
             for fd in fds:  # a HotRun carries none: any that came are not ours to keep
                 os.close(fd)
             self.run_hot(request)
+            return True
+        if type(request) is PlacedRun:
+            self.placed_here(request, fds)
             return True
         task_id = getattr(request, "task_id", -1)
         # Before any work: if this process dies from here on, the parent

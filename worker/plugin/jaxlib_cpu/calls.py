@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -392,6 +393,24 @@ def host_view(array: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray
         return np.empty(shape, dtype)
     buffer = _HostBuffer(array, buffer_address(array), size)
     return np.asarray(buffer).view(dtype).reshape(shape)
+
+
+def collect_garbage() -> None:
+    """Lets go of the host arrays that XLA's threads are done with: jaxlib defers dropping a
+    Python reference from another thread until it holds the GIL again (its next call, or
+    this), so an input given without a copy, or copied asynchronously, keeps the memory it
+    views (shared memory: its segment stays mapped) until then. JAX calls this on every
+    garbage collection; this module registers the same callback."""
+    collect = getattr(getattr(xla_client, "_xla", None), "collect_garbage", None)
+    if collect is not None:
+        collect()
+
+
+def _collect_on_gc(phase: str, info: dict[str, Any]) -> None:
+    collect_garbage()
+
+
+gc.callbacks.append(_collect_on_gc)
 
 
 def ready(arrays: Sequence[Any]) -> None:

@@ -120,6 +120,12 @@ class JaxlibPlugin:
         """A new client of `devices` devices."""
         return JaxlibClient(calls.make_client(devices), self.version)
 
+    @staticmethod
+    def let_go() -> None:
+        """Drops the host arrays XLA is done with now, rather than at jaxlib's next call
+        (calls.collect_garbage): memory a worker was told to let go of is let go of."""
+        calls.collect_garbage()
+
 
 class JaxlibClient:
     """A jaxlib CPU client (the counterpart of ``_pjrt.Client``)."""
