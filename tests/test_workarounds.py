@@ -3,7 +3,9 @@
 The default CPU plugin (lammps-jax-pjrt-cpu 0.11.2) computes atan2(x, 1.0),
 which jnp.arctan lowers to, wrong from about 50 elements; lower() puts the
 divisor of every atan2 through an optimization barrier for that build, and
-leaves programs for every other plugin as JAX writes them.
+leaves programs for every other plugin as JAX writes them. The tests lower for
+that plugin's platform (pjrt_cpu: the cpu platform runs on jaxlib's own client,
+no known build) and run in a pool of it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from conftest import DEFAULT_PLUGIN, SECOND_PLUGIN, run_python
 from jax import lax
 
-from pool import compile_program, lower
+from pool import Pool, lower
 from pool.conformance import battery
 from pool.conformance.budgets import ELEMENTARY
 from pool.conformance.compare import ulp_distance
@@ -30,6 +32,22 @@ from worker.plugin.known_builds import KNOWN_BUILDS, WORKAROUNDS_ENV, may_have_u
 pytestmark = pytest.mark.filterwarnings(
     "ignore::worker.plugin.conformance_records.KnownPluginFailuresWarning"
 )
+
+
+PLATFORM = "pjrt_cpu"
+"""The default CPU plugin's platform: the known build whose programs lower() works around."""
+
+
+needs_plugin = pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="needs lammps-jax-pjrt-cpu")
+
+
+@pytest.fixture(scope="module")
+def plugin_pool():
+    """A worker on the default CPU plugin, which runs the programs lowered for it."""
+    if DEFAULT_PLUGIN is None:
+        pytest.skip("lammps-jax-pjrt-cpu is not installed")
+    with Pool(1, platform=PLATFORM) as pool:
+        yield pool
 
 
 def _within_elementwise_budget(got: np.ndarray, expected: np.ndarray) -> bool:
@@ -131,20 +149,20 @@ FORMS = {
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_every_form_of_atan2_by_one_is_right_and_was_wrong(form, monkeypatch):
+def test_every_form_of_atan2_by_one_is_right_and_was_wrong(form, monkeypatch, plugin_pool):
     function = FORMS[form]
     x = _arctan_inputs()
     expected = [np.asarray(e) for e in jax.tree.leaves(jax.jit(function)(x))]
-    program = lower(function, [x])
+    program = lower(function, [x], platform=PLATFORM)
     hidden = _divisors_hidden(program.text)
     assert hidden and all(hidden), program.text
-    outputs = compile_program(program)[0].run([x])
+    outputs = plugin_pool.run(program, [x])
     assert all(_within_elementwise_budget(o, e) for o, e in zip(outputs, expected, strict=True))
 
     monkeypatch.setenv(WORKAROUNDS_ENV, "off")
-    raw = lower(function, [x])
+    raw = lower(function, [x], platform=PLATFORM)
     assert "optimization_barrier" not in raw.text and raw.text != program.text
-    outputs = compile_program(raw)[0].run([x])
+    outputs = plugin_pool.run(raw, [x])
     assert not all(_within_elementwise_budget(o, e) for o, e in zip(outputs, expected, strict=True))
 
 
@@ -160,39 +178,43 @@ UNKNOWN_DIVISORS = {
 """Divisors computed from the inputs, which XLA cannot see as constants: left as JAX wrote them."""
 
 
+@needs_plugin
 @pytest.mark.parametrize("form", UNKNOWN_DIVISORS)
 def test_divisors_computed_from_the_inputs_are_left_alone(form, monkeypatch):
     function, x = UNKNOWN_DIVISORS[form], _arctan_inputs()
     texts = []
     for switch in ("on", "off"):
         monkeypatch.setenv(WORKAROUNDS_ENV, switch)
-        texts.append(lower(function, [x]).text)
+        texts.append(lower(function, [x], platform=PLATFORM).text)
     assert "stablehlo.atan2" in texts[0] and texts[0] == texts[1]
 
 
+@needs_plugin
 def test_a_barrier_already_there_is_kept_and_not_doubled():
     def written_around(x):  # the workaround the README used to give
         return jnp.arctan2(x, lax.optimization_barrier(jnp.ones_like(x)))
 
     x = _arctan_inputs(64)
-    text = lower(written_around, [x]).text
+    text = lower(written_around, [x], platform=PLATFORM).text
     assert text.count("optimization_barrier") == 1
 
 
+@needs_plugin
 def test_programs_without_atan2_are_unchanged(monkeypatch):
     for name, function, shapes in example_programs():
         both = []
         for switch in ("on", "off"):  # one call site: the bytecode's locations are the same
             monkeypatch.setenv(WORKAROUNDS_ENV, switch)
-            both.append(lower(function, shapes))
+            both.append(lower(function, shapes, platform=PLATFORM))
         assert "stablehlo.atan2" not in both[0].text, name
         assert (both[0].code, both[0].text) == (both[1].code, both[1].text), name
 
 
+@needs_plugin
 def test_a_bad_switch_is_refused(monkeypatch):
     monkeypatch.setenv(WORKAROUNDS_ENV, "maybe")
     with pytest.raises(ValueError, match="PJRT_POOL_WORKAROUNDS is 'maybe'; set it to 'on'"):
-        lower(jnp.arctan, [np.zeros(4, np.float32)])
+        lower(jnp.arctan, [np.zeros(4, np.float32)], platform=PLATFORM)
 
 
 _TEXT_AND_CODE = """
@@ -326,7 +348,7 @@ def test_shipped_knowledge_warns_with_no_memo_on_disk(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(DEFAULT_PLUGIN is None, reason="lammps-jax-pjrt-cpu is not installed")
-def test_the_workaround_changes_no_result_but_the_wrong_ones(monkeypatch):
+def test_the_workaround_changes_no_result_but_the_wrong_ones(monkeypatch, plugin_pool):
     """Every battery program with an atan2, with and without the workaround.
 
     Measured: bit for bit the same, except the known failures, which the
@@ -344,14 +366,12 @@ def test_the_workaround_changes_no_result_but_the_wrong_ones(monkeypatch):
         with jax.enable_x64(case.x64):
             inputs = case.make_inputs()
             monkeypatch.delenv(WORKAROUNDS_ENV, raising=False)
-            program = lower(case.function, inputs)
+            program = lower(case.function, inputs, platform=PLATFORM)
             if "stablehlo.atan2" not in program.text:
                 continue  # unchanged (test_programs_without_atan2_are_unchanged)
             monkeypatch.setenv(WORKAROUNDS_ENV, "off")
-            unchanged = lower(case.function, inputs)
-        fixed, raw = (
-            compile_program(p, disk_cache=False)[0].run(inputs) for p in (program, unchanged)
-        )
+            unchanged = lower(case.function, inputs, platform=PLATFORM)
+        fixed, raw = (plugin_pool.run(p, inputs) for p in (program, unchanged))
         for a, b in zip(fixed, raw, strict=True):
             if case.name in failing:
                 assert not np.array_equal(a, b, equal_nan=True), case.name

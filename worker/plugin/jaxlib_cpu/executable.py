@@ -221,6 +221,9 @@ class JaxlibExecutable:
             aval = calls.abstract(shape, array.dtype)
             arguments.append(calls.put(parts, self._devices, placement, zero_copy, aval))
         results = calls.execute_per_device(self._loaded, arguments)
+        # Every device's part ended before any output is written: a place may lie over the
+        # inputs (a pool's "spare" copy), which a device still running would read.
+        calls.ready([value for per_device in results for value in per_device])
         for place, per_device, (dtype, shape), blocks in zip(
             outputs, results, self._types, out_blocks, strict=True
         ):
