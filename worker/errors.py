@@ -19,6 +19,7 @@ __all__ = [
     "DeviceCountError",
     "DeviceUnavailableError",
     "HandlerVersionError",
+    "JaxlibApiError",
     "MissingExtraError",
     "NeverCompileError",
     "NotInCacheError",
@@ -124,6 +125,11 @@ class NotLoadedError(PjrtPoolError, RuntimeError):
     It runs where devices of that topology are: loaded there from the cache
     or a bundle it was published to.
     """
+
+
+class JaxlibApiError(PjrtPoolError, RuntimeError):
+    """The installed jaxlib lacks a binding pjrt-pool uses (its private API moved): raised by
+    the modules that compile or run through jaxlib's own clients (worker.plugin.jaxlib*)."""
 
 
 class TopologyError(PjrtPoolError, ValueError):

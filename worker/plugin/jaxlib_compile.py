@@ -10,7 +10,8 @@ compile-only client compiling the module, parsed in an MLIR context of jaxlib's
 dialects, with the options JAX uses. Measured: the bytes equal those of JAX's
 own deviceless compile of the same jit (a process's later compiles add a few
 bytes: a count of its compiles). For the CPU, jaxlib's own CPU client compiles
-(compile_for_cpu), with as many devices as the target's JAX has.
+(compile_for_cpu, on worker.plugin.jaxlib_cpu's clients), with as many devices as the
+target's JAX has.
 
 Imports jaxlib, never jax; every jaxlib call it makes is private to jaxlib and
 checked on jaxlib 0.10, 0.11 and 0.12 (JaxlibApiError names one that moved).
@@ -22,15 +23,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from worker.errors import PjrtPoolError
+from worker.errors import JaxlibApiError
 from worker.identity.options import assignment_device_ids, read_varint
 from worker.plugin.topology import TopologySpec
 
 _loaded_lock = threading.Lock()
-
-
-class JaxlibApiError(PjrtPoolError, RuntimeError):
-    """The installed jaxlib lacks a binding this module uses (its private API moved)."""
 
 
 def _xla_client() -> Any:
@@ -162,30 +159,16 @@ class JaxlibTopology:
         return CompiledForJax(bytes(executable.serialize()))
 
 
-_cpu_clients: dict[int, Any] = {}
-
-
 def compile_for_cpu(code: bytes, options: bytes, devices: int) -> CompiledForJax:
     """Compiles MLIR bytecode with serialized compile options on jaxlib's CPU client of
-    `devices` devices (JAX's count changes its results), as jax.jit on the CPU does."""
-    xla_client = _xla_client()
-    try:
-        from jaxlib import _jax
-    except ImportError as error:
-        raise JaxlibApiError(f"jaxlib has no _jax extension here ({error})") from None
-    with _loaded_lock:
-        client = _cpu_clients.get(devices)
-        if client is None:
-            client = _cpu_clients[devices] = _jax.get_tfrt_cpu_client(
-                asynchronous=True, num_devices=devices
-            )
-    parsed = xla_client.CompileOptions.ParseFromString(options)
-    assignment = parsed.device_assignment
+    `devices` devices (JAX's count changes its results), as jax.jit on the CPU does, over the
+    devices of the options' device assignment (worker.plugin.jaxlib_cpu makes and keeps the
+    clients, the ones the cpu platform runs on)."""
+    from worker.plugin.jaxlib_cpu.client import serialized_for_jax
+
+    assignment = _xla_client().CompileOptions.ParseFromString(options).device_assignment
     ids = [] if assignment is None else assignment_device_ids(assignment.serialize())
-    local = client.local_devices()
-    chosen = [local[i] for i in ids] if ids else local[:1]
-    executable = client.compile_and_load(code, xla_client.DeviceList(tuple(chosen)), parsed)
-    return CompiledForJax(bytes(executable.serialize()))
+    return CompiledForJax(serialized_for_jax(code, options, devices, ids or None))
 
 
 _topologies: dict[tuple[str, TopologySpec], JaxlibTopology] = {}

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.errors import PjrtError
+from worker.errors import JaxlibApiError, PjrtError
 
 try:
     import jaxlib
@@ -41,10 +41,6 @@ except ImportError as error:  # pjrt-pool depends on jaxlib: an installation lef
 
 KNOWN_VERSIONS = ("0.10", "0.11", "0.12")
 """The jaxlib releases whose private API this module is written against."""
-
-
-class JaxlibApiError(RuntimeError):
-    """The installed jaxlib lacks a binding this module uses (its private API moved)."""
 
 
 def version() -> str:
