@@ -59,7 +59,13 @@ from worker.identity.build import plugin_digest
 from worker.plugin.conformance_records import quiet
 from worker.plugin.kernels import FfiVersionError, MissingCustomCallError
 from worker.plugin.known_builds import WORKAROUNDS_ENV
-from worker.plugin.locate import env_var, environment_variables, find_plugin, jit_xla_note
+from worker.plugin.locate import (
+    PluginLocation,
+    env_var,
+    environment_variables,
+    find_plugin,
+    jit_xla_note,
+)
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform, loaded_runtime
 
@@ -553,16 +559,7 @@ def run_cases(
         # let it go.
         apart = platform_named(platform).references_apart
         count = (os.cpu_count() or 1) if workers is None else workers
-        try:
-            with quiet():  # the memo of this very check must not warn about itself
-                pool = Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
-        except WorkerStartupError as error:
-            raise PluginStartError(f"the plugin {location.path} did not start: {error}") from error
-        except DeviceUnavailableError:  # the pool found none to plan a device worker for
-            raise CheckError(
-                f"no {platform} device is attached to this machine, and check-plugin runs every "
-                f"case on one (the plugin's side, then jax.jit's): run it on a {platform} host"
-            ) from None
+        pool = _started_pool(platform, location, count, cache_dir, timeout)
         limit = max(timeout, REFERENCE_MIN_TIMEOUT)
         with ReferenceSide(platform, limit, reference_threads(apart)) as references:
             probe = TypeProbe(pool, platform, timeout, _probe_failure)
@@ -601,6 +598,27 @@ def run_cases(
         exact=exact,
         xla_note=jit_xla_note(location),
     )
+
+
+def _started_pool(
+    platform: str,
+    location: PluginLocation,
+    count: int,
+    cache_dir: str | os.PathLike[str] | None,
+    timeout: float,
+) -> Pool:
+    """The Pool of `count` workers the plugin's side runs in; PluginStartError where its
+    workers do not start, CheckError where the platform has no device here."""
+    try:
+        with quiet():  # the memo of this very check must not warn about itself
+            return Pool(count, platform=platform, cache_dir=cache_dir, task_timeout=timeout)
+    except WorkerStartupError as error:
+        raise PluginStartError(f"the plugin {location.path} did not start: {error}") from error
+    except DeviceUnavailableError:  # the pool found none to plan a device worker for
+        raise CheckError(
+            f"no {platform} device is attached to this machine, and check-plugin runs every "
+            f"case on one (the plugin's side, then jax.jit's): run it on a {platform} host"
+        ) from None
 
 
 def _ordered(results: dict[str, CaseResult], cases: Sequence[Case]) -> list[CaseResult]:
