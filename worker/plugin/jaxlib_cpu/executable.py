@@ -93,6 +93,8 @@ class JaxlibExecutable:
         self.output_types = [(code_of_dtype(dtype), list(shape)) for dtype, shape in self._types]
         """Each output's (element type code, dims) on one device, as the native module's."""
         self._devices = list(loaded.local_devices())
+        self.device_ids = [device.id for device in self._devices]
+        """The devices it runs on, in device-assignment order."""
         self._handlers = [calls.result_handler(shape, dtype, self._devices[0])
                           for dtype, shape in self._types]  # fmt: skip
         self._shards: tuple[list[Any], list[Any], list[Block], list[Block]] | None = None
@@ -101,11 +103,6 @@ class JaxlibExecutable:
     def num_outputs(self) -> int:
         """The number of outputs."""
         return len(self.output_types)
-
-    @property
-    def device_ids(self) -> list[int]:
-        """The devices it runs on, in device-assignment order."""
-        return [device.id for device in self._devices]
 
     @property
     def sharded(self) -> bool:
@@ -198,13 +195,8 @@ class JaxlibExecutable:
         for value, address, size in zip(values, places, self._sizes, strict=True):
             calls.copy_out(value, address, size)
 
-    def execute_sharded(
-        self,
-        inputs: Sequence[Any],
-        element_types: Sequence[int],
-        outputs: Sequence[Any],
-        zero_copy: bool = True,
-    ) -> None:
+    def execute_sharded(self, inputs: Sequence[Any], element_types: Sequence[int],
+                        outputs: Sequence[Any], zero_copy: bool = True) -> None:  # fmt: skip
         """Runs a program over several devices on global host arrays: each input cut into its
         devices' blocks, each output put together from them into caller memory."""
         if self._shards is None:
