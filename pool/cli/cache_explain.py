@@ -52,6 +52,7 @@ from worker.errors import (
 )
 from worker.identity.keys import IDENTITY_PARTS, differing_parts
 from worker.identity.target import runtime_key_parts
+from worker.partitioning import compile_options_for
 from worker.plugin.runtime import default_platform, get_runtime
 from worker.plugin.topology import TopologySpec
 from worker.records import types_to_json
@@ -158,7 +159,8 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
             lowered, _ = lower_warm_program(program, platform)
         except Exception as error:  # the spec's function does not lower: its own error
             raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
-        parts = here.parts(platform, lowered.text, program.compile_options)
+        options = compile_options_for(lowered, program.compile_options)  # as warm does
+        parts = here.parts(platform, lowered.text, options)
         like = Likeness(lowered.name, types_to_json(lowered.input_types))
         found.append(explain(here.cache, parts, name, like, remote))
     return found

@@ -74,8 +74,11 @@ def program_key(
 ) -> tuple[str, dict[str, Any]]:
     """Returns the cache key of a program on this process's plugin, and its parts.
 
-    target is what it is compiled for (default: the runtime's device).
+    options are the serialized compile options (default: those compile_program uses,
+    worker.partitioning.compile_options_for); target is what it is compiled for
+    (default: the runtime's device).
     """
+    options = compile_options_for(program, options)
     parts = runtime_key_parts(runtime, cache, program.text, options, target)
     return key_of(parts), parts
 

@@ -98,7 +98,8 @@ def related_entries(
         if item.key != fields.get("key") or not isinstance(theirs, dict):
             continue
         metadata = metadata if isinstance(metadata, dict) else {}
-        same = all(theirs.get(part) == parts.get(part) for part in PROGRAM_PARTS)
+        # The same text: its compile options may differ (they are then among the lines).
+        same = theirs.get(PROGRAM_PARTS[0]) == parts.get(PROGRAM_PARTS[0])
         alike = like.of(metadata)
         if not same and not alike:
             continue

@@ -192,11 +192,31 @@ def differing_parts(
         mine = _flatten(section, here.get(section))
         for name in sorted(theirs.keys() | mine.keys()):
             if theirs.get(name) != mine.get(name):
-                line = f"{name}: built with {theirs.get(name)!r}, here {mine.get(name)!r}"
+                built_with, here_with = _shown(theirs.get(name)), _shown(mine.get(name))
+                line = f"{name}: built with {built_with}, here {here_with}"
+                if name == "compile_options":
+                    line += _OPTIONS_NOTE
                 if name == "host.cpu_features" and cpu_flags:
                     line += _flag_difference(cpu_flags, host_cpu_flags())
                 lines.append(line)
     return lines
+
+
+_OPTIONS_NOTE = (
+    " (serialized CompileOptionsProto; a program lowered from JAX carries jax.jit's, whose"
+    " debug options JAX reads from XLA_FLAGS where it lowers)"
+)
+
+
+def _shown(value: Any) -> str:
+    """A part's value for people: serialized options (hex) by their length and digest."""
+    if isinstance(value, str) and len(value) > 96:
+        try:
+            size = len(bytes.fromhex(value))
+        except ValueError:
+            return repr(value)
+        return f"{size} bytes sha256:{hashlib.sha256(value.encode()).hexdigest()[:16]}"
+    return repr(value)
 
 
 def _flag_difference(built: list[str], here: tuple[str, ...]) -> str:
