@@ -2,13 +2,13 @@
 
 Each node of a ClusterPool holds one NodePool (a Dask worker's PoolPlugin, a
 Ray node's actor): a pjrt-pool Pool of PJRT worker processes, started on its
-first task and closed with its ClusterPool. Every task goes through the
-Pool's public API (run, submit_spec, submit_compile), so a plugin crash, a
-hang past the timeout or a quarantined program fails that task with the
-Pool's own exception (WorkerCrashedError, TaskTimeoutError,
-ProgramQuarantinedError, ...), carried to the client in a CarriedError
-(pool.cluster.carried): the engine's process on the node never loads a
-plugin, and goes on serving.
+first task (or as its Ray actor is made) and closed with its ClusterPool.
+Every task goes through the Pool's public API (run, submit_spec,
+submit_compile), so a plugin crash, a hang past the timeout or a
+quarantined program fails that task with the Pool's own exception
+(WorkerCrashedError, TaskTimeoutError, ProgramQuarantinedError, ...),
+carried to the client in a CarriedError (pool.cluster.carried): the
+engine's process on the node never loads a plugin, and goes on serving.
 
 A run's outputs are returned as the Pool gives them. Large ones are numpy
 views of a shared-memory mapping that the arrays themselves keep alive
@@ -43,25 +43,47 @@ Question = Literal["platform", "cache_counters", "remote_counters", "statistics"
 class NodePool:
     """One node's Pool of a ClusterPool (see the module docstring).
 
-    The Pool starts on the first task (pool()), not where the holder is made
-    (a Dask plugin's setup runs on the worker's event loop; a Ray actor's
-    constructor would hold its first call as long). close() closes it: a task
-    that still comes fails with PoolClosedError instead of starting a Pool
-    that nothing would close. `closed_why` says, in that error, why.
+    The Pool starts on the first task (pool()), or earlier in a thread of its
+    own where the engine says so (start(): a Ray actor, made for its
+    ClusterPool alone, starts it as it is made, so the Pool's workers start
+    while the client is still lowering and sending; a Dask worker, which may
+    serve anything, starts none before a task of this ClusterPool comes).
+    close() closes it: a task that still comes fails with PoolClosedError
+    instead of starting a Pool that nothing would close. `closed_why` says,
+    in that error, why.
     """
 
     def __init__(self, closed_why: str, **pool_options: Any) -> None:
         self.pool_options = pool_options
         self._closed_why = closed_why
         self._pool: Pool | None = None
+        self._start_failed: BaseException | None = None
         self._closed = False
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Starts the Pool now, in a thread (see the class docstring): tasks that come
+        meanwhile wait for it, and the first of them raises what failed the start."""
+        threading.Thread(target=self._start, name="pjrt-pool-node-start", daemon=True).start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._closed or self._pool is not None:
+                return
+            try:
+                self._pool = Pool(**self.pool_options)
+            except BaseException as error:  # for the first task (pool())
+                self._start_failed = error
+
     def pool(self) -> Pool:
-        """This node's Pool, started on first use; PoolClosedError once closed."""
+        """This node's Pool, started on first use; PoolClosedError once closed. What failed
+        a start begun by start() is raised once, by the first call after it."""
         with self._lock:
             if self._closed:
                 raise PoolClosedError(self._closed_why)
+            failed, self._start_failed = self._start_failed, None
+            if failed is not None:
+                raise failed
             if self._pool is None:
                 self._pool = Pool(**self.pool_options)
             return self._pool

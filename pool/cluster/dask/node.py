@@ -184,6 +184,13 @@ def check_task(
     return node.check(program, name, timeout, compile_options)
 
 
+async def close_plugin(name: str, dask_worker: distributed.Worker) -> None:
+    """Removes and closes this node's PoolPlugin `name`, if it still has one (for client.run,
+    where unregistering the plugin did not reach every node)."""
+    if isinstance(dask_worker.plugins.get(name), PoolPlugin):
+        await dask_worker.plugin_remove(name)
+
+
 def node_answer(name: str, question: Question, dask_worker: distributed.Worker) -> Any:
     """This node's answer to a question about its Pool of plugin `name` (for client.run; see
     NodePool.answer): a NodePool not registered here answers as one not started."""

@@ -2,7 +2,7 @@
 
 A RayClusterPool starts one NodeActor per node (pool.cluster.ray.nodes), a
 threaded Ray actor: each call runs in one of its threads, through the
-node's Pool (pool.cluster.node_pool: started on the first task, every
+node's Pool (pool.cluster.node_pool: started as the actor is made, every
 failure carried to the client), so a plugin crash fails that call with the
 Pool's exception and the actor goes on serving. Calls that must not wait
 behind runs (its facts, the figures, fetching a value, closing) have a
@@ -57,6 +57,9 @@ class NodeActor:
 
     def __init__(self, pool_options: dict[str, Any], tpu_chips: int = 0) -> None:
         self._node = NodePool(_CLOSED, **pool_options)
+        # Made for one RayClusterPool, whose calls are on their way: its Pool starts now,
+        # while the client waits for the actors and lowers (NodePool.start).
+        self._node.start()
         self._tpu_chips = tpu_chips
         self._values: dict[int, DeviceValue] = {}
         self._ids = itertools.count(1)

@@ -13,6 +13,7 @@ node from wherever it is.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import numpy as np
@@ -330,9 +331,12 @@ elsewhere: it fails with their loss. spread_at is as for ClusterPool
     def _close_nodes(self) -> None:
         self._nodes.close()
 
-    def _wait(self, handles: list[Any]) -> None:
-        for future in handles:
-            future.finished.wait()
+    def _wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        return [f for f in handles if not f.finished.wait(max(0.0, deadline - time.monotonic()))]
+
+    def _abandon(self, handle: Any, error: BaseException) -> None:
+        handle.abandon(error)
 
     # -- Ray's own -------------------------------------------------------------------------
 
