@@ -52,7 +52,7 @@ from pool.warm.report import (
     error_text,
 )
 from pool.warm.spec_file import Spec, WarmProgram
-from worker.cache import CacheCounters, DiskCache, open_cache
+from worker.cache import CacheCounters, DiskCache
 from worker.cache.remote import (
     Moved,
     Prefetcher,
@@ -146,7 +146,10 @@ class _Ledger:
         smaller than the programs evicts some of them: either way warming has
         not put the program in the cache, and the report must not say it has.
         """
-        cache = DiskCache(cache_dir, create=False)
+        with DiskCache(cache_dir, create=False) as cache:
+            self._check_stored(cache)
+
+    def _check_stored(self, cache: DiskCache) -> None:
         for report in self.reports:
             if report.outcome.ok and report.key is not None:
                 if cache.usable and cache.path_of(report.key).is_file():
@@ -239,13 +242,17 @@ class _Prefetch:
         remote does)."""
         tier = self._tier
         key_parts = None if tier is None else getattr(compiler, "key_parts", None)
-        cache = None if key_parts is None else open_cache(cache_dir)
-        if tier is None or cache is None or not cache.writable:
+        if tier is None or key_parts is None:
             yield
             return
-        with Prefetcher(tier, cache) as prefetcher:
-            self._prefetcher, self._key_parts = prefetcher, key_parts
-            yield
+        # Its own instance, closed after: a process that warms many directories keeps none.
+        with DiskCache(cache_dir) as cache:
+            if not cache.writable:
+                yield
+                return
+            with Prefetcher(tier, cache) as prefetcher:
+                self._prefetcher, self._key_parts = prefetcher, key_parts
+                yield
 
     def then(
         self,
