@@ -20,6 +20,7 @@ import argparse
 import sys
 from typing import Any
 
+from pool.cli import interrupts
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_command,
@@ -84,17 +85,18 @@ def _check(args: argparse.Namespace) -> int:
     pool_option(args, "workers")  # before importing JAX: answers at once
     pool_option(args, "task_timeout")
     checked_cache_dir(args.cache_dir)
-    # Here, not at the top: the battery imports JAX (about a second), which
-    # `pjrt-pool --help` and a usage error should not wait for.
-    from pool.conformance import (
-        CheckError,
-        PluginStartError,
-        format_report,
-        remember,
-        report_json,
-        run_cases,
-    )
-    from pool.conformance.battery import select
+    with interrupts.at_once():  # JAX's import: nothing held yet (pool.cli.interrupts)
+        # Here, not at the top: the battery imports JAX (about a second), which
+        # `pjrt-pool --help` and a usage error should not wait for.
+        from pool.conformance import (
+            CheckError,
+            PluginStartError,
+            format_report,
+            remember,
+            report_json,
+            run_cases,
+        )
+        from pool.conformance.battery import select
 
     try:
         cases = select(_patterns(args.cases))
