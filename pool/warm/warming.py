@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 from pool.executor.compile_many import CompileResult
 from pool.executor.programs import program_key_parts, program_text_digest
 from pool.face import Pool, PoolFace
+from pool.lowering.sharding import declared_devices
 from pool.progress import ProgressDisplay
 from pool.warm.lowerer import Lowered, Lowerer
 from pool.warm.report import (
@@ -63,7 +64,9 @@ from worker.cache.remote import (
 )
 from worker.compile.never_compile import never_compile_on
 from worker.identity.keys import key_of
-from worker.partitioning import compile_options_for
+from worker.partitioning import compile_options_for, devices_needed
+from worker.plugin.platforms.registry import platform_named
+from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, LoweredProgram
 
@@ -198,7 +201,7 @@ class _Compile:
                 timeout=self._timeout,
                 compile_options=self._programs[index].compile_options,
             )
-        except Exception as failure:  # quarantined, or the pool is shutting down
+        except Exception as failure:  # quarantined, too many devices, or shutting down
             outcome = Outcome.SKIPPED if ledger.stop.is_set() else classify(failure)
             ledger.finish(index, outcome, failure)
             return
@@ -353,6 +356,23 @@ class _Figures(NamedTuple):
         return cls(compiler.statistics, compiler.cache_counters, compiler.remote_counters)
 
 
+def _devices_declared(
+    programs: list[WarmProgram], platform: str | None, topology: str | TopologySpec | None
+) -> int:
+    """The devices each worker gets when warm() is not told: where a worker has as many as
+    it is given (the CPU), those of the largest mesh the programs declare; else 1."""
+    if topology is not None or not platform_named(platform or default_platform()).devices_on_demand:
+        return 1
+    return max(map(_declared, programs), default=1)
+
+
+def _declared(program: WarmProgram) -> int:
+    """The devices a spec's program says it needs before it is lowered (see declared_devices)."""
+    if program.lowered is not None:
+        return devices_needed(program.lowered.partitioning)
+    return declared_devices(program.shapes, program.in_shardings, program.out_shardings)
+
+
 @contextlib.contextmanager
 def _compiler(
     scheduler: str | None,
@@ -403,7 +423,7 @@ def warm(
     scheduler: str | None = None,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
-    devices_per_worker: int = 1,
+    devices_per_worker: int | None = None,
 ) -> WarmReport:
     """Lowers and compiles every program of a spec into the disk cache; returns the report.
 
@@ -427,6 +447,10 @@ def warm(
     the manifest, of a TPU host. devices_per_worker is the devices each
     compiling worker holds, as for Pool: a CPU or GPU program over several
     devices compiles on that many (a topology's programs compile without any).
+    None: on the CPU (whose workers have as many devices as they are given),
+    as many as the largest mesh the spec's programs name with their shardings
+    (an AbstractMesh of 2 x 4: 8), else 1. A program over more devices than a
+    worker holds is a SETUP_ERROR, whose error says what to pass.
     A Ctrl-C raises WarmInterrupted, with the report of what was warmed
     before it, once the workers have stopped.
     """
@@ -436,6 +460,8 @@ def warm(
     initializer = spec.initializer if isinstance(spec, Spec) else None
     started = time.monotonic()
     figures = _Figures()
+    if devices_per_worker is None:
+        devices_per_worker = _devices_declared(programs, platform, topology)
     compiling = _compiler(
         scheduler,
         workers,

@@ -172,10 +172,12 @@ class Server:
         cache_key: str | None = None,
         compile_options: bytes | None = None,
         bundle: tuple[str, str] | None = None,
+        name: str | None = None,
     ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
         """Returns the program's executable, compiling or loading it if needed: from the disk
         cache by cache_key, or with bundle (its path or URL, and the program's name) from
-        that bundle, read-only.
+        that bundle, read-only. name is the task's name for the program, which an entry
+        compiled here records (compile_program's name).
 
         The statistics are None when the executable was loaded already, or when
         a preloaded one serves the program (see preload).
@@ -194,6 +196,7 @@ class Server:
                 program,
                 never_compile=self.never_compile,
                 topology=self.topology,
+                name=name,
                 **options,
             )
         elif cache_key is not None:
@@ -284,7 +287,10 @@ class Server:
 
     def compile(self, request: Compile) -> Reply:
         executable, statistics, evicted = self._load(
-            request.program_id, request.program, compile_options=request.compile_options
+            request.program_id,
+            request.program,
+            compile_options=request.compile_options,
+            name=request.name,
         )
         return Reply(
             request.task_id,
@@ -370,6 +376,7 @@ class Server:
             request.cache_key,
             request.compile_options,
             (request.bundle, request.name) if request.bundle else None,
+            request.name,
         )
         own = self._layouts[request.program_id]
         types = check_run_inputs(request, own)
