@@ -47,6 +47,7 @@ __version__ = "0.1.0"
 # the one list of the names (worker.lazy_names reads it on first use).
 if TYPE_CHECKING:
     from pool.cluster import ClusterPool as ClusterPool
+    from pool.errors import ConvertedInputWarning as ConvertedInputWarning
     from pool.errors import DeviceFailureError as DeviceFailureError
     from pool.errors import PoolClosedError as PoolClosedError
     from pool.errors import PoolError as PoolError
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from pool.errors import TracedPoolFunctionError as TracedPoolFunctionError
     from pool.errors import WorkerCrashedError as WorkerCrashedError
     from pool.errors import WorkerStartupError as WorkerStartupError
+    from pool.errors import WorkerWarning as WorkerWarning
     from pool.executor.compile_many import CompileResult as CompileResult
     from pool.executor.options import DeviceStart as DeviceStart
     from pool.executor.values import DeviceValue as DeviceValue

@@ -17,6 +17,7 @@ plugin, or a file that is not one).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -30,6 +31,8 @@ from pool.cli.options import (
 )
 from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
+from worker.plugin.platforms.registry import platform_named
+from worker.plugin.runtime import default_platform
 
 
 def register(subparsers: Any) -> None:
@@ -85,6 +88,12 @@ def _check(args: argparse.Namespace) -> int:
     pool_option(args, "workers")  # before importing JAX: answers at once
     pool_option(args, "task_timeout")
     checked_cache_dir(args.cache_dir)
+    checked = platform_named(args.platform or default_platform())
+    if "cpu" in checked.jax_names and not os.environ.get("JAX_PLATFORMS"):
+        # JAX's side runs on the CPU (here, and in the reference process, which inherits
+        # this): JAX then never loads libtpu where the tpu extra installed it, whose start on
+        # a machine without a TPU logs "E0000 ... unexpected worker hostname" (docs).
+        os.environ["JAX_PLATFORMS"] = "cpu"
     with interrupts.at_once():  # JAX's import: nothing held yet (pool.cli.interrupts)
         # Here, not at the top: the battery imports JAX (about a second), which
         # `pjrt-pool --help` and a usage error should not wait for.

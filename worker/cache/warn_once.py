@@ -12,18 +12,20 @@ from __future__ import annotations
 import threading
 import warnings
 
-from worker.log import get_logger
+from worker.log import Logger, get_logger
 
 logger = get_logger("pjrt_pool.cache")
 
 
 class WarnOnce:
-    """Warns of each topic once: the first message of a topic is logged and issued as
-    `category` (attributed `stacklevel` frames up from warn); later ones are dropped."""
+    """Warns of each topic once: the first message of a topic is logged (on `log`, by default
+    the caches' logger) and issued as `category` (attributed `stacklevel` frames up from
+    warn); later ones are dropped."""
 
-    def __init__(self, category: type[Warning], stacklevel: int) -> None:
+    def __init__(self, category: type[Warning], stacklevel: int, log: Logger = logger) -> None:
         self.category = category
         self.stacklevel = stacklevel
+        self.log = log
         self._given: set[str] = set()
         self._lock = threading.Lock()
 
@@ -33,7 +35,7 @@ class WarnOnce:
             if topic in self._given:
                 return
             self._given.add(topic)
-        logger.warning(message)
+        self.log.warning(message)
         warnings.warn(message, self.category, stacklevel=self.stacklevel)
 
 

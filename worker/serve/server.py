@@ -34,7 +34,7 @@ from collections import OrderedDict
 from itertools import count
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from worker import _pjrt
+from worker import _pjrt, log
 from worker.cache import process_counters
 from worker.cache.remote import remote_counters
 from worker.compile.by_key import load_cached_executable
@@ -525,6 +525,9 @@ class Server:
         """Sends a reply (and closes its descriptors); after a device failure, exits."""
         if reply.statistics is not None:
             reply = _with_counters(reply)
+        said = log.said()
+        if said:
+            reply = dataclasses.replace(reply, warnings=said)
         try:
             protocol.send_frame(self.sock, reply, out_fds)
         finally:
