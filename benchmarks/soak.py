@@ -194,7 +194,8 @@ def one_pool(
             raise
         finally:
             interrupter.disarm()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # in the with block, or where disarm waited for it
+        interrupter.received()
         tally.interrupts += 1
     tally.pools += 1
     shutil.rmtree(directory, ignore_errors=True)

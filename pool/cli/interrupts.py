@@ -161,9 +161,16 @@ def leave_now() -> None:
 @contextlib.contextmanager
 def mode(new: Mode) -> Iterator[None]:
     """A signal does what `new` says while the block runs; then as before. Leaving a HOLD
-    block with a signal waiting raises its KeyboardInterrupt (once the block is done)."""
+    block with a signal waiting raises its KeyboardInterrupt (once the block is done), and
+    so does entering an UNWIND block inside it (AT_ONCE: leaves at once)."""
     global _mode, _waiting
     before, _mode = _mode, new
+    if _waiting and new is not Mode.HOLD:  # a signal held until now: acted on here
+        _waiting = False
+        _mode = before
+        if new is Mode.AT_ONCE:
+            leave_now()
+        raise KeyboardInterrupt
     try:
         yield
     finally:

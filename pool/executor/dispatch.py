@@ -51,7 +51,7 @@ from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
 from worker import log
-from worker.cache.warn_once import WarnOnce
+from worker.cache.warn_once import WarnOnce, said_here
 from worker.fds import close_all
 from worker.identity.keys import check_key
 from worker.log import get_logger
@@ -328,11 +328,13 @@ class Dispatcher:
 
     def _pass_on(self, worker: WorkerProcess, said: Any) -> None:
         """Says each warning a worker gave, once per pool: logged on "pjrt_pool.worker" and
-        issued as a WorkerWarning (what is not a tuple of texts is no warning of a worker's)."""
+        issued as a WorkerWarning; not one this process said itself (the pool's checks as
+        it started say what its workers would: an unusable cache, unsigned records). What
+        is not a tuple of texts is no warning of a worker's."""
         if not isinstance(said, tuple):
             return
         for text in said[:16]:
-            if isinstance(text, str):
+            if isinstance(text, str) and not said_here(text[: log.MAX_SAID]):
                 text = text[: log.MAX_SAID]
                 self._said.warn(text, f"pjrt-pool worker {worker.pid}: {text}")
 

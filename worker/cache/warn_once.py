@@ -17,6 +17,16 @@ from worker.log import Logger, get_logger
 logger = get_logger("pjrt_pool.cache")
 
 
+_said_here: set[str] = set()
+"""Every message a WarnOnce of this process has said."""
+
+
+def said_here(message: str) -> bool:
+    """Whether a WarnOnce of this process has said this message (a pool passing on its
+    workers' warnings says none that the caller's process said itself)."""
+    return message in _said_here
+
+
 class WarnOnce:
     """Warns of each topic once: the first message of a topic is logged (on `log`, by default
     the caches' logger) and issued as `category` (attributed `stacklevel` frames up from
@@ -35,6 +45,7 @@ class WarnOnce:
             if topic in self._given:
                 return
             self._given.add(topic)
+            _said_here.add(message)
         self.log.warning(message)
         warnings.warn(message, self.category, stacklevel=self.stacklevel)
 
