@@ -22,8 +22,10 @@ included, and Python's), its memory mappings, the shared-memory segments it
 holds or maps (pjrt-pool's are memfds), any file in /dev/shm named as
 pjrt-pool's, its live child processes, and its resident and anonymous
 memory. It prints a table of each at start and end, and exits 1 if a count
-grew (memory is printed, not judged: the allocator keeps freed pages for
-reuse).
+grew. Memory, and the anonymous mappings (the heap, thread stacks and
+glibc's malloc arenas, which it makes as threads first allocate at once,
+up to eight per core, and keeps for reuse), are printed, not judged;
+pjrt-pool's own mappings are of files and segments, which are.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import numpy as np
 
 from pool import Pool, WorkerCrashedError, lower
 
-COUNTS = ("descriptors", "threads (kernel)", "threads (Python)", "mappings",
+COUNTS = ("descriptors", "threads (kernel)", "threads (Python)", "mappings of files",
           "shared-memory segments", "pjrt-pool's /dev/shm files", "child processes")  # fmt: skip
 """The resources that must come back to where they started."""
 
@@ -95,6 +97,13 @@ def _memory_kib(field: str) -> int:
     return 0
 
 
+def _mappings() -> list[str]:
+    """What each of this process's memory mappings maps: a file's path, "/memfd:..." (a
+    shared-memory segment), "[heap]", "[stack]", or "" for anonymous memory."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return [fields[5] if len(fields) > 5 else "" for fields in map(str.split, lines)]
+
+
 def measure() -> dict[str, float]:
     """Every resource this benchmark watches, now."""
     gc.collect()
@@ -102,7 +111,8 @@ def measure() -> dict[str, float]:
         "descriptors": len(os.listdir("/proc/self/fd")) - 1,  # less listdir's own
         "threads (kernel)": len(os.listdir("/proc/self/task")),
         "threads (Python)": threading.active_count(),
-        "mappings": len(Path("/proc/self/maps").read_text().splitlines()),
+        "mappings of files": sum(name.startswith("/") for name in _mappings()),
+        "anonymous mappings": sum(not name.startswith("/") for name in _mappings()),
         "shared-memory segments": _segments(),
         "pjrt-pool's /dev/shm files": _shm_files(),
         "child processes": _children(),
@@ -260,14 +270,17 @@ def _tasks(
 
 
 def table(start: dict[str, float], end: dict[str, float]) -> str:
-    width = max(map(len, start))
+    """Each resource at start and end, and the change; counts whole, MiB to a tenth, the
+    ones not judged marked."""
+    width = max(map(len, start)) + 12
     lines = [f"{'resource':<{width}}  {'start':>10}  {'end':>10}  {'change':>10}"]
     for name in start:
         a, b = start[name], end[name]
-        if name in COUNTS:
-            lines.append(f"{name:<{width}}  {a:>10.0f}  {b:>10.0f}  {b - a:>+10.0f}")
-        else:
-            lines.append(f"{name:<{width}}  {a:>10.1f}  {b:>10.1f}  {b - a:>+10.1f}")
+        shown = name if name in COUNTS else f"{name} (not judged)"
+        digits = 1 if "MiB" in name else 0
+        lines.append(
+            f"{shown:<{width}}  {a:>10.{digits}f}  {b:>10.{digits}f}  {b - a:>+10.{digits}f}"
+        )
     return "\n".join(lines)
 
 
