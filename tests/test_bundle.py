@@ -577,6 +577,23 @@ def test_a_damaged_bundle_exits_1_from_every_command(bundles, tmp_path):
     assert listed.returncode == 1 and "cut short" in listed.stderr
 
 
+def test_run_without_a_name_lists_and_says_what_it_does_not_take(bundles):
+    """Issue 63: `pjrt-pool run BUNDLE --workers 2` without NAME listed the programs and
+    dropped --workers without a word. Options for running are refused there, saying so;
+    --json lists as JSON."""
+    for options in (["--workers", "2"], ["--inputs", "x.npz", "--prime"]):
+        done = pjrt_pool("run", str(bundles["here"]), *options)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        (line,) = done.stderr.splitlines()
+        assert f"{', '.join(o for o in options if o.startswith('--'))} " in line
+        assert "for running a program: name the program to run" in line
+    listed = pjrt_pool("run", str(bundles["here"]), "--json")
+    assert listed.returncode == 0, listed.stderr
+    programs = json.loads(listed.stdout)
+    assert [p["name"] for p in programs] == list(NAMES)
+    assert all(p["input_types"] and p["output_types"] for p in programs)
+
+
 def test_a_signed_bundle_whose_index_was_changed_is_refused(warmed, monkeypatch, tmp_path):
     monkeypatch.setenv("PJRT_POOL_CACHE_SECRET", SECRET)
     cache_dir = tmp_path / "signed"
