@@ -28,8 +28,14 @@ the command says what it is doing:
 install() puts the handlers in, as the first thing the command line does
 (pool.cli.main, when run as the pjrt-pool command); main runs each command in
 UNWIND, and commands mark their parts that are AT_ONCE (importing JAX, a
-spec) or HOLD. A signal that came while the command ran ends it with the
-signal's status even if its KeyboardInterrupt was lost on the way (received).
+spec) or HOLD. A KeyboardInterrupt raised into code that cannot pass it on
+(a __del__, a garbage collector's callback) is sent again, to land after
+it, and a signal that came while the command ran ends it with the signal's
+status even if its KeyboardInterrupt was lost all the same (received). Once
+the exit handlers have run, the signals are ignored: the interpreter would
+put back their default actions as it finalizes. Before install(), while
+Python starts and imports the command's first module (some tens of
+milliseconds), a signal is Python's own.
 """
 
 from __future__ import annotations
