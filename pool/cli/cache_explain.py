@@ -21,6 +21,7 @@ import argparse
 import json
 from typing import Any
 
+from pool.cli import interrupts
 from pool.cli.main import ExitCode, UsageError
 from pool.cli.options import (
     add_command,
@@ -161,7 +162,7 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
             raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
         options = compile_options_for(lowered, program.compile_options)  # as warm does
         parts = here.parts(platform, lowered.text, options)
-        like = Likeness(lowered.name, types_to_json(lowered.input_types))
+        like = Likeness(name, types_to_json(lowered.input_types))
         found.append(explain(here.cache, parts, name, like, remote))
     return found
 
@@ -192,15 +193,17 @@ def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation
     for name in _chosen(list(manifest.specs), args.names, f"the manifest {args.file}"):
         spec = manifest.specs[name]
         identity = here.parts(spec.platform)
-        like = Likeness(None, types_to_json(spec.input_types), types_to_json(spec.output_types))
+        like = Likeness(name, types_to_json(spec.input_types), types_to_json(spec.output_types))
         parts = _entry_parts(here.cache, remote, spec.key)
         if parts is None:
-            note = (
-                "the manifest's entry is in neither the cache nor the remote, so its program "
-                "is unknown here: entries of programs with its types are compared by where "
-                "they were built"
-            )
             related = related_entries(here.cache, identity, like, IDENTITY_PARTS)
+            note = (
+                f"the manifest names entry {spec.key}, which is in neither the cache nor the "
+                "remote, and a manifest holds no program text: which part of the key differs "
+                "cannot be said"
+            )
+            if related:
+                note += f"; entries of a program named {name!r}, by where they were built:"
             found.append(Explanation(name, spec.key, "", tuple(related), note))
             continue
         explained = explain(here.cache, parts_here(parts, identity), name, like, remote)
@@ -220,7 +223,8 @@ def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation
 def _explain(args: argparse.Namespace) -> int:
     remote = open_remote_option(args.remote)
     explaining = _explain_spec if _is_spec(args.file) else _explain_manifest
-    explanations = explaining(args, remote)
+    with interrupts.at_once():  # it reads, imports JAX and lowers: nothing held to undo
+        explanations = explaining(args, remote)
     if args.json:
         document = {
             "file": args.file,

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pool.errors import DeviceFailureError, PoolError, rebuild_error
+from pool.errors import DeviceFailureError, PoolError, WorkerWarning, rebuild_error
 from pool.executor.compile_many import CompileResult
 from pool.executor.futures import resolve
 from pool.executor.quarantine import Quarantine, count_crash
@@ -50,7 +50,10 @@ from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
+from worker import log
+from worker.cache.warn_once import WarnOnce, said_here
 from worker.identity.keys import check_key
+from worker.log import get_logger
 from worker.records import ArrayType, CompileStatistics
 from worker.wire import protocol, shm
 from worker.wire.fds import close_all
@@ -94,6 +97,8 @@ class Dispatcher:
         self._requests = requests  # builds each request; learns programs' output types
         self._wait_set = wait_set  # woken for what only the manager may complete
         self.statistics = CompileStatistics()  # summed over every reply, under the lock
+        # The workers' warnings, said once per pool (their output reaches only the debug log).
+        self._said = WarnOnce(WorkerWarning, stacklevel=2, log=get_logger("pjrt_pool.worker"))
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -283,6 +288,9 @@ class Dispatcher:
         if type(message) is protocol.HotReply:
             self._handle_hot(worker, task, message, fds)
             return
+        said = getattr(message, "warnings", ())  # a Ready's or a Reply's, untrusted
+        if said:
+            self._pass_on(worker, said)
         if isinstance(message, protocol.Ready):
             close_all(fds)
             self._starts.on_ready(worker, message)
@@ -317,6 +325,18 @@ class Dispatcher:
                 self._finish(worker, task, outcome)
             finally:
                 close_all(fds)
+
+    def _pass_on(self, worker: WorkerProcess, said: Any) -> None:
+        """Says each warning a worker gave, once per pool: logged on "pjrt_pool.worker" and
+        issued as a WorkerWarning; not one this process said itself (the pool's checks as
+        it started say what its workers would: an unusable cache, unsigned records). What
+        is not a tuple of texts is no warning of a worker's."""
+        if not isinstance(said, tuple):
+            return
+        for text in said[:16]:
+            if isinstance(text, str) and not said_here(text[: log.MAX_SAID]):
+                text = text[: log.MAX_SAID]
+                self._said.warn(text, f"pjrt-pool worker {worker.pid}: {text}")
 
     def _handle_hot(
         self, worker: WorkerProcess, task: Task | None, reply: protocol.HotReply, fds: list[int]

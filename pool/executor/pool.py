@@ -163,27 +163,26 @@ class WorkerPool(TaskMaking, PoolArrays):
         # Every option is checked before anything starts (see pool.executor.settings).
         settings = self._settings = PoolSettings.check(given)
         self._assemble(settings)
-        self._manager.start()
-        # Read once: Thread.ident is a property, and every run compares it.
-        self._manager_ident = self._manager.ident
+        # Whatever stops __init__ from here on (a failed start, or a Ctrl-C at any step:
+        # the caller never gets the pool to close) stops what it started.
         try:
-            started = self._starts.started.wait(settings.start_timeout)
-        except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
+            self._manager.start()
+            # Read once: Thread.ident is a property, and every run compares it.
+            self._manager_ident = self._manager.ident
+            if not self._starts.started.wait(settings.start_timeout):
+                raise WorkerStartupError(
+                    f"the workers did not start within {settings.start_timeout:.0f} s "
+                    "(plugin loading hung?); raise start_timeout if plugins load slowly here"
+                )
+            if self._starts.startup_error is not None:
+                raise self._starts.startup_error
+            terminate_at_exit(self)
+            self._started(settings)
+            # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
+            warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
+        except BaseException:
             self.terminate()
             raise
-        if not started:
-            self.terminate()
-            raise WorkerStartupError(
-                f"the workers did not start within {settings.start_timeout:.0f} s "
-                "(plugin loading hung?); raise start_timeout if plugins load slowly here"
-            )
-        if self._starts.startup_error is not None:
-            self.terminate()
-            raise self._starts.startup_error
-        terminate_at_exit(self)
-        self._started(settings)
-        # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
-        warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
 
     def _assemble(self, settings: PoolSettings) -> None:
         """Makes the parts of the pool (see the module docstring), each given what it uses."""
