@@ -488,19 +488,17 @@ def warm(
         raise ValueError("warm compiles on one cluster: give scheduler (Dask) or ray, not both")
     cluster = scheduler if ray is None else ray  # the cluster's address, or None: here
     jax_target = None if jax_cache is None else jax_cache.target
-    if jax_target is not None:
+    if jax_target is not None:  # JAX's target says where the programs run
         platform, topology = jax_target.platform, jax_target.topology
     jax_files = _jax_files(jax_cache, cache_dir, remote)
     prefetch = _Prefetch(open_remote(remote) if cluster is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
     initializer = spec.initializer if isinstance(spec, Spec) else None
-    started = time.monotonic()
-    figures = _Figures()
-    if devices_per_worker is None:
-        devices_per_worker = _devices_declared(programs, platform, topology)
+    started, figures, stopped = time.monotonic(), _Figures(), None
+    held = devices_per_worker or _devices_declared(programs, platform, topology)  # None: meshes'
     compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer,
-                          remote, topology, devices_per_worker, ray)  # fmt: skip
+                          remote, topology, held, ray)  # fmt: skip
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
             try:
@@ -511,9 +509,7 @@ def warm(
                 figures = _Figures.of(compiler)
     except KeyboardInterrupt as interrupt:
         ledger.interrupted_the_rest()
-        stopped: KeyboardInterrupt | None = interrupt
-    else:
-        stopped = None
+        stopped = interrupt
     finally:
         ledger.end_progress()
     report = _report(ledger, figures, prefetch, started, platform, cache_dir, cluster, remote,
