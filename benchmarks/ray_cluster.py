@@ -28,7 +28,6 @@ contained: every figure's baseline is measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -45,6 +44,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
+from harness import cluster_arguments  # noqa: E402
 
 from pool import lower  # noqa: E402
 from pool.cluster import LocalRayCluster, RayClusterPool, connect_ray  # noqa: E402
@@ -167,12 +167,7 @@ def _empty_actors() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="runs,warm")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=2000)
-    args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
+    args, parts = cluster_arguments(__doc__.split("\n\n")[0], "runs,warm", argv)
     print(f"{os.cpu_count()} CPUs, ray {ray.__version__}", flush=True)
     started = time.perf_counter()
     with LocalRayCluster(2, cpus_per_node=1) as local, connect_ray(local.address):

@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from pool.cluster.carried import CarriedError, NodeLostError, original_error
+from pool.cluster.node_pool import SpecCall
 from pool.cluster.options import check_cluster_options, node_options
 from pool.cluster.routing import Router, home_of
 from pool.errors import PoolClosedError, PoolError
@@ -54,7 +55,6 @@ from worker.identity.options import checked_compile_options
 from worker.records import (
     ArrayType,
     CompileStatistics,
-    JaxCompile,
     LoweredProgram,
     ProgramSpec,
     check_program,
@@ -153,38 +153,17 @@ class ClusterPoolBase(PoolFace):
         outcome, the engine calls _ended(the address it ended on) once."""
 
     @abc.abstractmethod
-    def _send_spec(
-        self,
-        address: str,
-        spec: ProgramSpec,
-        arguments: Any,
-        timeout: float | None,
-        bundle: str | None,
-    ) -> Future[Any]:
+    def _send_spec(self, address: str, call: SpecCall) -> Future[Any]:
         """Sends a run of a ProgramSpec's executable to `address`'s Pool (as _send_run)."""
 
     @abc.abstractmethod
-    def _send_compile(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None,
-    ) -> Future[CompileResult]:
-        """Sends a compile (for JAX's cache, with jax) to `address`'s Pool; returns a future
-        of its CompileResult (converted by _unwrap, so that it is counted once)."""
+    def _send_compile(self, address: str, call: CompileCall) -> Future[CompileResult]:
+        """Sends a compile (its program checked, its name and options given; for JAX's cache,
+        with call.jax) to `address`'s Pool; returns a future of its CompileResult (converted
+        by _unwrap, so that it is counted once)."""
 
     @abc.abstractmethod
-    def _check_on(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-    ) -> CarriedError | None:
+    def _check_on(self, address: str, call: CompileCall) -> CarriedError | None:
         """For a never-compile ClusterPool: `address`'s refusal of a program (its Pool's
         NeverCompileError, carried), or None when it has it (a round trip to the node)."""
 
@@ -267,7 +246,8 @@ class ClusterPoolBase(PoolFace):
         else:
             admit = None
             if self._never_compile:
-                admit = functools.partial(self._admit, program, name, timeout, compile_options)
+                call = CompileCall(program, name, timeout, compile_options)
+                admit = functools.partial(self._admit, call)
             address = self._router.choose(identity, admit)
         try:
             carried: Any = program
@@ -279,21 +259,10 @@ class ClusterPoolBase(PoolFace):
             self._router.done(address)
             raise
 
-    def run(
-        self,
-        program: LoweredProgram,
-        inputs: Any,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        compile_options: bytes | None = None,
-        keep: int | Sequence[int] = (),
-    ) -> list[Any]:
-        """Runs a program on a node and returns its outputs (see submit)."""
-        future = self.submit(
-            program, inputs, name=name, timeout=timeout, compile_options=compile_options, keep=keep
-        )
-        return future.result()  # type: ignore[no-any-return]
+    def run(self, program: LoweredProgram, inputs: Any, /, **options: Any) -> list[Any]:
+        """Runs a program on a node and returns its outputs (submit's options: name, timeout,
+        compile_options, keep)."""
+        return self.submit(program, inputs, **options).result()  # type: ignore[no-any-return]
 
     def submit_spec(
         self,
@@ -318,7 +287,7 @@ class ClusterPoolBase(PoolFace):
         arguments = self._arguments(inputs, spec.input_types)
         address = self._router.choose(spec.key)
         try:
-            return self._send_spec(address, spec, arguments, timeout, source)
+            return self._send_spec(address, SpecCall(spec, arguments, timeout, source))
         except BaseException:
             self._router.done(address)
             raise
@@ -372,18 +341,11 @@ class ClusterPoolBase(PoolFace):
                 self._held.popitem(last=False)
         return held
 
-    def _admit(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-        address: str,
-    ) -> BaseException | None:
+    def _admit(self, call: CompileCall, address: str) -> BaseException | None:
         """In never-compile mode, before a program's first run on a node: that node's
         refusal of it (NeverCompileError, raised by its Pool before any PJRT worker does
         anything), or None (see pool.cluster.routing)."""
-        refusal = self._check_on(address, program, name, timeout, compile_options)
+        refusal = self._check_on(address, call)
         return None if refusal is None else original_error(refusal)
 
     def _ended(self, address: str | None) -> None:
@@ -449,8 +411,8 @@ class ClusterPoolBase(PoolFace):
         options = checked_compile_options(call.options)
         check_devices(program.partitioning, *self._devices)
         address = self._route(program, options)
-        name = call.name or program.name
-        return self._send_compile(address, program, name, call.timeout, options, call.jax)
+        checked = call._replace(program=program, name=call.name or program.name, options=options)
+        return self._send_compile(address, checked)
 
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""

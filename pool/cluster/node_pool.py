@@ -22,22 +22,33 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
 from pool.cluster.carried import CarriedError
 from pool.errors import PoolClosedError
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.face import Pool
 from worker.errors import NeverCompileError
 from worker.plugin.runtime import default_platform
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from worker.records import LoweredProgram, ProgramSpec
 
 T = TypeVar("T")
 
 Question = Literal["platform", "cache_counters", "remote_counters", "statistics", "worker_info"]
 """What a client asks every node of its Pool (NodePool.answer)."""
+
+
+class SpecCall(NamedTuple):
+    """One run of the executable a ProgramSpec names, as a node's Pool takes it: its
+    arguments (checked by the client, or the engine's futures of them), Pool.submit_spec's
+    timeout and the bundle (a path every node reads, or a URL) it comes from."""
+
+    spec: ProgramSpec
+    arguments: Any
+    timeout: float | None
+    bundle: str | None
 
 
 class NodePool:
@@ -140,12 +151,7 @@ class NodePool:
         return self._in_pool(run)
 
     def run_spec(
-        self,
-        spec: ProgramSpec,
-        arguments: Sequence[Any],
-        timeout: float | None,
-        bundle: str | None = None,
-        begins: Callable[[], None] | None = None,
+        self, call: SpecCall, begins: Callable[[], None] | None = None
     ) -> list[np.ndarray] | CarriedError:
         """Runs the executable a ProgramSpec names, from this node's cache (or from the bundle
         at that path or URL), in the Pool."""
@@ -153,36 +159,22 @@ class NodePool:
         def run(pool: Pool) -> list[np.ndarray]:
             if begins is not None:
                 begins()
+            spec, arguments, timeout, bundle = call
             return pool.submit_spec(spec, arguments, timeout=timeout, bundle=bundle).result()
 
         return self._in_pool(run)
 
-    def compile(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> CompileResult | CarriedError:
-        """Compiles in the Pool (for JAX's cache, with jax); a program's failure is
+    def compile(self, call: CompileCall) -> CompileResult | CarriedError:
+        """Compiles in the Pool (for JAX's cache, with call.jax); a program's failure is
         returned, not raised: a compile error or a PJRT worker crash is a value of the
         program (compile_many reports it per program), not a failed task of the engine."""
 
         def compile_in(pool: Pool) -> CompileResult:
-            return pool.submit_compile(
-                program, name=name, timeout=timeout, compile_options=compile_options, jax=jax
-            ).result()
+            return pool._submit_compile(call).result()
 
         return self._in_pool(compile_in)
 
-    def check(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-    ) -> CarriedError | None:
+    def check(self, call: CompileCall) -> CarriedError | None:
         """For a never-compile ClusterPool: this node's refusal of a program (a
         NeverCompileError, carried), or None when it has the program.
 
@@ -195,9 +187,7 @@ class NodePool:
         """
 
         def load(pool: Pool) -> None:
-            pool.submit_compile(
-                program, name=name, timeout=timeout, compile_options=compile_options
-            ).result()
+            pool._submit_compile(call._replace(jax=None)).result()
 
         try:
             return self._in_pool(load, carried=NeverCompileError)

@@ -34,7 +34,7 @@ import enum
 import logging
 import threading
 from concurrent.futures import CancelledError, Future
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -72,30 +72,35 @@ Result = list[np.ndarray] | CompileResult | BaseException | Literal[Resend.WITH_
 """What handling a reply gives its task: outputs, a CompileResult, an error, or a resend."""
 
 
+class PoolCore(NamedTuple):
+    """The parts of one pool that its dispatcher and its manager thread both hold, made once
+    by the Pool (pool.executor.pool)."""
+
+    lock: threading.Lock
+    """The pool's: claims, the queue, workers' states and settling change under it."""
+    tasks: Tasks
+    """The queue: dispatched, resent tasks put back, orphans completed."""
+    workers: Workers
+    """Claimed, given back, freed, retired, killed at their deadline and reaped."""
+    starts: WorkerStarts
+    """Starts the workers, replaces each that ends, is told of each one's Ready."""
+    quarantine: Quarantine
+    """Refuses the tasks of programs that crashed workers; counts each crash."""
+    segments: SegmentCache
+    """The shared memory results' arrays view, kept for reuse and closed with the pool."""
+    wait_set: WaitSet
+    """The manager's one wait point (replies, deaths, output, wake-ups)."""
+
+
 class Dispatcher:
     """Sending claimed tasks, reading replies and settling tasks (see the module docstring)."""
 
-    def __init__(
-        self,
-        lock: threading.Lock,
-        tasks: Tasks,
-        workers: Workers,
-        starts: WorkerStarts,
-        quarantine: Quarantine,
-        segments: SegmentCache,
-        requests: Requests,
-        wait_set: WaitSet,
-        owner: Fetcher,
-    ) -> None:
+    def __init__(self, core: PoolCore, requests: Requests, owner: Fetcher) -> None:
         self._owner = owner  # what the handles of kept values fetch themselves through
-        self._lock = lock  # the pool's: claims, the queue and settling happen under it
-        self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
-        self._workers = workers  # claimed, given back, freed and retired here
-        self._starts = starts  # told of each worker's Ready
-        self._quarantine = quarantine  # refuses queued tasks; a device failure is a crash
-        self._segments = segments  # the segments results' arrays view
+        self._lock, self._tasks, self._workers = core.lock, core.tasks, core.workers
+        self._starts, self._quarantine = core.starts, core.quarantine
+        self._segments, self._wait_set = core.segments, core.wait_set
         self._requests = requests  # builds each request; learns programs' output types
-        self._wait_set = wait_set  # woken for what only the manager may complete
         self.statistics = CompileStatistics()  # summed over every reply, under the lock
         # The workers' warnings, said once per pool (their output reaches only the debug log).
         self._said = WarnOnce(WorkerWarning, stacklevel=2, log=get_logger("pjrt_pool.worker"))

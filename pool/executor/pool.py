@@ -81,7 +81,7 @@ from pool.executor.arrays import PoolArrays, ValueOwner
 from pool.executor.caller import CallerPath
 from pool.executor.closing import Closing, terminate_at_exit
 from pool.executor.compile_many import CompileCall, CompileResult
-from pool.executor.dispatch import Dispatcher
+from pool.executor.dispatch import Dispatcher, PoolCore
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
@@ -197,17 +197,11 @@ class WorkerPool(TaskMaking, PoolArrays):
         self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
         self._starts = WorkerStarts(settings, lock, self._workers, self._tasks, wait_set)
         self._requests = Requests(self._segments)
-        self._dispatcher = Dispatcher(
-            lock,
-            self._tasks,
-            self._workers,
-            self._starts,
-            self._quarantine,
-            self._segments,
-            self._requests,
+        core = PoolCore(
+            lock, self._tasks, self._workers, self._starts, self._quarantine, self._segments,
             wait_set,
-            self._value_owner,
-        )
+        )  # fmt: skip
+        self._dispatcher = Dispatcher(core, self._requests, self._value_owner)
         self._layouts = Layouts()
         # Programs a compile task of this pool compiled or loaded (by program id): their
         # runs need no compile first (Pool._needs_compile). Read without the lock: a miss
@@ -216,18 +210,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         self._never_compile_check: NeverCompileCheck | None = None
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
-        self._manager = Manager(
-            lock,
-            self._tasks,
-            self._workers,
-            self._starts,
-            self._dispatcher,
-            self._quarantine,
-            self._segments,
-            wait_set,
-            settings.stop_grace,
-            settings.start_timeout,
-        )
+        self._manager = Manager(core, self._dispatcher, settings.stop_grace, settings.start_timeout)
         self._closing = Closing(self, lock, self._tasks, self._workers, wait_set, self._manager)
         self._caller = CallerPath(
             lock,

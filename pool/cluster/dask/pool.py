@@ -40,8 +40,10 @@ from pool.cluster.dask.node import (
     run_task,
 )
 from pool.cluster.dask.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
+from pool.cluster.node_pool import SpecCall
 from pool.cluster.options import cluster_signature, documented
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from pool.executor.compile_many import CompileCall
+from worker.records import LoweredProgram
 
 
 class ClusterPool(ClusterPoolBase):
@@ -160,50 +162,21 @@ see pool.cluster.routing).""",
         )
         return self._follow(remote, address)
 
-    def _send_spec(
-        self,
-        address: str,
-        spec: ProgramSpec,
-        arguments: Any,
-        timeout: float | None,
-        bundle: str | None,
-    ) -> ClusterFuture:
-        remote = self._send(
-            run_spec_task, address, self._key_prefix, spec, arguments, timeout, bundle
-        )
+    def _send_spec(self, address: str, call: SpecCall) -> ClusterFuture:
+        remote = self._send(run_spec_task, address, self._key_prefix, call)
         return self._follow(remote, address)
 
-    def _send_compile(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None,
-    ) -> ClusterFuture:
-        remote = self._send(
-            compile_task, address, "pjrt-compile-", program, name, timeout, options, jax
-        )
+    def _send_compile(self, address: str, call: CompileCall) -> ClusterFuture:
+        remote = self._send(compile_task, address, "pjrt-compile-", call)
         done = functools.partial(self._untrack, remote.key)
         return self._kept(ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost))
 
-    def _check_on(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-    ) -> CarriedError | None:
+    def _check_on(self, address: str, call: CompileCall) -> CarriedError | None:
         return self.client.submit(  # type: ignore[no-any-return]
             check_task,
             self._plugin_name,
             address,
-            program,
-            name,
-            timeout,
-            options,
+            call,
             workers=[address],
             allow_other_workers=True,
             pure=False,

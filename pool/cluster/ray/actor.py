@@ -25,14 +25,14 @@ import numpy as np
 import ray
 
 from pool.cluster.carried import CarriedError
-from pool.cluster.node_pool import NodePool, Question
+from pool.cluster.node_pool import NodePool, Question, SpecCall
 from pool.cluster.ray.values import Held, KeptOnNode
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.executor.values import DeviceValue
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from worker.records import LoweredProgram
 
 CONTROL = "control"
 """The concurrency group of the calls that must not wait behind runs."""
@@ -96,35 +96,20 @@ class NodeActor:
             return outputs
         return [self._kept(o) if type(o) is DeviceValue else o for o in outputs]
 
-    def run_spec(
-        self, spec: ProgramSpec, arguments: Any, timeout: float | None, bundle: str | None
-    ) -> list[np.ndarray] | CarriedError:
+    def run_spec(self, call: SpecCall) -> list[np.ndarray] | CarriedError:
         """Runs the executable a ProgramSpec names in the node's Pool."""
-        arguments = self._arguments(arguments)
+        arguments = self._arguments(call.arguments)
         if isinstance(arguments, CarriedError):
             return arguments
-        return self._node.run_spec(spec, arguments, timeout, bundle)
+        return self._node.run_spec(call._replace(arguments=arguments))
 
-    def compile(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> CompileResult | CarriedError:
+    def compile(self, call: CompileCall) -> CompileResult | CarriedError:
         """Compiles in the node's Pool (NodePool.compile)."""
-        return self._node.compile(program, name, timeout, compile_options, jax)
+        return self._node.compile(call)
 
-    def check(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-    ) -> CarriedError | None:
+    def check(self, call: CompileCall) -> CarriedError | None:
         """A never-compile ClusterPool's check (NodePool.check)."""
-        return self._node.check(program, name, timeout, compile_options)
+        return self._node.check(call)
 
     @ray.method(concurrency_group=CONTROL)
     def answer(self, question: Question) -> Any:
