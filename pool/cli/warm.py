@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pool.cli import interrupts
+from pool.cli.jax_cache_options import add_jax_cache_options, jax_cache_option
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_cluster_options,
@@ -60,7 +61,6 @@ from pool.manifest import (
     load_manifest,
 )
 from pool.progress import ProgressDisplay
-from worker.cache.jax_values import Compression
 from worker.compile.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
@@ -69,13 +69,8 @@ from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
-    from pool.jax_cache.entries import JaxCacheDestination
     from pool.warm.report import ProgramReport, WarmReport
     from worker.records import ProgramSpec
-
-PATH_FOR_INSTALL = "pjrt-pool"
-"""--jax-cache's name for pjrt-pool's own stores (pool.jax_cache.backing.PATH_IN_KEYS: what
-install() sets jax_compilation_cache_dir to)."""
 
 
 def register(subparsers: Any) -> None:
@@ -158,50 +153,10 @@ def _register_warm(subparsers: Any) -> None:
         help="write a manifest of the warmed programs (checked before warming: its directory "
         "must exist and be writable)",
     )
-    _register_jax_cache(warm)
-
-
-def _register_jax_cache(warm: Any) -> None:
-    jax = warm.add_argument_group(
-        "JAX's own persistent cache",
-        "make each program's entry of JAX's persistent cache, as an unmodified jax.jit on the "
-        "target reads it (docs/jax-cache.md); the spec's functions are what the script calls "
-        "(a jax.jit, its options kept, or a function jax.jit wraps); run the warm with the "
-        "target's XLA_FLAGS",
-    )
-    jax.add_argument(
-        "--jax-cache",
-        metavar="DIR",
-        help="write the entries into the JAX cache directory DIR (made if missing); "
-        f"'{PATH_FOR_INSTALL}': only into pjrt-pool's disk cache and remote tier, for scripts "
-        "that call pool.jax_cache.install()",
-    )
-    jax.add_argument(
-        "--jax-cache-path",
-        metavar="PATH",
-        help="the jax_compilation_cache_dir the target's script sets, which is part of JAX's "
-        f"key (default: DIR, made absolute; '{PATH_FOR_INSTALL}' with install())",
-    )
-    jax.add_argument(
-        "--jax-compression",
-        choices=[c.value for c in Compression],
-        default=Compression.ZLIB.value,
-        metavar="{zlib,zstandard}",
-        help="how the target's JAX compresses entries: zstandard where it can import it, else "
-        "zlib (default)",
-    )
-    jax.add_argument(
-        "--jax-cpu-devices",
-        type=int,
-        default=1,
-        metavar="N",
-        help="the CPU devices of the target's JAX (jax_num_cpu_devices; default 1)",
-    )
-    jax.add_argument(
-        "--libtpu-init-args",
-        metavar="ARGS",
-        help="LIBTPU_INIT_ARGS in the target's environment (default: none; JAX on a TPU VM "
-        "adds its own, which the key includes)",
+    add_jax_cache_options(
+        warm,
+        "make each program's entry of JAX's persistent cache",
+        "write the entries into the JAX cache directory DIR (made if missing)",
     )
 
 
@@ -341,32 +296,10 @@ def _check_jax_cache_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--jax-cpu-devices must be 1 or more, not {args.jax_cpu_devices}")
 
 
-def _jax_cache(args: argparse.Namespace) -> JaxCacheDestination | None:
-    """The destination --jax-cache names, and the target its entries are made for."""
-    if args.jax_cache is None:
-        return None
-    from pool.jax_cache.entries import JaxCacheDestination
-    from pool.jax_cache.target import JaxTarget
-
-    installed = args.jax_cache == PATH_FOR_INSTALL
-    directory = None if installed else str(Path(args.jax_cache).absolute())
-    path = args.jax_cache_path or (PATH_FOR_INSTALL if installed else directory)
-    target = JaxTarget(
-        platform=args.platform or default_platform(),
-        cache_path=str(path),
-        topology=topology_option(args),
-        device_count=args.jax_cpu_devices,
-        compression=Compression(args.jax_compression),
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
-        libtpu_init_args=args.libtpu_init_args,
-    )
-    return JaxCacheDestination(target, directory)
-
-
 def _jax_cache_said(args: argparse.Namespace, report: WarmReport) -> str:
     """Where the JAX cache entries went, and for which target."""
     made = sum(1 for p in report.programs if p.outcome.ok and p.jax_key is not None)
-    destination = _jax_cache(args)
+    destination = jax_cache_option(args)
     assert destination is not None
     target = destination.target
     where = (
@@ -475,7 +408,7 @@ def _warm(args: argparse.Namespace) -> int:
                         remote=args.remote,
                         topology=topology_option(args),
                         devices_per_worker=args.devices_per_worker,
-                        jax_cache=_jax_cache(args),
+                        jax_cache=jax_cache_option(args),
                     )
             except WarmInterrupted as stopped:  # reported and written as far as it got
                 report, interrupted = stopped.report, stopped
