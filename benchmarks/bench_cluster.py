@@ -31,7 +31,6 @@ machine the cluster can only add overhead; the ratios say how much.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import distributed  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from harness import Side, compare, report  # noqa: E402
+from harness import Side, cluster_arguments, compare, report  # noqa: E402
 
 from pool import ClusterPool, Pool, lower  # noqa: E402
 from pool.cluster import local_client  # noqa: E402
@@ -230,12 +229,7 @@ def _warm(client: distributed.Client, repeat: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="runs,large,routing,warm")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=2000)
-    args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
+    args, parts = cluster_arguments(__doc__.split("\n\n")[0], "runs,large,routing,warm", argv)
     print(f"{os.cpu_count()} CPUs", flush=True)
     started = time.perf_counter()
     with local_client(2, threads_per_worker=1) as client:

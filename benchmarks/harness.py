@@ -24,6 +24,7 @@ benchmark measures both settings in the same run.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -207,3 +208,16 @@ class _PlainCopies:
     @staticmethod
     def stream_copy(destination: np.ndarray, source: np.ndarray) -> None:
         np.copyto(destination, source)
+
+
+def cluster_arguments(
+    description: str, parts: str, argv: list[str] | None
+) -> tuple[argparse.Namespace, set[str]]:
+    """The command line of a cluster benchmark (Dask's, Ray's): which parts to measure, the
+    rounds of each, the tiny runs per round; returns the arguments and the parts."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--parts", default=parts, help=f"comma-separated (default: {parts})")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of each part")
+    parser.add_argument("--runs", type=int, default=2000, help="tiny runs per round")
+    args = parser.parse_args(argv)
+    return args, set(args.parts.split(","))

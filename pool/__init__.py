@@ -52,6 +52,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from pool.cluster import ClusterPool as ClusterPool
     from pool.cluster import RayClusterPool as RayClusterPool
+    from pool.errors import ConvertedInputWarning as ConvertedInputWarning
     from pool.errors import DeviceFailureError as DeviceFailureError
     from pool.errors import PoolClosedError as PoolClosedError
     from pool.errors import PoolError as PoolError
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from pool.errors import TracedPoolFunctionError as TracedPoolFunctionError
     from pool.errors import WorkerCrashedError as WorkerCrashedError
     from pool.errors import WorkerStartupError as WorkerStartupError
+    from pool.errors import WorkerWarning as WorkerWarning
     from pool.executor.compile_many import CompileResult as CompileResult
     from pool.executor.options import DeviceStart as DeviceStart
     from pool.executor.values import DeviceValue as DeviceValue

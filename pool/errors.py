@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import signal
+import warnings
 from typing import Any
 
 from worker.errors import PjrtPoolError
@@ -147,3 +148,22 @@ class TracedPoolFunctionError(PjrtPoolError, TypeError):
     Its program runs in a worker process, where JAX's tracers cannot follow:
     make the PoolFunction of the transformed function instead.
     """
+
+
+class ConvertedInputWarning(UserWarning):
+    """An argument a pool made in its shared memory (Pool.asarray, Pool.empty, a result) has
+    another dtype than the program reads: each run converts it into a copy, which making it
+    there was to spare. Each is said once (Python's filter)."""
+
+
+class WorkerWarning(UserWarning):
+    """A warning a pool's worker gave (the plugin's known failures, a cache it cannot use,
+    a remote tier switched off, a warning of the initializer's): said in the caller's
+    process once per pool and message, as one line through the "pjrt_pool.worker" logger,
+    and issued as this warning too, for programs that record it, filter it or make it an
+    error. Python does not print it a second time: its default is to ignore it (the filter
+    below), and a filter of the program's own, which comes first, decides otherwise."""
+
+
+# Appended: any filter the program or -W sets is before it and wins.
+warnings.filterwarnings("ignore", category=WorkerWarning, append=True)

@@ -5,8 +5,10 @@ A manifest is JSON::
     {"format": 1, "platform": "cpu", "cache_dir": "...", "created": 1700000000.0,
      "programs": [<ProgramSpec.to_json()>, ...]}
 
-with ``"partial": true`` added when a Ctrl-C stopped the warm that wrote it
-before every program was warmed.
+with ``"partial": true`` added when the warm that wrote it did not warm every
+program of its spec (a Ctrl-C or SIGTERM stopped it, or programs failed), and
+then ``"missing": {name: why, ...}``, the programs it leaves out and what
+happened to each ("lowering error: ...", "interrupted").
 
 load_manifest() reads one, or a bundle (``pjrt-pool bundle create``:
 worker.bundle), which carries the executables themselves; Manifest.run(name,
@@ -67,6 +69,12 @@ class ManifestError(PjrtPoolError, ValueError):
     """A manifest file is missing, malformed, or lacks the program asked for."""
 
 
+class BundleRefusedError(ManifestError):
+    """load_manifest refused a bundle as it opened it: damaged (cut short, added to, a member
+    changed), changed after it was made, signed otherwise, or unreadable at its URL. The
+    message says which; the command line exits 1 for it, as bundle check does."""
+
+
 class Manifest:
     """The programs of a warm run, by name, and where their executables are: a cache or a bundle.
 
@@ -86,6 +94,7 @@ class Manifest:
         prime: bool = False,
         remote: str | Literal[False] | None = None,
         partial: bool = False,
+        missing: dict[str, str] | None = None,
     ) -> None:
         self.specs: dict[str, ProgramSpec] = {}
         for spec in specs:
@@ -102,8 +111,12 @@ class Manifest:
         """The remote cache tier a program the cache lacks is fetched from: its URL, None
         (PJRT_POOL_CACHE_REMOTE) or False (none); unused for a bundle."""
         self.partial = partial
-        """Whether warming was interrupted before every program of its spec was warmed: the
-        manifest names the programs that were ("partial": true in the file)."""
+        """Whether the warm that wrote it did not warm every program of its spec (it was
+        interrupted, or programs failed): the manifest names the programs that were warmed
+        ("partial": true in the file)."""
+        self.missing: dict[str, str] = dict(missing or {})
+        """For a partial manifest, the programs of the spec it leaves out, each with what
+        happened to it ("compile error: ...", "interrupted"), as far as its warm said."""
         self.prime_on_load = prime
         """Whether each program is primed (run twice on zeros) as it loads (Executable.prime),
         so that its first real run is at the warm speed."""
@@ -230,6 +243,7 @@ class Manifest:
         }
         if self.partial:  # only then: complete manifests stay as they were
             data["partial"] = True
+            data["missing"] = self.missing
         return data
 
     def write(self, path: str | os.PathLike[str]) -> None:
@@ -314,8 +328,19 @@ def load_manifest(
             raise ManifestError(f"{path}: {field} must be a string, not {data[field]!r:.80}")
     directory = cache_dir or data.get("cache_dir")
     partial = data.get("partial") is True
+    missing = data.get("missing")
+    if not isinstance(missing, dict) or not all(
+        isinstance(name, str) and isinstance(why, str) for name, why in missing.items()
+    ):
+        missing = None  # what it leaves out, for messages only: unreadable, unsaid
     return Manifest(
-        specs, directory, data.get("platform"), prime=prime, remote=remote, partial=partial
+        specs,
+        directory,
+        data.get("platform"),
+        prime=prime,
+        remote=remote,
+        partial=partial,
+        missing=missing,
     )
 
 
@@ -336,7 +361,7 @@ def _open_bundle(
     try:
         bundle = Bundle(path)
     except BundleError as error:
-        raise ManifestError(str(error)) from None
+        raise BundleRefusedError(str(error)) from None
     programs = list(bundle.index.programs.values())
     specs = [program.spec(program.keys[0]) for program in programs]
     return Manifest(specs, None, programs[0].platform if programs else None, bundle, prime=prime)

@@ -52,6 +52,9 @@ def save_program(program: LoweredProgram, path: Path) -> Path:
                 if program.input_types is None
                 else [t.to_json() for t in program.input_types],
                 "platform": program.platform,
+                "compile_options": None
+                if program.compile_options is None
+                else program.compile_options.hex(),
             }
         )
     )
@@ -67,6 +70,9 @@ def load_program(path: str | os.PathLike[str]) -> LoweredProgram:
         text=data["text"],
         input_types=None if inputs is None else tuple(map(ArrayType.from_json, inputs)),
         platform=data["platform"],
+        compile_options=None
+        if data["compile_options"] is None
+        else bytes.fromhex(data["compile_options"]),
     )
 
 

@@ -107,7 +107,10 @@ def test_a_bundle_is_a_plain_deterministic_tar_with_an_index(warmed, bundles, tm
     assert parts["environment"] == {"xla_flags": []}  # jaxlib's client: no flags added
     assert environment["cpu_flags"]  # the builder's CPU flags, for messages
     for entry in index["entries"].values():
-        assert set(entry) == {"environment", "program_sha256", "compile_options", "size", "sha256"}
+        assert set(entry) == {"environment", "program_sha256", "options", "size", "sha256"}
+    # Compile options are held once, however many entries share them (jax.jit's: ~1 KB).
+    assert {e["options"] for e in index["entries"].values()} == set(index["compile_options"])
+    assert len(index["compile_options"]) == 1
     # The same inputs give the same bytes, whenever the cache's files were last touched.
     for path in (warmed["here_cache"] / "entries").iterdir():
         os.utime(path, (1, 1))
@@ -439,6 +442,13 @@ def _cut_short_or_long(source: Path, tmp_path: Path) -> dict[str, tuple[Path, st
     ):
         (tmp_path / f"{label}.bundle").write_bytes(data[:cut])
         made[label] = (tmp_path / f"{label}.bundle", says)
+    # Issue 63: cut in tar's zero padding, after the end marker's first block, it passed.
+    for cut in (1, 512, 2560):
+        label = f"cut by {cut} bytes in its padding"
+        (tmp_path / f"{label}.bundle").write_bytes(data[:-cut])
+        made[label] = (tmp_path / f"{label}.bundle", "it was cut short after it was made")
+    (tmp_path / "padded.bundle").write_bytes(data + bytes(512))
+    made["zeros appended"] = (tmp_path / "padded.bundle", "it was added to after it was made")
     (tmp_path / "appended.bundle").write_bytes(data + b"more")
     made["appended"] = (tmp_path / "appended.bundle", "after tar's end-of-archive marker")
     flipped = bytearray(data)
@@ -541,6 +551,51 @@ def test_damaged_and_hostile_bundles_are_refused_with_nothing_published(bundles,
     assert done.returncode == 1 and "was added" in done.stderr
     check = pjrt_pool("bundle", "check", str(tmp_path / "symlink.bundle"))
     assert check.returncode == 1 and "symbolic link" in check.stderr
+
+
+def test_a_damaged_bundle_exits_1_from_every_command(bundles, tmp_path):
+    """Issue 63: a bundle cut in its padding passed bundle check, run, bundle import and
+    load_manifest; and a damaged bundle exited 1 from bundle check and import but 2 from
+    run. Now each refuses it, with one status. bundle check reads every entry's digest,
+    those built for elsewhere too: a byte flipped in any entry fails it."""
+    data = bundles["here"].read_bytes()
+    cut = tmp_path / "cut.bundle"
+    cut.write_bytes(data[:-2560])
+    flipped = bytearray(data)
+    flipped[600] ^= 0xFF  # inside the first entry
+    damaged = tmp_path / "flipped.bundle"
+    damaged.write_bytes(bytes(flipped))
+    with Bundle(bundles["here"]) as bundle:
+        first = sorted(bundle.index.entries)[0]
+        name = next(p.name for p in bundle.index.programs.values() if first in p.keys)
+    for path, says in ((cut, "cut short"), (damaged, "is damaged or was changed")):
+        for command in (
+            ("bundle", "check", str(path)),
+            ("run", str(path), name),
+            ("bundle", "import", str(path), "--cache-dir", str(tmp_path / "imported")),
+        ):
+            done = pjrt_pool(*command)
+            assert done.returncode == 1 and says in done.stderr, (command, done.stderr)
+            assert "Traceback" not in done.stderr
+    listed = pjrt_pool("run", str(cut))
+    assert listed.returncode == 1 and "cut short" in listed.stderr
+
+
+def test_run_without_a_name_lists_and_says_what_it_does_not_take(bundles):
+    """Issue 63: `pjrt-pool run BUNDLE --workers 2` without NAME listed the programs and
+    dropped --workers without a word. Options for running are refused there, saying so;
+    --json lists as JSON."""
+    for options in (["--workers", "2"], ["--inputs", "x.npz", "--prime"]):
+        done = pjrt_pool("run", str(bundles["here"]), *options)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        (line,) = done.stderr.splitlines()
+        assert f"{', '.join(o for o in options if o.startswith('--'))} " in line
+        assert "for running a program: name the program to run" in line
+    listed = pjrt_pool("run", str(bundles["here"]), "--json")
+    assert listed.returncode == 0, listed.stderr
+    programs = json.loads(listed.stdout)
+    assert [p["name"] for p in programs] == list(NAMES)
+    assert all(p["input_types"] and p["output_types"] for p in programs)
 
 
 def test_a_signed_bundle_whose_index_was_changed_is_refused(warmed, monkeypatch, tmp_path):

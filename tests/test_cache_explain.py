@@ -75,8 +75,45 @@ def test_a_cpu_entry_warmed_with_other_xla_flags_names_the_flags(tmp_path):
         env={"XLA_FLAGS": OTHER_FLAGS},
     )  # fmt: skip
     assert done.returncode == 1
-    assert "(a program 'jit__lambda'), 1 part(s) differ:" in done.stdout
+    assert "(a program named 'double'), 1 part(s) differ:" in done.stdout
     assert "    program_sha256: built with '" in done.stdout
+
+
+@pytest.mark.slow
+def test_only_entries_of_the_same_program_or_name_are_near_and_unknown_text_is_said(tmp_path):
+    """Issue 63: a program never warmed listed another program's entry as its nearest ("(a
+    program 'jit__lambda'), 2 part(s) differ: program_sha256 ..."), every lambda's module
+    having that name; and a manifest's program whose entry is gone said "0 part(s) differ:
+    (no part differs)"."""
+    cache, spec, manifest = tmp_path / "cache", _spec(tmp_path), tmp_path / "m.json"
+    warmed = pjrt_pool(
+        "warm", str(spec), "--cache-dir", str(cache), "--workers", "1", "--manifest",
+        str(manifest),
+    )  # fmt: skip
+    assert warmed.returncode == 0, warmed.stderr
+    other = tmp_path / "other.py"
+    other.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def programs():\n"
+        "    x = jax.ShapeDtypeStruct((8,), jnp.float32)\n"
+        "    return [('halve', lambda a: a / 2, [x])]\n"
+    )
+    done = pjrt_pool("cache", "explain", str(other), "--cache-dir", str(cache))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("halve: would miss (")
+    assert "no entry of this program, nor of a program named 'halve', was found" in done.stdout
+    assert "nearest entries" not in done.stdout and "jit__lambda" not in done.stdout
+
+    programs = json.loads(manifest.read_text())["programs"]
+    key = next(p["key"] for p in programs if p["name"] == "sine")
+    (cache / "entries" / f"{key}.pjx").unlink()
+    done = pjrt_pool("cache", "explain", str(manifest), "sine")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the manifest names entry {key}, which is in neither the cache nor the remote" in (
+        " ".join(done.stdout.split())
+    )
+    assert "which part of the key differs cannot be said" in done.stdout
+    assert "part(s) differ" not in done.stdout and "no part differs" not in done.stdout
 
 
 def test_usage_errors(tmp_path):
@@ -89,7 +126,7 @@ def test_usage_errors(tmp_path):
     # No entry anywhere: a miss, said so.
     done = pjrt_pool("cache", "explain", str(spec), "sine", "--cache-dir", str(tmp_path / "c"))
     assert done.returncode == 1
-    assert "no entry of this program, nor of this name, was found" in done.stdout
+    assert "no entry of this program, nor of a program named 'sine', was found" in done.stdout
 
 
 @pytest.mark.slow
@@ -105,7 +142,8 @@ def test_a_tpu_entry_for_another_topology_names_the_topology(tmp_path):
     assert warmed.returncode == 0, warmed.stderr
     done = pjrt_pool("cache", "explain", str(spec), "sine", *common, "--topology", "v5e:1x1")
     assert done.returncode == 1, done.stdout + done.stderr
-    nearest = done.stdout.split("  entry ")[1]  # the same program, built for v5e:2x2
+    # The same program, built for v5e:2x2 (its lines end at the next entry, or the summary).
+    nearest = done.stdout.split("  entry ")[1].split("\n0 of 1 programs")[0]
     assert "(same program), 4 part(s) differ:" in nearest
     differences = [line.strip() for line in nearest.splitlines()[1:]]
     assert "topology.name: built with 'v5e:2x2', here 'v5e:1x1'" in differences

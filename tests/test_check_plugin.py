@@ -553,3 +553,26 @@ def test_the_report_says_once_per_type_what_the_plugin_does_not_compile():
         "1 of 3 cases pass, none failed; 2 unsupported here (2: needs complex128)"
     )
     assert json.loads(report_json(report))["types"] == {"complex128": why, "float32": "supported"}
+
+
+@pytest.mark.slow
+def test_a_cpu_check_never_loads_libtpu(tmp_path: Path) -> None:
+    """Issue 63: with the tpu extra installed, check-plugin --platform cpu loaded libtpu for
+    JAX's side, whose start on a machine without a TPU logs "E0000 ... unexpected worker
+    hostname"; JAX's side of a CPU check is the CPU's alone."""
+    pytest.importorskip("libtpu", reason="needs libtpu (pip install -e '.[tpu]')")
+    done = run_python(
+        f"""
+        import sys
+        from pool.cli.main import main
+
+        code = main(["check-plugin", "--platform", "cpu", "--workers", "1", "--cache-dir",
+                     {str(tmp_path)!r}, "--case", "elementwise/atan2_const1/float32/n64"])
+        loaded = any("libtpu" in line for line in open("/proc/self/maps"))
+        print("exit", code, "libtpu loaded:", loaded)
+        """,
+        env={"JAX_PLATFORMS": ""},
+        timeout=300,
+    )
+    assert "exit 0 libtpu loaded: False" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "unexpected worker hostname" not in done.stderr

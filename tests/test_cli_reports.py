@@ -61,7 +61,7 @@ def test_bundle_create_refuses_a_partial_manifest_unless_asked(one, tmp_path: Pa
     made = pjrt_pool("bundle", "create", str(partial), "-o", str(bundle), "--allow-partial")
     assert made.returncode == 0, made.stderr
     assert "1 program, 1 entry built in 1 environment" in made.stdout
-    assert f"partial: {partial} names only the 1 program warmed before" in made.stdout
+    assert f"partial: {partial} names only the 1 program warmed (its warm did not" in made.stdout
     whole = pjrt_pool("bundle", "create", str(one["manifest"]), "-o", str(tmp_path / "w.bundle"))
     assert whole.returncode == 0 and "partial" not in whole.stdout
 

@@ -321,6 +321,72 @@ def test_with_retry_lost_off_only_the_run_on_the_lost_worker_fails(
                 assert float(future.result(timeout=300)[0][0]) == 600.0 + i
 
 
+@pytest.mark.parametrize("cancel_pending", [False, True])
+def test_close_gives_up_on_runs_no_node_is_left_to_run(
+    handlers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel_pending: bool
+) -> None:
+    # A cluster of its own: a scheduler and one `dask worker` process without a nanny, so
+    # that the worker killed stays gone and its runs can run nowhere (Dask waits for a worker
+    # to join). close() used to wait for them forever.
+    import subprocess
+    import sys
+
+    from conftest import repo_environment
+
+    import pool.cluster.core
+
+    monkeypatch.setattr(pool.cluster.core, "STUCK_SECONDS", 3.0)  # the test's time, not 20 s
+    with (
+        distributed.LocalCluster(
+            n_workers=0, processes=True, host="127.0.0.1", dashboard_address=":0"
+        ) as scheduler,
+        distributed.Client(scheduler) as client,
+    ):
+        command = [sys.executable, "-m", "distributed.cli.dask_worker"]
+        options = ["--no-nanny", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"]
+        worker = subprocess.Popen(
+            [*command, scheduler.scheduler_address, *options], env=repo_environment()
+        )
+        try:
+            client.wait_for_workers(1, timeout=120)
+            remote = ClusterPool(
+                client,
+                workers_per_node=1,
+                cache_dir=str(tmp_path),
+                initializer=handler_initializer(handlers),
+            )
+            program = sleep_program(1)
+            remote.run(program, [milliseconds(1)])
+            futures = [remote.submit(program, [milliseconds(60_000)]) for _ in range(3)]
+            name = remote.plugin_name
+
+            def began(dask_worker) -> bool:
+                pool = dask_worker.plugins[name].started
+                return any(i.get("started") for i in pool.worker_info)
+
+            deadline = time.monotonic() + 120
+            while not any(client.run(began).values()):
+                assert time.monotonic() < deadline, "no run began"
+                time.sleep(0.01)
+            worker.kill()  # the cluster's only worker: no node is left to run them
+            worker.wait(timeout=60)
+            closing = threading.Thread(
+                target=remote.close, kwargs={"cancel_pending": cancel_pending}, daemon=True
+            )
+            started = time.monotonic()
+            closing.start()
+            closing.join(timeout=90)
+            assert not closing.is_alive(), "close() still waits for runs no node can run"
+            assert time.monotonic() - started < 60
+            for future in futures:
+                with pytest.raises(NodeLostError, match="no Dask worker is left to run it"):
+                    future.result(timeout=5)
+            assert remote.finished_runs == 1 + 3  # each counted once
+        finally:
+            worker.kill()
+            worker.wait(timeout=60)
+
+
 def test_run_command_on_the_cluster_once_and_as_a_batch(remote, cluster, tmp_path: Path) -> None:
     import json
     import subprocess

@@ -3,7 +3,8 @@
 Examples are the fenced blocks whose info string is python (or py) or bash
 (or sh, shell); other fences (none, text) hold output or synopses. Each
 example runs in a fresh temporary directory, which stands for the
-checkout's root, with its own PJRT_POOL_CACHE_DIR and this interpreter's
+checkout's root (a copy of tools/ is there, for the pages that run one),
+with its own PJRT_POOL_CACHE_DIR and this interpreter's
 bin/ first on PATH (so `python` and `pjrt-pool` are this environment's): a
 Python block as a file in a fresh interpreter, a shell block with bash -e
 -o pipefail; pjrt-pool is the installed one, example programs included
@@ -275,6 +276,9 @@ def _run_example(example: Example, directory: Path, bin_dir: Path, fails: bool =
     until one fails, and returns the last line it printed on stderr (failing the test if
     none fails)."""
     environment = _environment(directory, bin_dir)
+    shutil.copytree(
+        REPO / "tools", directory / "tools", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for block in example.blocks:
         done = run_block(block, directory, environment, bin_dir, fails)
         if done.returncode != 0:

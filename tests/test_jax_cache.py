@@ -206,6 +206,23 @@ def test_warm_makes_entries_that_an_unmodified_script_loads_without_compiling(tm
     assert cold["hits"] == 0, cold
     assert np.array_equal(np.load(tmp_path / "warm.npy"), np.load(tmp_path / "cold.npy"))
 
+    # cache explain --jax-cache: both would hit; under other XLA flags, each miss names them.
+    cache = ("--jax-cache", str(jax_dir), "--cache-dir", str(tmp_path / "cache"))
+    done = pjrt_pool("cache", "explain", str(spec), *cache)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "2 of 2 programs would hit, 0 miss", done.stdout
+    assert f"is in the JAX cache {jax_dir}" in done.stdout
+    flags = {"XLA_FLAGS": "--xla_backend_optimization_level=2"}
+    done = pjrt_pool("cache", "explain", str(spec), "small", *cache, env=flags)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("small: would miss (JAX key jit_small-"), done.stdout
+    assert "differs in 2 part(s) of JAX's key: XLA flags:" in lines[1], done.stdout
+    assert "computation" not in lines[1]
+    # A manifest holds no function to key: refused.
+    done = pjrt_pool("cache", "explain", str(tmp_path / "m.json"), "--jax-cache", str(jax_dir))
+    assert done.returncode == 2 and "give the spec" in done.stderr
+
 
 @pytest.mark.skipif(jax.__version__ != "0.10.2", reason="the chip's key was measured with 0.10.2")
 def test_warm_for_a_tpu_topology_files_its_entry_under_the_chips_key(tmp_path):

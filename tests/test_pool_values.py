@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -37,7 +38,12 @@ from pool_helpers import (
 )
 
 from pool import Pool, lower
-from pool.errors import PoolClosedError, WorkerCrashedError
+from pool.errors import (
+    ConvertedInputWarning,
+    PoolClosedError,
+    WorkerCrashedError,
+    WorkerWarning,
+)
 from pool.executor.copier import COPY_THREADS_VARIABLE, SPREAD_BYTES, STREAM_BYTES, Copier
 from pool.executor.values import DeviceValue
 from worker import _pjrt
@@ -403,3 +409,44 @@ def test_dropped_results_and_values_give_their_memory_back() -> None:
         assert pool.worker_info[0]["values"] == 0
         assert mapped_bytes(worker) <= bound
         assert pool._segments.lent == 0 and pool._segments.held <= 2
+
+
+def test_asarray_makes_the_dtype_a_program_reads_and_a_conversion_is_said(pool) -> None:
+    """Issue 63: pool.asarray(np.arange(16)) stayed int64, and a run of a program lowered from
+    int32 arrays converted it, into a copy, without a word."""
+    triple = lower(lambda i: i * 3, [jax.ShapeDtypeStruct((N,), jnp.int32)])
+    made = pool.asarray(np.arange(N))  # numpy's int64, as jnp.asarray makes it: int32
+    assert made.dtype == np.int32
+    assert pool.asarray(np.ones(4)).dtype == np.float32  # float64: float32
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # as Python's own filter says a warning: once
+        (out,) = pool.run(triple, [made])
+        np.testing.assert_array_equal(out, np.arange(N, dtype=np.int32) * 3)
+        kept = pool.asarray(np.arange(N), dtype=np.int64)  # the caller's dtype, kept
+        assert kept.dtype == np.int64
+        for _ in range(3):
+            (out,) = pool.run(triple, [kept])
+        np.testing.assert_array_equal(out, np.arange(N, dtype=np.int32) * 3)
+    said = [str(w.message) for w in seen if issubclass(w.category, ConvertedInputWarning)]
+    assert len(said) == 1, said
+    assert "argument 0 of jit__lambda lies in the pool's shared memory as int64" in said[0]
+    assert "the program reads int32" in said[0] and "dtype=np.int32" in said[0]
+
+
+def test_a_workers_warnings_reach_the_caller_once_each(tmp_path, monkeypatch, caplog) -> None:
+    """Issue 63: what a worker warned of (a setting it cannot read, its initializer's own
+    warning) reached only the pool's debug log. Now each comes once per pool, from every
+    worker that gives it: logged on pjrt_pool.worker and issued as a WorkerWarning."""
+    monkeypatch.setenv("PJRT_POOL_CACHE_MAX_SIZE", "lots")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warns = lambda: __import__("warnings").warn("the initializer's own warning")  # noqa: E731
+        with Pool(2, cache_dir=tmp_path, initializer=warns) as two:
+            for _ in range(3):
+                two.run(AFFINE, [np.ones(N, np.float32)])
+    said = [str(w.message) for w in seen if issubclass(w.category, WorkerWarning)]
+    assert len(said) == 2, said
+    assert any(text.endswith(": the initializer's own warning") for text in said), said
+    assert any("PJRT_POOL_CACHE_MAX_SIZE: not a size: 'lots'" in text for text in said), said
+    logged = [r.getMessage() for r in caplog.records if r.name == "pjrt_pool.worker"]
+    assert sorted(logged) == sorted(said)

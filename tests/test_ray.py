@@ -226,6 +226,17 @@ def test_a_manifest_and_a_bundle_run_through_the_cluster(cluster, tmp_path: Path
         np.testing.assert_array_equal(from_bundle.run("minus_five", [X], pool=pool)[0], X - 5.0)
 
 
+def test_each_node_s_pool_starts_as_the_pool_is_made(cluster, tmp_path: Path) -> None:
+    # Before any call: each actor starts its Pool as it is made, so that the PJRT workers
+    # start while the client lowers and sends (they used to start with the first call).
+    with _pool(tmp_path) as pool:
+        deadline = time.monotonic() + 120
+        while not all(pool._node_answers("worker_info")):
+            assert time.monotonic() < deadline, "a node's Pool did not start before a call"
+            time.sleep(0.1)
+        assert len(pool.nodes()) == 2 and pool.finished_runs == 0
+
+
 def test_close_leaves_no_actor_and_no_pjrt_worker(cluster, tmp_path: Path) -> None:
     pool = _pool(tmp_path)
     pool.run(scale_program(5.0), [X])

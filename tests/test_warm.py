@@ -275,3 +275,87 @@ def test_warm_json_stdout_is_the_report_alone_when_the_spec_prints(tmp_path, low
     report = json.loads(done.stdout)  # nothing but the report
     assert report["programs"][0]["name"] == "double"
     assert "Failed to import warp" in done.stderr and "tracing double" in done.stderr
+
+
+SHARDED_SPEC = """
+import jax, jax.numpy as jnp
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+from pool.warm import WarmProgram
+
+MESH = AbstractMesh((2, 2), ("data", "model"))  # 4 devices: the spec says so
+
+
+def programs():
+    rows = NamedSharding(MESH, P("data", None))
+    whole = NamedSharding(MESH, P())
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    yield WarmProgram("scale", lambda x: x * 2, [x], in_shardings=rows, out_shardings=rows)
+    yield WarmProgram("total", lambda x: x.sum(0), [x], in_shardings=rows, out_shardings=whole)
+"""
+
+
+@pytest.mark.slow
+def test_a_sharded_spec_warms_on_as_many_devices_as_its_mesh_and_fewer_is_a_setup_error(
+    tmp_path: Path,
+) -> None:
+    """Issue 63: without --devices-per-worker every program of a sharded spec was a "compile
+    error", and that warm replaced the good manifest with an empty one, not marked partial."""
+    spec, manifest = tmp_path / "spec.py", tmp_path / "step.json"
+    spec.write_text(SHARDED_SPEC)
+    common = ("warm", str(spec), "--workers", "1", "--cache-dir", str(tmp_path / "cache"))
+    good = pjrt_pool(*common, "--manifest", str(manifest))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "warmed 2 programs" in good.stdout
+    written = manifest.read_text()
+    assert sorted(load_manifest(manifest).names) == ["scale", "total"]
+    short = pjrt_pool(*common, "--devices-per-worker", "2", "--manifest", str(manifest), "--json")
+    assert short.returncode == 2, short.stdout + short.stderr  # a setup error: the usage's
+    report = json.loads(short.stdout)
+    for program in report["programs"]:
+        assert program["outcome"] == "setup error"
+        assert "needs 4 devices" in program["error"]
+        assert "--devices-per-worker 4" in program["error"]
+    assert manifest.read_text() == written  # the complete manifest, kept
+
+
+FAILING_SPEC = """
+import jax, jax.numpy as jnp
+
+def broken(x):
+    raise ValueError("this one does not lower")
+
+def programs():
+    x = [jax.ShapeDtypeStruct((4,), jnp.float32)]
+    return [("good", lambda x: x + 1, x), ("broken", broken, x)]
+"""
+
+
+@pytest.mark.slow
+def test_a_warm_with_a_failure_writes_a_partial_manifest_that_bundle_create_refuses(
+    tmp_path: Path,
+) -> None:
+    """Issue 63: a spec with one lowering error wrote a one-program manifest, not marked
+    partial, which bundle create bundled with exit 0; nor did a failed warm spare a complete
+    manifest."""
+    spec, manifest, bundle = tmp_path / "spec.py", tmp_path / "m.json", tmp_path / "b.bundle"
+    spec.write_text(FAILING_SPEC)
+    cache = str(tmp_path / "cache")
+    done = pjrt_pool("warm", str(spec), "--cache-dir", cache, "--manifest", str(manifest))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "broken: lowering error: ValueError: this one does not lower" in done.stdout
+    assert f"manifest: {manifest}, partial: the 1 of 2 programs warmed" in done.stdout
+    written = load_manifest(manifest)
+    assert written.partial and written.names == ["good"]
+    assert written.missing == {"broken": "lowering error: ValueError: this one does not lower"}
+    refused = pjrt_pool("bundle", "create", str(manifest), "-o", str(bundle))
+    assert refused.returncode == 2 and "is a partial manifest" in refused.stderr
+    assert "broken: lowering error" in refused.stderr and not bundle.exists()
+    allowed = pjrt_pool("bundle", "create", str(manifest), "-o", str(bundle), "--allow-partial")
+    assert allowed.returncode == 0, allowed.stderr
+    # A complete manifest is never replaced by less.
+    complete = tmp_path / "complete.json"
+    complete_text = json.dumps({**json.loads(manifest.read_text()), "partial": False})
+    complete.write_text(complete_text)
+    again = pjrt_pool("warm", str(spec), "--cache-dir", cache, "--manifest", str(complete))
+    assert again.returncode == 1 and f"manifest: {complete} kept as it was" in again.stdout
+    assert complete.read_text() == complete_text

@@ -2,7 +2,8 @@
 
 Runs in the parent process that the ``pjrt-pool`` command starts. main.py
 parses the command line and reports usage errors for every command (a
-command raises UsageError; main prints it and exits 2); warm.py (warm,
+command raises UsageError; main prints it and exits 2); interrupts.py says
+how every command ends on SIGINT and SIGTERM, start-up included; warm.py (warm,
 run), bundle.py (bundle ...), cache.py (cache ...) and check.py
 (check-plugin) each register their subcommands; cache_remote.py (cache
 push/pull/gc), cache_explain.py (cache explain) and cluster_run.py (run

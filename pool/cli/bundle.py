@@ -107,8 +107,8 @@ def _register_create(commands: Any) -> None:
         "bundle the programs of manifests",
         "Writes one bundle (an uncompressed tar, the same bytes for the same inputs) of the "
         "programs of one or more manifests and their cache entries, each checked as it is "
-        "read. A partial manifest, of a warm a Ctrl-C stopped, is refused unless "
-        "--allow-partial.",
+        "read. A partial manifest, of a warm that did not warm every program (interrupted, or "
+        "programs failed), is refused unless --allow-partial.",
         epilog=_BUNDLE_EXIT,
     )
     create.add_argument(
@@ -123,8 +123,8 @@ def _register_create(commands: Any) -> None:
     create.add_argument(
         "--allow-partial",
         action="store_true",
-        help="bundle the programs of a partial manifest (a warm a Ctrl-C stopped wrote it: "
-        "it names only the programs warmed before the interrupt)",
+        help="bundle the programs of a partial manifest (a warm that did not warm every program "
+        "wrote it: interrupted, or programs failed; it names only the programs warmed)",
     )
 
 
@@ -222,18 +222,27 @@ def _describe(output: Path, index: Index) -> str:
 
 
 def _refuse_partial(path: str, manifest: Manifest, allowed: bool) -> str | None:
-    """What to say of a partial manifest (a warm a Ctrl-C stopped wrote it): None for a
+    """What to say of a partial manifest (its warm did not warm every program): None for a
     complete one; UsageError for a partial one unless allowed."""
     if not manifest.partial:
         return None
     warmed = counted(len(manifest.names), "program")
+    missing = manifest.missing
+    left_out = (
+        f" ({'; '.join(f'{name}: {why}' for name, why in list(missing.items())[:3])}"
+        + (f"; and {len(missing) - 3} more" if len(missing) > 3 else "")
+        + ")"
+        if missing
+        else ""
+    )
     if not allowed:
         raise UsageError(
-            f"{path} is a partial manifest: the warm that wrote it was interrupted, and it names "
-            f"only the {warmed} warmed before that; warm the spec again to complete it, or pass "
-            "--allow-partial to bundle these programs alone"
+            f"{path} is a partial manifest: the warm that wrote it did not warm every program "
+            f"(it was interrupted, or programs failed{left_out}), and it names only the "
+            f"{warmed} warmed; warm the spec again to complete it, or pass --allow-partial to "
+            "bundle these programs alone"
         )
-    return f"partial: {path} names only the {warmed} warmed before its warm was interrupted"
+    return f"partial: {path} names only the {warmed} warmed (its warm did not warm the rest)"
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -390,6 +399,7 @@ def _check(args: argparse.Namespace) -> int:
                 raise UsageError(f"{option} is for a manifest; a bundle carries its entries")
             with Bundle(args.file) as bundle:
                 bundle.archive.check_headers()  # a URL's: what opening a file checks
+                bundle.check_digests()  # every entry, those built elsewhere too: the whole file
                 programs = list(bundle.index.programs.values())
                 platform = args.platform or (programs[0].platform if programs else "cpu")
                 environments = bundle.index.environments.values()

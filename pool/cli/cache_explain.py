@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
+from pool.cli import interrupts
+from pool.cli.jax_cache_options import add_jax_cache_options, jax_cache_option
 from pool.cli.main import ExitCode, UsageError
 from pool.cli.options import (
     add_command,
@@ -34,7 +36,9 @@ from pool.cli.options import (
 from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir
 from worker.bundle.preflight import parts_here
 from worker.cache import DiskCache
+from worker.cache.blobs import BlobStore
 from worker.cache.entry import CorruptEntryError
+from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.compile.explain_miss import (
     Explanation,
     Likeness,
@@ -50,7 +54,7 @@ from worker.errors import (
     PluginNotFoundError,
     TopologyError,
 )
-from worker.identity.keys import IDENTITY_PARTS, differing_parts
+from worker.identity.keys import IDENTITY_PARTS, differing_parts, key_of
 from worker.identity.target import runtime_key_parts
 from worker.partitioning import compile_options_for
 from worker.plugin.runtime import default_platform, get_runtime
@@ -81,6 +85,12 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     add_remote_option(explain_, "also look in this remote cache tier")
     explain_.add_argument(
         "--all", action="store_true", help="show every entry found near a program, not 3"
+    )
+    add_jax_cache_options(
+        explain_,
+        "with a spec: explain each program's entry of JAX's persistent cache",
+        "the JAX cache directory the target's script reads (a hit: the entry is there, or in "
+        "the cache or remote tier)",
     )
 
 
@@ -140,7 +150,7 @@ def _chosen(available: list[str], names: list[str], what: str) -> list[str]:
     return names or available
 
 
-def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
+def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Any]:
     from pool.warm.lowerer import lower_warm_program  # imports JAX: only for a spec
     from pool.warm.spec_file import SpecError, load_spec
 
@@ -150,6 +160,8 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
     except SpecError as error:
         raise UsageError(str(error)) from None
     programs = {program.name: program for program in spec.programs}
+    if args.jax_cache is not None:
+        return _explain_for_jax(args, programs, remote)
     here = _Here(DiskCache(args.cache_dir, create=False), topology_option(args))
     found = []
     for name in _chosen(list(programs), args.names, f"the spec {args.file}"):
@@ -161,9 +173,87 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Explanation]:
             raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
         options = compile_options_for(lowered, program.compile_options)  # as warm does
         parts = here.parts(platform, lowered.text, options)
-        like = Likeness(lowered.name, types_to_json(lowered.input_types))
+        like = Likeness(name, types_to_json(lowered.input_types))
         found.append(explain(here.cache, parts, name, like, remote))
     return found
+
+
+class JaxExplained(NamedTuple):
+    """Whether JAX's cache would hit a spec's program on the target, and if not, why
+    (pool.jax_cache.explain: the parts of JAX's key that differ from the nearest entry's)."""
+
+    name: str
+    key: str
+    """JAX's key on the target."""
+    hit: str
+    """Where its entry is; "" for a miss."""
+    why: str
+    """For a miss, what differs (in words)."""
+
+    def describe(self, shown: int = 3) -> str:
+        """Says it in lines for people."""
+        if self.hit:
+            return f"{self.name}: would hit (JAX key {self.key} is in {self.hit})"
+        return f"{self.name}: would miss (JAX key {self.key})\n  {self.why}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the explanation as JSON-ready data."""
+        return {"name": self.name, "jax_key": self.key, "hit": self.hit, "why": self.why}
+
+
+def _explain_for_jax(
+    args: argparse.Namespace, programs: dict[str, Any], remote: Any
+) -> list[JaxExplained]:
+    """Each program's JAX key on the target --jax-cache and its options name, looked for in
+    DIR, the disk cache and the remote tier; a miss explained against the entries filed for
+    JAX in the disk cache (those pjrt-pool made, which record their key's parts)."""
+    from pool.jax_cache.backing import known_entries, parts_of
+    from pool.jax_cache.entries import entry_file
+    from pool.jax_cache.explain import explain as explain_jax_miss
+    from pool.jax_cache.versions import JaxVersionError, jax_internals
+    from pool.warm.lowerer import lower_warm_program
+
+    try:
+        jax_internals()
+    except JaxVersionError as error:
+        raise UsageError(str(error)) from None
+    destination = jax_cache_option(args)
+    assert destination is not None
+    target = destination.target
+    store = BlobStore(DiskCache(args.cache_dir, create=False), remote)
+    found = []
+    for name in _chosen(list(programs), args.names, f"the spec {args.file}"):
+        try:
+            _, jax = lower_warm_program(programs[name], target.platform, target)
+        except Exception as error:  # the spec's function does not lower: its own error
+            raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
+        assert jax is not None
+        directory = destination.directory
+        if directory is not None and entry_file(directory, jax.key).exists():
+            found.append(JaxExplained(name, jax.key, f"the JAX cache {directory}", ""))
+        elif (where := _held(store, key_of(parts_of(jax.key)))) is not None:
+            found.append(JaxExplained(name, jax.key, where, ""))
+        else:
+            why = explain_jax_miss(jax.key, dict(jax.parts), known_entries(store))
+            found.append(JaxExplained(name, jax.key, "", str(why)))
+    return found
+
+
+def _held(store: BlobStore, key: str) -> str | None:
+    """Where the store holds an entry (its cache, else its remote), read and not kept."""
+    if store.cache is not None:
+        try:
+            store.cache.read_header(key)
+            return f"the cache {store.cache.directory}"
+        except (OSError, CorruptEntryError):
+            pass
+    if (
+        store.remote is not None
+        and store.remote.fetch(key, store.cache.max_size if store.cache else DEFAULT_MAX_SIZE)
+        is not None
+    ):
+        return f"the remote {store.remote.location.shown}"
+    return None
 
 
 def _entry_parts(cache: DiskCache, remote: Any, key: str) -> dict[str, Any] | None:
@@ -192,15 +282,17 @@ def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation
     for name in _chosen(list(manifest.specs), args.names, f"the manifest {args.file}"):
         spec = manifest.specs[name]
         identity = here.parts(spec.platform)
-        like = Likeness(None, types_to_json(spec.input_types), types_to_json(spec.output_types))
+        like = Likeness(name, types_to_json(spec.input_types), types_to_json(spec.output_types))
         parts = _entry_parts(here.cache, remote, spec.key)
         if parts is None:
-            note = (
-                "the manifest's entry is in neither the cache nor the remote, so its program "
-                "is unknown here: entries of programs with its types are compared by where "
-                "they were built"
-            )
             related = related_entries(here.cache, identity, like, IDENTITY_PARTS)
+            note = (
+                f"the manifest names entry {spec.key}, which is in neither the cache nor the "
+                "remote, and a manifest holds no program text: which part of the key differs "
+                "cannot be said"
+            )
+            if related:
+                note += f"; entries of a program named {name!r}, by where they were built:"
             found.append(Explanation(name, spec.key, "", tuple(related), note))
             continue
         explained = explain(here.cache, parts_here(parts, identity), name, like, remote)
@@ -218,9 +310,15 @@ def _explain_manifest(args: argparse.Namespace, remote: Any) -> list[Explanation
 
 
 def _explain(args: argparse.Namespace) -> int:
+    if args.jax_cache is not None and not _is_spec(args.file):
+        raise UsageError(
+            "--jax-cache explains a warm spec's programs (JAX's key needs the function): give "
+            "the spec pjrt-pool warm --jax-cache was given, not a manifest"
+        )
     remote = open_remote_option(args.remote)
     explaining = _explain_spec if _is_spec(args.file) else _explain_manifest
-    explanations = explaining(args, remote)
+    with interrupts.at_once():  # it reads, imports JAX and lowers: nothing held to undo
+        explanations = explaining(args, remote)
     if args.json:
         document = {
             "file": args.file,

@@ -20,9 +20,11 @@ Exit status: 0 when every case passes
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
+from pool.cli import interrupts
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_command,
@@ -32,6 +34,8 @@ from pool.cli.options import (
 )
 from pool.cli.paths import checked_cache_dir
 from pool.progress import ProgressDisplay
+from worker.plugin.platforms.registry import platform_named
+from worker.plugin.runtime import default_platform
 
 
 def register(subparsers: Any) -> None:
@@ -93,17 +97,24 @@ def _check(args: argparse.Namespace) -> int:
     pool_option(args, "workers")  # before importing JAX: answers at once
     pool_option(args, "task_timeout")
     checked_cache_dir(args.cache_dir)
-    # Here, not at the top: the battery imports JAX (about a second), which
-    # `pjrt-pool --help` and a usage error should not wait for.
-    from pool.conformance import (
-        CheckError,
-        PluginStartError,
-        format_report,
-        remember,
-        report_json,
-        run_cases,
-    )
-    from pool.conformance.battery import select
+    checked = platform_named(args.platform or default_platform())
+    if "cpu" in checked.jax_names and not os.environ.get("JAX_PLATFORMS"):
+        # JAX's side runs on the CPU (here, and in the reference process, which inherits
+        # this): JAX then never loads libtpu where the tpu extra installed it, whose start on
+        # a machine without a TPU logs "E0000 ... unexpected worker hostname" (docs).
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    with interrupts.at_once():  # JAX's import: nothing held yet (pool.cli.interrupts)
+        # Here, not at the top: the battery imports JAX (about a second), which
+        # `pjrt-pool --help` and a usage error should not wait for.
+        from pool.conformance import (
+            CheckError,
+            PluginStartError,
+            format_report,
+            remember,
+            report_json,
+            run_cases,
+        )
+        from pool.conformance.battery import select
 
     try:
         cases = select(_patterns(args.cases))

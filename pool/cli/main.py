@@ -15,7 +15,8 @@ Exit codes, for every command (ExitCode):
     1    the command ran and found problems (``cache verify``: bad entries) or failed
     2    a usage or environment error: bad arguments, a confirmation that was
          needed and not given, a plugin or cache directory that cannot be used
-    130  interrupted (Ctrl-C)
+    130  interrupted (Ctrl-C: SIGINT)
+    143  terminated (SIGTERM: kill, a CI job's timeout)
 
 A command reports what stopped it by raising a CommandError (exit 1) or a
 UsageError (exit 2): main prints its message as one line on stderr. The
@@ -24,8 +25,10 @@ plugin, a file that is not one, a cache directory others can write, an
 extra's package not installed: see _environment_error), raised anywhere,
 even in a worker that failed to start, are usage errors too. Any other
 exception is a bug (or a failure the command did not foresee) and keeps its
-traceback. A Ctrl-C ends every command with 130, once what it started has
-stopped.
+traceback. A Ctrl-C ends every command with 130 and SIGTERM with 143, at any
+moment, start-up included, with one line on stderr, once what it started has
+stopped and what it writes (warm's report and manifest) is written
+(pool.cli.interrupts).
 
 The command line's own JAX only lowers (for the platform a command names), so
 it runs on the CPU: JAX_PLATFORMS defaults to "cpu" here, except for the
@@ -39,13 +42,22 @@ that record or filter it, is not printed (worker.cache.store).
 
 from __future__ import annotations
 
+import os
+import sys
+
+from pool.cli import interrupts
+
+if os.path.basename(sys.argv[0]) == "pjrt-pool" or __name__ == "__main__":
+    # Run as the command (its console script, or python -m): the signals are the
+    # command's from here on, before anything slow is imported (pool.cli.interrupts).
+    interrupts.install()
+
+# After the signal handlers, on purpose.
 import argparse
 import contextlib
 import enum
 import importlib
 import logging
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -64,6 +76,8 @@ class ExitCode(enum.IntEnum):
     it can be."""
     INTERRUPTED = 130
     """Ctrl-C: 128 + SIGINT, as a shell reports a process that SIGINT ended."""
+    TERMINATED = 143
+    """SIGTERM (kill, a CI job's timeout): 128 + SIGTERM."""
 
 
 COMMANDS = {
@@ -145,7 +159,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="pjrt-pool",
         description="Compile and run JAX programs on PJRT plugins in worker processes.",
         epilog="exit codes: 0 success, 1 problems found or command failed, 2 usage or "
-        "environment error, 130 interrupted (Ctrl-C)",
+        "environment error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)",
     )
     parser.add_argument(
         "--version",
@@ -168,6 +182,8 @@ JAX_ON_DEVICES = frozenset({"check-plugin"})
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line and returns its exit code (see the module docstring)."""
+    if argv is None:  # the command line: its signals are its own (pool.cli.interrupts)
+        interrupts.install()
     words = sys.argv[1:] if argv is None else argv
     if not words or words[0] not in JAX_ON_DEVICES:
         # The command line's JAX only lowers, for a platform it names: on the CPU, so that
@@ -184,17 +200,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("pjrt-pool: error: name a command", file=sys.stderr)
         return ExitCode.USAGE
+    prog = getattr(args, "prog", parser.prog)
+    interrupts.name_command(prog)
     try:
-        code = int(run(args))
-    except KeyboardInterrupt:
+        with interrupts.unwinding():  # the command marks what holds nothing, or must be written
+            code = int(run(args))
+    except KeyboardInterrupt as interrupt:
         # What the command started has stopped on the way here: a Pool's with
         # block terminated its workers, warm joined its lowering thread. Only a
         # second Ctrl-C, which cuts that join short, leaves a thread that may be
         # in jaxlib's native code, which the interpreter's teardown would abort
         # (pool.warm.lowerer): the command line leaves without that teardown.
+        if not isinstance(interrupt, interrupts.Reported):
+            print(interrupts.describe(), file=sys.stderr)
         if argv is None:
-            exit_at_once(ExitCode.INTERRUPTED)
-        return ExitCode.INTERRUPTED
+            exit_at_once(interrupts.exit_code())
+        return interrupts.exit_code()
+    except BrokenPipeError:
+        # Its reader went away (pjrt-pool run BUNDLE | head): nothing more can be said there,
+        # and nothing is wrong with the command. As a shell reports a process SIGPIPE ended.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE
     except Exception as error:
         if _environment_error(error):
             code = ExitCode.USAGE
@@ -202,10 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             code = error.exit_code
         else:
             raise
-        prog = getattr(args, "prog", parser.prog)
         print(f"{prog}: {' '.join(str(error).split())}", file=sys.stderr)
         return code
-    if argv is None and getattr(args, "exit_at_once", False):
+    if interrupts.received() is not None:
+        # A signal came and its KeyboardInterrupt was lost on the way (raised in a
+        # __del__ or a callback, which Python reports and goes on from): it still ends
+        # the command, with its status.
+        print(interrupts.describe(), file=sys.stderr)
+        code = interrupts.exit_code()
+    if argv is None and (getattr(args, "exit_at_once", False) or interrupts.received()):
         exit_at_once(code)
     return code
 

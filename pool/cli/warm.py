@@ -4,9 +4,12 @@ warm lowers and compiles every program of a spec into the disk cache with a
 pool of workers, shows progress, prints a report (``--json`` for scripts) and
 writes a manifest (``--manifest FILE``). Exit status: 0 when every program
 is in the cache, 1 when any failed (lowering error, compile error, worker
-crash, timeout) or was skipped, 2 for usage errors and specs that do not load,
-130 after a Ctrl-C, which reports what was warmed and writes the manifest of
-those programs, marked partial.
+crash, timeout) or was skipped, 2 for usage errors, specs that do not load
+and programs that need more devices than a worker holds (setup error), 130
+after a Ctrl-C and 143 after SIGTERM, each of which reports what was warmed
+and writes the manifest of those programs. A manifest that does not name
+every program of the spec is marked partial (bundle create refuses it
+without --allow-partial), and never replaces a complete one.
 
 run loads one program of a manifest from the warm cache (or of a bundle,
 from the bundle itself, writing nothing) and runs it, on inputs from an .npz
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pool.cli import interrupts
+from pool.cli.jax_cache_options import add_jax_cache_options, jax_cache_option
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_cluster_options,
@@ -48,6 +53,7 @@ from pool.cli.options import (
 from pool.cli.paths import checked_cache_dir, checked_manifest_cache_dir, manifest_or_bundle_file
 from pool.cli.run_files import describe, finite_sums, read_inputs
 from pool.manifest import (
+    BundleRefusedError,
     Manifest,
     ManifestError,
     is_bundle,
@@ -55,7 +61,6 @@ from pool.manifest import (
     load_manifest,
 )
 from pool.progress import ProgressDisplay
-from worker.cache.jax_values import Compression
 from worker.compile.arguments import random_inputs
 from worker.compile.never_compile import never_compile_on
 from worker.errors import BundleError, NotInCacheError, PjrtError, PluginNotFoundError
@@ -64,13 +69,8 @@ from worker.plugin.locate import find_plugin
 from worker.plugin.runtime import default_platform
 
 if TYPE_CHECKING:
-    from pool.jax_cache.entries import JaxCacheDestination
-    from pool.warm.report import WarmReport
+    from pool.warm.report import ProgramReport, WarmReport
     from worker.records import ProgramSpec
-
-PATH_FOR_INSTALL = "pjrt-pool"
-"""--jax-cache's name for pjrt-pool's own stores (pool.jax_cache.backing.PATH_IN_KEYS: what
-install() sets jax_compilation_cache_dir to)."""
 
 
 def register(subparsers: Any) -> None:
@@ -90,9 +90,11 @@ def _register_warm(subparsers: Any) -> None:
         "of the programs warmed (--manifest FILE), which run and bundle create take.",
         epilog="exit status: 0 when every program is in the cache; 1 when any failed "
         "(lowering error, compile error, worker crash, timeout, not stored, not warmed) or was "
-        "skipped; 2 for usage and environment errors and specs that do not load; 130 after a "
-        "Ctrl-C, which reports what was warmed and writes the manifest of those programs, "
-        "marked partial.",
+        "skipped; 2 for usage and environment errors, specs that do not load, and programs "
+        "that need more devices than a worker holds (setup error); 130 after a Ctrl-C and 143 "
+        "after SIGTERM, which report what was warmed and write the manifest of those programs. "
+        "A manifest that leaves programs out is marked partial, and never replaces a complete "
+        "one.",
     )
     warm.add_argument(
         "spec",
@@ -116,8 +118,9 @@ def _register_warm(subparsers: Any) -> None:
     add_pool_option(
         warm,
         "devices_per_worker",
-        "devices each compile worker holds, for programs over several devices (default 1; "
-        "a topology's programs compile without any)",
+        "devices each compile worker holds, for programs over several devices (default: on "
+        "the CPU, as many as the largest mesh the spec's shardings name, else 1; a topology's "
+        "programs compile without any)",
     )
     add_pool_option(warm, "cache_dir", "cache directory, made if missing")
     add_pool_option(warm, "task_timeout", "per-program compile timeout (default: none)")
@@ -150,50 +153,10 @@ def _register_warm(subparsers: Any) -> None:
         help="write a manifest of the warmed programs (checked before warming: its directory "
         "must exist and be writable)",
     )
-    _register_jax_cache(warm)
-
-
-def _register_jax_cache(warm: Any) -> None:
-    jax = warm.add_argument_group(
-        "JAX's own persistent cache",
-        "make each program's entry of JAX's persistent cache, as an unmodified jax.jit on the "
-        "target reads it (docs/jax-cache.md); the spec's functions are what the script calls "
-        "(a jax.jit, its options kept, or a function jax.jit wraps); run the warm with the "
-        "target's XLA_FLAGS",
-    )
-    jax.add_argument(
-        "--jax-cache",
-        metavar="DIR",
-        help="write the entries into the JAX cache directory DIR (made if missing); "
-        f"'{PATH_FOR_INSTALL}': only into pjrt-pool's disk cache and remote tier, for scripts "
-        "that call pool.jax_cache.install()",
-    )
-    jax.add_argument(
-        "--jax-cache-path",
-        metavar="PATH",
-        help="the jax_compilation_cache_dir the target's script sets, which is part of JAX's "
-        f"key (default: DIR, made absolute; '{PATH_FOR_INSTALL}' with install())",
-    )
-    jax.add_argument(
-        "--jax-compression",
-        choices=[c.value for c in Compression],
-        default=Compression.ZLIB.value,
-        metavar="{zlib,zstandard}",
-        help="how the target's JAX compresses entries: zstandard where it can import it, else "
-        "zlib (default)",
-    )
-    jax.add_argument(
-        "--jax-cpu-devices",
-        type=int,
-        default=1,
-        metavar="N",
-        help="the CPU devices of the target's JAX (jax_num_cpu_devices; default 1)",
-    )
-    jax.add_argument(
-        "--libtpu-init-args",
-        metavar="ARGS",
-        help="LIBTPU_INIT_ARGS in the target's environment (default: none; JAX on a TPU VM "
-        "adds its own, which the key includes)",
+    add_jax_cache_options(
+        warm,
+        "make each program's entry of JAX's persistent cache",
+        "write the entries into the JAX cache directory DIR (made if missing)",
     )
 
 
@@ -208,12 +171,13 @@ def _register_run(subparsers: Any) -> None:
         "inputs of its input types; prints how long loading and running took and each output's "
         "dtype, shape and sum. With --workers it runs through a Pool, with --scheduler on a "
         "Dask cluster or --ray on a Ray cluster, once or once per --batch file. Without NAME, "
-        "lists the programs.",
-        epilog="exit status: 0 when the program ran (with --batch: every run); 1 when its "
-        "entry was refused as it was read (damaged, or changed after the bundle was made), the "
-        "plugin failed to load or run it, or a --batch run failed; 2 for usage and environment "
-        "errors, among them a program whose key is not in the cache and a bundle refused as it "
-        "opens; 130 after a Ctrl-C.",
+        "lists the programs (as JSON with --json).",
+        epilog="exit status: 0 when the program ran (with --batch: every run); 1 when the "
+        "bundle or the program's entry was refused (damaged, cut short, or changed after the "
+        "bundle was made, as bundle check and import refuse it), the plugin failed to load or "
+        "run it, or a --batch run failed; 2 for usage and environment errors, among them a "
+        "program whose key is not in the cache and options for running given without NAME; "
+        "130 after a Ctrl-C, 143 after SIGTERM.",
         exit_at_once=True,
     )
     run.add_argument(
@@ -276,7 +240,8 @@ def _register_run(subparsers: Any) -> None:
 def _check_warm_arguments(args: argparse.Namespace) -> None:
     """Refuses bad arguments before anything slow starts; raises UsageError."""
     pool_option(args, "workers")
-    args.devices_per_worker = pool_option(args, "devices_per_worker")
+    if args.devices_per_worker is not None:  # else as many as the spec's meshes (warm())
+        args.devices_per_worker = pool_option(args, "devices_per_worker")
     if args.lower_workers < 0:
         raise UsageError(
             f"--lower-workers must be 0 (lower in this process) or more, not {args.lower_workers}"
@@ -331,32 +296,10 @@ def _check_jax_cache_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--jax-cpu-devices must be 1 or more, not {args.jax_cpu_devices}")
 
 
-def _jax_cache(args: argparse.Namespace) -> JaxCacheDestination | None:
-    """The destination --jax-cache names, and the target its entries are made for."""
-    if args.jax_cache is None:
-        return None
-    from pool.jax_cache.entries import JaxCacheDestination
-    from pool.jax_cache.target import JaxTarget
-
-    installed = args.jax_cache == PATH_FOR_INSTALL
-    directory = None if installed else str(Path(args.jax_cache).absolute())
-    path = args.jax_cache_path or (PATH_FOR_INSTALL if installed else directory)
-    target = JaxTarget(
-        platform=args.platform or default_platform(),
-        cache_path=str(path),
-        topology=topology_option(args),
-        device_count=args.jax_cpu_devices,
-        compression=Compression(args.jax_compression),
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
-        libtpu_init_args=args.libtpu_init_args,
-    )
-    return JaxCacheDestination(target, directory)
-
-
 def _jax_cache_said(args: argparse.Namespace, report: WarmReport) -> str:
     """Where the JAX cache entries went, and for which target."""
     made = sum(1 for p in report.programs if p.outcome.ok and p.jax_key is not None)
-    destination = _jax_cache(args)
+    destination = jax_cache_option(args)
     assert destination is not None
     target = destination.target
     where = (
@@ -422,12 +365,18 @@ def _compile_mode() -> None:
 def _warm(args: argparse.Namespace) -> int:
     _compile_mode()
     _check_warm_arguments(args)  # before importing JAX: a usage error answers at once
-    # Here, not at the top: warming imports JAX (about a second), and the spec
-    # loader is of no use to `pjrt-pool run`, which this module also serves.
-    from pool.warm.report import WarmInterrupted, report_json
-    from pool.warm.spec_file import SpecError, load_spec
-    from pool.warm.warming import warm
+    with interrupts.at_once():  # JAX's import, and the user's spec: nothing held yet
+        # Here, not at the top: warming imports JAX (about a second), and the spec
+        # loader is of no use to `pjrt-pool run`, which this module also serves.
+        from pool.warm.report import WarmInterrupted, report_json
+        from pool.warm.spec_file import SpecError, load_spec
+        from pool.warm.warming import warm
 
+        with _stdout_to_stderr():
+            try:
+                spec = load_spec(args.spec)
+            except SpecError as error:
+                raise UsageError(str(error)) from None
     if args.jax_cache is not None:
         from pool.jax_cache.versions import JaxVersionError, jax_internals
 
@@ -435,63 +384,85 @@ def _warm(args: argparse.Namespace) -> int:
             jax_internals()
         except JaxVersionError as error:
             raise UsageError(str(error)) from None
-
     interrupted: WarmInterrupted | None = None
-    with _stdout_to_stderr():
-        try:
-            spec = load_spec(args.spec)
-        except SpecError as error:
-            raise UsageError(str(error)) from None
-        progress = ProgressDisplay(len(spec.programs))
-        try:
-            report = warm(
-                spec,
-                workers=args.workers,
-                # Named: this command's JAX is on the CPU (pool.cli.main), so JAX's default
-                # device would not say what the workers load.
-                platform=args.platform or default_platform(),
-                cache_dir=args.cache_dir,
-                timeout=args.timeout,
-                fail_fast=args.fail_fast,
-                lower_workers=args.lower_workers,
-                progress=progress,
-                scheduler=args.scheduler,
-                ray=args.ray,
-                remote=args.remote,
-                topology=topology_option(args),
-                devices_per_worker=args.devices_per_worker,
-                jax_cache=_jax_cache(args),
-            )
-        except WarmInterrupted as stopped:  # reported and written as far as it got, then 130
-            report, interrupted = stopped.report, stopped
-    written = _write_manifest(args, report) if args.manifest else None
-    if args.json:
-        print(report_json(report))
-    else:
-        print(report.summary())
-        if written is not None:
-            print(written)
-        if args.jax_cache is not None:
-            print(_jax_cache_said(args, report))
+    # The report and manifest are written whatever signal comes once warming has begun
+    # (pool.cli.interrupts): SIGINT and SIGTERM alike stop the warming, then wait.
+    with interrupts.held():
+        with _stdout_to_stderr():
+            progress = ProgressDisplay(len(spec.programs))
+            try:
+                with interrupts.unwinding():
+                    report = warm(
+                        spec,
+                        workers=args.workers,
+                        # Named: this command's JAX is on the CPU (pool.cli.main), so
+                        # JAX's default device would not say what the workers load.
+                        platform=args.platform or default_platform(),
+                        cache_dir=args.cache_dir,
+                        timeout=args.timeout,
+                        fail_fast=args.fail_fast,
+                        lower_workers=args.lower_workers,
+                        progress=progress,
+                        scheduler=args.scheduler,
+                        ray=args.ray,
+                        remote=args.remote,
+                        topology=topology_option(args),
+                        devices_per_worker=args.devices_per_worker,
+                        jax_cache=jax_cache_option(args),
+                    )
+            except WarmInterrupted as stopped:  # reported and written as far as it got
+                report, interrupted = stopped.report, stopped
+        written = _write_manifest(args, report) if args.manifest else None
+        if args.json:
+            print(report_json(report))
+        else:
+            print(report.summary())
+            if written is not None:
+                print(written)
+            if args.jax_cache is not None:
+                print(_jax_cache_said(args, report))
     if interrupted is not None:
-        raise interrupted
-    return ExitCode.OK if report.ok else ExitCode.PROBLEMS
+        raise interrupts.Reported() from interrupted
+    return report.exit_code
 
 
 def _write_manifest(args: argparse.Namespace, report: WarmReport) -> str:
-    """Writes --manifest of the programs warmed, partial after a Ctrl-C; returns what to say."""
+    """Writes --manifest of the programs warmed, marked partial unless every program of the
+    spec was; returns what to say. A partial one never replaces a complete manifest."""
     cache_dir = str(Path(args.cache_dir).resolve()) if args.cache_dir else None
     specs = [p.spec for p in report.programs if p.spec is not None and p.outcome.ok]
-    if report.interrupted and not specs:
+    if not specs:
         return f"manifest: none written (no program was warmed); {args.manifest} is as it was"
-    platform = args.platform or (specs[0].platform if specs else None)
-    Manifest(specs, cache_dir, platform, partial=report.interrupted).write(args.manifest)
-    if report.interrupted:
+    warmed = f"the {len(specs)} of {len(report.programs)} programs warmed"
+    if not report.ok and _complete_manifest(args.manifest):
         return (
-            f"manifest: {args.manifest}, partial: the {len(specs)} of {len(report.programs)} "
-            "programs warmed before the interrupt"
+            f"manifest: {args.manifest} kept as it was: it is a complete manifest, and this "
+            f"warm gives only {warmed}; warm again once every program warms, or name another "
+            "file"
         )
+    missing = {p.name: _why(p) for p in report.programs if not p.outcome.ok}
+    platform = args.platform or specs[0].platform
+    manifest = Manifest(specs, cache_dir, platform, partial=not report.ok, missing=missing)
+    manifest.write(args.manifest)
+    if report.interrupted:
+        return f"manifest: {args.manifest}, partial: {warmed} before the interrupt"
+    if not report.ok:
+        return f"manifest: {args.manifest}, partial: {warmed} (the others failed, as said above)"
     return f"manifest: {args.manifest}"
+
+
+def _complete_manifest(path: str) -> bool:
+    """Whether a file holds a manifest that is not partial (one that does not read is not)."""
+    try:
+        return not load_manifest(path).partial
+    except ManifestError:
+        return False
+
+
+def _why(program: ProgramReport) -> str:
+    """What happened to a program a partial manifest leaves out, in one line."""
+    first = (program.error or "").strip().splitlines()
+    return f"{program.outcome.value}: {first[0]}" if first else program.outcome.value
 
 
 def _inputs(args: argparse.Namespace, spec: Any) -> list[np.ndarray]:
@@ -516,6 +487,13 @@ def _run(args: argparse.Namespace) -> int:
     # process ends without the plugin's teardown (pool.cli.main.exit_at_once).
     args.exit_at_once = not args.workers and not cluster_address(args)
     _check_run_options(args)
+    if not args.exit_at_once:
+        return _run_program(args)
+    with interrupts.at_once():  # in this process, reading only: nothing held to undo
+        return _run_program(args)
+
+
+def _run_program(args: argparse.Namespace) -> int:
     _compile_mode()  # a run compiles nothing, but a bad setting is the user's to know
     manifest_or_bundle_file(args.manifest)
     # A bundle carries its executables: only an explicit --remote is checked (and refused).
@@ -525,12 +503,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         manifest = load_manifest(args.manifest, args.cache_dir, prime=args.prime, remote=remote)
         if args.name is None:
-            for name in manifest.names:
-                spec = manifest.spec(name)
-                types = ", ".join(map(str, spec.input_types or ()))
-                print(f"{name}({types}) -> {', '.join(map(str, spec.output_types))}")
+            _list_programs(args, manifest)
             return ExitCode.OK
         spec = manifest.spec(args.name)
+    except BundleRefusedError as error:  # damaged: 1, as bundle check and import say it
+        raise CommandError(str(error)) from None
     except ManifestError as error:
         raise UsageError(str(error)) from None
     if args.batch and not cluster_address(args):
@@ -558,7 +535,38 @@ def _run(args: argparse.Namespace) -> int:
     return ExitCode.OK if outputs is not None else ExitCode.PROBLEMS
 
 
+def _list_programs(args: argparse.Namespace, manifest: Manifest) -> None:
+    """run without NAME: each program with its types (as JSON with --json)."""
+    listed = [
+        (name, list(map(str, spec.input_types or ())), list(map(str, spec.output_types)))
+        for name, spec in manifest.specs.items()
+    ]
+    if args.json:
+        fields = ("name", "input_types", "output_types")
+        print(json.dumps([dict(zip(fields, item, strict=True)) for item in listed], indent=2))
+        return
+    for name, inputs, outputs in listed:
+        print(f"{name}({', '.join(inputs)}) -> {', '.join(outputs)}")
+
+
 def _check_run_options(args: argparse.Namespace) -> None:
+    if args.name is None:
+        running = {
+            "--inputs": args.inputs,
+            "--seed": args.seed != 0,
+            "--workers": args.workers,
+            "--prime": args.prime,
+            "--scheduler": args.scheduler,
+            "--ray": args.ray,
+            "--batch": args.batch,
+        }
+        given = [flag for flag, value in running.items() if value]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for running a "
+                "program: name the program to run (pjrt-pool run MANIFEST NAME); without NAME, "
+                "run lists the programs"
+            )
     check_cluster(args)  # MissingExtraError or UsageError: exit 2
     if args.workers is not None and args.workers < 0:
         raise UsageError(

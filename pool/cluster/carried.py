@@ -24,7 +24,9 @@ class NodeLostError(PoolError):
     With retry_lost=False this is the first loss; otherwise the task was run
     again on other nodes until the cluster's allowed losses were used up (on
     Dask, the scheduler's distributed.scheduler.allowed-failures; on Ray,
-    pool.cluster.ray.pool.ALLOWED_LOSSES).
+    pool.cluster.ray.pool.ALLOWED_LOSSES). Closing a ClusterPool also fails with it a
+    task that can no longer end (no node left to run it, or lost with its node and never
+    settled by the engine: ClusterPoolBase.close).
     """
 
 

@@ -30,11 +30,13 @@ import abc
 import collections
 import functools
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from pool.cluster.carried import CarriedError, original_error
+from pool.cluster.carried import CarriedError, NodeLostError, original_error
+from pool.cluster.node_pool import SpecCall
 from pool.cluster.options import check_cluster_options, node_options
 from pool.cluster.routing import Router, home_of
 from pool.errors import PoolClosedError, PoolError
@@ -53,7 +55,6 @@ from worker.identity.options import checked_compile_options
 from worker.records import (
     ArrayType,
     CompileStatistics,
-    JaxCompile,
     LoweredProgram,
     ProgramSpec,
     check_program,
@@ -65,6 +66,31 @@ Ray object) and runs name that; shorter ones travel with each run (cheaper than 
 
 _HELD_PROGRAMS = 1024
 """How many held programs a ClusterPool keeps on the cluster (the oldest go first)."""
+
+STUCK_SECONDS = 20.0
+"""How long close() waits for a task its engine says cannot end (see close) before failing
+it: longer than a lost node's tasks take to be placed again, or a restarted node to join."""
+
+STUCK_CHECK_SECONDS = 2.0
+"""How often a waiting close() asks the engine which tasks cannot end."""
+
+SETTLE_SECONDS = 60.0
+"""How long close() waits, once the nodes' Pools are closed, for the last tasks to settle."""
+
+
+def _cannot_end_text(engine: str, why: str) -> str:
+    return (
+        f"this task cannot end: {why}; the {engine} cluster did not settle it in "
+        f"{STUCK_SECONDS:g} s, so closing the pool gave up on it. A run is a pure function of "
+        "its inputs: submit it again on a cluster with nodes"
+    )
+
+
+def _not_settled(engine: str, seconds: float | None) -> str:
+    return (
+        f"the pool was closed, and this task had not ended {seconds:g} s after the nodes' "
+        f"Pools closed (its {engine} node lost, or the cluster not answering)"
+    )
 
 
 class RunCall(NamedTuple):
@@ -127,38 +153,17 @@ class ClusterPoolBase(PoolFace):
         outcome, the engine calls _ended(the address it ended on) once."""
 
     @abc.abstractmethod
-    def _send_spec(
-        self,
-        address: str,
-        spec: ProgramSpec,
-        arguments: Any,
-        timeout: float | None,
-        bundle: str | None,
-    ) -> Future[Any]:
+    def _send_spec(self, address: str, call: SpecCall) -> Future[Any]:
         """Sends a run of a ProgramSpec's executable to `address`'s Pool (as _send_run)."""
 
     @abc.abstractmethod
-    def _send_compile(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None,
-    ) -> Future[CompileResult]:
-        """Sends a compile (for JAX's cache, with jax) to `address`'s Pool; returns a future
-        of its CompileResult (converted by _unwrap, so that it is counted once)."""
+    def _send_compile(self, address: str, call: CompileCall) -> Future[CompileResult]:
+        """Sends a compile (its program checked, its name and options given; for JAX's cache,
+        with call.jax) to `address`'s Pool; returns a future of its CompileResult (converted
+        by _unwrap, so that it is counted once)."""
 
     @abc.abstractmethod
-    def _check_on(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-    ) -> CarriedError | None:
+    def _check_on(self, address: str, call: CompileCall) -> CarriedError | None:
         """For a never-compile ClusterPool: `address`'s refusal of a program (its Pool's
         NeverCompileError, carried), or None when it has it (a round trip to the node)."""
 
@@ -170,11 +175,24 @@ class ClusterPoolBase(PoolFace):
 
     @abc.abstractmethod
     def _close_nodes(self) -> None:
-        """Closes every node's Pool of this ClusterPool (those running finish first)."""
+        """Closes every node's Pool of this ClusterPool (those running finish first); a node
+        lost meanwhile (its Pool gone with it) raises nothing."""
 
     @abc.abstractmethod
-    def _wait(self, handles: list[Any]) -> None:
-        """Waits until the engine's tasks of these handles (_pending's values) have ended."""
+    def _wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        """Waits at most timeout seconds for the engine's tasks of these handles (_pending's
+        values: the futures handed out) to end; returns those that have not."""
+
+    def _cannot_end(self, handles: list[Any]) -> list[str | None]:
+        """For each handle of a task not ended: why its task can no longer end by itself (a
+        round trip to the cluster), or None. An engine that settles every task of a lost
+        node itself (Ray fails a dead actor's calls) says None (the default)."""
+        return [None] * len(handles)
+
+    @abc.abstractmethod
+    def _abandon(self, handle: Any, error: BaseException) -> None:
+        """Fails a future whose task will not end (close gives up on it) with error, counts
+        it ended once (as the engine's own end would), and cancels its task."""
 
     def _is_cluster_data(self, value: Any) -> bool:
         """Whether an input is the engine's own reference to data on the cluster (a Dask
@@ -228,7 +246,8 @@ class ClusterPoolBase(PoolFace):
         else:
             admit = None
             if self._never_compile:
-                admit = functools.partial(self._admit, program, name, timeout, compile_options)
+                call = CompileCall(program, name, timeout, compile_options)
+                admit = functools.partial(self._admit, call)
             address = self._router.choose(identity, admit)
         try:
             carried: Any = program
@@ -240,21 +259,10 @@ class ClusterPoolBase(PoolFace):
             self._router.done(address)
             raise
 
-    def run(
-        self,
-        program: LoweredProgram,
-        inputs: Any,
-        *,
-        name: str | None = None,
-        timeout: float | None = None,
-        compile_options: bytes | None = None,
-        keep: int | Sequence[int] = (),
-    ) -> list[Any]:
-        """Runs a program on a node and returns its outputs (see submit)."""
-        future = self.submit(
-            program, inputs, name=name, timeout=timeout, compile_options=compile_options, keep=keep
-        )
-        return future.result()  # type: ignore[no-any-return]
+    def run(self, program: LoweredProgram, inputs: Any, /, **options: Any) -> list[Any]:
+        """Runs a program on a node and returns its outputs (submit's options: name, timeout,
+        compile_options, keep)."""
+        return self.submit(program, inputs, **options).result()  # type: ignore[no-any-return]
 
     def submit_spec(
         self,
@@ -279,7 +287,7 @@ class ClusterPoolBase(PoolFace):
         arguments = self._arguments(inputs, spec.input_types)
         address = self._router.choose(spec.key)
         try:
-            return self._send_spec(address, spec, arguments, timeout, source)
+            return self._send_spec(address, SpecCall(spec, arguments, timeout, source))
         except BaseException:
             self._router.done(address)
             raise
@@ -333,18 +341,11 @@ class ClusterPoolBase(PoolFace):
                 self._held.popitem(last=False)
         return held
 
-    def _admit(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-        address: str,
-    ) -> BaseException | None:
+    def _admit(self, call: CompileCall, address: str) -> BaseException | None:
         """In never-compile mode, before a program's first run on a node: that node's
         refusal of it (NeverCompileError, raised by its Pool before any PJRT worker does
         anything), or None (see pool.cluster.routing)."""
-        refusal = self._check_on(address, program, name, timeout, compile_options)
+        refusal = self._check_on(address, call)
         return None if refusal is None else original_error(refusal)
 
     def _ended(self, address: str | None) -> None:
@@ -410,8 +411,8 @@ class ClusterPoolBase(PoolFace):
         options = checked_compile_options(call.options)
         check_devices(program.partitioning, *self._devices)
         address = self._route(program, options)
-        name = call.name or program.name
-        return self._send_compile(address, program, name, call.timeout, options, call.jax)
+        checked = call._replace(program=program, name=call.name or program.name, options=options)
+        return self._send_compile(address, checked)
 
     def _unwrap(self, value: CompileResult | BaseException) -> CompileResult:
         """A node's CompileResult, counted; raises the program's failure the node returned."""
@@ -463,6 +464,12 @@ class ClusterPoolBase(PoolFace):
         close again does nothing. Runs cancelled count as ended: close never
         raises for them, and whatever the wait raises, the nodes' Pools are
         closed.
+
+        It never waits for a task that can no longer end: one the engine
+        says cannot (its node lost and the engine never settling it, or no
+        node left to run it: see _cannot_end) for STUCK_SECONDS fails with
+        NodeLostError, and one still pending SETTLE_SECONDS after the nodes'
+        Pools closed (which ends what they held) fails with PoolClosedError.
         """
         with self._lock:
             if self._closed:
@@ -474,13 +481,32 @@ class ClusterPoolBase(PoolFace):
                 self._wait_pending()
         finally:
             self._close_nodes()
-        self._wait_pending()  # those not begun fail at once on their nodes
+        self._wait_pending(SETTLE_SECONDS)  # those not begun fail at once on their nodes
 
-    def _wait_pending(self) -> None:
-        with self._lock:
-            pending = list(self._pending.values())
-        if pending:
-            self._wait(pending)
+    def _wait_pending(self, settle: float | None = None) -> None:
+        """Waits for the tasks noted in _pending to end, giving up on those that cannot
+        (see close); with settle, on every task still pending after that many seconds."""
+        deadline = None if settle is None else time.monotonic() + settle
+        stuck_since: dict[int, float] = {}
+        while True:
+            with self._lock:
+                pending = list(self._pending.values())
+            step = STUCK_CHECK_SECONDS
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - time.monotonic()))
+            pending = self._wait(pending, step) if pending else []
+            if not pending:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                for handle in pending:
+                    self._abandon(handle, PoolClosedError(_not_settled(self._engine, settle)))
+                return
+            now = time.monotonic()
+            for handle, why in zip(pending, self._cannot_end(pending), strict=True):
+                if why is None:
+                    stuck_since.pop(id(handle), None)
+                elif now - stuck_since.setdefault(id(handle), now) >= STUCK_SECONDS:
+                    self._abandon(handle, NodeLostError(_cannot_end_text(self._engine, why)))
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
         """Leaving the block closes the ClusterPool; by an exception, without running the

@@ -167,9 +167,17 @@ class PoolArrays:
             raise
         return lease.views([array_type], [0])[0]
 
-    def asarray(self, array: ArrayLike) -> np.ndarray:
-        """A copy of an array in the pool's shared memory (see empty): calls pass it as it is."""
+    def asarray(self, array: ArrayLike, *, dtype: Any = None) -> np.ndarray:
+        """A copy of an array in the pool's shared memory (see empty): calls pass it as it is.
+
+        Its dtype is the one a program lowered from JAX reads: `dtype` when given, else
+        the array's converted as jnp.asarray (and Pool.put) converts it: float64, int64,
+        uint64 and complex128 become their 32-bit kinds unless JAX's x64 mode is on. An
+        array a run must still convert (made with another dtype than its program reads)
+        is copied for each run, and the run says so once (ConvertedInputWarning).
+        """
         source = np.asarray(array)
+        source = source.astype(dtype, copy=False) if dtype is not None else _as_jax_puts(source)
         copy = self.empty(source.shape, source.dtype)
         if source.flags.c_contiguous:
             self._segments.copier.copy(

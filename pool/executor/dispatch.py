@@ -34,11 +34,11 @@ import enum
 import logging
 import threading
 from concurrent.futures import CancelledError, Future
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from pool.errors import DeviceFailureError, PoolError, rebuild_error
+from pool.errors import DeviceFailureError, PoolError, WorkerWarning, rebuild_error
 from pool.executor.compile_many import CompileResult
 from pool.executor.futures import resolve
 from pool.executor.quarantine import Quarantine, count_crash
@@ -50,7 +50,10 @@ from pool.executor.values import DeviceValue, Fetcher
 from pool.executor.wait_set import WaitSet
 from pool.executor.worker_process import ARENA_SIZE, State, WorkerProcess
 from pool.executor.workers import Workers
+from worker import log
+from worker.cache.warn_once import WarnOnce, said_here
 from worker.identity.keys import check_key
+from worker.log import get_logger
 from worker.records import ArrayType, CompileStatistics
 from worker.wire import protocol, shm
 from worker.wire.fds import close_all
@@ -69,31 +72,38 @@ Result = list[np.ndarray] | CompileResult | BaseException | Literal[Resend.WITH_
 """What handling a reply gives its task: outputs, a CompileResult, an error, or a resend."""
 
 
+class PoolCore(NamedTuple):
+    """The parts of one pool that its dispatcher and its manager thread both hold, made once
+    by the Pool (pool.executor.pool)."""
+
+    lock: threading.Lock
+    """The pool's: claims, the queue, workers' states and settling change under it."""
+    tasks: Tasks
+    """The queue: dispatched, resent tasks put back, orphans completed."""
+    workers: Workers
+    """Claimed, given back, freed, retired, killed at their deadline and reaped."""
+    starts: WorkerStarts
+    """Starts the workers, replaces each that ends, is told of each one's Ready."""
+    quarantine: Quarantine
+    """Refuses the tasks of programs that crashed workers; counts each crash."""
+    segments: SegmentCache
+    """The shared memory results' arrays view, kept for reuse and closed with the pool."""
+    wait_set: WaitSet
+    """The manager's one wait point (replies, deaths, output, wake-ups)."""
+
+
 class Dispatcher:
     """Sending claimed tasks, reading replies and settling tasks (see the module docstring)."""
 
-    def __init__(
-        self,
-        lock: threading.Lock,
-        tasks: Tasks,
-        workers: Workers,
-        starts: WorkerStarts,
-        quarantine: Quarantine,
-        segments: SegmentCache,
-        requests: Requests,
-        wait_set: WaitSet,
-        owner: Fetcher,
-    ) -> None:
+    def __init__(self, core: PoolCore, requests: Requests, owner: Fetcher) -> None:
         self._owner = owner  # what the handles of kept values fetch themselves through
-        self._lock = lock  # the pool's: claims, the queue and settling happen under it
-        self._tasks = tasks  # the queue it dispatches and puts resent tasks back into
-        self._workers = workers  # claimed, given back, freed and retired here
-        self._starts = starts  # told of each worker's Ready
-        self._quarantine = quarantine  # refuses queued tasks; a device failure is a crash
-        self._segments = segments  # the segments results' arrays view
+        self._lock, self._tasks, self._workers = core.lock, core.tasks, core.workers
+        self._starts, self._quarantine = core.starts, core.quarantine
+        self._segments, self._wait_set = core.segments, core.wait_set
         self._requests = requests  # builds each request; learns programs' output types
-        self._wait_set = wait_set  # woken for what only the manager may complete
         self.statistics = CompileStatistics()  # summed over every reply, under the lock
+        # The workers' warnings, said once per pool (their output reaches only the debug log).
+        self._said = WarnOnce(WorkerWarning, stacklevel=2, log=get_logger("pjrt_pool.worker"))
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -283,6 +293,9 @@ class Dispatcher:
         if type(message) is protocol.HotReply:
             self._handle_hot(worker, task, message, fds)
             return
+        said = getattr(message, "warnings", ())  # a Ready's or a Reply's, untrusted
+        if said:
+            self._pass_on(worker, said)
         if isinstance(message, protocol.Ready):
             close_all(fds)
             self._starts.on_ready(worker, message)
@@ -317,6 +330,18 @@ class Dispatcher:
                 self._finish(worker, task, outcome)
             finally:
                 close_all(fds)
+
+    def _pass_on(self, worker: WorkerProcess, said: Any) -> None:
+        """Says each warning a worker gave, once per pool: logged on "pjrt_pool.worker" and
+        issued as a WorkerWarning; not one this process said itself (the pool's checks as
+        it started say what its workers would: an unusable cache, unsigned records). What
+        is not a tuple of texts is no warning of a worker's."""
+        if not isinstance(said, tuple):
+            return
+        for text in said[:16]:
+            if isinstance(text, str) and not said_here(text[: log.MAX_SAID]):
+                text = text[: log.MAX_SAID]
+                self._said.warn(text, f"pjrt-pool worker {worker.pid}: {text}")
 
     def _handle_hot(
         self, worker: WorkerProcess, task: Task | None, reply: protocol.HotReply, fds: list[int]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 
 import numpy as np
@@ -39,17 +38,15 @@ from pool.errors import (
     describe_exit,
     likely_cause,
 )
-from pool.executor.dispatch import Dispatcher
+from pool.executor.dispatch import Dispatcher, PoolCore
 from pool.executor.futures import ManagerThread, PoolFuture
 from pool.executor.inputs import TaskMemory
-from pool.executor.quarantine import Quarantine, count_crash
+from pool.executor.quarantine import count_crash
 from pool.executor.segments import SegmentCache
-from pool.executor.starts import WorkerStarts
-from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, Tasks, ValueOp, ValueOpKind
-from pool.executor.wait_set import WaitSet
+from pool.executor.tasks import MAX_REQUEUES, Kind, Request, Task, ValueOp, ValueOpKind
 from pool.executor.worker_memory import NOTHING, WorkerMemory
 from pool.executor.worker_process import State, WorkerProcess
-from pool.executor.workers import PARKED_SECONDS, Source, Workers
+from pool.executor.workers import PARKED_SECONDS, Source
 from worker.records import ArrayType
 
 logger = logging.getLogger("pjrt_pool.pool")
@@ -64,36 +61,19 @@ class Manager(ManagerThread):
     """The manager thread of one pool (see the module docstring)."""
 
     def __init__(
-        self,
-        lock: threading.Lock,
-        tasks: Tasks,
-        workers: Workers,
-        starts: WorkerStarts,
-        dispatcher: Dispatcher,
-        quarantine: Quarantine,
-        segments: SegmentCache,
-        wait_set: WaitSet,
-        stop_grace: float,
-        start_timeout: float,
+        self, core: PoolCore, dispatcher: Dispatcher, stop_grace: float, start_timeout: float
     ) -> None:
         super().__init__(name="pjrt-pool-manager", daemon=True)
-        # The pool's lock, under which every worker's state and the queue change.
-        self._lock = lock
-        # The queue it dispatches and whose orphans it completes; whether the pool is
-        # closing (it ends once nothing is queued or running) or broken.
-        self._tasks = tasks
-        # The workers it kills at their deadline, reaps and stops.
-        self._workers = workers
-        # Starts the workers, and replaces each that ends.
-        self._starts = starts
+        # The pool's parts it borrows (PoolCore says what each is to it too): the lock; the
+        # queue it dispatches and whose orphans it completes, which says whether the pool
+        # is closing (it ends once nothing is queued or running) or broken; the workers it
+        # kills at their deadline, reaps and stops; their starts; the quarantine that
+        # counts a crash; the shared memory closed when the pool ends; its one wait point.
+        self._lock, self._tasks, self._workers = core.lock, core.tasks, core.workers
+        self._starts, self._quarantine = core.starts, core.quarantine
+        self._segments, self._wait_set = core.segments, core.wait_set
         # Sends queued tasks and reads the replies of the workers it holds.
         self._dispatcher = dispatcher
-        # Counts the crash when a worker dies running a task.
-        self._quarantine = quarantine
-        # The shared memory kept for reuse, closed when the pool ends.
-        self._segments = segments
-        # Its one wait point: replies, deaths, output, wake-ups.
-        self._wait_set = wait_set
         # Seconds between the exit request, SIGTERM and SIGKILL when it stops the workers.
         self._stop_grace = stop_grace
         # Seconds a worker may take to start once the pool has (WorkerStarts.expire_starts).

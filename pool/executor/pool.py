@@ -81,7 +81,7 @@ from pool.executor.arrays import PoolArrays, ValueOwner
 from pool.executor.caller import CallerPath
 from pool.executor.closing import Closing, terminate_at_exit
 from pool.executor.compile_many import CompileCall, CompileResult
-from pool.executor.dispatch import Dispatcher
+from pool.executor.dispatch import Dispatcher, PoolCore
 from pool.executor.inputs import Layouts
 from pool.executor.manager import Manager
 from pool.executor.never_compile_check import NeverCompileCheck
@@ -163,27 +163,26 @@ class WorkerPool(TaskMaking, PoolArrays):
         # Every option is checked before anything starts (see pool.executor.settings).
         settings = self._settings = PoolSettings.check(given)
         self._assemble(settings)
-        self._manager.start()
-        # Read once: Thread.ident is a property, and every run compares it.
-        self._manager_ident = self._manager.ident
+        # Whatever stops __init__ from here on (a failed start, or a Ctrl-C at any step:
+        # the caller never gets the pool to close) stops what it started.
         try:
-            started = self._starts.started.wait(settings.start_timeout)
-        except BaseException:  # a Ctrl-C while the workers start: nobody else could stop them
+            self._manager.start()
+            # Read once: Thread.ident is a property, and every run compares it.
+            self._manager_ident = self._manager.ident
+            if not self._starts.started.wait(settings.start_timeout):
+                raise WorkerStartupError(
+                    f"the workers did not start within {settings.start_timeout:.0f} s "
+                    "(plugin loading hung?); raise start_timeout if plugins load slowly here"
+                )
+            if self._starts.startup_error is not None:
+                raise self._starts.startup_error
+            terminate_at_exit(self)
+            self._started(settings)
+            # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
+            warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
+        except BaseException:
             self.terminate()
             raise
-        if not started:
-            self.terminate()
-            raise WorkerStartupError(
-                f"the workers did not start within {settings.start_timeout:.0f} s "
-                "(plugin loading hung?); raise start_timeout if plugins load slowly here"
-            )
-        if self._starts.startup_error is not None:
-            self.terminate()
-            raise self._starts.startup_error
-        terminate_at_exit(self)
-        self._started(settings)
-        # Here, not in _started: the warning names the caller of Pool() (stacklevel 3).
-        warn_known_failures(self._workers.plugin.get("path"), settings.cache_dir)
 
     def _assemble(self, settings: PoolSettings) -> None:
         """Makes the parts of the pool (see the module docstring), each given what it uses."""
@@ -198,17 +197,11 @@ class WorkerPool(TaskMaking, PoolArrays):
         self._workers = Workers(settings.plan, lock, wait_set, self._tasks)
         self._starts = WorkerStarts(settings, lock, self._workers, self._tasks, wait_set)
         self._requests = Requests(self._segments)
-        self._dispatcher = Dispatcher(
-            lock,
-            self._tasks,
-            self._workers,
-            self._starts,
-            self._quarantine,
-            self._segments,
-            self._requests,
+        core = PoolCore(
+            lock, self._tasks, self._workers, self._starts, self._quarantine, self._segments,
             wait_set,
-            self._value_owner,
-        )
+        )  # fmt: skip
+        self._dispatcher = Dispatcher(core, self._requests, self._value_owner)
         self._layouts = Layouts()
         # Programs a compile task of this pool compiled or loaded (by program id): their
         # runs need no compile first (Pool._needs_compile). Read without the lock: a miss
@@ -217,18 +210,7 @@ class WorkerPool(TaskMaking, PoolArrays):
         self._never_compile_check: NeverCompileCheck | None = None
         # The manager spawns the workers: their PR_SET_PDEATHSIG follows the
         # thread that spawned them, and the manager outlives every worker.
-        self._manager = Manager(
-            lock,
-            self._tasks,
-            self._workers,
-            self._starts,
-            self._dispatcher,
-            self._quarantine,
-            self._segments,
-            wait_set,
-            settings.stop_grace,
-            settings.start_timeout,
-        )
+        self._manager = Manager(core, self._dispatcher, settings.stop_grace, settings.start_timeout)
         self._closing = Closing(self, lock, self._tasks, self._workers, wait_set, self._manager)
         self._caller = CallerPath(
             lock,

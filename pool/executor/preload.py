@@ -18,7 +18,7 @@ from typing import Any
 
 from pool.manifest import Manifest, ManifestError, load_manifest
 from worker.bundle.importing import import_bundle
-from worker.cache import open_cache
+from worker.cache import DiskCache
 from worker.errors import BundleError
 
 
@@ -61,6 +61,7 @@ def preload_programs(preload: Any, names: Any, directory: Path) -> tuple[tuple[s
 def _import(path: str | os.PathLike[str], directory: Path) -> None:
     """Imports a bundle's entries into the pool's cache directory (see the module docstring)."""
     try:
-        import_bundle(path, open_cache(directory))
+        with DiskCache(directory) as cache:  # closed after: nothing kept per pool made
+            import_bundle(path, cache)
     except BundleError as error:
         raise ManifestError(f"cannot preload bundle {os.fspath(path)}: {error}") from None

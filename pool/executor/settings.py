@@ -22,7 +22,7 @@ from pool.executor.options import MAX_DISPATCH_AHEAD, DeviceStart, check_options
 from pool.executor.preload import preload_programs
 from pool.executor.roles import Role, WorkerPlan, plan_workers
 from pool.remote_option import open_for_workers
-from worker.cache import open_cache
+from worker.cache import DiskCache
 from worker.cache.location import resolve_cache_dir
 from worker.partitioning import Partitioning
 from worker.plugin.devices import more_per_worker, too_few_devices
@@ -116,7 +116,9 @@ class PoolSettings:
         # environment's default, cannot change under a pool that is running).
         directory = resolve_cache_dir(values["cache_dir"]).absolute()
         open_for_workers(values["remote"])
-        open_cache(directory)  # its workers' cache: untrusted raises, unusable warns once, here
+        # Its workers' cache: untrusted raises, unusable warns, here. Closed at once: the
+        # pool's workers hold it, this process keeps no descriptor per pool made.
+        DiskCache(directory).close()
         derived: dict[str, Any] = {
             "cache_dir": directory,
             "workers": len(plan),

@@ -12,13 +12,15 @@ pool.executor.roles). The parts it uses are WorkerPool's.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 from numpy.typing import ArrayLike
 
-from pool.errors import PoolError
+from pool.errors import ConvertedInputWarning, PoolError
 from pool.executor import forks
 from pool.executor.caller import CallerPath
 from pool.executor.checks import check_timeout, finite
@@ -27,7 +29,7 @@ from pool.executor.inputs import Layouts, TaskMemory
 from pool.executor.never_compile_check import NeverCompileCheck
 from pool.executor.programs import program_id, program_text_digest
 from pool.executor.requests import Requests
-from pool.executor.segments import SegmentCache
+from pool.executor.segments import SegmentCache, lease_of
 from pool.executor.settings import PoolSettings, check_devices
 from pool.executor.starts import WorkerStarts
 from pool.executor.tasks import Kind, Request, Task, Tasks, ValueOp
@@ -37,6 +39,25 @@ from pool.executor.worker_process import ARENA_INPUT_LIMIT
 from worker.compile.arguments import prepare_arguments
 from worker.identity.options import checked_compile_options
 from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+
+
+def _warn_converted_shared(
+    task: Task, arguments: Sequence[ArrayLike], prepared: Sequence[Any]
+) -> None:
+    """Warns of each argument made in a pool's shared memory (Pool.asarray, Pool.empty, a
+    result) that the run had to convert to the program's dtype: it is copied for every run,
+    which is what making it there was to spare. Python's filter says each once."""
+    for index, (given, made) in enumerate(zip(arguments, prepared, strict=True)):
+        if made is given or type(given) is not np.ndarray or lease_of(given) is None:
+            continue
+        warnings.warn(
+            f"argument {index} of {task.request.name} lies in the pool's shared memory as "
+            f"{given.dtype}, but the program reads {made.dtype}: each run converts it, into a "
+            f"copy; make it as the program reads it (pool.asarray(x, dtype=np.{made.dtype}), "
+            f"pool.empty(shape, np.{made.dtype}))",
+            ConvertedInputWarning,
+            stacklevel=5,
+        )
 
 
 def _keep_indices(keep: int | Sequence[int]) -> tuple[int, ...]:
@@ -213,6 +234,8 @@ class TaskMaking:
         if values is None:
             values = values_in(arguments)
         arrays = prepare_arguments(arguments, types, values.keys())
+        if types is not None:
+            _warn_converted_shared(task, arguments, arrays)
         # A ProgramSpec's types are what its caller says, and specs of one key may
         # say different things: its inputs are laid out as they are and the worker
         # checks them against the executable's own (worker.serve.placed.check_run_inputs).

@@ -124,7 +124,16 @@ class Request(NamedTuple):
     """A COMPILE task for JAX's own cache: JAX's key and what its value is made for."""
 
 
-class TaskState(enum.Enum):
+class LifeState(enum.Enum):
+    """A state in a life whose every move is checked against a table of the moves allowed
+    (a task's, a worker's)."""
+
+    # Members are singletons: hashing by identity is right, and C-fast (Enum's own
+    # hash runs in Python), for the table checked on every move.
+    __hash__ = object.__hash__
+
+
+class TaskState(LifeState):
     """Where a task is in its life (see the module docstring)."""
 
     NEW = "new"
@@ -133,10 +142,6 @@ class TaskState(enum.Enum):
     SENT = "sent"
     AHEAD = "ahead"
     DONE = "done"
-
-    # Members are singletons: hashing by identity is right, and C-fast (Enum's own
-    # hash runs in Python), for the table checked on every move.
-    __hash__ = object.__hash__
 
 
 _MOVES: dict[TaskState, frozenset[TaskState]] = {

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import logging
 import mmap
 import os
@@ -61,7 +60,7 @@ import numpy as np
 
 from pool.executor.options import MAX_DISPATCH_AHEAD
 from pool.executor.roles import Role
-from pool.executor.tasks import Task
+from pool.executor.tasks import LifeState, Task
 from pool.executor.worker_memory import WorkerMemory
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
@@ -100,7 +99,7 @@ is passed as it is, never copied.
 assert MAX_DISPATCH_AHEAD * ARENA_INPUT_LIMIT <= ARENA_SIZE
 
 
-class State(enum.Enum):
+class State(LifeState):
     """Where a worker is in its life (see the module docstring)."""
 
     STARTING = "starting"
@@ -108,10 +107,6 @@ class State(enum.Enum):
     BUSY = "busy"
     DYING = "dying"
     DEAD = "dead"
-
-    # Members are singletons: hashing by identity is right, and C-fast (Enum's own
-    # hash runs in Python), for the state table checked on every move.
-    __hash__ = object.__hash__
 
 
 _MOVES: dict[State, frozenset[State]] = {

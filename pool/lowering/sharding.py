@@ -157,6 +157,22 @@ def _sharding_at(equation: Any, position: int, side: str) -> Any | None:
     return None
 
 
+def declared_devices(*trees: Any) -> int:
+    """How many devices the shardings given with a program say it runs on, before it is
+    traced: the size of the largest mesh a NamedSharding names among the leaves of `trees`
+    (in_shardings, out_shardings, and the arguments, whose jax.Arrays and ShapeDtypeStructs
+    may carry one); 1 when none does. A mesh seen only inside the function (a shard_map)
+    shows once it is lowered."""
+    largest = 1
+    for tree in trees:
+        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding)):
+            sharding = leaf if isinstance(leaf, NamedSharding) else getattr(leaf, "sharding", None)
+            mesh = _mesh_of(sharding) if isinstance(sharding, NamedSharding) else None
+            if mesh is not None:
+                largest = max(largest, int(mesh.size))
+    return largest
+
+
 def boundary_shardings(
     jaxpr: Any, given_in: Sequence[Any], given_out: Sequence[Any], placed: Sequence[Any]
 ) -> tuple[Mesh, list[Any], list[Any]] | None:

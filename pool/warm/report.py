@@ -16,7 +16,7 @@ from typing import Any
 from pool.errors import ProgramQuarantinedError, TaskTimeoutError, WorkerCrashedError
 from worker.cache import CacheCounters
 from worker.cache.remote import RemoteCounters
-from worker.errors import NeverCompileError
+from worker.errors import DeviceCountError, NeverCompileError
 from worker.records import CompileStatistics, ProgramSpec
 from worker.words import counted
 
@@ -27,6 +27,9 @@ class Outcome(enum.Enum):
     COMPILED = "compiled"
     LOADED = "loaded"
     LOWERING_ERROR = "lowering error"
+    SETUP_ERROR = "setup error"
+    """The warm was set up so that the program cannot compile: it needs more devices than
+    a worker holds (its error says what to pass)."""
     COMPILE_ERROR = "compile error"
     WORKER_CRASH = "worker crash"
     TIMEOUT = "timeout"
@@ -104,8 +107,11 @@ class WarmReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every program is in the cache, 1 otherwise."""
-        return 0 if self.ok else 1
+        """0 when every program is in the cache; 2 when a program could not compile as the
+        warm was set up (SETUP_ERROR: a usage error); 1 otherwise."""
+        if self.ok:
+            return 0
+        return 2 if any(p.outcome is Outcome.SETUP_ERROR for p in self.programs) else 1
 
     def counts(self) -> dict[str, int]:
         """How many programs had each outcome."""
@@ -194,6 +200,8 @@ def classify(error: BaseException) -> Outcome:
         return Outcome.TIMEOUT
     if isinstance(error, (WorkerCrashedError, ProgramQuarantinedError)):
         return Outcome.WORKER_CRASH
+    if isinstance(error, DeviceCountError):
+        return Outcome.SETUP_ERROR
     return Outcome.COMPILE_ERROR
 
 

@@ -43,6 +43,7 @@ from pool.executor.programs import program_key_parts, program_text_digest
 from pool.face import Pool, PoolFace
 from pool.jax_cache.entries import JaxCacheDestination, JaxFiles
 from pool.jax_cache.target import JaxTarget
+from pool.lowering.sharding import declared_devices
 from pool.progress import ProgressDisplay
 from pool.warm.lowerer import Lowered, Lowerer
 from pool.warm.report import (
@@ -54,7 +55,7 @@ from pool.warm.report import (
     error_text,
 )
 from pool.warm.spec_file import Spec, WarmProgram
-from worker.cache import CacheCounters, DiskCache, open_cache
+from worker.cache import CacheCounters, DiskCache
 from worker.cache.remote import (
     Moved,
     Prefetcher,
@@ -65,7 +66,9 @@ from worker.cache.remote import (
 )
 from worker.compile.never_compile import never_compile_on
 from worker.identity.keys import key_of
-from worker.partitioning import compile_options_for
+from worker.partitioning import compile_options_for, devices_needed
+from worker.plugin.platforms.registry import platform_named
+from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
 from worker.records import CompileStatistics, JaxCompile, LoweredProgram
 
@@ -150,7 +153,10 @@ class _Ledger:
         smaller than the programs evicts some of them: either way warming has
         not put the program in the cache, and the report must not say it has.
         """
-        cache = DiskCache(cache_dir, create=False)
+        with DiskCache(cache_dir, create=False) as cache:
+            self._check_stored(cache)
+
+    def _check_stored(self, cache: DiskCache) -> None:
         for report in self.reports:
             if report.outcome.ok and report.key is not None:
                 if cache.usable and cache.path_of(report.key).is_file():
@@ -203,7 +209,7 @@ class _Compile:
                 compile_options=None if jax else self._programs[index].compile_options,
                 jax=jax,
             )
-        except Exception as failure:  # quarantined, or the pool is shutting down
+        except Exception as failure:  # quarantined, too many devices, or shutting down
             outcome = Outcome.SKIPPED if ledger.stop.is_set() else classify(failure)
             ledger.finish(index, outcome, failure)
             return
@@ -253,13 +259,17 @@ class _Prefetch:
         remote does)."""
         tier = self._tier
         key_parts = None if tier is None else getattr(compiler, "key_parts", None)
-        cache = None if key_parts is None else open_cache(cache_dir)
-        if tier is None or cache is None or not cache.writable:
+        if tier is None or key_parts is None:
             yield
             return
-        with Prefetcher(tier, cache) as prefetcher:
-            self._prefetcher, self._key_parts = prefetcher, key_parts
-            yield
+        # Its own instance, closed after: a process that warms many directories keeps none.
+        with DiskCache(cache_dir) as cache:
+            if not cache.writable:
+                yield
+                return
+            with Prefetcher(tier, cache) as prefetcher:
+                self._prefetcher, self._key_parts = prefetcher, key_parts
+                yield
 
     def then(
         self,
@@ -363,6 +373,23 @@ class _Figures(NamedTuple):
         return cls(compiler.statistics, compiler.cache_counters, compiler.remote_counters)
 
 
+def _devices_declared(
+    programs: list[WarmProgram], platform: str | None, topology: str | TopologySpec | None
+) -> int:
+    """The devices each worker gets when warm() is not told: where a worker has as many as
+    it is given (the CPU), those of the largest mesh the programs declare; else 1."""
+    if topology is not None or not platform_named(platform or default_platform()).devices_on_demand:
+        return 1
+    return max(map(_declared, programs), default=1)
+
+
+def _declared(program: WarmProgram) -> int:
+    """The devices a spec's program says it needs before it is lowered (see declared_devices)."""
+    if program.lowered is not None:
+        return devices_needed(program.lowered.partitioning)
+    return declared_devices(program.shapes, program.in_shardings, program.out_shardings)
+
+
 @contextlib.contextmanager
 def _compiler(
     scheduler: str | None,
@@ -423,7 +450,7 @@ def warm(
     scheduler: str | None = None,
     remote: str | None = None,
     topology: str | TopologySpec | None = None,
-    devices_per_worker: int = 1,
+    devices_per_worker: int | None = None,
     ray: str | None = None,
     jax_cache: JaxCacheDestination | None = None,
 ) -> WarmReport:
@@ -443,31 +470,35 @@ def warm(
     every node (ClusterPool(remote=)), whose workers fetch and publish themselves (no
     prefetch here): the report's remote counters are theirs, summed over the nodes. topology
     (a name such as "v5e:1x1", or a TopologySpec) compiles every program for that topology
-    without a device (Pool(topology=...)): a machine without a TPU warms the cache, and makes
-    the manifest, of a TPU host. devices_per_worker is the devices each compiling worker
-    holds, as for Pool: a CPU or GPU program over several devices compiles on that many (a
-    topology's programs compile without any). With jax_cache, each program is made for
-    JAX's own persistent cache instead (pool.jax_cache): lowered as jax.jit does on the
-    destination's target (whose platform and topology warming takes), compiled in the form
-    JAX keeps, filed in the disk cache and remote tier under JAX's key, and written into the
-    destination's directory as JAX's file. A Ctrl-C raises WarmInterrupted, with the report
-    of what was warmed before it, once the workers have stopped.
+    without a device (Pool(topology=...)): a machine without a TPU warms the cache, and
+    makes the manifest, of a TPU host. devices_per_worker is the devices each compiling
+    worker holds, as for Pool: a CPU or GPU program over several devices compiles on that
+    many (a topology's programs compile without any); None: on the CPU (whose workers have
+    as many devices as they are given), as many as the largest mesh the spec's programs name
+    with their shardings (an AbstractMesh of 2 x 4: 8), else 1. A program over more devices
+    than a worker holds is a SETUP_ERROR, whose error says what to pass. With jax_cache,
+    each program is made for JAX's own persistent cache instead (pool.jax_cache): lowered as
+    jax.jit does on the destination's target (whose platform and topology warming takes),
+    compiled in the form JAX keeps, filed in the disk cache and remote tier under JAX's key,
+    and written into the destination's directory as JAX's file. A Ctrl-C raises
+    WarmInterrupted, with the report of what was warmed before it, once the workers have
+    stopped.
     """
     if ray is not None and scheduler is not None:
         raise ValueError("warm compiles on one cluster: give scheduler (Dask) or ray, not both")
     cluster = scheduler if ray is None else ray  # the cluster's address, or None: here
     jax_target = None if jax_cache is None else jax_cache.target
-    if jax_target is not None:
+    if jax_target is not None:  # JAX's target says where the programs run
         platform, topology = jax_target.platform, jax_target.topology
     jax_files = _jax_files(jax_cache, cache_dir, remote)
     prefetch = _Prefetch(open_remote(remote) if cluster is None else None)
     programs = spec.programs if isinstance(spec, Spec) else list(spec)
     ledger = _Ledger(programs, progress, fail_fast or never_compile_on())
     initializer = spec.initializer if isinstance(spec, Spec) else None
-    started = time.monotonic()
-    figures = _Figures()
+    started, figures, stopped = time.monotonic(), _Figures(), None
+    held = devices_per_worker or _devices_declared(programs, platform, topology)  # None: meshes'
     compiling = _compiler(scheduler, workers, platform, cache_dir, timeout, initializer,
-                          remote, topology, devices_per_worker, ray)  # fmt: skip
+                          remote, topology, held, ray)  # fmt: skip
     try:
         with compiling as compiler, prefetch.into(compiler, cache_dir):
             try:
@@ -478,9 +509,7 @@ def warm(
                 figures = _Figures.of(compiler)
     except KeyboardInterrupt as interrupt:
         ledger.interrupted_the_rest()
-        stopped: KeyboardInterrupt | None = interrupt
-    else:
-        stopped = None
+        stopped = interrupt
     finally:
         ledger.end_progress()
     report = _report(ledger, figures, prefetch, started, platform, cache_dir, cluster, remote,

@@ -25,7 +25,11 @@ environment): refused before the listing grows without bound."""
 _CHUNK = 1 << 24
 """Bytes read per call when a member is read whole or hashed."""
 MAX_TRAILER = 1 << 16
-"""tar pads the archive with zeros after its end marker (to 10240 bytes); more is refused."""
+"""More zeros than this after the last member is refused before they are read (tar's end
+marker and padding are at most RECORD bytes: archive_size)."""
+RECORD = 20 * BLOCK
+"""tar's record (tarfile.RECORDSIZE, which writer.py's tarfile pads to): an archive's size is
+a multiple of it."""
 
 _USTAR_MAGIC = b"ustar\x0000"
 _REGULAR = (b"0", b"\x00")
@@ -176,6 +180,16 @@ class Archive:
                 f"{self.path} holds data after tar's end-of-archive marker (offset {offset}): "
                 "something was appended after the bundle was made"
             )
+        if self.size != archive_size(offset):
+            raise BundleError(wrong_size(self.path, offset, self.size))
+
+
+def archive_size(end: int) -> int:
+    """The size of the archive pjrt-pool writes whose last member's data (padded to a block)
+    ends at `end`: tar's end-of-archive marker, two zero blocks, then zeros to a whole
+    RECORD. The members' headers give `end`, so a bundle cut short or added to anywhere,
+    its padding included, has another size than this."""
+    return -(-(end + 2 * BLOCK) // RECORD) * RECORD
 
 
 def _octal(field: bytes, what: str, offset: int, path: str) -> int:
@@ -210,6 +224,17 @@ def parse_header(header: bytes, offset: int, path: str) -> tuple[str, int]:
     if header[124] & 0x80:  # base-256: larger than 8 GiB
         raise BundleError(f"{path}: member {name!r} is larger than a bundle member may be")
     return name, _octal(header[124:136], "size", offset, path)
+
+
+def wrong_size(path: str, end: int, size: int) -> str:
+    """What to say of a bundle whose size is not archive_size(end)."""
+    expected = archive_size(end)
+    how = "cut short" if size < expected else "added to"
+    return (
+        f"{path} has {size} bytes where its members make {expected} (the last ends at {end}, "
+        f"then tar's end marker and zero padding to {RECORD} bytes): it was {how} after it was "
+        "made, so none of it is used; copy it again, or make it again from its manifests"
+    )
 
 
 def looks_like_archive(path: str | os.PathLike[str]) -> bool:

@@ -5,9 +5,16 @@ index.json (canonical JSON: sorted keys, no timestamps)::
     {"format": 1, "kind": "pjrt-pool bundle",
      "programs": [{"name", "platform", "input_types", "output_types", "output_bytes",
                    ["partitioning",] "entries": [KEY, ...]}, ...],   in manifest order
-     "entries": {KEY: {"environment", "program_sha256", "compile_options", "size",
+     "entries": {KEY: {"environment", "program_sha256", "options", "size",
                        "sha256"}},                             the member entries/KEY.pjx
-     "environments": {ID: {"parts": {...}, "cpu_flags": [...]}}}
+     "environments": {ID: {"parts": {...}, "cpu_flags": [...]}},
+     "compile_options": {OPTIONS_ID: HEX}}
+
+Compile options are held once and named by the start of their SHA-256 (OPTIONS_ID):
+a program lowered from JAX carries jax.jit's, about a kilobyte, which most entries of a
+bundle share; written into each entry they made the index of a few hundred programs
+megabytes that every reader at a URL fetches first. An entry of an index written before
+the table holds its options itself ("compile_options": HEX), and is read as such.
 
 An environment is an entry's key parts without the program's own two
 (program_sha256, compile_options): the platform, plugin build (SHA-256, API
@@ -89,6 +96,11 @@ def environment_id(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def options_id(options_hex: str) -> str:
+    """Names serialized compile options (hex) in an index: 16 hex digits of their SHA-256."""
+    return hashlib.sha256(options_hex.encode()).hexdigest()[:16]
+
+
 def split_parts(parts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Splits an entry's key parts into (the program's, the environment's)."""
     program = {name: parts.get(name) for name in PROGRAM_PARTS}
@@ -128,11 +140,11 @@ class IndexEntry(NamedTuple):
         return member_name(self.key)
 
     def to_json(self) -> dict[str, Any]:
-        """Returns the entry as index.json holds it (without its key)."""
+        """Returns the entry as index.json holds it (without its key; its options by id)."""
         return {
             "environment": self.environment,
             "program_sha256": self.program_sha256,
-            "compile_options": self.compile_options,
+            "options": options_id(self.compile_options),
             "size": self.size,
             "sha256": self.sha256,
         }
@@ -206,6 +218,10 @@ class Index:
             "programs": [program.to_json() for program in self.programs.values()],
             "entries": {key: entry.to_json() for key, entry in self.entries.items()},
             "environments": {eid: env.to_json() for eid, env in self.environments.items()},
+            "compile_options": {
+                options_id(entry.compile_options): entry.compile_options
+                for entry in self.entries.values()
+            },
         }
         return json.dumps(document, sort_keys=True, indent=1).encode() + b"\n"
 
@@ -278,15 +294,28 @@ def _decode(document: dict[str, Any], where: str) -> Index:
         ):
             raise ValueError(f"environment {eid}'s cpu_flags is not a list of flag names")
         environments[eid] = Environment(eid, parts, None if flags is None else tuple(flags))
+    options: dict[str, str] = {}
+    for oid, value in _mapping(document.get("compile_options", {}), "compile_options").items():
+        if options_id(_hex(value, None, f"compile options {oid!r:.40}")) != oid:
+            raise ValueError(f"compile options {oid!r:.40} are not named after their bytes")
+        options[oid] = value
     entries: dict[str, IndexEntry] = {}
     for key, record in _mapping(document["entries"], "entries").items():
         check_key(key, f"{where}: an entry's key")
         record = _mapping(record, f"entry {key}")
+        if "options" in record:
+            if record["options"] not in options:
+                raise ValueError(
+                    f"entry {key} names compile options {record['options']!r:.40}, not listed"
+                )
+            held = options[record["options"]]
+        else:  # an index written before the table
+            held = _hex(record["compile_options"], None, f"entry {key}'s options")
         entry = IndexEntry(
             key=key,
             environment=record["environment"],
             program_sha256=_hex(record["program_sha256"], 64, f"entry {key}'s program_sha256"),
-            compile_options=_hex(record["compile_options"], None, f"entry {key}'s options"),
+            compile_options=held,
             size=_count(record["size"], f"entry {key}'s size"),
             sha256=_hex(record["sha256"], 64, f"entry {key}'s sha256"),
         )

@@ -4,7 +4,9 @@ Opening reads one header per member and the index, nothing else (a bundle
 at a URL: its end and the layout its index gives, each header when its
 member is first read; remote.py says what is checked when): it refuses
 a bundle whose members are not exactly those the index lists (a member
-added, removed, or of another size than the index says), one that holds
+added, removed, or of another size than the index says), one whose size is
+not the one its members make (container.archive_size: cut short or added
+to anywhere, tar's padding included), one that holds
 anything but regular files named index.json, index.mac and
 entries/<key>.pjx, and, with a signing secret set (PJRT_POOL_CACHE_SECRET
 or PJRT_POOL_CACHE_KEY_FILE), one whose index is unsigned or signed with
@@ -113,6 +115,14 @@ class Bundle:
                 f"{self.path} is damaged or was changed after it was made, so none of it is "
                 f"used: {shown}"
             )
+
+    def check_digests(self) -> None:
+        """Reads every entry member whole and checks its SHA-256 against the index (each
+        entry's own checks come when it is read: entry()); raises BundleError naming the
+        first that differs. With opening's checks (every header, the members against the
+        index, the size against the members, the signature), the whole bundle is checked."""
+        for key, record in sorted(self.index.entries.items()):
+            self._check_digest(record, self.archive.digest(self._entries[key]))
 
     def entry_bytes(self, key: str, max_payload: int | None = None) -> bytearray:
         """Returns an entry member's bytes, checked against the index's SHA-256.

@@ -47,7 +47,15 @@ from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from worker.bundle.container import BLOCK, MAX_MEMBERS, MAX_TRAILER, Member, parse_header
+from worker.bundle.container import (
+    BLOCK,
+    MAX_MEMBERS,
+    MAX_TRAILER,
+    Member,
+    archive_size,
+    parse_header,
+    wrong_size,
+)
 from worker.bundle.index import (
     INDEX_NAME,
     MAC_NAME,
@@ -288,6 +296,8 @@ class RemoteArchive:
                 f"tar's end-of-archive marker and zero padding (at most {MAX_TRAILER} bytes) "
                 "belong: something was appended after the bundle was made"
             )
+        if self.size != archive_size(offset):
+            raise BundleError(wrong_size(self.path, offset, self.size))
         return members
 
     def check_headers(self) -> None:

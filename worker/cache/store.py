@@ -216,6 +216,25 @@ class DiskCache:
             self._connect()
         return self.memos if self.memos.folder is not None else None
 
+    def close(self) -> None:
+        """Closes the directories' descriptors: the cache is unusable afterwards.
+
+        For an instance made for one job (a pool's check of its directory, an
+        import, a listing): open_cache's instances stay open for the process,
+        and one that is garbage closes its descriptors with it.
+        """
+        folders, self._folders = self._folders, {}
+        for folder in folders.values():
+            folder.close()
+        self.usable = self.writable = False
+        self._connect()
+
+    def __enter__(self) -> DiskCache:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def folder(self, name: str) -> Folder | None:
         """The opened directory "entries", "locks", "plugins", "loads" ("": the cache itself)."""
         return self._folders.get(name)

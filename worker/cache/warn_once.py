@@ -12,18 +12,30 @@ from __future__ import annotations
 import threading
 import warnings
 
-from worker.log import get_logger
+from worker.log import Logger, get_logger
 
 logger = get_logger("pjrt_pool.cache")
 
 
-class WarnOnce:
-    """Warns of each topic once: the first message of a topic is logged and issued as
-    `category` (attributed `stacklevel` frames up from warn); later ones are dropped."""
+_said_here: set[str] = set()
+"""Every message a WarnOnce of this process has said."""
 
-    def __init__(self, category: type[Warning], stacklevel: int) -> None:
+
+def said_here(message: str) -> bool:
+    """Whether a WarnOnce of this process has said this message (a pool passing on its
+    workers' warnings says none that the caller's process said itself)."""
+    return message in _said_here
+
+
+class WarnOnce:
+    """Warns of each topic once: the first message of a topic is logged (on `log`, by default
+    the caches' logger) and issued as `category` (attributed `stacklevel` frames up from
+    warn); later ones are dropped."""
+
+    def __init__(self, category: type[Warning], stacklevel: int, log: Logger = logger) -> None:
         self.category = category
         self.stacklevel = stacklevel
+        self.log = log
         self._given: set[str] = set()
         self._lock = threading.Lock()
 
@@ -33,7 +45,8 @@ class WarnOnce:
             if topic in self._given:
                 return
             self._given.add(topic)
-        logger.warning(message)
+            _said_here.add(message)
+        self.log.warning(message)
         warnings.warn(message, self.category, stacklevel=self.stacklevel)
 
 

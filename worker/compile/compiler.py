@@ -111,6 +111,8 @@ class _Job(NamedTuple):
     phases: Phases
     start: float
     """When the lookups began: a load's seconds count from here."""
+    name: str | None = None
+    """The name its caller gives the program (compile_program's name), if not its module's."""
 
     def loaded(self, executable: Executable, tier: Tier) -> tuple[Executable, CompileStatistics]:
         """Records a load from a tier; returns the executable and its statistics."""
@@ -173,7 +175,7 @@ def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
         executable = target.compile(program.code, job.options, made_for)
         seconds = time.perf_counter() - start
     phases.add("compile", seconds)
-    metadata = _metadata(program, executable, seconds, target)
+    metadata = _metadata(program, executable, seconds, target, job.name)
     entry = NewEntry(job.key, job.parts, metadata, executable, job.tiers.signer, phases)
     for tier in job.tiers.order:
         tier.publish(entry)
@@ -182,7 +184,11 @@ def _compile_and_publish(job: _Job) -> tuple[Executable, CompileStatistics]:
 
 
 def _metadata(
-    program: LoweredProgram, executable: Executable, seconds: float, target: Target
+    program: LoweredProgram,
+    executable: Executable,
+    seconds: float,
+    target: Target,
+    given_name: str | None,
 ) -> dict[str, Any]:
     """What an entry records beside its key parts, for people and for loading by key."""
     metadata: dict[str, Any] = {
@@ -193,6 +199,10 @@ def _metadata(
         "compile_seconds": seconds,
         "created": time.time(),
     }
+    if given_name is not None and given_name != program.name:
+        # The name its caller knows it by (a spec's, a manifest's): cache explain finds the
+        # entries of a program of that name, whose module names (jit__lambda) say little.
+        metadata["given_name"] = given_name
     if program.partitioning is not None:
         # What a load by key alone (a manifest, a bundle, a preload) runs it with.
         metadata["partitioning"] = program.partitioning.to_json()
@@ -233,6 +243,7 @@ def compile_program(
     never_compile: bool | None = None,
     remote: str | Literal[False] | None = None,
     topology: str | TopologySpec | None = None,
+    name: str | None = None,
 ) -> tuple[Executable, CompileStatistics]:
     """Compiles a program, or loads its executable from the disk cache.
 
@@ -268,6 +279,10 @@ def compile_program(
     run raises NotLoadedError; a process on devices of that topology then
     loads it from the cache without compiling (the key is the same on both
     sides: see worker.compile.target).
+    name is what the caller calls the program (a warm spec's name for it):
+    an entry it compiles records it, beside its module's name, so that
+    ``pjrt-pool cache explain`` can find the entries of a program of that
+    name (it is not part of the key).
     ``worker.cache.open_cache(cache_dir).counters`` tells what the cache did,
     ``worker.cache.remote.open_remote(remote).counters`` what the remote did.
     A cache directory that someone other than this user (or, in a
@@ -288,5 +303,5 @@ def compile_program(
     target.check_devices(program.partitioning)
     loading = Loading(program.name, program.input_types, target, phases)
     tiers = open_tiers(cache, remote_cache, loading, lock_timeout, bound)
-    job = _Job(program, key, parts, options, target, tiers, phases, time.perf_counter())
+    job = _Job(program, key, parts, options, target, tiers, phases, time.perf_counter(), name)
     return _load_only(job) if never else _load_or_compile(job, tiers.order)

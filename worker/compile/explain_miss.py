@@ -6,12 +6,15 @@ is built (platform, plugin build and platform version, host CPU features,
 topology, XLA flags, client options). A miss means one of them differs from
 every entry's. The entries nearest to the program are those of the same
 program (text and compile options) under another key, built elsewhere, then
-entries alike (Likeness: lowered under the same name, or taking the same
-argument types: the same program lowered from other text, or compiled with
-other options); each says exactly which parts differ, as differing_parts
-words them ("environment.xla_flags: built with [...], here [...]"), fewest
-first. Only entry headers are read, never
-payloads, at most SCANNED_ENTRIES of them.
+those of a program of the same name (Likeness: the name its caller gave it,
+a warm spec's or a manifest's, which an entry records as given_name: the
+program lowered from other text, or compiled with other options), those of
+its argument types first; each says exactly which parts differ, as
+differing_parts words them ("environment.xla_flags: built with [...], here
+[...]"), fewest first. Entries of other programs are never near, however
+alike their types or their modules' names (every lambda's is jit__lambda).
+Only entry headers are read, never payloads, at most SCANNED_ENTRIES of
+them.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ ALL_PARTS = (*PROGRAM_PARTS, *IDENTITY_PARTS)
 
 class Related(NamedTuple):
     """An entry near a program: of the same program built elsewhere, or of a program of the
-    same name or the same argument types."""
+    same name."""
 
     key: str
     name: str
-    """The name the entry's program was lowered under ("" when it has none)."""
+    """The name the entry's program was given (else lowered under; "" when it has none)."""
     same_program: bool
     """Whether it holds the same program (text and compile options), built elsewhere."""
     differences: tuple[str, ...]
@@ -48,15 +51,19 @@ class Related(NamedTuple):
 
 
 class Likeness(NamedTuple):
-    """What else makes an entry near a program than being the same program: its name (as
-    lowered: LoweredProgram.name) and its types (as an entry's metadata writes them)."""
+    """What else makes an entry near a program than being the same program: the name its
+    caller gives it (a spec's, a manifest's: an entry's given_name), and among entries of
+    that name, its types (as an entry's metadata writes them)."""
 
     name: str | None = None
     input_types: list[Any] | None = None
     output_types: list[Any] | None = None
 
     def of(self, metadata: dict[str, Any]) -> int:
-        """How alike an entry is, from its metadata: 0 not at all; more is nearer."""
+        """How alike an entry is, from its metadata: 0 not at all (another program's, or
+        one of no name given); more is nearer."""
+        if self.name is None or metadata.get("given_name") != self.name:
+            return 0
         types = [
             (given, metadata.get(field))
             for given, field in (
@@ -65,9 +72,7 @@ class Likeness(NamedTuple):
             )
             if given is not None
         ]
-        same_types = bool(types) and all(given == theirs for given, theirs in types)
-        same_name = self.name is not None and metadata.get("name") == self.name
-        return 2 * same_name + same_types
+        return 1 + (bool(types) and all(given == theirs for given, theirs in types))
 
 
 NOTHING_ALIKE = Likeness()
@@ -105,7 +110,8 @@ def related_entries(
             continue
         flags = metadata.get("cpu_flags")
         lines = differing_parts(theirs, parts, flags if isinstance(flags, list) else None, sections)
-        called = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
+        called = metadata.get("given_name", metadata.get("name"))
+        called = called if isinstance(called, str) else ""
         found.append((not same, -alike, len(lines), Related(item.key, called, same, tuple(lines))))
     return [entry for *_, entry in sorted(found, key=lambda f: (*f[:3], f[3].key))]
 
@@ -132,17 +138,23 @@ class Explanation(NamedTuple):
             lines.append(f"  {self.note}")
         if not self.related:
             lines.append(
-                "  no entry of this program, nor of this name, was found: it was never "
-                "compiled into this cache"
+                f"  no entry of this program, nor of a program named {self.name!r}, was found: "
+                "it was never compiled into this cache"
             )
             return "\n".join(lines)
         lines.append("  nearest entries:")
         for entry in self.related[:shown]:
-            kind = "same program" if entry.same_program else f"a program {entry.name!r}"
+            kind = "same program" if entry.same_program else f"a program named {entry.name!r}"
             place = " in the remote" if entry.where == "remote" else ""
             count = len(entry.differences)
+            if not count:
+                lines.append(
+                    f"  entry {entry.key}{place} ({kind}): no part of its key that could be "
+                    "compared differs"
+                )
+                continue
             lines.append(f"  entry {entry.key}{place} ({kind}), {count} part(s) differ:")
-            lines.extend(f"    {line}" for line in entry.differences or ["(no part differs)"])
+            lines.extend(f"    {line}" for line in entry.differences)
         if len(self.related) > shown:
             lines.append(f"  ... and {len(self.related) - shown} more (--all shows them)")
         return "\n".join(lines)

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from itertools import count
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from worker import _pjrt
+from worker import _pjrt, log
 from worker.cache import process_counters
 from worker.cache.remote import remote_counters
 from worker.compile.by_key import load_cached_executable
@@ -185,10 +185,12 @@ class Server:
         cache_key: str | None = None,
         compile_options: bytes | None = None,
         bundle: tuple[str, str] | None = None,
+        name: str | None = None,
     ) -> tuple[Executable, CompileStatistics | None, tuple[str, ...]]:
         """Returns the program's executable, compiling or loading it if needed: from the disk
         cache by cache_key, or with bundle (its path or URL, and the program's name) from
-        that bundle, read-only.
+        that bundle, read-only. name is the task's name for the program, which an entry
+        compiled here records (compile_program's name).
 
         The statistics are None when the executable was loaded already, or when
         a preloaded one serves the program (see preload).
@@ -207,6 +209,7 @@ class Server:
                 program,
                 never_compile=self.never_compile,
                 topology=self.topology,
+                name=name,
                 **options,
             )
         elif cache_key is not None:
@@ -301,7 +304,10 @@ class Server:
             spec, statistics = compile_for_jax(request.program, request.jax, request.name)
             return Reply(request.task_id, spec=spec, statistics=statistics)
         executable, statistics, evicted = self._load(
-            request.program_id, request.program, compile_options=request.compile_options
+            request.program_id,
+            request.program,
+            compile_options=request.compile_options,
+            name=request.name,
         )
         return Reply(
             request.task_id,
@@ -428,6 +434,7 @@ class Server:
             request.cache_key,
             request.compile_options,
             (request.bundle, request.name) if request.bundle else None,
+            request.name,
         )
         own = self._layouts[request.program_id]
         types = check_run_inputs(request, own)
@@ -597,6 +604,9 @@ class Server:
         """Sends a reply (and closes its descriptors); after a device failure, exits."""
         if reply.statistics is not None:
             reply = _with_counters(reply)
+        said = log.said()
+        if said:
+            reply = dataclasses.replace(reply, warnings=said)
         try:
             protocol.send_frame(self.sock, reply, out_fds)
         finally:

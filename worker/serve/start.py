@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from worker import log
 from worker.cache import open_cache, process_counters
 from worker.cache.remote import REMOTE_ENV
 from worker.compile.target import target_for
@@ -108,6 +109,7 @@ def main(command: WorkerCommand) -> int:
     NotLoadedError.
     """
     started = time.perf_counter()
+    log.pass_on_warnings()  # its own output reaches only the pool's debug log
     platform, never_compile, topology = command.platform, command.never_compile, command.topology
     parent_pid = os.getppid() if command.parent_pid is None else command.parent_pid
     _die_with_parent(parent_pid)
@@ -160,6 +162,7 @@ def main(command: WorkerCommand) -> int:
             counters,
             failed_program,
             hot,
+            log.said(),
         ),
     )
     if error is not None or server is None:

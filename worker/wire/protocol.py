@@ -491,7 +491,8 @@ class Ready:
     cache counters (None: it preloaded nothing). With an `error` raised
     while preloading, `failed_program` names the program that did not load.
     `hot` are the hot slots of the preloaded programs whose inputs and
-    outputs fit the arena, so that their first runs go as HotRuns.
+    outputs fit the arena, so that their first runs go as HotRuns. `warnings` are those it
+    gave as it started (worker.log.said).
     """
 
     pid: int
@@ -503,6 +504,7 @@ class Ready:
     counters: dict[str, int] | None = None
     failed_program: str | None = None
     hot: tuple[HotSlot, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -563,7 +565,8 @@ class Reply:
     requests: its inputs and outputs lie in the arena as they did now.
     `placed_slot` (not -1) names it for PlacedRun requests. `values_held` (a
     Fetch's reply, else -1) counts the values the worker keeps, as its own table
-    says (the parent's mirror can be checked against it). Fields are
+    says (the parent's mirror can be checked against it). `warnings` are those the worker
+    gave since its last reply (worker.log.said), for the pool to pass on. Fields are
     kept few and plain because every reply is pickled, and a small
     program's whole round trip is a few hundred microseconds.
     """
@@ -584,6 +587,7 @@ class Reply:
     hot_slot: int = -1
     placed_slot: int = -1
     values_held: int = -1
+    warnings: tuple[str, ...] = ()
 
 
 _MESSAGES: tuple[type, ...] = (Init, Compile, Run, Exit, Ready, Reply, Put, Fetch)

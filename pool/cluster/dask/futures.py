@@ -17,6 +17,7 @@ the others' settling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +68,9 @@ class ClusterFuture(Future):  # type: ignore[type-arg]
         self._retry_lost = retry_lost
         self._fetch_lock = threading.Lock()
         self._fetched: _Fetched | None = None  # set once, by _fetch, under _fetch_lock
+        self.ended = threading.Event()
+        """Set once done() has been called (the task ended, or abandon gave up on it)."""
+        self._ended_lock = threading.Lock()
         dask_future.add_done_callback(self._settle)
 
     def converted(self, convert: Callable[[Any], Any]) -> ClusterFuture:
@@ -105,8 +109,25 @@ class ClusterFuture(Future):  # type: ignore[type-arg]
         except Exception as error:  # reading the task's error failed: the caller sees why
             fail(self, _as_pool_error(error, self._retry_lost))
         finally:
-            if self._on_done is not None:
-                self._on_done()
+            self._end()
+
+    def _end(self) -> None:
+        """Calls done() once, however many ways the task is seen to end."""
+        with self._ended_lock:
+            if self.ended.is_set():
+                return
+            self.ended.set()
+        if self._on_done is not None:
+            self._on_done()
+
+    def abandon(self, error: BaseException) -> None:
+        """Fails this future with error and ends it (done(), once), and cancels its Dask
+        task: for a task Dask will never settle (its worker lost, say), which closing the
+        ClusterPool gives up on."""
+        fail(self, error)
+        self._end()
+        with contextlib.suppress(Exception):  # the scheduler gone, say: nothing to cancel
+            self.dask_future.cancel()
 
     async def _await_recompute(self, remote: distributed.Future) -> None:
         """On the client's loop: waits while Dask computes a lost task again, then settles."""

@@ -20,11 +20,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from pool.cluster.carried import CarriedError
 from pool.cluster.dask.run_once import begin_once
-from pool.cluster.node_pool import NodePool, Question
+from pool.cluster.node_pool import NodePool, Question, SpecCall
 from pool.errors import PoolClosedError
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.face import Pool
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from worker.records import LoweredProgram
 
 PLUGIN_PREFIX = "pjrt-pool-"
 """Each ClusterPool registers its PoolPlugin under this prefix and a uuid of its own, so
@@ -126,19 +126,13 @@ def run_task(
     return _raised(node.run(program, arguments, name, timeout, compile_options, begins=begin_once))
 
 
-def run_spec_task(
-    plugin: str,
-    spec: ProgramSpec,
-    arguments: Sequence[Any],
-    timeout: float | None,
-    bundle: str | None = None,
-) -> list[np.ndarray]:
+def run_spec_task(plugin: str, call: SpecCall) -> list[np.ndarray]:
     """Runs the executable a ProgramSpec names, from this node's cache (or from the bundle at
     that path or URL), in its Pool."""
     node = _node(plugin)
     if isinstance(node, CarriedError):
         return _raised(node)
-    return _raised(node.run_spec(spec, arguments, timeout, bundle, begins=begin_once))
+    return _raised(node.run_spec(call, begins=begin_once))
 
 
 def _raised(outputs: list[Any] | CarriedError) -> list[Any]:
@@ -149,30 +143,16 @@ def _raised(outputs: list[Any] | CarriedError) -> list[Any]:
     return outputs
 
 
-def compile_task(
-    plugin: str,
-    program: LoweredProgram,
-    name: str,
-    timeout: float | None,
-    compile_options: bytes | None,
-    jax: JaxCompile | None = None,
-) -> CompileResult | CarriedError:
-    """Compiles in this node's Pool (for JAX's cache, with jax); a program's failure is
+def compile_task(plugin: str, call: CompileCall) -> CompileResult | CarriedError:
+    """Compiles in this node's Pool (for JAX's cache, with call.jax); a program's failure is
     returned, not raised (see NodePool.compile)."""
     node = _node(plugin)
     if isinstance(node, CarriedError):
         return node
-    return node.compile(program, name, timeout, compile_options, jax)
+    return node.compile(call)
 
 
-def check_task(
-    plugin: str,
-    address: str,
-    program: LoweredProgram,
-    name: str,
-    timeout: float | None,
-    compile_options: bytes | None,
-) -> CarriedError | None:
+def check_task(plugin: str, address: str, call: CompileCall) -> CarriedError | None:
     """For a never-compile ClusterPool: the node's refusal of a program (NodePool.check), or
     None when it has the program or this task ran on a node other than `address` (that
     node's Pool then refuses the runs themselves if need be)."""
@@ -181,7 +161,14 @@ def check_task(
     node = _node(plugin)
     if isinstance(node, CarriedError):
         return None  # a run meets it itself
-    return node.check(program, name, timeout, compile_options)
+    return node.check(call)
+
+
+async def close_plugin(name: str, dask_worker: distributed.Worker) -> None:
+    """Removes and closes this node's PoolPlugin `name`, if it still has one (for client.run,
+    where unregistering the plugin did not reach every node)."""
+    if isinstance(dask_worker.plugins.get(name), PoolPlugin):
+        await dask_worker.plugin_remove(name)
 
 
 def node_answer(name: str, question: Question, dask_worker: distributed.Worker) -> Any:

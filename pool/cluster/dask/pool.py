@@ -32,6 +32,7 @@ from pool.cluster.dask.node import (
     PLUGIN_PREFIX,
     PoolPlugin,
     check_task,
+    close_plugin,
     compile_task,
     node_answer,
     program_task,
@@ -39,8 +40,10 @@ from pool.cluster.dask.node import (
     run_task,
 )
 from pool.cluster.dask.run_once import ONCE_TASK_PREFIX, RUN_ONCE_PLUGIN_PREFIX, RunOnce
+from pool.cluster.node_pool import SpecCall
 from pool.cluster.options import cluster_signature, documented
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from pool.executor.compile_many import CompileCall
+from worker.records import LoweredProgram
 
 
 class ClusterPool(ClusterPoolBase):
@@ -121,8 +124,8 @@ see pool.cluster.routing).""",
         self, task: Callable[..., Any], address: str, prefix: str, *args: Any
     ) -> distributed.Future:
         """Submits one of this ClusterPool's tasks, routed to a node (loosely, see
-        pool.cluster.routing), and keeps it until it ends (close waits for it)."""
-        remote = self.client.submit(
+        pool.cluster.routing)."""
+        return self.client.submit(
             task,
             self._plugin_name,
             *args,
@@ -131,15 +134,20 @@ see pool.cluster.routing).""",
             allow_other_workers=True,
             pure=False,
         )
-        self._track(remote.key, remote)
-        return remote
+
+    def _kept(self, future: ClusterFuture) -> ClusterFuture:
+        """Keeps a task's future until it ends (close waits for it)."""
+        self._track(future.dask_future.key, future)
+        if future.ended.is_set():  # it ended before it was noted
+            self._untrack(future.dask_future.key)
+        return future
 
     def _follow(self, remote: distributed.Future, address: str) -> ClusterFuture:
         def ended() -> None:
             self._ended(address)
             self._untrack(remote.key)
 
-        return ClusterFuture(remote, done=ended, retry_lost=self._retry_lost)
+        return self._kept(ClusterFuture(remote, done=ended, retry_lost=self._retry_lost))
 
     def _send_run(self, address: str, call: RunCall) -> ClusterFuture:
         remote = self._send(
@@ -154,50 +162,21 @@ see pool.cluster.routing).""",
         )
         return self._follow(remote, address)
 
-    def _send_spec(
-        self,
-        address: str,
-        spec: ProgramSpec,
-        arguments: Any,
-        timeout: float | None,
-        bundle: str | None,
-    ) -> ClusterFuture:
-        remote = self._send(
-            run_spec_task, address, self._key_prefix, spec, arguments, timeout, bundle
-        )
+    def _send_spec(self, address: str, call: SpecCall) -> ClusterFuture:
+        remote = self._send(run_spec_task, address, self._key_prefix, call)
         return self._follow(remote, address)
 
-    def _send_compile(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None,
-    ) -> ClusterFuture:
-        remote = self._send(
-            compile_task, address, "pjrt-compile-", program, name, timeout, options, jax
-        )
+    def _send_compile(self, address: str, call: CompileCall) -> ClusterFuture:
+        remote = self._send(compile_task, address, "pjrt-compile-", call)
         done = functools.partial(self._untrack, remote.key)
-        return ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost)
+        return self._kept(ClusterFuture(remote, self._unwrap, done, retry_lost=self._retry_lost))
 
-    def _check_on(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-    ) -> CarriedError | None:
+    def _check_on(self, address: str, call: CompileCall) -> CarriedError | None:
         return self.client.submit(  # type: ignore[no-any-return]
             check_task,
             self._plugin_name,
             address,
-            program,
-            name,
-            timeout,
-            options,
+            call,
             workers=[address],
             allow_other_workers=True,
             pure=False,
@@ -219,19 +198,40 @@ see pool.cluster.routing).""",
 
     def _close_nodes(self) -> None:
         # Each node closes its Pool in a thread (node.PoolPlugin.teardown), and the call
-        # returns when all have: runs running meanwhile finish there first.
-        with contextlib.suppress(ValueError):  # its nodes are all gone, say
+        # returns when all have: runs running meanwhile finish there first. A node lost
+        # meanwhile fails the scheduler's broadcast (its Pool went with it); the nodes that
+        # still hold the plugin then close it one by one.
+        try:
             self.client.unregister_worker_plugin(self._plugin_name)
-        if self._run_once_name is not None:
-            with contextlib.suppress(ValueError):
-                self.client.unregister_scheduler_plugin(self._run_once_name)
+        except ValueError:  # not registered: its nodes are all gone, say
+            pass
+        except (OSError, TimeoutError):  # CommClosedError is an OSError
+            with contextlib.suppress(OSError, TimeoutError):
+                self.client.run(close_plugin, self._plugin_name, on_error="ignore")
+        finally:
+            if self._run_once_name is not None:
+                with contextlib.suppress(ValueError, OSError, TimeoutError):
+                    self.client.unregister_scheduler_plugin(self._run_once_name)
 
-    def _wait(self, handles: list[Any]) -> None:
-        # A cancelled task leaves _pending when Dask's one callback thread settles it
-        # (ClusterFuture._settle): later, while a user's done-callback holds that
-        # thread. distributed.wait raises for cancelled futures, once all are done.
-        with contextlib.suppress(FuturesCancelledError):
-            distributed.wait(handles)
+    def _wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        # distributed.wait raises for cancelled futures once all are done (a cancelled
+        # task leaves _pending when Dask's one callback thread settles it: later, while a
+        # user's done-callback holds that thread), and TimeoutError past the timeout.
+        with contextlib.suppress(FuturesCancelledError, TimeoutError):
+            distributed.wait([h.dask_future for h in handles], timeout=timeout)
+        return [h for h in handles if not h.dask_future.done()]
+
+    def _cannot_end(self, handles: list[Any]) -> list[str | None]:
+        keys = [h.dask_future.key for h in handles]
+        try:
+            states = self.client.sync(self.client.scheduler.get_task_status, keys=keys)
+            processing = {k for ks in self.client.processing().values() for k in ks}
+        except (OSError, TimeoutError) as error:
+            return [f"Dask's scheduler does not answer ({error})"] * len(keys)
+        return [_why_stuck(states.get(key), key in processing) for key in keys]
+
+    def _abandon(self, handle: Any, error: BaseException) -> None:
+        handle.abandon(error)
 
     # -- Dask's own ------------------------------------------------------------------------
 
@@ -245,3 +245,17 @@ see pool.cluster.routing).""",
     def plugin_name(self) -> str:
         """The name this ClusterPool's PoolPlugin is registered under on the cluster."""
         return self._plugin_name
+
+
+def _why_stuck(state: str | None, processing: bool) -> str | None:
+    """Why a task whose future has not settled cannot end, by its state on Dask's scheduler
+    and whether a worker the scheduler has is processing it (None: it can still end)."""
+    if state is None or state == "forgotten":
+        return "Dask's scheduler no longer has it (lost with its worker)"
+    if state == "processing" and not processing:
+        return "Dask's scheduler has it processing on a worker it no longer has"
+    if state == "no-worker":
+        return "no Dask worker is left to run it"
+    if state in ("memory", "erred"):
+        return f"Dask's scheduler has its outcome ({state}), which this client was never sent"
+    return None

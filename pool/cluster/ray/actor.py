@@ -2,7 +2,7 @@
 
 A RayClusterPool starts one NodeActor per node (pool.cluster.ray.nodes), a
 threaded Ray actor: each call runs in one of its threads, through the
-node's Pool (pool.cluster.node_pool: started on the first task, every
+node's Pool (pool.cluster.node_pool: started as the actor is made, every
 failure carried to the client), so a plugin crash fails that call with the
 Pool's exception and the actor goes on serving. Calls that must not wait
 behind runs (its facts, the figures, fetching a value, closing) have a
@@ -25,14 +25,14 @@ import numpy as np
 import ray
 
 from pool.cluster.carried import CarriedError
-from pool.cluster.node_pool import NodePool, Question
+from pool.cluster.node_pool import NodePool, Question, SpecCall
 from pool.cluster.ray.values import Held, KeptOnNode
-from pool.executor.compile_many import CompileResult
+from pool.executor.compile_many import CompileCall, CompileResult
 from pool.executor.values import DeviceValue
 from worker.plugin.platforms.registry import platform_named
 from worker.plugin.runtime import default_platform
 from worker.plugin.topology import TopologySpec
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from worker.records import LoweredProgram
 
 CONTROL = "control"
 """The concurrency group of the calls that must not wait behind runs."""
@@ -57,6 +57,9 @@ class NodeActor:
 
     def __init__(self, pool_options: dict[str, Any], tpu_chips: int = 0) -> None:
         self._node = NodePool(_CLOSED, **pool_options)
+        # Made for one RayClusterPool, whose calls are on their way: its Pool starts now,
+        # while the client waits for the actors and lowers (NodePool.start).
+        self._node.start()
         self._tpu_chips = tpu_chips
         self._values: dict[int, DeviceValue] = {}
         self._ids = itertools.count(1)
@@ -93,35 +96,20 @@ class NodeActor:
             return outputs
         return [self._kept(o) if type(o) is DeviceValue else o for o in outputs]
 
-    def run_spec(
-        self, spec: ProgramSpec, arguments: Any, timeout: float | None, bundle: str | None
-    ) -> list[np.ndarray] | CarriedError:
+    def run_spec(self, call: SpecCall) -> list[np.ndarray] | CarriedError:
         """Runs the executable a ProgramSpec names in the node's Pool."""
-        arguments = self._arguments(arguments)
+        arguments = self._arguments(call.arguments)
         if isinstance(arguments, CarriedError):
             return arguments
-        return self._node.run_spec(spec, arguments, timeout, bundle)
+        return self._node.run_spec(call._replace(arguments=arguments))
 
-    def compile(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-        jax: JaxCompile | None = None,
-    ) -> CompileResult | CarriedError:
+    def compile(self, call: CompileCall) -> CompileResult | CarriedError:
         """Compiles in the node's Pool (NodePool.compile)."""
-        return self._node.compile(program, name, timeout, compile_options, jax)
+        return self._node.compile(call)
 
-    def check(
-        self,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        compile_options: bytes | None,
-    ) -> CarriedError | None:
+    def check(self, call: CompileCall) -> CarriedError | None:
         """A never-compile ClusterPool's check (NodePool.check)."""
-        return self._node.check(program, name, timeout, compile_options)
+        return self._node.check(call)
 
     @ray.method(concurrency_group=CONTROL)
     def answer(self, question: Question) -> Any:

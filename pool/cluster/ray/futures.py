@@ -73,6 +73,8 @@ class RayFuture(Future):  # type: ignore[type-arg]
         self.finished = threading.Event()
         """Set once the call has ended (close waits for it: a cancelled future is done at
         once, its call perhaps not)."""
+        self._finishing = False
+        self._finish_lock = threading.Lock()
         self._start(address)
 
     def _start(self, address: str) -> None:
@@ -122,6 +124,10 @@ class RayFuture(Future):  # type: ignore[type-arg]
         self._start(address)
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
+        with self._finish_lock:  # once: Ray's answer, or abandon, whichever comes first
+            if self._finishing:
+                return
+            self._finishing = True
         try:
             if self._ended is not None:
                 self._ended(self)
@@ -131,6 +137,14 @@ class RayFuture(Future):  # type: ignore[type-arg]
             else:
                 fail(self, error)
             self.finished.set()
+
+    def abandon(self, error: BaseException) -> None:
+        """Fails this future with error and ends its call (ended(), once), cancelling it on
+        its node: for a call that does not end, which closing the pool gives up on."""
+        if self.object_ref is not None:
+            with contextlib.suppress(Exception):
+                ray.cancel(self.object_ref)
+        self._finish(None, error)
 
     def cancel(self) -> bool:
         """Cancels the call if it has not begun on its node (Ray's cancel); True once

@@ -52,7 +52,7 @@ LOST = "was lost with its Ray node"
 held N value(s) was lost with its Ray node, and they are lost: ...")."""
 
 CLOSE_SECONDS = 120.0
-"""How long closing waits for a node's Pool to close before its actor is killed."""
+"""How long closing waits for the nodes' Pools to close before their actors are killed."""
 
 _ACTOR = ray.remote(concurrency_groups={CONTROL: 4})(NodeActor)
 
@@ -224,9 +224,10 @@ class Nodes:
             self._closed = True
             nodes, self._nodes = list(self._nodes.values()), {}
         closing = [node.actor.close.remote() for node in nodes]
+        deadline = time.monotonic() + CLOSE_SECONDS  # for all of them: they close at once
         for ref in closing:
             with contextlib.suppress(Exception):  # a node lost meanwhile: nothing to close
-                ray.get(ref, timeout=CLOSE_SECONDS)
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         for node in nodes:
             with contextlib.suppress(Exception):
                 ray.kill(node.actor)

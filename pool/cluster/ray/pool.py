@@ -13,6 +13,7 @@ node from wherever it is.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import numpy as np
@@ -20,14 +21,16 @@ import ray
 
 from pool.cluster.carried import CarriedError, NodeLostError, original_error
 from pool.cluster.core import ClusterPoolBase, RunCall
+from pool.cluster.node_pool import SpecCall
 from pool.cluster.options import cluster_signature, documented
 from pool.cluster.ray.futures import RayFuture
 from pool.cluster.ray.nodes import LOST, NO_SEGMENTS, Node, Nodes, Role
 from pool.cluster.ray.values import Held, KeptOnNode
 from pool.errors import PoolClosedError
+from pool.executor.compile_many import CompileCall
 from pool.executor.values import DeviceValue
 from pool.executor.worker_memory import WorkerMemory
-from worker.records import JaxCompile, LoweredProgram, ProgramSpec
+from worker.records import LoweredProgram
 
 ALLOWED_LOSSES = 3
 """How many times a call is sent again after its node was lost, before it fails with
@@ -162,36 +165,20 @@ elsewhere: it fails with their loss. spread_at is as for ClusterPool
             )
         )
 
-    def _send_spec(
-        self,
-        address: str,
-        spec: ProgramSpec,
-        arguments: Any,
-        timeout: float | None,
-        bundle: str | None,
-    ) -> RayFuture:
+    def _send_spec(self, address: str, call: SpecCall) -> RayFuture:
         def send(address: str) -> ray.ObjectRef:
-            return self._node(address).actor.run_spec.remote(spec, arguments, timeout, bundle)
+            return self._node(address).actor.run_spec.remote(call)
 
-        reroute = functools.partial(self._reroute_run, spec.key, None)
+        reroute = functools.partial(self._reroute_run, call.spec.key, None)
         return self._follow(RayFuture(send, address, reroute=reroute, ended=self._run_ended))
 
-    def _send_compile(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-        jax: JaxCompile | None,
-    ) -> RayFuture:
+    def _send_compile(self, address: str, call: CompileCall) -> RayFuture:
         def send(address: str) -> ray.ObjectRef:
-            actor = self._node(address).actor
-            return actor.compile.remote(program, name, timeout, options, jax)
+            return self._node(address).actor.compile.remote(call)
 
         def reroute(address: str, error: BaseException, losses: int) -> str:
             self._lose(address, error, losses)
-            return self._route(program, options)
+            return self._route(call.program, call.options)
 
         return self._follow(
             RayFuture(
@@ -298,18 +285,9 @@ elsewhere: it fails with their loss. spread_at is as for ClusterPool
             raise original_error(array)
         return array  # type: ignore[no-any-return]
 
-    def _check_on(
-        self,
-        address: str,
-        program: LoweredProgram,
-        name: str,
-        timeout: float | None,
-        options: bytes | None,
-    ) -> CarriedError | None:
+    def _check_on(self, address: str, call: CompileCall) -> CarriedError | None:
         try:
-            return ray.get(  # type: ignore[no-any-return]
-                self._node(address).actor.check.remote(program, name, timeout, options)
-            )
+            return ray.get(self._node(address).actor.check.remote(call))  # type: ignore[no-any-return]
         except (NodeLostError, ray.exceptions.RayActorError):
             return None  # a run meets it itself
 
@@ -330,9 +308,12 @@ elsewhere: it fails with their loss. spread_at is as for ClusterPool
     def _close_nodes(self) -> None:
         self._nodes.close()
 
-    def _wait(self, handles: list[Any]) -> None:
-        for future in handles:
-            future.finished.wait()
+    def _wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        return [f for f in handles if not f.finished.wait(max(0.0, deadline - time.monotonic()))]
+
+    def _abandon(self, handle: Any, error: BaseException) -> None:
+        handle.abandon(error)
 
     # -- Ray's own -------------------------------------------------------------------------
 

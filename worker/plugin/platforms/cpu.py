@@ -69,6 +69,7 @@ class Cpu(Platform):
     kernels = (KernelLibrary((b"lapack_",), (("_lapack", False),), "jaxlib's LAPACK kernels"),)
     jax_semantics = MappingProxyType({"xla_cpu_enable_fast_min_max": "false"})
     platform_parts = frozenset({PlatformPart.HOST})
+    devices_on_demand = True
 
     @property
     def ffi_name(self) -> str:

@@ -178,6 +178,11 @@ class Platform:
     device_access: DeviceAccess = DeviceAccess.SHARED
     """Whether several processes may hold one of its devices."""
 
+    devices_on_demand: bool = False
+    """Whether a worker's client makes as many devices as it is given (the CPU's host
+    devices: device_settings), so that warming a spec over a mesh of N gives each worker N
+    unless told otherwise."""
+
     input_stream_bytes: int | None = None
     """From what size a pool's parent copies a numpy input for its workers into shared
     memory with streaming stores (pool.executor.copier); None: the copier's STREAM_BYTES,
