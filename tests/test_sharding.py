@@ -473,8 +473,9 @@ def programs():
 @pytest.mark.slow
 def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_process(tmp_path):
     """Warmed (pjrt-pool warm --devices-per-worker 4), bundled, then fed back for 10 steps in
-    a process without JAX: from the manifest through a Pool of 4 devices per worker, from the
-    bundle in that process; the numbers are jax.jit's."""
+    a process that never imports JAX itself: from the manifest through a Pool of 4 devices per
+    worker (JAX stays out of it), from the bundle in that process; the numbers are
+    jax.jit's."""
     from conftest import pjrt_pool
 
     (tmp_path / "spec.py").write_text(SPEC)
@@ -517,9 +518,11 @@ def test_a_sharded_training_step_runs_from_a_manifest_and_a_bundle_in_a_fresh_pr
         manifest = load_manifest({str(manifest)!r})
         with Pool(1, devices_per_worker=4) as pool:
             ten_steps(lambda leaves: manifest.run("mlp_step", leaves, pool=pool))
+        assert "jax" not in sys.modules  # the workers ran it
         bundled = load_manifest({str(bundle)!r})
         ten_steps(lambda leaves: bundled.run("mlp_step", leaves))
-        assert "jax" not in sys.modules
+        # In this process, on jaxlib's CPU client: splitting the outputs of a program over
+        # several devices makes jaxlib import JAX's core (worker.plugin.jaxlib_cpu.calls).
         print("ok")
         """,
         env=env,
