@@ -183,3 +183,21 @@ def test_its_serialized_executables_load_in_jaxs_own_client():
     ).disassemble_into_single_device_arrays()
     expected = jax.jit(lambda x: jnp.tanh(x @ x.T))(x)
     assert np.asarray(out[0]).tobytes() == np.asarray(expected).tobytes()
+
+
+def test_jaxlib_s_client_starts_without_xla_s_info_lines_on_stderr() -> None:
+    """A process that runs on jaxlib's client (a bundle's program run in the caller's process,
+    a worker) keeps XLA's INFO lines (the client's device count) off stderr, as JAX does;
+    without TF_CPP_MIN_LOG_LEVEL (which this test process's JAX set, and children inherit)."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    code = "from worker.plugin.jaxlib_cpu import calls; calls.make_client(2); print('made')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "made", done.stderr
+    assert "pjrt_client.cc" not in done.stderr and "PjRt-IFRT" not in done.stderr, done.stderr

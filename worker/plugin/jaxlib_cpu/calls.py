@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,10 @@ from typing import Any
 import numpy as np
 
 from worker.errors import JaxlibApiError, PjrtError
+
+# As jax/__init__.py does before jaxlib loads: XLA's INFO lines (the CPU client's device
+# count as it starts, ...) stay out of the caller's stderr unless the user asks for them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 try:
     import jaxlib
