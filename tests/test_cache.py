@@ -156,7 +156,9 @@ def test_key_parts_and_explain_key(cache_dir):
     assert parts["plugin"]["sha256"] == plugin_build._file_digest(runtime.location.path)
     assert parts["plugin"]["api_version"] == runtime.api_version
     assert parts["host"]["cpu_features"] == environment.host_cpu_features()
-    assert parts["compile_options"] == worker.compile_options().hex()
+    # The options compile_program uses: those lower() recorded (jax.jit's), not the default.
+    assert parts["compile_options"] == lowered(0).compile_options.hex()
+    assert worker.program_key(lowered(0), runtime, cache, worker.compile_options())[0] != key
     other_key, _ = worker.program_key(lowered(1), runtime, cache)
     assert other_key != key
 

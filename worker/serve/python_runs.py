@@ -136,7 +136,8 @@ class PythonRuns:
         if placed:
             hosts = native.host(outputs)
             for i in placed:
-                view(self._loop, destinations[i], executable.output_types[i])[...] = hosts[i]
+                place = view(self._loop, destinations[i], executable.output_types[i])
+                place[...] = hosts[i]
         for where, value, array_type in zip(destinations, outputs, executable.output_types,
                                             strict=True):  # fmt: skip
             if where[0] == places.VALUE:
