@@ -58,7 +58,10 @@ def test_every_error_pjrt_pool_defines_derives_from_the_one_base():
     ]
     assert not outside, f"errors that do not derive from PjrtPoolError: {outside}"
     interrupts = [name for name, cls in classes.items() if issubclass(cls, KeyboardInterrupt)]
-    assert sorted(interrupts) == ["pool.cli.interrupts.Reported", "pool.warm.report.WarmInterrupted"]
+    assert sorted(interrupts) == [
+        "pool.cli.interrupts.Reported",
+        "pool.warm.report.WarmInterrupted",
+    ]
     assert not any(issubclass(classes[name], Exception) for name in interrupts)
 
 
