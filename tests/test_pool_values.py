@@ -437,7 +437,9 @@ def test_a_workers_warnings_reach_the_caller_once_each(tmp_path, monkeypatch, ca
     """Issue 63: what a worker warned of (a setting it cannot read, its initializer's own
     warning) reached only the pool's debug log. Now each comes once per pool, from every
     worker that gives it: logged on pjrt_pool.worker and issued as a WorkerWarning."""
-    monkeypatch.setenv("PJRT_POOL_CACHE_MAX_SIZE", "lots")
+    # A value of its own: a warning this process said before (another test's pool) is said
+    # once per process, and the workers' same warning with it.
+    monkeypatch.setenv("PJRT_POOL_CACHE_MAX_SIZE", "lots-of-room")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         warns = lambda: __import__("warnings").warn("the initializer's own warning")  # noqa: E731
@@ -447,6 +449,8 @@ def test_a_workers_warnings_reach_the_caller_once_each(tmp_path, monkeypatch, ca
     said = [str(w.message) for w in seen if issubclass(w.category, WorkerWarning)]
     assert len(said) == 2, said
     assert any(text.endswith(": the initializer's own warning") for text in said), said
-    assert any("PJRT_POOL_CACHE_MAX_SIZE: not a size: 'lots'" in text for text in said), said
+    assert any("PJRT_POOL_CACHE_MAX_SIZE: not a size: 'lots-of-room'" in text for text in said), (
+        said
+    )
     logged = [r.getMessage() for r in caplog.records if r.name == "pjrt_pool.worker"]
     assert sorted(logged) == sorted(said)

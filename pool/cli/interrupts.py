@@ -131,7 +131,27 @@ def _handle(signum: int, _frame: object) -> None:
     if _mode is Mode.HOLD:
         _waiting = True
         return
+    if _importing(_frame):
+        # Raised inside an import, KeyboardInterrupt leaves a module half made, and inside
+        # an extension's (jaxlib's, loading the CPU runtime) a crash follows, then or at
+        # exit: measured, 4 SIGTERMs in 40 into `bundle check`. Sent again, it lands once
+        # the import is done.
+        _thread.start_new_thread(_send_soon, (signum, _IMPORT_RETRY_SECONDS))
+        return
     raise KeyboardInterrupt
+
+
+_IMPORT_RETRY_SECONDS = 0.005
+"""How soon a signal that came during an import is sent again."""
+
+
+def _importing(frame: Any) -> bool:
+    """Whether the main thread is inside an import (importlib's frames are on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _unraisable(unraisable: Any) -> None:
@@ -146,8 +166,8 @@ def _unraisable(unraisable: Any) -> None:
     _unraisable_before(unraisable)
 
 
-def _send_soon(signum: int) -> None:
-    time.sleep(0.001)  # the main thread leaves the code that could not raise
+def _send_soon(signum: int, seconds: float = 0.001) -> None:
+    time.sleep(seconds)  # the main thread leaves the code that could not raise
     os.kill(os.getpid(), signum)
 
 
