@@ -28,9 +28,16 @@ def every_parser() -> list[tuple[str, argparse.ArgumentParser]]:
     return [(words, parser) for words, parser, _ in commands(build_parser())]
 
 
+def _words(text: str) -> str:
+    """The page with every run of whitespace as one space: argparse wraps a usage line where
+    a long option group falls (3.13 keeps a group of alternatives on one line, 3.11 breaks it),
+    and the page is written with one Python."""
+    return " ".join(text.split())
+
+
 def test_the_command_line_page_is_what_the_parsers_make() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    assert rewritten(text, build_parser()) == text, (
+    assert _words(rewritten(text, build_parser())) == _words(text), (
         "docs/cli.md differs from the parsers: run python tools/cli_reference.py"
     )
 
