@@ -22,7 +22,7 @@ import json
 from typing import Any, NamedTuple
 
 from pool.cli import interrupts
-from pool.cli.jax_cache_options import add_jax_cache_options, jax_cache_option
+from pool.cli.jax_cache_options import add_jax_cache_options, check_jax_version, jax_cache_option
 from pool.cli.main import ExitCode, UsageError
 from pool.cli.options import (
     add_command,
@@ -38,13 +38,13 @@ from worker.bundle.preflight import parts_here
 from worker.cache import DiskCache
 from worker.cache.blobs import BlobStore
 from worker.cache.entry import CorruptEntryError
-from worker.cache.location import DEFAULT_MAX_SIZE
 from worker.compile.explain_miss import (
     Explanation,
     Likeness,
     Related,
     explain,
     related_entries,
+    where_held,
 )
 from worker.compile.target import needs_topology_here, target_for
 from worker.errors import (
@@ -151,8 +151,7 @@ def _chosen(available: list[str], names: list[str], what: str) -> list[str]:
 
 
 def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Any]:
-    from pool.warm.lowerer import lower_warm_program  # imports JAX: only for a spec
-    from pool.warm.spec_file import SpecError, load_spec
+    from pool.warm.spec_file import SpecError, load_spec  # only for a spec
 
     checked_cache_dir(args.cache_dir)
     try:
@@ -167,10 +166,7 @@ def _explain_spec(args: argparse.Namespace, remote: Any) -> list[Any]:
     for name in _chosen(list(programs), args.names, f"the spec {args.file}"):
         program = programs[name]
         platform = program.platform or args.platform or default_platform()
-        try:
-            lowered, _ = lower_warm_program(program, platform)
-        except Exception as error:  # the spec's function does not lower: its own error
-            raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
+        lowered, _ = _lowered(name, program, platform)
         options = compile_options_for(lowered, program.compile_options)  # as warm does
         parts = here.parts(platform, lowered.text, options)
         like = Likeness(name, types_to_json(lowered.input_types))
@@ -210,50 +206,37 @@ def _explain_for_jax(
     from pool.jax_cache.backing import known_entries, parts_of
     from pool.jax_cache.entries import entry_file
     from pool.jax_cache.explain import explain as explain_jax_miss
-    from pool.jax_cache.versions import JaxVersionError, jax_internals
-    from pool.warm.lowerer import lower_warm_program
 
-    try:
-        jax_internals()
-    except JaxVersionError as error:
-        raise UsageError(str(error)) from None
+    check_jax_version()
     destination = jax_cache_option(args)
     assert destination is not None
     target = destination.target
-    store = BlobStore(DiskCache(args.cache_dir, create=False), remote)
+    cache = DiskCache(args.cache_dir, create=False)
     found = []
     for name in _chosen(list(programs), args.names, f"the spec {args.file}"):
-        try:
-            _, jax = lower_warm_program(programs[name], target.platform, target)
-        except Exception as error:  # the spec's function does not lower: its own error
-            raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
+        _, jax = _lowered(name, programs[name], target.platform, target)
         assert jax is not None
         directory = destination.directory
         if directory is not None and entry_file(directory, jax.key).exists():
             found.append(JaxExplained(name, jax.key, f"the JAX cache {directory}", ""))
-        elif (where := _held(store, key_of(parts_of(jax.key)))) is not None:
+        elif where := where_held(cache, remote, key_of(parts_of(jax.key))):
             found.append(JaxExplained(name, jax.key, where, ""))
         else:
+            store = BlobStore(cache, None)  # the entries pjrt-pool filed for JAX, with parts
             why = explain_jax_miss(jax.key, dict(jax.parts), known_entries(store))
             found.append(JaxExplained(name, jax.key, "", str(why)))
     return found
 
 
-def _held(store: BlobStore, key: str) -> str | None:
-    """Where the store holds an entry (its cache, else its remote), read and not kept."""
-    if store.cache is not None:
-        try:
-            store.cache.read_header(key)
-            return f"the cache {store.cache.directory}"
-        except (OSError, CorruptEntryError):
-            pass
-    if (
-        store.remote is not None
-        and store.remote.fetch(key, store.cache.max_size if store.cache else DEFAULT_MAX_SIZE)
-        is not None
-    ):
-        return f"the remote {store.remote.location.shown}"
-    return None
+def _lowered(name: str, program: Any, platform: str, jax_target: Any = None) -> Any:
+    """lower_warm_program's (lowered, jax) for a spec's program; one that does not lower is
+    the user's to fix (UsageError, with its own error)."""
+    from pool.warm.lowerer import lower_warm_program  # imports JAX: only for a spec
+
+    try:
+        return lower_warm_program(program, platform, jax_target)
+    except Exception as error:
+        raise UsageError(f"{name}: lowering failed: {type(error).__name__}: {error}") from None
 
 
 def _entry_parts(cache: DiskCache, remote: Any, key: str) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pool.cli.main import UsageError
 from pool.cli.options import topology_option
 from worker.cache.jax_values import Compression
 from worker.plugin.runtime import default_platform
@@ -64,6 +65,17 @@ def add_jax_cache_options(command: Any, does: str, with_dir: str) -> None:
         help="LIBTPU_INIT_ARGS in the target's environment (default: none; JAX on a TPU VM "
         "adds its own, which the key includes)",
     )
+
+
+def check_jax_version() -> None:
+    """Raises UsageError where the installed JAX's cache was not checked (its entry format
+    and key function may differ): before anything is lowered or compiled for it."""
+    from pool.jax_cache.versions import JaxVersionError, jax_internals  # imports JAX
+
+    try:
+        jax_internals()
+    except JaxVersionError as error:
+        raise UsageError(str(error)) from None
 
 
 def jax_cache_option(args: argparse.Namespace) -> JaxCacheDestination | None:

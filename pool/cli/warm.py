@@ -35,7 +35,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pool.cli import interrupts
-from pool.cli.jax_cache_options import add_jax_cache_options, jax_cache_option
+from pool.cli.jax_cache_options import (
+    add_jax_cache_options,
+    check_jax_version,
+    jax_cache_option,
+)
 from pool.cli.main import CommandError, ExitCode, UsageError
 from pool.cli.options import (
     add_cluster_options,
@@ -378,12 +382,7 @@ def _warm(args: argparse.Namespace) -> int:
             except SpecError as error:
                 raise UsageError(str(error)) from None
     if args.jax_cache is not None:
-        from pool.jax_cache.versions import JaxVersionError, jax_internals
-
-        try:
-            jax_internals()
-        except JaxVersionError as error:
-            raise UsageError(str(error)) from None
+        check_jax_version()
     interrupted: WarmInterrupted | None = None
     # The report and manifest are written whatever signal comes once warming has begun
     # (pool.cli.interrupts): SIGINT and SIGTERM alike stop the warming, then wait.

@@ -170,7 +170,10 @@ class NodePool:
         program (compile_many reports it per program), not a failed task of the engine."""
 
         def compile_in(pool: Pool) -> CompileResult:
-            return pool._submit_compile(call).result()
+            program, name, timeout, options, jax = call
+            return pool.submit_compile(
+                program, name=name, timeout=timeout, compile_options=options, jax=jax
+            ).result()
 
         return self._in_pool(compile_in)
 
@@ -187,7 +190,10 @@ class NodePool:
         """
 
         def load(pool: Pool) -> None:
-            pool._submit_compile(call._replace(jax=None)).result()
+            program, name, timeout, options, _ = call  # loaded as it runs: never for JAX
+            pool.submit_compile(
+                program, name=name, timeout=timeout, compile_options=options
+            ).result()
 
         try:
             return self._in_pool(load, carried=NeverCompileError)

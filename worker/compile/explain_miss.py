@@ -179,6 +179,21 @@ class Explanation(NamedTuple):
         }
 
 
+def where_held(cache: DiskCache, remote: RemoteCache | None, key: str) -> str:
+    """Where the entry of a key would load from: "the cache DIR", else "the remote URL" (read
+    to check it, not kept), else "" (a damaged entry misses: the nearest entries say the
+    rest)."""
+    if cache.usable and cache.path_of(key).is_file():
+        try:
+            cache.read_header(key)
+            return f"the cache {cache.directory}"
+        except (OSError, CorruptEntryError):
+            pass
+    if remote is not None and remote.fetch(key, cache.max_size) is not None:
+        return f"the remote {remote.location.shown}"
+    return ""
+
+
 def explain(
     cache: DiskCache,
     parts: dict[str, Any],
@@ -190,14 +205,9 @@ def explain(
     (or the remote tier, which is asked for what the cache lacks), and for a miss its nearest
     entries in both."""
     key = key_of(parts)
-    if cache.usable and cache.path_of(key).is_file():
-        try:
-            cache.read_header(key)
-            return Explanation(name, key, f"the cache {cache.directory}", ())
-        except (OSError, CorruptEntryError):
-            pass  # a damaged entry misses: the nearest entries say the rest
-    if remote is not None and remote.fetch(key, cache.max_size) is not None:
-        return Explanation(name, key, f"the remote {remote.location.shown}", ())
+    hit = where_held(cache, remote, key)
+    if hit:
+        return Explanation(name, key, hit, ())
     related = related_entries(cache, parts, like)
     if remote is not None:
         related += [
