@@ -27,15 +27,16 @@ the command says what it is doing:
 
 install() puts the handlers in, as the first thing the command line does
 (pool.cli.main, when run as the pjrt-pool command); main runs each command in
-UNWIND, and commands mark their parts that are AT_ONCE (importing JAX, a
-spec) or HOLD. A KeyboardInterrupt raised into code that cannot pass it on
-(a __del__, a garbage collector's callback) is sent again, to land after
-it, and a signal that came while the command ran ends it with the signal's
-status even if its KeyboardInterrupt was lost all the same (received). Once
-the exit handlers have run, the signals are ignored: the interpreter would
-put back their default actions as it finalizes. Before install(), while
-Python starts and imports the command's first module (some tens of
-milliseconds), a signal is Python's own.
+UNWIND, and commands mark their parts that are AT_ONCE (importing JAX, a spec)
+or HOLD. A signal that comes in UNWIND while the main thread imports (a module
+the command loads late, jaxlib's among them) and a KeyboardInterrupt raised into
+code that cannot pass it on (a __del__, a garbage collector's callback) are sent
+again, to land after them; and a signal that came while the command ran ends it
+with the signal's status even if its KeyboardInterrupt was lost all the same
+(received). Once the exit handlers have run, the signals are ignored: the
+interpreter would put back their default actions as it finalizes. Before
+install(), while Python starts and imports the command's first module (some tens
+of milliseconds), a signal is Python's own.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def describe() -> str:
     return f"{_command}: interrupted (Ctrl-C)"
 
 
-def _handle(signum: int, _frame: object) -> None:
+def _handle(signum: int, frame: object) -> None:
     global _received, _waiting, _last
     if _received is None:
         _received = signum
@@ -131,7 +132,7 @@ def _handle(signum: int, _frame: object) -> None:
     if _mode is Mode.HOLD:
         _waiting = True
         return
-    if _importing(_frame):
+    if _importing(frame):
         # Raised inside an import, KeyboardInterrupt leaves a module half made, and inside
         # an extension's (jaxlib's, loading the CPU runtime) a crash follows, then or at
         # exit: measured, 4 SIGTERMs in 40 into `bundle check`. Sent again, it lands once

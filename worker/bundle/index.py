@@ -45,7 +45,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from worker.cache.entry import ENTRY_SUFFIX
 from worker.cache.signing import Signer
 from worker.errors import BundleError
-from worker.identity.keys import PROGRAM_PARTS, InvalidKeyError, check_key, is_key, key_of
+from worker.identity.keys import (
+    PROGRAM_PARTS,
+    InvalidKeyError,
+    check_key,
+    is_key,
+    key_of,
+    options_id,
+)
 from worker.records import ProgramSpec
 from worker.untrusted import parse_json
 
@@ -94,11 +101,6 @@ def check_member_name(name: str, where: str) -> str | None:
 def environment_id(parts: dict[str, Any]) -> str:
     """Names an environment (an entry's parts without the program's): 16 hex digits."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def options_id(options_hex: str) -> str:
-    """Names serialized compile options (hex) in an index: 16 hex digits of their SHA-256."""
-    return hashlib.sha256(options_hex.encode()).hexdigest()[:16]
 
 
 def split_parts(parts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -208,14 +208,20 @@ _OPTIONS_NOTE = (
 )
 
 
+def options_id(options_hex: str) -> str:
+    """Names serialized compile options (the key part's hex): 16 hex digits of its SHA-256,
+    as a bundle's index and an explanation of a miss name them."""
+    return hashlib.sha256(options_hex.encode()).hexdigest()[:16]
+
+
 def _shown(value: Any) -> str:
-    """A part's value for people: serialized options (hex) by their length and digest."""
+    """A part's value for people: serialized options (hex) by their length and options_id."""
     if isinstance(value, str) and len(value) > 96:
         try:
             size = len(bytes.fromhex(value))
         except ValueError:
             return repr(value)
-        return f"{size} bytes sha256:{hashlib.sha256(value.encode()).hexdigest()[:16]}"
+        return f"{size} bytes sha256:{options_id(value)}"
     return repr(value)
 
 
